@@ -1,0 +1,24 @@
+"""Kiln: a self-hosted cloud deep-learning platform.
+
+``kiln.Client`` is the Python SDK (imported lazily so that ``import kiln`` stays cheap inside jobs).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from kiln.sdk.client import Client
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Client":
+        from kiln.sdk.client import Client
+
+        return Client
+    raise AttributeError(f"module 'kiln' has no attribute {name!r}")
+
+
+__all__ = ["Client", "__version__"]

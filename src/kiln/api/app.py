@@ -1,0 +1,54 @@
+"""The FastAPI application."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from kiln import __version__
+from kiln.api.errors import install_error_handlers
+from kiln.api.routers import blobs, jobs, runtimes, system
+from kiln.platform import Platform
+from kiln.settings import Settings
+
+log = logging.getLogger("kiln.server")
+API_PREFIX = "/api/v1"
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        platform = Platform(settings)
+        app.state.platform = platform
+        creds = platform.start()
+        if creds is not None:
+            log.warning(
+                "first start: admin credentials written to %s (source it: `set -a; . %s; set +a`)",
+                settings.home / "admin.env",
+                settings.home / "admin.env",
+            )
+        log.info("Kiln %s ready on %s (home %s)", __version__, settings.endpoint, settings.home)
+        try:
+            yield
+        finally:
+            platform.close()
+
+    app = FastAPI(
+        title="Kiln",
+        version=__version__,
+        description="Self-hosted deep-learning platform. Every /api/v1 request is signed (docs/signing.md).",
+        openapi_url=f"{API_PREFIX}/openapi.json",
+        docs_url=f"{API_PREFIX}/docs",
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.include_router(system.health)
+    for module in (system, blobs, jobs, runtimes):
+        app.include_router(module.router, prefix=API_PREFIX)
+    return app

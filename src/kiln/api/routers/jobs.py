@@ -1,0 +1,87 @@
+"""Jobs: submit, read, list, cancel, events, logs and artifacts."""
+
+from __future__ import annotations
+
+from typing import Annotated
+from urllib.parse import quote
+
+from fastapi import APIRouter, Query
+from fastapi.responses import Response, StreamingResponse
+
+from kiln.api.deps import Caller, Kiln
+from kiln.domain.schemas import ArtifactList, EventList, JobList, JobRead, JobSubmit
+from kiln.domain.states import JobState
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+@router.post("", response_model=JobRead, status_code=201, summary="Submit a job")
+def submit_job(body: JobSubmit, caller: Caller, kiln: Kiln) -> JobRead:
+    return kiln.jobs.submit(caller, body)
+
+
+@router.get("", response_model=JobList, summary="List jobs, newest first")
+def list_jobs(
+    caller: Caller,
+    kiln: Kiln,
+    state: Annotated[list[JobState] | None, Query(description="Only these states")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    before: Annotated[str | None, Query(description="Only jobs older than this job id (paging)")] = None,
+) -> JobList:
+    return JobList(items=kiln.jobs.list(caller, states=state, limit=limit, before=before))
+
+
+@router.get("/{job_id}", response_model=JobRead)
+def get_job(job_id: str, caller: Caller, kiln: Kiln) -> JobRead:
+    return kiln.jobs.get(caller, job_id)
+
+
+@router.get("/{job_id}/events", response_model=EventList, summary="Every state change and notable event")
+def job_events(job_id: str, caller: Caller, kiln: Kiln) -> EventList:
+    return EventList(items=kiln.jobs.events(caller, job_id))
+
+
+@router.post("/{job_id}/cancel", response_model=JobRead, summary="Cancel (idempotent)")
+def cancel_job(job_id: str, caller: Caller, kiln: Kiln) -> JobRead:
+    return kiln.jobs.cancel(caller, job_id)
+
+
+@router.get(
+    "/{job_id}/logs",
+    summary="Log lines '<time> <O|E|K> <text>'",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}}},
+)
+def job_logs(
+    job_id: str,
+    caller: Caller,
+    kiln: Kiln,
+    offset: Annotated[int, Query(ge=0, description="Byte offset to start from")] = 0,
+    follow: Annotated[bool, Query(description="Stream until the job ends")] = False,
+    limit: Annotated[int, Query(ge=1, le=16 * 1024 * 1024)] = 1024 * 1024,
+) -> Response:
+    if follow:
+        return StreamingResponse(kiln.outputs.follow_log(caller, job_id, offset), media_type="text/plain")
+    data, next_offset, ended = kiln.outputs.read_log(caller, job_id, offset, limit)
+    headers = {"X-Kiln-Next-Offset": str(next_offset), "X-Kiln-Job-Ended": "true" if ended else "false"}
+    return Response(data, media_type="text/plain", headers=headers)
+
+
+@router.get("/{job_id}/artifacts", response_model=ArtifactList, summary="Files the job wrote to $KILN_OUTPUT_DIR")
+def list_artifacts(job_id: str, caller: Caller, kiln: Kiln) -> ArtifactList:
+    return ArtifactList(items=kiln.outputs.list_artifacts(caller, job_id))
+
+
+@router.get(
+    "/{job_id}/artifacts/{path:path}",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
+def get_artifact(job_id: str, path: str, caller: Caller, kiln: Kiln) -> StreamingResponse:
+    key, size = kiln.outputs.artifact_key(caller, job_id, path)
+    name = quote(path.rsplit("/", 1)[-1])
+    return StreamingResponse(
+        kiln.store.iter_bytes(key),
+        media_type="application/octet-stream",
+        headers={"Content-Length": str(size), "Content-Disposition": f"attachment; filename*=UTF-8''{name}"},
+    )

@@ -1,0 +1,49 @@
+"""Health and identity."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from kiln.api.deps import Caller, Kiln
+from kiln.db import migrate
+from kiln.domain.schemas import WhoAmI
+from kiln.errors import KilnError
+
+health = APIRouter(tags=["health"])
+router = APIRouter(tags=["identity"])
+
+
+@health.get("/healthz", summary="The process is up")
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@health.get("/readyz", summary="The database is reachable and migrated")
+async def readyz(kiln: Kiln) -> JSONResponse:
+    def check() -> str | None:
+        try:
+            kiln.db.ping()
+            if not migrate.is_up_to_date(kiln.db.engine):
+                return "database migrations are not applied"
+        except KilnError as exc:
+            return exc.message
+        return None
+
+    problem = await run_in_threadpool(check)
+    if problem:
+        return JSONResponse({"status": "unavailable", "message": problem}, status_code=503)
+    return JSONResponse({"status": "ready"})
+
+
+@router.get("/whoami", response_model=WhoAmI)
+def whoami(caller: Caller) -> WhoAmI:
+    return WhoAmI(
+        user_id=caller.user_id,
+        user_name=caller.user_name,
+        org_id=caller.org_id,
+        org_name=caller.org_name,
+        access_key=caller.key_id,
+        platform_admin=caller.platform_admin,
+    )

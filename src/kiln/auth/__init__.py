@@ -1,0 +1,1 @@
+"""Request signing (shared by server and SDK) and credentials."""

@@ -1,0 +1,315 @@
+"""The local executor: one shim process per attempt, supervised through files it leaves behind.
+
+Layout under ``$KILN_HOME/jobs/<job>/``::
+
+    work/          the extracted code; the commands' working directory
+    outputs/       $KILN_OUTPUT_DIR, collected into the artifact store when an attempt ends
+    checkpoints/   $KILN_CHECKPOINT_DIR, kept across restarts of the job
+    site/          where pip installs from prepare_command land (the shared runtime stays clean)
+    attempts/<n>/  shim.json (what to run), shim.pid, status.json, exit.json, shim.log
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from kiln.backends.base import AttemptStatus, Backend, Inventory, Launch, Phase
+from kiln.backends.local.inventory import local_inventory
+from kiln.backends.local.runtimes import RuntimeManager
+from kiln.domain.spec import command_argv
+from kiln.errors import BackendError, KilnError
+from kiln.runtime import shim as shim_module
+from kiln.settings import Settings
+from kiln.storage.logs import LogStore
+from kiln.storage.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+SHIM_PATH = Path(shim_module.__file__).resolve()
+# Passed through from the server's environment; nothing else is (the server's own secrets stay out of jobs).
+PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR")
+MAX_UNIX_SOCKET_PATH = 100
+
+
+def _ts(value: float | None) -> datetime | None:
+    return datetime.fromtimestamp(value, UTC) if value else None
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())  # type: ignore[no-any-return]
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: ObjectStore,
+        logs: LogStore,
+        runtimes: RuntimeManager,
+        wake: Callable[[], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.logs = logs
+        self.runtimes = runtimes
+        self.jobs_dir = settings.jobs_dir
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self._inventory = local_inventory(settings)
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._children_lock = threading.Lock()
+        self._wake = wake
+        self._listener: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+        self.notify_path: str | None = None
+        self._start_listener()
+
+    # -- notifications --------------------------------------------------------------------------------
+
+    def _start_listener(self) -> None:
+        settings_run = self.settings.run_dir
+        settings_run.mkdir(parents=True, exist_ok=True)
+        path = str(settings_run / "notify.sock")
+        if len(path) > MAX_UNIX_SOCKET_PATH or self._wake is None:
+            log.info("shim notifications off (socket path too long or no waker); polling only")
+            return
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(path)
+        self._sock = sock
+        self.notify_path = path
+        self._listener = threading.Thread(target=self._listen, name="kiln-shim-notify", daemon=True)
+        self._listener.start()
+
+    def _listen(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        while True:
+            try:
+                sock.recv(4096)
+            except OSError:
+                return
+            if self._wake:
+                self._wake()
+
+    def close(self) -> None:
+        if self._sock is not None:
+            sock, self._sock = self._sock, None
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    # -- contract -------------------------------------------------------------------------------------
+
+    def inventory(self) -> Inventory:
+        return self._inventory
+
+    def job_dir(self, job_id: str) -> Path:
+        return self.jobs_dir / job_id
+
+    def handle_for(self, job_id: str, attempt: int) -> dict[str, Any]:
+        return {"job_id": job_id, "attempt": attempt, "dir": str(self.job_dir(job_id) / "attempts" / str(attempt))}
+
+    def start(self, launch: Launch) -> dict[str, Any]:
+        handle = self.handle_for(launch.job_id, launch.attempt)
+        attempt_dir = Path(handle["dir"])
+        if (attempt_dir / "shim.pid").exists():
+            return handle  # started before a crash: never start an attempt twice
+        try:
+            resolved = self.runtimes.resolve(launch.spec.runtime)
+        except KilnError as exc:
+            raise BackendError(exc.message, retryable=False) from exc
+        job_dir = self.job_dir(launch.job_id)
+        dirs = {name: job_dir / name for name in ("work", "outputs", "checkpoints", "site")}
+        for path in (*dirs.values(), attempt_dir):
+            path.mkdir(parents=True, exist_ok=True)
+        archive = self._code_archive(launch, job_dir)
+        config = {
+            "job_id": launch.job_id,
+            "attempt": launch.attempt,
+            "work_dir": str(dirs["work"]),
+            "code_archive": str(archive) if archive else None,
+            "log_path": str(self.logs.path(launch.job_id)),
+            "env": self._env(launch, resolved.bin_dir, dirs),
+            "prepare": command_argv(launch.spec.prepare_command) if launch.spec.prepare_command else None,
+            "command": command_argv(launch.spec.command),
+            "finish": command_argv(launch.spec.finish_command) if launch.spec.finish_command else None,
+            "timeout": launch.spec.timeout,
+            "memory_limit": launch.memory,
+            "grace": self.settings.kill_grace_seconds,
+            "notify_socket": self.notify_path,
+            "runtime_build": resolved.build,
+        }
+        (attempt_dir / "shim.json").write_text(json.dumps(config))
+        try:
+            with open(attempt_dir / "shim.log", "ab") as shim_log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", str(SHIM_PATH), str(attempt_dir)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=shim_log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+        except OSError as exc:
+            raise BackendError(f"cannot start the job supervisor: {exc}", retryable=False) from exc
+        with self._children_lock:
+            self._children[proc.pid] = proc
+        try:
+            created = psutil.Process(proc.pid).create_time()
+        except psutil.Error:
+            created = 0.0
+        pid_file = attempt_dir / "shim.pid"
+        pid_file.write_text(json.dumps({"pid": proc.pid, "create_time": created}))
+        return handle
+
+    def _code_archive(self, launch: Launch, job_dir: Path) -> Path | None:
+        if not launch.code_key:
+            return None
+        local = self.store.local_path(launch.code_key)
+        if local is not None:
+            return local
+        cached = job_dir / "code.tar.gz"
+        if not cached.exists():
+            self.store.download(launch.code_key, cached)
+        return cached
+
+    def _env(self, launch: Launch, bin_dir: str | None, dirs: dict[str, Path]) -> dict[str, str]:
+        env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
+        path = env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+        if bin_dir:
+            env["PATH"] = f"{bin_dir}:{path}"
+            if (Path(bin_dir).parent / "pyvenv.cfg").exists():
+                env["VIRTUAL_ENV"] = str(Path(bin_dir).parent)
+        env.update(
+            {
+                "PYTHONUNBUFFERED": "1",
+                "PIP_TARGET": str(dirs["site"]),
+                "PYTHONPATH": str(dirs["site"]),
+                "OMP_NUM_THREADS": str(max(1, int(launch.cpus))),
+                "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in launch.gpus),
+            }
+        )
+        env.update(launch.spec.env)
+        env.update(
+            {
+                "KILN_JOB_ID": launch.job_id,
+                "KILN_ATTEMPT": str(launch.attempt),
+                "KILN_WORK_DIR": str(dirs["work"]),
+                "KILN_OUTPUT_DIR": str(dirs["outputs"]),
+                "KILN_CHECKPOINT_DIR": str(dirs["checkpoints"]),
+                "KILN_NUM_CPUS": f"{launch.cpus:g}",
+                "KILN_NUM_GPUS": str(len(launch.gpus)),
+            }
+        )
+        return env
+
+    def _shim_alive(self, attempt_dir: Path) -> bool:
+        info = _read_json(attempt_dir / "shim.pid")
+        if not info:
+            return False
+        pid = int(info["pid"])
+        with self._children_lock:
+            child = self._children.get(pid)
+        if child is not None and child.poll() is not None:
+            with self._children_lock:
+                self._children.pop(pid, None)
+            return False
+        try:
+            proc = psutil.Process(pid)
+            if info.get("create_time") and abs(proc.create_time() - float(info["create_time"])) > 1.0:
+                return False  # the pid was reused by another process
+            return proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def poll(self, handle: dict[str, Any]) -> AttemptStatus:
+        attempt_dir = Path(handle["dir"])
+        status = _read_json(attempt_dir / "status.json") or {}
+        running_at = _ts(status.get("running_at"))
+        result = _read_json(attempt_dir / "exit.json")
+        if result is not None:
+            with self._children_lock:
+                for pid, child in list(self._children.items()):
+                    if child.poll() is not None:
+                        self._children.pop(pid, None)
+            return AttemptStatus(
+                phase=Phase.EXITED,
+                exit_code=result.get("exit_code"),
+                reason=result.get("reason") or "",
+                message=result.get("message") or "",
+                running_at=running_at,
+                finished_at=_ts(result.get("finished_at")),
+            )
+        if self._shim_alive(attempt_dir):
+            phase = Phase.RUNNING if status.get("phase") in ("running", "finishing") else Phase.STARTING
+            return AttemptStatus(phase=phase, running_at=running_at)
+        if not (attempt_dir / "shim.pid").exists():
+            return AttemptStatus(phase=Phase.LOST, reason="ShimLost", message="the attempt was never started")
+        info = _read_json(attempt_dir / "shim.pid") or {}
+        code = None
+        with self._children_lock:
+            child = self._children.pop(int(info.get("pid", 0)), None)
+        if child is not None:
+            code = child.returncode
+        if code == shim_module.EXIT_DISK_FULL:
+            return AttemptStatus(Phase.LOST, reason="DiskFull", message="disk full: the exit record could not be written")
+        tail = ""
+        try:
+            tail = (attempt_dir / "shim.log").read_text(errors="replace")[-300:].strip()
+        except OSError:
+            pass
+        message = "the job's supervisor (shim) died without recording an exit status"
+        return AttemptStatus(Phase.LOST, reason="ShimLost", message=message + (f": {tail}" if tail else ""))
+
+    def cancel(self, handle: dict[str, Any], grace_seconds: float) -> None:
+        attempt_dir = Path(handle["dir"])
+        if (attempt_dir / "exit.json").exists():
+            return
+        info = _read_json(attempt_dir / "shim.pid")
+        if info and self._shim_alive(attempt_dir):
+            try:
+                os.kill(int(info["pid"]), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> int:
+        outputs = self.job_dir(handle["job_id"]) / "outputs"
+        if not outputs.exists():
+            return 0
+        return self.store.put_tree(outputs, dest_prefix)
+
+    def cleanup(self, handle: dict[str, Any]) -> None:
+        """Kill whatever is left of an attempt's session (a shim that died leaves its job orphaned)."""
+        info = _read_json(Path(handle["dir"]) / "shim.pid")
+        if not info:
+            return
+        sid = int(info["pid"])  # the shim is its session's leader
+        for proc in psutil.process_iter(["pid"]):
+            try:
+                if os.getsid(proc.pid) == sid:
+                    proc.kill()
+            except (OSError, psutil.Error):
+                continue

@@ -1,0 +1,89 @@
+"""Managed virtualenvs for catalog runtimes on the local executor.
+
+A runtime is built once, on first use, by the shim of the first job that needs it (so its pip output lands in
+that job's log) or by ``kiln runtimes install``; a lock file makes concurrent builders wait for one another.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from kiln.domain.catalog import Catalog, CatalogEntry
+from kiln.domain.spec import RuntimeSpec
+from kiln.errors import RuntimeUnavailable
+
+
+def base_python() -> str:
+    """The real interpreter behind this one (a venv's base), used to create runtime venvs."""
+    return str(getattr(sys, "_base_executable", None) or sys.executable)
+
+
+@dataclass(frozen=True)
+class ResolvedRuntime:
+    python: str  # interpreter the job's PATH and commands use
+    bin_dir: str | None
+    build: dict | None  # shim instructions when the venv must be built first
+    label: str
+
+
+class RuntimeManager:
+    def __init__(self, catalog: Catalog, root: Path) -> None:
+        self.catalog = catalog
+        self.root = root
+
+    def venv_path(self, entry: CatalogEntry) -> Path:
+        return self.root / entry.name
+
+    def is_installed(self, entry: CatalogEntry) -> bool:
+        return (self.venv_path(entry) / ".kiln-ready").exists()
+
+    def is_building(self, entry: CatalogEntry) -> bool:
+        lock = Path(str(self.venv_path(entry)) + ".lock")
+        if not lock.exists() or self.is_installed(entry):
+            return False
+        import fcntl
+
+        with open(lock) as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fh, fcntl.LOCK_UN)
+        return False
+
+    def build_spec(self, entry: CatalogEntry) -> dict:
+        return {
+            "name": entry.name,
+            "venv": str(self.venv_path(entry)),
+            "base_python": base_python(),
+            "packages": list(entry.packages),
+        }
+
+    def resolve(self, runtime: RuntimeSpec) -> ResolvedRuntime:
+        if runtime.image:
+            raise RuntimeUnavailable(
+                f"runtime.image {runtime.image!r}: the local executor runs no container images; "
+                "use a framework or a python executable, or submit to a container backend"
+            )
+        if runtime.python:
+            exe = shutil.which(runtime.python) if "/" not in runtime.python else runtime.python
+            if not exe or not Path(exe).exists():
+                raise RuntimeUnavailable(f"runtime.python: no such executable: {runtime.python}")
+            return ResolvedRuntime(python=exe, bin_dir=str(Path(exe).parent), build=None, label=runtime.label)
+        entry = self.catalog.resolve(runtime.framework or "python", runtime.version)
+        venv = self.venv_path(entry)
+        build = None if self.is_installed(entry) else self.build_spec(entry)
+        return ResolvedRuntime(
+            python=str(venv / "bin" / "python"), bin_dir=str(venv / "bin"), build=build, label=entry.name
+        )
+
+    def installed_packages(self, entry: CatalogEntry) -> dict | None:
+        marker = self.venv_path(entry) / ".kiln-ready"
+        try:
+            return json.loads(marker.read_text())  # type: ignore[no-any-return]
+        except (OSError, ValueError):
+            return None

@@ -1,0 +1,69 @@
+"""The runtime catalog: framework + version → what a job runs in (a managed virtualenv's packages on the
+local executor, an image on container backends)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kiln.domain.spec import RuntimeSpec
+from kiln.errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    framework: str
+    version: str
+    packages: tuple[str, ...]
+    image: str
+    default: bool = False
+    description: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.framework}-{self.version}"
+
+
+@dataclass
+class Catalog:
+    entries: list[CatalogEntry] = field(default_factory=list)
+
+    def frameworks(self) -> list[str]:
+        return sorted({e.framework for e in self.entries})
+
+    def resolve(self, framework: str, version: str | None = None) -> CatalogEntry:
+        """The entry for a framework and version (default version when None); InvalidInput names what
+        exists when nothing matches."""
+        candidates = [e for e in self.entries if e.framework == framework]
+        if not candidates:
+            raise InvalidInput(
+                f"runtime.framework: unknown framework {framework!r}; known: {', '.join(self.frameworks())}"
+            )
+        if version is None:
+            return next((e for e in candidates if e.default), candidates[0])
+        for entry in candidates:
+            if entry.version == version or entry.version.startswith(version + "."):
+                return entry
+        known = ", ".join(e.version for e in candidates)
+        raise InvalidInput(f"runtime.version: {framework} has no version {version!r}; known: {known}")
+
+    def check(self, runtime: RuntimeSpec) -> None:
+        if runtime.framework:
+            self.resolve(runtime.framework, runtime.version)
+
+
+DEFAULT_CATALOG = Catalog(
+    [
+        CatalogEntry(
+            "python", "3", (), "python:3.11-slim", default=True,
+            description="Bare Python in a clean virtualenv (pip available).",
+        ),
+        CatalogEntry(
+            "pytorch", "2.13", ("torch==2.13.0", "numpy"), "pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime",
+            default=True, description="PyTorch 2.13 with NumPy.",
+        ),
+        CatalogEntry(
+            "sklearn", "1.9", ("scikit-learn>=1.9,<1.10",), "kiln/sklearn:1.9", default=True,
+            description="scikit-learn 1.9 with NumPy and SciPy.",
+        ),
+    ]
+)

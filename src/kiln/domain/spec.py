@@ -1,0 +1,189 @@
+"""The job spec: one pydantic schema for the API, the SDK and ``kiln.yaml`` files.
+
+Unknown fields are rejected (``extra="forbid"``) so that a typo such as ``resorces`` is an error naming the
+field, not a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from kiln.domain.quantities import parse_memory
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.\-/]{0,61}[A-Za-z0-9])?$")
+_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$")
+RESERVED_ENV_PREFIX = "KILN_"
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Seconds in ``90``, ``"90s"``, ``"10m"``, ``"1h30m"``."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(value)
+        if not match or not value.strip() or not any(match.groups()):
+            raise ValueError(f"not a duration: {value!r} (use e.g. 90, 90s, 10m, 1h30m)")
+        hours, minutes, secs = (float(g) if g else 0.0 for g in match.groups())
+        seconds = hours * 3600 + minutes * 60 + secs
+    if seconds <= 0:
+        raise ValueError("must be positive")
+    return seconds
+
+
+Command = str | list[str]
+
+
+def command_argv(command: Command) -> list[str]:
+    """A string runs through ``/bin/sh -c`` (pipes, globs, ``&&`` work); a list is executed as given."""
+    if isinstance(command, str):
+        return ["/bin/sh", "-c", command]
+    return list(command)
+
+
+def command_text(command: Command) -> str:
+    return command if isinstance(command, str) else shlex.join(command)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RuntimeSpec(_Strict):
+    """Where the command runs: a catalog framework (``{framework, version}``), or bring your own
+    environment: a Python interpreter on the machine (``{python: /path/to/python}``) or, on container
+    backends, an image (``{image: repo/name:tag}``)."""
+
+    framework: str | None = Field(None, description="Catalog runtime, e.g. python, pytorch, sklearn.")
+    version: str | None = Field(None, description="Catalog version; default: the catalog's default.")
+    python: str | None = Field(None, description="A Python executable to run with (custom runtime).")
+    image: str | None = Field(None, description="A container image (container backends only).")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> RuntimeSpec:
+        kinds = [k for k in ("framework", "python", "image") if getattr(self, k)]
+        if len(kinds) > 1:
+            raise ValueError(f"give only one of framework, python, image (got {', '.join(kinds)})")
+        if not kinds:
+            self.framework = "python"
+        if self.version is not None and not self.framework:
+            raise ValueError("version applies only to a catalog framework")
+        return self
+
+    @property
+    def label(self) -> str:
+        if self.framework:
+            return f"{self.framework}{'==' + self.version if self.version else ''}"
+        return f"python:{self.python}" if self.python else f"image:{self.image}"
+
+
+class Resources(_Strict):
+    """What one worker of the job is allocated. ``memory`` is also a limit: the job is killed above it."""
+
+    cpus: float = Field(1.0, gt=0, le=4096, description="CPU cores reserved.")
+    memory: int | None = Field(
+        None, description="Memory reserved and enforced, e.g. 2G, 512Mi; bytes in responses. None: no limit."
+    )
+    gpus: int = Field(0, ge=0, le=64, description="Whole GPUs reserved (pinned with CUDA_VISIBLE_DEVICES).")
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, str | int | float) and not isinstance(value, bool):
+            parsed = parse_memory(value)
+            if parsed <= 0:
+                raise ValueError("must be positive")
+            return parsed
+        raise ValueError(f"not a memory quantity: {value!r}")
+
+
+class JobSpec(_Strict):
+    """A training job, as submitted and as written in ``kiln.yaml``."""
+
+    name: str | None = Field(None, min_length=1, max_length=128, description="Display name.")
+    command: Command = Field(description="A shell string, or an argv list executed without a shell.")
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    resources: Resources = Field(default_factory=Resources)
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
+    prepare_command: Command | None = Field(None, description="Runs before the command, in the work dir.")
+    finish_command: Command | None = Field(
+        None, description="Runs after the command whatever its outcome; $KILN_EXIT_CODE holds it."
+    )
+    max_restarts: int = Field(0, ge=0, le=100, description="How often a failed run is retried.")
+    restart_on_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
+        default_factory=list, description="Exit codes that are retried; empty: any failure."
+    )
+    timeout: float | None = Field(
+        None, description="Wall-clock limit per run, seconds or e.g. '1h30m'; the run fails above it."
+    )
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or any(ord(c) < 32 for c in value)):
+            raise ValueError("must be printable text")
+        return value
+
+    @field_validator("command", "prepare_command", "finish_command")
+    @classmethod
+    def _command(cls, value: Command | None) -> Command | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            if not value.strip():
+                raise ValueError("must not be empty")
+            if "\x00" in value:
+                raise ValueError("must not contain NUL")
+        else:
+            if not value or not value[0]:
+                raise ValueError("must not be empty")
+            if any("\x00" in part for part in value):
+                raise ValueError("must not contain NUL")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, val in value.items():
+            if not _ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+            if key.startswith(RESERVED_ENV_PREFIX):
+                raise ValueError(f"{key!r}: names starting with {RESERVED_ENV_PREFIX} are set by Kiln")
+            if "\x00" in val:
+                raise ValueError(f"{key!r}: value must not contain NUL")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, val in value.items():
+            if not _LABEL_KEY.match(key):
+                raise ValueError(f"{key!r} is not a valid label key (letters, digits, -_./, ≤63)")
+            if len(val) > 256:
+                raise ValueError(f"label {key!r}: value longer than 256 characters")
+        return value
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _timeout(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, str | int | float):
+            return parse_duration(value)
+        raise ValueError(f"not a duration: {value!r}")
+
+    @property
+    def display_name(self) -> str:
+        if self.name:
+            return self.name
+        text = command_text(self.command)
+        return text if len(text) <= 40 else text[:39] + "…"

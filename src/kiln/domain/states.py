@@ -1,0 +1,68 @@
+"""The job state machine: the states and the one FROM→TO table that every change is checked against."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobState(StrEnum):
+    QUEUED = "QUEUED"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    RESTARTING = "RESTARTING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+    @property
+    def active(self) -> bool:
+        """Holds an allocation on a backend (a process or pod may exist)."""
+        return self in (JobState.STARTING, JobState.RUNNING)
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+# Every legal move. Anything else raises IllegalTransition.
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.QUEUED: frozenset({JobState.STARTING, JobState.CANCELLED, JobState.FAILED}),
+    JobState.STARTING: frozenset(
+        {JobState.RUNNING, JobState.RESTARTING, JobState.FAILED, JobState.CANCELLED}
+    ),
+    JobState.RUNNING: frozenset(
+        {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.RESTARTING}
+    ),
+    # A restart gives back the allocation and is placed again like a queued job.
+    JobState.RESTARTING: frozenset({JobState.STARTING, JobState.FAILED, JobState.CANCELLED}),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+
+
+class Reason(StrEnum):
+    """Stable, machine-readable reasons written on events."""
+
+    SUBMITTED = "Submitted"
+    SCHEDULED = "Scheduled"
+    STARTED = "Started"
+    COMPLETED = "Completed"
+    ERROR = "Error"
+    COMMAND_NOT_FOUND = "CommandNotFound"
+    PREPARE_FAILED = "PrepareFailed"
+    FINISH_FAILED = "FinishFailed"
+    TIMEOUT = "Timeout"
+    OOM_KILLED = "OOMKilled"
+    CANCEL_REQUESTED = "CancelRequested"
+    CANCELLED = "Cancelled"
+    RESTART = "Restarting"
+    SHIM_LOST = "ShimLost"
+    DISK_FULL = "DiskFull"
+    BACKEND_ERROR = "BackendError"
+    RUNTIME_ERROR = "RuntimeError"
+    REATTACHED = "Reattached"
+    INSUFFICIENT_RESOURCES = "InsufficientResources"
+    CODE_ERROR = "CodeError"

@@ -1,0 +1,83 @@
+"""The composition root: builds every part of a server from one Settings and owns their lifetimes."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from pathlib import Path
+from typing import IO
+
+from kiln.auth.secrets import SecretBox, load_or_create_server_key
+from kiln.backends.local.executor import LocalBackend
+from kiln.backends.local.runtimes import RuntimeManager
+from kiln.db import migrate
+from kiln.db.session import Database
+from kiln.domain.catalog import DEFAULT_CATALOG
+from kiln.errors import KilnError
+from kiln.scheduler.loop import Reconciler
+from kiln.services.blobs import BlobService
+from kiln.services.identity import Credentials, IdentityService
+from kiln.services.jobs import JobService
+from kiln.services.outputs import OutputService
+from kiln.services.runtimes import RuntimeService
+from kiln.settings import Settings
+from kiln.storage.logs import LogStore
+from kiln.storage.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+class Platform:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        settings.home.mkdir(parents=True, exist_ok=True)
+        os.chmod(settings.home, 0o700)
+        settings.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = self._take_home_lock(settings.run_dir / "server.lock")
+        self.db = Database(settings.resolved_database_url)
+        migrate.upgrade(self.db.engine)
+        key = settings.server_key.encode() if settings.server_key else load_or_create_server_key(
+            settings.home / "server.key"
+        )
+        self.box = SecretBox(key)
+        self.store = ObjectStore(settings.resolved_storage_url)
+        self.logs = LogStore(settings.logs_dir)
+        self.catalog = DEFAULT_CATALOG
+        self.runtime_manager = RuntimeManager(self.catalog, settings.resolved_runtimes_dir)
+        self._reconciler: Reconciler | None = None
+        self.backend = LocalBackend(settings, self.store, self.logs, self.runtime_manager, wake=self._wake)
+        self.reconciler = Reconciler(self.db, self.backend, self.logs, settings)
+        self._reconciler = self.reconciler
+        self.identity = IdentityService(self.db, self.box, settings)
+        self.reconciler.housekeeping.append(self.identity.purge_nonces)
+        self.jobs = JobService(self.db, self.catalog, self.backend.inventory, self._wake)
+        self.blobs = BlobService(self.db, self.store, settings)
+        self.outputs = OutputService(self.jobs, self.logs, self.store)
+        self.runtimes = RuntimeService(self.runtime_manager)
+
+    def _wake(self) -> None:
+        if self._reconciler is not None:
+            self._reconciler.wake()
+
+    @staticmethod
+    def _take_home_lock(path: Path) -> IO[str]:
+        """One server per $KILN_HOME: its jobs and leases belong to exactly one reconciler."""
+        fh = open(path, "a+")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            raise KilnError(f"another Kiln server is running with KILN_HOME={path.parent.parent}") from None
+        return fh
+
+    def start(self) -> Credentials | None:
+        creds = self.identity.bootstrap() if self.settings.bootstrap else None
+        self.reconciler.start()
+        return creds
+
+    def close(self) -> None:
+        self.reconciler.stop()
+        self.backend.close()
+        self.db.dispose()
+        self._lock.close()

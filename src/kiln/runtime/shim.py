@@ -1,0 +1,431 @@
+"""The per-job supervisor ("shim") of the local executor.
+
+Started once per attempt, in its own session, as ``python -I -S shim.py ATTEMPT_DIR``: standard library only,
+so it starts in milliseconds and stays small. It outlives the server (a restarted server re-attaches by reading
+the files below) and is the only parent of the job's processes.
+
+It reads ``ATTEMPT_DIR/shim.json`` and writes:
+- ``shim.pid``     its pid (first thing it does);
+- ``status.json``  phase (preparing → running → finishing) and the job's process group;
+- ``exit.json``    the outcome, written atomically and fsynced: the durable record of how the attempt ended;
+- the job log      lines ``<time> <O|E|K> <text>`` appended to the log path it is given.
+It sends a datagram to the server's notify socket on every phase change; that only wakes the server early,
+the files stay the truth.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+EXIT_DISK_FULL = 75
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+POLL_SECONDS = 0.25
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def timestamp(now: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
+
+
+def format_line(stream: str, text: bytes, now: float | None = None) -> bytes:
+    now = time.time() if now is None else now
+    return timestamp(now).encode() + b" " + stream.encode() + b" " + text.rstrip(b"\n") + b"\n"
+
+
+def write_json_atomic(path: str, data: dict, durable: bool = False) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+        if durable:
+            fh.flush()
+            os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    if durable:
+        dfd = os.open(os.path.dirname(path), os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def proc_table() -> dict[int, tuple[int, int]]:
+    """pid → (parent pid, session id) for every process we can see."""
+    out: dict[int, tuple[int, int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        out[int(name)] = (int(fields[1]), int(fields[3]))
+    return out
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * PAGE_SIZE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class DiskFull(Exception):
+    pass
+
+
+class Shim:
+    def __init__(self, attempt_dir: str) -> None:
+        self.dir = attempt_dir
+        with open(os.path.join(attempt_dir, "shim.json")) as fh:
+            self.cfg = json.load(fh)
+        self.me = os.getpid()
+        self.sid = os.getsid(0)
+        self.cancelled = False
+        self.cancel_reason = ""
+        self.log_fd = -1
+        self.child: subprocess.Popen | None = None
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        self.notify_path = self.cfg.get("notify_socket")
+        self.notify_sock: socket.socket | None = None
+
+    # -- plumbing -------------------------------------------------------------------------------------
+
+    def notify(self, event: str) -> None:
+        if not self.notify_path:
+            return
+        try:
+            if self.notify_sock is None:
+                self.notify_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                self.notify_sock.setblocking(False)
+            msg = json.dumps({"job_id": self.cfg["job_id"], "attempt": self.cfg["attempt"], "event": event})
+            self.notify_sock.sendto(msg.encode(), self.notify_path)
+        except OSError:
+            pass  # the server may be down; it re-reads our files when it comes back
+
+    def log(self, stream: str, data: bytes) -> None:
+        try:
+            os.write(self.log_fd, format_line(stream, data))
+        except OSError as exc:
+            if exc.errno in (28, 122):  # ENOSPC, EDQUOT
+                raise DiskFull(str(exc)) from exc
+            raise
+
+    def say(self, text: str) -> None:
+        self.log("K", text.encode())
+
+    def status(self, phase: str, **extra: object) -> None:
+        data = {"phase": phase, "time": time.time(), "shim_pid": self.me, **extra}
+        write_json_atomic(os.path.join(self.dir, "status.json"), data)
+        self.notify(phase)
+
+    def on_signal(self, signum: int, _frame: object) -> None:
+        self.cancelled = True
+        self.cancel_reason = self.cancel_reason or f"signal {signal.Signals(signum).name}"
+        try:
+            os.write(self.wake_w, b"x")
+        except OSError:
+            pass
+
+    # -- process tree ---------------------------------------------------------------------------------
+
+    def tree(self) -> list[int]:
+        """Every process of this job: our session, plus anything re-parented to us (we are a subreaper)."""
+        table = proc_table()
+        members = {p for p, (ppid, sid) in table.items() if (sid == self.sid or ppid == self.me)}
+        members.discard(self.me)
+        grew = True
+        while grew:
+            extra = {p for p, (ppid, _) in table.items() if ppid in members and p not in members}
+            members |= extra
+            grew = bool(extra)
+        return sorted(members)
+
+    def signal_tree(self, sig: int) -> None:
+        if self.child is not None:
+            try:
+                os.killpg(self.child.pid, sig)
+            except OSError:
+                pass
+        for pid in self.tree():
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+    def kill_tree(self, grace: float) -> None:
+        """SIGTERM everything, wait up to ``grace`` seconds, then SIGKILL what is left."""
+        self.signal_tree(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            self.reap()
+            if not self.tree():
+                return
+            time.sleep(0.05)
+        self.signal_tree(signal.SIGKILL)
+        for _ in range(40):
+            self.reap()
+            if not self.tree():
+                return
+            time.sleep(0.05)
+
+    def reap(self) -> None:
+        """Collect adopted orphans that exited (never the tracked child: Popen must see its status)."""
+        tracked = self.child.pid if self.child is not None else None
+        for pid, (ppid, _) in proc_table().items():
+            if ppid == self.me and pid != tracked:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+
+    # -- steps ----------------------------------------------------------------------------------------
+
+    def run_step(self, name: str, argv: list[str], env: dict[str, str], deadline: float | None) -> tuple[int, str]:
+        """Run one step, streaming its output into the log. Returns (exit code, reason or "")."""
+        try:
+            self.child = subprocess.Popen(
+                argv,
+                cwd=self.cfg["work_dir"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                process_group=0,
+                close_fds=True,
+            )
+        except FileNotFoundError:
+            self.say(f"{name}: command not found: {argv[0]}")
+            return 127, "CommandNotFound"
+        except PermissionError:
+            self.say(f"{name}: permission denied: {argv[0]}")
+            return 126, "CommandNotFound"
+        except OSError as exc:
+            self.say(f"{name}: cannot start {argv[0]}: {exc.strerror}")
+            return 126, "Error"
+        if name == "command":
+            self.status("running", child_pid=self.child.pid, pgid=self.child.pid, running_at=time.time())
+        reason = self.pump(deadline)
+        code = self.child.wait()
+        if code < 0:
+            code = 128 - code
+        self.child = None
+        if reason:
+            return code, reason
+        if code == 127 and name != "finish":
+            return code, "CommandNotFound"
+        return code, ""
+
+    def pump(self, deadline: float | None) -> str:
+        """Copy the child's output into the log until it exits; enforce timeout, memory limit and cancel."""
+        assert self.child is not None and self.child.stdout and self.child.stderr
+        sel = selectors.DefaultSelector()
+        streams = {self.child.stdout.fileno(): "O", self.child.stderr.fileno(): "E"}
+        partial = {fd: b"" for fd in streams}
+        for fd in streams:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ)
+        sel.register(self.wake_r, selectors.EVENT_READ)
+        limit = self.cfg.get("memory_limit")
+        reason = ""
+        next_check = time.monotonic() + POLL_SECONDS
+        open_fds = set(streams)
+        try:
+            while open_fds or self.child.poll() is None:
+                now = time.monotonic()
+                wait = max(0.0, next_check - now)
+                if deadline is not None:
+                    wait = min(wait, max(0.0, deadline - now))
+                for key, _ in sel.select(wait if open_fds else min(wait, 0.05)):
+                    fd = int(key.fd)  # type: ignore[call-overload]
+                    if fd == self.wake_r:
+                        os.read(fd, 64)
+                        continue
+                    try:
+                        data = os.read(fd, 65536)
+                    except BlockingIOError:
+                        continue
+                    if not data:
+                        if partial[fd]:
+                            self.log(streams[fd], partial[fd])
+                            partial[fd] = b""
+                        sel.unregister(fd)
+                        open_fds.discard(fd)
+                        continue
+                    lines = (partial[fd] + data).split(b"\n")
+                    partial[fd] = lines.pop()
+                    for line in lines:
+                        self.log(streams[fd], line)
+                    if len(partial[fd]) > 65536:
+                        self.log(streams[fd], partial[fd])
+                        partial[fd] = b""
+                if reason:
+                    continue
+                if self.cancelled:
+                    self.say(f"cancelling ({self.cancel_reason}): stopping the process tree")
+                    reason = "Cancelled"
+                    self.kill_tree(float(self.cfg.get("grace", 10)))
+                    continue
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    self.say(f"timeout: the run exceeded {self.cfg['timeout']:g}s; stopping it")
+                    reason = "Timeout"
+                    self.kill_tree(float(self.cfg.get("grace", 10)))
+                    continue
+                if now >= next_check:
+                    next_check = now + POLL_SECONDS
+                    if limit:
+                        used = sum(rss_bytes(p) for p in self.tree())
+                        if used > limit:
+                            self.say(f"memory limit exceeded: {used} bytes in use > limit {limit}; killing")
+                            reason = "OOMKilled"
+                            self.kill_tree(0.0)
+                            continue
+                    self.reap()
+        finally:
+            sel.close()
+        return reason
+
+    # -- runtime and code -----------------------------------------------------------------------------
+
+    def build_runtime(self, spec: dict) -> None:
+        """Build a managed virtualenv once; concurrent jobs wait on a lock and reuse it."""
+        import fcntl
+        import shutil
+
+        venv = spec["venv"]
+        ready = os.path.join(venv, ".kiln-ready")
+        if os.path.exists(ready):
+            return
+        os.makedirs(os.path.dirname(venv), exist_ok=True)
+        with open(venv + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if os.path.exists(ready):
+                return
+            self.say(f"building runtime {spec['name']} (first use): {' '.join(spec['packages']) or 'no packages'}")
+            shutil.rmtree(venv, ignore_errors=True)
+            env = dict(self.cfg["env"])
+            env.pop("PIP_TARGET", None)
+            env.pop("PYTHONPATH", None)
+            steps = [[spec["base_python"], "-m", "venv", venv]]
+            if spec["packages"]:
+                steps.append(
+                    [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "--disable-pip-version-check",
+                     "--no-input", "--progress-bar", "off", *spec["packages"]]
+                )
+            for argv in steps:
+                code, reason = self.run_step("runtime", argv, env, None)
+                if code != 0 or reason:
+                    shutil.rmtree(venv, ignore_errors=True)
+                    raise RuntimeError(f"building runtime {spec['name']} failed: {' '.join(argv[:4])}… exited {code}")
+            with open(ready, "w") as fh:
+                json.dump({"packages": spec["packages"], "built_at": time.time()}, fh)
+            self.say(f"runtime {spec['name']} ready")
+
+    def extract_code(self) -> None:
+        import tarfile
+
+        archive = self.cfg.get("code_archive")
+        work = self.cfg["work_dir"]
+        os.makedirs(work, exist_ok=True)
+        if not archive:
+            return
+        with tarfile.open(archive, "r:*") as tar:
+            # The "data" filter refuses absolute paths, "..", links leaving the tree and device files.
+            tar.extractall(work, filter="data")
+
+    # -- main -----------------------------------------------------------------------------------------
+
+    def main(self) -> int:
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, self.on_signal)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        try:
+            import ctypes
+
+            ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+        cfg = self.cfg
+        outcome: dict = {"exit_code": None, "reason": "", "message": ""}
+        try:
+            self.log_fd = os.open(cfg["log_path"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+            outcome = self.run_attempt()
+        except DiskFull as exc:
+            self.kill_tree(1.0)
+            outcome = {"exit_code": None, "reason": "DiskFull", "message": f"disk full while writing: {exc}"}
+        except Exception as exc:  # the shim must always leave an exit record
+            self.kill_tree(1.0)
+            reason = "CodeError" if "tar" in type(exc).__module__ else "Error"
+            if isinstance(exc, RuntimeError) and "runtime" in str(exc):
+                reason = "RuntimeError"
+            outcome = {"exit_code": None, "reason": reason, "message": f"{type(exc).__name__}: {exc}"}
+            try:
+                self.say(outcome["message"])
+            except Exception:
+                pass
+        outcome["finished_at"] = time.time()
+        try:
+            write_json_atomic(os.path.join(self.dir, "exit.json"), outcome, durable=True)
+        except OSError:
+            self.notify("exited")
+            return EXIT_DISK_FULL
+        self.notify("exited")
+        return 0
+
+    def run_attempt(self) -> dict:
+        cfg = self.cfg
+        env = cfg["env"]
+        self.status("preparing")
+        self.say(f"attempt {cfg['attempt']} starting")
+        if cfg.get("runtime_build"):
+            self.build_runtime(cfg["runtime_build"])
+        self.extract_code()
+        deadline = time.monotonic() + cfg["timeout"] if cfg.get("timeout") else None
+        code, reason = 0, ""
+        if cfg.get("prepare"):
+            code, reason = self.run_step("prepare", cfg["prepare"], env, deadline)
+            if code != 0 and not reason:
+                reason = "PrepareFailed"
+            if code != 0 or reason:
+                self.status("running", child_pid=None, pgid=None, running_at=time.time())
+                return self.finish(code, reason, f"prepare_command exited with {code}")
+        if self.cancelled:
+            self.status("running", child_pid=None, pgid=None, running_at=time.time())
+            return self.finish(None, "Cancelled", self.cancel_reason)
+        code, reason = self.run_step("command", cfg["command"], env, deadline)
+        messages = {
+            "CommandNotFound": f"command not found: {cfg['command'][0] if cfg['command'][0] != '/bin/sh' else cfg['command'][-1]}",
+            "Timeout": f"timed out after {cfg.get('timeout')}s",
+            "OOMKilled": f"memory limit of {cfg.get('memory_limit')} bytes exceeded",
+            "Cancelled": self.cancel_reason,
+        }
+        return self.finish(code, reason, messages.get(reason, f"exited with {code}"))
+
+    def finish(self, code: int | None, reason: str, message: str) -> dict:
+        cfg = self.cfg
+        if code is not None and code != 0 and not reason:
+            reason = "Error"
+        if cfg.get("finish") and reason != "Cancelled":
+            self.status("finishing")
+            env = dict(cfg["env"], KILN_EXIT_CODE=str(code if code is not None else -1))
+            fcode, freason = self.run_step("finish", cfg["finish"], env, time.monotonic() + 3600)
+            if (fcode != 0 or freason) and not reason:
+                reason, message = "FinishFailed", f"finish_command exited with {fcode}"
+        self.say(f"attempt {cfg['attempt']} ended: {reason or 'Completed'} (exit code {code})")
+        return {"exit_code": code, "reason": reason or "Completed", "message": message if reason else ""}
+
+
+if __name__ == "__main__":
+    sys.exit(Shim(sys.argv[1]).main())

@@ -1,0 +1,299 @@
+"""``kiln.Client``: the Python SDK over the signed REST API (httpx). The CLI uses nothing else.
+
+Credentials come from the arguments, else ``KILN_ENDPOINT`` / ``KILN_ACCESS_KEY`` / ``KILN_SECRET_KEY``, else the
+file ``kiln login`` writes (``~/.kiln/config``). Errors are raised as the same ``kiln.errors`` classes the server
+maps, e.g. ``kiln.errors.NotFound``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from kiln.auth import signing
+from kiln.domain.schemas import (
+    ArtifactRead,
+    EventRead,
+    JobRead,
+    JobSubmit,
+    RuntimeRead,
+    WhoAmI,
+)
+from kiln.domain.spec import JobSpec
+from kiln.domain.states import JobState
+from kiln.errors import KilnError, NotFound, Unauthenticated, error_from_body
+from kiln.sdk.packaging import build_bundle
+from kiln.settings import ClientSettings
+
+Progress = Callable[[int], None]
+DEFAULT_MAX_CODE_BYTES = 256 * 1024 * 1024
+
+
+def read_config_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines (the format of admin.env and ~/.kiln/config)."""
+    out: dict[str, str] = {}
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return out
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        out[key.strip().removeprefix("export ").strip()] = value.strip().strip("'\"")
+    return out
+
+
+class Client:
+    """A signed connection to one Kiln server."""
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        *,
+        timeout: float | None = None,
+        settings: ClientSettings | None = None,
+    ) -> None:
+        settings = settings or ClientSettings()
+        saved = read_config_file(settings.config)
+        self.endpoint = (endpoint or settings.endpoint or saved.get("KILN_ENDPOINT") or "").rstrip("/")
+        self.access_key = access_key or settings.access_key or saved.get("KILN_ACCESS_KEY") or ""
+        self._secret_key = secret_key or settings.secret_key or saved.get("KILN_SECRET_KEY") or ""
+        if not (self.endpoint and self.access_key and self._secret_key):
+            raise Unauthenticated(
+                "no Kiln credentials: set KILN_ENDPOINT, KILN_ACCESS_KEY and KILN_SECRET_KEY "
+                "(e.g. `set -a; . ~/.kiln/admin.env; set +a`) or run `kiln login`"
+            )
+        self._http = httpx.Client(base_url=self.endpoint, timeout=timeout or settings.timeout)
+
+    def __repr__(self) -> str:  # never show the secret
+        return f"Client(endpoint={self.endpoint!r}, access_key={self.access_key!r})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transport ------------------------------------------------------------------------------------
+
+    def _prepare(
+        self, method: str, path: str, params: dict[str, Any] | None, body: bytes | None, unsigned: bool
+    ) -> tuple[str, dict[str, str]]:
+        pairs: list[tuple[str, str]] = []
+        for key, value in (params or {}).items():
+            if value is None:
+                continue
+            values = value if isinstance(value, list | tuple) else [value]
+            pairs.extend((key, str(v).lower() if isinstance(v, bool) else str(v)) for v in values)
+        query = signing.canonical_query(pairs)
+        url_path = "/api/v1" + path
+        content_hash = signing.UNSIGNED_PAYLOAD if unsigned else signing.body_sha256(body or b"")
+        headers = signing.sign_headers(
+            access_key=self.access_key,
+            secret_key=self._secret_key,
+            method=method,
+            path=httpx.URL(self.endpoint + url_path).raw_path.decode(),
+            query=query,
+            content_sha256=content_hash,
+        )
+        # Send the query exactly as signed (already RFC 3986 encoded and sorted).
+        return url_path + (f"?{query}" if query else ""), headers
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        json_body: Any = None,
+        content: Any = None,
+        unsigned: bool = False,
+        extra_headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        body = json.dumps(json_body).encode() if json_body is not None else None
+        url, headers = self._prepare(method, path, params, body, unsigned)
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        headers.update(extra_headers or {})
+        try:
+            response = self._http.request(method, url, content=body if body is not None else content, headers=headers)
+        except httpx.TransportError as exc:
+            raise KilnError(f"cannot reach Kiln at {self.endpoint}: {exc}") from exc
+        self._raise_for(response)
+        return response
+
+    @staticmethod
+    def _raise_for(response: httpx.Response) -> None:
+        if response.status_code < 400:
+            return
+        try:
+            body = response.json()
+        except ValueError:
+            body = response.text
+        raise error_from_body(response.status_code, body)
+
+    # -- identity -------------------------------------------------------------------------------------
+
+    def whoami(self) -> WhoAmI:
+        return WhoAmI.model_validate(self.request("GET", "/whoami").json())
+
+    # -- code -----------------------------------------------------------------------------------------
+
+    def has_blob(self, sha256: str) -> bool:
+        try:
+            self.request("HEAD", f"/blobs/{sha256}")
+            return True
+        except NotFound:
+            return False
+
+    def upload_blob(self, path: Path, sha256: str, progress: Progress | None = None) -> None:
+        """Upload a bundle unless the server already has it (content-addressed)."""
+        if self.has_blob(sha256):
+            if progress:
+                progress(path.stat().st_size)
+            return
+
+        def chunks() -> Iterator[bytes]:
+            with open(path, "rb") as fh:
+                while data := fh.read(1024 * 1024):
+                    if progress:
+                        progress(len(data))
+                    yield data
+
+        self.request(
+            "PUT",
+            f"/blobs/{sha256}",
+            content=chunks(),
+            unsigned=True,
+            extra_headers={"Content-Type": "application/gzip", "Content-Length": str(path.stat().st_size)},
+        )
+
+    def upload_code(
+        self, directory: Path, *, max_bytes: int = DEFAULT_MAX_CODE_BYTES, progress: Progress | None = None
+    ) -> str:
+        """Package ``directory`` (honouring .gitignore/.kilnignore), upload it, return its sha256."""
+        bundle = build_bundle(directory, max_bytes)
+        try:
+            self.upload_blob(bundle.path, bundle.sha256, progress)
+        finally:
+            bundle.path.unlink(missing_ok=True)
+        return bundle.sha256
+
+    # -- jobs -----------------------------------------------------------------------------------------
+
+    def submit(self, spec: JobSpec | dict[str, Any], code_sha256: str | None = None) -> JobRead:
+        spec = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec)
+        body = JobSubmit(spec=spec, code_sha256=code_sha256).model_dump(mode="json", exclude_none=True)
+        return JobRead.model_validate(self.request("POST", "/jobs", json_body=body).json())
+
+    def run(self, spec: JobSpec | dict[str, Any], code_dir: Path | None = None) -> JobRead:
+        """Package and upload ``code_dir`` (if given) and submit the job."""
+        sha = self.upload_code(code_dir) if code_dir is not None else None
+        return self.submit(spec, sha)
+
+    def get_job(self, job_id: str) -> JobRead:
+        return JobRead.model_validate(self.request("GET", f"/jobs/{job_id}").json())
+
+    def list_jobs(self, *, states: list[str] | None = None, limit: int = 50) -> list[JobRead]:
+        data = self.request("GET", "/jobs", params={"state": states, "limit": limit}).json()
+        return [JobRead.model_validate(j) for j in data["items"]]
+
+    def events(self, job_id: str) -> list[EventRead]:
+        data = self.request("GET", f"/jobs/{job_id}/events").json()
+        return [EventRead.model_validate(e) for e in data["items"]]
+
+    def cancel(self, job_id: str) -> JobRead:
+        return JobRead.model_validate(self.request("POST", f"/jobs/{job_id}/cancel").json())
+
+    def wait(self, job_id: str, timeout: float | None = None, poll: float = 0.25) -> JobRead:
+        """Block until the job ends (or ``timeout`` seconds pass: TimeoutError)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.get_job(job_id)
+            if JobState(job.state).terminal:
+                return job
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job.state} after {timeout}s")
+            time.sleep(poll)
+
+    def read_logs(self, job_id: str, offset: int = 0) -> tuple[bytes, int, bool]:
+        """(stored log lines from ``offset``, next offset, job ended)."""
+        r = self.request("GET", f"/jobs/{job_id}/logs", params={"offset": offset})
+        return r.content, int(r.headers["X-Kiln-Next-Offset"]), r.headers.get("X-Kiln-Job-Ended") == "true"
+
+    def stream_logs(self, job_id: str, *, follow: bool = True, offset: int = 0) -> Iterator[str]:
+        """Stored log lines (``<time> <O|E|K> <text>``); with ``follow`` until the job ends."""
+        if not follow:
+            data, _, _ = self.read_logs(job_id, offset)
+            yield from data.decode(errors="replace").splitlines()
+            return
+        url, headers = self._prepare("GET", f"/jobs/{job_id}/logs", {"offset": offset, "follow": True}, b"", False)
+        with self._http.stream("GET", url, headers=headers, timeout=httpx.Timeout(30.0, read=None)) as response:
+            if response.status_code >= 400:
+                response.read()
+                self._raise_for(response)
+            for line in response.iter_lines():
+                yield line
+
+    def artifacts(self, job_id: str) -> list[ArtifactRead]:
+        data = self.request("GET", f"/jobs/{job_id}/artifacts").json()
+        return [ArtifactRead.model_validate(a) for a in data["items"]]
+
+    def download(
+        self,
+        job_id: str,
+        dest: Path,
+        path: str | None = None,
+        progress: Progress | None = None,
+    ) -> list[Path]:
+        """Download the job's artifacts (all, or those at/under ``path``) into ``dest``; returns the files."""
+        wanted = [
+            a for a in self.artifacts(job_id)
+            if path is None or a.path == path.strip("/") or a.path.startswith(path.strip("/") + "/")
+        ]
+        if path is not None and not wanted:
+            raise NotFound(f"job {job_id} has no artifact at {path!r}")
+        written = []
+        for artifact in wanted:
+            target = (dest / artifact.path).resolve()
+            if dest.resolve() not in target.parents:
+                raise KilnError(f"refusing to write outside {dest}: {artifact.path}")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(target.name + ".part")
+            url, headers = self._prepare(
+                "GET", f"/jobs/{job_id}/artifacts/{quote(artifact.path, safe='/')}", None, b"", False
+            )
+            with self._http.stream("GET", url, headers=headers) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    self._raise_for(response)
+                with open(tmp, "wb") as fh:
+                    for chunk in response.iter_bytes(1024 * 1024):
+                        fh.write(chunk)
+                        if progress:
+                            progress(len(chunk))
+            tmp.replace(target)
+            written.append(target)
+        return written
+
+    # -- runtimes -------------------------------------------------------------------------------------
+
+    def runtimes(self) -> list[RuntimeRead]:
+        return [RuntimeRead.model_validate(r) for r in self.request("GET", "/runtimes").json()["items"]]
+
+    def install_runtime(self, framework: str, version: str | None = None) -> RuntimeRead:
+        r = self.request("POST", f"/runtimes/{framework}/install", params={"version": version})
+        return RuntimeRead.model_validate(r.json())

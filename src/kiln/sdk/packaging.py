@@ -1,0 +1,128 @@
+"""Packaging a working directory into a code bundle: a deterministic tar.gz that honours ``.gitignore``
+(at every level) and ``.kilnignore``, so the same tree always hashes the same and uploads once."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pathspec
+
+from kiln.domain.quantities import format_memory
+from kiln.errors import InvalidInput
+
+ALWAYS_IGNORED = [".git/", ".kiln/", "__pycache__/", "*.pyc", ".venv/", ".mypy_cache/", ".pytest_cache/"]
+IGNORE_FILES = (".gitignore", ".kilnignore")
+
+
+@dataclass(frozen=True)
+class Bundle:
+    path: Path
+    sha256: str
+    size: int
+    files: int
+    unpacked_bytes: int
+
+
+def _spec_for(directory: Path) -> pathspec.PathSpec | None:
+    lines: list[str] = []
+    for name in IGNORE_FILES:
+        f = directory / name
+        if f.is_file():
+            lines.extend(f.read_text(errors="replace").splitlines())
+    return pathspec.GitIgnoreSpec.from_lines(lines) if lines else None
+
+
+def collect_files(root: Path) -> list[Path]:
+    """Relative paths of the files (and in-tree links) to bundle, sorted."""
+    root = root.resolve()
+    specs: list[tuple[Path, pathspec.PathSpec]] = [(Path("."), pathspec.GitIgnoreSpec.from_lines(ALWAYS_IGNORED))]
+    out: list[Path] = []
+
+    def ignored(rel: Path, is_dir: bool) -> bool:
+        for base, spec in specs:
+            if base != Path(".") and base not in rel.parents:
+                continue
+            sub = rel.relative_to(base).as_posix() + ("/" if is_dir else "")
+            if spec.match_file(sub):
+                return True
+        return False
+
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        rel_dir = here.relative_to(root)
+        spec = _spec_for(here)
+        if spec is not None:
+            specs.append((rel_dir, spec))
+        keep = []
+        for d in sorted(dirnames):
+            rel = rel_dir / d
+            full = here / d
+            if full.is_symlink():
+                filenames.append(d)  # a link to a directory is bundled as a link
+                continue
+            if not ignored(rel, True):
+                keep.append(d)
+        dirnames[:] = keep
+        for name in sorted(filenames):
+            rel = rel_dir / name
+            full = here / name
+            if ignored(rel, False):
+                continue
+            if full.is_symlink():
+                target = (full.parent / os.readlink(full)).resolve()
+                if root not in target.parents and target != root:
+                    continue  # a link leaving the tree would be refused by the server; leave it out
+            elif not full.is_file():
+                continue
+            out.append(rel)
+    return sorted(out)
+
+
+def build_bundle(root: Path, max_bytes: int) -> Bundle:
+    """Write the bundle to a temporary file; the caller deletes ``bundle.path``."""
+    root = root.resolve()
+    if not root.is_dir():
+        raise InvalidInput(f"not a directory: {root}")
+    files = collect_files(root)
+    sizes = {f: (root / f).lstat().st_size for f in files}
+    total = sum(sizes.values())
+    if total > max_bytes:
+        biggest = sorted(sizes.items(), key=lambda kv: -kv[1])[:5]
+        listing = ", ".join(f"{p} ({format_memory(n)})" for p, n in biggest)
+        raise InvalidInput(
+            f"the code in {root} is {format_memory(total)}, over the {format_memory(max_bytes)} limit; "
+            f"largest: {listing}. Exclude data and outputs with .kilnignore or .gitignore."
+        )
+    fd, name = tempfile.mkstemp(prefix="kiln-bundle-", suffix=".tar.gz")
+    os.close(fd)
+    path = Path(name)
+    try:
+        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, tarfile.open(
+            fileobj=gz, mode="w", format=tarfile.PAX_FORMAT
+        ) as tar:
+            for rel in files:
+                full = root / rel
+                info = tar.gettarinfo(str(full), arcname=rel.as_posix())
+                info.mtime = 0
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                info.mode = 0o755 if info.mode & 0o111 else 0o644
+                if info.isreg():
+                    with open(full, "rb") as fh:
+                        tar.addfile(info, fh)
+                else:
+                    tar.addfile(info)
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1024 * 1024):
+                digest.update(chunk)
+        return Bundle(path, digest.hexdigest(), path.stat().st_size, len(files), total)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise

@@ -1,0 +1,170 @@
+"""Job use cases: submit, read, list, cancel. They only record intent; the reconciler acts on it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from kiln.backends.base import Inventory
+from kiln.db.models import Blob, Job, JobEvent, utcnow
+from kiln.db.session import Database
+from kiln.domain.catalog import Catalog
+from kiln.domain.ids import new_id
+from kiln.domain.schemas import Allocation, EventRead, JobRead, JobSubmit
+from kiln.domain.spec import JobSpec
+from kiln.domain.states import JobState, Reason
+from kiln.errors import Conflict, InvalidInput, NotFound
+from kiln.scheduler.placement import Request, never_fits
+from kiln.services.identity import Principal
+from kiln.services.lifecycle import record, transition
+
+
+def to_read(job: Job) -> JobRead:
+    return JobRead(
+        id=job.id,
+        name=job.name,
+        org_id=job.org_id,
+        user_id=job.user_id,
+        state=JobState(job.state),
+        reason=job.reason,
+        message=job.message,
+        spec=JobSpec.model_validate(job.spec),
+        code_sha256=job.code_sha256,
+        attempt=job.attempt,
+        restarts=job.restarts,
+        exit_code=job.exit_code,
+        cancel_requested=job.cancel_requested,
+        allocation=Allocation.model_validate(job.allocation) if job.allocation else None,
+        created_at=job.created_at,
+        updated_at=job.updated_at,
+        started_at=job.started_at,
+        running_at=job.running_at,
+        finished_at=job.finished_at,
+    )
+
+
+def event_read(event: JobEvent) -> EventRead:
+    return EventRead(
+        id=event.id,
+        job_id=event.job_id,
+        time=event.time,
+        from_state=JobState(event.from_state) if event.from_state else None,
+        to_state=JobState(event.to_state) if event.to_state else None,
+        reason=event.reason,
+        message=event.message,
+    )
+
+
+class JobService:
+    def __init__(
+        self,
+        db: Database,
+        catalog: Catalog,
+        inventory: Callable[[], Inventory],
+        wake: Callable[[], None],
+    ) -> None:
+        self.db = db
+        self.catalog = catalog
+        self.inventory = inventory
+        self.wake = wake
+
+    def _load(self, s: Session, principal: Principal, job_id: str, *, lock: bool = False) -> Job:
+        query = select(Job).where(Job.id == job_id)
+        if not principal.platform_admin:
+            query = query.where(Job.org_id == principal.org_id)
+        if lock and self.db.dialect == "postgresql":
+            query = query.with_for_update()
+        job = s.scalar(query)
+        if job is None:
+            # Same answer whether the job does not exist or belongs to someone else.
+            raise NotFound(f"job {job_id} not found")
+        return job
+
+    def submit(self, principal: Principal, body: JobSubmit) -> JobRead:
+        spec = body.spec
+        self.catalog.check(spec.runtime)
+        impossible = never_fits(
+            Request("new", spec.resources.cpus, spec.resources.memory, spec.resources.gpus), self.inventory()
+        )
+        if impossible:
+            raise InvalidInput(f"resources: the job {impossible}", details={"field": "spec.resources"})
+        now = utcnow()
+        with self.db.transaction() as s:
+            if body.code_sha256 and s.get(Blob, (principal.org_id, body.code_sha256)) is None:
+                raise InvalidInput(
+                    f"code_sha256: no uploaded bundle {body.code_sha256}; upload it with PUT /api/v1/blobs/{{sha256}}"
+                )
+            job = Job(
+                id=new_id("job"),
+                org_id=principal.org_id,
+                user_id=principal.user_id,
+                name=spec.display_name,
+                spec=spec.model_dump(mode="json"),
+                code_sha256=body.code_sha256,
+                state=JobState.QUEUED,
+                reason=Reason.SUBMITTED,
+                message="",
+                cpus=spec.resources.cpus,
+                memory=spec.resources.memory,
+                gpus=spec.resources.gpus,
+                created_at=now,
+                updated_at=now,
+            )
+            s.add(job)
+            s.flush()
+            s.add(
+                JobEvent(
+                    job_id=job.id, time=now, from_state=None, to_state=JobState.QUEUED,
+                    reason=Reason.SUBMITTED, message=f"submitted by {principal.user_name}",
+                )
+            )
+            read = to_read(job)
+        self.wake()
+        return read
+
+    def get(self, principal: Principal, job_id: str) -> JobRead:
+        with self.db.transaction() as s:
+            return to_read(self._load(s, principal, job_id))
+
+    def is_terminal(self, principal: Principal, job_id: str) -> bool:
+        with self.db.transaction() as s:
+            return JobState(self._load(s, principal, job_id).state).terminal
+
+    def list(
+        self, principal: Principal, *, states: list[JobState] | None = None, limit: int = 50, before: str | None = None
+    ) -> list[JobRead]:
+        with self.db.transaction() as s:
+            query = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
+            if not principal.platform_admin:
+                query = query.where(Job.org_id == principal.org_id)
+            if states:
+                query = query.where(Job.state.in_([str(x) for x in states]))
+            if before:
+                query = query.where(Job.id < before)
+            return [to_read(job) for job in s.scalars(query)]
+
+    def events(self, principal: Principal, job_id: str) -> list[EventRead]:
+        with self.db.transaction() as s:
+            self._load(s, principal, job_id)
+            rows = s.scalars(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id))
+            return [event_read(e) for e in rows]
+
+    def cancel(self, principal: Principal, job_id: str) -> JobRead:
+        with self.db.transaction() as s:
+            job = self._load(s, principal, job_id, lock=True)
+            state = JobState(job.state)
+            if state is JobState.CANCELLED:
+                return to_read(job)
+            if state.terminal:
+                raise Conflict(f"job {job_id} already ended ({state}); nothing to cancel")
+            if state in (JobState.QUEUED, JobState.RESTARTING):
+                transition(s, job, JobState.CANCELLED, Reason.CANCELLED, f"cancelled by {principal.user_name}")
+            elif not job.cancel_requested:
+                job.cancel_requested = True
+                job.updated_at = utcnow()
+                record(s, job, Reason.CANCEL_REQUESTED, f"cancel requested by {principal.user_name}")
+            read = to_read(job)
+        self.wake()
+        return read

@@ -1,0 +1,51 @@
+"""The one way a job's state changes: ``transition`` checks the FROM→TO table, stamps times, writes an event."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from kiln.db.models import Job, JobEvent, utcnow
+from kiln.domain.states import TRANSITIONS, JobState
+from kiln.errors import IllegalTransition
+
+
+def transition(
+    session: Session,
+    job: Job,
+    to: JobState,
+    reason: str,
+    message: str = "",
+    *,
+    now: datetime | None = None,
+) -> JobEvent:
+    """Move ``job`` to ``to`` or raise IllegalTransition; the caller's transaction commits both."""
+    current = JobState(job.state)
+    if to not in TRANSITIONS[current]:
+        raise IllegalTransition(f"job {job.id}: {current} → {to} is not allowed")
+    now = now or utcnow()
+    job.state = to
+    job.reason = reason
+    job.message = message
+    job.updated_at = now
+    if to is JobState.STARTING and job.started_at is None:
+        job.started_at = now
+    if to is JobState.RUNNING:
+        job.running_at = now
+    if to is JobState.RESTARTING or to.terminal:
+        job.allocation = None
+    if to.terminal:
+        job.finished_at = now
+        job.lease_owner = None
+        job.lease_expires_at = None
+    event = JobEvent(job_id=job.id, time=now, from_state=current, to_state=to, reason=reason, message=message)
+    session.add(event)
+    return event
+
+
+def record(session: Session, job: Job, reason: str, message: str = "") -> JobEvent:
+    """An event that changes no state (a waiting reason, a re-attachment, a cancel request)."""
+    event = JobEvent(job_id=job.id, time=utcnow(), reason=reason, message=message)
+    session.add(event)
+    return event

@@ -1,0 +1,131 @@
+"""The one settings tree of Kiln.
+
+Every knob is a field here, read from ``KILN_*`` environment variables (or passed explicitly in tests).
+Nothing else in the code base reads ``os.environ`` for configuration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_home() -> Path:
+    return Path.home() / ".kiln"
+
+
+class Settings(BaseSettings):
+    """Server-side settings (``kiln server``)."""
+
+    model_config = SettingsConfigDict(env_prefix="KILN_", extra="ignore")
+
+    home: Path = Field(default_factory=_default_home, description="Root of all local state ($KILN_HOME).")
+    host: str = Field("127.0.0.1", description="Address the API server binds.")
+    port: int = Field(8080, description="Port the API server binds.")
+    public_endpoint: str | None = Field(
+        None, description="Endpoint written to admin.env; defaults to http://HOST:PORT."
+    )
+    database_url: str | None = Field(
+        None,
+        description="SQLAlchemy URL. Default: SQLite at $KILN_HOME/kiln.db. "
+        "PostgreSQL: postgresql+psycopg://user@host:5432/db.",
+    )
+    storage_url: str | None = Field(
+        None, description="fsspec URL of the artifact store. Default: $KILN_HOME/store (local directory)."
+    )
+    server_key: str | None = Field(
+        None, description="Fernet key encrypting secrets at rest. Default: generated in $KILN_HOME/server.key."
+    )
+    instance_id: str | None = Field(
+        None, description="Identity of this server for work leases; defaults to a hash of host and home."
+    )
+
+    # Signed API
+    clock_skew_seconds: int = Field(300, description="Largest accepted difference of X-Kiln-Date from now.")
+    nonce_ttl_seconds: int = Field(900, description="How long a used nonce is remembered per key.")
+
+    # Uploads
+    max_blob_bytes: int = Field(512 * 1024**2, description="Largest code bundle accepted by PUT /blobs (413).")
+    max_archive_members: int = Field(100_000, description="Most files a code bundle may hold.")
+    max_archive_unpacked_bytes: int = Field(
+        4 * 1024**3, description="Largest total unpacked size of a code bundle."
+    )
+
+    # Reconciler and executor
+    reconcile_interval: float = Field(0.5, description="Seconds between reconcile passes when idle.")
+    lease_seconds: float = Field(15.0, description="How long a reconciler's claim on a job lasts unrenewed.")
+    kill_grace_seconds: float = Field(10.0, description="SIGTERM → SIGKILL grace on cancel and timeout.")
+    restart_backoff_seconds: float = Field(1.0, description="Delay before a failed job is restarted.")
+    cpus: float | None = Field(None, description="CPUs the local executor offers (default: all).")
+    memory: str | None = Field(None, description="Memory the local executor offers, e.g. 16G (default: all).")
+    gpus: str | None = Field(
+        None, description="GPU indices the local executor offers, e.g. '0,1' (default: what NVML finds)."
+    )
+    runtimes_dir: Path | None = Field(
+        None, description="Where managed runtime virtualenvs live (default: $KILN_HOME/runtimes)."
+    )
+    bootstrap: bool = Field(True, description="Create the admin organisation, user and key on first start.")
+
+    @field_validator("home", mode="before")
+    @classmethod
+    def _expand_home(cls, value: object) -> object:
+        if isinstance(value, str):
+            return Path(os.path.expanduser(value))
+        return value
+
+    @cached_property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home / 'kiln.db'}"
+
+    @cached_property
+    def resolved_storage_url(self) -> str:
+        return self.storage_url or str(self.home / "store")
+
+    @cached_property
+    def resolved_runtimes_dir(self) -> Path:
+        return self.runtimes_dir or self.home / "runtimes"
+
+    @cached_property
+    def resolved_instance_id(self) -> str:
+        if self.instance_id:
+            return self.instance_id
+        digest = hashlib.sha256(f"{socket.gethostname()}:{self.home.resolve()}".encode()).hexdigest()
+        return f"{socket.gethostname()}-{digest[:10]}"
+
+    @property
+    def endpoint(self) -> str:
+        return self.public_endpoint or f"http://{self.host}:{self.port}"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.home / "jobs"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.home / "logs"
+
+    @property
+    def run_dir(self) -> Path:
+        """Sockets and locks of the running server."""
+        return self.home / "run"
+
+
+class ClientSettings(BaseSettings):
+    """What the SDK and CLI need to reach a server: environment first, then ``kiln login``'s file."""
+
+    model_config = SettingsConfigDict(env_prefix="KILN_", extra="ignore")
+
+    endpoint: str | None = Field(None, description="Server URL, e.g. http://127.0.0.1:8080.")
+    access_key: str | None = Field(None, description="Access key id.")
+    secret_key: str | None = Field(None, description="Secret key (never logged).")
+    config: Path = Field(
+        default_factory=lambda: Path.home() / ".kiln" / "config",
+        description="File written by `kiln login`.",
+    )
+    timeout: float = Field(60.0, description="HTTP timeout in seconds.")

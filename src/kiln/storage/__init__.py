@@ -1,0 +1,1 @@
+"""Where bytes live: the fsspec-backed object store and the job log store."""
