@@ -104,7 +104,8 @@ def _all_subclasses(cls: type[KilnError]) -> list[type[KilnError]]:
     return out
 
 
-ERRORS_BY_CODE: dict[str, type[KilnError]] = {c.code: c for c in [KilnError, *_all_subclasses(KilnError)]}
+ERRORS_BY_CODE: dict[str, type[KilnError]] = {KilnError.code: KilnError}
+ERRORS_BY_CODE.update({c.code: c for c in _all_subclasses(KilnError)})
 
 
 def error_from_body(status: int, body: Any) -> KilnError:
@@ -112,7 +113,18 @@ def error_from_body(status: int, body: Any) -> KilnError:
     if isinstance(body, dict) and isinstance(body.get("code"), str):
         cls = ERRORS_BY_CODE.get(body["code"], KilnError)
         return cls(str(body.get("message", "")), details=body.get("details"))
-    by_status = {cls.status: cls for cls in (InvalidInput, BadRequest, Unauthenticated, Forbidden, NotFound,
-                                             Conflict, PayloadTooLarge, Unavailable)}
+    by_status = {
+        cls.status: cls
+        for cls in (
+            InvalidInput,
+            BadRequest,
+            Unauthenticated,
+            Forbidden,
+            NotFound,
+            Conflict,
+            PayloadTooLarge,
+            Unavailable,
+        )
+    }
     fallback = by_status.get(status, KilnError)
     return fallback(f"HTTP {status}: {str(body)[:500]}" if body else f"HTTP {status}")

@@ -37,8 +37,10 @@ class Platform:
         self._lock = self._take_home_lock(settings.run_dir / "server.lock")
         self.db = Database(settings.resolved_database_url)
         migrate.upgrade(self.db.engine)
-        key = settings.server_key.encode() if settings.server_key else load_or_create_server_key(
-            settings.home / "server.key"
+        key = (
+            settings.server_key.encode()
+            if settings.server_key
+            else load_or_create_server_key(settings.home / "server.key")
         )
         self.box = SecretBox(key)
         self.store = ObjectStore(settings.resolved_storage_url)
@@ -63,7 +65,7 @@ class Platform:
     @staticmethod
     def _take_home_lock(path: Path) -> IO[str]:
         """One server per $KILN_HOME: its jobs and leases belong to exactly one reconciler."""
-        fh = open(path, "a+")
+        fh = open(path, "a+")  # noqa: SIM115 - held open for the server's lifetime
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -53,9 +53,7 @@ class Settings(BaseSettings):
     # Uploads
     max_blob_bytes: int = Field(512 * 1024**2, description="Largest code bundle accepted by PUT /blobs (413).")
     max_archive_members: int = Field(100_000, description="Most files a code bundle may hold.")
-    max_archive_unpacked_bytes: int = Field(
-        4 * 1024**3, description="Largest total unpacked size of a code bundle."
-    )
+    max_archive_unpacked_bytes: int = Field(4 * 1024**3, description="Largest total unpacked size of a code bundle.")
 
     # Reconciler and executor
     reconcile_interval: float = Field(0.5, description="Seconds between reconcile passes when idle.")

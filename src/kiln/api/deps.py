@@ -21,14 +21,9 @@ def get_platform(request: Request) -> Platform:
 
 async def _authenticate(request: Request, *, allow_unsigned_payload: bool) -> Principal:
     platform: Platform = request.app.state.platform
-    content = request.headers.get(signing.HEADER_CONTENT.lower())
-    body_hash = None
-    if not (allow_unsigned_payload and content == signing.UNSIGNED_PAYLOAD):
-        if allow_unsigned_payload:
-            # Streaming upload that signed a real hash: the blob route verifies it against the content.
-            body_hash = None
-        else:
-            body_hash = signing.body_sha256(await request.body())
+    # A streaming upload is not read here: the blob route hashes every byte and compares it with the URL
+    # (and with X-Kiln-Content-SHA256, which must then be UNSIGNED-PAYLOAD or that same hash).
+    body_hash = None if allow_unsigned_payload else signing.body_sha256(await request.body())
     raw_path = request.scope.get("raw_path") or request.url.path.encode()
     try:
         return await run_in_threadpool(

@@ -13,7 +13,13 @@ from kiln.errors import InvalidInput, KilnError
 
 log = logging.getLogger("kiln.api")
 
-_HTTP_CODES = {400: "bad_request", 401: "unauthenticated", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+}
 
 
 def _location(loc: tuple[object, ...]) -> str:

@@ -30,9 +30,7 @@ HEADER_NONCE = "X-Kiln-Nonce"
 HEADER_CONTENT = "X-Kiln-Content-SHA256"
 NONCE_PATTERN = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
-_AUTH = re.compile(
-    rf"^{ALGORITHM}\s+Credential=(?P<key>[^,\s]+)\s*,\s*Signature=(?P<sig>[0-9a-f]{{64}})\s*$"
-)
+_AUTH = re.compile(rf"^{ALGORITHM}\s+Credential=(?P<key>[^,\s]+)\s*,\s*Signature=(?P<sig>[0-9a-f]{{64}})\s*$")
 
 
 def _encode(text: str) -> str:

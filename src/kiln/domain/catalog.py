@@ -54,15 +54,27 @@ class Catalog:
 DEFAULT_CATALOG = Catalog(
     [
         CatalogEntry(
-            "python", "3", (), "python:3.11-slim", default=True,
+            "python",
+            "3",
+            (),
+            "python:3.11-slim",
+            default=True,
             description="Bare Python in a clean virtualenv (pip available).",
         ),
         CatalogEntry(
-            "pytorch", "2.13", ("torch==2.13.0", "numpy"), "pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime",
-            default=True, description="PyTorch 2.13 with NumPy.",
+            "pytorch",
+            "2.13",
+            ("torch==2.13.0", "numpy"),
+            "pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime",
+            default=True,
+            description="PyTorch 2.13 with NumPy.",
         ),
         CatalogEntry(
-            "sklearn", "1.9", ("scikit-learn>=1.9,<1.10",), "kiln/sklearn:1.9", default=True,
+            "sklearn",
+            "1.9",
+            ("scikit-learn>=1.9,<1.10",),
+            "kiln/sklearn:1.9",
+            default=True,
             description="scikit-learn 1.9 with NumPy and SciPy.",
         ),
     ]

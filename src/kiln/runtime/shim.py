@@ -55,6 +55,39 @@ def write_json_atomic(path: str, data: dict, durable: bool = False) -> None:
             os.close(dfd)
 
 
+EXIT_RESERVE = 4096
+
+
+def reserve_exit_record(path: str) -> None:
+    """Allocate the exit record's blocks up front so that it can still be written on a full disk."""
+    with open(path + ".tmp", "wb") as fh:
+        fh.write(b" " * EXIT_RESERVE)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def write_exit_record(path: str, data: dict) -> None:
+    """Overwrite the reserved file in place (no new blocks), fsync, then rename it into place atomically."""
+    payload = json.dumps(data).encode()
+    tmp = path + ".tmp"
+    if len(payload) > EXIT_RESERVE or not os.path.exists(tmp):
+        write_json_atomic(path, data, durable=True)
+        return
+    fd = os.open(tmp, os.O_WRONLY)
+    try:
+        os.write(fd, payload)
+        os.ftruncate(fd, len(payload))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(os.path.dirname(path), os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
 def proc_table() -> dict[int, tuple[int, int]]:
     """pid → (parent pid, session id) for every process we can see."""
     out: dict[int, tuple[int, int]] = {}
@@ -122,7 +155,11 @@ class Shim:
             raise
 
     def say(self, text: str) -> None:
-        self.log("K", text.encode())
+        """A line from the shim itself: best effort, so a full disk fails only jobs whose own output is lost."""
+        try:
+            self.log("K", text.encode())
+        except (DiskFull, OSError):
+            pass
 
     def status(self, phase: str, **extra: object) -> None:
         data = {"phase": phase, "time": time.time(), "shim_pid": self.me, **extra}
@@ -320,8 +357,17 @@ class Shim:
             steps = [[spec["base_python"], "-m", "venv", venv]]
             if spec["packages"]:
                 steps.append(
-                    [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "--disable-pip-version-check",
-                     "--no-input", "--progress-bar", "off", *spec["packages"]]
+                    [
+                        os.path.join(venv, "bin", "python"),
+                        "-m",
+                        "pip",
+                        "install",
+                        "--disable-pip-version-check",
+                        "--no-input",
+                        "--progress-bar",
+                        "off",
+                        *spec["packages"],
+                    ]
                 )
             for argv in steps:
                 code, reason = self.run_step("runtime", argv, env, None)
@@ -359,12 +405,18 @@ class Shim:
             pass
         cfg = self.cfg
         outcome: dict = {"exit_code": None, "reason": "", "message": ""}
+        exit_path = os.path.join(self.dir, "exit.json")
+        try:
+            reserve_exit_record(exit_path)
+        except OSError:
+            pass
         try:
             self.log_fd = os.open(cfg["log_path"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
             outcome = self.run_attempt()
         except DiskFull as exc:
             self.kill_tree(1.0)
-            outcome = {"exit_code": None, "reason": "DiskFull", "message": f"disk full while writing: {exc}"}
+            message = f"disk full: the job's output could not be written to its log ({exc})"
+            outcome = {"exit_code": None, "reason": "DiskFull", "message": message}
         except Exception as exc:  # the shim must always leave an exit record
             self.kill_tree(1.0)
             reason = "CodeError" if "tar" in type(exc).__module__ else "Error"
@@ -377,7 +429,7 @@ class Shim:
                 pass
         outcome["finished_at"] = time.time()
         try:
-            write_json_atomic(os.path.join(self.dir, "exit.json"), outcome, durable=True)
+            write_exit_record(exit_path, outcome)
         except OSError:
             self.notify("exited")
             return EXIT_DISK_FULL
@@ -405,8 +457,10 @@ class Shim:
             self.status("running", child_pid=None, pgid=None, running_at=time.time())
             return self.finish(None, "Cancelled", self.cancel_reason)
         code, reason = self.run_step("command", cfg["command"], env, deadline)
+        argv = cfg["command"]
+        shown = argv[-1] if argv[:2] == ["/bin/sh", "-c"] else argv[0]
         messages = {
-            "CommandNotFound": f"command not found: {cfg['command'][0] if cfg['command'][0] != '/bin/sh' else cfg['command'][-1]}",
+            "CommandNotFound": f"command not found: {shown}",
             "Timeout": f"timed out after {cfg.get('timeout')}s",
             "OOMKilled": f"memory limit of {cfg.get('memory_limit')} bytes exceeded",
             "Cancelled": self.cancel_reason,

@@ -231,9 +231,7 @@ class Reconciler:
         queue = [j for j in waiting if j.state == JobState.QUEUED or (j.not_before is None or j.not_before <= now)]
         if not queue:
             return
-        held = [
-            Held(a.get("cpus", 0.0), a.get("memory"), tuple(a.get("gpus", ()))) for a in active if a is not None
-        ]
+        held = [Held(a.get("cpus", 0.0), a.get("memory"), tuple(a.get("gpus", ()))) for a in active if a is not None]
         requests = [Request(j.id, j.cpus, j.memory, j.gpus) for j in queue]
         decision = decide(requests, self.backend.inventory(), held)
         by_id = {j.id: j for j in queue}

@@ -28,27 +28,12 @@ from kiln.domain.schemas import (
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState
 from kiln.errors import KilnError, NotFound, Unauthenticated, error_from_body
+from kiln.sdk.config import read_config_file
 from kiln.sdk.packaging import build_bundle
 from kiln.settings import ClientSettings
 
 Progress = Callable[[int], None]
 DEFAULT_MAX_CODE_BYTES = 256 * 1024 * 1024
-
-
-def read_config_file(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines (the format of admin.env and ~/.kiln/config)."""
-    out: dict[str, str] = {}
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return out
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#") or "=" not in line:
-            continue
-        key, _, value = line.partition("=")
-        out[key.strip().removeprefix("export ").strip()] = value.strip().strip("'\"")
-    return out
 
 
 class Client:
@@ -245,8 +230,7 @@ class Client:
             if response.status_code >= 400:
                 response.read()
                 self._raise_for(response)
-            for line in response.iter_lines():
-                yield line
+            yield from response.iter_lines()
 
     def artifacts(self, job_id: str) -> list[ArtifactRead]:
         data = self.request("GET", f"/jobs/{job_id}/artifacts").json()
@@ -261,7 +245,8 @@ class Client:
     ) -> list[Path]:
         """Download the job's artifacts (all, or those at/under ``path``) into ``dest``; returns the files."""
         wanted = [
-            a for a in self.artifacts(job_id)
+            a
+            for a in self.artifacts(job_id)
             if path is None or a.path == path.strip("/") or a.path.startswith(path.strip("/") + "/")
         ]
         if path is not None and not wanted:

@@ -103,9 +103,11 @@ def build_bundle(root: Path, max_bytes: int) -> Bundle:
     os.close(fd)
     path = Path(name)
     try:
-        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, tarfile.open(
-            fileobj=gz, mode="w", format=tarfile.PAX_FORMAT
-        ) as tar:
+        with (
+            open(path, "wb") as raw,
+            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz,
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+        ):
             for rel in files:
                 full = root / rel
                 info = tar.gettarinfo(str(full), arcname=rel.as_posix())

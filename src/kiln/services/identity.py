@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -17,6 +16,7 @@ from kiln.db.models import AccessKey, Nonce, Organization, User, utcnow
 from kiln.db.session import Database
 from kiln.domain.ids import new_id
 from kiln.errors import Unauthenticated
+from kiln.sdk.config import write_config_file
 from kiln.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -147,13 +147,4 @@ class IdentityService:
 
 
 def write_env_file(path: Path, creds: Credentials) -> None:
-    """Shell-sourceable credentials, readable by the owner only; replaced atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(f"KILN_ENDPOINT={creds.endpoint}\n")
-        fh.write(f"KILN_ACCESS_KEY={creds.access_key}\n")
-        fh.write(f"KILN_SECRET_KEY={creds.secret_key}\n")
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    write_config_file(path, creds.endpoint, creds.access_key, creds.secret_key)

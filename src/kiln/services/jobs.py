@@ -116,8 +116,12 @@ class JobService:
             s.flush()
             s.add(
                 JobEvent(
-                    job_id=job.id, time=now, from_state=None, to_state=JobState.QUEUED,
-                    reason=Reason.SUBMITTED, message=f"submitted by {principal.user_name}",
+                    job_id=job.id,
+                    time=now,
+                    from_state=None,
+                    to_state=JobState.QUEUED,
+                    reason=Reason.SUBMITTED,
+                    message=f"submitted by {principal.user_name}",
                 )
             )
             read = to_read(job)
@@ -132,7 +136,7 @@ class JobService:
         with self.db.transaction() as s:
             return JobState(self._load(s, principal, job_id).state).terminal
 
-    def list(
+    def list_jobs(
         self, principal: Principal, *, states: list[JobState] | None = None, limit: int = 50, before: str | None = None
     ) -> list[JobRead]:
         with self.db.transaction() as s:

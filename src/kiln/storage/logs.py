@@ -47,7 +47,11 @@ class LogStore:
         return data, offset + len(data)
 
     def append_system(self, job_id: str, line: str) -> None:
+        """A line from Kiln itself; best effort (a full disk must not stop the reconciler)."""
         from kiln.runtime.logline import format_line
 
-        with open(self.path(job_id), "ab") as fh:
-            fh.write(format_line("K", line.encode()))
+        try:
+            with open(self.path(job_id), "ab") as fh:
+                fh.write(format_line("K", line.encode()))
+        except OSError:
+            pass

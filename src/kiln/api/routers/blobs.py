@@ -21,7 +21,9 @@ async def put_blob(sha256: Sha, request: Request, caller: Uploader, kiln: Kiln) 
     if signed not in (signing.UNSIGNED_PAYLOAD, sha256):
         raise DigestMismatch("X-Kiln-Content-SHA256 must be UNSIGNED-PAYLOAD or the blob's own hash")
     length = request.headers.get("content-length")
-    blob = await kiln.blobs.upload(caller, sha256, request.stream(), int(length) if length and length.isdigit() else None)
+    blob = await kiln.blobs.upload(
+        caller, sha256, request.stream(), int(length) if length and length.isdigit() else None
+    )
     return BlobRead(sha256=blob.sha256, size=blob.size)
 
 

@@ -28,7 +28,7 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     before: Annotated[str | None, Query(description="Only jobs older than this job id (paging)")] = None,
 ) -> JobList:
-    return JobList(items=kiln.jobs.list(caller, states=state, limit=limit, before=before))
+    return JobList(items=kiln.jobs.list_jobs(caller, states=state, limit=limit, before=before))
 
 
 @router.get("/{job_id}", response_model=JobRead)

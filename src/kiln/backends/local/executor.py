@@ -74,6 +74,7 @@ class LocalBackend(Backend):
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self._inventory = local_inventory(settings)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._exit_codes: dict[int, int] = {}  # shims we started that exited without an exit record
         self._children_lock = threading.Lock()
         self._wake = wake
         self._listener: threading.Thread | None = None
@@ -236,6 +237,7 @@ class LocalBackend(Backend):
         if child is not None and child.poll() is not None:
             with self._children_lock:
                 self._children.pop(pid, None)
+                self._exit_codes[pid] = child.returncode
             return False
         try:
             proc = psutil.Process(pid)
@@ -269,13 +271,12 @@ class LocalBackend(Backend):
         if not (attempt_dir / "shim.pid").exists():
             return AttemptStatus(phase=Phase.LOST, reason="ShimLost", message="the attempt was never started")
         info = _read_json(attempt_dir / "shim.pid") or {}
-        code = None
         with self._children_lock:
-            child = self._children.pop(int(info.get("pid", 0)), None)
-        if child is not None:
-            code = child.returncode
+            code = self._exit_codes.pop(int(info.get("pid", 0)), None)
         if code == shim_module.EXIT_DISK_FULL:
-            return AttemptStatus(Phase.LOST, reason="DiskFull", message="disk full: the exit record could not be written")
+            return AttemptStatus(
+                Phase.LOST, reason="DiskFull", message="disk full: the exit record could not be written"
+            )
         tail = ""
         try:
             tail = (attempt_dir / "shim.log").read_text(errors="replace")[-300:].strip()

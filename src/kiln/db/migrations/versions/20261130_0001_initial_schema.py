@@ -4,9 +4,8 @@ Revision ID: 20261130_0001
 Revises: (none)
 """
 
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = "20261130_0001"
 down_revision = None

@@ -1,0 +1,58 @@
+# Kiln — `make run` starts the platform, `make test` runs every check. Both set themselves up from scratch.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+KILN_HOST ?= 127.0.0.1
+KILN_PORT ?= 8080
+
+.PHONY: run install dev test lint typecheck unit bench clean services
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Kiln needs Python >= 3.11"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q -e .
+	@# Precompile: this machine sets PYTHONDONTWRITEBYTECODE, so every server and CLI start would recompile.
+	$(BIN)/python -m compileall -q src
+	@touch $@
+
+$(VENV)/.dev-installed: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
+
+install: $(VENV)/.installed
+
+dev: $(VENV)/.dev-installed
+
+run: install
+	KILN_HOST=$(KILN_HOST) KILN_PORT=$(KILN_PORT) $(BIN)/kiln server
+
+# PostgreSQL is part of this kind of machine; start it if it is installed but stopped.
+services:
+	@if command -v pg_isready >/dev/null 2>&1 && ! pg_isready -q -h 127.0.0.1 -p 5432; then \
+		echo "starting PostgreSQL"; \
+		pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql | head -1) main start || true; \
+	fi
+	@command -v pg_isready >/dev/null 2>&1 && pg_isready -h 127.0.0.1 -p 5432 || \
+		echo "WARNING: PostgreSQL is not reachable on 127.0.0.1:5432; its tests will be reported as skipped"
+
+lint: dev
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+typecheck: dev
+	$(BIN)/mypy
+
+test: dev services lint typecheck
+	$(BIN)/python -m pytest -q
+
+unit: dev
+	$(BIN)/python -m pytest -q tests/unit
+
+bench: install
+	$(BIN)/python benchmarks/submit_latency.py
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,33 @@
+"""The credentials file format shared by ``admin.env`` and ``~/.kiln/config``: shell-sourceable
+``KEY=VALUE`` lines, readable by the owner only."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def read_config_file(path: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return out
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        out[key.strip().removeprefix("export ").strip()] = value.strip().strip("'\"")
+    return out
+
+
+def write_config_file(path: Path, endpoint: str, access_key: str, secret_key: str) -> None:
+    """Write the three ``KILN_*`` lines with mode 0600, replacing any earlier file atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"KILN_ENDPOINT={endpoint}\nKILN_ACCESS_KEY={access_key}\nKILN_SECRET_KEY={secret_key}\n")
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)

@@ -1,0 +1,97 @@
+"""Shared fixtures: real servers, real databases (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.kilnserver import KilnServer
+
+PG_ADMIN_URL = os.environ.get("KILN_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+_pg_problem: list[str] = []
+
+
+def _pg_connect():  # type: ignore[no-untyped-def]
+    import psycopg
+
+    return psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3)
+
+
+def postgres_available() -> str | None:
+    """None when PostgreSQL answers, else why not."""
+    if _pg_problem:
+        return _pg_problem[0]
+    try:
+        with _pg_connect() as conn:
+            conn.execute("SELECT 1")
+        return None
+    except Exception as exc:
+        _pg_problem.append(f"PostgreSQL not reachable at {PG_ADMIN_URL}: {exc}")
+        return _pg_problem[0]
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    problem = postgres_available()
+    if problem:
+        pytest.skip(problem)
+    name = f"kiln_test_{secrets.token_hex(6)}"
+    with _pg_connect() as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with _pg_connect() as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
+            )
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Run the test once on SQLite and once on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'kiln.db'}"
+    return request.getfixturevalue("postgres_url")  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def make_server(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
+    """Factory: ``make_server(database_url=None, **settings)`` → a started KilnServer; all stopped at the end."""
+    servers: list[KilnServer] = []
+
+    def factory(database_url: str | None = None, home: Path | None = None, **settings: str) -> KilnServer:
+        server = KilnServer(home or tmp_path / f"home{len(servers)}", database_url, **settings)
+        servers.append(server)
+        return server.start()
+
+    yield factory
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
+    """One server for tests that only submit work and read it back."""
+    server = KilnServer(tmp_path_factory.mktemp("shared") / "home").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def python_runtime() -> dict[str, str]:
+    """A custom runtime that starts instantly: this interpreter (bring-your-own-Python)."""
+    return {"python": sys.executable}
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]
+    if _pg_problem:
+        terminalreporter.write_sep("!", "PostgreSQL tests were SKIPPED", red=True)
+        terminalreporter.write_line(_pg_problem[0])

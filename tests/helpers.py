@@ -1,0 +1,45 @@
+"""Small helpers shared by integration and e2e tests."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from kiln.domain.schemas import JobRead
+from kiln.sdk.client import Client
+
+
+def spec(command: str | list[str], **extra: Any) -> dict[str, Any]:
+    """A job spec that runs with this interpreter (no runtime venv to build)."""
+    return {"command": command, "runtime": {"python": sys.executable}, **extra}
+
+
+def wait_for(client: Client, job_id: str, *states: str, timeout: float = 60) -> JobRead:
+    """Poll until the job is in one of ``states`` (or has ended, if none are given)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.get_job(job_id)
+        if (states and job.state in states) or (not states and job.state.terminal):
+            return job
+        if job.state.terminal and states:
+            raise AssertionError(f"job {job_id} ended {job.state} ({job.reason}: {job.message}), wanted {states}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} still {job.state} after {timeout}s, wanted {states or 'an end'}")
+        time.sleep(0.1)
+
+
+def log_text(client: Client, job_id: str) -> list[str]:
+    """The job's output lines (text only, Kiln's own K lines left out)."""
+    from kiln.runtime.logline import parse_line
+
+    out = []
+    for line in client.stream_logs(job_id, follow=False):
+        _, stream, text = parse_line(line)
+        if stream != "K":
+            out.append(text)
+    return out
+
+
+def transitions(client: Client, job_id: str) -> list[tuple[str | None, str | None]]:
+    return [(e.from_state, e.to_state) for e in client.events(job_id) if e.to_state is not None]
