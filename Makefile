@@ -39,8 +39,8 @@ services:
 		echo "WARNING: PostgreSQL is not reachable on 127.0.0.1:5432; its tests will be reported as skipped"
 
 lint: dev
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 
 typecheck: dev
 	$(BIN)/mypy

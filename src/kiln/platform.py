@@ -53,7 +53,7 @@ class Platform:
         self._reconciler = self.reconciler
         self.identity = IdentityService(self.db, self.box, settings)
         self.reconciler.housekeeping.append(self.identity.purge_nonces)
-        self.jobs = JobService(self.db, self.catalog, self.backend.inventory, self._wake)
+        self.jobs = JobService(self.db, self.catalog, self.backend.inventory, self._wake, self.backend.validate)
         self.blobs = BlobService(self.db, self.store, settings)
         self.outputs = OutputService(self.jobs, self.logs, self.store)
         self.runtimes = RuntimeService(self.runtime_manager)

@@ -142,6 +142,12 @@ def test_bad_input_is_refused_and_nothing_is_written(shared_server):
         client.request("POST", "/jobs", json_body={"spec": {"command": "true", "runtime": {"framework": "cobol"}}})
     assert "cobol" in err.value.message
     with pytest.raises(InvalidInput) as err:
+        client.request("POST", "/jobs", json_body={"spec": {"command": "true", "runtime": {"image": "x/y:1"}}})
+    assert "runtime.image" in err.value.message
+    with pytest.raises(InvalidInput) as err:
+        client.request("POST", "/jobs", json_body={"spec": {"command": "true", "runtime": {"python": "/no/python"}}})
+    assert "/no/python" in err.value.message
+    with pytest.raises(InvalidInput) as err:
         client.request("POST", "/jobs", json_body={"spec": {"command": "true"}, "code_sha256": "a" * 64})
     assert "code_sha256" in err.value.message
     assert len(client.list_jobs(limit=500)) == before

@@ -91,5 +91,8 @@ class Backend(abc.ABC):
     def cleanup(self, handle: dict[str, Any]) -> None:
         """Release what the attempt left behind (processes of a lost attempt, scratch files)."""
 
+    def validate(self, spec: JobSpec) -> None:  # noqa: B027 - optional hook
+        """Refuse at submit (InvalidInput) what this backend can never run, e.g. an image on a process executor."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Stop background threads."""

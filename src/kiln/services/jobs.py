@@ -64,7 +64,9 @@ class JobService:
         catalog: Catalog,
         inventory: Callable[[], Inventory],
         wake: Callable[[], None],
+        validate: Callable[[JobSpec], None] | None = None,
     ) -> None:
+        self.validate = validate
         self.db = db
         self.catalog = catalog
         self.inventory = inventory
@@ -85,6 +87,8 @@ class JobService:
     def submit(self, principal: Principal, body: JobSubmit) -> JobRead:
         spec = body.spec
         self.catalog.check(spec.runtime)
+        if self.validate is not None:
+            self.validate(spec)
         impossible = never_fits(
             Request("new", spec.resources.cpus, spec.resources.memory, spec.resources.gpus), self.inventory()
         )

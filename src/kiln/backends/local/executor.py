@@ -29,8 +29,8 @@ import psutil
 from kiln.backends.base import AttemptStatus, Backend, Inventory, Launch, Phase
 from kiln.backends.local.inventory import local_inventory
 from kiln.backends.local.runtimes import RuntimeManager
-from kiln.domain.spec import command_argv
-from kiln.errors import BackendError, KilnError
+from kiln.domain.spec import JobSpec, command_argv
+from kiln.errors import BackendError, InvalidInput, KilnError
 from kiln.runtime import shim as shim_module
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
@@ -126,6 +126,12 @@ class LocalBackend(Backend):
 
     def inventory(self) -> Inventory:
         return self._inventory
+
+    def validate(self, spec: JobSpec) -> None:
+        try:
+            self.runtimes.resolve(spec.runtime)
+        except KilnError as exc:
+            raise InvalidInput(exc.message) from exc
 
     def job_dir(self, job_id: str) -> Path:
         return self.jobs_dir / job_id
