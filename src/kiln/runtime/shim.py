@@ -351,7 +351,7 @@ class Shim:
                 return
             self.say(f"building runtime {spec['name']} (first use): {' '.join(spec['packages']) or 'no packages'}")
             shutil.rmtree(venv, ignore_errors=True)
-            env = dict(self.cfg["env"])
+            env = dict(self.cfg["env"], **spec.get("env", {}))
             env.pop("PIP_TARGET", None)
             env.pop("PYTHONPATH", None)
             steps = [[spec["base_python"], "-m", "venv", venv]]

@@ -7,6 +7,7 @@ that job's log) or by ``kiln runtimes install``; a lock file makes concurrent bu
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -15,6 +16,9 @@ from pathlib import Path
 from kiln.domain.catalog import Catalog, CatalogEntry
 from kiln.domain.spec import RuntimeSpec
 from kiln.errors import RuntimeUnavailable
+
+BUILD_ENV_PREFIXES = ("PIP_",)
+BUILD_ENV = {"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "SSL_CERT_FILE"}
 
 
 def base_python() -> str:
@@ -61,6 +65,8 @@ class RuntimeManager:
             "venv": str(self.venv_path(entry)),
             "base_python": base_python(),
             "packages": list(entry.packages),
+            # The operator's pip set-up (index, proxy, certificates) applies to builds, never to the jobs.
+            "env": {k: v for k, v in os.environ.items() if k.startswith(BUILD_ENV_PREFIXES) or k in BUILD_ENV},
         }
 
     def resolve(self, runtime: RuntimeSpec) -> ResolvedRuntime:
