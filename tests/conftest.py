@@ -48,9 +48,7 @@ def postgres_url() -> Iterator[str]:
         yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
     finally:
         with _pg_connect() as conn:
-            conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
-            )
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
             conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
 
 

@@ -31,9 +31,7 @@ class KilnServer:
     def __init__(self, home: Path, database_url: str | None = None, **settings: str) -> None:
         self.home = home
         self.port = free_port()
-        self.env = {
-            k: v for k, v in os.environ.items() if not k.startswith("KILN_")
-        }
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
         self.env.update(
             {
                 "KILN_HOME": str(home),
@@ -56,11 +54,10 @@ class KilnServer:
 
     def start(self, timeout: float = 30) -> KilnServer:
         self.home.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kiln.api.serve"], env=self.env, stdout=log, stderr=subprocess.STDOUT
-        )
-        log.close()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kiln.api.serve"], env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

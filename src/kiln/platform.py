@@ -58,9 +58,9 @@ class Platform:
         self.outputs = OutputService(self.jobs, self.logs, self.store)
         self.runtimes = RuntimeService(self.runtime_manager)
 
-    def _wake(self) -> None:
+    def _wake(self, job_id: str | None = None) -> None:
         if self._reconciler is not None:
-            self._reconciler.wake()
+            self._reconciler.wake(job_id)
 
     @staticmethod
     def _take_home_lock(path: Path) -> IO[str]:

@@ -60,7 +60,9 @@ def test_exit_code_outside_restart_list_is_not_retried(shared_server):
 
 def test_restart_resumes_from_checkpoint_dir(shared_server):
     # The first attempt leaves a marker in $KILN_CHECKPOINT_DIR and fails; the second finds it and succeeds.
-    script = 'if [ -f "$KILN_CHECKPOINT_DIR/mark" ]; then echo resumed; else touch "$KILN_CHECKPOINT_DIR/mark"; exit 1; fi'
+    script = (
+        'if [ -f "$KILN_CHECKPOINT_DIR/mark" ]; then echo resumed; else touch "$KILN_CHECKPOINT_DIR/mark"; exit 1; fi'
+    )
     client = shared_server.client()
     done = wait_for(client, client.submit(spec(script, max_restarts=1)).id)
     assert done.state == "SUCCEEDED" and done.restarts == 1

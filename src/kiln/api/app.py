@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from kiln import __version__
+from kiln.api.auth import SignatureMiddleware
 from kiln.api.errors import install_error_handlers
 from kiln.api.routers import blobs, jobs, runtimes, system
 from kiln.platform import Platform
@@ -48,6 +49,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    app.add_middleware(SignatureMiddleware)
     app.include_router(system.health)
     for module in (system, blobs, jobs, runtimes):
         app.include_router(module.router, prefix=API_PREFIX)

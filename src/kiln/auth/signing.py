@@ -28,9 +28,11 @@ UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 HEADER_DATE = "X-Kiln-Date"
 HEADER_NONCE = "X-Kiln-Nonce"
 HEADER_CONTENT = "X-Kiln-Content-SHA256"
-NONCE_PATTERN = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
-SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
-_AUTH = re.compile(rf"^{ALGORITHM}\s+Credential=(?P<key>[^,\s]+)\s*,\s*Signature=(?P<sig>[0-9a-f]{{64}})\s*$")
+# Use with fullmatch(): "$" would also accept a trailing newline.
+NONCE_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,64}")
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+DATE_PATTERN = re.compile(r"[0-9]{1,12}")
+_AUTH = re.compile(rf"{ALGORITHM}\s+Credential=(?P<key>[^,\s]+)\s*,\s*Signature=(?P<sig>[0-9a-f]{{64}})\s*")
 
 
 def _encode(text: str) -> str:
@@ -88,7 +90,7 @@ def sign_headers(
 
 def parse_authorization(value: str) -> tuple[str, str] | None:
     """(access key, signature) from an Authorization header, or None when malformed."""
-    match = _AUTH.match(value or "")
+    match = _AUTH.fullmatch(value or "")
     if not match:
         return None
     return match.group("key"), match.group("sig")

@@ -52,11 +52,11 @@ def follow_logs(client: Client, job_id: str, timestamps: bool = False) -> None:
 
 
 def logs(
-    job_id: Annotated[str, typer.Argument(metavar="JOB", help="The job id.")],
+    job_id: Annotated[str, typer.Argument(help="The job id.")],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until the job ends.")] = False,
     timestamps: Annotated[bool, typer.Option("--timestamps", "-t", help="Prefix each line with its time.")] = False,
 ) -> None:
-    """Print a job's log: its output on stdout, Kiln's own messages ([kiln] ...) on stderr."""
+    r"""Print a job's log: its output on stdout, Kiln's own messages (\[kiln] ...) on stderr."""
     with connect() as client:
         if follow:
             follow_logs(client, job_id, timestamps)

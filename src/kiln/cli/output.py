@@ -51,8 +51,8 @@ def fmt_time(dt: datetime | None) -> str:
 def fmt_duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
-    seconds = max(0, int(round(seconds)))
-    hours, rest = divmod(seconds, 3600)
+    total = max(0, round(seconds))
+    hours, rest = divmod(total, 3600)
     minutes, secs = divmod(rest, 60)
     if hours:
         return f"{hours}h{minutes:02d}m"
@@ -189,12 +189,17 @@ def whoami_detail(me: WhoAmI, endpoint: str) -> None:
     )
 
 
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def display_path(path: os.PathLike[str] | str) -> str:
     """``path`` relative to the working directory when it lies below it."""
     try:
-        return os.path.relpath(path) if not os.path.relpath(path).startswith("..") else str(path)
+        relative = os.path.relpath(path)
     except ValueError:
         return str(path)
+    return str(path) if relative.startswith("..") else relative
 
 
 @contextmanager
@@ -212,7 +217,7 @@ def transfer_progress(description: str, total: int) -> Iterator[Callable[[int], 
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
-        DownloadColumn(),
+        DownloadColumn(binary_units=True),
         TransferSpeedColumn(),
         TimeRemainingColumn(),
     )

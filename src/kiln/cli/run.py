@@ -10,7 +10,7 @@ import typer
 
 from kiln.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, connect, fail, info
 from kiln.cli.logs import follow_logs
-from kiln.cli.output import transfer_progress
+from kiln.cli.output import plural, transfer_progress
 from kiln.cli.spec import Overrides, SpecError, build_spec, parse_pairs
 from kiln.domain.states import JobState
 
@@ -18,13 +18,13 @@ if TYPE_CHECKING:
     from kiln.domain.schemas import JobRead
     from kiln.sdk.client import Client
 
-RUN_HELP = """Submit a job: package --dir (honouring .gitignore/.kilnignore), upload it and run COMMAND.
-
-The job id is the first line on stdout (JOB=$(kiln run ... | head -1)); everything else goes to stderr.
-Flags override the values of -f kiln.yaml; --env and --label merge with it. Options come before the command:
-everything from the first argument on (or after `--`) is the command. A single argument with spaces or shell
-characters runs through /bin/sh -c.
-"""
+RUN_HELP = (
+    "Submit a job: package --dir (honouring .gitignore and .kilnignore), upload it and run COMMAND.\n\n"
+    "The job id is the first line on stdout (JOB=$(kiln run ... | head -1)); everything else goes to stderr. "
+    "Flags override the values of the -f file; --env and --label merge with its maps.\n\n"
+    "Options come first: everything from the first argument on (or after --) is the command. A single argument "
+    "with spaces or shell characters runs through /bin/sh -c, e.g. kiln run -- 'python a.py && python b.py'."
+)
 
 
 def upload_code(client: Client, directory: Path) -> str:
@@ -36,7 +36,7 @@ def upload_code(client: Client, directory: Path) -> str:
     bundle = build_bundle(directory, DEFAULT_MAX_CODE_BYTES)
     try:
         info(
-            f"packaged {bundle.files} files ({format_memory(bundle.unpacked_bytes)}) from {directory} "
+            f"packaged {plural(bundle.files, 'file')} ({format_memory(bundle.unpacked_bytes)}) from {directory} "
             f"into a {format_memory(bundle.size)} bundle"
         )
         with transfer_progress("uploading code", bundle.size) as progress:
@@ -66,7 +66,7 @@ def describe_end(job: JobRead) -> str:
 def run(
     command: Annotated[
         list[str] | None,
-        typer.Argument(metavar="[--] COMMAND...", help="What to run, e.g. -- python train.py --lr 3e-4."),
+        typer.Argument(metavar="COMMAND", help="What to run, e.g. -- python train.py --lr 3e-4."),
     ] = None,
     file: Annotated[
         Path | None,
@@ -84,9 +84,9 @@ def run(
     label: Annotated[list[str] | None, typer.Option("--label", "-l", help="KEY=VALUE, repeatable.")] = None,
     timeout: Annotated[str | None, typer.Option(help="Wall-clock limit per run, e.g. 90s, 10m, 1h30m.")] = None,
     max_restarts: Annotated[int | None, typer.Option(help="Retries of a failed run.")] = None,
-    directory: Annotated[
-        Path, typer.Option("--dir", exists=True, file_okay=False, help="The code to upload.")
-    ] = Path("."),
+    directory: Annotated[Path, typer.Option("--dir", exists=True, file_okay=False, help="The code to upload.")] = (
+        Path(".")
+    ),
     no_code: Annotated[bool, typer.Option("--no-code", help="Upload no code; run in an empty directory.")] = False,
     follow: Annotated[
         bool, typer.Option("--follow", help="Stream the logs; exit 0 if the job succeeds, 1 if not, 130 cancelled.")
@@ -123,6 +123,3 @@ def run(
         final = client.wait(job.id)
         info(describe_end(final))
         raise typer.Exit(final_exit_code(final))
-
-
-run.__doc__ = RUN_HELP

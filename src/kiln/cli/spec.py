@@ -74,11 +74,12 @@ def load_spec_file(path: Path) -> dict[str, Any]:
     import yaml
 
     try:
-        text = path.read_text()
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)  # marks in errors name the file
     except OSError as exc:
         raise SpecError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    try:
-        data = yaml.safe_load(text)
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path} is not UTF-8 text: {exc}") from exc
     except yaml.YAMLError as exc:
         raise SpecError(f"{path} is not valid YAML: {exc}") from exc
     if data is None:

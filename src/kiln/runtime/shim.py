@@ -100,6 +100,8 @@ def proc_table() -> dict[int, tuple[int, int]]:
         except OSError:
             continue
         fields = stat[stat.rfind(b")") + 2 :].split()
+        if fields[0] == b"Z":
+            continue  # a zombie is dead already; it only waits to be reaped
         out[int(name)] = (int(fields[1]), int(fields[3]))
     return out
 
@@ -164,7 +166,14 @@ class Shim:
     def status(self, phase: str, **extra: object) -> None:
         data = {"phase": phase, "time": time.time(), "shim_pid": self.me, **extra}
         write_json_atomic(os.path.join(self.dir, "status.json"), data)
-        self.notify(phase)
+        if phase == "running":  # the only phase change the server acts on before the exit
+            self.notify(phase)
+
+    def on_child(self, _signum: int, _frame: object) -> None:
+        try:
+            os.write(self.wake_w, b"c")
+        except OSError:
+            pass
 
     def on_signal(self, signum: int, _frame: object) -> None:
         self.cancelled = True
@@ -217,14 +226,16 @@ class Shim:
             time.sleep(0.05)
 
     def reap(self) -> None:
-        """Collect adopted orphans that exited (never the tracked child: Popen must see its status)."""
-        tracked = self.child.pid if self.child is not None else None
-        for pid, (ppid, _) in proc_table().items():
-            if ppid == self.me and pid != tracked:
-                try:
-                    os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    pass
+        """Collect every exited child: the tracked one (its status goes to its Popen) and adopted orphans."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self.child is not None and pid == self.child.pid:
+                self.child.returncode = os.waitstatus_to_exitcode(status)
 
     # -- steps ----------------------------------------------------------------------------------------
 
@@ -252,6 +263,10 @@ class Shim:
             return 126, "Error"
         if name == "command":
             self.status("running", child_pid=self.child.pid, pgid=self.child.pid, running_at=time.time())
+            try:  # off the start-up path, but before the job can fill the disk
+                reserve_exit_record(os.path.join(self.dir, "exit.json"))
+            except OSError:
+                pass
         reason = self.pump(deadline)
         code = self.child.wait()
         if code < 0:
@@ -264,7 +279,10 @@ class Shim:
         return code, ""
 
     def pump(self, deadline: float | None) -> str:
-        """Copy the child's output into the log until it exits; enforce timeout, memory limit and cancel."""
+        """Copy the child's output into the log until it exits; enforce timeout, memory limit and cancel.
+
+        Sleeps in select() until output, a signal (SIGCHLD, SIGTERM) or a deadline: an idle job costs nothing.
+        """
         assert self.child is not None and self.child.stdout and self.child.stderr
         sel = selectors.DefaultSelector()
         streams = {self.child.stdout.fileno(): "O", self.child.stderr.fileno(): "E"}
@@ -274,16 +292,19 @@ class Shim:
             sel.register(fd, selectors.EVENT_READ)
         sel.register(self.wake_r, selectors.EVENT_READ)
         limit = self.cfg.get("memory_limit")
+        grace = float(self.cfg.get("grace", 10))
         reason = ""
-        next_check = time.monotonic() + POLL_SECONDS
+        next_check = time.monotonic() + POLL_SECONDS if limit else None
+        exited_at: float | None = None
         open_fds = set(streams)
         try:
-            while open_fds or self.child.poll() is None:
+            while open_fds or self.child.returncode is None:
                 now = time.monotonic()
-                wait = max(0.0, next_check - now)
-                if deadline is not None:
-                    wait = min(wait, max(0.0, deadline - now))
-                for key, _ in sel.select(wait if open_fds else min(wait, 0.05)):
+                timers = [t for t in (next_check, deadline, exited_at and exited_at + 0.5) if t]
+                if not open_fds:
+                    timers.append(now + 0.05)
+                wait = max(0.0, min(timers) - now) if timers else None
+                for key, _ in sel.select(wait):
                     fd = int(key.fd)  # type: ignore[call-overload]
                     if fd == self.wake_r:
                         os.read(fd, 64)
@@ -306,29 +327,35 @@ class Shim:
                     if len(partial[fd]) > 65536:
                         self.log(streams[fd], partial[fd])
                         partial[fd] = b""
+                self.reap()
+                now = time.monotonic()
+                if self.child.returncode is not None and exited_at is None:
+                    exited_at = now
+                if exited_at is not None and open_fds and now >= exited_at + 0.5:
+                    # The command ended but something it started still holds its output open: the attempt is
+                    # over, so stop what is left (as a container runtime does when PID 1 exits).
+                    self.say("the command exited; stopping processes it left running")
+                    self.kill_tree(min(grace, 2.0))
+                    exited_at = float("inf")
                 if reason:
                     continue
                 if self.cancelled:
                     self.say(f"cancelling ({self.cancel_reason}): stopping the process tree")
                     reason = "Cancelled"
-                    self.kill_tree(float(self.cfg.get("grace", 10)))
+                    self.kill_tree(grace)
                     continue
-                now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     self.say(f"timeout: the run exceeded {self.cfg['timeout']:g}s; stopping it")
                     reason = "Timeout"
-                    self.kill_tree(float(self.cfg.get("grace", 10)))
+                    self.kill_tree(grace)
                     continue
-                if now >= next_check:
+                if next_check is not None and now >= next_check:
                     next_check = now + POLL_SECONDS
-                    if limit:
-                        used = sum(rss_bytes(p) for p in self.tree())
-                        if used > limit:
-                            self.say(f"memory limit exceeded: {used} bytes in use > limit {limit}; killing")
-                            reason = "OOMKilled"
-                            self.kill_tree(0.0)
-                            continue
-                    self.reap()
+                    used = sum(rss_bytes(p) for p in self.tree())
+                    if used > limit:
+                        self.say(f"memory limit exceeded: {used} bytes in use > limit {limit}; killing")
+                        reason = "OOMKilled"
+                        self.kill_tree(0.0)
         finally:
             sel.close()
         return reason
@@ -397,6 +424,7 @@ class Shim:
         signal.signal(signal.SIGINT, self.on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        signal.signal(signal.SIGCHLD, self.on_child)
         try:
             import ctypes
 
@@ -406,10 +434,6 @@ class Shim:
         cfg = self.cfg
         outcome: dict = {"exit_code": None, "reason": "", "message": ""}
         exit_path = os.path.join(self.dir, "exit.json")
-        try:
-            reserve_exit_record(exit_path)
-        except OSError:
-            pass
         try:
             self.log_fd = os.open(cfg["log_path"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
             outcome = self.run_attempt()
@@ -481,5 +505,67 @@ class Shim:
         return {"exit_code": code, "reason": reason or "Completed", "message": message if reason else ""}
 
 
+def spawn_shim(attempt_dir: str) -> int:
+    """Fork one shim (from the launcher) into its own session; returns its pid in the parent."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 70
+    try:
+        os.setsid()
+        out = os.open(os.path.join(attempt_dir, "shim.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.closerange(3, 256)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        code = Shim(attempt_dir).main()
+    except BaseException as exc:  # never return into the launcher's loop
+        try:
+            os.write(2, f"shim failed to start: {type(exc).__name__}: {exc}\n".encode())
+        except OSError:
+            pass
+    finally:
+        os._exit(code)
+
+
+def launcher() -> int:
+    """A fork server: the shim's imports are paid once, and each job's shim is a fork of this process.
+
+    Reads one attempt directory per line on stdin and answers with the new shim's pid on stdout. Exits when
+    stdin closes (the server went away); the shims it started carry on in their own sessions.
+    """
+    import select
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    buf = b""
+    while True:
+        ready, _, _ = select.select([0], [], [], 1.0)
+        while True:  # reap shims that ended
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+        if not ready:
+            continue
+        data = os.read(0, 65536)
+        if not data:
+            return 0
+        buf += data
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            try:
+                answer = str(spawn_shim(line.decode()))
+            except OSError as exc:
+                answer = f"error {exc}"
+            os.write(1, (answer + "\n").encode())
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--launcher":
+        sys.exit(launcher())
     sys.exit(Shim(sys.argv[1]).main())

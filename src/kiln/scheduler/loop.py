@@ -7,10 +7,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import ColumnElement, or_, select, update
 
 from kiln.backends.base import AttemptStatus, Backend, Launch, Phase
 from kiln.db.models import Job, utcnow
@@ -26,6 +26,7 @@ from kiln.storage.logs import LogStore
 
 log = logging.getLogger(__name__)
 
+MAX_START_SECONDS_PER_PASS = 0.05
 OPEN_STATES = [JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING]
 # Failures that a retry cannot fix: the spec itself is wrong.
 PERMANENT_REASONS = {Reason.COMMAND_NOT_FOUND, Reason.RUNTIME_ERROR, Reason.CODE_ERROR}
@@ -43,6 +44,9 @@ class Reconciler:
         self.settings = settings
         self.owner = settings.resolved_instance_id
         self._wake = threading.Event()
+        self._dirty: set[str] = set()  # jobs whose attempts reported a change since the last pass
+        self._dirty_lock = threading.Lock()
+        self._next_sweep = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._seen_active: set[str] = set()
@@ -52,7 +56,11 @@ class Reconciler:
 
     # -- thread ---------------------------------------------------------------------------------------
 
-    def wake(self) -> None:
+    def wake(self, job_id: str | None = None) -> None:
+        """Run a pass now. With a job id, that job's attempt changed (the shim said so) and is observed."""
+        if job_id is not None:
+            with self._dirty_lock:
+                self._dirty.add(job_id)
         self._wake.set()
 
     def start(self) -> None:
@@ -66,26 +74,37 @@ class Reconciler:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        woken = False
         while not self._stop.is_set():
             self._wake.clear()
             try:
-                self.run_once()
+                self.run_once(full=not woken)
             except Exception:
                 log.exception("reconcile pass failed; retrying")
                 self._stop.wait(1.0)
-            self._wake.wait(self.settings.reconcile_interval)
+            woken = self._wake.wait(self.settings.reconcile_interval)
 
     # -- one pass -------------------------------------------------------------------------------------
 
-    def run_once(self) -> None:
-        jobs = self._claim()
+    def run_once(self, full: bool = True) -> None:
+        """One pass. A woken pass observes only the attempts that reported a change; every
+        ``reconcile_interval`` a full sweep observes all of them (nothing is missed if a notice is lost)."""
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            full = True
+        if full:
+            self._next_sweep = now + self.settings.reconcile_interval
+        with self._dirty_lock:
+            dirty, self._dirty = self._dirty, set()
+        jobs = self._claim() if full else self._leased(dirty)
         if self._first_pass:
             self._first_pass = False
             self._note_reattached([j for j in jobs if JobState(j.state).active])
         for job in jobs:
             if JobState(job.state).active:
                 self._observe(job)
-        self._schedule()
+        if self._schedule():
+            self._wake.set()  # more were placed than one pass starts: go again at once
         if time.monotonic() >= self._next_housekeeping:
             self._next_housekeeping = time.monotonic() + 60
             for task in self.housekeeping:
@@ -124,6 +143,24 @@ class Reconciler:
                     .order_by(Job.created_at, Job.id)
                 )
             )
+
+    def _leased(self, job_ids: set[str]) -> list[Job]:
+        """The given jobs, where this reconciler holds their lease (a woken pass needs no new claims)."""
+        if not job_ids:
+            return []
+        with self.db.transaction() as s:
+            return list(
+                s.scalars(
+                    select(Job).where(
+                        Job.id.in_(sorted(job_ids)),
+                        Job.state.in_([str(x) for x in OPEN_STATES]),
+                        Job.lease_owner == self.owner,
+                    )
+                )
+            )
+
+    def _claimable(self, now: datetime) -> ColumnElement[bool]:
+        return or_(Job.lease_owner.is_(None), Job.lease_owner == self.owner, Job.lease_expires_at < now)
 
     def _note_reattached(self, jobs: list[Job]) -> None:
         if not jobs:
@@ -206,7 +243,8 @@ class Reconciler:
 
     # -- scheduling -----------------------------------------------------------------------------------
 
-    def _schedule(self) -> None:
+    def _schedule(self) -> bool:
+        """Place and start what fits; True when placements were left for the next pass."""
         now = utcnow()
         with self.db.transaction() as s:
             waiting = list(
@@ -214,7 +252,7 @@ class Reconciler:
                     select(Job)
                     .where(
                         Job.backend == self.backend.name,
-                        Job.lease_owner == self.owner,
+                        self._claimable(now),
                         Job.state.in_([JobState.QUEUED, JobState.RESTARTING]),
                     )
                     .order_by(Job.created_at, Job.id)
@@ -230,7 +268,7 @@ class Reconciler:
             )
         queue = [j for j in waiting if j.state == JobState.QUEUED or (j.not_before is None or j.not_before <= now)]
         if not queue:
-            return
+            return False
         held = [Held(a.get("cpus", 0.0), a.get("memory"), tuple(a.get("gpus", ()))) for a in active if a is not None]
         requests = [Request(j.id, j.cpus, j.memory, j.gpus) for j in queue]
         decision = decide(requests, self.backend.inventory(), held)
@@ -240,8 +278,14 @@ class Reconciler:
         for job_id, why in decision.waiting.items():
             if by_id[job_id].message != why:
                 self._note_waiting(job_id, why)
+        # Start a bounded batch per pass so that a burst of submissions does not delay observing the jobs
+        # already started (their RUNNING) behind hundreds of process starts.
+        started_by = time.monotonic() + MAX_START_SECONDS_PER_PASS
         for placement in decision.placements:
+            if time.monotonic() > started_by:
+                return True
             self._start(by_id[placement.job_id], placement.cpus, placement.memory, placement.gpus)
+        return False
 
     def _fail_waiting(self, job_id: str, reason: str, message: str) -> None:
         with self.db.transaction() as s:
@@ -258,10 +302,15 @@ class Reconciler:
             record(s, job, "Waiting", why)
 
     def _start(self, queued: Job, cpus: float, memory: int | None, gpus: tuple[int, ...]) -> None:
+        now = utcnow()
         with self.db.transaction() as s:
-            job = s.get(Job, queued.id)
-            if job is None or job.state not in (JobState.QUEUED, JobState.RESTARTING) or job.lease_owner != self.owner:
+            job = s.get(Job, queued.id, with_for_update=self.db.dialect == "postgresql")
+            if job is None or job.state not in (JobState.QUEUED, JobState.RESTARTING):
                 return
+            if job.lease_owner not in (None, self.owner) and job.lease_expires_at and job.lease_expires_at > now:
+                return  # another server holds it
+            job.lease_owner = self.owner
+            job.lease_expires_at = now + timedelta(seconds=self.settings.lease_seconds)
             if job.cancel_requested:
                 transition(s, job, JobState.CANCELLED, Reason.CANCELLED, "cancelled before it started")
                 return

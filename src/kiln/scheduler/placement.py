@@ -60,7 +60,7 @@ def decide(queue: list[Request], inventory: Inventory, held: list[Held]) -> Deci
     free_cpus = inventory.cpus - sum(h.cpus for h in held)
     free_mem = inventory.memory - sum(h.memory or 0 for h in held)
     used_gpus = {g for h in held for g in h.gpus}
-    free_gpus = [g for g in inventory.gpus if g not in used_gpus]
+    free_gpus = sorted(g for g in inventory.gpus if g not in used_gpus)
     decision = Decision()
     blocked_by: str | None = None
     position = 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -221,16 +222,41 @@ class Client:
 
     def stream_logs(self, job_id: str, *, follow: bool = True, offset: int = 0) -> Iterator[str]:
         """Stored log lines (``<time> <O|E|K> <text>``); with ``follow`` until the job ends."""
+        # Lines end with "\n" only: a "\r" inside a line (progress bars) is part of its text.
         if not follow:
-            data, _, _ = self.read_logs(job_id, offset)
-            yield from data.decode(errors="replace").splitlines()
-            return
+            while True:
+                data, next_offset, _ = self.read_logs(job_id, offset)
+                if not data:
+                    return
+                yield from data.decode(errors="replace").split("\n")[:-1]
+                offset = next_offset
         url, headers = self._prepare("GET", f"/jobs/{job_id}/logs", {"offset": offset, "follow": True}, b"", False)
-        with self._http.stream("GET", url, headers=headers, timeout=httpx.Timeout(30.0, read=None)) as response:
-            if response.status_code >= 400:
-                response.read()
-                self._raise_for(response)
-            yield from response.iter_lines()
+        pending = b""
+        with self._stream(url, headers, httpx.Timeout(30.0, read=None)) as response:
+            try:
+                for chunk in response.iter_bytes():
+                    pending += chunk
+                    *lines, pending = pending.split(b"\n")
+                    for line in lines:
+                        yield line.decode(errors="replace")
+            except httpx.TransportError as exc:
+                raise KilnError(f"lost the connection to Kiln at {self.endpoint}: {exc}") from exc
+        if pending:
+            yield pending.decode(errors="replace")
+
+    @contextmanager
+    def _stream(
+        self, url: str, headers: dict[str, str], timeout: httpx.Timeout | None = None
+    ) -> Iterator[httpx.Response]:
+        """A streamed GET whose errors are Kiln errors (HTTP ones mapped, transport ones wrapped)."""
+        try:
+            with self._http.stream("GET", url, headers=headers, timeout=timeout or self._http.timeout) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    self._raise_for(response)
+                yield response
+        except httpx.TransportError as exc:
+            raise KilnError(f"cannot reach Kiln at {self.endpoint}: {exc}") from exc
 
     def artifacts(self, job_id: str) -> list[ArtifactRead]:
         data = self.request("GET", f"/jobs/{job_id}/artifacts").json()
@@ -261,15 +287,11 @@ class Client:
             url, headers = self._prepare(
                 "GET", f"/jobs/{job_id}/artifacts/{quote(artifact.path, safe='/')}", None, b"", False
             )
-            with self._http.stream("GET", url, headers=headers) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    self._raise_for(response)
-                with open(tmp, "wb") as fh:
-                    for chunk in response.iter_bytes(1024 * 1024):
-                        fh.write(chunk)
-                        if progress:
-                            progress(len(chunk))
+            with self._stream(url, headers) as response, open(tmp, "wb") as fh:
+                for chunk in response.iter_bytes(1024 * 1024):
+                    fh.write(chunk)
+                    if progress:
+                        progress(len(chunk))
             tmp.replace(target)
             written.append(target)
         return written

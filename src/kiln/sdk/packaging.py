@@ -41,17 +41,24 @@ def _spec_for(directory: Path) -> pathspec.PathSpec | None:
 def collect_files(root: Path) -> list[Path]:
     """Relative paths of the files (and in-tree links) to bundle, sorted."""
     root = root.resolve()
-    specs: list[tuple[Path, pathspec.PathSpec]] = [(Path("."), pathspec.GitIgnoreSpec.from_lines(ALWAYS_IGNORED))]
+    always = pathspec.GitIgnoreSpec.from_lines(ALWAYS_IGNORED)
+    specs: list[tuple[Path, pathspec.PathSpec]] = []
     out: list[Path] = []
 
     def ignored(rel: Path, is_dir: bool) -> bool:
+        # As git does: ignore files from the root down, the last pattern that matches decides (so a deeper
+        # `!keep.log` re-includes what a shallower `*.log` ignored).
+        if always.match_file(rel.as_posix() + ("/" if is_dir else "")):
+            return True  # no ignore file can bring .git/ or caches back
+        verdict: bool | None = None
         for base, spec in specs:
             if base != Path(".") and base not in rel.parents:
                 continue
             sub = rel.relative_to(base).as_posix() + ("/" if is_dir else "")
-            if spec.match_file(sub):
-                return True
-        return False
+            result = spec.check_file(sub).include
+            if result is not None:
+                verdict = result
+        return bool(verdict)
 
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         here = Path(dirpath)
@@ -105,7 +112,7 @@ def build_bundle(root: Path, max_bytes: int) -> Bundle:
     try:
         with (
             open(path, "wb") as raw,
-            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz,
+            gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as gz,
             tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
         ):
             for rel in files:

@@ -94,7 +94,7 @@ class IdentityService:
         if not (auth and date and nonce and content):
             raise AuthFailure("missing_headers")
         parsed = signing.parse_authorization(auth)
-        if parsed is None or not date.isdigit() or not signing.NONCE_PATTERN.match(nonce):
+        if parsed is None or not signing.DATE_PATTERN.fullmatch(date) or not signing.NONCE_PATTERN.fullmatch(nonce):
             raise AuthFailure("malformed")
         key_id, sig = parsed
         now = utcnow()
@@ -103,7 +103,7 @@ class IdentityService:
         if content == signing.UNSIGNED_PAYLOAD:
             if not allow_unsigned_payload:
                 raise AuthFailure("malformed", "UNSIGNED-PAYLOAD on a route that needs a body hash")
-        elif not signing.SHA256_HEX.match(content) or (body_sha256 is not None and content != body_sha256):
+        elif not signing.SHA256_HEX.fullmatch(content) or (body_sha256 is not None and content != body_sha256):
             raise AuthFailure("signature", f"key {key_id}: body hash mismatch")
         canonical = signing.canonical_query_from_raw(query)
         expected_text = signing.string_to_sign(method, path, canonical, date, nonce, content)

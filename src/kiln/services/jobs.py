@@ -63,7 +63,7 @@ class JobService:
         db: Database,
         catalog: Catalog,
         inventory: Callable[[], Inventory],
-        wake: Callable[[], None],
+        wake: Callable[..., None],
         validate: Callable[[JobSpec], None] | None = None,
     ) -> None:
         self.validate = validate
@@ -174,5 +174,5 @@ class JobService:
                 job.updated_at = utcnow()
                 record(s, job, Reason.CANCEL_REQUESTED, f"cancel requested by {principal.user_name}")
             read = to_read(job)
-        self.wake()
+        self.wake(job_id)  # its attempt must be stopped: observe it at once
         return read

@@ -7,6 +7,7 @@ files and FIFOs, and bundles over the member-count or unpacked-size limits. The 
 
 from __future__ import annotations
 
+import gzip
 import posixpath
 import tarfile
 import zlib
@@ -20,10 +21,16 @@ def _inside(path: str) -> bool:
     return not (norm.startswith("/") or norm == ".." or norm.startswith("../"))
 
 
+def _is_gzip(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        return fh.read(2) == b"\x1f\x8b"
+
+
 def validate_archive(path: Path, *, max_members: int, max_unpacked_bytes: int) -> int:
     """Check a bundle; returns its member count or raises InvalidArchive naming the first problem."""
     count = 0
     total = 0
+    links: set[str] = set()
     try:
         with tarfile.open(path, "r:*") as tar:
             for member in tar:
@@ -35,7 +42,13 @@ def validate_archive(path: Path, *, max_members: int, max_unpacked_bytes: int) -
                     raise InvalidArchive("archive member with an empty or invalid name")
                 if name.startswith("/") or not _inside(name):
                     raise InvalidArchive(f"archive member escapes the bundle: {name!r}")
+                norm = posixpath.normpath(name)
+                parents = norm.split("/")[:-1]
+                if any("/".join(parents[: i + 1]) in links for i in range(len(parents))):
+                    # A chain of links checked one by one can still leave the tree: refuse paths through links.
+                    raise InvalidArchive(f"archive member lies under a symlink: {name!r}")
                 if member.issym():
+                    links.add(norm)
                     target = member.linkname
                     if target.startswith("/") or not _inside(posixpath.join(posixpath.dirname(name), target)):
                         raise InvalidArchive(f"symlink leaves the bundle: {name!r} -> {target!r}")
@@ -53,8 +66,13 @@ def validate_archive(path: Path, *, max_members: int, max_unpacked_bytes: int) -
                     if fh is not None:
                         while fh.read(1024 * 1024):
                             pass
+        if _is_gzip(path):
+            # tarfile stops at the end-of-archive blocks and never reaches the gzip trailer: check it too.
+            with gzip.open(path, "rb") as gz:
+                while gz.read(1024 * 1024):
+                    pass
     except InvalidArchive:
         raise
-    except (tarfile.TarError, EOFError, zlib.error, OSError, ValueError) as exc:
+    except (tarfile.TarError, EOFError, zlib.error, OSError, ValueError, gzip.BadGzipFile) as exc:
         raise InvalidArchive(f"not a valid tar archive: {type(exc).__name__}: {exc}") from exc
     return count

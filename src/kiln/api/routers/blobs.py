@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Request, Response
 
-from kiln.api.deps import Caller, Kiln, Uploader
+from kiln.api.deps import Caller, Kiln
 from kiln.auth import signing
 from kiln.domain.schemas import SHA256_PATTERN, BlobRead
 from kiln.errors import DigestMismatch
@@ -16,7 +16,7 @@ Sha = Annotated[str, Path(pattern=SHA256_PATTERN, description="Lowercase hex SHA
 
 
 @router.put("/{sha256}", response_model=BlobRead, status_code=201, summary="Upload a code bundle (tar.gz)")
-async def put_blob(sha256: Sha, request: Request, caller: Uploader, kiln: Kiln) -> BlobRead:
+async def put_blob(sha256: Sha, request: Request, caller: Caller, kiln: Kiln) -> BlobRead:
     signed = request.headers.get(signing.HEADER_CONTENT.lower())
     if signed not in (signing.UNSIGNED_PAYLOAD, sha256):
         raise DigestMismatch("X-Kiln-Content-SHA256 must be UNSIGNED-PAYLOAD or the blob's own hash")

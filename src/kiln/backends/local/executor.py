@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -64,7 +66,7 @@ class LocalBackend(Backend):
         store: ObjectStore,
         logs: LogStore,
         runtimes: RuntimeManager,
-        wake: Callable[[], None] | None = None,
+        wake: Callable[[str | None], None] | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -74,6 +76,9 @@ class LocalBackend(Backend):
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self._inventory = local_inventory(settings)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._launcher: subprocess.Popen[bytes] | None = None
+        self._launcher_buf = b""
+        self._launcher_lock = threading.Lock()
         self._exit_codes: dict[int, int] = {}  # shims we started that exited without an exit record
         self._children_lock = threading.Lock()
         self._wake = wake
@@ -107,13 +112,19 @@ class LocalBackend(Backend):
         assert sock is not None
         while True:
             try:
-                sock.recv(4096)
+                data = sock.recv(4096)
             except OSError:
                 return
+            try:
+                job_id = json.loads(data).get("job_id")
+            except (ValueError, AttributeError):
+                job_id = None
             if self._wake:
-                self._wake()
+                self._wake(job_id if isinstance(job_id, str) else None)
 
     def close(self) -> None:
+        with self._launcher_lock:
+            self._stop_launcher()
         if self._sock is not None:
             sock, self._sock = self._sock, None
             try:
@@ -170,6 +181,26 @@ class LocalBackend(Backend):
             "runtime_build": resolved.build,
         }
         (attempt_dir / "shim.json").write_text(json.dumps(config))
+        pid = self._spawn_shim(attempt_dir)
+        try:
+            created = psutil.Process(pid).create_time()
+        except psutil.Error:
+            created = 0.0
+        pid_file = attempt_dir / "shim.pid"
+        pid_file.write_text(json.dumps({"pid": pid, "create_time": created}))
+        return handle
+
+    # -- starting shims -------------------------------------------------------------------------------
+
+    def _spawn_shim(self, attempt_dir: Path) -> int:
+        """Fork the shim from the launcher (its imports already paid), else start it as a new interpreter."""
+        with self._launcher_lock:
+            for _ in range(2):
+                try:
+                    return self._ask_launcher(attempt_dir)
+                except (OSError, ValueError, TimeoutError) as exc:
+                    log.warning("shim launcher failed (%s); restarting it", exc)
+                    self._stop_launcher()
         try:
             with open(attempt_dir / "shim.log", "ab") as shim_log:
                 proc = subprocess.Popen(
@@ -184,13 +215,49 @@ class LocalBackend(Backend):
             raise BackendError(f"cannot start the job supervisor: {exc}", retryable=False) from exc
         with self._children_lock:
             self._children[proc.pid] = proc
+        return proc.pid
+
+    def _ask_launcher(self, attempt_dir: Path) -> int:
+        if self._launcher is None or self._launcher.poll() is not None:
+            with open(self.settings.run_dir / "launcher.log", "ab") as launcher_log:
+                self._launcher = subprocess.Popen(
+                    [sys.executable, "-I", "-S", str(SHIM_PATH), "--launcher"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=launcher_log,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            self._launcher_buf = b""
+        launcher = self._launcher
+        assert launcher.stdin is not None and launcher.stdout is not None
+        os.write(launcher.stdin.fileno(), str(attempt_dir).encode() + b"\n")
+        deadline = time.monotonic() + 10
+        out = launcher.stdout.fileno()
+        while b"\n" not in self._launcher_buf:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([out], [], [], remaining)[0]:
+                raise TimeoutError("no answer from the shim launcher")
+            data = os.read(out, 4096)
+            if not data:
+                raise OSError("the shim launcher exited")
+            self._launcher_buf += data
+        line, self._launcher_buf = self._launcher_buf.split(b"\n", 1)
+        return int(line)
+
+    def _stop_launcher(self) -> None:
+        launcher, self._launcher = self._launcher, None
+        if launcher is None:
+            return
         try:
-            created = psutil.Process(proc.pid).create_time()
-        except psutil.Error:
-            created = 0.0
-        pid_file = attempt_dir / "shim.pid"
-        pid_file.write_text(json.dumps({"pid": proc.pid, "create_time": created}))
-        return handle
+            if launcher.stdin:
+                launcher.stdin.close()
+            launcher.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            launcher.kill()
+            launcher.wait(timeout=5)
+        if launcher.stdout:
+            launcher.stdout.close()
 
     def _code_archive(self, launch: Launch, job_dir: Path) -> Path | None:
         if not launch.code_key:

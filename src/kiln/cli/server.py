@@ -1,0 +1,37 @@
+"""``kiln server``: run the API server, scheduler and local executor in this process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kiln.cli.common import EXIT_USAGE, fail
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def server(
+    host: Annotated[str | None, typer.Option(help="Address to bind [default: $KILN_HOST or 127.0.0.1].")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to bind [default: $KILN_PORT or 8080].")] = None,
+    home: Annotated[Path | None, typer.Option(help="State directory [default: $KILN_HOME or ~/.kiln].")] = None,
+    log_level: Annotated[str, typer.Option(help="critical, error, warning, info or debug.")] = "info",
+) -> None:
+    """Start the Kiln server (settings from KILN_* environment variables; these options override them)."""
+    from pydantic import ValidationError
+
+    from kiln.settings import Settings
+
+    if log_level.lower() not in LOG_LEVELS:
+        raise typer.BadParameter(f"must be one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
+    overrides = {"host": host, "port": port, "home": str(home) if home is not None else None}
+    try:
+        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        fail(f"invalid settings: {problems}", EXIT_USAGE)
+
+    from kiln.api.serve import serve  # heavy (uvicorn, the app): only here
+
+    serve(settings, log_level.upper())

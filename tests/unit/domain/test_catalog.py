@@ -1,0 +1,62 @@
+"""The runtime catalog: framework + version → entry."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln.domain.catalog import DEFAULT_CATALOG, Catalog, CatalogEntry
+from kiln.domain.spec import RuntimeSpec
+from kiln.errors import InvalidInput
+
+CATALOG = Catalog(
+    [
+        CatalogEntry("torch", "2.12", ("torch==2.12.0",), "img:2.12"),
+        CatalogEntry("torch", "2.13", ("torch==2.13.0",), "img:2.13", default=True),
+        CatalogEntry("jax", "0.4.30", ("jax==0.4.30",), "jax:0.4.30"),
+    ]
+)
+
+
+def test_default_version_is_the_marked_entry() -> None:
+    assert CATALOG.resolve("torch").version == "2.13"
+
+
+def test_without_a_marked_default_the_first_entry_wins() -> None:
+    assert CATALOG.resolve("jax").version == "0.4.30"
+
+
+def test_exact_and_prefix_versions() -> None:
+    assert CATALOG.resolve("torch", "2.12").image == "img:2.12"
+    assert CATALOG.resolve("jax", "0.4").version == "0.4.30"
+    assert CATALOG.resolve("jax", "0").version == "0.4.30"
+
+
+def test_a_prefix_must_end_at_a_dot() -> None:
+    with pytest.raises(InvalidInput):
+        CATALOG.resolve("jax", "0.4.3")
+
+
+def test_unknown_framework_names_the_known_ones() -> None:
+    with pytest.raises(InvalidInput) as info:
+        CATALOG.resolve("tensorflow")
+    assert info.value.message == "runtime.framework: unknown framework 'tensorflow'; known: jax, torch"
+
+
+def test_unknown_version_names_the_known_ones() -> None:
+    with pytest.raises(InvalidInput) as info:
+        CATALOG.resolve("torch", "1.0")
+    assert info.value.message == "runtime.version: torch has no version '1.0'; known: 2.12, 2.13"
+
+
+def test_check_only_looks_at_frameworks() -> None:
+    CATALOG.check(RuntimeSpec(python="/usr/bin/python3"))
+    CATALOG.check(RuntimeSpec(image="whatever:1"))
+    CATALOG.check(RuntimeSpec(framework="torch", version="2.12"))
+    with pytest.raises(InvalidInput):
+        CATALOG.check(RuntimeSpec(framework="torch", version="9"))
+
+
+def test_default_catalog_resolves_the_default_runtime() -> None:
+    entry = DEFAULT_CATALOG.resolve(RuntimeSpec().framework or "")
+    assert (entry.framework, entry.name) == ("python", "python-3")
+    assert DEFAULT_CATALOG.frameworks() == ["python", "pytorch", "sklearn"]
