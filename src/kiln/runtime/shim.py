@@ -465,6 +465,7 @@ class Shim:
         env = cfg["env"]
         self.status("preparing")
         self.say(f"attempt {cfg['attempt']} starting")
+        os.makedirs(cfg["work_dir"], exist_ok=True)
         if cfg.get("runtime_build"):
             self.build_runtime(cfg["runtime_build"])
         self.extract_code()

@@ -38,8 +38,17 @@ class RuntimeService:
             packages=list(entry.packages),
             status=status,
             path=str(self.manager.venv_path(entry)) if installed else None,
-            message=entry.description,
+            message=self._failure(entry) if status == "failed" else entry.description,
         )
+
+    def _failure(self, entry) -> str:  # type: ignore[no-untyped-def]
+        log = self.manager.root / f"{entry.name}.install.log"
+        try:
+            lines = [line.split(" ", 2)[-1] for line in log.read_text(errors="replace").splitlines()]
+        except OSError:
+            return "the build failed; see the server log"
+        errors = [line for line in lines if "failed" in line or "rror" in line]
+        return f"{(errors or lines or ['the build failed'])[-1]} (log: {log})"
 
     def list(self) -> list[RuntimeRead]:
         return [self._read(e) for e in self.manager.catalog.entries]
