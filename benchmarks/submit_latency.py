@@ -250,12 +250,16 @@ def cancel_all(client: Any, job_ids: list[str], timeout: float = 30) -> None:
 
 
 def shims_of(home: Path) -> list[psutil.Process]:
-    """The shim processes of this run's server (their argv names an attempt dir under our KILN_HOME)."""
+    """The shim processes of this run's server: the pids their attempts recorded in shim.pid (shims are forked
+    from a launcher, so their command line names no attempt)."""
     found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        cmd = " ".join(proc.info["cmdline"] or [])
-        if SHIM_MARK in cmd and str(home) in cmd:
-            found.append(proc)
+    for pid_file in home.glob("jobs/*/attempts/*/shim.pid"):
+        try:
+            proc = psutil.Process(int(json.loads(pid_file.read_text())["pid"]))
+            if SHIM_MARK in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.Error, ValueError, OSError):
+            continue
     return found
 
 
@@ -277,7 +281,7 @@ def measure_shims(client: Any, home: Path, n: int) -> dict[str, Any]:
             cpu.append(proc.cpu_times().user + proc.cpu_times().system)
         except psutil.Error:
             continue
-    # Steady-state CPU of the idle shims (each wakes 4 times a second and scans /proc): sample over 2 s.
+    # Steady-state CPU of the idle shims (they sleep in select() until output or a signal): sample over 2 s.
     procs = shims_of(home)
     before = {}
     for p in procs:
