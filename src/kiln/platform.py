@@ -13,7 +13,7 @@ from kiln.backends.local.executor import LocalBackend
 from kiln.backends.local.runtimes import RuntimeManager
 from kiln.db import migrate
 from kiln.db.session import Database
-from kiln.domain.catalog import DEFAULT_CATALOG
+from kiln.domain.catalog import DEFAULT_CATALOG, load_catalog_file
 from kiln.errors import KilnError
 from kiln.scheduler.loop import Reconciler
 from kiln.services.blobs import BlobService
@@ -46,6 +46,9 @@ class Platform:
         self.store = ObjectStore(settings.resolved_storage_url)
         self.logs = LogStore(settings.logs_dir)
         self.catalog = DEFAULT_CATALOG
+        if settings.runtime_catalog is not None:
+            path = settings.runtime_catalog
+            self.catalog = DEFAULT_CATALOG.extended(load_catalog_file(path.read_text(), str(path)))
         self.runtime_manager = RuntimeManager(self.catalog, settings.resolved_runtimes_dir)
         self._reconciler: Reconciler | None = None
         self.backend = LocalBackend(settings, self.store, self.logs, self.runtime_manager, wake=self._wake)

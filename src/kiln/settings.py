@@ -68,6 +68,11 @@ class Settings(BaseSettings):
     runtimes_dir: Path | None = Field(
         None, description="Where managed runtime virtualenvs live (default: $KILN_HOME/runtimes)."
     )
+    runtime_catalog: Path | None = Field(
+        None,
+        description="A YAML file of extra runtime catalog entries (list of {framework, version, packages, image, "
+        "default, description}); an entry with the same framework and version replaces the built-in one.",
+    )
     bootstrap: bool = Field(True, description="Create the admin organisation, user and key on first start.")
 
     @field_validator("home", mode="before")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from kiln.domain.spec import RuntimeSpec
 from kiln.errors import InvalidInput
 
@@ -49,6 +51,65 @@ class Catalog:
     def check(self, runtime: RuntimeSpec) -> None:
         if runtime.framework:
             self.resolve(runtime.framework, runtime.version)
+
+    def extended(self, extra: list[CatalogEntry]) -> Catalog:
+        """This catalog with ``extra`` entries added; same framework and version replaces, a new default
+        replaces the framework's old default."""
+        keys = {(e.framework, e.version) for e in extra}
+        new_defaults = {e.framework for e in extra if e.default}
+        kept = [
+            CatalogEntry(
+                e.framework,
+                e.version,
+                e.packages,
+                e.image,
+                e.default and e.framework not in new_defaults,
+                e.description,
+            )
+            for e in self.entries
+            if (e.framework, e.version) not in keys
+        ]
+        return Catalog([*kept, *extra])
+
+
+class CatalogFileEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    framework: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    version: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    packages: list[str] = Field(default_factory=list)
+    image: str = ""
+    default: bool = False
+    description: str = ""
+
+
+def load_catalog_file(text: str, source: str) -> list[CatalogEntry]:
+    """Entries from a YAML list; raises InvalidInput naming the file and the entry."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text) or []
+    except yaml.YAMLError as exc:
+        raise InvalidInput(f"{source}: not valid YAML: {exc}") from exc
+    if not isinstance(data, list):
+        raise InvalidInput(f"{source}: expected a list of runtime entries")
+    entries = []
+    for index, item in enumerate(data):
+        try:
+            parsed = CatalogFileEntry.model_validate(item)
+        except ValidationError as exc:
+            raise InvalidInput(f"{source}: entry {index}: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from exc
+        entries.append(
+            CatalogEntry(
+                parsed.framework,
+                parsed.version,
+                tuple(parsed.packages),
+                parsed.image,
+                parsed.default,
+                parsed.description,
+            )
+        )
+    return entries
 
 
 DEFAULT_CATALOG = Catalog(

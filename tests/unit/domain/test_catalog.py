@@ -60,3 +60,35 @@ def test_default_catalog_resolves_the_default_runtime() -> None:
     entry = DEFAULT_CATALOG.resolve(RuntimeSpec().framework or "")
     assert (entry.framework, entry.name) == ("python", "python-3")
     assert DEFAULT_CATALOG.frameworks() == ["python", "pytorch", "sklearn"]
+
+
+def test_catalog_file_adds_and_replaces_entries() -> None:
+    from kiln.domain.catalog import load_catalog_file
+
+    extra = load_catalog_file(
+        "- {framework: pytorch, version: '2.14', packages: [torch==2.14.1], default: true}\n"
+        "- {framework: jax, version: '0.10', packages: ['jax[cpu]==0.10.*']}\n",
+        "extra.yaml",
+    )
+    catalog = DEFAULT_CATALOG.extended(extra)
+    assert catalog.resolve("pytorch").version == "2.14"  # the new default
+    assert catalog.resolve("pytorch", "2.13").packages == ("torch==2.13.0", "numpy")  # the old one stays
+    assert catalog.resolve("jax").packages == ("jax[cpu]==0.10.*",)
+    assert sum(e.default for e in catalog.entries if e.framework == "pytorch") == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("framework: x", "expected a list"),
+        ("- {framework: x, version: '1', pakages: []}", "pakages"),
+        ("- {framework: '../x', version: '1'}", "framework"),
+        ("- [unclosed", "not valid YAML"),
+    ],
+)
+def test_catalog_file_errors_name_the_problem(text: str, needle: str) -> None:
+    from kiln.domain.catalog import load_catalog_file
+
+    with pytest.raises(InvalidInput) as err:
+        load_catalog_file(text, "extra.yaml")
+    assert "extra.yaml" in err.value.message and needle in err.value.message
