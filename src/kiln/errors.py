@@ -75,6 +75,11 @@ class PayloadTooLarge(KilnError):
     status = 413
 
 
+class RateLimited(KilnError):
+    code = "rate_limited"
+    status = 429
+
+
 class Unavailable(KilnError):
     code = "unavailable"
     status = 503

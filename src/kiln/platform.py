@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import IO
 
+from kiln.auth.ratelimit import RateLimiter
 from kiln.auth.secrets import SecretBox, load_or_create_server_key
 from kiln.backends.local.executor import LocalBackend
 from kiln.backends.local.runtimes import RuntimeManager
@@ -16,10 +17,13 @@ from kiln.db.session import Database
 from kiln.domain.catalog import DEFAULT_CATALOG, load_catalog_file
 from kiln.errors import KilnError
 from kiln.scheduler.loop import Reconciler
+from kiln.services.accounts import AccountService
+from kiln.services.audit import AuditService
 from kiln.services.blobs import BlobService
 from kiln.services.identity import Credentials, IdentityService
 from kiln.services.jobs import JobService
 from kiln.services.outputs import OutputService
+from kiln.services.quotas import QuotaService
 from kiln.services.runtimes import RuntimeService
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
@@ -51,14 +55,22 @@ class Platform:
             self.catalog = DEFAULT_CATALOG.extended(load_catalog_file(path.read_text(), str(path)))
         self.runtime_manager = RuntimeManager(self.catalog, settings.resolved_runtimes_dir)
         self._reconciler: Reconciler | None = None
+        self.identity = IdentityService(self.db, self.box, settings, key)
+        self.accounts = AccountService(self.db, self.box, self.identity)
+        self.quotas = QuotaService(self.db)
+        self.audit = AuditService(self.db, settings.audit_retention_days)
+        self.rate_limiter = RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
         self.backend = LocalBackend(settings, self.store, self.logs, self.runtime_manager, wake=self._wake)
-        self.reconciler = Reconciler(self.db, self.backend, self.logs, settings)
+        self.reconciler = Reconciler(
+            self.db, self.backend, self.logs, settings, mint_token=self.identity.mint_job_token
+        )
         self._reconciler = self.reconciler
-        self.identity = IdentityService(self.db, self.box, settings)
-        self.reconciler.housekeeping.append(self.identity.purge_nonces)
-        self.jobs = JobService(self.db, self.catalog, self.backend.inventory, self._wake, self.backend.validate)
-        self.blobs = BlobService(self.db, self.store, settings)
-        self.outputs = OutputService(self.jobs, self.logs, self.store)
+        self.reconciler.housekeeping.extend([self.identity.purge_nonces, self.audit.purge])
+        self.jobs = JobService(
+            self.db, self.catalog, self.backend.inventory, self._wake, self.backend.validate, self.quotas
+        )
+        self.blobs = BlobService(self.db, self.store, settings, self.quotas)
+        self.outputs = OutputService(self.jobs, self.logs, self.store, self.blobs.tmp_dir, self.quotas)
         self.runtimes = RuntimeService(self.runtime_manager)
 
     def _wake(self, job_id: str | None = None) -> None:

@@ -1,11 +1,13 @@
-"""Authentication of every ``/api/v1`` request, before routing and body parsing.
+"""Authentication, rate limiting and audit of every ``/api/v1`` request, before routing and body parsing.
 
-A middleware rather than a per-route dependency, so that (1) no route can be added without it, and (2) an
-unsigned or tampered request gets 401 before anything reads, parses or validates its body.
+A middleware rather than a per-route dependency, so that (1) no route can be added without it, (2) an unsigned
+or tampered request gets 401 before anything reads, parses or validates its body, and (3) every mutating request
+and every refused one lands in the audit trail whatever route it hit.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
@@ -14,57 +16,132 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kiln.auth import signing
-from kiln.errors import PayloadTooLarge
-from kiln.services.identity import AuthFailure
+from kiln.auth.ratelimit import RateLimiter
+from kiln.errors import KilnError, PayloadTooLarge, RateLimited
+from kiln.services.audit import AuditEntry
+from kiln.services.identity import AuthFailure, Principal
 
 log = logging.getLogger("kiln.auth")
 
 API_PREFIX = "/api/v1/"
 PUBLIC_PATHS = {"/api/v1/openapi.json", "/api/v1/docs", "/api/v1/docs/oauth2-redirect"}
-# The one route whose body is streamed and hashed by the route itself (it is content-addressed).
-STREAMED_UPLOAD = re.compile(r"/api/v1/blobs/[^/]+")
+# Routes whose body is streamed and hashed by the route itself (content-addressed or job-token uploads).
+STREAMED_UPLOAD = re.compile(r"/api/v1/blobs/[^/]+|/api/v1/jobs/[^/]+/artifacts/.+")
 MAX_SIGNED_BODY = 16 * 1024 * 1024
+MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
 
 
 class SignatureMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, limiter: RateLimiter | None = None) -> None:
         self.app = app
+        self.limiter = limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         if scope["type"] != "http" or not path.startswith(API_PREFIX) or path in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
+        platform = scope["app"].state.platform
         method = scope["method"]
+        client = (scope.get("client") or ("-", 0))[0]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            principal, receive = await self._authenticate(scope, receive, headers, platform)
+        except AuthFailure as exc:
+            log.warning("401 %s %s from %s: %s %s", method, path, client, exc.reason, exc.log_detail)
+            await JSONResponse(exc.to_body(), status_code=401)(scope, receive, send)
+            entry = AuditEntry(
+                action=f"{method} {path}"[:96],
+                resource=path,
+                outcome="unauthenticated",
+                status=401,
+                client=client,
+                org_id=exc.org_id,
+                user_id=exc.user_id,
+                key_id=exc.key_id,
+                detail=exc.reason,
+            )
+            await run_in_threadpool(platform.audit.record, entry)
+            return
+        except KilnError as exc:
+            await JSONResponse(exc.to_body(), status_code=exc.status)(scope, receive, send)
+            return
+        limiter = self.limiter or platform.rate_limiter
+        wait = limiter.acquire(principal.key_id)
+        if wait > 0:
+            error = RateLimited(f"too many requests for {principal.key_id}; retry in {wait:.1f}s")
+            response = JSONResponse(
+                error.to_body(), status_code=429, headers={"Retry-After": limiter.retry_after(wait)}
+            )
+            await response(scope, receive, send)
+            return
+        scope.setdefault("state", {})["principal"] = principal
+        if method not in MUTATING:
+            await self.app(scope, receive, send)
+            return
+        status = 500
+        created_id = ""
+        chunks: list[bytes] = []
+
+        async def capture(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            elif message["type"] == "http.response.body" and status == 201 and sum(map(len, chunks)) < 65536:
+                chunks.append(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, capture)
+        finally:
+            if status == 201:
+                try:
+                    created_id = str(json.loads(b"".join(chunks)).get("id") or "")
+                except (ValueError, AttributeError):
+                    created_id = ""
+            route = scope.get("route")
+            params = scope.get("path_params") or {}
+            resource = "/".join(f"{k}={v}" for k, v in params.items()) or path
+            if created_id:
+                resource = f"{resource} id={created_id}" if params else f"id={created_id}"
+            entry = AuditEntry(
+                action=getattr(route, "name", None) or f"{method} {path}"[:96],
+                resource=resource,
+                outcome="success" if status < 400 else ("denied" if status in (403, 404) else "failed"),
+                status=status,
+                client=client,
+                org_id=principal.org_id,
+                user_id=principal.user_id,
+                key_id=principal.key_id,
+            )
+            await run_in_threadpool(platform.audit.record, entry)
+
+    async def _authenticate(
+        self, scope: Scope, receive: Receive, headers: dict[str, str], platform: object
+    ) -> tuple[Principal, Receive]:
+        identity = platform.identity  # type: ignore[attr-defined]
+        auth = headers.get("authorization", "")
+        if auth.startswith("Bearer "):
+            principal = await run_in_threadpool(identity.authenticate_job_token, auth[7:].strip())
+            return principal, receive
+        method = scope["method"]
+        path = scope.get("path", "")
         streamed = method == "PUT" and STREAMED_UPLOAD.fullmatch(path) is not None
         body_hash: str | None = None
         if not streamed:
-            try:
-                body = await _read_body(receive)
-            except PayloadTooLarge as exc:
-                await JSONResponse(exc.to_body(), status_code=exc.status)(scope, receive, send)
-                return
+            body = await _read_body(receive)
             body_hash = signing.body_sha256(body)
             receive = _replay(body, receive)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        platform = scope["app"].state.platform
-        try:
-            principal = await run_in_threadpool(
-                platform.identity.authenticate,
-                method=method,
-                path=(scope.get("raw_path") or path.encode()).decode("latin-1"),
-                query=scope.get("query_string", b"").decode("latin-1"),
-                headers=headers,
-                body_sha256=body_hash,
-                allow_unsigned_payload=streamed,
-            )
-        except AuthFailure as exc:
-            client = scope.get("client") or ("-", 0)
-            log.warning("401 %s %s from %s: %s %s", method, path, client[0], exc.reason, exc.log_detail)
-            await JSONResponse(exc.to_body(), status_code=401)(scope, receive, send)
-            return
-        scope.setdefault("state", {})["principal"] = principal
-        await self.app(scope, receive, send)
+        principal = await run_in_threadpool(
+            identity.authenticate,
+            method=method,
+            path=(scope.get("raw_path") or path.encode()).decode("latin-1"),
+            query=scope.get("query_string", b"").decode("latin-1"),
+            headers=headers,
+            body_sha256=body_hash,
+            allow_unsigned_payload=streamed,
+        )
+        return principal, receive
 
 
 async def _read_body(receive: Receive) -> bytes:

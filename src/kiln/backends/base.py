@@ -38,6 +38,8 @@ class Launch:
     memory: int | None
     gpus: tuple[int, ...]
     code_key: str | None  # object-store key of the code bundle
+    job_token: str | None = None  # bearer token the job may use to call back (its own logs and artifacts)
+    api_endpoint: str | None = None
 
 
 class Phase(StrEnum):
@@ -84,8 +86,9 @@ class Backend(abc.ABC):
         """Ask the attempt to stop (SIGTERM, then SIGKILL after the grace period). Idempotent."""
 
     @abc.abstractmethod
-    def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> int:
-        """Copy what the attempt wrote to $KILN_OUTPUT_DIR into the artifact store. Idempotent."""
+    def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
+        """Copy what the attempt wrote to $KILN_OUTPUT_DIR into the artifact store. Idempotent.
+        Returns (files, bytes)."""
 
     @abc.abstractmethod
     def cleanup(self, handle: dict[str, Any]) -> None:

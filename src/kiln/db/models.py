@@ -74,6 +74,7 @@ class AccessKey(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     user_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
     secret_encrypted: Mapped[str] = mapped_column(Text)
+    description: Mapped[str] = mapped_column(String(256), default="", server_default="")
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
     expires_at: Mapped[datetime | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -128,6 +129,9 @@ class Job(Base):
     cpus: Mapped[float] = mapped_column(Float, default=1.0)
     memory: Mapped[int | None] = mapped_column(BigInteger, default=None)
     gpus: Mapped[int] = mapped_column(Integer, default=0)
+    # Quota category the job counts against (train jobs now; serve and dev come with services and notebooks).
+    category: Mapped[str] = mapped_column(String(16), default="train", server_default="train")
+    output_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
@@ -135,6 +139,39 @@ class Job(Base):
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
 
     __table_args__ = (Index("ix_jobs_org_created", "org_id", "created_at"),)
+
+
+class Quota(Base):
+    """Limits of one organisation in one category (or ``total``); NULL means unlimited."""
+
+    __tablename__ = "quotas"
+
+    org_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"), primary_key=True)
+    category: Mapped[str] = mapped_column(String(16), primary_key=True)
+    gpus: Mapped[int | None] = mapped_column(Integer, default=None)
+    cpus: Mapped[float | None] = mapped_column(Float, default=None)
+    memory: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    count: Mapped[int | None] = mapped_column(Integer, default=None)
+    storage: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class AuditEvent(Base):
+    """One mutating request or failed authentication. Never holds a secret, a body or a signature."""
+
+    __tablename__ = "audit_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    time: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    org_id: Mapped[str | None] = mapped_column(String(32), default=None, index=True)
+    user_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    key_id: Mapped[str | None] = mapped_column(String(64), default=None)
+    action: Mapped[str] = mapped_column(String(96))
+    resource: Mapped[str] = mapped_column(String(512), default="")
+    outcome: Mapped[str] = mapped_column(String(32))
+    status: Mapped[int] = mapped_column(Integer)
+    client: Mapped[str] = mapped_column(String(64), default="")
+    detail: Mapped[str] = mapped_column(String(256), default="")
 
 
 class JobEvent(Base):

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from kiln.domain.quantities import parse_memory
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState
 
@@ -104,9 +105,142 @@ class WhoAmI(BaseModel):
     org_name: str
     access_key: str
     platform_admin: bool
+    role: str = "member"
+    job_id: str | None = None
 
 
 class ErrorBody(BaseModel):
     code: str
     message: str
     details: Any = None
+
+
+# -- tenancy ---------------------------------------------------------------------------------------------
+
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+
+
+class OrgCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN, description="Lowercase letters, digits and '-', at most 63.")
+
+
+class OrgRead(BaseModel):
+    id: str
+    name: str
+    created_at: datetime
+
+
+class OrgList(BaseModel):
+    items: list[OrgRead]
+
+
+class UserCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN, description="Unique on the platform.")
+    org: str | None = Field(None, description="Organisation id or name; default: the caller's.")
+    role: Literal["admin", "member", "viewer"] = "member"
+
+
+class UserRead(BaseModel):
+    id: str
+    name: str
+    org_id: str
+    org_name: str
+    role: str
+    platform_admin: bool
+    disabled: bool
+    created_at: datetime
+
+
+class UserList(BaseModel):
+    items: list[UserRead]
+
+
+class KeyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    user: str | None = Field(None, description="User id or name; default: the caller.")
+    expires_at: datetime | None = Field(None, description="When the key stops working (UTC).")
+    expires_in: float | None = Field(None, gt=0, description="Seconds from now; alternative to expires_at.")
+    description: str = Field("", max_length=256)
+
+
+class KeyRead(BaseModel):
+    id: str
+    user_id: str
+    user_name: str
+    org_id: str
+    enabled: bool
+    expires_at: datetime | None
+    created_at: datetime
+    last_used_at: datetime | None
+    description: str = ""
+
+
+class KeyCreated(KeyRead):
+    secret_key: str = Field(description="Shown once, now; Kiln cannot show it again.")
+
+
+class KeyList(BaseModel):
+    items: list[KeyRead]
+
+
+class QuotaSet(BaseModel):
+    """Fields left out stay as they are; a field set to null becomes unlimited."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    category: Literal["train", "serve", "dev", "total"] = "train"
+    gpus: int | None = Field(None, ge=0)
+    cpus: float | None = Field(None, ge=0)
+    memory: int | None = Field(None, ge=0, description="Bytes, or e.g. 128G")
+    count: int | None = Field(None, ge=0)
+    storage: int | None = Field(None, ge=0, description="Bytes, or e.g. 1T (category total only)")
+
+    @field_validator("memory", "storage", mode="before")
+    @classmethod
+    def _quantity(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return parse_memory(value)
+        return value
+
+
+class QuotaFields(BaseModel):
+    gpus: float | None = None
+    cpus: float | None = None
+    memory: int | None = None
+    count: int | None = None
+    storage: int | None = None
+
+
+class QuotaCategory(BaseModel):
+    category: str
+    limits: QuotaFields
+    used: QuotaFields
+
+
+class QuotaReport(BaseModel):
+    org_id: str
+    org_name: str
+    categories: list[QuotaCategory]
+
+
+class AuditRead(BaseModel):
+    id: int
+    time: datetime
+    org_id: str | None
+    user_id: str | None
+    key_id: str | None
+    action: str
+    resource: str
+    outcome: str
+    status: int
+    client: str
+    detail: str = ""
+
+
+class AuditList(BaseModel):
+    items: list[AuditRead]

@@ -7,13 +7,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import ColumnElement, or_, select, update
 
 from kiln.backends.base import AttemptStatus, Backend, Launch, Phase
-from kiln.db.models import Job, utcnow
+from kiln.db.models import Job, Organization, utcnow
 from kiln.db.session import Database
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState, Reason
@@ -21,6 +22,7 @@ from kiln.errors import BackendError
 from kiln.scheduler.placement import Held, Request, decide
 from kiln.services.blobs import blob_key
 from kiln.services.lifecycle import record, transition
+from kiln.services.quotas import admit, load_limits, load_usage
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
 
@@ -37,7 +39,15 @@ def outputs_prefix(org_id: str, job_id: str) -> str:
 
 
 class Reconciler:
-    def __init__(self, db: Database, backend: Backend, logs: LogStore, settings: Settings) -> None:
+    def __init__(
+        self,
+        db: Database,
+        backend: Backend,
+        logs: LogStore,
+        settings: Settings,
+        mint_token: Callable[[str, int, float], str] | None = None,
+    ) -> None:
+        self.mint_token = mint_token
         self.db = db
         self.backend = backend
         self.logs = logs
@@ -201,9 +211,9 @@ class Reconciler:
             transition(s, job, JobState.RUNNING, Reason.STARTED, "the command is running")
 
     def _finish_attempt(self, job: Job, handle: dict[str, Any], status: AttemptStatus) -> None:
-        copied, copy_error = 0, ""
+        copied, copied_bytes, copy_error = 0, 0, ""
         try:
-            copied = self.backend.collect_outputs(handle, outputs_prefix(job.org_id, job.id))
+            copied, copied_bytes = self.backend.collect_outputs(handle, outputs_prefix(job.org_id, job.id))
         except Exception as exc:  # keep the job's outcome even when its outputs cannot be kept
             copy_error = f"; collecting outputs failed: {type(exc).__name__}: {exc}"
             log.warning("job %s: collecting outputs failed: %s", job.id, exc)
@@ -215,6 +225,7 @@ class Reconciler:
             if row is None or JobState(row.state).terminal or row.attempt != job.attempt:
                 return  # already handled: an attempt's end is applied exactly once
             row.exit_code = status.exit_code
+            row.output_bytes = copied_bytes or row.output_bytes
             if row.state == JobState.STARTING and status.running_at is not None:
                 transition(s, row, JobState.RUNNING, Reason.STARTED, "the command started")
             if row.cancel_requested or status.reason == Reason.CANCELLED:
@@ -270,8 +281,17 @@ class Reconciler:
         if not queue:
             return False
         held = [Held(a.get("cpus", 0.0), a.get("memory"), tuple(a.get("gpus", ()))) for a in active if a is not None]
-        requests = [Request(j.id, j.cpus, j.memory, j.gpus) for j in queue]
-        decision = decide(requests, self.backend.inventory(), held)
+        org_ids = sorted({j.org_id for j in queue})
+        with self.db.transaction() as s:
+            limits = load_limits(s, org_ids)
+            usage = load_usage(s, [o for o in org_ids if o in limits])
+            names = dict(
+                s.execute(select(Organization.id, Organization.name).where(Organization.id.in_(org_ids))).all()
+            )
+        requests = [
+            Request(j.id, j.cpus, j.memory, j.gpus, j.org_id, names.get(j.org_id, j.org_id), j.category) for j in queue
+        ]
+        decision = decide(requests, self.backend.inventory(), held, limits, usage)
         by_id = {j.id: j for j in queue}
         for job_id, why in decision.unschedulable.items():
             self._fail_waiting(job_id, Reason.INSUFFICIENT_RESOURCES, f"can never run here: the job {why}")
@@ -284,8 +304,23 @@ class Reconciler:
         for placement in decision.placements:
             if time.monotonic() > started_by:
                 return True
-            self._start(by_id[placement.job_id], placement.cpus, placement.memory, placement.gpus)
+            self._start(
+                by_id[placement.job_id],
+                placement.cpus,
+                placement.memory,
+                placement.gpus,
+                names.get(by_id[placement.job_id].org_id, ""),
+            )
         return False
+
+    def _token(self, job: Job) -> str | None:
+        if self.mint_token is None:
+            return None
+        spec_timeout = (job.spec or {}).get("timeout")
+        ttl = self.settings.job_token_ttl_seconds
+        if spec_timeout:
+            ttl = min(ttl, float(spec_timeout) + 3600)
+        return self.mint_token(job.id, job.attempt, ttl)
 
     def _fail_waiting(self, job_id: str, reason: str, message: str) -> None:
         with self.db.transaction() as s:
@@ -301,7 +336,7 @@ class Reconciler:
             job.message = why
             record(s, job, "Waiting", why)
 
-    def _start(self, queued: Job, cpus: float, memory: int | None, gpus: tuple[int, ...]) -> None:
+    def _start(self, queued: Job, cpus: float, memory: int | None, gpus: tuple[int, ...], org_name: str) -> None:
         now = utcnow()
         with self.db.transaction() as s:
             job = s.get(Job, queued.id, with_for_update=self.db.dialect == "postgresql")
@@ -313,6 +348,12 @@ class Reconciler:
             job.lease_expires_at = now + timedelta(seconds=self.settings.lease_seconds)
             if job.cancel_requested:
                 transition(s, job, JobState.CANCELLED, Reason.CANCELLED, "cancelled before it started")
+                return
+            waiting = admit(s, self.db.dialect, job, org_name or job.org_id)
+            if waiting:  # another scheduler admitted work for this organisation since the decision was made
+                if job.message != waiting:
+                    job.message = waiting
+                    record(s, job, "Waiting", waiting)
                 return
             job.attempt += 1
             job.allocation = {"cpus": cpus, "memory": memory, "gpus": list(gpus)}
@@ -329,6 +370,8 @@ class Reconciler:
                 memory=memory,
                 gpus=gpus,
                 code_key=blob_key(job.org_id, job.code_sha256) if job.code_sha256 else None,
+                job_token=self._token(job),
+                api_endpoint=self.settings.endpoint,
             )
         # Committed STARTING first: after a crash here the attempt is found by its handle, never run twice.
         try:

@@ -1,16 +1,20 @@
 """The placement decision: which queued jobs start now, on what. Pure: no database, no processes.
 
-Policy (until priorities and fair share arrive): strict FIFO. The oldest waiting job that does not fit holds
-the queue so that a stream of small jobs can never starve a large one; a job that could never fit on the
-whole inventory is reported as unschedulable instead of holding the queue.
+Policy (until priorities and fair share arrive): strict FIFO on capacity. The oldest waiting job that does not
+fit the free capacity holds the queue so that a stream of small jobs can never starve a large one; a job that
+could never fit on the whole inventory is reported as unschedulable instead of holding the queue. A job held
+back by its organisation's quota waits without holding the queue: one team's quota never stalls another team.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 from kiln.backends.base import Inventory
 from kiln.domain.quantities import format_memory
+from kiln.domain.quota import Limits, OrgUsage
+from kiln.domain.quota import blocked_by as quota_blocked_by
 
 
 @dataclass(frozen=True)
@@ -19,6 +23,9 @@ class Request:
     cpus: float
     memory: int | None
     gpus: int
+    org_id: str = ""
+    org_name: str = ""
+    category: str = "train"
 
 
 @dataclass(frozen=True)
@@ -55,8 +62,17 @@ def never_fits(req: Request, inv: Inventory) -> str | None:
     return None
 
 
-def decide(queue: list[Request], inventory: Inventory, held: list[Held]) -> Decision:
-    """Place jobs from ``queue`` (oldest first) on what ``held`` leaves free of ``inventory``."""
+def decide(
+    queue: list[Request],
+    inventory: Inventory,
+    held: list[Held],
+    limits: dict[str, dict[str, Limits]] | None = None,
+    usage: dict[str, OrgUsage] | None = None,
+) -> Decision:
+    """Place jobs from ``queue`` (oldest first) on what ``held`` leaves free of ``inventory``, within each
+    organisation's quota ``limits`` given its current ``usage`` (both keyed by organisation id)."""
+    limits = limits or {}
+    usage = copy.deepcopy(usage or {})  # placements add to it; the caller's stays as it was
     free_cpus = inventory.cpus - sum(h.cpus for h in held)
     free_mem = inventory.memory - sum(h.memory or 0 for h in held)
     used_gpus = {g for h in held for g in h.gpus}
@@ -69,6 +85,15 @@ def decide(queue: list[Request], inventory: Inventory, held: list[Held]) -> Deci
         if impossible:
             decision.unschedulable[req.job_id] = impossible
             continue
+        org_limits = limits.get(req.org_id)
+        if org_limits:
+            org_usage = usage.setdefault(req.org_id, OrgUsage())
+            why = quota_blocked_by(
+                req.org_name or req.org_id, req.category, org_limits, org_usage, req.gpus, req.cpus, req.memory
+            )
+            if why:
+                decision.waiting[req.job_id] = why
+                continue
         position += 1
         if blocked_by is not None:
             decision.waiting[req.job_id] = f"queued: position {position}, behind {blocked_by}"
@@ -89,5 +114,6 @@ def decide(queue: list[Request], inventory: Inventory, held: list[Held]) -> Deci
         free_cpus -= req.cpus
         free_mem -= req.memory or 0
         decision.placements.append(Placement(req.job_id, req.cpus, req.memory, gpus))
+        usage.setdefault(req.org_id, OrgUsage()).add(req.category, req.gpus, req.cpus, req.memory)
         position -= 1
     return decision

@@ -14,6 +14,7 @@ from kiln.db.models import Blob
 from kiln.db.session import Database
 from kiln.errors import DigestMismatch, NotFound, PayloadTooLarge
 from kiln.services.identity import Principal
+from kiln.services.quotas import QuotaService
 from kiln.settings import Settings
 from kiln.storage.archive import validate_archive
 from kiln.storage.store import ObjectStore
@@ -24,7 +25,10 @@ def blob_key(org_id: str, sha256: str) -> str:
 
 
 class BlobService:
-    def __init__(self, db: Database, store: ObjectStore, settings: Settings) -> None:
+    def __init__(
+        self, db: Database, store: ObjectStore, settings: Settings, quotas: QuotaService | None = None
+    ) -> None:
+        self.quotas = quotas
         self.db = db
         self.store = store
         self.settings = settings
@@ -32,6 +36,7 @@ class BlobService:
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
 
     def get(self, principal: Principal, sha256: str) -> Blob:
+        principal.require("blobs:read")
         with self.db.transaction() as s:
             blob = s.get(Blob, (principal.org_id, sha256))
             if blob is None:
@@ -41,6 +46,7 @@ class BlobService:
     async def upload(
         self, principal: Principal, sha256: str, chunks: AsyncIterator[bytes], declared_length: int | None
     ) -> Blob:
+        principal.require("blobs:write")
         limit = self.settings.max_blob_bytes
         if declared_length is not None and declared_length > limit:
             raise PayloadTooLarge(f"upload of {declared_length} bytes exceeds the limit of {limit} bytes")
@@ -70,6 +76,12 @@ class BlobService:
             max_unpacked_bytes=self.settings.max_archive_unpacked_bytes,
         )
         key = blob_key(principal.org_id, sha256)
+        with self.db.transaction() as s:
+            existing = s.get(Blob, (principal.org_id, sha256))
+            if existing is not None:
+                return existing
+            if self.quotas is not None:
+                self.quotas.check_storage(s, principal.org_id, principal.org_name, size)
         if not self.store.exists(key):
             self.store.put_file(tmp, key)
         with self.db.transaction() as s:

@@ -2,28 +2,38 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
+import threading
+import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
 from kiln.auth import signing
 from kiln.auth.secrets import SecretBox, new_access_key_id, new_secret_key
-from kiln.db.models import AccessKey, Nonce, Organization, User, utcnow
+from kiln.db.models import AccessKey, Job, Nonce, Organization, User, utcnow
 from kiln.db.session import Database
+from kiln.domain import policy
 from kiln.domain.ids import new_id
-from kiln.errors import Unauthenticated
+from kiln.domain.states import JobState
+from kiln.errors import Forbidden, Unauthenticated
 from kiln.sdk.config import write_config_file
 from kiln.settings import Settings
 
 log = logging.getLogger(__name__)
 
+KEY_CACHE_SECONDS = 5.0
+
 
 @dataclass(frozen=True)
 class Principal:
+    """The authenticated caller: a user through one of their access keys, or a running job's token."""
+
     user_id: str
     user_name: str
     org_id: str
@@ -31,6 +41,23 @@ class Principal:
     key_id: str
     role: str
     platform_admin: bool
+    job_id: str | None = None  # set for job tokens: the only job this caller may touch
+
+    @property
+    def permissions(self) -> frozenset[str]:
+        return policy.JOB_TOKEN if self.job_id else policy.permissions(self.role, self.platform_admin)
+
+    def can(self, permission: str) -> bool:
+        return permission in self.permissions
+
+    def require(self, permission: str) -> None:
+        if permission not in self.permissions:
+            raise Forbidden(f"{self.describe()} may not do this (needs {permission})")
+
+    def describe(self) -> str:
+        if self.job_id:
+            return f"the token of job {self.job_id}"
+        return "a platform admin" if self.platform_admin else f"role {self.role} in org {self.org_name}"
 
 
 @dataclass(frozen=True)
@@ -41,19 +68,47 @@ class Credentials:
 
 
 class AuthFailure(Unauthenticated):
-    """401 with a stable, coarse reason: clients learn what class of thing failed, never which key exists."""
+    """401 with a stable, coarse reason: clients learn what class of thing failed, never which key exists.
+    The attributes (never sent to the client) let the audit log say whose key was tried."""
 
-    def __init__(self, reason: str, log_detail: str = "") -> None:
+    def __init__(
+        self,
+        reason: str,
+        log_detail: str = "",
+        *,
+        key_id: str | None = None,
+        org_id: str | None = None,
+        user_id: str | None = None,
+    ) -> None:
         super().__init__("request authentication failed", details={"reason": reason})
         self.reason = reason
         self.log_detail = log_detail
+        self.key_id = key_id
+        self.org_id = org_id
+        self.user_id = user_id
+
+
+@dataclass
+class _CachedKey:
+    key_id: str
+    secret: str
+    enabled: bool
+    expires_at: datetime | None
+    principal: Principal
+    user_disabled: bool
+    fetched: float
+    last_used_written: float = 0.0
 
 
 class IdentityService:
-    def __init__(self, db: Database, box: SecretBox, settings: Settings) -> None:
+    def __init__(self, db: Database, box: SecretBox, settings: Settings, token_key: bytes) -> None:
         self.db = db
         self.box = box
         self.settings = settings
+        self._cache: dict[str, _CachedKey] = {}
+        self._cache_lock = threading.Lock()
+        # Job tokens are MACed with a key derived from the server key, never with the key itself.
+        self._token_key = hashlib.sha256(b"kiln-job-token\x00" + token_key).digest()
 
     # -- bootstrap ------------------------------------------------------------------------------------
 
@@ -69,7 +124,9 @@ class IdentityService:
             s.flush()
             s.add(user)
             s.flush()
-            s.add(AccessKey(id=key_id, user_id=user.id, secret_encrypted=self.box.seal(secret)))
+            s.add(
+                AccessKey(id=key_id, user_id=user.id, secret_encrypted=self.box.seal(secret), description="bootstrap")
+            )
         creds = Credentials(self.settings.endpoint, key_id, secret)
         write_env_file(self.settings.home / "admin.env", creds)
         return creds
@@ -97,16 +154,46 @@ class IdentityService:
         if parsed is None or not signing.DATE_PATTERN.fullmatch(date) or not signing.NONCE_PATTERN.fullmatch(nonce):
             raise AuthFailure("malformed")
         key_id, sig = parsed
+        key = self._key(key_id)
+        who = {"key_id": key_id[:64]}
+        if key is not None:
+            who.update(org_id=key.principal.org_id, user_id=key.principal.user_id)
         now = utcnow()
         if abs(now.timestamp() - int(date)) > self.settings.clock_skew_seconds:
-            raise AuthFailure("stale", f"key {key_id}: date {date} outside the window")
+            raise AuthFailure("stale", f"key {key_id}: date {date} outside the window", **who)
         if content == signing.UNSIGNED_PAYLOAD:
             if not allow_unsigned_payload:
-                raise AuthFailure("malformed", "UNSIGNED-PAYLOAD on a route that needs a body hash")
+                raise AuthFailure("malformed", "UNSIGNED-PAYLOAD on a route that needs a body hash", **who)
         elif not signing.SHA256_HEX.fullmatch(content) or (body_sha256 is not None and content != body_sha256):
-            raise AuthFailure("signature", f"key {key_id}: body hash mismatch")
+            raise AuthFailure("signature", f"key {key_id}: body hash mismatch", **who)
+        if key is None:
+            raise AuthFailure("signature", f"unknown key {key_id}", **who)
         canonical = signing.canonical_query_from_raw(query)
-        expected_text = signing.string_to_sign(method, path, canonical, date, nonce, content)
+        expected = signing.signature(key.secret, signing.string_to_sign(method, path, canonical, date, nonce, content))
+        if not signing.signatures_equal(expected, sig):
+            raise AuthFailure("signature", f"key {key_id}: signature mismatch", **who)
+        if not key.enabled or key.user_disabled:
+            raise AuthFailure("signature", f"key {key_id}: disabled", **who)
+        if key.expires_at is not None and key.expires_at <= now:
+            raise AuthFailure("signature", f"key {key_id}: expired", **who)
+        with self.db.transaction() as s:
+            try:
+                with s.begin_nested():
+                    s.add(Nonce(key_id=key_id, nonce=nonce, seen_at=now))
+            except IntegrityError:
+                raise AuthFailure("replayed", f"key {key_id}: nonce reused", **who) from None
+            if time.monotonic() - key.last_used_written > 60:  # one write a minute per key is plenty
+                key.last_used_written = time.monotonic()
+                s.execute(update(AccessKey).where(AccessKey.id == key_id).values(last_used_at=now))
+        return key.principal
+
+    def _key(self, key_id: str) -> _CachedKey | None:
+        """The key, its user and organisation, cached for a few seconds (changes made through this server
+        invalidate at once; another replica's changes are seen within ``KEY_CACHE_SECONDS``)."""
+        with self._cache_lock:
+            cached = self._cache.get(key_id)
+        if cached is not None and time.monotonic() - cached.fetched < KEY_CACHE_SECONDS:
+            return cached
         with self.db.transaction() as s:
             row = s.execute(
                 select(AccessKey, User, Organization)
@@ -114,30 +201,87 @@ class IdentityService:
                 .join(Organization, Organization.id == User.org_id)
                 .where(AccessKey.id == key_id)
             ).first()
-            if row is None:
-                raise AuthFailure("signature", f"unknown key {key_id}")
-            key, user, org = row
-            expected = signing.signature(self.box.open(key.secret_encrypted), expected_text)
-            if not signing.signatures_equal(expected, sig):
-                raise AuthFailure("signature", f"key {key_id}: signature mismatch")
-            if not key.enabled or user.disabled:
-                raise AuthFailure("signature", f"key {key_id}: disabled")
-            if key.expires_at is not None and key.expires_at <= now:
-                raise AuthFailure("signature", f"key {key_id}: expired")
-            try:
-                with s.begin_nested():
-                    s.add(Nonce(key_id=key_id, nonce=nonce, seen_at=now))
-            except IntegrityError:
-                raise AuthFailure("replayed", f"key {key_id}: nonce reused") from None
-            return Principal(
+        if row is None:
+            return None
+        key, user, org = row
+        fresh = _CachedKey(
+            key_id=key.id,
+            secret=self.box.open(key.secret_encrypted),
+            enabled=key.enabled,
+            expires_at=key.expires_at,
+            user_disabled=user.disabled,
+            fetched=time.monotonic(),
+            last_used_written=cached.last_used_written if cached else 0.0,
+            principal=Principal(
                 user_id=user.id,
                 user_name=user.name,
                 org_id=org.id,
                 org_name=org.name,
-                key_id=key_id,
+                key_id=key.id,
                 role=user.role,
                 platform_admin=user.platform_admin,
-            )
+            ),
+        )
+        with self._cache_lock:
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[key_id] = fresh
+        return fresh
+
+    def invalidate(self, key_id: str | None = None) -> None:
+        """Forget cached keys (one, or all after a user or organisation changed)."""
+        with self._cache_lock:
+            if key_id is None:
+                self._cache.clear()
+            else:
+                self._cache.pop(key_id, None)
+
+    # -- job tokens -----------------------------------------------------------------------------------
+
+    def _token_mac(self, payload: str) -> str:
+        return hmac.new(self._token_key, payload.encode(), hashlib.sha256).hexdigest()[:40]
+
+    def mint_job_token(self, job_id: str, attempt: int, ttl_seconds: float) -> str:
+        """A bearer token for one attempt of one job: ``kjt.<job>.<attempt>.<expiry>.<mac>``."""
+        payload = f"{job_id}.{attempt}.{int(time.time() + ttl_seconds)}"
+        return f"kjt.{payload}.{self._token_mac(payload)}"
+
+    def authenticate_job_token(self, token: str) -> Principal:
+        """Valid while unexpired and while that attempt of the job is STARTING or RUNNING."""
+        parts = token.split(".")
+        if len(parts) != 5 or parts[0] != "kjt" or not parts[2].isascii() or not parts[3].isascii():
+            raise AuthFailure("malformed")
+        job_id, attempt, expiry, mac = parts[1], parts[2], parts[3], parts[4]
+        if not (attempt.isdigit() and expiry.isdigit()):
+            raise AuthFailure("malformed")
+        if not hmac.compare_digest(self._token_mac(f"{job_id}.{attempt}.{expiry}"), mac):
+            raise AuthFailure("signature", f"job token for {job_id}: bad mac", key_id=f"job:{job_id}"[:64])
+        if int(expiry) < time.time():
+            raise AuthFailure("stale", f"job token for {job_id}: expired", key_id=f"job:{job_id}"[:64])
+        with self.db.transaction() as s:
+            row = s.execute(
+                select(Job, User, Organization)
+                .join(User, User.id == Job.user_id)
+                .join(Organization, Organization.id == Job.org_id)
+                .where(Job.id == job_id)
+            ).first()
+        who = {"key_id": f"job:{job_id}"[:64]}
+        if row is None:
+            raise AuthFailure("signature", f"job token for unknown job {job_id}", **who)
+        job, user, org = row
+        who.update(org_id=org.id, user_id=user.id)
+        if job.attempt != int(attempt) or job.state not in (JobState.STARTING, JobState.RUNNING):
+            raise AuthFailure("stale", f"job token for {job_id}: the attempt has ended", **who)
+        return Principal(
+            user_id=user.id,
+            user_name=user.name,
+            org_id=org.id,
+            org_name=org.name,
+            key_id=f"job:{job_id}",
+            role="job",
+            platform_admin=False,
+            job_id=job_id,
+        )
 
     def purge_nonces(self) -> int:
         cutoff = utcnow() - timedelta(seconds=self.settings.nonce_ttl_seconds + self.settings.clock_skew_seconds)

@@ -19,6 +19,10 @@ from kiln.errors import Conflict, InvalidInput, NotFound
 from kiln.scheduler.placement import Request, never_fits
 from kiln.services.identity import Principal
 from kiln.services.lifecycle import record, transition
+from kiln.services.quotas import QuotaService
+
+# The quota category of training jobs; serving and dev environments will use "serve" and "dev".
+CATEGORY = "train"
 
 
 def to_read(job: Job) -> JobRead:
@@ -65,14 +69,18 @@ class JobService:
         inventory: Callable[[], Inventory],
         wake: Callable[..., None],
         validate: Callable[[JobSpec], None] | None = None,
+        quotas: QuotaService | None = None,
     ) -> None:
         self.validate = validate
+        self.quotas = quotas
         self.db = db
         self.catalog = catalog
         self.inventory = inventory
         self.wake = wake
 
     def _load(self, s: Session, principal: Principal, job_id: str, *, lock: bool = False) -> Job:
+        if principal.job_id is not None and principal.job_id != job_id:
+            raise NotFound(f"job {job_id} not found")  # a job token reaches its own job only
         query = select(Job).where(Job.id == job_id)
         if not principal.platform_admin:
             query = query.where(Job.org_id == principal.org_id)
@@ -85,6 +93,7 @@ class JobService:
         return job
 
     def submit(self, principal: Principal, body: JobSubmit) -> JobRead:
+        principal.require("jobs:write")
         spec = body.spec
         self.catalog.check(spec.runtime)
         if self.validate is not None:
@@ -94,6 +103,10 @@ class JobService:
         )
         if impossible:
             raise InvalidInput(f"resources: the job {impossible}", details={"field": "spec.resources"})
+        if self.quotas is not None:
+            self.quotas.check_submit(
+                principal, CATEGORY, spec.resources.gpus, spec.resources.cpus, spec.resources.memory
+            )
         now = utcnow()
         with self.db.transaction() as s:
             if body.code_sha256 and s.get(Blob, (principal.org_id, body.code_sha256)) is None:
@@ -113,6 +126,7 @@ class JobService:
                 cpus=spec.resources.cpus,
                 memory=spec.resources.memory,
                 gpus=spec.resources.gpus,
+                category=CATEGORY,
                 created_at=now,
                 updated_at=now,
             )
@@ -133,20 +147,25 @@ class JobService:
         return read
 
     def get(self, principal: Principal, job_id: str) -> JobRead:
+        principal.require("jobs:read")
         with self.db.transaction() as s:
             return to_read(self._load(s, principal, job_id))
 
     def is_terminal(self, principal: Principal, job_id: str) -> bool:
+        principal.require("jobs:read")
         with self.db.transaction() as s:
             return JobState(self._load(s, principal, job_id).state).terminal
 
     def list_jobs(
         self, principal: Principal, *, states: list[JobState] | None = None, limit: int = 50, before: str | None = None
     ) -> list[JobRead]:
+        principal.require("jobs:read")
         with self.db.transaction() as s:
             query = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
             if not principal.platform_admin:
                 query = query.where(Job.org_id == principal.org_id)
+            if principal.job_id is not None:
+                query = query.where(Job.id == principal.job_id)
             if states:
                 query = query.where(Job.state.in_([str(x) for x in states]))
             if before:
@@ -154,12 +173,14 @@ class JobService:
             return [to_read(job) for job in s.scalars(query)]
 
     def events(self, principal: Principal, job_id: str) -> list[EventRead]:
+        principal.require("jobs:read")
         with self.db.transaction() as s:
             self._load(s, principal, job_id)
             rows = s.scalars(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id))
             return [event_read(e) for e in rows]
 
     def cancel(self, principal: Principal, job_id: str) -> JobRead:
+        principal.require("jobs:write")
         with self.db.transaction() as s:
             job = self._load(s, principal, job_id, lock=True)
             state = JobState(job.state)

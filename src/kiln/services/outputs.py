@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+from starlette.concurrency import run_in_threadpool
 
 from kiln.domain.schemas import ArtifactRead
-from kiln.errors import NotFound
+from kiln.domain.states import JobState
+from kiln.errors import Conflict, NotFound
 from kiln.scheduler.loop import outputs_prefix
 from kiln.services.identity import Principal
 from kiln.services.jobs import JobService
+from kiln.services.quotas import QuotaService
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore, safe_key
 
 
 class OutputService:
-    def __init__(self, jobs: JobService, logs: LogStore, store: ObjectStore) -> None:
+    def __init__(
+        self, jobs: JobService, logs: LogStore, store: ObjectStore, tmp_dir: Path, quotas: QuotaService | None = None
+    ) -> None:
+        self.tmp_dir = tmp_dir
+        self.quotas = quotas
         self.jobs = jobs
         self.logs = logs
         self.store = store
@@ -39,6 +50,44 @@ class OutputService:
             if ended:
                 return
             time.sleep(poll)
+
+    async def upload_artifact(
+        self, principal: Principal, job_id: str, path: str, chunks: AsyncIterator[bytes]
+    ) -> ArtifactRead:
+        """Store one artifact of a running job (what a job on another machine does with its token)."""
+        principal.require("jobs:report")
+        job = await run_in_threadpool(self.jobs.get, principal, job_id)
+        if JobState(job.state).terminal:
+            raise Conflict(f"job {job_id} has ended; its artifacts are final")
+        key = f"{outputs_prefix(job.org_id, job.id)}/{safe_key(path)}"
+        fd, name = tempfile.mkstemp(dir=self.tmp_dir, prefix="artifact-")
+        tmp = Path(name)
+        try:
+            size = 0
+            with os.fdopen(fd, "wb") as fh:
+                async for chunk in chunks:
+                    size += len(chunk)
+                    fh.write(chunk)
+            await run_in_threadpool(self._store_artifact, principal, tmp, key, size)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return ArtifactRead(path=safe_key(path), size=size)
+
+    def _store_artifact(self, principal: Principal, tmp: Path, key: str, size: int) -> None:
+        if self.quotas is not None:
+            with self.quotas.db.transaction() as s:
+                self.quotas.check_storage(s, principal.org_id, principal.org_name, size)
+        self.store.put_file(tmp, key)
+
+    def append_log(self, principal: Principal, job_id: str, body: bytes) -> int:
+        """Append lines to the job's log as its stdout (a job on another machine streams its output here)."""
+        principal.require("jobs:report")
+        job = self.jobs.get(principal, job_id)
+        if JobState(job.state).terminal:
+            raise Conflict(f"job {job_id} has ended; its log is closed")
+        lines = body.decode("utf-8", errors="replace").splitlines()
+        self.logs.append(job_id, "O", lines)
+        return len(lines)
 
     def list_artifacts(self, principal: Principal, job_id: str) -> list[ArtifactRead]:
         job = self.jobs.get(principal, job_id)

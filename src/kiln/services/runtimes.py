@@ -10,7 +10,6 @@ import time
 from kiln.backends.local.executor import SHIM_PATH
 from kiln.backends.local.runtimes import RuntimeManager
 from kiln.domain.schemas import RuntimeRead
-from kiln.errors import Forbidden
 from kiln.services.identity import Principal
 
 
@@ -50,13 +49,13 @@ class RuntimeService:
         errors = [line for line in lines if "failed" in line or "rror" in line]
         return f"{(errors or lines or ['the build failed'])[-1]} (log: {log})"
 
-    def list(self) -> list[RuntimeRead]:
+    def list(self, principal: Principal) -> list[RuntimeRead]:
+        principal.require("runtimes:read")
         return [self._read(e) for e in self.manager.catalog.entries]
 
     def install(self, principal: Principal, framework: str, version: str | None) -> RuntimeRead:
         """Build a runtime in the background with the same supervisor jobs use, then smoke-test it."""
-        if not principal.platform_admin:
-            raise Forbidden("only a platform admin can install runtimes on the shared machine")
+        principal.require("runtimes:install")
         entry = self.manager.catalog.resolve(framework, version)
         if self.manager.is_installed(entry) or self.manager.is_building(entry):
             return self._read(entry)

@@ -46,6 +46,14 @@ class LogStore:
         data = data[: cut + 1]
         return data, offset + len(data)
 
+    def append(self, job_id: str, stream: str, lines: list[str]) -> None:
+        """Lines that arrive through the API (a job on another machine reporting its output)."""
+        from kiln.runtime.logline import format_line
+
+        data = b"".join(format_line(stream, line.encode()) for line in lines)
+        with open(self.path(job_id), "ab") as fh:
+            fh.write(data)
+
     def append_system(self, job_id: str, line: str) -> None:
         """A line from Kiln itself; best effort (a full disk must not stop the reconciler)."""
         from kiln.runtime.logline import format_line

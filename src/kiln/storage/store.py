@@ -73,9 +73,10 @@ class ObjectStore:
         else:
             self.fs.put_file(str(local), path)
 
-    def put_tree(self, local_dir: Path, prefix: str) -> int:
-        """Upload every regular file under ``local_dir`` (links are not followed). Returns the count."""
+    def put_tree(self, local_dir: Path, prefix: str) -> tuple[int, int]:
+        """Upload every regular file under ``local_dir`` (links are not followed). Returns (files, bytes)."""
         count = 0
+        size = 0
         for dirpath, dirnames, filenames in os.walk(local_dir, followlinks=False):
             dirnames.sort()
             for name in sorted(filenames):
@@ -85,7 +86,8 @@ class ObjectStore:
                 rel = full.relative_to(local_dir).as_posix()
                 self.put_file(full, f"{prefix}/{rel}")
                 count += 1
-        return count
+                size += full.stat().st_size
+        return count, size
 
     def open(self, key: str) -> IO[bytes]:
         try:

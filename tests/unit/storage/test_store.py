@@ -129,7 +129,7 @@ def test_put_tree_uploads_regular_files_only(store: ObjectStore, tmp_path: Path)
     write(root / "logs" / "train.csv", b"a,b\n")
     (root / "link").symlink_to(root / "model.pt")
     os.mkfifo(root / "pipe")
-    assert store.put_tree(root, "jobs/j1/artifacts") == 2
+    assert store.put_tree(root, "jobs/j1/artifacts") == (2, len(b"weights") + len(b"a,b\n"))
     assert store.list("jobs/j1/artifacts") == [("logs/train.csv", 4), ("model.pt", 7)]
 
 

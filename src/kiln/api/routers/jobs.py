@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Annotated
 from urllib.parse import quote
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from kiln.api.deps import Caller, Kiln
-from kiln.domain.schemas import ArtifactList, EventList, JobList, JobRead, JobSubmit
+from kiln.domain.schemas import ArtifactList, ArtifactRead, EventList, JobList, JobRead, JobSubmit
 from kiln.domain.states import JobState
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -70,6 +71,22 @@ def job_logs(
 @router.get("/{job_id}/artifacts", response_model=ArtifactList, summary="Files the job wrote to $KILN_OUTPUT_DIR")
 def list_artifacts(job_id: str, caller: Caller, kiln: Kiln) -> ArtifactList:
     return ArtifactList(items=kiln.outputs.list_artifacts(caller, job_id))
+
+
+@router.put(
+    "/{job_id}/artifacts/{path:path}",
+    response_model=ArtifactRead,
+    status_code=201,
+    summary="Upload an artifact (a running job, with its job token)",
+)
+async def put_artifact(job_id: str, path: str, request: Request, caller: Caller, kiln: Kiln) -> ArtifactRead:
+    return await kiln.outputs.upload_artifact(caller, job_id, path, request.stream())
+
+
+@router.post("/{job_id}/logs", summary="Append lines to the job's log (a running job, with its job token)")
+async def append_logs(job_id: str, request: Request, caller: Caller, kiln: Kiln) -> dict[str, int]:
+    body = await request.body()
+    return {"lines": await run_in_threadpool(kiln.outputs.append_log, caller, job_id, body)}
 
 
 @router.get(

@@ -14,7 +14,7 @@ router = APIRouter(prefix="/runtimes", tags=["runtimes"])
 
 @router.get("", response_model=RuntimeList)
 def list_runtimes(caller: Caller, kiln: Kiln) -> RuntimeList:
-    return RuntimeList(items=kiln.runtimes.list())
+    return RuntimeList(items=kiln.runtimes.list(caller))
 
 
 @router.post("/{framework}/install", response_model=RuntimeRead, status_code=202, summary="Build ahead of first use")

@@ -46,4 +46,6 @@ def whoami(caller: Caller) -> WhoAmI:
         org_name=caller.org_name,
         access_key=caller.key_id,
         platform_admin=caller.platform_admin,
+        role=caller.role,
+        job_id=caller.job_id,
     )

@@ -298,6 +298,10 @@ class LocalBackend(Backend):
                 "KILN_NUM_GPUS": str(len(launch.gpus)),
             }
         )
+        if launch.job_token:
+            env["KILN_JOB_TOKEN"] = launch.job_token
+        if launch.api_endpoint:
+            env["KILN_ENDPOINT"] = launch.api_endpoint
         return env
 
     def _shim_alive(self, attempt_dir: Path) -> bool:
@@ -369,10 +373,10 @@ class LocalBackend(Backend):
             except ProcessLookupError:
                 pass
 
-    def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> int:
+    def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
         outputs = self.job_dir(handle["job_id"]) / "outputs"
         if not outputs.exists():
-            return 0
+            return 0, 0
         return self.store.put_tree(outputs, dest_prefix)
 
     def cleanup(self, handle: dict[str, Any]) -> None:

@@ -1,0 +1,35 @@
+"""Who may do what: roles, their permissions, and the job-token scope. Pure data and functions.
+
+Roles live per user inside one organisation; ``platform_admin`` is a flag on top that grants everything in every
+organisation. A job token (a running job calling back) holds only ``jobs:read`` and ``jobs:report`` and only for
+its own job.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Role(StrEnum):
+    ADMIN = "admin"  # organisation admin
+    MEMBER = "member"
+    VIEWER = "viewer"
+
+
+READ = frozenset({"jobs:read", "blobs:read", "runtimes:read", "orgs:read", "quota:read", "keys:read"})
+MEMBER = READ | {"jobs:write", "jobs:report", "blobs:write", "keys:self"}
+ADMIN = MEMBER | {"users:read", "users:manage", "keys:manage", "audit:read"}
+PLATFORM = ADMIN | {"orgs:manage", "quota:set", "runtimes:install"}
+JOB_TOKEN = frozenset({"jobs:read", "jobs:report"})
+
+ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
+    Role.VIEWER: READ,
+    Role.MEMBER: MEMBER,
+    Role.ADMIN: ADMIN,
+}
+
+
+def permissions(role: str, platform_admin: bool) -> frozenset[str]:
+    if platform_admin:
+        return PLATFORM
+    return ROLE_PERMISSIONS.get(role, frozenset())

@@ -1,0 +1,114 @@
+"""The audit trail: every mutating request and every failed authentication, kept for a retention period.
+
+Records hold who (organisation, user, key id), what (action, resource), the outcome and the client address —
+never a secret, a signature or a request body.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, select
+
+from kiln.db.models import AuditEvent, User, utcnow
+from kiln.db.session import Database
+from kiln.domain.schemas import AuditRead
+from kiln.services.accounts import find_org
+from kiln.services.identity import Principal
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    action: str
+    resource: str
+    outcome: str
+    status: int
+    client: str
+    org_id: str | None = None
+    user_id: str | None = None
+    key_id: str | None = None
+    detail: str = ""
+
+
+def _read(row: AuditEvent) -> AuditRead:
+    return AuditRead(
+        id=row.id,
+        time=row.time,
+        org_id=row.org_id,
+        user_id=row.user_id,
+        key_id=row.key_id,
+        action=row.action,
+        resource=row.resource,
+        outcome=row.outcome,
+        status=row.status,
+        client=row.client,
+        detail=row.detail,
+    )
+
+
+class AuditService:
+    def __init__(self, db: Database, retention_days: float) -> None:
+        self.db = db
+        self.retention_days = retention_days
+
+    def record(self, entry: AuditEntry) -> None:
+        try:
+            with self.db.transaction() as s:
+                s.add(
+                    AuditEvent(
+                        time=utcnow(),
+                        org_id=entry.org_id,
+                        user_id=entry.user_id,
+                        key_id=(entry.key_id or "")[:64] or None,
+                        action=entry.action[:96],
+                        resource=entry.resource[:512],
+                        outcome=entry.outcome[:32],
+                        status=entry.status,
+                        client=entry.client[:64],
+                        detail=entry.detail[:256],
+                    )
+                )
+        except Exception:  # the request already happened; a lost audit row is logged loudly, not raised
+            log.exception("could not write audit record for %s %s", entry.action, entry.resource)
+
+    def query(
+        self,
+        principal: Principal,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        user: str | None = None,
+        action: str | None = None,
+        org: str | None = None,
+        outcome: str | None = None,
+        limit: int = 100,
+    ) -> list[AuditRead]:
+        principal.require("audit:read")
+        with self.db.transaction() as s:
+            query = select(AuditEvent).order_by(AuditEvent.id.desc()).limit(limit)
+            if org is not None:
+                query = query.where(AuditEvent.org_id == find_org(s, principal, org).id)
+            elif not principal.platform_admin:
+                query = query.where(AuditEvent.org_id == principal.org_id)
+            if since is not None:
+                query = query.where(AuditEvent.time >= since)
+            if until is not None:
+                query = query.where(AuditEvent.time <= until)
+            if user is not None:
+                ids = list(s.scalars(select(User.id).where((User.id == user) | (User.name == user))))
+                query = query.where(AuditEvent.user_id.in_(ids))
+            if action is not None:
+                query = query.where(AuditEvent.action.contains(action))
+            if outcome is not None:
+                query = query.where(AuditEvent.outcome == outcome)
+            return [_read(row) for row in s.scalars(query)]
+
+    def purge(self) -> int:
+        cutoff = utcnow() - timedelta(days=self.retention_days)
+        with self.db.transaction() as s:
+            result = s.execute(delete(AuditEvent).where(AuditEvent.time < cutoff))
+            return int(getattr(result, "rowcount", 0) or 0)

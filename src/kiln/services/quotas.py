@@ -1,0 +1,134 @@
+"""Quotas: limits per organisation and category, usage as users see it, and atomic admission.
+
+Usage counts jobs that hold resources (STARTING, RUNNING). Admission (``admit``) runs inside the transaction
+that moves a job to STARTING, after locking the organisation's row (``FOR UPDATE`` on PostgreSQL; SQLite's
+``BEGIN IMMEDIATE`` already serialises writers), so concurrent schedulers can never push usage past a limit.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from kiln.db.models import Blob, Job, Organization, Quota, utcnow
+from kiln.db.session import Database
+from kiln.domain.quota import CATEGORIES, FIELDS, TOTAL, Limits, OrgUsage, blocked_by, never_fits
+from kiln.domain.schemas import QuotaCategory, QuotaFields, QuotaReport, QuotaSet
+from kiln.domain.states import JobState
+from kiln.errors import Forbidden, InvalidInput
+from kiln.services.accounts import find_org
+from kiln.services.identity import Principal
+
+ACTIVE = [JobState.STARTING, JobState.RUNNING]
+
+
+def _limits(row: Quota) -> Limits:
+    return Limits(gpus=row.gpus, cpus=row.cpus, memory=row.memory, count=row.count, storage=row.storage)
+
+
+def load_limits(s: Session, org_ids: list[str] | None = None) -> dict[str, dict[str, Limits]]:
+    query = select(Quota)
+    if org_ids is not None:
+        query = query.where(Quota.org_id.in_(org_ids))
+    out: dict[str, dict[str, Limits]] = {}
+    for row in s.scalars(query):
+        out.setdefault(row.org_id, {})[row.category] = _limits(row)
+    return out
+
+
+def load_usage(s: Session, org_ids: list[str] | None = None) -> dict[str, OrgUsage]:
+    query = select(Job.org_id, Job.category, Job.gpus, Job.cpus, Job.memory).where(Job.state.in_(ACTIVE))
+    if org_ids is not None:
+        query = query.where(Job.org_id.in_(org_ids))
+    out: dict[str, OrgUsage] = {}
+    for org_id, category, gpus, cpus, memory in s.execute(query):
+        out.setdefault(org_id, OrgUsage()).add(category, gpus, cpus, memory)
+    return out
+
+
+def storage_used(s: Session, org_id: str) -> int:
+    blobs = s.scalar(select(func.coalesce(func.sum(Blob.size), 0)).where(Blob.org_id == org_id)) or 0
+    outputs = s.scalar(select(func.coalesce(func.sum(Job.output_bytes), 0)).where(Job.org_id == org_id)) or 0
+    return int(blobs) + int(outputs)
+
+
+def admit(s: Session, dialect: str, job: Job, org_name: str) -> str | None:
+    """Inside the caller's transaction: lock the organisation, recount, and say why the job must wait (or
+    None: it is admitted, and the caller's STARTING transition in the same transaction makes it count)."""
+    if dialect == "postgresql":
+        s.execute(select(Organization.id).where(Organization.id == job.org_id).with_for_update())
+    limits = load_limits(s, [job.org_id]).get(job.org_id)
+    if not limits:
+        return None
+    usage = load_usage(s, [job.org_id]).get(job.org_id, OrgUsage())
+    return blocked_by(org_name, job.category, limits, usage, job.gpus, job.cpus, job.memory)
+
+
+class QuotaService:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def set(self, principal: Principal, org_ref: str, body: QuotaSet) -> QuotaReport:
+        principal.require("quota:set")
+        changes = {name: getattr(body, name) for name in body.model_fields_set if name != "category"}
+        if "storage" in changes and body.category != TOTAL:
+            raise InvalidInput("storage: a storage limit applies to the whole organisation (category total)")
+        with self.db.transaction() as s:
+            org = find_org(s, principal, org_ref)
+            row = s.get(Quota, (org.id, body.category))
+            if row is None:
+                row = Quota(org_id=org.id, category=body.category)
+                s.add(row)
+            for name, value in changes.items():
+                setattr(row, name, value)
+            row.updated_at = utcnow()
+        return self.report(principal, org_ref)
+
+    def report(self, principal: Principal, org_ref: str | None = None) -> QuotaReport:
+        principal.require("quota:read")
+        with self.db.transaction() as s:
+            org = find_org(s, principal, org_ref or principal.org_id)
+            limits = load_limits(s, [org.id]).get(org.id, {})
+            usage = load_usage(s, [org.id]).get(org.id, OrgUsage())
+            categories = []
+            for category in (*CATEGORIES, TOTAL):
+                limit = limits.get(category, Limits())
+                used = usage.of(category)
+                used_fields = {name: getattr(used, name) for name in FIELDS}
+                if category == TOTAL:
+                    used_fields["storage"] = storage_used(s, org.id)
+                categories.append(
+                    QuotaCategory(
+                        category=category,
+                        limits=QuotaFields(
+                            gpus=limit.gpus,
+                            cpus=limit.cpus,
+                            memory=limit.memory,
+                            count=limit.count,
+                            storage=limit.storage,
+                        ),
+                        used=QuotaFields(**used_fields),
+                    )
+                )
+            return QuotaReport(org_id=org.id, org_name=org.name, categories=categories)
+
+    def check_submit(self, principal: Principal, category: str, gpus: int, cpus: float, memory: int | None) -> None:
+        """403 with the numbers when the job asks more than its organisation may ever use."""
+        with self.db.transaction() as s:
+            limits = load_limits(s, [principal.org_id]).get(principal.org_id)
+        if limits:
+            why = never_fits(principal.org_name, category, limits, gpus, cpus, memory)
+            if why:
+                raise Forbidden(why)
+
+    def check_storage(self, s: Session, org_id: str, org_name: str, adding: int) -> None:
+        """403 when ``adding`` bytes would take the organisation past its storage limit."""
+        total = load_limits(s, [org_id]).get(org_id, {}).get(TOTAL)
+        if total is None or total.storage is None:
+            return
+        used = storage_used(s, org_id)
+        if used + adding > total.storage:
+            raise Forbidden(
+                f"quota: storage {used} + {adding} bytes would exceed the limit of {total.storage} bytes "
+                f"(org {org_name})"
+            )
