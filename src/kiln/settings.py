@@ -50,6 +50,17 @@ class Settings(BaseSettings):
     clock_skew_seconds: int = Field(300, description="Largest accepted difference of X-Kiln-Date from now.")
     nonce_ttl_seconds: int = Field(900, description="How long a used nonce is remembered per key.")
 
+    # Tenancy
+    rate_limit_per_second: float = Field(
+        50.0, description="Requests per second each access key (or job token) may make on average; 0: no limit."
+    )
+    rate_limit_burst: int = Field(200, description="Requests an access key may make at once above the rate.")
+    audit_retention_days: float = Field(90.0, description="How long audit records are kept.")
+    job_token_ttl_seconds: float = Field(
+        48 * 3600.0,
+        description="Longest life of a job token; it also dies as soon as the attempt it was given to ends.",
+    )
+
     # Uploads
     max_blob_bytes: int = Field(512 * 1024**2, description="Largest code bundle accepted by PUT /blobs (413).")
     max_archive_members: int = Field(100_000, description="Most files a code bundle may hold.")
@@ -127,6 +138,9 @@ class ClientSettings(BaseSettings):
     endpoint: str | None = Field(None, description="Server URL, e.g. http://127.0.0.1:8080.")
     access_key: str | None = Field(None, description="Access key id.")
     secret_key: str | None = Field(None, description="Secret key (never logged).")
+    job_token: str | None = Field(
+        None, description="Bearer token of a running job (set by Kiln in the job's environment; never logged)."
+    )
     config: Path = Field(
         default_factory=lambda: Path.home() / ".kiln" / "config",
         description="File written by `kiln login`.",
