@@ -52,9 +52,9 @@ class Settings(BaseSettings):
 
     # Tenancy
     rate_limit_per_second: float = Field(
-        50.0, description="Requests per second each access key (or job token) may make on average; 0: no limit."
+        100.0, description="Requests per second each access key (or job token) may make on average; 0: no limit."
     )
-    rate_limit_burst: int = Field(200, description="Requests an access key may make at once above the rate.")
+    rate_limit_burst: int = Field(400, description="Requests an access key may make at once above the rate.")
     audit_retention_days: float = Field(90.0, description="How long audit records are kept.")
     job_token_ttl_seconds: float = Field(
         48 * 3600.0,
