@@ -209,7 +209,7 @@ class QuotaSet(BaseModel):
 
 
 class QuotaFields(BaseModel):
-    gpus: float | None = None
+    gpus: int | None = None
     cpus: float | None = None
     memory: int | None = None
     count: int | None = None
