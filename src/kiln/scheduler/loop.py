@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import ColumnElement, or_, select, update
+from sqlalchemy.orm import Session
 
 from kiln.backends.base import AttemptStatus, Backend, Launch, Phase
 from kiln.db.models import Job, Organization, utcnow
@@ -32,6 +33,15 @@ MAX_START_SECONDS_PER_PASS = 0.05
 OPEN_STATES = [JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING]
 # Failures that a retry cannot fix: the spec itself is wrong.
 PERMANENT_REASONS = {Reason.COMMAND_NOT_FOUND, Reason.RUNTIME_ERROR, Reason.CODE_ERROR}
+
+
+def set_waiting(s: Session, job: Job, why: str) -> None:
+    """Say why a job waits. An event only when the kind of wait changes (queued → capacity → quota): a moving
+    queue position or changing free numbers just update the message, so a long queue does not flood events."""
+    before = (job.message or "").split(":", 1)[0]
+    job.message = why
+    if before != why.split(":", 1)[0]:
+        record(s, job, "Waiting", why)
 
 
 def outputs_prefix(org_id: str, job_id: str) -> str:
@@ -333,8 +343,7 @@ class Reconciler:
             job = s.get(Job, job_id)
             if job is None or job.state not in (JobState.QUEUED, JobState.RESTARTING):
                 return
-            job.message = why
-            record(s, job, "Waiting", why)
+            set_waiting(s, job, why)
 
     def _start(self, queued: Job, cpus: float, memory: int | None, gpus: tuple[int, ...], org_name: str) -> None:
         now = utcnow()
@@ -351,9 +360,7 @@ class Reconciler:
                 return
             waiting = admit(s, self.db.dialect, job, org_name or job.org_id)
             if waiting:  # another scheduler admitted work for this organisation since the decision was made
-                if job.message != waiting:
-                    job.message = waiting
-                    record(s, job, "Waiting", waiting)
+                set_waiting(s, job, waiting)
                 return
             job.attempt += 1
             job.allocation = {"cpus": cpus, "memory": memory, "gpus": list(gpus)}
