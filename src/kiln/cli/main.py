@@ -12,9 +12,9 @@ from typing import Annotated
 import typer
 
 from kiln import __version__
-from kiln.cli import auth, jobs, logs, run, runtimes, server
+from kiln.cli import audit, auth, jobs, keys, logs, orgs, quota, run, runtimes, server, users
 from kiln.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, print_error
-from kiln.errors import KilnError
+from kiln.errors import Forbidden, KilnError
 
 app = typer.Typer(
     name="kiln",
@@ -46,6 +46,11 @@ app.add_typer(jobs.app, name="jobs")
 app.add_typer(runtimes.app, name="runtimes")
 app.command()(auth.login)
 app.command()(auth.whoami)
+app.add_typer(orgs.app, name="orgs")
+app.add_typer(users.app, name="users")
+app.add_typer(keys.app, name="keys")
+app.add_typer(quota.app, name="quota")
+app.command()(audit.audit)
 app.command()(server.server)
 
 
@@ -53,7 +58,10 @@ def main() -> None:
     try:
         app()
     except KilnError as exc:
-        print_error(exc.message or exc.code)
+        message = exc.message or exc.code
+        if isinstance(exc, Forbidden) and "forbidden" not in message.lower():
+            message = f"forbidden: {message}"  # say plainly that it is a matter of permissions
+        print_error(message)
         sys.exit(EXIT_ERROR)
     except OSError as exc:  # e.g. a download destination or the config file that cannot be written
         print_error(str(exc))

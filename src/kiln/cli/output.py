@@ -18,7 +18,18 @@ from kiln.domain.spec import command_text
 from kiln.domain.states import JobState
 
 if TYPE_CHECKING:
-    from kiln.domain.schemas import EventRead, JobRead, RuntimeRead, WhoAmI
+    from kiln.domain.schemas import (
+        AuditRead,
+        EventRead,
+        JobRead,
+        KeyCreated,
+        KeyRead,
+        OrgRead,
+        QuotaReport,
+        RuntimeRead,
+        UserRead,
+        WhoAmI,
+    )
 
 STATE_STYLES = {
     JobState.QUEUED: "cyan",
@@ -178,15 +189,178 @@ def runtimes_table(runtimes: list[RuntimeRead]) -> None:
 
 
 def whoami_detail(me: WhoAmI, endpoint: str) -> None:
+    rows: list[tuple[str, object]] = [
+        ("endpoint", endpoint),
+        ("user", f"{me.user_name} ({me.user_id})"),
+        ("organisation", f"{me.org_name} ({me.org_id})"),
+        ("access key", me.access_key),
+        ("role", me.role),
+        ("platform admin", "yes" if me.platform_admin else "no"),
+    ]
+    if me.job_id:
+        rows.append(("job token of", me.job_id))
+    _details(rows)
+
+
+# -- tenancy ------------------------------------------------------------------------------------------------
+
+
+def orgs_table(orgs: list[OrgRead]) -> None:
+    table = _table("ID", "NAME", "CREATED")
+    table.columns[0].no_wrap = True
+    for org in orgs:
+        table.add_row(Text(org.id), _cell(org.name), fmt_time(org.created_at))
+    out.print(table)
+
+
+def org_detail(org: OrgRead) -> None:
+    _details([("id", org.id), ("name", org.name), ("created", fmt_time(org.created_at))])
+
+
+def role_text(user: UserRead) -> str:
+    return user.role + (", platform admin" if user.platform_admin else "")
+
+
+def user_status(user: UserRead) -> Text:
+    return Text("disabled", style="red") if user.disabled else Text("active", style="green")
+
+
+def users_table(users: list[UserRead]) -> None:
+    table = _table("ID", "NAME", "ORGANISATION", "ROLE", "STATUS", "CREATED")
+    table.columns[0].no_wrap = True
+    for user in users:
+        table.add_row(
+            Text(user.id),
+            _cell(user.name),
+            _cell(user.org_name),
+            role_text(user),
+            user_status(user),
+            fmt_time(user.created_at),
+        )
+    out.print(table)
+
+
+def user_detail(user: UserRead) -> None:
+    _details(
+        [
+            ("id", user.id),
+            ("name", user.name),
+            ("organisation", f"{user.org_name} ({user.org_id})"),
+            ("role", role_text(user)),
+            ("status", user_status(user)),
+            ("created", fmt_time(user.created_at)),
+        ]
+    )
+
+
+def key_status(key: KeyRead, now: datetime | None = None) -> Text:
+    if not key.enabled:
+        return Text("disabled", style="red")
+    if key.expires_at is not None and _aware(key.expires_at) <= (now or datetime.now(UTC)):
+        return Text("expired", style="yellow")
+    return Text("enabled", style="green")
+
+
+def keys_table(keys: list[KeyRead]) -> None:
+    table = _table("ACCESS KEY", "USER", "STATUS", "EXPIRES", "LAST USED", "CREATED", "DESCRIPTION")
+    table.columns[0].no_wrap = True
+    for key in keys:
+        table.add_row(
+            Text(key.id),
+            _cell(key.user_name),
+            key_status(key),
+            fmt_time(key.expires_at) if key.expires_at else "never",
+            fmt_time(key.last_used_at) if key.last_used_at else "never",
+            fmt_time(key.created_at),
+            Text(key.description),
+        )
+    out.print(table)
+
+
+def key_detail(key: KeyRead) -> None:
+    _details(
+        [
+            ("access key", key.id),
+            ("user", f"{key.user_name} ({key.user_id})"),
+            ("status", key_status(key)),
+            ("expires", fmt_time(key.expires_at) if key.expires_at else "never"),
+            ("description", key.description),
+        ]
+    )
+
+
+def key_created_detail(key: KeyCreated, endpoint: str) -> None:
     _details(
         [
             ("endpoint", endpoint),
-            ("user", f"{me.user_name} ({me.user_id})"),
-            ("organisation", f"{me.org_name} ({me.org_id})"),
-            ("access key", me.access_key),
-            ("platform admin", "yes" if me.platform_admin else "no"),
+            ("access key", key.id),
+            ("secret key", Text(key.secret_key, style="bold")),
+            ("user", f"{key.user_name} ({key.user_id})"),
+            ("expires", fmt_time(key.expires_at) if key.expires_at else "never"),
+            ("description", key.description),
         ]
     )
+
+
+def quota_amount(field: str, value: float | None, *, limit: bool) -> str:
+    """A quota limit or use for people: None is 'unlimited' (a limit) or '-' (a use); sizes as 128Gi."""
+    if value is None:
+        return "unlimited" if limit else "-"
+    if field in ("memory", "storage"):
+        return format_memory(int(value))
+    return f"{value:g}"
+
+
+QUOTA_FIELD_NAMES = ("gpus", "cpus", "memory", "count", "storage")
+
+
+def quota_table(report: QuotaReport) -> None:
+    """Every field of ``train`` (the jobs' category) and ``total``; of the others, what is limited or in use."""
+    table = _table("CATEGORY", "FIELD", "USED", "LIMIT")
+    hidden = 0
+    for category in report.categories:
+        for field in QUOTA_FIELD_NAMES:
+            limit = getattr(category.limits, field)
+            used = getattr(category.used, field)
+            idle = limit is None and not used
+            if field == "storage" and category.category != "total" and idle:
+                continue  # storage is limited for the organisation as a whole only
+            if category.category not in ("train", "total") and idle:
+                hidden += 1
+                continue
+            full = limit is not None and used is not None and used >= limit
+            table.add_row(
+                category.category,
+                field,
+                Text(quota_amount(field, used, limit=False), style="red" if full else ""),
+                Text(quota_amount(field, limit, limit=True), style="dim" if limit is None else ""),
+            )
+    out.print(Text(f"organisation {report.org_name} ({report.org_id})", style="bold"))
+    out.print(table)
+    if hidden:
+        err.print(Text("(categories and fields not shown are unlimited and unused)", style="dim"))
+
+
+OUTCOME_STYLES = {"success": "green", "failed": "yellow", "denied": "red", "unauthenticated": "red"}
+
+
+def audit_table(events: list[AuditRead]) -> None:
+    table = _table("TIME", "ORG", "USER", "KEY", "ACTION", "RESOURCE", "OUTCOME", "STATUS", "CLIENT")
+    for column in table.columns[:4]:
+        column.no_wrap = True  # times and ids stay whole; the resource folds
+    for event in events:
+        table.add_row(
+            fmt_time(event.time),
+            _cell(event.org_id),
+            _cell(event.user_id),
+            _cell(event.key_id),
+            _cell(event.action),
+            _cell(event.resource),
+            Text(event.outcome, style=OUTCOME_STYLES.get(event.outcome.lower(), "yellow")),
+            str(event.status),
+            _cell(event.client),
+        )
+    out.print(table)
 
 
 def plural(n: int, word: str) -> str:

@@ -1,8 +1,12 @@
 """``kiln.Client``: the Python SDK over the signed REST API (httpx). The CLI uses nothing else.
 
-Credentials come from the arguments, else ``KILN_ENDPOINT`` / ``KILN_ACCESS_KEY`` / ``KILN_SECRET_KEY``, else the
-file ``kiln login`` writes (``~/.kiln/config``). Errors are raised as the same ``kiln.errors`` classes the server
-maps, e.g. ``kiln.errors.NotFound``.
+Credentials come from the arguments, else ``KILN_ENDPOINT`` / ``KILN_ACCESS_KEY`` / ``KILN_SECRET_KEY``, else
+``KILN_JOB_TOKEN`` (set by Kiln inside a running job), else the file ``kiln login`` writes (``~/.kiln/config``).
+Requests with an access key are signed (KILN-HMAC-SHA256); requests with a job token carry
+``Authorization: Bearer <token>`` and no signature. Errors are raised as the same ``kiln.errors`` classes the
+server maps, e.g. ``kiln.errors.NotFound``.
+
+The organisation, user, key, quota and audit methods live in ``kiln.sdk.tenancy.TenancyMixin``.
 """
 
 from __future__ import annotations
@@ -31,14 +35,15 @@ from kiln.domain.states import JobState
 from kiln.errors import KilnError, NotFound, Unauthenticated, error_from_body
 from kiln.sdk.config import read_config_file
 from kiln.sdk.packaging import build_bundle
+from kiln.sdk.tenancy import TenancyMixin
 from kiln.settings import ClientSettings
 
 Progress = Callable[[int], None]
 DEFAULT_MAX_CODE_BYTES = 256 * 1024 * 1024
 
 
-class Client:
-    """A signed connection to one Kiln server."""
+class Client(TenancyMixin):
+    """A connection to one Kiln server: signed with an access key, or carrying a running job's token."""
 
     def __init__(
         self,
@@ -46,22 +51,42 @@ class Client:
         access_key: str | None = None,
         secret_key: str | None = None,
         *,
+        job_token: str | None = None,
         timeout: float | None = None,
         settings: ClientSettings | None = None,
     ) -> None:
+        if job_token and (access_key or secret_key):
+            raise ValueError("give either access_key and secret_key, or job_token, not both")
         settings = settings or ClientSettings()
         saved = read_config_file(settings.config)
         self.endpoint = (endpoint or settings.endpoint or saved.get("KILN_ENDPOINT") or "").rstrip("/")
-        self.access_key = access_key or settings.access_key or saved.get("KILN_ACCESS_KEY") or ""
-        self._secret_key = secret_key or settings.secret_key or saved.get("KILN_SECRET_KEY") or ""
-        if not (self.endpoint and self.access_key and self._secret_key):
+        key = access_key or settings.access_key or ""
+        secret = secret_key or settings.secret_key or ""
+        token = job_token or ""
+        if not token and not (key and secret) and not (access_key or secret_key):
+            # Inside a job: the job's own token comes before a `kiln login` file that may lie in the same $HOME.
+            token = settings.job_token or ""
+        if not token:
+            key = key or saved.get("KILN_ACCESS_KEY") or ""
+            secret = secret or saved.get("KILN_SECRET_KEY") or ""
+        self.access_key = "" if token else key
+        self._secret_key = "" if token else secret
+        self._job_token = token
+        if not (self.endpoint and (token or (key and secret))):
             raise Unauthenticated(
                 "no Kiln credentials: set KILN_ENDPOINT, KILN_ACCESS_KEY and KILN_SECRET_KEY "
                 "(e.g. `set -a; . ~/.kiln/admin.env; set +a`) or run `kiln login`"
             )
         self._http = httpx.Client(base_url=self.endpoint, timeout=timeout or settings.timeout)
 
-    def __repr__(self) -> str:  # never show the secret
+    @property
+    def uses_job_token(self) -> bool:
+        """True when requests carry a job token (``Authorization: Bearer``) instead of a signature."""
+        return bool(self._job_token)
+
+    def __repr__(self) -> str:  # never show the secret or the token
+        if self._job_token:
+            return f"Client(endpoint={self.endpoint!r}, auth='job-token')"
         return f"Client(endpoint={self.endpoint!r}, access_key={self.access_key!r})"
 
     def close(self) -> None:
@@ -76,7 +101,13 @@ class Client:
     # -- transport ------------------------------------------------------------------------------------
 
     def _prepare(
-        self, method: str, path: str, params: dict[str, Any] | None, body: bytes | None, unsigned: bool
+        self,
+        method: str,
+        path: str,
+        params: dict[str, Any] | None,
+        body: bytes | None,
+        unsigned: bool,
+        content_sha256: str | None = None,
     ) -> tuple[str, dict[str, str]]:
         pairs: list[tuple[str, str]] = []
         for key, value in (params or {}).items():
@@ -86,17 +117,20 @@ class Client:
             pairs.extend((key, str(v).lower() if isinstance(v, bool) else str(v)) for v in values)
         query = signing.canonical_query(pairs)
         url_path = "/api/v1" + path
-        content_hash = signing.UNSIGNED_PAYLOAD if unsigned else signing.body_sha256(body or b"")
+        target = url_path + (f"?{query}" if query else "")
+        if self._job_token:  # a bearer token: no signature headers at all
+            return target, {"Authorization": f"Bearer {self._job_token}"}
+        content_hash = content_sha256 or signing.body_sha256(body or b"")
         headers = signing.sign_headers(
             access_key=self.access_key,
             secret_key=self._secret_key,
             method=method,
             path=httpx.URL(self.endpoint + url_path).raw_path.decode(),
             query=query,
-            content_sha256=content_hash,
+            content_sha256=signing.UNSIGNED_PAYLOAD if unsigned else content_hash,
         )
         # Send the query exactly as signed (already RFC 3986 encoded and sorted).
-        return url_path + (f"?{query}" if query else ""), headers
+        return target, headers
 
     def request(
         self,
@@ -107,11 +141,16 @@ class Client:
         json_body: Any = None,
         content: Any = None,
         unsigned: bool = False,
+        content_sha256: str | None = None,
         extra_headers: dict[str, str] | None = None,
     ) -> httpx.Response:
+        """One API call (``path`` below /api/v1). A ``bytes`` ``content`` is signed with its hash; a streamed one
+        needs ``content_sha256`` (or ``unsigned`` where the route allows it)."""
         body = json.dumps(json_body).encode() if json_body is not None else None
-        url, headers = self._prepare(method, path, params, body, unsigned)
-        if body is not None:
+        if body is None and isinstance(content, bytes):
+            body, content = content, None
+        url, headers = self._prepare(method, path, params, body, unsigned, content_sha256)
+        if json_body is not None:
             headers["Content-Type"] = "application/json"
         headers.update(extra_headers or {})
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 import time
@@ -12,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from kiln.domain.schemas import ArtifactRead
 from kiln.domain.states import JobState
-from kiln.errors import Conflict, NotFound
+from kiln.errors import Conflict, DigestMismatch, NotFound
 from kiln.scheduler.loop import outputs_prefix
 from kiln.services.identity import Principal
 from kiln.services.jobs import JobService
@@ -52,9 +53,15 @@ class OutputService:
             time.sleep(poll)
 
     async def upload_artifact(
-        self, principal: Principal, job_id: str, path: str, chunks: AsyncIterator[bytes]
+        self,
+        principal: Principal,
+        job_id: str,
+        path: str,
+        chunks: AsyncIterator[bytes],
+        expected_sha256: str | None = None,
     ) -> ArtifactRead:
-        """Store one artifact of a running job (what a job on another machine does with its token)."""
+        """Store one artifact of a running job (what a job on another machine does with its token). When the
+        request signed a content hash, the bytes must match it or nothing is stored."""
         principal.require("jobs:report")
         job = await run_in_threadpool(self.jobs.get, principal, job_id)
         if JobState(job.state).terminal:
@@ -64,10 +71,14 @@ class OutputService:
         tmp = Path(name)
         try:
             size = 0
+            digest = hashlib.sha256()
             with os.fdopen(fd, "wb") as fh:
                 async for chunk in chunks:
                     size += len(chunk)
+                    digest.update(chunk)
                     fh.write(chunk)
+            if expected_sha256 is not None and digest.hexdigest() != expected_sha256:
+                raise DigestMismatch(f"content hash is {digest.hexdigest()}, not {expected_sha256} as signed")
             await run_in_threadpool(self._store_artifact, principal, tmp, key, size)
         finally:
             tmp.unlink(missing_ok=True)

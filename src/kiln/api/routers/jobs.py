@@ -10,6 +10,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from kiln.api.deps import Caller, Kiln
+from kiln.auth import signing
 from kiln.domain.schemas import ArtifactList, ArtifactRead, EventList, JobList, JobRead, JobSubmit
 from kiln.domain.states import JobState
 
@@ -80,7 +81,9 @@ def list_artifacts(job_id: str, caller: Caller, kiln: Kiln) -> ArtifactList:
     summary="Upload an artifact (a running job, with its job token)",
 )
 async def put_artifact(job_id: str, path: str, request: Request, caller: Caller, kiln: Kiln) -> ArtifactRead:
-    return await kiln.outputs.upload_artifact(caller, job_id, path, request.stream())
+    signed = request.headers.get(signing.HEADER_CONTENT.lower())
+    expected = signed if signed and signing.SHA256_HEX.fullmatch(signed) else None
+    return await kiln.outputs.upload_artifact(caller, job_id, path, request.stream(), expected)
 
 
 @router.post("/{job_id}/logs", summary="Append lines to the job's log (a running job, with its job token)")

@@ -1,0 +1,53 @@
+"""``kiln orgs``: list and show organisations; platform admins create them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from kiln.cli.common import Output, OutputFormat, connect, emit_json, info
+from kiln.cli.output import org_detail, orgs_table
+
+app = typer.Typer(help="Organisations (creating one: platform admins).", no_args_is_help=True)
+
+OrgArg = Annotated[str, typer.Argument(help="The organisation's id or name.")]
+
+
+@app.command()
+def create(
+    name: Annotated[str, typer.Argument(help="Lowercase letters, digits and '-', at most 63 characters.")],
+    output: Output = OutputFormat.table,
+) -> None:
+    """Create an organisation (platform admins). Add its first user with `kiln users create NAME --org ORG`."""
+    with connect() as client:
+        org = client.create_org(name)
+    if output is OutputFormat.json:
+        emit_json(org.model_dump(mode="json"))
+    else:
+        org_detail(org)
+        info(f"add its first admin with: kiln users create NAME --org {org.name} --role admin")
+
+
+@app.command("list")
+def list_orgs(output: Output = OutputFormat.table) -> None:
+    """The organisations you can see (all of them for platform admins)."""
+    with connect() as client:
+        orgs = client.list_orgs()
+    if output is OutputFormat.json:
+        emit_json([org.model_dump(mode="json") for org in orgs])
+    elif not orgs:
+        info("no organisations")
+    else:
+        orgs_table(orgs)
+
+
+@app.command()
+def show(org: OrgArg, output: Output = OutputFormat.table) -> None:
+    """One organisation."""
+    with connect() as client:
+        found = client.get_org(org)
+    if output is OutputFormat.json:
+        emit_json(found.model_dump(mode="json"))
+    else:
+        org_detail(found)

@@ -1,0 +1,89 @@
+"""Pure parsing of command-line values: durations (``30d``, ``1h30m``), points in time (``2h`` ago, ISO-8601) and
+quota limits (``unlimited``, ``128G``). Errors are ValueErrors whose message says what is accepted."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+from kiln.sdk.tenancy import QUOTA_FIELDS, quota_value
+
+_UNIT_SECONDS = {"w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1}
+_DURATION = re.compile(r"^(?:\d+(?:\.\d+)?[wdhms])+$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([wdhms])")
+_NUMBER = re.compile(r"^\d+(?:\.\d+)?$")
+UNLIMITED = frozenset({"unlimited", "none", "null"})
+
+DURATION_HINT = "use e.g. 45s, 90m, 12h, 30d, 2w or 1d12h"
+TIME_HINT = f"a duration ago ({DURATION_HINT}) or an ISO-8601 time such as 2026-01-31T09:00 or 2026-01-31T09:00Z"
+
+
+def parse_duration(text: str) -> timedelta:
+    """``45s``, ``90m``, ``12h``, ``30d``, ``2w``, combinations like ``1d12h``; a plain number is seconds."""
+    compact = text.strip().lower().replace(" ", "")
+    if _NUMBER.match(compact):
+        seconds = float(compact)
+    elif _DURATION.match(compact):
+        seconds = sum(float(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION_PART.findall(compact))
+    else:
+        raise ValueError(f"not a duration: {text!r} ({DURATION_HINT})")
+    if seconds <= 0:
+        raise ValueError(f"not a positive duration: {text!r}")
+    return timedelta(seconds=seconds)
+
+
+def parse_datetime(text: str) -> datetime:
+    """An ISO-8601 date or time; without a zone it is local time. The result is aware (UTC)."""
+    stripped = text.strip()
+    try:
+        value = datetime.fromisoformat(stripped[:-1] + "+00:00" if stripped[-1:] in ("z", "Z") else stripped)
+    except ValueError:
+        raise ValueError(f"not an ISO-8601 time: {text!r}") from None
+    return value.astimezone(UTC)  # a naive value is read as local time
+
+
+def parse_time(text: str, now: datetime | None = None) -> datetime:
+    """A point in time for --since/--until: ``now``, a duration ago (``2h``, ``7d``), or an ISO-8601 time."""
+    now = now or datetime.now(UTC)
+    if text.strip().lower() == "now":
+        return now
+    try:
+        return now - parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        return parse_datetime(text)
+    except ValueError:
+        raise ValueError(f"not a time: {text!r} ({TIME_HINT})") from None
+
+
+def parse_expiry(text: str, now: datetime | None = None) -> tuple[float | None, datetime | None]:
+    """--expires: ``(seconds, None)`` for a duration from now (``30d``), ``(None, time)`` for an ISO-8601 time."""
+    try:
+        return parse_duration(text).total_seconds(), None
+    except ValueError:
+        pass
+    try:
+        when = parse_datetime(text)
+    except ValueError:
+        raise ValueError(
+            f"not an expiry: {text!r} (a duration from now, {DURATION_HINT}, or an ISO-8601 time)"
+        ) from None
+    if when <= (now or datetime.now(UTC)):
+        raise ValueError(f"expiry {text!r} is in the past")
+    return None, when
+
+
+def parse_quota_limit(field: str, text: str) -> int | float | None:
+    """One quota flag: ``unlimited`` → None; ``memory``/``storage`` take sizes (``128G``, ``1T``); ``gpus`` and
+    ``count`` whole numbers; ``cpus`` a number."""
+    if field not in QUOTA_FIELDS:
+        raise ValueError(f"unknown quota field {field!r}")
+    if text.strip().lower() in UNLIMITED:
+        return None
+    try:
+        return quota_value(field, text.strip())
+    except ValueError as exc:
+        if field in ("memory", "storage"):
+            raise ValueError(f"not a size: {text!r} (use e.g. 128G, 512Mi, 1T, or 'unlimited')") from None
+        raise ValueError(f"{exc} (or 'unlimited')") from None
