@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from kiln.errors import Unavailable
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, read_only: bool = False) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
@@ -44,7 +44,9 @@ def make_engine(url: str) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Any) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            # Writers take the write lock up front (no deadlocking lock upgrades); readers never block
+            # anyone in WAL mode, so they start a plain deferred transaction.
+            conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
         return engine
     return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
@@ -57,6 +59,9 @@ class Database:
         self.url = url
         self.engine = make_engine(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        # On SQLite a second engine whose transactions don't take the write lock; elsewhere the same engine.
+        self.read_engine = make_engine(url, read_only=True) if self.engine.dialect.name == "sqlite" else self.engine
+        self._read_sessions = sessionmaker(self.read_engine, expire_on_commit=False)
 
     @property
     def dialect(self) -> str:
@@ -72,6 +77,16 @@ class Database:
         finally:
             session.close()
 
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A unit of work that only reads: on SQLite it never waits for, or blocks, a writer."""
+        session = self._read_sessions()
+        try:
+            with session.begin():
+                yield session
+        finally:
+            session.close()
+
     def ping(self) -> None:
         try:
             with self.engine.connect() as conn:
@@ -81,3 +96,4 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        self.read_engine.dispose()

@@ -168,7 +168,7 @@ class Reconciler:
         """The given jobs, where this reconciler holds their lease (a woken pass needs no new claims)."""
         if not job_ids:
             return []
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             return list(
                 s.scalars(
                     select(Job).where(
@@ -267,7 +267,7 @@ class Reconciler:
     def _schedule(self) -> bool:
         """Place and start what fits; True when placements were left for the next pass."""
         now = utcnow()
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             waiting = list(
                 s.scalars(
                     select(Job)
@@ -292,7 +292,7 @@ class Reconciler:
             return False
         held = [Held(a.get("cpus", 0.0), a.get("memory"), tuple(a.get("gpus", ()))) for a in active if a is not None]
         org_ids = sorted({j.org_id for j in queue})
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             limits = load_limits(s, org_ids)
             usage = load_usage(s, [o for o in org_ids if o in limits])
             names = dict(

@@ -92,7 +92,7 @@ class AccountService:
 
     def list_orgs(self, principal: Principal) -> list[OrgRead]:
         principal.require("orgs:read")
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             query = select(Organization).order_by(Organization.name)
             if not principal.platform_admin:
                 query = query.where(Organization.id == principal.org_id)
@@ -100,7 +100,7 @@ class AccountService:
 
     def get_org(self, principal: Principal, ref: str) -> OrgRead:
         principal.require("orgs:read")
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             return org_read(find_org(s, principal, ref))
 
     # -- users ----------------------------------------------------------------------------------------
@@ -119,7 +119,7 @@ class AccountService:
 
     def list_users(self, principal: Principal, org: str | None = None) -> list[UserRead]:
         principal.require("users:read")
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             query = select(User, Organization).join(Organization, Organization.id == User.org_id).order_by(User.name)
             if org is not None:
                 query = query.where(User.org_id == find_org(s, principal, org).id)
@@ -132,7 +132,7 @@ class AccountService:
             pass  # everyone may read themselves
         else:
             principal.require("users:read")
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             return user_read(*find_user(s, principal, ref))
 
     def set_user_disabled(self, principal: Principal, ref: str, disabled: bool) -> UserRead:
@@ -191,7 +191,7 @@ class AccountService:
 
     def list_keys(self, principal: Principal, user: str | None = None) -> list[KeyRead]:
         principal.require("keys:read")
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             query = select(AccessKey, User).join(User, User.id == AccessKey.user_id).order_by(AccessKey.created_at)
             if user is not None:
                 target, _ = find_user(s, principal, user)

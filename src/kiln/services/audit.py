@@ -88,7 +88,7 @@ class AuditService:
         limit: int = 100,
     ) -> list[AuditRead]:
         principal.require("audit:read")
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             query = select(AuditEvent).order_by(AuditEvent.id.desc()).limit(limit)
             if org is not None:
                 query = query.where(AuditEvent.org_id == find_org(s, principal, org).id)

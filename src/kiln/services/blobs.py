@@ -37,7 +37,7 @@ class BlobService:
 
     def get(self, principal: Principal, sha256: str) -> Blob:
         principal.require("blobs:read")
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             blob = s.get(Blob, (principal.org_id, sha256))
             if blob is None:
                 raise NotFound(f"blob {sha256} not found")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -12,7 +13,7 @@ from kiln.db.models import Blob, Job, JobEvent, utcnow
 from kiln.db.session import Database
 from kiln.domain.catalog import Catalog
 from kiln.domain.ids import new_id
-from kiln.domain.schemas import Allocation, EventRead, JobRead, JobSubmit
+from kiln.domain.schemas import EventRead, JobRead, JobSubmit
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState, Reason
 from kiln.errors import Conflict, InvalidInput, NotFound
@@ -25,28 +26,15 @@ from kiln.services.quotas import QuotaService
 CATEGORY = "train"
 
 
-def to_read(job: Job) -> JobRead:
-    return JobRead(
-        id=job.id,
-        name=job.name,
-        org_id=job.org_id,
-        user_id=job.user_id,
-        state=JobState(job.state),
-        reason=job.reason,
-        message=job.message,
-        spec=JobSpec.model_validate(job.spec),
-        code_sha256=job.code_sha256,
-        attempt=job.attempt,
-        restarts=job.restarts,
-        exit_code=job.exit_code,
-        cancel_requested=job.cancel_requested,
-        allocation=Allocation.model_validate(job.allocation) if job.allocation else None,
-        created_at=job.created_at,
-        updated_at=job.updated_at,
-        started_at=job.started_at,
-        running_at=job.running_at,
-        finished_at=job.finished_at,
-    )
+# The columns a JobRead is made of: list queries select these alone, not whole rows (no handle, no lease).
+READ_COLUMNS = [getattr(Job, name) for name in JobRead.model_fields if name != "cancel_requested"] + [
+    Job.cancel_requested
+]
+
+
+def to_read(job: Job | Any) -> JobRead:
+    """A JobRead from a Job row or a row of READ_COLUMNS; one validation pass (the spec was valid at submit)."""
+    return JobRead.model_validate({name: getattr(job, name) for name in JobRead.model_fields})
 
 
 def event_read(event: JobEvent) -> EventRead:
@@ -148,20 +136,20 @@ class JobService:
 
     def get(self, principal: Principal, job_id: str) -> JobRead:
         principal.require("jobs:read")
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             return to_read(self._load(s, principal, job_id))
 
     def is_terminal(self, principal: Principal, job_id: str) -> bool:
         principal.require("jobs:read")
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             return JobState(self._load(s, principal, job_id).state).terminal
 
     def list_jobs(
         self, principal: Principal, *, states: list[JobState] | None = None, limit: int = 50, before: str | None = None
     ) -> list[JobRead]:
         principal.require("jobs:read")
-        with self.db.transaction() as s:
-            query = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
+        with self.db.read() as s:
+            query = select(*READ_COLUMNS).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
             if not principal.platform_admin:
                 query = query.where(Job.org_id == principal.org_id)
             if principal.job_id is not None:
@@ -170,11 +158,11 @@ class JobService:
                 query = query.where(Job.state.in_([str(x) for x in states]))
             if before:
                 query = query.where(Job.id < before)
-            return [to_read(job) for job in s.scalars(query)]
+            return [to_read(row) for row in s.execute(query)]
 
     def events(self, principal: Principal, job_id: str) -> list[EventRead]:
         principal.require("jobs:read")
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             self._load(s, principal, job_id)
             rows = s.scalars(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id))
             return [event_read(e) for e in rows]

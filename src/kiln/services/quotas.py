@@ -86,7 +86,7 @@ class QuotaService:
 
     def report(self, principal: Principal, org_ref: str | None = None) -> QuotaReport:
         principal.require("quota:read")
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             org = find_org(s, principal, org_ref or principal.org_id)
             limits = load_limits(s, [org.id]).get(org.id, {})
             usage = load_usage(s, [org.id]).get(org.id, OrgUsage())
@@ -114,7 +114,7 @@ class QuotaService:
 
     def check_submit(self, principal: Principal, category: str, gpus: int, cpus: float, memory: int | None) -> None:
         """403 with the numbers when the job asks more than its organisation may ever use."""
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             limits = load_limits(s, [principal.org_id]).get(principal.org_id)
         if limits:
             why = never_fits(principal.org_name, category, limits, gpus, cpus, memory)

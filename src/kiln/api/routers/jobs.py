@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from kiln.api.deps import Caller, Kiln
+from kiln.api.deps import Caller, Kiln, model_response
 from kiln.auth import signing
 from kiln.domain.schemas import ArtifactList, ArtifactRead, EventList, JobList, JobRead, JobSubmit
 from kiln.domain.states import JobState
@@ -29,18 +29,18 @@ def list_jobs(
     state: Annotated[list[JobState] | None, Query(description="Only these states")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     before: Annotated[str | None, Query(description="Only jobs older than this job id (paging)")] = None,
-) -> JobList:
-    return JobList(items=kiln.jobs.list_jobs(caller, states=state, limit=limit, before=before))
+) -> Response:
+    return model_response(JobList(items=kiln.jobs.list_jobs(caller, states=state, limit=limit, before=before)))
 
 
 @router.get("/{job_id}", response_model=JobRead)
-def get_job(job_id: str, caller: Caller, kiln: Kiln) -> JobRead:
-    return kiln.jobs.get(caller, job_id)
+def get_job(job_id: str, caller: Caller, kiln: Kiln) -> Response:
+    return model_response(kiln.jobs.get(caller, job_id))
 
 
 @router.get("/{job_id}/events", response_model=EventList, summary="Every state change and notable event")
-def job_events(job_id: str, caller: Caller, kiln: Kiln) -> EventList:
-    return EventList(items=kiln.jobs.events(caller, job_id))
+def job_events(job_id: str, caller: Caller, kiln: Kiln) -> Response:
+    return model_response(EventList(items=kiln.jobs.events(caller, job_id)))
 
 
 @router.post("/{job_id}/cancel", response_model=JobRead, summary="Cancel (idempotent)")
