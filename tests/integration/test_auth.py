@@ -265,10 +265,11 @@ def test_malformed_headers_are_refused(api: Signer, header: str, value: str) -> 
 
 
 def test_non_ascii_digit_date_is_refused_not_a_server_error(api: Signer) -> None:
-    # BUG (src/kiln/services/identity.py, authenticate, lines 97/101): the date is checked with str.isdigit(),
-    # which is True for "²" (latin-1 byte 0xB2, a legal header byte); int("²") then raises ValueError and the
-    # unauthenticated request gets 500 {"code": "internal"} instead of 401 malformed. Check with
-    # date.isascii() and date.isdigit() (or a [0-9]+ regex).
+    # Regression test (found by this suite, since fixed):
+    # (src/kiln/services/identity.py, authenticate, lines 97/101): the date is checked with str.isdigit(), which is
+    # True for "²" (latin-1 byte 0xB2, a legal header byte); int("²") then raises ValueError and the unauthenticated
+    # request gets 500 {"code": "internal"} instead of 401 malformed. Check with date.isascii() and date.isdigit()
+    # (or a [0-9]+ regex).
     headers: dict[str, Any] = api.headers("GET", "/api/v1/whoami")
     headers["X-Kiln-Date"] = b"\xb2"
     api.assert_401(api.send("GET", "/api/v1/whoami", headers), "malformed")
@@ -294,9 +295,10 @@ def test_unsigned_payload_is_refused_on_blob_head(api: Signer) -> None:
 
 
 def test_unauthenticated_invalid_json_is_refused_before_parsing(api: Signer) -> None:
-    # BUG (src/kiln/api/routers/jobs.py + FastAPI body handling): FastAPI parses the JSON body before it runs
-    # the Caller dependency, so an unsigned request with malformed JSON gets 422 invalid_input (with the odd
-    # field name "1") instead of 401: unauthenticated clients can probe the API's input handling.
+    # Regression test (found by this suite, since fixed):
+    # (src/kiln/api/routers/jobs.py + FastAPI body handling): FastAPI parses the JSON body before it runs the Caller
+    # dependency, so an unsigned request with malformed JSON gets 422 invalid_input (with the odd field name "1")
+    # instead of 401: unauthenticated clients can probe the API's input handling.
     response = api.send("POST", "/api/v1/jobs", {"Content-Type": "application/json"}, b"{not json")
     api.assert_401(response, "missing_headers")
 

@@ -32,6 +32,9 @@ HEADER_CONTENT = "X-Kiln-Content-SHA256"
 NONCE_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,64}")
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 DATE_PATTERN = re.compile(r"[0-9]{1,12}")
+# Access key ids look like AK + 18 of [A-Z0-9]; anything else (a pasted secret, say) is malformed and is never
+# logged or audited.
+ACCESS_KEY_PATTERN = re.compile(r"AK[A-Z0-9]{18}")
 _AUTH = re.compile(rf"{ALGORITHM}\s+Credential=(?P<key>[^,\s]+)\s*,\s*Signature=(?P<sig>[0-9a-f]{{64}})\s*")
 
 

@@ -157,6 +157,8 @@ class IdentityService:
         if parsed is None or not signing.DATE_PATTERN.fullmatch(date) or not signing.NONCE_PATTERN.fullmatch(nonce):
             raise AuthFailure("malformed")
         key_id, sig = parsed
+        if not signing.ACCESS_KEY_PATTERN.fullmatch(key_id):
+            raise AuthFailure("malformed", "credential is not an access key id")
         key = self._key(key_id)
         who = {"key_id": key_id[:64]}
         if key is not None:

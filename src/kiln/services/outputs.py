@@ -39,8 +39,8 @@ class OutputService:
         return data, next_offset, ended
 
     def follow_log(self, principal: Principal, job_id: str, offset: int, poll: float = 0.2) -> Iterator[bytes]:
-        """Log bytes as they are written, until the job has ended and everything was sent."""
-        self.jobs.get(principal, job_id)  # 404 before the stream starts
+        """Log bytes as they are written, until the job has ended and everything was sent. The caller checks
+        the job exists first (a generator's errors come after the response has started)."""
         while True:
             ended = self.jobs.is_terminal(principal, job_id)
             while True:

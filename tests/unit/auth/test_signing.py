@@ -243,7 +243,8 @@ def test_nonce_pattern(nonce: str, ok: bool) -> None:
 
 
 def test_nonce_pattern_rejects_a_trailing_newline() -> None:
-    # BUG (latent, src/kiln/auth/signing.py NONCE_PATTERN/SHA256_HEX): "$" also matches before a final "\n", so
+    # Regression test (found by this suite, since fixed):
+    # src/kiln/auth/signing.py NONCE_PATTERN/SHA256_HEX): "$" also matches before a final "\n", so
     # "abcdefghijklmnop\n" passes as a nonce. Not reachable over HTTP today (servers reject newlines in header
     # values) but the documented rule is 16-64 chars of [A-Za-z0-9_-]; use \Z or fullmatch.
     assert signing.NONCE_PATTERN.fullmatch("abcdefghijklmnop\n") is None

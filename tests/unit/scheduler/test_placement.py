@@ -99,8 +99,9 @@ def test_gpu_jobs_wait_when_the_free_gpus_are_too_few() -> None:
 
 def test_gpu_packing_is_lowest_first_even_when_the_inventory_lists_gpus_out_of_order() -> None:
     # KILN_GPUS="3,1,0,2" keeps the operator's order (backends/local/inventory.parse_gpu_list does not sort).
-    # BUG (src/kiln/scheduler/placement.py, decide): free GPUs are taken in inventory order, not lowest index
-    # first as its comment promises; this job gets (3, 1) instead of (0, 1).
+    # Regression test (found by this suite, since fixed):
+    # (src/kiln/scheduler/placement.py, decide): free GPUs are taken in inventory order, not lowest index first as
+    # its comment promises; this job gets (3, 1) instead of (0, 1).
     inventory = Inventory(cpus=8, memory=8 * GI, gpus=(3, 1, 0, 2))
     decision = decide([req("two", gpus=2)], inventory, [])
     assert decision.placements[0].gpus == (0, 1)

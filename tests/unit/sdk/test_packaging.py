@@ -90,9 +90,10 @@ def test_nested_gitignore_applies_below_its_directory_only(tmp_path: Path) -> No
 
 
 def test_nested_gitignore_negation_overrides_the_parent(tmp_path: Path) -> None:
-    # BUG (src/kiln/sdk/packaging.py, collect_files.ignored): a path is dropped when *any* ignore file matches
-    # it, so a negation in a deeper .gitignore cannot re-include what a parent ignored. Git gives lower-level
-    # files precedence ("git add -A" adds sub/keep.log here), so such a file is silently missing from the bundle.
+    # Regression test (found by this suite, since fixed):
+    # (src/kiln/sdk/packaging.py, collect_files.ignored): a path is dropped when *any* ignore file matches it, so a
+    # negation in a deeper .gitignore cannot re-include what a parent ignored. Git gives lower-level files
+    # precedence ("git add -A" adds sub/keep.log here), so such a file is silently missing from the bundle.
     root = tree(tmp_path / "proj", {".gitignore": "*.log\n", "sub/.gitignore": "!keep.log\n", "sub/keep.log": "x"})
     assert names(root) == [".gitignore", "sub/.gitignore", "sub/keep.log"]
 
@@ -181,10 +182,11 @@ def test_bundle_contents_are_normalised(tmp_path: Path, bundles: list[Bundle]) -
 
 
 def test_gzip_header_carries_no_file_name_or_time(tmp_path: Path, bundles: list[Bundle]) -> None:
-    # BUG (src/kiln/sdk/packaging.py, build_bundle): gzip.GzipFile(fileobj=raw, ...) takes the file name from
-    # raw.name, so the gzip header's FNAME field holds the random temporary name ("kiln-bundle-XXXXXXXX.tar").
-    # Every build of the same tree then has a different sha256 and the upload is never deduplicated. Passing
-    # filename="" to GzipFile fixes it. The three determinism tests below fail for this same reason.
+    # Regression test (found by this suite, since fixed):
+    # (src/kiln/sdk/packaging.py, build_bundle): gzip.GzipFile(fileobj=raw, ...) takes the file name from raw.name,
+    # so the gzip header's FNAME field holds the random temporary name ("kiln-bundle-XXXXXXXX.tar"). Every build of
+    # the same tree then has a different sha256 and the upload is never deduplicated. Passing filename="" to
+    # GzipFile fixes it. The three determinism tests below fail for this same reason.
     bundle = build(tree(tmp_path / "proj", {"a.py": "1"}), bundles)
     header = bundle.path.read_bytes()[:10]
     assert header[:3] == b"\x1f\x8b\x08"

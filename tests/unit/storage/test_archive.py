@@ -122,11 +122,12 @@ def test_symlink_target_is_relative_to_the_links_directory(tmp_path: Path) -> No
 
 
 def test_symlink_escaping_through_an_earlier_symlinked_directory_is_refused(tmp_path: Path) -> None:
-    # BUG (src/kiln/storage/archive.py, validate_archive): link targets are normalised lexically, ignoring links
-    # earlier in the same archive. "a/b/up" -> ".." makes "a/b/up" the directory "a", so "a/b/up/esc" -> "../.."
-    # resolves to the parent of the bundle root, yet posixpath.normpath("a/b/up/../..") == "a" looks inside.
-    # Python's tarfile "data" filter refuses to extract it (LinkOutsideDestinationError), so the shim's second
-    # line of defence holds, but the server stores a bundle its own contract says it refuses.
+    # Regression test (found by this suite, since fixed):
+    # (src/kiln/storage/archive.py, validate_archive): link targets are normalised lexically, ignoring links earlier
+    # in the same archive. "a/b/up" -> ".." makes "a/b/up" the directory "a", so "a/b/up/esc" -> "../.." resolves to
+    # the parent of the bundle root, yet posixpath.normpath("a/b/up/../..") == "a" looks inside. Python's tarfile
+    # "data" filter refuses to extract it (LinkOutsideDestinationError), so the shim's second line of defence holds,
+    # but the server stores a bundle its own contract says it refuses.
     members = [dir_member("a"), dir_member("a/b"), link_member("a/b/up", ".."), link_member("a/b/up/esc", "../..")]
     refused(make_archive(tmp_path / "chain.tar.gz", members))
 
@@ -196,9 +197,10 @@ def test_corrupt_compressed_stream_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("damage", ["drop the trailer", "flip the crc"])
 def test_gzip_integrity_trailer_is_checked(tmp_path: Path, damage: str) -> None:
-    # BUG (src/kiln/storage/archive.py, validate_archive): tarfile stops at the end-of-archive blocks and never
-    # reads the gzip trailer (CRC-32 + size), so a gzip stream with its last 8 bytes missing, or with a wrong
-    # CRC, passes although `gzip -t` rejects it. Reading the compressed stream to its end would catch both.
+    # Regression test (found by this suite, since fixed):
+    # (src/kiln/storage/archive.py, validate_archive): tarfile stops at the end-of-archive blocks and never reads
+    # the gzip trailer (CRC-32 + size), so a gzip stream with its last 8 bytes missing, or with a wrong CRC, passes
+    # although `gzip -t` rejects it. Reading the compressed stream to its end would catch both.
     raw = bytearray(random_archive(tmp_path))
     if damage == "drop the trailer":
         raw = raw[:-8]

@@ -63,6 +63,7 @@ def job_logs(
     limit: Annotated[int, Query(ge=1, le=16 * 1024 * 1024)] = 1024 * 1024,
 ) -> Response:
     if follow:
+        kiln.jobs.get(caller, job_id)  # 404 now: once the stream has started, the status is already 200
         return StreamingResponse(kiln.outputs.follow_log(caller, job_id, offset), media_type="text/plain")
     data, next_offset, ended = kiln.outputs.read_log(caller, job_id, offset, limit)
     headers = {"X-Kiln-Next-Offset": str(next_offset), "X-Kiln-Job-Ended": "true" if ended else "false"}

@@ -345,6 +345,8 @@ class LocalBackend(Backend):
         if self._shim_alive(attempt_dir):
             phase = Phase.RUNNING if status.get("phase") in ("running", "finishing") else Phase.STARTING
             return AttemptStatus(phase=phase, running_at=running_at)
+        if (attempt_dir / "exit.json").exists():
+            return self.poll(handle)  # it wrote its record and exited between our two looks
         if not (attempt_dir / "shim.pid").exists():
             return AttemptStatus(phase=Phase.LOST, reason="ShimLost", message="the attempt was never started")
         info = _read_json(attempt_dir / "shim.pid") or {}

@@ -1,0 +1,535 @@
+"""THE tenancy acceptance test: every route of the API, driven from the server's own OpenAPI document, against
+another organisation's real resources.
+
+Organisation A (an org admin, a member and a viewer) owns a finished job with an artifact and log lines, a
+running job, a job queued on quota and an uploaded code bundle. Then, for every path and method the server
+publishes:
+
+* organisation B (its member and its org admin) sends it with A's resources in the path, query and body: the
+  answer must be exactly what the same request gets for a resource that does not exist (404, or 403 where the
+  caller may not use the route at all, e.g. platform-admin-only routes), it must not contain any of A's
+  identifiers, names, secrets or data that the request did not itself carry, and list routes must not include
+  A's items;
+* A's viewer sends every mutating route: refused (403 or 404);
+* A's org admin sends every platform-admin-only route: refused (403);
+* afterwards everything of A, re-read with the platform admin's key, is exactly as it was.
+
+The route table below must know every route: a route added to the server without an entry here fails the test,
+so new routes cannot slip past the matrix. On failure the whole table of (who, method, path, status) is shown.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from kiln.auth.secrets import new_access_key_id
+from kiln.domain.ids import new_id
+from tests.tenancy_helpers import Api, Tenant, close_all, create_tenant, job_spec, tar_gz
+
+MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
+PLACEHOLDER = re.compile(r"\{([a-z_0-9]+)\}")
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
+
+# Raw request bodies (not JSON) some routes take.
+BLOB = object()  # the bytes of the bound bundle
+LOG = b"a line an intruder tries to append\n"
+ARTIFACT = b"an artifact an intruder tries to write\n"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One way of calling a route.
+
+    kind: ``public`` (no authentication), ``self`` (acts on the caller's own organisation: may succeed, must not
+    leak), ``scoped`` (names the target organisation's resources: must be refused exactly like a nonexistent
+    one), ``platform`` (platform admins only: everyone else gets 403).
+    """
+
+    kind: str
+    body: Any = None
+    query: tuple[tuple[str, str], ...] = ()
+    cross: frozenset[int] = frozenset({403, 404})  # what another organisation may get
+    reader: str | None = None  # role of the owning organisation whose (read) request must succeed: a control
+    owner: str | None = None  # who may do this (mutating) request at the end: proves the bindings are real
+    only: tuple[tuple[str, tuple[str, ...]], ...] = ()  # restrict bindings, e.g. (("job_id", ("finished",)),)
+    last: bool = False  # run after every other request (its effect would change other answers)
+
+
+OWN_OK = frozenset({200, 201, 204, 403})
+JOB = (("job_id", ("finished", "running", "queued")),)
+
+# Every route of the API. A route missing here fails the test (see test body).
+ROUTES: dict[tuple[str, str], list[Case]] = {
+    ("GET", "/healthz"): [Case("public")],
+    ("GET", "/readyz"): [Case("public")],
+    ("GET", "/api/v1/whoami"): [Case("self", cross=OWN_OK)],
+    # B uploading the same bytes gets its own copy (it knows the content); runs last so that B's HEAD is
+    # checked while B has no copy.
+    ("PUT", "/api/v1/blobs/{sha256}"): [Case("self", body=BLOB, cross=OWN_OK, last=True)],
+    ("HEAD", "/api/v1/blobs/{sha256}"): [Case("scoped", reader="member")],
+    ("POST", "/api/v1/jobs"): [
+        Case("self", body={"spec": job_spec("true")}, cross=OWN_OK),
+        # Another organisation's bundle cannot be run by naming its hash.
+        Case(
+            "scoped",
+            body={"spec": job_spec("true"), "code_sha256": "{sha256}"},
+            cross=frozenset({403, 404, 422}),
+            owner="admin",
+        ),
+    ],
+    ("GET", "/api/v1/jobs"): [
+        Case("self", cross=OWN_OK),
+        Case("self", query=(("state", "QUEUED"), ("state", "RUNNING"), ("state", "SUCCEEDED")), cross=OWN_OK),
+        Case("scoped", query=(("before", "{job_id}"),), cross=frozenset({200}), only=JOB),
+    ],
+    ("GET", "/api/v1/jobs/{job_id}"): [Case("scoped", reader="member")],
+    ("GET", "/api/v1/jobs/{job_id}/events"): [Case("scoped", reader="member")],
+    ("POST", "/api/v1/jobs/{job_id}/cancel"): [Case("scoped", owner="admin")],
+    ("GET", "/api/v1/jobs/{job_id}/logs"): [
+        Case("scoped", reader="member"),
+        # Regression test (found by this suite, since fixed):
+        # (src/kiln/api/routers/jobs.py job_logs + src/kiln/services/outputs.py OutputService.follow_log):
+        # follow_log is a generator, so its "404 before the stream starts" check (self.jobs.get) only runs once
+        # StreamingResponse iterates it, after "200 OK" has been sent. GET /jobs/{another org's
+        # job}/logs?follow=true (or any nonexistent job) gets status 200 and then a broken chunked body (the server
+        # logs the NotFound as an ASGI exception) instead of 404 {"code": "not_found"}. Expected 404 like the
+        # non-follow call.
+        Case("scoped", query=(("follow", "true"),), reader="member", only=(("job_id", ("finished",)),)),
+    ],
+    ("POST", "/api/v1/jobs/{job_id}/logs"): [Case("scoped", body=LOG, owner="admin")],
+    ("GET", "/api/v1/jobs/{job_id}/artifacts"): [Case("scoped", reader="member")],
+    ("PUT", "/api/v1/jobs/{job_id}/artifacts/{path}"): [Case("scoped", body=ARTIFACT, owner="admin")],
+    ("GET", "/api/v1/jobs/{job_id}/artifacts/{path}"): [Case("scoped", reader="member")],
+    ("GET", "/api/v1/runtimes"): [Case("self", cross=OWN_OK)],
+    ("POST", "/api/v1/runtimes/{framework}/install"): [Case("platform", cross=frozenset({403}))],
+    ("GET", "/api/v1/orgs"): [Case("self", cross=OWN_OK)],
+    ("POST", "/api/v1/orgs"): [Case("platform", body={"name": "intruder-org"}, cross=frozenset({403}))],
+    ("GET", "/api/v1/orgs/{org}"): [Case("scoped", reader="member")],
+    ("GET", "/api/v1/orgs/{org}/quota"): [Case("scoped", reader="member")],
+    ("PUT", "/api/v1/orgs/{org}/quota"): [
+        Case("platform", body={"category": "train", "count": 100}, cross=frozenset({403}), owner="platform")
+    ],
+    ("POST", "/api/v1/users"): [
+        Case("scoped", body={"name": "intruder-user", "org": "{org}", "role": "admin"}, owner="admin")
+    ],
+    ("GET", "/api/v1/users"): [
+        Case("self", cross=OWN_OK),
+        Case("scoped", query=(("org", "{org}"),), reader="admin"),
+    ],
+    ("GET", "/api/v1/users/{user}"): [Case("scoped", reader="admin")],
+    ("POST", "/api/v1/users/{user}/disable"): [Case("scoped", owner="admin")],
+    ("POST", "/api/v1/users/{user}/enable"): [Case("scoped", owner="admin")],
+    ("POST", "/api/v1/keys"): [
+        Case("self", body={"description": "my own key"}, cross=OWN_OK),
+        Case("scoped", body={"user": "{user}"}, owner="admin"),
+    ],
+    ("GET", "/api/v1/keys"): [
+        Case("self", cross=OWN_OK),
+        Case("scoped", query=(("user", "{user}"),), reader="admin"),
+    ],
+    ("POST", "/api/v1/keys/{key}/disable"): [Case("scoped", owner="admin")],
+    ("DELETE", "/api/v1/keys/{key}"): [Case("scoped", owner="admin", last=True)],
+    ("GET", "/api/v1/quota"): [Case("self", cross=OWN_OK)],
+    ("GET", "/api/v1/audit"): [
+        Case("self", cross=OWN_OK),
+        Case("scoped", query=(("org", "{org}"),), reader="admin"),
+        # Filtering by another organisation's user must find nothing, exactly as for a nonexistent user.
+        Case("scoped", query=(("user", "{user}"),), cross=frozenset({200, 403}), reader="admin"),
+    ],
+}
+
+
+# -- the target organisation's resources and their stand-ins -----------------------------------------------
+
+
+@dataclass
+class Choice:
+    label: str
+    value: str
+    bogus: str
+    body: bytes | None = None  # bundle bytes for sha256
+    bogus_body: bytes | None = None
+
+
+@dataclass
+class Target:
+    tenant: Tenant
+    choices: dict[str, list[Choice]]
+    sensitive: set[str]
+
+
+def bindings(template: str, case: Case, target: Target) -> Iterator[dict[str, Choice]]:
+    names = sorted(set(PLACEHOLDER.findall(template)))
+    only = dict(case.only)
+    options = []
+    for name in names:
+        choices = target.choices[name]
+        if name in only:
+            choices = [c for c in choices if c.label in only[name]]
+        options.append(choices)
+    for combo in itertools.product(*options):
+        yield dict(zip(names, combo, strict=True))
+
+
+def fill(value: Any, binding: dict[str, Choice], bogus: bool) -> Any:
+    if isinstance(value, str):
+        return PLACEHOLDER.sub(lambda m: binding[m.group(1)].bogus if bogus else binding[m.group(1)].value, value)
+    if isinstance(value, dict):
+        return {k: fill(v, binding, bogus) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(fill(v, binding, bogus) for v in value)
+    return value
+
+
+@dataclass
+class Sent:
+    method: str
+    path: str
+    query: list[tuple[str, str]]
+    body: bytes
+    json_body: Any
+    response: httpx.Response | None
+    error: str = ""
+
+    @property
+    def status(self) -> str:
+        if self.response is None:
+            return f"ERR {self.error}"
+        return f"{self.response.status_code} ({self.error})" if self.error else str(self.response.status_code)
+
+    @property
+    def failed(self) -> bool:
+        """No answer, or the answer's body broke off."""
+        return self.response is None or bool(self.error)
+
+    def request_text(self) -> str:
+        return self.path + json.dumps(self.query) + self.body.decode(errors="replace") + json.dumps(self.json_body)
+
+    def response_text(self) -> str:
+        if self.response is None or self.error:
+            return ""
+        return self.response.text + json.dumps(dict(self.response.headers))
+
+
+def send(
+    api: Api | None, url: str, method: str, template: str, case: Case, binding: dict[str, Choice], bogus: bool = False
+) -> Sent:
+    path = fill(template, binding, bogus)
+    query = [(k, fill(v, binding, bogus)) for k, v in case.query]
+    json_body: Any = None
+    raw = b""
+    if case.body is BLOB:
+        choice = binding["sha256"]
+        raw = (choice.bogus_body if bogus else choice.body) or b""
+    elif isinstance(case.body, bytes):
+        raw = case.body
+    elif case.body is not None:
+        json_body = fill(case.body, binding, bogus)
+    if api is None:
+        client = httpx.Client(base_url=url, timeout=10)
+        request = client.build_request(method, path)
+    else:
+        client = api.http
+        request = api.build(
+            method,
+            path,
+            params=query,
+            json_body=json_body,
+            content=raw or None,
+            content_type="application/octet-stream" if raw else None,
+        )
+    try:
+        response = client.send(request, stream=True)
+    except httpx.HTTPError as exc:
+        return Sent(method, path, query, raw, json_body, None, f"{type(exc).__name__}: {exc}")
+    try:
+        response.read()  # a status line may come before the body fails (a broken stream)
+    except httpx.HTTPError as exc:
+        return Sent(method, path, query, raw, json_body, response, f"body broke off: {type(exc).__name__}: {exc}")
+    finally:
+        response.close()
+        if api is None:
+            client.close()
+    return Sent(method, path, query, raw, json_body, response)
+
+
+def normalised(sent: Sent, binding: dict[str, Choice], bogus: bool) -> tuple[str, Any]:
+    """Status and body with the bound values replaced by their names (to compare real and bogus answers)."""
+    if sent.response is None:
+        return sent.status, None
+    if sent.error:
+        return sent.status, None
+    text = sent.response.text
+    for name, choice in sorted(binding.items(), key=lambda kv: -len(kv[1].value)):
+        text = text.replace(choice.bogus if bogus else choice.value, f"<{name}>")
+    try:
+        body: Any = json.loads(text) if text else None
+    except ValueError:
+        body = text
+    headers = {k: v for k, v in sent.response.headers.items() if k.lower().startswith("x-kiln")}
+    return sent.status, (body, headers)
+
+
+def leaks(sent: Sent, sensitive: set[str]) -> list[str]:
+    """The target's secrets, ids, names and data in the answer that the request did not itself carry."""
+    asked = sent.request_text()
+    answer = sent.response_text()
+    return sorted(s for s in sensitive if s in answer and s not in asked)
+
+
+# -- the matrix ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Matrix:
+    url: str
+    rows: list[tuple[str, str, str, str, str]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    covered: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
+
+    def row(self, who: str, sent: Sent, problem: str = "") -> None:
+        query = "&".join(f"{k}={v}" for k, v in sent.query)
+        self.rows.append((who, sent.method, sent.path + (f"?{query}" if query else ""), sent.status, problem))
+        if problem:
+            self.problems.append(f"{who} {sent.method} {sent.path}: {problem}")
+
+    def table(self) -> str:
+        widths = [max(len(r[i]) for r in self.rows) for i in range(4)]
+        lines = [
+            f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]:<{widths[3]}}  {r[4]}"
+            for r in self.rows
+        ]
+        return "\n".join(["who  method  path  status  problem", *lines])
+
+    def cover(self, who: str, route: tuple[str, str]) -> None:
+        self.covered.setdefault(who, set()).add(route)
+
+    def cross(self, who: str, api: Api, target: Target, route: tuple[str, str], case: Case) -> None:
+        """Another organisation calls a route with the target's resources."""
+        method, template = route
+        self.cover(who, route)
+        for binding in bindings(template + json.dumps(case.query) + json.dumps(_str_body(case)), case, target):
+            sent = send(api, self.url, method, template, case, binding)
+            problems = []
+            if sent.failed or sent.response is None or sent.response.status_code not in case.cross:
+                problems.append(f"status {sent.status}, expected one of {sorted(case.cross)}: {_excerpt(sent)}")
+            leaked = leaks(sent, target.sensitive)
+            if leaked:
+                problems.append(f"answer contains the other organisation's {leaked}: {_excerpt(sent)}")
+            if case.kind in ("scoped", "platform") and binding:
+                twin = send(api, self.url, method, template, case, binding, bogus=True)
+                real, fake = normalised(sent, binding, False), normalised(twin, binding, True)
+                if real != fake:
+                    problems.append(f"answers differently than for a nonexistent resource: {real} vs {fake}")
+            self.row(who, sent, "; ".join(problems))
+
+    def refused(self, who: str, api: Api, target: Target, route: tuple[str, str], case: Case, ok: set[int]) -> None:
+        """A caller of the owning organisation who may not do this: every binding is refused."""
+        method, template = route
+        self.cover(who, route)
+        for binding in bindings(template + json.dumps(case.query) + json.dumps(_str_body(case)), case, target):
+            sent = send(api, self.url, method, template, case, binding)
+            problem = ""
+            if sent.failed or sent.response is None or sent.response.status_code not in ok:
+                problem = f"status {sent.status}, expected one of {sorted(ok)}: {_excerpt(sent)}"
+            self.row(who, sent, problem)
+
+    def control(self, who: str, api: Api, target: Target, route: tuple[str, str], case: Case, read: bool) -> None:
+        """The owning organisation's reader (or owner) may do it: proves the bindings name real resources."""
+        method, template = route
+        for binding in bindings(template + json.dumps(case.query) + json.dumps(_str_body(case)), case, target):
+            sent = send(api, self.url, method, template, case, binding)
+            bad = (
+                sent.failed
+                or sent.response is None
+                or (sent.response.status_code >= 300 if read else sent.response.status_code in (401, 403, 404, 500))
+            )
+            self.row(who, sent, f"control failed: {_excerpt(sent)}" if bad else "")
+            if not read:
+                return  # one binding proves the mutation route resolves; more would only change more state
+
+
+def _str_body(case: Case) -> Any:
+    return None if case.body is BLOB or isinstance(case.body, bytes) else case.body
+
+
+def _excerpt(sent: Sent) -> str:
+    if sent.response is None or sent.error:
+        return sent.error
+    return sent.response.text[:200].replace("\n", "\\n")
+
+
+# -- what must not change ----------------------------------------------------------------------------------------
+
+
+def snapshot(admin: Api, a: Tenant, a_reader: Api, sha: str) -> dict[str, Any]:
+    """Everything of organisation A (and the organisation list), read with the platform admin's key."""
+    jobs = [j for j in admin.ok("GET", "/jobs", params={"limit": 500})["items"] if j["org_id"] == a.id]
+    out: dict[str, Any] = {
+        "orgs": sorted((o["id"], o["name"]) for o in admin.ok("GET", "/orgs")["items"]),
+        "quota": admin.ok("GET", f"/orgs/{a.id}/quota"),
+        "users": sorted(
+            (u["id"], u["name"], u["role"], u["disabled"], u["org_id"])
+            for u in admin.ok("GET", "/users", params={"org": a.id})["items"]
+        ),
+        "keys": sorted(
+            (k["id"], k["user_id"], k["enabled"], k["expires_at"], k["description"])
+            for k in admin.ok("GET", "/keys")["items"]
+            if k["org_id"] == a.id
+        ),
+        "jobs": sorted(
+            (j["id"], j["state"], j["cancel_requested"], j["attempt"], j["restarts"], j["message"]) for j in jobs
+        ),
+        "blob": a_reader.request("HEAD", f"/blobs/{sha}").headers.get("X-Kiln-Blob-Size"),
+        "runtimes": sorted((r["name"], r["status"]) for r in admin.ok("GET", "/runtimes")["items"]),
+    }
+    for job in jobs:
+        out[job["id"]] = {
+            "events": [(e["id"], e["to_state"], e["reason"], e["message"]) for e in admin.events(job["id"])],
+            "logs": admin.get(f"/jobs/{job['id']}/logs").text,
+            "artifacts": admin.ok("GET", f"/jobs/{job['id']}/artifacts")["items"],
+        }
+        for artifact in out[job["id"]]["artifacts"]:
+            artifact["content"] = admin.get(f"/jobs/{job['id']}/artifacts/{artifact['path']}").text
+    return out
+
+
+# -- the test ----------------------------------------------------------------------------------------------------
+
+
+def test_no_route_crosses_organisations(make_server) -> None:  # type: ignore[no-untyped-def]
+    server = make_server(cpus="8")
+    admin = Api.admin(server)
+    a = create_tenant(admin, "tenant-alpha", ("admin", "member", "viewer"))
+    b = create_tenant(admin, "tenant-bravo", ("admin", "member"))
+    member = a["member"].api
+    try:
+        # -- organisation A's resources, made by its member ---------------------------------------------------
+        tag = uuid.uuid4().hex[:8]
+        log_marker, artifact_marker, artifact = f"alpha-log-{tag}", f"alpha-artifact-{tag}", f"alpha-out-{tag}.txt"
+        finished = member.submit(f'echo {log_marker}; echo {artifact_marker} > "$KILN_OUTPUT_DIR/{artifact}"')
+        assert member.wait(finished["id"])["state"] == "SUCCEEDED"
+        bundle, sha = tar_gz({"train.py": f"print('{tag}')\n".encode()})
+        assert member.request("PUT", f"/blobs/{sha}", content=bundle, unsigned=True).status_code == 201
+        admin.ok("PUT", f"/orgs/{a.id}/quota", json_body={"category": "train", "count": 1})
+        running = member.submit(SLEEPER)
+        member.wait(running["id"], "RUNNING")
+        queued = member.submit("true")
+        member.wait_message(queued["id"], "quota: count 1 of 1 in use")
+        for job in (running, queued):  # every job has log lines and the artifact
+            member.ok("POST", f"/jobs/{job['id']}/logs", content=f"{log_marker}\n".encode())
+            member.ok("PUT", f"/jobs/{job['id']}/artifacts/{artifact}", content=artifact_marker.encode())
+        assert [x["path"] for x in member.ok("GET", f"/jobs/{finished['id']}/artifacts")["items"]] == [artifact]
+        assert log_marker in member.get(f"/jobs/{finished['id']}/logs").text
+
+        bogus_bundle, bogus_sha = tar_gz({"train.py": b"print('nobody uploaded this')\n"})
+        choices = {
+            "job_id": [Choice(name, job["id"], new_id("job")) for name, job in _jobs(finished, running, queued)],
+            "sha256": [Choice("bundle", sha, bogus_sha, bundle, bogus_bundle)],
+            "path": [Choice("artifact", artifact, "no-such-file.txt")],
+            "org": [Choice("id", a.id, new_id("org")), Choice("name", a.name, "no-such-org")],
+            "user": [
+                Choice("id", a["member"].user_id, new_id("usr")),
+                Choice("name", a["member"].user_name, "no-such-user"),
+            ],
+            "key": [Choice("member-key", a["member"].key_id, new_access_key_id())],
+            "framework": [Choice("framework", "pytorch", "no-such-framework")],
+        }
+        sensitive = {a.id, a.name, sha, log_marker, artifact_marker, artifact}
+        sensitive |= {job["id"] for job in (finished, running, queued)}
+        for account in a.accounts.values():
+            sensitive |= {account.user_id, account.user_name, account.key_id, account.secret}
+        target = Target(a, choices, sensitive)
+
+        # -- the route table knows every route the server publishes -------------------------------------------
+        document = httpx.get(server.url + "/api/v1/openapi.json", timeout=10).json()
+        published = {(m.upper(), p) for p, ops in document["paths"].items() for m in ops}
+        unknown = sorted(published - set(ROUTES))
+        assert not unknown, f"routes missing from the isolation matrix's ROUTES table (add them): {unknown}"
+        stale = sorted(set(ROUTES) - published)
+        assert not stale, f"ROUTES entries the server no longer publishes (remove them): {stale}"
+        for route in published:
+            params = set(PLACEHOLDER.findall(route[1]))
+            assert params <= set(choices), f"{route}: no binding for path parameters {params - set(choices)}"
+
+        matrix = Matrix(server.url)
+        before = snapshot(admin, a, member, sha)
+        cases = [(route, case) for route, route_cases in ROUTES.items() for case in route_cases]
+        cases.sort(key=lambda rc: rc[1].last)
+
+        # Controls: A's own readers get 2xx for every read with these bindings, so B's 404s mean something.
+        for route, case in cases:
+            if route[0] not in MUTATING and case.reader:
+                matrix.control(f"A {case.reader}", a[case.reader].api, target, route, case, read=True)
+
+        cross_actors = [("B member", b["member"].api), ("B org-admin", b["admin"].api)]
+        for phase in ("read", "write"):  # reads first: B's own writes (a job, a key, a bundle) come after
+            for route, case in cases:
+                if (route[0] in MUTATING) != (phase == "write"):
+                    continue
+                if case.kind == "public":
+                    matrix.cover("B member", route)
+                    matrix.cover("B org-admin", route)
+                    sent = send(None, server.url, route[0], route[1], case, {})
+                    matrix.row("anonymous", sent, _leak_problem(sent, sensitive))
+                    continue
+                for who, api in cross_actors:
+                    matrix.cross(who, api, target, route, case)
+
+        for route, case in cases:
+            if route[0] in MUTATING:
+                matrix.refused("A viewer", a["viewer"].api, target, route, case, {403, 404})
+            if case.kind == "platform":
+                matrix.refused("A org-admin", a["admin"].api, target, route, case, {403})
+
+        after = snapshot(admin, a, member, sha)
+        changes = {k: (before.get(k), after.get(k)) for k in set(before) | set(after) if before.get(k) != after.get(k)}
+
+        # Nothing was skipped: every published route ran for every cross-organisation caller, every mutating
+        # route for the viewer, every platform-admin route for the org admin.
+        for who, _ in cross_actors:
+            missing = published - matrix.covered.get(who, set())
+            assert not missing, f"{who} never sent {sorted(missing)}"
+        writes = {r for r in published if r[0] in MUTATING}
+        assert writes and not writes - matrix.covered["A viewer"], sorted(writes - matrix.covered["A viewer"])
+        platform_routes = {r for r, cs in ROUTES.items() for c in cs if c.kind == "platform"}
+        assert platform_routes == matrix.covered["A org-admin"]
+
+        # Controls for the mutating routes (at the end: they change things): the owner's request resolves.
+        owners = {"admin": a["admin"].api, "member": member, "platform": admin}
+        for route, case in cases:
+            if route[0] in MUTATING and case.owner:
+                matrix.control(f"A {case.owner}", owners[case.owner], target, route, case, read=False)
+
+        assert not matrix.problems and not changes, (
+            f"{len(matrix.problems)} problem(s):\n"
+            + "\n".join(matrix.problems)
+            + (f"\n\nchanged by refused requests: {json.dumps(changes, indent=1, default=str)}" if changes else "")
+            + f"\n\nall {len(matrix.rows)} requests:\n{matrix.table()}"
+        )
+        assert len(matrix.rows) > 150, len(matrix.rows)
+    finally:
+        for job_id in (j["id"] for j in admin.ok("GET", "/jobs", params={"limit": 500})["items"]):
+            admin.request("POST", f"/jobs/{job_id}/cancel")
+        close_all(a, b)
+        admin.close()
+
+
+def _jobs(finished: dict[str, Any], running: dict[str, Any], queued: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [("finished", finished), ("running", running), ("queued", queued)]
+
+
+def _leak_problem(sent: Sent, sensitive: set[str]) -> str:
+    if sent.failed or sent.response is None or sent.response.status_code != 200:
+        return f"status {sent.status}"
+    leaked = leaks(sent, sensitive)
+    return f"answer contains {leaked}" if leaked else ""
