@@ -33,7 +33,6 @@ import collections
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,35 +44,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from report import print_table, summary  # noqa: E402
+
 PY = sys.executable  # a resolved interpreter: `python3` on PATH may be a slow pyenv shim
 HOST = "127.0.0.1"
 JOBS_PATH, JOBS_QUERY = "/api/v1/jobs", "limit=20"
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 MAX_SIGNATURE_AGE = 240.0  # seconds; the server accepts X-Kiln-Date within clock_skew_seconds (300) of now
-
-
-# -- statistics ---------------------------------------------------------------------------------------
-
-
-def pct(values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"n": 0}
-    return {
-        "n": len(values),
-        "min": min(values),
-        "p50": pct(values, 50),
-        "mean": statistics.fmean(values),
-        "p90": pct(values, 90),
-        "p99": pct(values, 99),
-        "max": max(values),
-    }
 
 
 # -- the bare baseline server (run as `api_throughput.py _bare PORT PAYLOAD_FILE sync|async`) ----------
@@ -511,21 +488,6 @@ def table_rows(main_phases: dict[int, dict[str, dict[str, Any]]]) -> list[dict]:
     return rows
 
 
-def print_table(rows: list[dict]) -> None:
-    print("\n" + "=" * 104)
-    print(f"{'metric':48s} {'value':>12s} {'baseline':>12s} {'ratio':>7s}  {'target':12s} result")
-    print("-" * 104)
-    for r in rows:
-        scale = 1000 if r["unit"] == "ms" else 1
-        digits = 0 if r["unit"] == "req/s" else 2
-        value = f"{r['value'] * scale:.{digits}f} {r['unit']}"
-        base = f"{r['baseline'] * scale:.{digits}f} {r['unit']}" if r["baseline"] else "-"
-        ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
-        result = {True: "PASS", False: "FAIL", None: "info"}[r["pass"]]
-        print(f"{r['metric']:48s} {value:>12s} {base:>12s} {ratio:>7s}  {r['target']:12s} {result}")
-    print("=" * 104)
-
-
 # -- main ---------------------------------------------------------------------------------------------
 
 
@@ -652,7 +614,7 @@ def main() -> int:
     if breakdown:
         results["breakdown"] = breakdown_table(breakdown, args.concurrency[0])
     rows = table_rows(main_phases)
-    print_table(rows)
+    print_table(rows, metric_width=48, digits={"req/s": 0, "ms": 2})
     print(
         f"baseline = a bare FastAPI {args.bare_route} route returning the same JSON (plain dicts), uvicorn with Kiln's "
         "options, same run, same\nload generator (own process, keep-alive connections, closed loop). Every Kiln "

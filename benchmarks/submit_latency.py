@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +35,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from report import print_table, summary  # noqa: E402
 from tests.kilnserver import KilnServer  # noqa: E402
 
 from kiln.errors import Conflict  # noqa: E402
@@ -48,27 +47,6 @@ MB = 1024 * 1024
 
 
 # -- statistics ---------------------------------------------------------------------------------------
-
-
-def pct(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (p99 of 50 samples is the maximum: say so, do not interpolate)."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"n": 0}
-    return {
-        "n": len(values),
-        "min": min(values),
-        "p50": pct(values, 50),
-        "mean": statistics.fmean(values),
-        "p90": pct(values, 90),
-        "p99": pct(values, 99),
-        "max": max(values),
-    }
 
 
 def ms(value: float | None) -> str:
@@ -340,20 +318,6 @@ def row(metric: str, value: float, baseline: float | None, target: str, ok: bool
     }
 
 
-def print_table(rows: list[dict]) -> None:
-    print("\n" + "=" * 100)
-    print(f"{'metric':44s} {'value':>11s} {'baseline':>11s} {'ratio':>7s}  {'target':14s} result")
-    print("-" * 100)
-    for r in rows:
-        scale = 1000 if r["unit"] == "ms" else 1
-        value = f"{r['value'] * scale:.1f} {r['unit']}"
-        base = f"{r['baseline'] * scale:.1f} {r['unit']}" if r["baseline"] else "-"
-        ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
-        result = {True: "PASS", False: "FAIL", None: "info"}[r["pass"]]
-        print(f"{r['metric']:44s} {value:>11s} {base:>11s} {ratio:>7s}  {r['target']:14s} {result}")
-    print("=" * 100)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=50, help="jobs per latency variant and baseline spawns")
@@ -476,7 +440,7 @@ def main() -> int:
             rows.append(row("shim USS mean", sh["uss"]["mean"], None, "(info)", None, "MB"))
         if sh["pss"].get("n"):
             rows.append(row("shim PSS mean", sh["pss"]["mean"], None, "(info)", None, "MB"))
-    print_table(rows)
+    print_table(rows, metric_width=44)
     print(
         "targets apply to the isolated variant (each job submitted after the previous is RUNNING); the burst "
         "variant shows behaviour under load.\nbaseline = wall time of `python -c pass`, spawn to exit, same run. "

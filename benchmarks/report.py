@@ -1,0 +1,46 @@
+"""What every benchmark here shares: nearest-rank percentiles, summaries, and the final results table."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+
+def pct(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (p99 of 50 samples is the maximum: say so, do not interpolate)."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"n": 0}
+    return {
+        "n": len(values),
+        "min": min(values),
+        "p50": pct(values, 50),
+        "mean": statistics.fmean(values),
+        "p90": pct(values, 90),
+        "p99": pct(values, 99),
+        "max": max(values),
+    }
+
+
+def print_table(rows: list[dict[str, Any]], metric_width: int = 48, digits: dict[str, int] | None = None) -> None:
+    """Rows of {metric, value, baseline, ratio, target, pass, unit}; values in ms are given in seconds."""
+    digits = digits or {}
+    width = metric_width + 56
+    print("\n" + "=" * width)
+    print(f"{'metric':{metric_width}s} {'value':>12s} {'baseline':>12s} {'ratio':>7s}  {'target':14s} result")
+    print("-" * width)
+    for r in rows:
+        scale = 1000 if r["unit"] == "ms" else 1
+        places = digits.get(r["unit"], 1)
+        value = f"{r['value'] * scale:.{places}f} {r['unit']}"
+        base = f"{r['baseline'] * scale:.{places}f} {r['unit']}" if r["baseline"] else "-"
+        ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
+        result = {True: "PASS", False: "FAIL", None: "info"}[r["pass"]]
+        print(f"{r['metric']:{metric_width}s} {value:>12s} {base:>12s} {ratio:>7s}  {r['target']:14s} {result}")
+    print("=" * width)
