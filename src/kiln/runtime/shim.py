@@ -406,13 +406,13 @@ class Shim:
             self.say(f"runtime {spec['name']} ready")
 
     def extract_code(self) -> None:
-        import tarfile
-
         archive = self.cfg.get("code_archive")
         work = self.cfg["work_dir"]
         os.makedirs(work, exist_ok=True)
         if not archive:
             return
+        import tarfile
+
         with tarfile.open(archive, "r:*") as tar:
             # The "data" filter refuses absolute paths, "..", links leaving the tree and device files.
             tar.extractall(work, filter="data")
@@ -538,7 +538,12 @@ def launcher() -> int:
     Reads one attempt directory per line on stdin and answers with the new shim's pid on stdout. Exits when
     stdin closes (the server went away); the shims it started carry on in their own sessions.
     """
+    # What a shim may import later is imported once here, so that every forked shim has it already.
+    import ctypes  # noqa: F401
+    import fcntl  # noqa: F401
     import select
+    import shutil  # noqa: F401
+    import tarfile  # noqa: F401
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     buf = b""
