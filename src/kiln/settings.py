@@ -61,6 +61,8 @@ class Settings(BaseSettings):
         description="Longest life of a job token; it also dies as soon as the attempt it was given to ends.",
     )
 
+    worker_threads: int = Field(8, ge=1, description="Threads that run blocking request work (database calls).")
+
     # Uploads
     max_blob_bytes: int = Field(512 * 1024**2, description="Largest code bundle accepted by PUT /blobs (413).")
     max_archive_members: int = Field(100_000, description="Most files a code bundle may hold.")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import tempfile
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from starlette.concurrency import run_in_threadpool
@@ -38,19 +38,22 @@ class OutputService:
         data, next_offset = self.logs.read(job_id, offset, limit)
         return data, next_offset, ended
 
-    def follow_log(self, principal: Principal, job_id: str, offset: int, poll: float = 0.2) -> Iterator[bytes]:
+    async def follow_log(
+        self, principal: Principal, job_id: str, offset: int, poll: float = 0.2
+    ) -> AsyncIterator[bytes]:
         """Log bytes as they are written, until the job has ended and everything was sent. The caller checks
-        the job exists first (a generator's errors come after the response has started)."""
+        the job exists first (a generator's errors come after the response has started). Async, so that a
+        follower waits on the event loop, not in a worker thread (threads are kept few; see kiln.api.app)."""
         while True:
-            ended = self.jobs.is_terminal(principal, job_id)
+            ended = await run_in_threadpool(self.jobs.is_terminal, principal, job_id)
             while True:
-                data, offset = self.logs.read(job_id, offset, 1024 * 1024)
+                data, offset = await run_in_threadpool(self.logs.read, job_id, offset, 1024 * 1024)
                 if not data:
                     break
                 yield data
             if ended:
                 return
-            time.sleep(poll)
+            await asyncio.sleep(poll)
 
     async def upload_artifact(
         self,
