@@ -44,7 +44,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from report import print_table, summary  # noqa: E402
+from report import finish, print_table, summary  # noqa: E402
 
 PY = sys.executable  # a resolved interpreter: `python3` on PATH may be a slow pyenv shim
 HOST = "127.0.0.1"
@@ -620,13 +620,7 @@ def main() -> int:
         "options, same run, same\nload generator (own process, keep-alive connections, closed loop). Every Kiln "
         "request carries its own signature and nonce."
     )
-    results["table"] = rows
-    results["total_s"] = time.monotonic() - started
-    print(f"total {results['total_s']:.0f}s")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2, default=str))
-        print(f"wrote {args.json}")
+    finish(results, rows, started, args.json)
     return 0
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+import time
+from pathlib import Path
 from typing import Any
 
 
@@ -44,3 +47,14 @@ def print_table(rows: list[dict[str, Any]], metric_width: int = 48, digits: dict
         result = {True: "PASS", False: "FAIL", None: "info"}[r["pass"]]
         print(f"{r['metric']:{metric_width}s} {value:>12s} {base:>12s} {ratio:>7s}  {r['target']:14s} {result}")
     print("=" * width)
+
+
+def finish(results: dict[str, Any], rows: list[dict[str, Any]], started: float, json_path: Path | None) -> None:
+    """Close a run: total time, and every figure as JSON when ``--json`` asked for it."""
+    results["table"] = rows
+    results["total_s"] = time.monotonic() - started
+    print(f"total {results['total_s']:.0f}s")
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(results, indent=2, default=str))
+        print(f"wrote {json_path}")

@@ -35,7 +35,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from report import print_table, summary  # noqa: E402
+from report import finish, print_table, summary  # noqa: E402
 from tests.kilnserver import KilnServer  # noqa: E402
 
 from kiln.errors import Conflict  # noqa: E402
@@ -446,13 +446,7 @@ def main() -> int:
         "variant shows behaviour under load.\nbaseline = wall time of `python -c pass`, spawn to exit, same run. "
         f"p99 of {n} samples is nearest-rank (the maximum when n < 100)."
     )
-    results["table"] = rows
-    results["total_s"] = time.monotonic() - started
-    print(f"total {results['total_s']:.0f}s")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2, default=str))
-        print(f"wrote {args.json}")
+    finish(results, rows, started, args.json)
     return 0
 
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from kiln.cli.common import Output, OutputFormat, connect, emit_json, info
+from kiln.cli.common import Output, OutputFormat, connect, emit_list
 from kiln.cli.output import audit_table
 from kiln.cli.parsing import TIME_HINT, parse_time
 
@@ -38,9 +38,4 @@ def audit(
     start, end = _time(since, "--since"), _time(until, "--until")
     with connect() as client:
         events = client.audit(since=start, until=end, user=user, action=action, org=org, outcome=outcome, limit=limit)
-    if output is OutputFormat.json:
-        emit_json([event.model_dump(mode="json") for event in events])
-    elif not events:
-        info("no audit events")
-    else:
-        audit_table(events)
+    emit_list(events, output, audit_table, "no audit events")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -64,6 +64,16 @@ def info(message: str | Text) -> None:
 def emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
     sys.stdout.flush()
+
+
+def emit_list(items: Sequence[Any], output: OutputFormat, table: Callable[[Any], None], empty: str) -> None:
+    """A read command's list: JSON, a note when there is nothing, or the table."""
+    if output is OutputFormat.json:
+        emit_json([item.model_dump(mode="json") for item in items])
+    elif not items:
+        info(empty)
+    else:
+        table(items)
 
 
 @contextmanager

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from kiln.cli.common import Output, OutputFormat, connect, emit_json, info, out
+from kiln.cli.common import Output, OutputFormat, connect, emit_json, emit_list, info, out
 from kiln.cli.output import display_path, events_table, job_detail, jobs_table, plural, transfer_progress
 from kiln.domain.quantities import format_memory
 from kiln.domain.states import JobState
@@ -28,12 +28,7 @@ def list_jobs(
     """List jobs, newest first."""
     with connect() as client:
         jobs = client.list_jobs(states=[s.value for s in state] if state else None, limit=limit)
-    if output is OutputFormat.json:
-        emit_json([job.model_dump(mode="json") for job in jobs])
-    elif not jobs:
-        info("no jobs")
-    else:
-        jobs_table(jobs)
+    emit_list(jobs, output, jobs_table, "no jobs")
 
 
 @app.command()

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from kiln.cli.common import Output, OutputFormat, connect, emit_json, info
+from kiln.cli.common import Output, OutputFormat, connect, emit_json, emit_list, info
 from kiln.cli.output import key_created_detail, key_detail, keys_table
 from kiln.cli.parsing import parse_expiry
 
@@ -80,12 +80,7 @@ def list_keys(user: UserOption = None, output: Output = OutputFormat.table) -> N
     """Access keys of a user (never their secrets)."""
     with connect() as client:
         keys = client.list_keys(user)
-    if output is OutputFormat.json:
-        emit_json([key.model_dump(mode="json") for key in keys])
-    elif not keys:
-        info("no access keys")
-    else:
-        keys_table(keys)
+    emit_list(keys, output, keys_table, "no access keys")
 
 
 @app.command()

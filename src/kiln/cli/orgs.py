@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from kiln.cli.common import Output, OutputFormat, connect, emit_json, info
+from kiln.cli.common import Output, OutputFormat, connect, emit_json, emit_list, info
 from kiln.cli.output import org_detail, orgs_table
 
 app = typer.Typer(help="Organisations (creating one: platform admins).", no_args_is_help=True)
@@ -34,12 +34,7 @@ def list_orgs(output: Output = OutputFormat.table) -> None:
     """The organisations you can see (all of them for platform admins)."""
     with connect() as client:
         orgs = client.list_orgs()
-    if output is OutputFormat.json:
-        emit_json([org.model_dump(mode="json") for org in orgs])
-    elif not orgs:
-        info("no organisations")
-    else:
-        orgs_table(orgs)
+    emit_list(orgs, output, orgs_table, "no organisations")
 
 
 @app.command()

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from kiln.cli.common import Output, OutputFormat, connect, emit_json, info
+from kiln.cli.common import Output, OutputFormat, connect, emit_json, emit_list, info
 from kiln.cli.output import user_detail, users_table
 
 if TYPE_CHECKING:
@@ -55,12 +55,7 @@ def list_users(org: OrgOption = None, output: Output = OutputFormat.table) -> No
     """The users of an organisation."""
     with connect() as client:
         users = client.list_users(org)
-    if output is OutputFormat.json:
-        emit_json([user.model_dump(mode="json") for user in users])
-    elif not users:
-        info("no users")
-    else:
-        users_table(users)
+    emit_list(users, output, users_table, "no users")
 
 
 @app.command()
