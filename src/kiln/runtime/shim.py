@@ -4,13 +4,24 @@ Started once per attempt, in its own session, as ``python -I -S shim.py ATTEMPT_
 so it starts in milliseconds and stays small. It outlives the server (a restarted server re-attaches by reading
 the files below) and is the only parent of the job's processes.
 
-It reads ``ATTEMPT_DIR/shim.json`` and writes:
+It reads ``ATTEMPT_DIR/shim.json`` (and, on SIGTERM, the optional ``stop.json``) and writes:
 - ``shim.pid``     its pid (first thing it does);
 - ``status.json``  phase (preparing → running → finishing) and the job's process group;
 - ``exit.json``    the outcome, written atomically and fsynced: the durable record of how the attempt ended;
 - the job log      lines ``<time> <O|E|K> <text>`` appended to the log path it is given.
 It sends a datagram to the server's notify socket on every phase change; that only wakes the server early,
 the files stay the truth.
+
+``shim.json`` may carry ``"procs": [{env overrides}, ...]``: with more than one entry the command is started
+once per entry, concurrently (the processes of one worker of a distributed job, as ``torchrun
+--nproc-per-node`` starts them), each with its overrides merged over ``env``. Their output lines are prefixed
+``[RANK] `` (the override's ``RANK``, else the process's index); the first to fail stops the others (SIGTERM,
+the grace, SIGKILL) and its exit code is the command's; all succeeding is 0. One entry only adds to ``env``.
+
+``stop.json``, written by the executor before it sends SIGTERM: ``{"reason": "Preempted", "message": "...",
+"grace": 30}``. Its grace (seconds from SIGTERM to the job's processes to SIGKILL) replaces the configured one,
+and its reason and message are recorded in ``exit.json``; every field is optional. Without it a SIGTERM is a
+cancel: reason ``Cancelled``, the configured grace. A stopped attempt does not run its finish_command.
 """
 
 from __future__ import annotations
@@ -128,7 +139,13 @@ class Shim:
         self.cancelled = False
         self.cancel_reason = ""
         self.log_fd = -1
-        self.child: subprocess.Popen | None = None
+        self.children: list[subprocess.Popen] = []  # the step's processes: one, or one per entry of "procs"
+        self.child_index: dict[int, int] = {}  # pid → index in children
+        self.exit_order: list[int] = []  # indices of children in the order they were reaped
+        self.pipes: dict[int, list] = {}  # fd → [stream, line prefix, partial line] while a step runs
+        self.sel: selectors.BaseSelector | None = None
+        self.stop_info: tuple[str, str, float] | None = None  # (reason, message, grace) of a stop request
+        self.stopped_as = ""  # the reason recorded when a stop request ended a step
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         self.notify_path = self.cfg.get("notify_socket")
@@ -198,9 +215,9 @@ class Shim:
         return sorted(members)
 
     def signal_tree(self, sig: int) -> None:
-        if self.child is not None:
+        for child in self.children:
             try:
-                os.killpg(self.child.pid, sig)
+                os.killpg(child.pid, sig)
             except OSError:
                 pass
         for pid in self.tree():
@@ -217,13 +234,15 @@ class Shim:
             self.reap()
             if not self.tree():
                 return
-            time.sleep(0.05)
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+            self.drain()  # what the processes print while they shut down still reaches the log
         self.signal_tree(signal.SIGKILL)
         for _ in range(40):
             self.reap()
             if not self.tree():
                 return
             time.sleep(0.05)
+            self.drain()
 
     def reap(self) -> None:
         """Collect every exited child: the tracked one (its status goes to its Popen) and adopted orphans."""
@@ -234,104 +253,182 @@ class Shim:
                 return
             if pid == 0:
                 return
-            if self.child is not None and pid == self.child.pid:
-                self.child.returncode = os.waitstatus_to_exitcode(status)
+            index = self.child_index.get(pid)
+            if index is not None:
+                self.children[index].returncode = os.waitstatus_to_exitcode(status)
+                self.exit_order.append(index)
+
+    def running(self) -> bool:
+        return any(child.returncode is None for child in self.children)
+
+    def stop_request(self) -> tuple[str, str, float]:
+        """(reason, message, grace) of the stop: ``stop.json`` where the executor left one, else a cancel."""
+        if self.stop_info is None:
+            reason, message, grace = "Cancelled", self.cancel_reason, float(self.cfg.get("grace", 10))
+            try:
+                with open(os.path.join(self.dir, "stop.json")) as fh:
+                    request = json.load(fh)
+            except (OSError, ValueError):
+                request = None
+            if isinstance(request, dict):
+                if isinstance(request.get("reason"), str) and request["reason"].strip():
+                    reason = request["reason"].strip()[:64]
+                if isinstance(request.get("message"), str) and request["message"]:
+                    message = request["message"][:1000]
+                value = request.get("grace")
+                if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < float("inf"):
+                    grace = float(value)
+            self.stop_info = (reason, message, grace)
+        return self.stop_info
 
     # -- steps ----------------------------------------------------------------------------------------
 
-    def run_step(self, name: str, argv: list[str], env: dict[str, str], deadline: float | None) -> tuple[int, str]:
-        """Run one step, streaming its output into the log. Returns (exit code, reason or "")."""
+    def run_step(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        deadline: float | None,
+        procs: list[dict] | None = None,
+    ) -> tuple[int, str]:
+        """Run one step, streaming its output into the log. Returns (exit code, reason or "").
+
+        ``procs`` (two or more env overrides): run the step once per entry, concurrently.
+        """
+        self.children, self.child_index, self.exit_order = [], {}, []
+        if procs:
+            envs = [dict(env, **{str(k): str(v) for k, v in extra.items()}) for extra in procs]
+            prefixes = [f"[{extra.get('RANK', i)}] ".encode() for i, extra in enumerate(procs)]
+        else:
+            envs, prefixes = [env], [b""]
         try:
-            self.child = subprocess.Popen(
-                argv,
-                cwd=self.cfg["work_dir"],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                process_group=0,
-                close_fds=True,
-            )
-        except FileNotFoundError:
-            self.say(f"{name}: command not found: {argv[0]}")
-            return 127, "CommandNotFound"
-        except PermissionError:
-            self.say(f"{name}: permission denied: {argv[0]}")
-            return 126, "CommandNotFound"
+            for proc_env in envs:
+                child = subprocess.Popen(
+                    argv,
+                    cwd=self.cfg["work_dir"],
+                    env=proc_env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    process_group=0,
+                    close_fds=True,
+                )
+                self.child_index[child.pid] = len(self.children)
+                self.children.append(child)
         except OSError as exc:
+            if self.children:  # a later process failed to start: stop the ones that did
+                self.kill_tree(0.0)
+                self.children, self.child_index = [], {}
+            if isinstance(exc, FileNotFoundError):
+                self.say(f"{name}: command not found: {argv[0]}")
+                return 127, "CommandNotFound"
+            if isinstance(exc, PermissionError):
+                self.say(f"{name}: permission denied: {argv[0]}")
+                return 126, "CommandNotFound"
             self.say(f"{name}: cannot start {argv[0]}: {exc.strerror}")
             return 126, "Error"
+        first = self.children[0]
         if name == "command":
-            self.status("running", child_pid=self.child.pid, pgid=self.child.pid, running_at=time.time())
+            extra = {"child_pids": [c.pid for c in self.children]} if procs else {}
+            self.status("running", child_pid=first.pid, pgid=first.pid, running_at=time.time(), **extra)
             try:  # off the start-up path, but before the job can fill the disk
                 reserve_exit_record(os.path.join(self.dir, "exit.json"))
             except OSError:
                 pass
-        reason = self.pump(deadline)
-        code = self.child.wait()
+        reason = self.pump(deadline, prefixes)
+        if procs:
+            for child in self.children:
+                child.wait()
+            order = self.exit_order + [i for i in range(len(self.children)) if i not in self.exit_order]
+            codes = [self.children[i].returncode for i in order]
+            code = next((c for c in codes if c), 0)
+        else:
+            code = first.wait()
         if code < 0:
             code = 128 - code
-        self.child = None
+        self.children, self.child_index = [], {}
         if reason:
             return code, reason
         if code == 127 and name != "finish":
             return code, "CommandNotFound"
         return code, ""
 
-    def pump(self, deadline: float | None) -> str:
-        """Copy the child's output into the log until it exits; enforce timeout, memory limit and cancel.
+    def read_pipe(self, fd: int) -> bool:
+        """Read what one of the step's pipes holds into the log; False when it had nothing (or closed)."""
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return False
+        entry = self.pipes[fd]
+        stream, prefix, partial = entry
+        if not data:
+            if partial:
+                self.log(stream, prefix + partial if prefix else partial)
+            if self.sel is not None:
+                self.sel.unregister(fd)
+            del self.pipes[fd]
+            return False
+        lines = (partial + data).split(b"\n")
+        entry[2] = lines.pop()
+        if prefix:
+            for line in lines:
+                self.log(stream, prefix + line)
+        else:
+            for line in lines:
+                self.log(stream, line)
+        if len(entry[2]) > 65536:
+            self.log(stream, prefix + entry[2] if prefix else entry[2])
+            entry[2] = b""
+        return True
+
+    def drain(self) -> None:
+        """Copy what the step's pipes hold now into the log, without waiting (bounded per call)."""
+        for fd in list(self.pipes):
+            for _ in range(16):
+                if fd not in self.pipes or not self.read_pipe(fd):
+                    break
+
+    def pump(self, deadline: float | None, prefixes: list[bytes]) -> str:
+        """Copy the children's output into the log until they exit; enforce timeout, memory limit and cancel.
 
         Sleeps in select() until output, a signal (SIGCHLD, SIGTERM) or a deadline: an idle job costs nothing.
+        With several children the first to fail stops the others.
         """
-        assert self.child is not None and self.child.stdout and self.child.stderr
-        sel = selectors.DefaultSelector()
-        streams = {self.child.stdout.fileno(): "O", self.child.stderr.fileno(): "E"}
-        partial = {fd: b"" for fd in streams}
-        for fd in streams:
-            os.set_blocking(fd, False)
-            sel.register(fd, selectors.EVENT_READ)
+        sel = self.sel = selectors.DefaultSelector()
+        for child, prefix in zip(self.children, prefixes, strict=True):
+            assert child.stdout and child.stderr
+            for pipe, stream in ((child.stdout, "O"), (child.stderr, "E")):
+                fd = pipe.fileno()
+                os.set_blocking(fd, False)
+                sel.register(fd, selectors.EVENT_READ)
+                self.pipes[fd] = [stream, prefix, b""]
         sel.register(self.wake_r, selectors.EVENT_READ)
         limit = self.cfg.get("memory_limit")
         grace = float(self.cfg.get("grace", 10))
+        several = len(self.children) > 1
+        failed_fast = False
         reason = ""
         next_check = time.monotonic() + POLL_SECONDS if limit else None
         exited_at: float | None = None
-        open_fds = set(streams)
+        pipes = self.pipes
         try:
-            while open_fds or self.child.returncode is None:
+            while pipes or self.running():
                 now = time.monotonic()
                 timers = [t for t in (next_check, deadline, exited_at and exited_at + 0.5) if t]
-                if not open_fds:
+                if not pipes:
                     timers.append(now + 0.05)
                 wait = max(0.0, min(timers) - now) if timers else None
                 for key, _ in sel.select(wait):
                     fd = int(key.fd)  # type: ignore[call-overload]
                     if fd == self.wake_r:
                         os.read(fd, 64)
-                        continue
-                    try:
-                        data = os.read(fd, 65536)
-                    except BlockingIOError:
-                        continue
-                    if not data:
-                        if partial[fd]:
-                            self.log(streams[fd], partial[fd])
-                            partial[fd] = b""
-                        sel.unregister(fd)
-                        open_fds.discard(fd)
-                        continue
-                    lines = (partial[fd] + data).split(b"\n")
-                    partial[fd] = lines.pop()
-                    for line in lines:
-                        self.log(streams[fd], line)
-                    if len(partial[fd]) > 65536:
-                        self.log(streams[fd], partial[fd])
-                        partial[fd] = b""
+                    elif fd in pipes:
+                        self.read_pipe(fd)
                 self.reap()
                 now = time.monotonic()
-                if self.child.returncode is not None and exited_at is None:
+                if exited_at is None and not self.running():
                     exited_at = now
-                if exited_at is not None and open_fds and now >= exited_at + 0.5:
+                if exited_at is not None and pipes and now >= exited_at + 0.5:
                     # The command ended but something it started still holds its output open: the attempt is
                     # over, so stop what is left (as a container runtime does when PID 1 exits).
                     self.say("the command exited; stopping processes it left running")
@@ -340,15 +437,30 @@ class Shim:
                 if reason:
                     continue
                 if self.cancelled:
-                    self.say(f"cancelling ({self.cancel_reason}): stopping the process tree")
-                    reason = "Cancelled"
-                    self.kill_tree(grace)
+                    reason, message, stop_grace = self.stop_request()
+                    if reason == "Cancelled" and stop_grace == grace:
+                        self.say(f"cancelling ({self.cancel_reason}): stopping the process tree")
+                    else:
+                        self.say(f"stopping ({reason}: {message}): SIGTERM now, SIGKILL after {stop_grace:g}s")
+                    self.stopped_as = reason
+                    self.kill_tree(stop_grace)
                     continue
                 if deadline is not None and now >= deadline:
                     self.say(f"timeout: the run exceeded {self.cfg['timeout']:g}s; stopping it")
                     reason = "Timeout"
                     self.kill_tree(grace)
                     continue
+                if several and not failed_fast and self.exit_order and self.running():
+                    failed = [i for i in self.exit_order if self.children[i].returncode]
+                    if failed:
+                        failed_fast = True
+                        code = self.children[failed[0]].returncode or 0
+                        self.say(
+                            f"process {prefixes[failed[0]].decode().strip()} exited with "
+                            f"{128 - code if code < 0 else code}; stopping the other processes"
+                        )
+                        self.kill_tree(grace)
+                        continue
                 if next_check is not None and now >= next_check:
                     next_check = now + POLL_SECONDS
                     used = sum(rss_bytes(p) for p in self.tree())
@@ -358,6 +470,8 @@ class Shim:
                         self.kill_tree(0.0)
         finally:
             sel.close()
+            self.sel = None
+            self.pipes = {}
         return reason
 
     # -- runtime and code -----------------------------------------------------------------------------
@@ -477,11 +591,18 @@ class Shim:
                 reason = "PrepareFailed"
             if code != 0 or reason:
                 self.status("running", child_pid=None, pgid=None, running_at=time.time())
+                if reason and reason == self.stopped_as:
+                    return self.finish(code, reason, self.stop_request()[1])
                 return self.finish(code, reason, f"prepare_command exited with {code}")
         if self.cancelled:
             self.status("running", child_pid=None, pgid=None, running_at=time.time())
-            return self.finish(None, "Cancelled", self.cancel_reason)
-        code, reason = self.run_step("command", cfg["command"], env, deadline)
+            stop_reason, stop_message, _ = self.stop_request()
+            self.stopped_as = stop_reason
+            return self.finish(None, stop_reason, stop_message)
+        procs = cfg.get("procs") or None
+        if procs and len(procs) == 1:
+            env, procs = dict(env, **{str(k): str(v) for k, v in procs[0].items()}), None
+        code, reason = self.run_step("command", cfg["command"], env, deadline, procs)
         argv = cfg["command"]
         shown = argv[-1] if argv[:2] == ["/bin/sh", "-c"] else argv[0]
         messages = {
@@ -490,13 +611,15 @@ class Shim:
             "OOMKilled": f"memory limit of {cfg.get('memory_limit')} bytes exceeded",
             "Cancelled": self.cancel_reason,
         }
+        if reason and reason == self.stopped_as:
+            return self.finish(code, reason, self.stop_request()[1])
         return self.finish(code, reason, messages.get(reason, f"exited with {code}"))
 
     def finish(self, code: int | None, reason: str, message: str) -> dict:
         cfg = self.cfg
         if code is not None and code != 0 and not reason:
             reason = "Error"
-        if cfg.get("finish") and reason != "Cancelled":
+        if cfg.get("finish") and reason != "Cancelled" and not (reason and reason == self.stopped_as):
             self.status("finishing")
             env = dict(cfg["env"], KILN_EXIT_CODE=str(code if code is not None else -1))
             fcode, freason = self.run_step("finish", cfg["finish"], env, time.monotonic() + 3600)
