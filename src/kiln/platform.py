@@ -25,6 +25,7 @@ from kiln.services.jobs import JobService
 from kiln.services.outputs import OutputService
 from kiln.services.quotas import QuotaService
 from kiln.services.runtimes import RuntimeService
+from kiln.services.scheduling import SchedulingService
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore
@@ -67,8 +68,9 @@ class Platform:
         self._reconciler = self.reconciler
         self.reconciler.housekeeping.extend([self.identity.purge_nonces, self.audit.purge])
         self.jobs = JobService(
-            self.db, self.catalog, self.backend.inventory, self._wake, self.backend.validate, self.quotas
+            self.db, self.catalog, self.backend.nodes, self._wake, self.backend.validate, self.quotas
         )
+        self.scheduling = SchedulingService(self.db, self.backend, settings, self.jobs)
         self.blobs = BlobService(self.db, self.store, settings, self.quotas)
         self.outputs = OutputService(self.jobs, self.logs, self.store, self.blobs.tmp_dir, self.quotas)
         self.runtimes = RuntimeService(self.runtime_manager)

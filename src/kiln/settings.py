@@ -76,7 +76,9 @@ class Settings(BaseSettings):
     cpus: float | None = Field(None, description="CPUs the local executor offers (default: all).")
     memory: str | None = Field(None, description="Memory the local executor offers, e.g. 16G (default: all).")
     gpus: str | None = Field(
-        None, description="GPU indices the local executor offers, e.g. '0,1' (default: what NVML finds)."
+        None,
+        description="GPU indices the local executor offers, e.g. '0,1', optionally with their model, "
+        "'0:H200,1:A100' (default: what NVML finds).",
     )
     runtimes_dir: Path | None = Field(
         None, description="Where managed runtime virtualenvs live (default: $KILN_HOME/runtimes)."
@@ -87,6 +89,19 @@ class Settings(BaseSettings):
         "default, description}); an entry with the same framework and version replaces the built-in one.",
     )
     bootstrap: bool = Field(True, description="Create the admin organisation, user and key on first start.")
+
+    # Scheduling
+    preemption: bool = Field(
+        True, description="A higher-priority job may preempt lower-priority ones that hold what it needs."
+    )
+    preemption_grace_seconds: float = Field(
+        30.0, ge=0, description="Between a preemption notice (and SIGTERM) and SIGKILL: time to checkpoint."
+    )
+    node_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description='Labels of this machine for node_selector, as JSON, e.g. {"zone": "a"}; Kiln adds '
+        "kiln.io/hostname and kiln.io/backend.",
+    )
 
     @field_validator("home", mode="before")
     @classmethod

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from kiln import __version__
 from kiln.api.auth import SignatureMiddleware
 from kiln.api.errors import install_error_handlers
-from kiln.api.routers import blobs, jobs, runtimes, system, tenancy
+from kiln.api.routers import blobs, jobs, runtimes, scheduling, system, tenancy
 from kiln.platform import Platform
 from kiln.settings import Settings
 
@@ -60,7 +60,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(SignatureMiddleware)
     app.include_router(system.health)
-    for module in (system, blobs, jobs, runtimes):
+    for module in (system, blobs, jobs, scheduling, runtimes):
         app.include_router(module.router, prefix=API_PREFIX)
     for router in tenancy.routers:
         app.include_router(router, prefix=API_PREFIX)

@@ -18,12 +18,24 @@ from kiln.domain.spec import JobSpec
 
 @dataclass(frozen=True)
 class Inventory:
-    """What a backend can allocate in total."""
+    """What one node of a backend can allocate in total (the local executor is one node)."""
 
     cpus: float
     memory: int
     gpus: tuple[int, ...] = ()
-    gpu_names: dict[int, str] = field(default_factory=dict)
+    gpu_names: dict[int, str] = field(default_factory=dict)  # index → model, e.g. "NVIDIA H200"
+    name: str = "local"
+    labels: dict[str, str] = field(default_factory=dict)  # matched by a job's node_selector
+
+
+@dataclass(frozen=True)
+class Slot:
+    """What one member of a gang (a worker or a parameter server) was granted, and where."""
+
+    node: str
+    cpus: float
+    memory: int | None
+    gpus: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,9 @@ class Launch:
     code_key: str | None  # object-store key of the code bundle
     job_token: str | None = None  # bearer token the job may use to call back (its own logs and artifacts)
     api_endpoint: str | None = None
+    # One slot per gang member (workers, then parameter servers) of a distributed job; empty for a single one,
+    # which runs on ``cpus``, ``memory`` and ``gpus`` above.
+    slots: tuple[Slot, ...] = ()
 
 
 class Phase(StrEnum):
@@ -66,7 +81,11 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def inventory(self) -> Inventory:
-        """Total allocatable resources."""
+        """Total allocatable resources (of the first node, for backends with several)."""
+
+    def nodes(self) -> list[Inventory]:
+        """Every node the scheduler may place on; one for a single-machine backend."""
+        return [self.inventory()]
 
     @abc.abstractmethod
     def start(self, launch: Launch) -> dict[str, Any]:
@@ -84,6 +103,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def cancel(self, handle: dict[str, Any], grace_seconds: float) -> None:
         """Ask the attempt to stop (SIGTERM, then SIGKILL after the grace period). Idempotent."""
+
+    def preempt(self, handle: dict[str, Any], reason: str, grace_seconds: float) -> None:
+        """Ask the attempt to stop because a higher-priority job needs its resources: warn it (the file named by
+        $KILN_NOTICE_FILE, where the backend has one), SIGTERM, SIGKILL after the grace. Idempotent. Backends
+        without a notice channel just cancel."""
+        self.cancel(handle, grace_seconds)
 
     @abc.abstractmethod
     def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:

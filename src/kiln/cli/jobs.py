@@ -1,4 +1,4 @@
-"""``kiln jobs``: list, show, events, cancel and download."""
+"""``kiln jobs``: list, show, events, why, cancel and download."""
 
 from __future__ import annotations
 
@@ -8,7 +8,15 @@ from typing import Annotated
 import typer
 
 from kiln.cli.common import Output, OutputFormat, connect, emit_json, emit_list, info, out
-from kiln.cli.output import display_path, events_table, job_detail, jobs_table, plural, transfer_progress
+from kiln.cli.output import (
+    display_path,
+    events_table,
+    job_detail,
+    jobs_table,
+    plural,
+    transfer_progress,
+    why_detail,
+)
 from kiln.domain.quantities import format_memory
 from kiln.domain.states import JobState
 
@@ -51,6 +59,17 @@ def events(job_id: JobArg, output: Output = OutputFormat.table) -> None:
         emit_json([event.model_dump(mode="json") for event in items])
     else:
         events_table(items)
+
+
+@app.command()
+def why(job_id: JobArg, output: Output = OutputFormat.table) -> None:
+    """Why a job waits: its queue position, the limit that holds it, with the numbers, and what is ahead."""
+    with connect() as client:
+        answer = client.why(job_id)
+    if output is OutputFormat.json:
+        emit_json(answer.model_dump(mode="json"))
+    else:
+        why_detail(answer)
 
 
 @app.command()

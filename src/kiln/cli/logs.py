@@ -10,19 +10,42 @@ import typer
 from rich.text import Text
 
 from kiln.cli.common import EXIT_INTERRUPTED, connect, err, info
-from kiln.runtime.logline import parse_line
+from kiln.runtime.logline import parse_tagged
 
 if TYPE_CHECKING:
     from kiln.sdk.client import Client
 
 
-def print_log_lines(lines: Iterable[str], timestamps: bool = False) -> None:
-    """The job's output (O and E lines, in order) on stdout; Kiln's own messages (K) as ``[kiln] ...`` on stderr."""
+def member_tag(worker: str | None) -> str | None:
+    """The log tag of ``--worker``: ``1`` → ``worker1``; ``ps0`` (a TensorFlow parameter server) as is."""
+    if worker is None:
+        return None
+    worker = worker.strip().lower()
+    if worker.isdigit():
+        return f"worker{int(worker)}"
+    if worker.startswith("ps") and worker[2:].isdigit():
+        return f"ps{int(worker[2:])}"
+    raise typer.BadParameter(f"{worker!r}: give a worker index (0, 1, …) or a parameter server (ps0, ps1, …)")
+
+
+def _label(member: str) -> str:
+    role = member.rstrip("0123456789")
+    return f"[{role} {member[len(role) :]}] "
+
+
+def print_log_lines(lines: Iterable[str], timestamps: bool = False, member: str | None = None) -> None:
+    """The job's output (O and E lines, in order) on stdout; Kiln's own messages (K) as ``[kiln] ...`` on stderr.
+    A distributed job's lines are prefixed with their member (``[worker 1] ``); ``member`` keeps that one's only
+    (and Kiln's own messages)."""
     for line in lines:
         if not line:
             continue
-        time, stream, text = parse_line(line)
+        time, stream, tag, text = parse_tagged(line)
+        if member is not None and tag != member and stream != "K":
+            continue
         prefix = f"{time} " if timestamps and time else ""
+        if tag and member is None:
+            prefix += _label(tag)
         if stream == "K":
             sys.stdout.flush()  # keep the order on a terminal that shows both streams
             err.print(Text(f"{prefix}[kiln] {text}", style="dim"), soft_wrap=True)
@@ -31,21 +54,21 @@ def print_log_lines(lines: Iterable[str], timestamps: bool = False) -> None:
             sys.stdout.flush()
 
 
-def print_all_logs(client: Client, job_id: str, timestamps: bool = False) -> None:
+def print_all_logs(client: Client, job_id: str, timestamps: bool = False, member: str | None = None) -> None:
     """Every stored line, page by page (the server sends at most 1 MiB per request)."""
     offset = 0
     while True:
         data, next_offset, _ = client.read_logs(job_id, offset)
         if not data or next_offset <= offset:
             return
-        print_log_lines(data.decode(errors="replace").split("\n"), timestamps)
+        print_log_lines(data.decode(errors="replace").split("\n"), timestamps, member)
         offset = next_offset
 
 
-def follow_logs(client: Client, job_id: str, timestamps: bool = False) -> None:
+def follow_logs(client: Client, job_id: str, timestamps: bool = False, member: str | None = None) -> None:
     """Stream the log until the job ends. Ctrl-C stops following (the job keeps running) and exits 130."""
     try:
-        print_log_lines(client.stream_logs(job_id, follow=True), timestamps)
+        print_log_lines(client.stream_logs(job_id, follow=True), timestamps, member)
     except KeyboardInterrupt:
         info(f"\nstopped following; job {job_id} keeps running (cancel it with: kiln jobs cancel {job_id})")
         raise typer.Exit(EXIT_INTERRUPTED) from None
@@ -55,10 +78,15 @@ def logs(
     job_id: Annotated[str, typer.Argument(help="The job id.")],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until the job ends.")] = False,
     timestamps: Annotated[bool, typer.Option("--timestamps", "-t", help="Prefix each line with its time.")] = False,
+    worker: Annotated[
+        str | None,
+        typer.Option("--worker", "-w", help="Only this member of a distributed job: 0, 1, … or ps0, ps1, …"),
+    ] = None,
 ) -> None:
     r"""Print a job's log: its output on stdout, Kiln's own messages (\[kiln] ...) on stderr."""
+    member = member_tag(worker)
     with connect() as client:
         if follow:
-            follow_logs(client, job_id, timestamps)
+            follow_logs(client, job_id, timestamps, member)
         else:
-            print_all_logs(client, job_id, timestamps)
+            print_all_logs(client, job_id, timestamps, member)

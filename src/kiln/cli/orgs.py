@@ -29,6 +29,28 @@ def create(
         info(f"add its first admin with: kiln users create NAME --org {org.name} --role admin")
 
 
+@app.command()
+def update(
+    org: OrgArg,
+    weight: Annotated[
+        float | None, typer.Option("--weight", min=0.001, help="Fair-share weight (default 1; 2 = twice the share).")
+    ] = None,
+    max_priority: Annotated[
+        str | None, typer.Option("--max-priority", help="Highest priority its members may use: low, normal, high.")
+    ] = None,
+    output: Output = OutputFormat.table,
+) -> None:
+    """Change an organisation's scheduling settings (platform admins)."""
+    if weight is None and max_priority is None:
+        raise typer.BadParameter("give --weight and/or --max-priority")
+    with connect() as client:
+        found = client.update_org(org, share_weight=weight, max_priority=max_priority)
+    if output is OutputFormat.json:
+        emit_json(found.model_dump(mode="json"))
+    else:
+        org_detail(found)
+
+
 @app.command("list")
 def list_orgs(output: Output = OutputFormat.table) -> None:
     """The organisations you can see (all of them for platform admins)."""

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         RuntimeRead,
         UserRead,
         WhoAmI,
+        WhyRead,
     )
 
 STATE_STYLES = {
@@ -173,6 +174,23 @@ def events_table(events: list[EventRead]) -> None:
     out.print(table)
 
 
+def why_detail(why: WhyRead) -> None:
+    rows = [("job", why.job_id), ("state", state_text(why.state)), ("priority", why.priority)]
+    if why.waiting:
+        rows.append(("held by", Text(why.kind or "nothing: it fits now", style="yellow" if why.kind else "green")))
+        if why.position is not None:
+            rows.append(("position", f"{why.position} of {why.queue_length} waiting"))
+    rows.append(("why", Text(why.message)))
+    if why.ahead:
+        own = [a for a in why.ahead if not a.other_org]
+        others = len(why.ahead) - len(own)
+        text = ", ".join(f"{a.id} ({a.name})" if a.name else str(a.id) for a in own)
+        if others:
+            text += (", " if text else "") + f"{others} job(s) of other organisations"
+        rows.append(("ahead", text))
+    _details(rows)
+
+
 def runtimes_table(runtimes: list[RuntimeRead]) -> None:
     table = _table("NAME", "FRAMEWORK", "VERSION", "STATUS", "PACKAGES")
     styles = {"installed": "green", "installing": "yellow", "failed": "red"}
@@ -214,7 +232,15 @@ def orgs_table(orgs: list[OrgRead]) -> None:
 
 
 def org_detail(org: OrgRead) -> None:
-    _details([("id", org.id), ("name", org.name), ("created", fmt_time(org.created_at))])
+    _details(
+        [
+            ("id", org.id),
+            ("name", org.name),
+            ("fair-share weight", f"{org.share_weight:g}"),
+            ("max priority", org.max_priority),
+            ("created", fmt_time(org.created_at)),
+        ]
+    )
 
 
 def role_text(user: UserRead) -> str:

@@ -53,6 +53,10 @@ class Organization(Base):
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
+    # Fair-share weight between organisations with pending work (2.0: twice the share of a 1.0 organisation).
+    share_weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1.0")
+    # The highest priority class its members may submit at; only a platform admin raises it.
+    max_priority: Mapped[str] = mapped_column(String(16), default="normal", server_default="normal")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -132,6 +136,11 @@ class Job(Base):
     # Quota category the job counts against (train jobs now; serve and dev come with services and notebooks).
     category: Mapped[str] = mapped_column(String(16), default="train", server_default="train")
     output_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # Scheduling: priority class (0 low, 1 normal, 2 high), gang size (workers + parameter servers; cpus, memory
+    # and gpus above are totals over the gang), and why a preemption was requested while it is under way.
+    priority: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    workers: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    preempt_reason: Mapped[str | None] = mapped_column(Text, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kiln.domain.quantities import parse_memory
-from kiln.domain.spec import JobSpec
+from kiln.domain.spec import JobSpec, Priority
 from kiln.domain.states import JobState
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
@@ -23,10 +23,22 @@ class JobSubmit(BaseModel):
     )
 
 
+class AllocationSlot(BaseModel):
+    """Where one gang member (worker or parameter server) runs."""
+
+    node: str
+    cpus: float
+    memory: int | None = None
+    gpus: list[int] = Field(default_factory=list)
+
+
 class Allocation(BaseModel):
+    """What a STARTING/RUNNING job holds: totals over its gang, and one slot per member."""
+
     cpus: float = 0.0
     memory: int | None = None
     gpus: list[int] = Field(default_factory=list)
+    slots: list[AllocationSlot] = Field(default_factory=list)
 
 
 class JobRead(BaseModel):
@@ -53,6 +65,32 @@ class JobRead(BaseModel):
 
 class JobList(BaseModel):
     items: list[JobRead]
+
+
+class WhyAhead(BaseModel):
+    """A job that holds this one back. Other organisations' jobs are counted, never named."""
+
+    id: str | None = None
+    name: str | None = None
+    other_org: bool = False
+
+
+class WhyRead(BaseModel):
+    """Why a job is where it is: for a waiting job, which limit holds it (with the numbers) and what is ahead."""
+
+    job_id: str
+    state: JobState
+    waiting: bool
+    kind: str | None = Field(
+        None,
+        description="quota, capacity, gang, priority, reservation, preempting, selector, fairshare or backoff; "
+        "None when the job does not wait.",
+    )
+    message: str
+    position: int | None = Field(None, description="1-based place among the waiting jobs, in scheduling order.")
+    queue_length: int = 0
+    priority: Priority = "normal"
+    ahead: list[WhyAhead] = Field(default_factory=list)
 
 
 class EventRead(BaseModel):
@@ -129,7 +167,20 @@ class OrgCreate(BaseModel):
 class OrgRead(BaseModel):
     id: str
     name: str
+    share_weight: float = 1.0
+    max_priority: Priority = "normal"
     created_at: datetime
+
+
+class OrgUpdate(BaseModel):
+    """Scheduling settings of an organisation (platform admins); fields left out are unchanged."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    share_weight: float | None = Field(
+        None, gt=0, le=1000, description="Fair-share weight against other organisations with pending work."
+    )
+    max_priority: Priority | None = Field(None, description="The highest priority class its members may use.")
 
 
 class OrgList(BaseModel):

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from kiln.domain.distributed import DistributedSpec
 from kiln.domain.quantities import parse_memory
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -38,6 +39,8 @@ def parse_duration(value: str | int | float) -> float:
 
 
 Command = str | list[str]
+Priority = Literal["low", "normal", "high"]
+PRIORITIES: dict[str, int] = {"low": 0, "normal": 1, "high": 2}
 
 
 def command_argv(command: Command) -> list[str]:
@@ -91,6 +94,18 @@ class Resources(_Strict):
         None, description="Memory reserved and enforced, e.g. 2G, 512Mi; bytes in responses. None: no limit."
     )
     gpus: int = Field(0, ge=0, le=64, description="Whole GPUs reserved (pinned with CUDA_VISIBLE_DEVICES).")
+    gpu_type: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        description="Only GPUs of this model, e.g. H200 (matched case-insensitively against the GPU's name).",
+    )
+
+    @model_validator(mode="after")
+    def _gpu_type_needs_gpus(self) -> Resources:
+        if self.gpu_type is not None and self.gpus == 0:
+            raise ValueError("gpu_type needs gpus ≥ 1")
+        return self
 
     @field_validator("memory", mode="before")
     @classmethod
@@ -125,6 +140,15 @@ class JobSpec(_Strict):
         None, description="Wall-clock limit per run, seconds or e.g. '1h30m'; the run fails above it."
     )
     labels: dict[str, str] = Field(default_factory=dict)
+    priority: Priority = Field(
+        "normal", description="Scheduling class: low, normal or high (high may need a grant from a platform admin)."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Run only on nodes carrying all these labels (key: value)."
+    )
+    distributed: DistributedSpec | None = Field(
+        None, description="Several workers started together (a gang); resources are per worker."
+    )
 
     @field_validator("name")
     @classmethod
@@ -162,7 +186,7 @@ class JobSpec(_Strict):
                 raise ValueError(f"{key!r}: value must not contain NUL")
         return value
 
-    @field_validator("labels")
+    @field_validator("labels", "node_selector")
     @classmethod
     def _labels(cls, value: dict[str, str]) -> dict[str, str]:
         for key, val in value.items():
@@ -180,6 +204,17 @@ class JobSpec(_Strict):
         if isinstance(value, str | int | float):
             return parse_duration(value)
         raise ValueError(f"not a duration: {value!r}")
+
+    @property
+    def gang_size(self) -> int:
+        """Members started together: the workers and, for TensorFlow, the parameter servers."""
+        if self.distributed is None:
+            return 1
+        return self.distributed.workers + self.distributed.ps
+
+    @property
+    def priority_value(self) -> int:
+        return PRIORITIES[self.priority]
 
     @property
     def display_name(self) -> str:

@@ -29,8 +29,13 @@ TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCE
 # Every legal move. Anything else raises IllegalTransition.
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.STARTING, JobState.CANCELLED, JobState.FAILED}),
-    JobState.STARTING: frozenset({JobState.RUNNING, JobState.RESTARTING, JobState.FAILED, JobState.CANCELLED}),
-    JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.RESTARTING}),
+    # → QUEUED: preempted by a higher-priority job; it waits again without spending a restart.
+    JobState.STARTING: frozenset(
+        {JobState.RUNNING, JobState.RESTARTING, JobState.FAILED, JobState.CANCELLED, JobState.QUEUED}
+    ),
+    JobState.RUNNING: frozenset(
+        {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.RESTARTING, JobState.QUEUED}
+    ),
     # A restart gives back the allocation and is placed again like a queued job.
     JobState.RESTARTING: frozenset({JobState.STARTING, JobState.FAILED, JobState.CANCELLED}),
     JobState.SUCCEEDED: frozenset(),
@@ -62,3 +67,6 @@ class Reason(StrEnum):
     REATTACHED = "Reattached"
     INSUFFICIENT_RESOURCES = "InsufficientResources"
     CODE_ERROR = "CodeError"
+    PREEMPTING = "Preempting"
+    PREEMPTED = "Preempted"
+    WAITING = "Waiting"

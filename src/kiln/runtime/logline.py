@@ -19,9 +19,16 @@ def format_line(stream: str, text: bytes, now: float | None = None) -> bytes:
 
 def parse_line(line: str) -> tuple[str, str, str]:
     """(time, stream, text) of one stored line; tolerant of malformed lines."""
+    time_, stream, _, text = parse_tagged(line)
+    return time_, stream, text
+
+
+def parse_tagged(line: str) -> tuple[str, str, str, str]:
+    """(time, stream, member, text): a distributed job's members tag their streams, ``O@worker1``; member is
+    "" for an untagged line (a single-worker job, or Kiln's own messages)."""
     parts = line.rstrip("\n").split(" ", 2)
-    if len(parts) == 3 and len(parts[1]) == 1:
-        return parts[0], parts[1], parts[2]
-    if len(parts) == 2 and len(parts[1]) == 1:
-        return parts[0], parts[1], ""
-    return "", "O", line.rstrip("\n")
+    if len(parts) >= 2:
+        stream, _, member = parts[1].partition("@")
+        if len(stream) == 1:
+            return parts[0], stream, member, parts[2] if len(parts) == 3 else ""
+    return "", "O", "", line.rstrip("\n")

@@ -139,6 +139,8 @@ class Shim:
         self.cancelled = False
         self.cancel_reason = ""
         self.log_fd = -1
+        # A distributed job's members share the job's log; each tags its streams (O@worker1) so they stay apart.
+        self.stream_tag = "@" + self.cfg["log_tag"] if self.cfg.get("log_tag") else ""
         self.children: list[subprocess.Popen] = []  # the step's processes: one, or one per entry of "procs"
         self.child_index: dict[int, int] = {}  # pid → index in children
         self.exit_order: list[int] = []  # indices of children in the order they were reaped
@@ -167,7 +169,7 @@ class Shim:
 
     def log(self, stream: str, data: bytes) -> None:
         try:
-            os.write(self.log_fd, format_line(stream, data))
+            os.write(self.log_fd, format_line(stream + self.stream_tag, data))
         except OSError as exc:
             if exc.errno in (28, 122):  # ENOSPC, EDQUOT
                 raise DiskFull(str(exc)) from exc

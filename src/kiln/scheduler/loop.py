@@ -8,26 +8,30 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import timedelta
+from typing import Any, cast
 
-from sqlalchemy import ColumnElement, or_, select, update
+from sqlalchemy import Table, bindparam, insert, or_, select, update
 from sqlalchemy.orm import Session
 
-from kiln.backends.base import AttemptStatus, Backend, Launch, Phase
-from kiln.db.models import Job, Organization, utcnow
+from kiln.backends.base import AttemptStatus, Backend, Launch, Phase, Slot
+from kiln.db.models import Job, JobEvent, utcnow
 from kiln.db.session import Database
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState, Reason
 from kiln.errors import BackendError
-from kiln.scheduler.placement import Held, Request, decide
+from kiln.scheduler.inputs import allocation_of, gather, redact
+from kiln.scheduler.policy import Decision
 from kiln.services.blobs import blob_key
 from kiln.services.lifecycle import record, transition
-from kiln.services.quotas import admit, load_limits, load_usage
+from kiln.services.quotas import admit
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
 
 log = logging.getLogger(__name__)
+
+JOBS_TABLE = cast(Table, Job.__table__)
+EVENTS_TABLE = cast(Table, JobEvent.__table__)
 
 MAX_START_SECONDS_PER_PASS = 0.05
 OPEN_STATES = [JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING]
@@ -73,6 +77,7 @@ class Reconciler:
         self._first_pass = True
         self.housekeeping: list[Any] = []  # callables run about once a minute
         self._next_housekeeping = 0.0
+        self.last_decision: Decision | None = None
 
     # -- thread ---------------------------------------------------------------------------------------
 
@@ -179,9 +184,6 @@ class Reconciler:
                 )
             )
 
-    def _claimable(self, now: datetime) -> ColumnElement[bool]:
-        return or_(Job.lease_owner.is_(None), Job.lease_owner == self.owner, Job.lease_expires_at < now)
-
     def _note_reattached(self, jobs: list[Job]) -> None:
         if not jobs:
             return
@@ -200,6 +202,13 @@ class Reconciler:
             self.backend.cancel(handle, self.settings.kill_grace_seconds)
             handle["cancel_sent"] = True
             self._update(job.id, handle=handle)
+        elif job.preempt_reason and not handle.get("preempt_sent"):
+            sent_at = time.time()  # before the notice: an exit 0 after it is the job obeying the notice
+            self.backend.preempt(handle, job.preempt_reason, self.settings.preemption_grace_seconds)
+            handle["preempt_sent"] = True
+            handle["preempt_sent_at"] = sent_at
+            self._update(job.id, handle=handle)
+            self.logs.append_system(job.id, f"preempted: {job.preempt_reason}; the job is warned and stopped")
         status = self.backend.poll(handle)
         if status.phase is Phase.STARTING:
             return
@@ -241,7 +250,18 @@ class Reconciler:
             if row.cancel_requested or status.reason == Reason.CANCELLED:
                 transition(s, row, JobState.CANCELLED, Reason.CANCELLED, (status.message or "cancelled") + copy_error)
                 return
-            if status.phase is Phase.EXITED and status.reason == Reason.COMPLETED and status.exit_code == 0:
+            completed = status.phase is Phase.EXITED and status.reason == Reason.COMPLETED and status.exit_code == 0
+            warned_at = handle.get("preempt_sent_at")
+            if completed and warned_at and status.finished_at and status.finished_at.timestamp() >= warned_at:
+                completed = False  # it exited 0 after the notice: it stopped to be preempted, not because it was done
+            if row.preempt_reason and not completed:
+                # Stopped for a higher-priority job (whatever its exit code after the notice): back to the
+                # queue without spending a restart; $KILN_CHECKPOINT_DIR is kept for the next attempt.
+                message = f"{row.preempt_reason}; queued again (restarts used: {row.restarts})" + copy_error
+                row.preempt_reason = None
+                transition(s, row, JobState.QUEUED, Reason.PREEMPTED, message)
+                return
+            if completed:
                 message = f"exit code 0; {copied} output file(s) kept" + copy_error
                 transition(s, row, JobState.SUCCEEDED, Reason.COMPLETED, message)
                 return
@@ -265,63 +285,62 @@ class Reconciler:
     # -- scheduling -----------------------------------------------------------------------------------
 
     def _schedule(self) -> bool:
-        """Place and start what fits; True when placements were left for the next pass."""
+        """Decide (scheduler.policy) and carry the decision out: fail what can never run, preempt, record why
+        the others wait, and start what was placed. True when placements were left for the next pass."""
         now = utcnow()
         with self.db.read() as s:
-            waiting = list(
-                s.scalars(
-                    select(Job)
-                    .where(
-                        Job.backend == self.backend.name,
-                        self._claimable(now),
-                        Job.state.in_([JobState.QUEUED, JobState.RESTARTING]),
-                    )
-                    .order_by(Job.created_at, Job.id)
-                )
-            )
-            active = list(
-                s.execute(
-                    select(Job.allocation).where(
-                        Job.backend == self.backend.name,
-                        Job.state.in_([JobState.STARTING, JobState.RUNNING]),
-                    )
-                ).scalars()
-            )
-        queue = [j for j in waiting if j.state == JobState.QUEUED or (j.not_before is None or j.not_before <= now)]
-        if not queue:
-            return False
-        held = [Held(a.get("cpus", 0.0), a.get("memory"), tuple(a.get("gpus", ()))) for a in active if a is not None]
-        org_ids = sorted({j.org_id for j in queue})
-        with self.db.read() as s:
-            limits = load_limits(s, org_ids)
-            usage = load_usage(s, [o for o in org_ids if o in limits])
-            names = dict(
-                s.execute(select(Organization.id, Organization.name).where(Organization.id.in_(org_ids))).all()
-            )
-        requests = [
-            Request(j.id, j.cpus, j.memory, j.gpus, j.org_id, names.get(j.org_id, j.org_id), j.category) for j in queue
+            snap = gather(s, self.backend, now)
+        # A job leased by another server is that server's to place; it still counts in nobody's queue here.
+        mine = [
+            p
+            for p, j in zip(snap.pending, snap.queue, strict=True)
+            if j.lease_owner in (None, self.owner) or j.lease_expires_at is None or j.lease_expires_at < now
         ]
-        decision = decide(requests, self.backend.inventory(), held, limits, usage)
-        by_id = {j.id: j for j in queue}
+        if not mine:
+            return False
+        snap.pending = mine
+        decision = snap.decide(time.time(), self.settings.preemption)
+        self.last_decision = decision
         for job_id, why in decision.unschedulable.items():
             self._fail_waiting(job_id, Reason.INSUFFICIENT_RESOURCES, f"can never run here: the job {why}")
-        for job_id, why in decision.waiting.items():
-            if by_id[job_id].message != why:
-                self._note_waiting(job_id, why)
+        # Messages may name the jobs that hold a job back; each organisation sees only its own jobs' ids.
+        org_of = {p.job_id: p.org_id for p in snap.pending} | {r.job_id: r.org_id for r in snap.running}
+        if decision.preemptions:
+            self._request_preemptions(
+                {victim: redact(why, org_of.get(victim), org_of) for victim, why in decision.preemptions.items()}
+            )
+        changed = {}
+        for job_id, wait in decision.waiting.items():
+            message = redact(wait.message, org_of[job_id], org_of)
+            if snap.by_id[job_id].message != message:
+                changed[job_id] = message
+        if changed:
+            self._note_waiting(changed, snap.by_id)
         # Start a bounded batch per pass so that a burst of submissions does not delay observing the jobs
         # already started (their RUNNING) behind hundreds of process starts.
         started_by = time.monotonic() + MAX_START_SECONDS_PER_PASS
         for placement in decision.placements:
             if time.monotonic() > started_by:
                 return True
-            self._start(
-                by_id[placement.job_id],
-                placement.cpus,
-                placement.memory,
-                placement.gpus,
-                names.get(by_id[placement.job_id].org_id, ""),
-            )
+            job = snap.by_id[placement.job_id]
+            slots = tuple(Slot(w.node, w.cpus, w.memory, w.gpus) for w in placement.workers)
+            self._start(job, slots, snap.names.get(job.org_id, ""))
         return False
+
+    def _request_preemptions(self, victims: dict[str, str]) -> None:
+        """Record each victim's preemption; the next observation of the victim warns and stops it (so a
+        crash between here and the signal still delivers it, like a cancel)."""
+        with self.db.transaction() as s:
+            for job_id, why in victims.items():
+                job = s.get(Job, job_id)
+                if job is None or not JobState(job.state).active or job.preempt_reason:
+                    continue
+                job.preempt_reason = why
+                job.updated_at = utcnow()
+                record(s, job, Reason.PREEMPTING, why)
+        with self._dirty_lock:
+            self._dirty.update(victims)
+        self._wake.set()
 
     def _token(self, job: Job) -> str | None:
         if self.mint_token is None:
@@ -338,14 +357,31 @@ class Reconciler:
             if job is not None and job.state in (JobState.QUEUED, JobState.RESTARTING):
                 transition(s, job, JobState.FAILED, reason, message)
 
-    def _note_waiting(self, job_id: str, why: str) -> None:
+    def _note_waiting(self, changed: dict[str, str], rows: dict[str, Job]) -> None:
+        """Say why jobs wait, all in one transaction: the first pass over a long queue writes thousands."""
+        now = utcnow()
+        events = []
+        for job_id, why in changed.items():
+            before = (rows[job_id].message or "").split(":", 1)[0]
+            if before != why.split(":", 1)[0]:  # an event only when the kind of wait changes
+                events.append({"job_id": job_id, "time": now, "reason": Reason.WAITING, "message": why})
+        jobs = JOBS_TABLE.c  # Core executemany: no ORM bulk bookkeeping
         with self.db.transaction() as s:
-            job = s.get(Job, job_id)
-            if job is None or job.state not in (JobState.QUEUED, JobState.RESTARTING):
-                return
-            set_waiting(s, job, why)
+            conn = s.connection()
+            conn.execute(
+                update(JOBS_TABLE)
+                .where(
+                    jobs.id == bindparam("b_id"),
+                    # not IN (...): an expanding parameter cannot be used with executemany
+                    or_(jobs.state == str(JobState.QUEUED), jobs.state == str(JobState.RESTARTING)),
+                )
+                .values(message=bindparam("b_message")),
+                [{"b_id": job_id, "b_message": why} for job_id, why in changed.items()],
+            )
+            if events:
+                conn.execute(insert(EVENTS_TABLE), events)
 
-    def _start(self, queued: Job, cpus: float, memory: int | None, gpus: tuple[int, ...], org_name: str) -> None:
+    def _start(self, queued: Job, slots: tuple[Slot, ...], org_name: str) -> None:
         now = utcnow()
         with self.db.transaction() as s:
             job = s.get(Job, queued.id, with_for_update=self.db.dialect == "postgresql")
@@ -363,22 +399,28 @@ class Reconciler:
                 set_waiting(s, job, waiting)
                 return
             job.attempt += 1
-            job.allocation = {"cpus": cpus, "memory": memory, "gpus": list(gpus)}
+            allocation = allocation_of(slots)
+            job.allocation = allocation
             job.handle = self.backend.handle_for(job.id, job.attempt)
             job.not_before = None
-            where = f"{cpus:g} CPU(s)" + (f", GPUs {list(gpus)}" if gpus else "")
+            job.preempt_reason = None
+            where = f"{allocation['cpus']:g} CPU(s)" + (f", GPUs {allocation['gpus']}" if allocation["gpus"] else "")
+            if len(slots) > 1:
+                where = f"{len(slots)} gang members, " + where
             transition(s, job, JobState.STARTING, Reason.SCHEDULED, f"attempt {job.attempt} placed on {where}")
+            spec = JobSpec.model_validate(job.spec)
             launch = Launch(
                 job_id=job.id,
                 org_id=job.org_id,
                 attempt=job.attempt,
-                spec=JobSpec.model_validate(job.spec),
-                cpus=cpus,
-                memory=memory,
-                gpus=gpus,
+                spec=spec,
+                cpus=slots[0].cpus,
+                memory=slots[0].memory,
+                gpus=slots[0].gpus,
                 code_key=blob_key(job.org_id, job.code_sha256) if job.code_sha256 else None,
                 job_token=self._token(job),
                 api_endpoint=self.settings.endpoint,
+                slots=slots if spec.distributed is not None else (),
             )
         # Committed STARTING first: after a crash here the attempt is found by its handle, never run twice.
         try:

@@ -29,6 +29,7 @@ from kiln.domain.schemas import (
     JobSubmit,
     RuntimeRead,
     WhoAmI,
+    WhyRead,
 )
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState
@@ -239,6 +240,11 @@ class Client(TenancyMixin):
     def events(self, job_id: str) -> list[EventRead]:
         data = self.request("GET", f"/jobs/{job_id}/events").json()
         return [EventRead.model_validate(e) for e in data["items"]]
+
+    def why(self, job_id: str) -> WhyRead:
+        """Why the job is where it is: for a waiting job its queue position, the limit that holds it (quota,
+        capacity, gang, priority, reservation, preemption, node selector) with the numbers, and what is ahead."""
+        return WhyRead.model_validate(self.request("GET", f"/jobs/{job_id}/why").json())
 
     def cancel(self, job_id: str) -> JobRead:
         return JobRead.model_validate(self.request("POST", f"/jobs/{job_id}/cancel").json())

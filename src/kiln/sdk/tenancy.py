@@ -102,6 +102,12 @@ class TenancyMixin:
     def get_org(self, org: str) -> OrgRead:
         return OrgRead.model_validate(self.request("GET", f"/orgs/{_segment(org)}").json())
 
+    def update_org(self, org: str, *, share_weight: float | None = None, max_priority: str | None = None) -> OrgRead:
+        """Scheduling settings of ``org`` (platform admins): its fair-share weight and the highest priority
+        class (low, normal, high) its members may submit at. Arguments left None are unchanged."""
+        body = {k: v for k, v in {"share_weight": share_weight, "max_priority": max_priority}.items() if v is not None}
+        return OrgRead.model_validate(self.request("PATCH", f"/orgs/{_segment(org)}", json_body=body).json())
+
     # -- users ----------------------------------------------------------------------------------------
 
     def create_user(self, name: str, org: str | None = None, role: str = "member") -> UserRead:

@@ -16,13 +16,19 @@ from kiln.auth.secrets import SecretBox, new_access_key_id, new_secret_key
 from kiln.db.models import AccessKey, Organization, User, utcnow
 from kiln.db.session import Database
 from kiln.domain.ids import new_id
-from kiln.domain.schemas import KeyCreate, KeyCreated, KeyRead, OrgRead, UserCreate, UserRead
+from kiln.domain.schemas import KeyCreate, KeyCreated, KeyRead, OrgRead, OrgUpdate, UserCreate, UserRead
 from kiln.errors import Conflict, InvalidInput, NotFound
 from kiln.services.identity import IdentityService, Principal
 
 
 def org_read(org: Organization) -> OrgRead:
-    return OrgRead(id=org.id, name=org.name, created_at=org.created_at)
+    return OrgRead(
+        id=org.id,
+        name=org.name,
+        share_weight=org.share_weight,
+        max_priority=org.max_priority,  # type: ignore[arg-type]  # the column only ever holds a Priority
+        created_at=org.created_at,
+    )
 
 
 def user_read(user: User, org: Organization) -> UserRead:
@@ -97,6 +103,17 @@ class AccountService:
             if not principal.platform_admin:
                 query = query.where(Organization.id == principal.org_id)
             return [org_read(o) for o in s.scalars(query)]
+
+    def update_org(self, principal: Principal, ref: str, body: OrgUpdate) -> OrgRead:
+        """Scheduling settings (platform admins): fair-share weight and the highest priority class allowed."""
+        principal.require("orgs:manage")
+        with self.db.transaction() as s:
+            org = find_org(s, principal, ref)
+            if body.share_weight is not None:
+                org.share_weight = body.share_weight
+            if body.max_priority is not None:
+                org.max_priority = body.max_priority
+            return org_read(org)
 
     def get_org(self, principal: Principal, ref: str) -> OrgRead:
         principal.require("orgs:read")

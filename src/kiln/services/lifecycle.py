@@ -33,7 +33,7 @@ def transition(
         job.started_at = now
     if to is JobState.RUNNING:
         job.running_at = now
-    if to is JobState.RESTARTING or to.terminal:
+    if to in (JobState.RESTARTING, JobState.QUEUED) or to.terminal:
         job.allocation = None
     if to.terminal:
         job.finished_at = now

@@ -19,10 +19,12 @@ LEGAL = {
     (ST, RS),
     (ST, FAIL),
     (ST, CXL),
+    (ST, Q),  # preempted before it ran
     (R, OK),
     (R, FAIL),
     (R, CXL),
     (R, RS),
+    (R, Q),  # preempted: queued again without spending a restart
     (RS, ST),
     (RS, FAIL),
     (RS, CXL),
@@ -71,7 +73,7 @@ def test_terminal_states_have_no_moves(state: JobState) -> None:
 
 def test_examples_of_illegal_moves() -> None:
     assert R not in TRANSITIONS[OK]
-    assert Q not in TRANSITIONS[R]
+    assert Q not in TRANSITIONS[OK]
     assert R not in TRANSITIONS[Q]  # must pass through STARTING
     assert OK not in TRANSITIONS[ST]  # cannot succeed without running
     assert RS not in TRANSITIONS[Q]

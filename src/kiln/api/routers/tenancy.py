@@ -17,6 +17,7 @@ from kiln.domain.schemas import (
     OrgCreate,
     OrgList,
     OrgRead,
+    OrgUpdate,
     QuotaReport,
     QuotaSet,
     UserCreate,
@@ -45,6 +46,11 @@ def list_orgs(caller: Caller, kiln: Kiln) -> OrgList:
 @orgs.get("/{org}", response_model=OrgRead)
 def get_org(org: str, caller: Caller, kiln: Kiln) -> OrgRead:
     return kiln.accounts.get_org(caller, org)
+
+
+@orgs.patch("/{org}", response_model=OrgRead, summary="Scheduling settings of an organisation (platform admin)")
+def update_org(org: str, body: OrgUpdate, caller: Caller, kiln: Kiln) -> OrgRead:
+    return kiln.accounts.update_org(caller, org, body)
 
 
 @orgs.get("/{org}/quota", response_model=QuotaReport, summary="Limits and usage of an organisation")

@@ -7,6 +7,8 @@ Layout under ``$KILN_HOME/jobs/<job>/``::
     checkpoints/   $KILN_CHECKPOINT_DIR, kept across restarts of the job
     site/          where pip installs from prepare_command land (the shared runtime stays clean)
     attempts/<n>/  shim.json (what to run), shim.pid, status.json, exit.json, shim.log
+    attempts/<n>/members/<role>-<i>/   the same, per member of a distributed job (gang.json lists them)
+    attempts/<n>/notice                $KILN_NOTICE_FILE: written before a preemption's SIGTERM
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from typing import Any
 import psutil
 
 from kiln.backends.base import AttemptStatus, Backend, Inventory, Launch, Phase
+from kiln.backends.local.gang import MemberStatus, aggregate
 from kiln.backends.local.inventory import local_inventory
 from kiln.backends.local.runtimes import RuntimeManager
+from kiln.domain.distributed import Member, gang_members, hostfile_text, member_env
 from kiln.domain.spec import JobSpec, command_argv
 from kiln.errors import BackendError, InvalidInput, KilnError
 from kiln.runtime import shim as shim_module
@@ -164,31 +168,107 @@ class LocalBackend(Backend):
         for path in (*dirs.values(), attempt_dir):
             path.mkdir(parents=True, exist_ok=True)
         archive = self._code_archive(launch, job_dir)
-        config = {
+        base = {
             "job_id": launch.job_id,
             "attempt": launch.attempt,
             "work_dir": str(dirs["work"]),
             "code_archive": str(archive) if archive else None,
             "log_path": str(self.logs.path(launch.job_id)),
-            "env": self._env(launch, resolved.bin_dir, dirs),
             "prepare": command_argv(launch.spec.prepare_command) if launch.spec.prepare_command else None,
             "command": command_argv(launch.spec.command),
             "finish": command_argv(launch.spec.finish_command) if launch.spec.finish_command else None,
             "timeout": launch.spec.timeout,
-            "memory_limit": launch.memory,
             "grace": self.settings.kill_grace_seconds,
             "notify_socket": self.notify_path,
             "runtime_build": resolved.build,
         }
-        (attempt_dir / "shim.json").write_text(json.dumps(config))
-        pid = self._spawn_shim(attempt_dir)
+        notice = attempt_dir / "notice"
+        if launch.spec.distributed is not None:
+            return self._start_gang(launch, handle, base, resolved.bin_dir, dirs, notice)
+        config = {
+            **base,
+            "env": self._env(launch, resolved.bin_dir, dirs, notice, launch.cpus, launch.gpus),
+            "memory_limit": launch.memory,
+        }
+        self._launch_member(attempt_dir, config)
+        return handle
+
+    def _start_gang(
+        self,
+        launch: Launch,
+        handle: dict[str, Any],
+        base: dict[str, Any],
+        bin_dir: str | None,
+        dirs: dict[str, Path],
+        notice: Path,
+    ) -> dict[str, Any]:
+        """One shim per member, all started before this returns (the scheduler placed the whole gang)."""
+        spec = launch.spec.distributed
+        assert spec is not None
+        attempt_dir = Path(handle["dir"])
+        roles = gang_members(spec)
+        if len(launch.slots) != len(roles):
+            raise BackendError(f"a gang of {len(roles)} got {len(launch.slots)} slots", retryable=False)
+        gang_file = attempt_dir / "gang.json"
+        layout = _read_json(gang_file)
+        if layout is None:  # first start: fix ports and directories once, so a restarted server starts the same
+            members = [Member(role, index, "127.0.0.1", _free_port()) for role, index in roles]
+            layout = {
+                "members": [
+                    {
+                        "role": m.role,
+                        "index": m.index,
+                        "host": m.host,
+                        "port": m.port,
+                        "dir": f"members/{m.role}-{m.index}",
+                        # mpirun in worker 0 starts every rank; the other slots only hold their resources.
+                        "runs": spec.framework != "mpi" or position == 0,
+                    }
+                    for position, m in enumerate(members)
+                ]
+            }
+            _write_json_atomic(gang_file, layout)
+        members = [Member(m["role"], m["index"], m["host"], m["port"]) for m in layout["members"]]
+        hostfile: Path | None = None
+        if spec.framework == "mpi":
+            hostfile = attempt_dir / "hostfile"
+            hostfile.write_text(hostfile_text(spec, members))
+        for position, (member, slot) in enumerate(zip(members, launch.slots, strict=True)):
+            member_dir = attempt_dir / layout["members"][position]["dir"]
+            if (member_dir / "shim.pid").exists():
+                continue  # started before a crash
+            if not layout["members"][position]["runs"]:
+                continue
+            procs = member_env(launch.job_id, spec, members, position, hostfile=str(hostfile) if hostfile else None)
+            env = self._env(launch, bin_dir, dirs, notice, slot.cpus / len(procs), slot.gpus)
+            config = {
+                **base,
+                "env": {**env, **procs[0]} if len(procs) == 1 else env,
+                "memory_limit": slot.memory,
+                "log_tag": f"{member.role}{member.index}",
+            }
+            if len(procs) > 1:
+                config["procs"] = procs
+            self._launch_member(member_dir, config)
+        return handle
+
+    def _launch_member(self, member_dir: Path, config: dict[str, Any]) -> None:
+        member_dir.mkdir(parents=True, exist_ok=True)
+        (member_dir / "shim.json").write_text(json.dumps(config))
+        pid = self._spawn_shim(member_dir)
         try:
             created = psutil.Process(pid).create_time()
         except psutil.Error:
             created = 0.0
-        pid_file = attempt_dir / "shim.pid"
-        pid_file.write_text(json.dumps({"pid": pid, "create_time": created}))
-        return handle
+        (member_dir / "shim.pid").write_text(json.dumps({"pid": pid, "create_time": created}))
+
+    def _member_dirs(self, handle: dict[str, Any]) -> list[tuple[str, int, Path]]:
+        """(role, index, dir) of each member that runs a shim; the attempt dir itself for a single job."""
+        attempt_dir = Path(handle["dir"])
+        layout = _read_json(attempt_dir / "gang.json")
+        if layout is None:
+            return [("worker", 0, attempt_dir)]
+        return [(m["role"], int(m["index"]), attempt_dir / m["dir"]) for m in layout["members"] if m["runs"]]
 
     # -- starting shims -------------------------------------------------------------------------------
 
@@ -270,7 +350,15 @@ class LocalBackend(Backend):
             self.store.download(launch.code_key, cached)
         return cached
 
-    def _env(self, launch: Launch, bin_dir: str | None, dirs: dict[str, Path]) -> dict[str, str]:
+    def _env(
+        self,
+        launch: Launch,
+        bin_dir: str | None,
+        dirs: dict[str, Path],
+        notice: Path,
+        cpus: float,
+        gpus: tuple[int, ...],
+    ) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
         path = env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
         if bin_dir:
@@ -282,8 +370,8 @@ class LocalBackend(Backend):
                 "PYTHONUNBUFFERED": "1",
                 "PIP_TARGET": str(dirs["site"]),
                 "PYTHONPATH": str(dirs["site"]),
-                "OMP_NUM_THREADS": str(max(1, int(launch.cpus))),
-                "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in launch.gpus),
+                "OMP_NUM_THREADS": str(max(1, int(cpus))),
+                "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
             }
         )
         env.update(launch.spec.env)
@@ -294,8 +382,11 @@ class LocalBackend(Backend):
                 "KILN_WORK_DIR": str(dirs["work"]),
                 "KILN_OUTPUT_DIR": str(dirs["outputs"]),
                 "KILN_CHECKPOINT_DIR": str(dirs["checkpoints"]),
-                "KILN_NUM_CPUS": f"{launch.cpus:g}",
-                "KILN_NUM_GPUS": str(len(launch.gpus)),
+                "KILN_NUM_CPUS": f"{cpus:g}",
+                "KILN_NUM_GPUS": str(len(gpus)),
+                "KILN_NOTICE_FILE": str(notice),
+                "KILN_WORKER_INDEX": "0",
+                "KILN_NUM_WORKERS": "1",
             }
         )
         if launch.job_token:
@@ -325,7 +416,17 @@ class LocalBackend(Backend):
             return False
 
     def poll(self, handle: dict[str, Any]) -> AttemptStatus:
-        attempt_dir = Path(handle["dir"])
+        members = self._member_dirs(handle)
+        if len(members) == 1 and members[0][2] == Path(handle["dir"]):
+            return self._poll_dir(members[0][2])
+        view = aggregate([MemberStatus(role, index, self._poll_dir(d)) for role, index, d in members])
+        for position in view.stop:
+            self._stop_member(
+                members[position][2], view.stop_reason, view.stop_message, self.settings.kill_grace_seconds
+            )
+        return view.status
+
+    def _poll_dir(self, attempt_dir: Path) -> AttemptStatus:
         status = _read_json(attempt_dir / "status.json") or {}
         running_at = _ts(status.get("running_at"))
         result = _read_json(attempt_dir / "exit.json")
@@ -346,7 +447,7 @@ class LocalBackend(Backend):
             phase = Phase.RUNNING if status.get("phase") in ("running", "finishing") else Phase.STARTING
             return AttemptStatus(phase=phase, running_at=running_at)
         if (attempt_dir / "exit.json").exists():
-            return self.poll(handle)  # it wrote its record and exited between our two looks
+            return self._poll_dir(attempt_dir)  # it wrote its record and exited between our two looks
         if not (attempt_dir / "shim.pid").exists():
             return AttemptStatus(phase=Phase.LOST, reason="ShimLost", message="the attempt was never started")
         info = _read_json(attempt_dir / "shim.pid") or {}
@@ -365,11 +466,28 @@ class LocalBackend(Backend):
         return AttemptStatus(Phase.LOST, reason="ShimLost", message=message + (f": {tail}" if tail else ""))
 
     def cancel(self, handle: dict[str, Any], grace_seconds: float) -> None:
-        attempt_dir = Path(handle["dir"])
-        if (attempt_dir / "exit.json").exists():
+        for _, _, member_dir in self._member_dirs(handle):
+            self._signal_member(member_dir)
+
+    def preempt(self, handle: dict[str, Any], reason: str, grace_seconds: float) -> None:
+        """The notice file first (a script polling it checkpoints before the signal), then a stop request that
+        tells each shim the grace to give and the reason to record, then SIGTERM."""
+        notice = Path(handle["dir"]) / "notice"
+        _write_json_atomic(notice, {"reason": "Preempted", "message": reason, "grace_seconds": grace_seconds})
+        for _, _, member_dir in self._member_dirs(handle):
+            self._stop_member(member_dir, "Preempted", reason, grace_seconds)
+
+    def _stop_member(self, member_dir: Path, reason: str, message: str, grace_seconds: float) -> None:
+        if (member_dir / "exit.json").exists() or (member_dir / "stop.json").exists():
             return
-        info = _read_json(attempt_dir / "shim.pid")
-        if info and self._shim_alive(attempt_dir):
+        _write_json_atomic(member_dir / "stop.json", {"reason": reason, "message": message, "grace": grace_seconds})
+        self._signal_member(member_dir)
+
+    def _signal_member(self, member_dir: Path) -> None:
+        if (member_dir / "exit.json").exists():
+            return
+        info = _read_json(member_dir / "shim.pid")
+        if info and self._shim_alive(member_dir):
             try:
                 os.kill(int(info["pid"]), signal.SIGTERM)
             except ProcessLookupError:
@@ -382,14 +500,30 @@ class LocalBackend(Backend):
         return self.store.put_tree(outputs, dest_prefix)
 
     def cleanup(self, handle: dict[str, Any]) -> None:
-        """Kill whatever is left of an attempt's session (a shim that died leaves its job orphaned)."""
-        info = _read_json(Path(handle["dir"]) / "shim.pid")
-        if not info:
+        """Kill whatever is left of an attempt's sessions (a shim that died leaves its job orphaned)."""
+        sids = set()
+        for _, _, member_dir in self._member_dirs(handle):
+            info = _read_json(member_dir / "shim.pid")
+            if info:
+                sids.add(int(info["pid"]))  # each shim is its session's leader
+        if not sids:
             return
-        sid = int(info["pid"])  # the shim is its session's leader
         for proc in psutil.process_iter(["pid"]):
             try:
-                if os.getsid(proc.pid) == sid:
+                if os.getsid(proc.pid) in sids:
                     proc.kill()
             except (OSError, psutil.Error):
                 continue
+
+
+def _free_port() -> int:
+    """A port free now on the loopback interface; the member binds it moments later."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 
 import psutil
 
@@ -37,27 +38,32 @@ def detect_gpus() -> dict[int, str]:
             pass
 
 
-def parse_gpu_list(text: str) -> tuple[int, ...]:
+def parse_gpu_list(text: str) -> dict[int, str]:
+    """index → model of ``'0,1'`` or ``'0:H200,1:A100'`` (a model not given reads "configured")."""
     text = text.strip()
     if not text:
-        return ()
+        return {}
+    out: dict[int, str] = {}
     try:
-        indices = tuple(int(x) for x in text.split(","))
+        for item in text.split(","):
+            index, _, model = item.partition(":")
+            if int(index) in out or int(index) < 0:
+                raise ValueError(item)
+            out[int(index)] = model.strip() or "configured"
     except ValueError as exc:
-        raise ValueError(f"KILN_GPUS must be comma-separated GPU indices, got {text!r}") from exc
-    if len(set(indices)) != len(indices) or any(i < 0 for i in indices):
-        raise ValueError(f"KILN_GPUS must list distinct non-negative indices, got {text!r}")
-    return indices
+        raise ValueError(
+            f"KILN_GPUS must list distinct non-negative GPU indices, each optionally with its model "
+            f"(e.g. '0,1' or '0:H200,1:H200'), got {text!r}"
+        ) from exc
+    return out
 
 
 def local_inventory(settings: Settings) -> Inventory:
     cpus = settings.cpus if settings.cpus is not None else float(os.cpu_count() or 1)
     memory = parse_memory(settings.memory) if settings.memory else int(psutil.virtual_memory().total)
-    if settings.gpus is not None:
-        gpus = parse_gpu_list(settings.gpus)
-        names = {i: "configured" for i in gpus}
-    else:
-        names = detect_gpus()
-        gpus = tuple(sorted(names))
+    names = parse_gpu_list(settings.gpus) if settings.gpus is not None else detect_gpus()
+    gpus = tuple(names)  # the operator's order is kept; NVML's is by index
+    host = socket.gethostname()
+    labels = {**settings.node_labels, "kiln.io/hostname": host, "kiln.io/backend": "local"}
     log.info("local inventory: %.1f CPUs, %d bytes memory, GPUs %s", cpus, memory, list(gpus) or "none")
-    return Inventory(cpus=cpus, memory=memory, gpus=gpus, gpu_names=names)
+    return Inventory(cpus=cpus, memory=memory, gpus=gpus, gpu_names=names, name=host, labels=labels)
