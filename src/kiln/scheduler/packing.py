@@ -68,6 +68,7 @@ class NodeState:
         "name",
         "type_count",
         "types",
+        "type_names",
     )
 
     def __init__(self, index: int, node: Node) -> None:
@@ -77,12 +78,14 @@ class NodeState:
         self.memory = node.memory
         self.gpu_count = len(node.gpus)
         self.all_gpus = frozenset(node.gpus)
-        self.types: Mapping[int, str] = node.gpu_types
+        # A GPU matches a gpu_type that is any run of words of its model name: "H200", "h200" and "NVIDIA H200"
+        # all match "NVIDIA H200" (what NVML reports), so users need not spell the vendor's full name.
+        self.types: Mapping[int, frozenset[str]] = {g: type_words(t) for g, t in node.gpu_types.items()}
+        self.type_names: frozenset[str] = frozenset(node.gpu_types.get(g, "") for g in node.gpus) - {""}
         self.labels: Mapping[str, str] = node.labels
         self.type_count: dict[str, int] = {}
         for gpu in node.gpus:
-            kind = node.gpu_types.get(gpu)
-            if kind is not None:
+            for kind in self.types.get(gpu, ()):
                 self.type_count[kind] = self.type_count.get(kind, 0) + 1
         self.c: list[float] = [node.cpus, 0.0, 0.0, 0.0]
         self.m: list[int] = [node.memory, 0, 0, 0]
@@ -147,6 +150,16 @@ class NodeState:
         self.g[layer].update(res.gpus)
 
 
+def normalize_gpu_type(text: str) -> str:
+    return " ".join(text.lower().replace("-", " ").replace("_", " ").split())
+
+
+def type_words(name: str) -> frozenset[str]:
+    """Every run of consecutive words of a GPU model name, normalised: what a gpu_type may say to match it."""
+    words = normalize_gpu_type(name).split()
+    return frozenset(" ".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, len(words) + 1))
+
+
 def shape_of(job: Pending) -> Shape:
     """What placement depends on; jobs of one shape fit or fail alike."""
     selector = tuple(sorted(job.node_selector.items())) if job.node_selector else ()
@@ -155,7 +168,8 @@ def shape_of(job: Pending) -> Shape:
 
 def matching(nodes: Sequence[NodeState], shape: Shape) -> list[NodeState]:
     """Nodes whose labels include the selector and that have GPUs of the asked type (if it asks GPUs)."""
-    _, _, _, _, gpu_type, selector = shape
+    _, _, _, _, asked, selector = shape
+    gpu_type = normalize_gpu_type(asked) if asked else None
     out = []
     for node in nodes:
         if selector and any(node.labels.get(k) != v for k, v in selector):
@@ -176,7 +190,8 @@ def fit(
     """Best-fit placement of the whole gang on ``view`` (+ ``extra``): per worker the fitting node with the fewest
     free GPUs, then the fewest free CPUs, then the least free memory; GPUs lowest index first. Returns one
     (node, gpus) per worker, or None when not all workers fit. ``count_only``: how many workers fit."""
-    workers, cpus, memory, gpus, gpu_type, _ = shape
+    workers, cpus, memory, gpus, asked, _ = shape
+    gpu_type = normalize_gpu_type(asked) if asked else None
     single = len(view) == 1 and not extra
     cands: list[list] = []  # [free gpus, cpus, memory, free gpus of the type, node, gpu set, workers taken]
     for node in nodes:
@@ -196,7 +211,7 @@ def fit(
                 gs |= more.gpus
         if c + EPS < cpus or m < memory:
             continue
-        typed = len(gs) if gpu_type is None else sum(1 for g in gs if node.types.get(g) == gpu_type)
+        typed = len(gs) if gpu_type is None else sum(1 for g in gs if gpu_type in node.types.get(g, ()))
         if typed < gpus:
             continue
         cands.append([len(gs), c, m, typed, node, gs, 0])
@@ -232,12 +247,12 @@ def fit(
         node = cand[4]
         if gpus:
             if single:
-                pool = sorted(g for g in cand[5] if gpu_type is None or node.types.get(g) == gpu_type)
+                pool = sorted(g for g in cand[5] if gpu_type is None or gpu_type in node.types.get(g, ()))
             else:
                 pool = []
                 more = extra.get(node.index) if extra else None
                 for source in (more.gpus if more is not None else set(), *(node.g[layer] for layer in view)):
-                    pool.extend(sorted(g for g in source if gpu_type is None or node.types.get(g) == gpu_type))
+                    pool.extend(sorted(g for g in source if gpu_type is None or gpu_type in node.types.get(g, ())))
                 pool = list(dict.fromkeys(pool))
             for i in range(n):
                 out.append((node, tuple(pool[i * gpus : (i + 1) * gpus])))
@@ -277,10 +292,11 @@ def never_fits(nodes: Sequence[NodeState], shape: Shape) -> str | None:
         where = [n for n in nodes if all(n.labels.get(k) == v for k, v in selector)]
         if not where:
             return f"node_selector {selector_text(selector)} matches no node"
-    if gpu_type is not None:
-        typed = [n for n in where if n.type_count.get(gpu_type)]
+    wanted = normalize_gpu_type(gpu_type) if gpu_type else None
+    if wanted is not None:
+        typed = [n for n in where if n.type_count.get(wanted)]
         if not typed:
-            have = sorted({t for n in where for t in n.type_count})
+            have = sorted({t for n in where for t in n.type_names})
             scope = f"nodes matching node_selector {selector_text(selector)}" if selector else "nodes"
             return f"asks gpu_type {gpu_type}; {scope} have {', '.join(have) if have else 'no typed GPUs'}"
         where = typed
@@ -288,7 +304,7 @@ def never_fits(nodes: Sequence[NodeState], shape: Shape) -> str | None:
     per = " per worker" if workers > 1 else ""
 
     def gpus_on(n: NodeState) -> int:
-        return n.type_count.get(gpu_type, 0) if gpu_type is not None else n.gpu_count
+        return n.type_count.get(wanted, 0) if wanted is not None else n.gpu_count
 
     if cpus > max(n.cpus for n in where) + EPS:
         return f"asks {cpus:g} CPUs{per}; the largest {word} has {max(n.cpus for n in where):g}"

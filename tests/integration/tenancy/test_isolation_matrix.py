@@ -93,6 +93,7 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ],
     ("GET", "/api/v1/jobs/{job_id}"): [Case("scoped", reader="member")],
     ("GET", "/api/v1/jobs/{job_id}/events"): [Case("scoped", reader="member")],
+    ("GET", "/api/v1/jobs/{job_id}/why"): [Case("scoped", reader="member")],
     ("POST", "/api/v1/jobs/{job_id}/cancel"): [Case("scoped", owner="admin")],
     ("GET", "/api/v1/jobs/{job_id}/logs"): [
         Case("scoped", reader="member"),
@@ -115,6 +116,9 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ("POST", "/api/v1/orgs"): [Case("platform", body={"name": "intruder-org"}, cross=frozenset({403}))],
     ("GET", "/api/v1/orgs/{org}"): [Case("scoped", reader="member")],
     ("GET", "/api/v1/orgs/{org}/quota"): [Case("scoped", reader="member")],
+    ("PATCH", "/api/v1/orgs/{org}"): [
+        Case("platform", body={"share_weight": 3, "max_priority": "high"}, cross=frozenset({403}), owner="platform")
+    ],
     ("PUT", "/api/v1/orgs/{org}/quota"): [
         Case("platform", body={"category": "train", "count": 100}, cross=frozenset({403}), owner="platform")
     ],

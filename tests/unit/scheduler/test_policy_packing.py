@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kiln.domain.quota import Limits
 from kiln.scheduler.policy import Node, WorkerAlloc, decide
 
@@ -127,3 +129,17 @@ def test_capacity_message_on_many_nodes_speaks_of_one_node() -> None:
 def test_running_jobs_on_unknown_nodes_are_ignored() -> None:
     decision = decide([job("x", gpus=1)], [node(gpus=1)], [running("r", ("gone", 1, (0,)))], now=NOW)
     assert placed(decision)["x"][0].gpus == (0,)
+
+
+@pytest.mark.parametrize("asked", ["H200", "h200", "NVIDIA H200", "nvidia-h200", "nvidia_h200 "])
+def test_gpu_type_matches_any_run_of_words_of_the_model_name(asked: str) -> None:
+    nodes = [node("a", gpus=2, gpu_type="NVIDIA H200")]
+    decision = decide([job("x", gpus=1, gpu_type=asked)], nodes, [], now=NOW)
+    assert [p.job_id for p in decision.placements] == ["x"], decision
+
+
+@pytest.mark.parametrize("asked", ["H100", "NVIDIA H2", "H200 NVIDIA"])
+def test_gpu_type_does_not_match_a_partial_word_or_another_order(asked: str) -> None:
+    nodes = [node("a", gpus=2, gpu_type="NVIDIA H200")]
+    decision = decide([job("x", gpus=1, gpu_type=asked)], nodes, [], now=NOW)
+    assert decision.unschedulable == {"x": f"asks gpu_type {asked}; nodes have NVIDIA H200"}
