@@ -12,12 +12,14 @@ selectors and timeouts, quotas on a third of the organisations, fair-share weigh
 
 Each case times ``decide()`` R times after one warm-up and reports pending jobs decided per second (median run)
 against the target >= 1,000/s. The baseline, measured in the same run on the same jobs and nodes, is the plain
-policy it replaces (kiln.scheduler.placement.decide, extended to several nodes): FIFO by submit time, never-fits
+policy it replaced (the FIFO placement of Kiln core, extended to several nodes): FIFO by submit time, never-fits
 and quota checks, first fit per worker, the first job that does not fit holds the queue. The ratio (< 1) says
 what the full policy (fair share, best fit, reservation and backfill, preemption, reasons) costs over that.
 
-The machine is shared and noisy: nothing is asserted, run it two or three times. Further sections (the
-scheduling loop against a database) add themselves to SECTIONS.
+Sections ``loop`` (the reconcile loop's whole scheduling pass against SQLite, and PostgreSQL with ``--postgres``)
+and ``handoff`` (a running job's exit to the next queued job RUNNING, on a real server) are in scheduler_loop.py.
+
+The machine is shared and noisy: nothing is asserted, run it two or three times.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from report import finish, print_table  # noqa: E402
+from scheduler_loop import section_handoff, section_loop  # noqa: E402
 
 from kiln.domain.quota import Limits, OrgUsage, blocked_by  # noqa: E402
 from kiln.scheduler.policy import PRIORITY, Decision, Node, Pending, Running, WorkerAlloc, decide  # noqa: E402
@@ -158,7 +161,7 @@ def fifo_first_fit(
     limits: dict[str, dict[str, Limits]],
     usage: dict[str, OrgUsage],
 ) -> int:
-    """What kiln.scheduler.placement.decide does, on several nodes: sort by submit time; per job the never-fits
+    """What the FIFO placement of Kiln core did, on several nodes: sort by submit time; per job the never-fits
     and quota checks, then first fit per worker (a gang all or nothing); the first job that does not fit holds
     the queue and every job after it gets its "queued: position N" line. Returns how many it placed."""
     free = {n.name: [n.cpus, n.memory, set(n.gpus)] for n in nodes}
@@ -312,6 +315,8 @@ def section_decide(args: argparse.Namespace, results: dict[str, Any], rows: list
 
 SECTIONS: dict[str, Callable[[argparse.Namespace, dict[str, Any], list[dict[str, Any]]], None]] = {
     "decide": section_decide,
+    "loop": section_loop,
+    "handoff": section_handoff,
 }
 
 
@@ -323,6 +328,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--skip", nargs="*", default=[], choices=sorted(SECTIONS))
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--postgres", metavar="URL", help="also run the loop section on PostgreSQL (a new database)")
+    parser.add_argument("--handoffs", type=int, default=10, help="job exits measured by the handoff section")
     args = parser.parse_args()
     started = time.monotonic()
     results: dict[str, Any] = {

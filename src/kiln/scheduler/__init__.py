@@ -1,1 +1,2 @@
-"""Scheduling: a pure decision function (placement.py) and the loop that applies it (the reconciler)."""
+"""Scheduling: a pure decision function (policy.py, with fairshare.py and packing.py), the inputs it is given
+(inputs.py) and the loop that carries its decisions out (loop.py)."""

@@ -22,6 +22,22 @@ from kiln.services.quotas import load_limits, load_usage
 JOB_ID = re.compile(r"\bjob-[0-9a-z]{16}\b")
 WAITING_STATES = [JobState.QUEUED, JobState.RESTARTING]
 ACTIVE_STATES = [JobState.STARTING, JobState.RUNNING]
+# The columns of a waiting job the scheduler needs: rows of these, not ORM objects, since a long queue is read
+# on every pass.
+_QUEUE_COLUMNS = (
+    Job.id,
+    Job.org_id,
+    Job.category,
+    Job.priority,
+    Job.created_at,
+    Job.workers,
+    Job.spec,
+    Job.state,
+    Job.message,
+    Job.not_before,
+    Job.lease_owner,
+    Job.lease_expires_at,
+)
 # The columns of an active job the scheduler needs; its spec only for the timeout.
 _ACTIVE_COLUMNS = (
     Job.id,
@@ -79,7 +95,7 @@ def _epoch(value: datetime | None) -> float:
     return value.timestamp() if value is not None else 0.0
 
 
-def pending_of(job: Job, org_name: str) -> Pending:
+def pending_of(job: Any, org_name: str) -> Pending:
     """A waiting job as the policy sees it: resources per member, read from the stored spec without
     re-validating it (it was valid at submit; a full model per job would dominate a 10,000-job pass)."""
     spec = job.spec or {}
@@ -127,7 +143,7 @@ def never_fits(spec: JobSpec, nodes: list[Node]) -> str | None:
 class Snapshot:
     """Everything one decision needs, plus the rows it was built from."""
 
-    queue: list[Job]
+    queue: list[Any]  # rows of _QUEUE_COLUMNS
     pending: list[Pending]
     running: list[Running]
     nodes: list[Node]
@@ -135,7 +151,7 @@ class Snapshot:
     usage: dict[str, OrgUsage]
     weights: dict[str, float]
     names: dict[str, str]
-    by_id: dict[str, Job] = field(default_factory=dict)
+    by_id: dict[str, Any] = field(default_factory=dict)
 
     def decide(self, now: float, preemption: bool) -> Decision:
         return decide(
@@ -154,8 +170,8 @@ def gather(s: Session, backend: Backend, now: datetime, *, ready_only: bool = Tr
     """Read the queue (oldest first), the active jobs and the organisations' limits, usage and weights.
     ``ready_only`` leaves out restarting jobs still in their back-off."""
     queue = list(
-        s.scalars(
-            select(Job)
+        s.execute(
+            select(*_QUEUE_COLUMNS)
             .where(Job.backend == backend.name, Job.state.in_(WAITING_STATES))
             .order_by(Job.created_at, Job.id)
         )

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, insert, or_, select, update
+from sqlalchemy import String, Table, Text, bindparam, column, insert, or_, select, update, values
 from sqlalchemy.orm import Session
 
 from kiln.backends.base import AttemptStatus, Backend, Launch, Phase, Slot
@@ -34,6 +34,7 @@ JOBS_TABLE = cast(Table, Job.__table__)
 EVENTS_TABLE = cast(Table, JobEvent.__table__)
 
 MAX_START_SECONDS_PER_PASS = 0.05
+LEFTOVER_SECONDS = 2.0  # placements older than this are decided again rather than started
 OPEN_STATES = [JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING]
 # Failures that a retry cannot fix: the spec itself is wrong.
 PERMANENT_REASONS = {Reason.COMMAND_NOT_FOUND, Reason.RUNTIME_ERROR, Reason.CODE_ERROR}
@@ -78,6 +79,9 @@ class Reconciler:
         self.housekeeping: list[Any] = []  # callables run about once a minute
         self._next_housekeeping = 0.0
         self.last_decision: Decision | None = None
+        self._leftover: list[tuple[Any, tuple[Slot, ...]]] = []  # placements decided but not started yet
+        self._leftover_names: dict[str, str] = {}
+        self._leftover_at = 0.0
 
     # -- thread ---------------------------------------------------------------------------------------
 
@@ -287,6 +291,10 @@ class Reconciler:
     def _schedule(self) -> bool:
         """Decide (scheduler.policy) and carry the decision out: fail what can never run, preempt, record why
         the others wait, and start what was placed. True when placements were left for the next pass."""
+        if self._leftover and time.monotonic() - self._leftover_at < LEFTOVER_SECONDS:
+            # The last decision placed more than one pass starts: start the rest before deciding again (a
+            # decision over a long queue costs more than the starts; each start re-checks state and quota).
+            return self._start_batch()
         now = utcnow()
         with self.db.read() as s:
             snap = gather(s, self.backend, now)
@@ -316,15 +324,24 @@ class Reconciler:
                 changed[job_id] = message
         if changed:
             self._note_waiting(changed, snap.by_id)
-        # Start a bounded batch per pass so that a burst of submissions does not delay observing the jobs
-        # already started (their RUNNING) behind hundreds of process starts.
+        self._leftover = [
+            (snap.by_id[p.job_id], tuple(Slot(w.node, w.cpus, w.memory, w.gpus) for w in p.workers))
+            for p in decision.placements
+        ]
+        self._leftover_names = snap.names
+        self._leftover_at = time.monotonic()
+        return self._start_batch()
+
+    def _start_batch(self) -> bool:
+        """Start placements for at most MAX_START_SECONDS_PER_PASS, so that a burst of submissions does not
+        delay observing the jobs already started (their RUNNING) behind hundreds of process starts. True when
+        some are left for the next pass."""
         started_by = time.monotonic() + MAX_START_SECONDS_PER_PASS
-        for placement in decision.placements:
+        while self._leftover:
             if time.monotonic() > started_by:
                 return True
-            job = snap.by_id[placement.job_id]
-            slots = tuple(Slot(w.node, w.cpus, w.memory, w.gpus) for w in placement.workers)
-            self._start(job, slots, snap.names.get(job.org_id, ""))
+            job, slots = self._leftover.pop(0)
+            self._start(job, slots, self._leftover_names.get(job.org_id, ""))
         return False
 
     def _request_preemptions(self, victims: dict[str, str]) -> None:
@@ -357,7 +374,7 @@ class Reconciler:
             if job is not None and job.state in (JobState.QUEUED, JobState.RESTARTING):
                 transition(s, job, JobState.FAILED, reason, message)
 
-    def _note_waiting(self, changed: dict[str, str], rows: dict[str, Job]) -> None:
+    def _note_waiting(self, changed: dict[str, str], rows: dict[str, Any]) -> None:
         """Say why jobs wait, all in one transaction: the first pass over a long queue writes thousands."""
         now = utcnow()
         events = []
@@ -365,23 +382,31 @@ class Reconciler:
             before = (rows[job_id].message or "").split(":", 1)[0]
             if before != why.split(":", 1)[0]:  # an event only when the kind of wait changes
                 events.append({"job_id": job_id, "time": now, "reason": Reason.WAITING, "message": why})
-        jobs = JOBS_TABLE.c  # Core executemany: no ORM bulk bookkeeping
+        jobs = JOBS_TABLE.c
+        waiting = or_(jobs.state == str(JobState.QUEUED), jobs.state == str(JobState.RESTARTING))
+        items = list(changed.items())
         with self.db.transaction() as s:
             conn = s.connection()
-            conn.execute(
-                update(JOBS_TABLE)
-                .where(
-                    jobs.id == bindparam("b_id"),
-                    # not IN (...): an expanding parameter cannot be used with executemany
-                    or_(jobs.state == str(JobState.QUEUED), jobs.state == str(JobState.RESTARTING)),
+            if self.db.dialect == "postgresql":
+                # One UPDATE ... FROM (VALUES ...) per thousand rows: a round trip per row costs seconds here.
+                for start in range(0, len(items), 1000):
+                    batch = values(column("b_id", String), column("b_message", Text), name="b").data(
+                        items[start : start + 1000]
+                    )
+                    conn.execute(
+                        update(JOBS_TABLE).where(jobs.id == batch.c.b_id, waiting).values(message=batch.c.b_message)
+                    )
+            else:  # SQLite: executemany of one prepared statement is cheap (no round trips)
+                conn.execute(
+                    update(JOBS_TABLE)
+                    .where(jobs.id == bindparam("b_id"), waiting)
+                    .values(message=bindparam("b_message")),
+                    [{"b_id": job_id, "b_message": why} for job_id, why in items],
                 )
-                .values(message=bindparam("b_message")),
-                [{"b_id": job_id, "b_message": why} for job_id, why in changed.items()],
-            )
             if events:
                 conn.execute(insert(EVENTS_TABLE), events)
 
-    def _start(self, queued: Job, slots: tuple[Slot, ...], org_name: str) -> None:
+    def _start(self, queued: Any, slots: tuple[Slot, ...], org_name: str) -> None:
         now = utcnow()
         with self.db.transaction() as s:
             job = s.get(Job, queued.id, with_for_update=self.db.dialect == "postgresql")

@@ -67,8 +67,8 @@ class NodeState:
         "memory",
         "name",
         "type_count",
-        "types",
         "type_names",
+        "types",
     )
 
     def __init__(self, index: int, node: Node) -> None:
