@@ -105,3 +105,30 @@ def test_cancel_stops_every_member(make_server):
     api.ok("POST", f"/jobs/{job['id']}/cancel")
     assert api.wait(job["id"], timeout=30)["state"] == "CANCELLED"
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+
+def test_a_gang_survives_a_server_crash_and_is_taken_back(make_server):
+    server = make_server(cpus="2")
+    api = Api.admin(server)
+    job = api.submit(
+        "sleep 2; echo done $KILN_WORKER_INDEX", resources={"cpus": 1}, distributed={"framework": "jax", "workers": 2}
+    )
+    api.wait(job["id"], "RUNNING", timeout=30)
+    server.kill()  # SIGKILL: no shutdown hooks
+    server.start()
+    api = Api.admin(server)
+    done = api.wait(job["id"], timeout=60)
+    assert (done["state"], done["attempt"], done["restarts"]) == ("SUCCEEDED", 1, 0), done
+    reasons = [e["reason"] for e in api.events(job["id"])]
+    assert "Reattached" in reasons
+    members = {member for member, _ in _tagged_output(api, job["id"], "done")}
+    assert members == {"worker0", "worker1"}
+
+
+def _tagged_output(api: Api, job_id: str, needle: str) -> list[tuple[str, str]]:
+    out = []
+    for line in api.get(f"/jobs/{job_id}/logs").text.splitlines():
+        _, stream, member, text = parse_tagged(line)
+        if stream == "O" and needle in text:
+            out.append((member, text))
+    return out

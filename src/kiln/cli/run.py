@@ -76,6 +76,10 @@ def run(
     cpus: Annotated[float | None, typer.Option(help="CPU cores to reserve.")] = None,
     memory: Annotated[str | None, typer.Option(help="Memory to reserve and enforce, e.g. 2G, 512Mi.")] = None,
     gpus: Annotated[int | None, typer.Option(help="Whole GPUs to reserve.")] = None,
+    gpu_type: Annotated[str | None, typer.Option(help="Only GPUs of this model, e.g. H200.")] = None,
+    priority: Annotated[
+        str | None, typer.Option(help="Scheduling class: low, normal (default) or high (needs a grant).")
+    ] = None,
     runtime: Annotated[
         str | None, typer.Option(help="Catalog runtime: FRAMEWORK or FRAMEWORK==VERSION (kiln runtimes list).")
     ] = None,
@@ -105,6 +109,8 @@ def run(
             labels=parse_pairs(label, "--label"),
             timeout=timeout,
             max_restarts=max_restarts,
+            priority=priority,
+            gpu_type=gpu_type,
         )
         spec = build_spec(file, flags)
     except SpecError as exc:

@@ -41,6 +41,8 @@ class Overrides:
     labels: dict[str, str] = field(default_factory=dict)
     timeout: str | None = None
     max_restarts: int | None = None
+    priority: str | None = None
+    gpu_type: str | None = None
 
 
 def parse_pairs(values: list[str] | None, flag: str) -> dict[str, str]:
@@ -109,7 +111,7 @@ def apply_overrides(data: dict[str, Any], flags: Overrides) -> dict[str, Any]:
         data["command"] = command_from_args(flags.command)
     if flags.name is not None:
         data["name"] = flags.name
-    resources = {"cpus": flags.cpus, "memory": flags.memory, "gpus": flags.gpus}
+    resources = {"cpus": flags.cpus, "memory": flags.memory, "gpus": flags.gpus, "gpu_type": flags.gpu_type}
     if any(v is not None for v in resources.values()):
         current = data.get("resources")
         if current is None:
@@ -130,6 +132,8 @@ def apply_overrides(data: dict[str, Any], flags: Overrides) -> dict[str, Any]:
         data["timeout"] = flags.timeout
     if flags.max_restarts is not None:
         data["max_restarts"] = flags.max_restarts
+    if flags.priority is not None:
+        data["priority"] = flags.priority
     return data
 
 

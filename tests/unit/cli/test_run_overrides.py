@@ -1,0 +1,31 @@
+"""`kiln run` flags on top of a kiln.yaml: scheduling fields."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kiln.cli.spec import Overrides, SpecError, build_spec
+
+
+def test_priority_and_gpu_type_flags_override_the_file(tmp_path: Path) -> None:
+    spec_file = tmp_path / "kiln.yaml"
+    spec_file.write_text(
+        "command: python train.py\npriority: low\nresources: {gpus: 2, gpu_type: A100}\n"
+        "distributed: {framework: pytorch, workers: 2}\nnode_selector: {zone: a}\n"
+    )
+    spec = build_spec(spec_file, Overrides(priority="high", gpu_type="H200"))
+    assert spec.priority == "high" and spec.resources.gpu_type == "H200" and spec.resources.gpus == 2
+    assert spec.distributed is not None and spec.distributed.workers == 2 and spec.gang_size == 2
+    assert spec.node_selector == {"zone": "a"}
+
+
+def test_a_bad_priority_names_the_field(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="priority"):
+        build_spec(None, Overrides(command=["true"], priority="urgent"))
+
+
+def test_gpu_type_needs_gpus() -> None:
+    with pytest.raises(SpecError, match="gpu_type"):
+        build_spec(None, Overrides(command=["true"], gpu_type="H200"))
