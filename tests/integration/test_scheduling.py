@@ -186,3 +186,42 @@ def test_gpu_type_and_node_selector_that_match_run(make_server):
     )
     done = admin.wait(job["id"])
     assert done["state"] == "SUCCEEDED", done
+
+
+def test_why_names_preemption_while_the_victim_uses_its_grace(make_server):
+    server = make_server(cpus="2", preemption_grace_seconds="3")
+    admin = _admin(server)
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    low = admin.submit(["python", "-c", stubborn], resources={"cpus": 2}, priority="low")
+    admin.wait(low["id"], "RUNNING")
+    high = admin.submit("true", resources={"cpus": 2}, priority="high")
+    admin.wait_message(high["id"], "preempting:")
+    why = admin.ok("GET", f"/jobs/{high['id']}/why")
+    assert why["kind"] == "preempting" and why["priority"] == "high", why
+    assert [a["id"] for a in why["ahead"]] == [low["id"]], why
+    victim = admin.ok("GET", f"/jobs/{low['id']}/why")
+    assert not victim["waiting"] and "preemption requested" in victim["message"], victim
+    # It ignores SIGTERM: after the grace it is killed, queued again, and the high job runs.
+    assert admin.wait(high["id"], timeout=60)["state"] == "SUCCEEDED"
+    back = admin.wait(low["id"], "RUNNING", timeout=60)
+    assert (back["attempt"], back["restarts"]) == (2, 0), back
+    admin.ok("POST", f"/jobs/{low['id']}/cancel")
+
+
+def test_why_names_the_quota(make_server):
+    server = make_server(cpus="2")
+    admin = _admin(server)
+    acme = create_tenant(admin, "acme", roles=("member",))
+    try:
+        admin.ok("PUT", "/orgs/acme/quota", json_body={"category": "train", "count": 1})
+        member = acme["member"].api
+        first = member.submit(HOLD, resources={"cpus": 0.5})
+        member.wait(first["id"], "RUNNING")
+        second = member.submit("true", resources={"cpus": 0.5})
+        member.wait_message(second["id"], "quota:")
+        why = member.ok("GET", f"/jobs/{second['id']}/why")
+        assert why["kind"] == "quota" and "count 1 of 1" in why["message"], why
+        member.ok("POST", f"/jobs/{first['id']}/cancel")
+        assert member.wait(second["id"], timeout=30)["state"] == "SUCCEEDED"
+    finally:
+        close_all(acme)
