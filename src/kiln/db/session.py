@@ -7,16 +7,92 @@ services hand the loaded rows to the routes after the transaction closed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import fcntl
+import functools
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln.errors import Unavailable
+from kiln.errors import KilnError, Unavailable
+
+log = logging.getLogger(__name__)
+
+# The table a DML statement writes: INSERT INTO t / UPDATE t / DELETE FROM t (optionally quoted, any case).
+_DML_TARGET = re.compile(r'\s*(?:INSERT\s+(?:OR\s+\w+\s+)?INTO|REPLACE\s+INTO|UPDATE|DELETE\s+FROM)\s+"?(\w+)"?', re.I)
+
+
+_RETURNING = re.compile(r"\bRETURNING\b", re.I)
+
+
+@functools.lru_cache(maxsize=1024)
+def _written_table(statement: str) -> tuple[str | None, bool]:
+    """(the table a DML statement writes or None, whether its rowcount can be trusted before its rows are read)."""
+    match = _DML_TARGET.match(statement)
+    if match is None:
+        return None, False
+    return match.group(1).lower(), _RETURNING.search(statement) is None
+
+
+class TableVersions:
+    """A version number per watched table that changes after every committed write to it through one engine.
+
+    Caches of what a query over those tables returned stay valid while the version they were filled under is
+    the current one. Every statement is seen (ORM flushes, Core ``update()``/``insert()``/``delete()``, raw
+    SQL) by an engine event, so no writer has to remember to invalidate anything. The version changes when the
+    statement runs (before its commit) *and* again when its connection goes back to the pool (after the
+    commit): a reader that looked up the version, then took its snapshot before that commit, cached its result
+    under a version that the second change retires.
+
+    Only writes through this process's engine are seen: callers use it where this process is the only writer
+    (SQLite, whose server holds a lock on $KILN_HOME), never across PostgreSQL replicas.
+    """
+
+    _DIRTY = "kiln_tables_written"
+
+    def __init__(self, engine: Engine, tables: tuple[str, ...]) -> None:
+        self.tables = frozenset(tables)
+        self._versions = dict.fromkeys(self.tables, 0)
+        self._lock = threading.Lock()
+        event.listen(engine, "after_cursor_execute", self._after_execute)
+        event.listen(engine, "commit", self._on_commit)
+        event.listen(engine.pool, "checkin", self._on_checkin)
+        event.listen(engine.pool, "invalidate", self._on_checkin)
+
+    def version(self, table: str) -> int:
+        return self._versions[table]
+
+    def bump(self, tables: Any) -> None:
+        with self._lock:
+            for table in tables:
+                self._versions[table] += 1
+
+    def _after_execute(
+        self, conn: Any, cursor: Any, statement: str, _params: Any, _context: Any, _executemany: bool
+    ) -> None:
+        table, exact_rowcount = _written_table(statement)
+        if table is None or table not in self.tables or (exact_rowcount and cursor.rowcount == 0):
+            return  # a read, another table, or a write that matched no row
+        written = conn.info.setdefault(self._DIRTY, set())
+        written.add(table)
+        self.bump((table,))
+
+    def _on_commit(self, conn: Any) -> None:
+        written = conn.info.get(self._DIRTY)
+        if written:
+            self.bump(written)
+
+    def _on_checkin(self, _dbapi_conn: Any, record: Any, *_: Any) -> None:
+        written = record.info.pop(self._DIRTY, None) if record is not None else None
+        if written:
+            self.bump(written)
 
 
 def make_engine(url: str, *, read_only: bool = False) -> Engine:
@@ -55,13 +131,54 @@ def make_engine(url: str, *, read_only: bool = False) -> Engine:
 class Database:
     """Owns the engine and hands out units of work."""
 
+    # Tables whose writes this process tracks (see TableVersions): the job list cache depends on them.
+    WATCHED_TABLES = ("jobs",)
+
     def __init__(self, url: str) -> None:
         self.url = url
         self.engine = make_engine(url)
+        self.versions = TableVersions(self.engine, self.WATCHED_TABLES)
+        self._close_hooks: list[Callable[[], None]] = []
+        self.exclusive = False  # see claim_exclusive
+        self._lock_file = self._share_sqlite_file(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         # On SQLite a second engine whose transactions don't take the write lock; elsewhere the same engine.
         self.read_engine = make_engine(url, read_only=True) if self.engine.dialect.name == "sqlite" else self.engine
         self._read_sessions = sessionmaker(self.read_engine, expire_on_commit=False)
+
+    @staticmethod
+    def _share_sqlite_file(url: str) -> IO[str] | None:
+        """A shared lock on ``<database>.kiln-lock`` next to a SQLite file, for as long as this is open: several
+        servers may share one SQLite file, except with one that claimed it (``claim_exclusive``)."""
+        parsed = make_url(url)
+        if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+            return None
+        fh = open(f"{parsed.database}.kiln-lock", "a+")  # noqa: SIM115 - held until dispose()
+        try:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            raise KilnError(
+                f"the SQLite database {parsed.database} is in use by a server that keeps its state in memory "
+                "(the default database of its KILN_HOME); stop that server, or give both the same KILN_HOME"
+            ) from None
+        return fh
+
+    def claim_exclusive(self) -> bool:
+        """Try to become the only process using this SQLite file (an exclusive lock; later opens by others fail
+        until ``dispose``). True when this process is, and can keep what it knows of the database in memory:
+        the used nonces, cached job lists. False on PostgreSQL, or when another process has it open."""
+        if self._lock_file is None:
+            return False
+        if not self.exclusive:
+            try:
+                fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.exclusive = True
+            except BlockingIOError:
+                # Converting a lock is not atomic: take the shared one back (it fails only if another process
+                # claimed the file in between).
+                fcntl.flock(self._lock_file, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return self.exclusive
 
     @property
     def dialect(self) -> str:
@@ -94,6 +211,20 @@ class Database:
         except Exception as exc:
             raise Unavailable(f"database unreachable: {type(exc).__name__}") from exc
 
+    def on_dispose(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` (e.g. a last flush of write-behind data) before the engines are disposed."""
+        self._close_hooks.append(hook)
+
     def dispose(self) -> None:
+        for hook in self._close_hooks:
+            try:
+                hook()
+            except Exception:
+                log.exception("database close hook failed")
+        self._close_hooks.clear()
         self.engine.dispose()
         self.read_engine.dispose()
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
+            self.exclusive = False

@@ -7,9 +7,11 @@ import hmac
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
@@ -29,6 +31,8 @@ from kiln.settings import Settings
 log = logging.getLogger(__name__)
 
 KEY_CACHE_SECONDS = 5.0
+NONCE_FLUSH_SECONDS = 0.1  # SQLite: how often accepted nonces are written to the table (MemoryNonceStore)
+LAST_USED_INTERVAL = 60.0  # seconds between writes of a key's last_used_at (one a minute per key is plenty)
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,122 @@ class _CachedKey:
     last_used_written: float = 0.0
 
 
+class MemoryNonceStore:
+    """The replay check of a single-process server (SQLite): used nonces in memory, persisted write-behind.
+
+    With SQLite exactly one server process answers for a database (it holds a lock on $KILN_HOME), so a set in
+    its memory is the authoritative record of the nonces it accepted: checking one costs a dictionary lookup
+    instead of a write transaction per request. A nonce is kept for twice the clock-skew window (a request
+    dated ``d`` passes the date check only until ``d + skew``, and it was accepted at the latest at ``d + skew``
+    too, so a replay after ``accepted + 2 * skew`` is refused as ``stale`` anyway); older ones are dropped as
+    new ones arrive. Accepted nonces are appended to the ``nonces`` table by a background thread every
+    ``flush_interval`` seconds and at shutdown, and the ones still inside the window are loaded back at start,
+    so that a restart opens no replay window. A hard crash (SIGKILL, power loss) loses at most the last
+    ``flush_interval`` of nonces: those requests could be replayed to the restarted server until their date
+    leaves the window (docs/signing.md).
+    """
+
+    def __init__(self, db: Database, retention_seconds: float, flush_interval: float = 0.1) -> None:
+        self.db = db
+        self.retention = retention_seconds
+        self.flush_interval = flush_interval
+        self._seen: dict[tuple[str, str], float] = {}  # (key id, nonce) -> seen at (Unix seconds)
+        self._order: deque[tuple[str, str]] = deque()  # the same keys, oldest first
+        self._pending: list[dict[str, Any]] = []  # accepted, not yet in the table
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()  # one flush at a time (the thread's, or the last one at close)
+        self._insert = sqlite_insert(Nonce).on_conflict_do_nothing(index_elements=["key_id", "nonce"])
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._load()
+        db.on_dispose(self.close)
+
+    def _load(self) -> None:
+        cutoff = time.time() - self.retention
+        with self.db.read() as s:
+            rows = s.execute(
+                select(Nonce.key_id, Nonce.nonce, Nonce.seen_at)
+                .where(Nonce.seen_at >= datetime.fromtimestamp(cutoff, UTC))
+                .order_by(Nonce.seen_at)
+            ).all()
+        with self._lock:
+            for key_id, nonce, seen_at in rows:
+                self._remember((key_id, nonce), seen_at.timestamp())
+        if rows:
+            log.info("loaded %d nonces of the replay window", len(rows))
+
+    def _remember(self, key: tuple[str, str], seen_at: float) -> None:
+        self._seen[key] = seen_at
+        self._order.append(key)
+
+    def use(self, key_id: str, nonce: str, now: datetime) -> bool:
+        """Record the nonce as used; False when it was used before (a replay)."""
+        key = (key_id, nonce)
+        seen_at = now.timestamp()
+        with self._lock:
+            if key in self._seen:
+                return False
+            self._remember(key, seen_at)
+            self._pending.append({"key_id": key_id, "nonce": nonce, "seen_at": now})
+            self._prune(seen_at - self.retention)
+        if self._thread is None:
+            self._start()
+        return True
+
+    def _prune(self, cutoff: float) -> None:
+        order, seen = self._order, self._seen
+        while order:
+            oldest = order[0]
+            at = seen.get(oldest)
+            if at is not None and at >= cutoff:
+                return
+            order.popleft()
+            seen.pop(oldest, None)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is not None or self._closed:
+                return
+            self._thread = threading.Thread(target=self._run, name="kiln-nonce-flush", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.flush_interval):
+            self.flush()
+
+    def flush(self) -> int:
+        """Write the accepted nonces not yet in the table; returns how many."""
+        with self._flush_lock:
+            with self._lock:
+                batch, self._pending = self._pending, []
+            if not batch:
+                return 0
+            try:
+                with self.db.engine.begin() as conn:
+                    conn.execute(self._insert, batch)
+            except Exception:
+                log.exception("could not persist %d nonces; will retry", len(batch))
+                with self._lock:
+                    if len(self._pending) < 1_000_000:
+                        self._pending[:0] = batch
+                return 0
+            return len(batch)
+
+    def close(self) -> None:
+        """Stop the flusher and write what is left (at shutdown, before the engine goes)."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        self._stop.set()
+        if thread is not None:
+            thread.join(timeout=10)
+        self.flush()
+
+
 class IdentityService:
     def __init__(self, db: Database, box: SecretBox, settings: Settings, token_key: bytes) -> None:
         self.db = db
@@ -108,7 +228,17 @@ class IdentityService:
         self.settings = settings
         self._cache: dict[str, _CachedKey] = {}
         insert = postgresql_insert if db.dialect == "postgresql" else sqlite_insert
-        self._insert_nonce = insert(Nonce).on_conflict_do_nothing(index_elements=["key_id", "nonce"])
+        # RETURNING says whether the row went in: the result's rowcount of an INSERT is not reliable (-1 with
+        # psycopg 3 under SQLAlchemy 2.1, which let every replay through on PostgreSQL).
+        self._insert_nonce = (
+            insert(Nonce).on_conflict_do_nothing(index_elements=["key_id", "nonce"]).returning(Nonce.nonce)
+        )
+        # The default SQLite database of $KILN_HOME has one server process (it holds the home's lock and claims the
+        # file), so replays are checked in its memory, written behind to the table. Anywhere else (PostgreSQL
+        # replicas, a SQLite file named by KILN_DATABASE_URL that other servers may open): a synchronous INSERT.
+        self.nonces: MemoryNonceStore | None = None
+        if db.dialect == "sqlite" and settings.database_url is None and db.claim_exclusive():
+            self.nonces = MemoryNonceStore(db, 2 * settings.clock_skew_seconds + 1, NONCE_FLUSH_SECONDS)
         self._cache_lock = threading.Lock()
         # Job tokens are MACed with a key derived from the server key, never with the key itself.
         self._token_key = hashlib.sha256(b"kiln-job-token\x00" + token_key).digest()
@@ -146,7 +276,39 @@ class IdentityService:
         body_sha256: str | None,
         allow_unsigned_payload: bool = False,
     ) -> Principal:
-        """Check one signed request (see kiln.auth.signing); raise AuthFailure on anything wrong."""
+        """Check one signed request (see kiln.auth.signing); raise AuthFailure on anything wrong. May block on
+        the database (run it in a worker thread)."""
+        principal = self._authenticate(method, path, query, headers, body_sha256, allow_unsigned_payload, True)
+        assert principal is not None
+        return principal
+
+    def authenticate_nonblocking(
+        self,
+        *,
+        method: str,
+        path: str,
+        query: str,
+        headers: dict[str, str],
+        body_sha256: str | None,
+        allow_unsigned_payload: bool = False,
+    ) -> Principal | None:
+        """The same checks as ``authenticate`` without touching the database, for the event loop: None (and
+        nothing used up, the nonce included) when they need it (a key not in the cache, the nonce store in
+        the database, the key's last-use time due to be written); then call ``authenticate``."""
+        if self.nonces is None:
+            return None
+        return self._authenticate(method, path, query, headers, body_sha256, allow_unsigned_payload, False)
+
+    def _authenticate(
+        self,
+        method: str,
+        path: str,
+        query: str,
+        headers: dict[str, str],
+        body_sha256: str | None,
+        allow_unsigned_payload: bool,
+        blocking: bool,
+    ) -> Principal | None:
         auth = headers.get("authorization")
         date = headers.get(signing.HEADER_DATE.lower())
         nonce = headers.get(signing.HEADER_NONCE.lower())
@@ -159,7 +321,12 @@ class IdentityService:
         key_id, sig = parsed
         if not signing.ACCESS_KEY_PATTERN.fullmatch(key_id):
             raise AuthFailure("malformed", "credential is not an access key id")
-        key = self._key(key_id)
+        if blocking:
+            key = self._key(key_id)
+        else:
+            key = self._cached_key(key_id)
+            if key is None or time.monotonic() - key.last_used_written > LAST_USED_INTERVAL:
+                return None
         who = {"key_id": key_id[:64]}
         if key is not None:
             who.update(org_id=key.principal.org_id, user_id=key.principal.user_id)
@@ -181,15 +348,30 @@ class IdentityService:
             raise AuthFailure("signature", f"key {key_id}: disabled", **who)
         if key.expires_at is not None and key.expires_at <= now:
             raise AuthFailure("signature", f"key {key_id}: expired", **who)
-        # The hot path of every request: one lean insert that fails on a replay (no ORM session, no savepoint).
-        with self.db.engine.begin() as conn:
-            inserted = conn.execute(self._insert_nonce, {"key_id": key_id, "nonce": nonce, "seen_at": now}).rowcount
-            if not inserted:
+        if self.nonces is not None:
+            if not self.nonces.use(key_id, nonce, now):
                 raise AuthFailure("replayed", f"key {key_id}: nonce reused", **who)
-            if time.monotonic() - key.last_used_written > 60:  # one write a minute per key is plenty
+            if time.monotonic() - key.last_used_written > LAST_USED_INTERVAL:  # only when blocking (above)
+                key.last_used_written = time.monotonic()
+                with self.db.engine.begin() as conn:
+                    conn.execute(update(AccessKey).where(AccessKey.id == key_id).values(last_used_at=now))
+            return key.principal
+        # Several replicas may share the database: one lean insert that fails on a replay (no ORM session).
+        with self.db.engine.begin() as conn:
+            inserted = conn.execute(self._insert_nonce, {"key_id": key_id, "nonce": nonce, "seen_at": now}).first()
+            if inserted is None:
+                raise AuthFailure("replayed", f"key {key_id}: nonce reused", **who)
+            if time.monotonic() - key.last_used_written > LAST_USED_INTERVAL:  # one write a minute per key is plenty
                 key.last_used_written = time.monotonic()
                 conn.execute(update(AccessKey).where(AccessKey.id == key_id).values(last_used_at=now))
         return key.principal
+
+    def _cached_key(self, key_id: str) -> _CachedKey | None:
+        """The cached key if it is fresh, else None (no database access)."""
+        cached = self._cache.get(key_id)  # a single dict read: atomic, no lock needed
+        if cached is not None and time.monotonic() - cached.fetched < KEY_CACHE_SECONDS:
+            return cached
+        return None
 
     def _key(self, key_id: str) -> _CachedKey | None:
         """The key, its user and organisation, cached for a few seconds (changes made through this server
