@@ -132,15 +132,19 @@ class SignatureMiddleware:
             body = await _read_body(receive)
             body_hash = signing.body_sha256(body)
             receive = _replay(body, receive)
-        principal = await run_in_threadpool(
-            identity.authenticate,
-            method=method,
-            path=(scope.get("raw_path") or path.encode()).decode("latin-1"),
-            query=scope.get("query_string", b"").decode("latin-1"),
-            headers=headers,
-            body_sha256=body_hash,
-            allow_unsigned_payload=streamed,
-        )
+        request = {
+            "method": method,
+            "path": (scope.get("raw_path") or path.encode()).decode("latin-1"),
+            "query": scope.get("query_string", b"").decode("latin-1"),
+            "headers": headers,
+            "body_sha256": body_hash,
+            "allow_unsigned_payload": streamed,
+        }
+        # Most requests are checked right here: the key is cached and (the home's SQLite database) nonces are in
+        # memory. The others (a key to load, a nonce to insert into the table) go to a worker thread.
+        principal = identity.authenticate_nonblocking(**request)
+        if principal is None:
+            principal = await run_in_threadpool(identity.authenticate, **request)
         return principal, receive
 
 

@@ -14,7 +14,7 @@ from kiln.db.models import Blob, Job, JobEvent, utcnow
 from kiln.db.session import Database
 from kiln.domain.catalog import Catalog
 from kiln.domain.ids import new_id
-from kiln.domain.schemas import EventRead, JobRead, JobSubmit
+from kiln.domain.schemas import EventRead, JobList, JobRead, JobSubmit
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState, Reason
 from kiln.errors import Conflict, InvalidInput, NotFound
@@ -47,6 +47,49 @@ def _list_statement(filters: frozenset[str]) -> Select[Any]:
     if "before" in filters:
         query = query.where(Job.id < bindparam("before"))
     return query
+
+
+def _list_params(principal: Principal, states: list[JobState] | None, limit: int, before: str | None) -> dict[str, Any]:
+    """The bound parameters of the list query: everything the result depends on, the caller's visibility
+    (organisation, or all for a platform admin; the one job of a job token) included."""
+    params: dict[str, Any] = {"limit": limit}
+    if not principal.platform_admin:
+        params["org_id"] = principal.org_id
+    if principal.job_id is not None:
+        params["job_id"] = principal.job_id
+    if states:
+        params["states"] = [str(x) for x in states]
+    if before:
+        params["before"] = before
+    return params
+
+
+class ListCache:
+    """Serialised job lists (the response bytes) by query and caller visibility, each valid while the version of
+    the jobs table it was read under is the current one (see JobService.list_jobs_json)."""
+
+    ENTRIES = 1024  # all callers and queries together; beyond it, the stale ones go, then all
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._entries: dict[tuple[Any, ...], tuple[int, bytes]] = {}  # key -> (jobs version, JSON)
+
+    @staticmethod
+    def key(params: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple((k, tuple(sorted(set(v))) if isinstance(v, list) else v) for k, v in sorted(params.items()))
+
+    def get(self, key: tuple[Any, ...], version: int) -> bytes | None:
+        hit = self._entries.get(key)
+        return hit[1] if hit is not None and hit[0] == version else None
+
+    def put(self, key: tuple[Any, ...], version: int, body: bytes, current: int) -> None:
+        entries = self._entries
+        if len(entries) >= self.ENTRIES:
+            for stale in [k for k, (v, _) in list(entries.items()) if v != current]:
+                entries.pop(stale, None)
+            if len(entries) >= self.ENTRIES:
+                entries.clear()
+        entries[key] = (version, body)
 
 
 def to_read(job: Job | Any) -> JobRead:
@@ -165,18 +208,45 @@ class JobService:
         self, principal: Principal, *, states: list[JobState] | None = None, limit: int = 50, before: str | None = None
     ) -> list[JobRead]:
         principal.require("jobs:read")
-        params: dict[str, Any] = {"limit": limit}
-        if not principal.platform_admin:
-            params["org_id"] = principal.org_id
-        if principal.job_id is not None:
-            params["job_id"] = principal.job_id
-        if states:
-            params["states"] = [str(x) for x in states]
-        if before:
-            params["before"] = before
+        params = _list_params(principal, states, limit, before)
         with self.db.read() as s:
             rows = s.connection().execute(_list_statement(frozenset(params)), params)
             return [to_read(row) for row in rows]
+
+    # The list as the API sends it (JobList JSON), and a cache of those bytes. Where this process is the only one
+    # using the database (Database.exclusive: the default SQLite file of $KILN_HOME) it is the only writer of the
+    # jobs table, and the database counts every write to it (Database.versions, from an engine event: ORM flushes
+    # and the reconciler's Core updates alike), so a cached list is served while that count has not moved since
+    # the list was read. Elsewhere (PostgreSQL, a shared SQLite file) other processes write too: no cache.
+
+    @functools.cached_property
+    def _list_cache(self) -> ListCache:
+        return ListCache(enabled=self.db.exclusive)
+
+    def cached_list_json(
+        self, principal: Principal, *, states: list[JobState] | None = None, limit: int = 50, before: str | None = None
+    ) -> bytes | None:
+        """The JSON of ``list_jobs`` if it is cached and still current, else None. Never touches the database."""
+        principal.require("jobs:read")
+        cache = self._list_cache
+        if not cache.enabled:
+            return None
+        return cache.get(cache.key(_list_params(principal, states, limit, before)), self.db.versions.version("jobs"))
+
+    def list_jobs_json(
+        self, principal: Principal, *, states: list[JobState] | None = None, limit: int = 50, before: str | None = None
+    ) -> bytes:
+        """The JSON of ``{"items": list_jobs(...)}``, read from the database (and cached where that is safe)."""
+        principal.require("jobs:read")
+        params = _list_params(principal, states, limit, before)
+        version = self.db.versions.version("jobs")  # before the read: any write after this retires what is read
+        with self.db.read() as s:
+            rows = s.connection().execute(_list_statement(frozenset(params)), params)
+            body = JobList(items=[to_read(row) for row in rows]).model_dump_json().encode()
+        cache = self._list_cache
+        if cache.enabled:
+            cache.put(cache.key(params), version, body, self.db.versions.version("jobs"))
+        return body
 
     def events(self, principal: Principal, job_id: str) -> list[EventRead]:
         principal.require("jobs:read")

@@ -38,7 +38,7 @@ async def readyz(kiln: Kiln) -> JSONResponse:
 
 
 @router.get("/whoami", response_model=WhoAmI)
-def whoami(caller: Caller) -> WhoAmI:
+async def whoami(caller: Caller) -> WhoAmI:  # no I/O: async, so no worker-thread hand-off
     return WhoAmI(
         user_id=caller.user_id,
         user_name=caller.user_name,
