@@ -10,15 +10,15 @@ from sqlalchemy import Select, bindparam, select
 from sqlalchemy.orm import Session
 
 from kiln.backends.base import Inventory
-from kiln.db.models import Blob, Job, JobEvent, utcnow
+from kiln.db.models import Blob, Job, JobEvent, Organization, utcnow
 from kiln.db.session import Database
 from kiln.domain.catalog import Catalog
 from kiln.domain.ids import new_id
 from kiln.domain.schemas import EventRead, JobList, JobRead, JobSubmit
-from kiln.domain.spec import JobSpec
+from kiln.domain.spec import PRIORITIES, JobSpec
 from kiln.domain.states import JobState, Reason
-from kiln.errors import Conflict, InvalidInput, NotFound
-from kiln.scheduler.placement import Request, never_fits
+from kiln.errors import Conflict, Forbidden, InvalidInput, NotFound
+from kiln.scheduler.inputs import never_fits, node_of
 from kiln.services.identity import Principal
 from kiln.services.lifecycle import record, transition
 from kiln.services.quotas import QuotaService
@@ -114,7 +114,7 @@ class JobService:
         self,
         db: Database,
         catalog: Catalog,
-        inventory: Callable[[], Inventory],
+        nodes: Callable[[], list[Inventory]],
         wake: Callable[..., None],
         validate: Callable[[JobSpec], None] | None = None,
         quotas: QuotaService | None = None,
@@ -123,10 +123,10 @@ class JobService:
         self.quotas = quotas
         self.db = db
         self.catalog = catalog
-        self.inventory = inventory
+        self.nodes = nodes
         self.wake = wake
 
-    def _load(self, s: Session, principal: Principal, job_id: str, *, lock: bool = False) -> Job:
+    def load(self, s: Session, principal: Principal, job_id: str, *, lock: bool = False) -> Job:
         if principal.job_id is not None and principal.job_id != job_id:
             raise NotFound(f"job {job_id} not found")  # a job token reaches its own job only
         query = select(Job).where(Job.id == job_id)
@@ -146,17 +146,18 @@ class JobService:
         self.catalog.check(spec.runtime)
         if self.validate is not None:
             self.validate(spec)
-        impossible = never_fits(
-            Request("new", spec.resources.cpus, spec.resources.memory, spec.resources.gpus), self.inventory()
-        )
+        impossible = never_fits(spec, [node_of(n) for n in self.nodes()])
         if impossible:
             raise InvalidInput(f"resources: the job {impossible}", details={"field": "spec.resources"})
+        gang = spec.gang_size
+        cpus, gpus = spec.resources.cpus * gang, spec.resources.gpus * gang
+        memory = spec.resources.memory * gang if spec.resources.memory is not None else None
         if self.quotas is not None:
-            self.quotas.check_submit(
-                principal, CATEGORY, spec.resources.gpus, spec.resources.cpus, spec.resources.memory
-            )
+            self.quotas.check_submit(principal, CATEGORY, gpus, cpus, memory)
         now = utcnow()
         with self.db.transaction() as s:
+            if spec.priority != "normal" and not principal.platform_admin:
+                self._check_priority(s, principal, spec.priority)
             if body.code_sha256 and s.get(Blob, (principal.org_id, body.code_sha256)) is None:
                 raise InvalidInput(
                     f"code_sha256: no uploaded bundle {body.code_sha256}; upload it with PUT /api/v1/blobs/{{sha256}}"
@@ -171,10 +172,12 @@ class JobService:
                 state=JobState.QUEUED,
                 reason=Reason.SUBMITTED,
                 message="",
-                cpus=spec.resources.cpus,
-                memory=spec.resources.memory,
-                gpus=spec.resources.gpus,
+                cpus=cpus,
+                memory=memory,
+                gpus=gpus,
                 category=CATEGORY,
+                priority=spec.priority_value,
+                workers=gang,
                 created_at=now,
                 updated_at=now,
             )
@@ -194,15 +197,26 @@ class JobService:
         self.wake()
         return read
 
+    @staticmethod
+    def _check_priority(s: Session, principal: Principal, priority: str) -> None:
+        """``high`` needs the organisation's grant (``kiln orgs update ORG --max-priority high``)."""
+        allowed = s.scalar(select(Organization.max_priority).where(Organization.id == principal.org_id)) or "normal"
+        if PRIORITIES[priority] > PRIORITIES.get(allowed, 1):
+            raise Forbidden(
+                f"priority: {priority} is above what organisation {principal.org_name} may use ({allowed}); "
+                "a platform admin can raise it with `kiln orgs update ORG --max-priority high`",
+                details={"field": "spec.priority"},
+            )
+
     def get(self, principal: Principal, job_id: str) -> JobRead:
         principal.require("jobs:read")
         with self.db.read() as s:
-            return to_read(self._load(s, principal, job_id))
+            return to_read(self.load(s, principal, job_id))
 
     def is_terminal(self, principal: Principal, job_id: str) -> bool:
         principal.require("jobs:read")
         with self.db.read() as s:
-            return JobState(self._load(s, principal, job_id).state).terminal
+            return JobState(self.load(s, principal, job_id).state).terminal
 
     def list_jobs(
         self, principal: Principal, *, states: list[JobState] | None = None, limit: int = 50, before: str | None = None
@@ -251,14 +265,14 @@ class JobService:
     def events(self, principal: Principal, job_id: str) -> list[EventRead]:
         principal.require("jobs:read")
         with self.db.read() as s:
-            self._load(s, principal, job_id)
+            self.load(s, principal, job_id)
             rows = s.scalars(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id))
             return [event_read(e) for e in rows]
 
     def cancel(self, principal: Principal, job_id: str) -> JobRead:
         principal.require("jobs:write")
         with self.db.transaction() as s:
-            job = self._load(s, principal, job_id, lock=True)
+            job = self.load(s, principal, job_id, lock=True)
             state = JobState(job.state)
             if state is JobState.CANCELLED:
                 return to_read(job)
