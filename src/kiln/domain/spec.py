@@ -120,6 +120,58 @@ class Resources(_Strict):
         raise ValueError(f"not a memory quantity: {value!r}")
 
 
+STEP_GROUPS = ("step", "epoch", "iteration", "iter")
+
+
+class MetricPattern(_Strict):
+    """A regular expression whose named groups are metrics (FfDL's regex extractor): matched against each
+    log line joined with the ``lines - 1`` lines after it; a number in a group is a value, other text a text
+    metric; the ``step`` group (default: a group named step, epoch, iteration or iter) is the step."""
+
+    regex: str = Field(min_length=1, max_length=4000, description="Python regular expression with named groups.")
+    lines: int = Field(1, ge=1, le=20, description="Lookahead window: lines one match may span.")
+    step: str | None = Field(None, description="The named group holding the step, if not step/epoch/….")
+
+    @model_validator(mode="after")
+    def _compiles(self) -> MetricPattern:
+        try:
+            compiled = re.compile(self.regex)
+        except re.error as exc:
+            raise ValueError(f"regex {self.regex!r} does not compile: {exc}") from None
+        groups = set(compiled.groupindex)
+        if self.step is not None and self.step not in groups:
+            raise ValueError(f"step {self.step!r} is not a named group of {self.regex!r}")
+        step = self.step or next((g for g in STEP_GROUPS if g in groups), None)
+        if not groups - {step}:
+            raise ValueError(f"regex {self.regex!r} has no named group for a value: write e.g. (?P<loss>[0-9.]+)")
+        return self
+
+
+class MetricsSpec(_Strict):
+    """How Kiln collects the job's metrics without code changes (``kiln.log`` in the job always works)."""
+
+    builtin: bool = Field(True, description="Recognise key=value, key: value and Keras-style progress lines.")
+    patterns: list[MetricPattern] = Field(default_factory=list, max_length=50, description="Custom extractors.")
+    tensorboard: bool = Field(True, description="Ingest TensorBoard scalars written under the TensorBoard dir.")
+    tensorboard_dir: str | None = Field(
+        None,
+        description="Where the job writes TensorBoard events, relative to its work dir; "
+        "default: $KILN_TENSORBOARD_DIR.",
+    )
+    system: bool = Field(True, description="Sample CPU %, RSS and GPU utilisation/memory of the job.")
+    system_interval: float = Field(5.0, ge=0.5, le=3600, description="Seconds between system samples.")
+
+    @field_validator("tensorboard_dir")
+    @classmethod
+    def _relative(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = value.replace("\\", "/").split("/")
+        if value.startswith("/") or ".." in parts or "\x00" in value or not value.strip():
+            raise ValueError("must be a relative path inside the job's work dir (no '..', not absolute)")
+        return value
+
+
 class JobSpec(_Strict):
     """A training job, as submitted and as written in ``kiln.yaml``."""
 
@@ -149,6 +201,7 @@ class JobSpec(_Strict):
     distributed: DistributedSpec | None = Field(
         None, description="Several workers started together (a gang); resources are per worker."
     )
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Metric collection from logs etc.")
 
     @field_validator("name")
     @classmethod

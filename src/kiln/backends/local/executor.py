@@ -30,6 +30,7 @@ from typing import Any
 
 import psutil
 
+import kiln as kiln_package
 from kiln.backends.base import AttemptStatus, Backend, Inventory, Launch, Phase
 from kiln.backends.local.gang import MemberStatus, aggregate
 from kiln.backends.local.inventory import local_inventory
@@ -78,6 +79,7 @@ class LocalBackend(Backend):
         self.runtimes = runtimes
         self.jobs_dir = settings.jobs_dir
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.pylib = _job_pylib(settings.home / "pylib")
         self._inventory = local_inventory(settings)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._launcher: subprocess.Popen[bytes] | None = None
@@ -164,7 +166,10 @@ class LocalBackend(Backend):
         except KilnError as exc:
             raise BackendError(exc.message, retryable=False) from exc
         job_dir = self.job_dir(launch.job_id)
-        dirs = {name: job_dir / name for name in ("work", "outputs", "checkpoints", "site")}
+        dirs = {name: job_dir / name for name in ("work", "outputs", "checkpoints", "site", "metrics", "tensorboard")}
+        wanted = launch.spec.metrics
+        if wanted.tensorboard_dir:
+            dirs["tensorboard"] = dirs["work"] / wanted.tensorboard_dir
         for path in (*dirs.values(), attempt_dir):
             path.mkdir(parents=True, exist_ok=True)
         archive = self._code_archive(launch, job_dir)
@@ -181,6 +186,14 @@ class LocalBackend(Backend):
             "grace": self.settings.kill_grace_seconds,
             "notify_socket": self.notify_path,
             "runtime_build": resolved.build,
+        }
+        base["metrics"] = {
+            "dir": str(dirs["metrics"]),
+            "builtin": wanted.builtin,
+            "patterns": [p.model_dump() for p in wanted.patterns],
+            "tensorboard_dir": str(dirs["tensorboard"]) if wanted.tensorboard else None,
+            "system": wanted.system,
+            "system_interval": wanted.system_interval,
         }
         notice = attempt_dir / "notice"
         if launch.spec.distributed is not None:
@@ -369,7 +382,8 @@ class LocalBackend(Backend):
             {
                 "PYTHONUNBUFFERED": "1",
                 "PIP_TARGET": str(dirs["site"]),
-                "PYTHONPATH": str(dirs["site"]),
+                # The job's own pip installs first; then `import kiln` for kiln.log (standard library only).
+                "PYTHONPATH": f"{dirs['site']}:{self.pylib}" if self.pylib else str(dirs["site"]),
                 "OMP_NUM_THREADS": str(max(1, int(cpus))),
                 "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
             }
@@ -385,6 +399,8 @@ class LocalBackend(Backend):
                 "KILN_NUM_CPUS": f"{cpus:g}",
                 "KILN_NUM_GPUS": str(len(gpus)),
                 "KILN_NOTICE_FILE": str(notice),
+                "KILN_METRICS_DIR": str(dirs["metrics"]),
+                "KILN_TENSORBOARD_DIR": str(dirs["tensorboard"]),
                 "KILN_WORKER_INDEX": "0",
                 "KILN_NUM_WORKERS": "1",
             }
@@ -514,6 +530,26 @@ class LocalBackend(Backend):
                     proc.kill()
             except (OSError, psutil.Error):
                 continue
+
+
+def _job_pylib(root: Path) -> Path | None:
+    """A directory holding only a ``kiln`` link to this package, put on jobs' PYTHONPATH so that ``import kiln;
+    kiln.log(...)`` works in any runtime (``import kiln`` is cheap and ``kiln.log`` needs the standard library
+    only) without exposing the server's other packages to the job."""
+    package = Path(kiln_package.__file__).resolve().parent
+    link = root / "kiln"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink() and link.resolve() == package:
+            return root
+        tmp = root / f".kiln-{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(package, target_is_directory=True)
+        os.replace(tmp, link)
+        return root
+    except OSError as exc:
+        log.warning("cannot link the kiln package for jobs (%s); kiln.log works only where kiln is installed", exc)
+        return None
 
 
 def _free_port() -> int:
