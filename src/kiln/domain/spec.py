@@ -172,6 +172,51 @@ class MetricsSpec(_Strict):
         return value
 
 
+DATASET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+
+
+def input_env_name(dataset: str) -> str:
+    """``KILN_INPUT_<NAME>``: the dataset name upper-cased, every other character an underscore."""
+    name = dataset.split("@", 1)[0]
+    return "KILN_INPUT_" + re.sub(r"[^A-Z0-9]", "_", name.upper())
+
+
+class InputSpec(_Strict):
+    """A dataset version the job reads: staged (or mounted) read-only at ``path`` before the command runs."""
+
+    dataset: str = Field(description="NAME or NAME@VERSION; without a version, the latest at submit (then pinned).")
+    path: str | None = Field(None, description="Where the job sees it; default /data/NAME.")
+    mode: Literal["stage", "mount"] = Field("stage", description="Copy into a local cache, or mount (FUSE).")
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, value: str) -> str:
+        name, _, version = value.partition("@")
+        if not DATASET_NAME.match(name) or ".." in name:
+            raise ValueError(f"{value!r}: a dataset name is lowercase letters, digits and . _ - (at most 100)")
+        if version and (not version.isdigit() or int(version) < 1):
+            raise ValueError(f"{value!r}: the version after @ is a number ≥ 1")
+        return value
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = [p for p in value.split("/") if p]
+        if not parts or ".." in parts or "\\" in value or "\x00" in value or "%" in value:
+            raise ValueError(f"{value!r}: a path without '..', backslashes, '%' or NUL")
+        return value
+
+    @property
+    def name(self) -> str:
+        return self.dataset.split("@", 1)[0]
+
+    @property
+    def where(self) -> str:
+        return self.path or f"/data/{self.name}"
+
+
 class JobSpec(_Strict):
     """A training job, as submitted and as written in ``kiln.yaml``."""
 
@@ -202,6 +247,7 @@ class JobSpec(_Strict):
         None, description="Several workers started together (a gang); resources are per worker."
     )
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Metric collection from logs etc.")
+    inputs: list[InputSpec] = Field(default_factory=list, max_length=32, description="Datasets the job reads.")
 
     @field_validator("name")
     @classmethod
@@ -257,6 +303,21 @@ class JobSpec(_Strict):
         if isinstance(value, str | int | float):
             return parse_duration(value)
         raise ValueError(f"not a duration: {value!r}")
+
+    @model_validator(mode="after")
+    def _distinct_inputs(self) -> JobSpec:
+        seen_env: dict[str, str] = {}
+        seen_path: set[str] = set()
+        for item in self.inputs:
+            env = input_env_name(item.dataset)
+            if env in seen_env:
+                raise ValueError(f"inputs: {item.dataset!r} and {seen_env[env]!r} would share {env}")
+            seen_env[env] = item.dataset
+            where = "/".join(p for p in item.where.split("/") if p)
+            if where in seen_path:
+                raise ValueError(f"inputs: two datasets at the same path {item.where!r}")
+            seen_path.add(where)
+        return self
 
     @property
     def gang_size(self) -> int:
