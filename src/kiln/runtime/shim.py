@@ -22,6 +22,12 @@ the grace, SIGKILL) and its exit code is the command's; all succeeding is 0. One
 "grace": 30}``. Its grace (seconds from SIGTERM to the job's processes to SIGKILL) replaces the configured one,
 and its reason and message are recorded in ``exit.json``; every field is optional. Without it a SIGTERM is a
 cancel: reason ``Cancelled``, the configured grace. A stopped attempt does not run its finish_command.
+
+``shim.json`` may carry ``"metrics": {"dir", "builtin", "patterns", "tensorboard_dir", "system",
+"system_interval"}``: then daemon threads (``extract.py``, loaded only then) tail this attempt's part of the log
+for metrics, poll TensorBoard event files and sample the process tree, writing spool files into ``dir``. They
+read at their own pace, so they never slow the job down; at the end what is left of the log is drained, for at
+most a few seconds, before ``exit.json`` is written.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any
 
 EXIT_DISK_FULL = 75
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -117,6 +124,18 @@ def proc_table() -> dict[int, tuple[int, int]]:
     return out
 
 
+def load_extract() -> Any:
+    """The metrics module, next to this file; only imported when an attempt wants metrics."""
+    if __package__:
+        from kiln.runtime import extract
+    else:  # run as a script with -I: its own directory is not on sys.path
+        here = os.path.dirname(os.path.abspath(__file__))
+        if here not in sys.path:
+            sys.path.append(here)
+        import extract  # type: ignore[no-redef]
+    return extract
+
+
 def rss_bytes(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/statm", "rb") as fh:
@@ -152,6 +171,7 @@ class Shim:
         os.set_blocking(self.wake_w, False)
         self.notify_path = self.cfg.get("notify_socket")
         self.notify_sock: socket.socket | None = None
+        self.metrics: Any = None  # extract.Metrics when the attempt collects metrics
 
     # -- plumbing -------------------------------------------------------------------------------------
 
@@ -168,8 +188,19 @@ class Shim:
             pass  # the server may be down; it re-reads our files when it comes back
 
     def log(self, stream: str, data: bytes) -> None:
+        self.write_log(format_line(stream + self.stream_tag, data))
+
+    def log_lines(self, stream: str, lines: list[bytes]) -> None:
+        """Several lines of one read, with one timestamp and one write."""
+        if len(lines) == 1:
+            self.log(stream, lines[0])
+            return
+        head = timestamp(time.time()).encode() + b" " + (stream + self.stream_tag).encode() + b" "
+        self.write_log(b"".join(head + line.rstrip(b"\n") + b"\n" for line in lines))
+
+    def write_log(self, data: bytes) -> None:
         try:
-            os.write(self.log_fd, format_line(stream + self.stream_tag, data))
+            os.write(self.log_fd, data)
         except OSError as exc:
             if exc.errno in (28, 122):  # ENOSPC, EDQUOT
                 raise DiskFull(str(exc)) from exc
@@ -372,12 +403,8 @@ class Shim:
             return False
         lines = (partial + data).split(b"\n")
         entry[2] = lines.pop()
-        if prefix:
-            for line in lines:
-                self.log(stream, prefix + line)
-        else:
-            for line in lines:
-                self.log(stream, line)
+        if lines:
+            self.log_lines(stream, [prefix + line for line in lines] if prefix else lines)
         if len(entry[2]) > 65536:
             self.log(stream, prefix + entry[2] if prefix else entry[2])
             entry[2] = b""
@@ -552,6 +579,8 @@ class Shim:
         exit_path = os.path.join(self.dir, "exit.json")
         try:
             self.log_fd = os.open(cfg["log_path"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+            if cfg.get("metrics"):
+                self.start_metrics()
             outcome = self.run_attempt()
         except DiskFull as exc:
             self.kill_tree(1.0)
@@ -568,6 +597,7 @@ class Shim:
             except Exception:
                 pass
         outcome["finished_at"] = time.time()
+        self.stop_metrics()
         try:
             write_exit_record(exit_path, outcome)
         except OSError:
@@ -575,6 +605,29 @@ class Shim:
             return EXIT_DISK_FULL
         self.notify("exited")
         return 0
+
+    def start_metrics(self) -> None:
+        """Start the metrics threads (best effort: metrics never fail an attempt)."""
+        try:
+            extract = load_extract()
+            self.metrics = extract.Metrics(self.cfg, self.tree, os.fstat(self.log_fd).st_size)
+            # The threads share the interpreter with the loop copying the job's output: hand it back sooner.
+            sys.setswitchinterval(0.0005)
+            self.metrics.start()
+        except Exception as exc:
+            self.metrics = None
+            self.say(f"metrics collection could not start: {type(exc).__name__}: {exc}")
+
+    def stop_metrics(self) -> None:
+        """Drain what is left of the log into metrics, for a bounded time; never raises."""
+        if self.metrics is None:
+            return
+        try:
+            drain = self.cfg["metrics"].get("drain_seconds", 5.0)
+            drain = min(30.0, max(0.0, float(drain))) if isinstance(drain, int | float) else 5.0
+            self.metrics.stop(drain)
+        except BaseException:
+            pass
 
     def run_attempt(self) -> dict:
         cfg = self.cfg
@@ -669,6 +722,14 @@ def launcher() -> int:
     import select
     import shutil  # noqa: F401
     import tarfile  # noqa: F401
+
+    try:  # the metrics threads' modules (a shim imports them only when its attempt collects metrics)
+        import threading  # noqa: F401
+
+        extract = load_extract()
+        extract._tbreader()
+    except Exception:
+        pass
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     buf = b""

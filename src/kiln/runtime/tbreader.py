@@ -1,0 +1,374 @@
+"""Scalars out of TensorBoard event files, with the standard library only (the shim runs without packages).
+
+An event file is a sequence of TFRecords: ``uint64 length, uint32 masked crc32c(length), data,
+uint32 masked crc32c(data)`` (little-endian). Each record's data is a protobuf ``Event``:
+
+    Event        wall_time=1 double, step=2 int64, summary=5 Summary
+    Summary      value=1 repeated Value
+    Value        tag=1 string, simple_value=2 float, metadata=9 SummaryMetadata, tensor=8 TensorProto
+    SummaryMetadata  plugin_data=1 {plugin_name=1 string}, data_class=4 enum
+    TensorProto  dtype=1, tensor_shape=2 {dim=2 repeated {size=1}}, tensor_content=4 bytes,
+                 float_val=5, double_val=6, int_val=7, int64_val=10, half_val=13
+
+``simple_value`` is what ``torch.utils.tensorboard.SummaryWriter.add_scalar`` writes; TF2's
+``tf.summary.scalar`` writes a scalar tensor (with the "scalars" plugin's metadata on a tag's first event only).
+Everything else (images, histograms, text, graphs) is skipped without being decoded.
+
+A record still being written at the end of a growing file is left for the next read. A record whose data
+fails its checksum is skipped; a length that fails its checksum ends the file (nothing after it can be framed).
+Data checksums are computed only for records that give scalars: crc32c in pure Python is slow, and big records
+(images) are skipped anyway.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+import time
+from collections.abc import Iterator
+
+MAX_RECORD = 256 * 1024 * 1024
+_CRC_TABLE: list[int] = []
+
+
+def crc32c(data: bytes | memoryview) -> int:
+    table = _CRC_TABLE
+    if not table:
+        for n in range(256):
+            c = n
+            for _ in range(8):
+                c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+            table.append(c)
+    crc = 0xFFFFFFFF
+    for b in bytes(data):
+        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def masked_crc(data: bytes | memoryview) -> int:
+    crc = crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+# -- protobuf wire format -------------------------------------------------------------------------------------
+
+
+class ParseError(ValueError):
+    pass
+
+
+def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise ParseError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+
+
+def fields(buf: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
+    """(field number, wire type, value) of a message: ints for varints and fixed fields (raw bits), views for
+    length-delimited ones."""
+    pos, end = 0, len(buf)
+    while pos < end:
+        key, pos = _varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        value: int | memoryview
+        if wire == 0:
+            value, pos = _varint(buf, pos)
+        elif wire == 1:
+            if pos + 8 > end:
+                raise ParseError("truncated fixed64")
+            value = int.from_bytes(buf[pos : pos + 8], "little")
+            pos += 8
+        elif wire == 2:
+            length, pos = _varint(buf, pos)
+            if pos + length > end:
+                raise ParseError("truncated field")
+            value = buf[pos : pos + length]
+            pos += length
+        elif wire == 5:
+            if pos + 4 > end:
+                raise ParseError("truncated fixed32")
+            value = int.from_bytes(buf[pos : pos + 4], "little")
+            pos += 4
+        else:
+            raise ParseError(f"unsupported wire type {wire}")
+        yield number, wire, value
+
+
+def _signed64(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _f32(bits: int) -> float:
+    value: float = struct.unpack("<f", bits.to_bytes(4, "little"))[0]
+    if not math.isfinite(value):
+        return value
+    for digits in (6, 7, 8, 9):  # the shortest decimal that is the same float32: 0.1, not 0.10000000149
+        short = float(f"{value:.{digits}g}")
+        if struct.pack("<f", short) == struct.pack("<f", value):
+            return short
+    return value
+
+
+def _f64(bits: int) -> float:
+    value: float = struct.unpack("<d", bits.to_bytes(8, "little"))[0]
+    return value
+
+
+DT_FLOAT, DT_DOUBLE, DT_INT32, DT_UINT8, DT_INT16, DT_INT8, DT_INT64, DT_BOOL, DT_HALF = 1, 2, 3, 4, 5, 6, 9, 10, 19
+_CONTENT_FORMATS = {
+    DT_FLOAT: "<f",
+    DT_DOUBLE: "<d",
+    DT_INT32: "<i",
+    DT_UINT8: "<B",
+    DT_INT16: "<h",
+    DT_INT8: "<b",
+    DT_INT64: "<q",
+    DT_BOOL: "<?",
+    DT_HALF: "<e",
+}
+
+
+def _packed(value: int | memoryview, wire: int, kind: str) -> list[int]:
+    """The raw values of a repeated numeric field, packed or not."""
+    if isinstance(value, int):
+        return [value]
+    out: list[int] = []
+    if kind == "varint":
+        pos = 0
+        while pos < len(value):
+            item, pos = _varint(value, pos)
+            out.append(item)
+    else:
+        size = 4 if kind == "fixed32" else 8
+        for pos in range(0, len(value) - size + 1, size):
+            out.append(int.from_bytes(value[pos : pos + size], "little"))
+    return out
+
+
+def tensor_scalar(buf: memoryview) -> float | None:
+    """The value of a numeric TensorProto with one element; None for anything else."""
+    dtype = 0
+    dims: list[int] = []
+    content: memoryview | None = None
+    floats: list[int] = []
+    doubles: list[int] = []
+    ints: list[int] = []
+    int64s: list[int] = []
+    halves: list[int] = []
+    for number, wire, value in fields(buf):
+        if number == 1 and isinstance(value, int):
+            dtype = value
+        elif number == 2 and isinstance(value, memoryview):
+            for n, _, dim in fields(value):
+                if n == 2 and isinstance(dim, memoryview):
+                    size = 1
+                    for dn, _, dv in fields(dim):
+                        if dn == 1 and isinstance(dv, int):
+                            size = _signed64(dv)
+                    dims.append(size)
+                elif n == 3:
+                    return None  # unknown rank
+        elif number == 4 and isinstance(value, memoryview):
+            content = value
+        elif number == 5:
+            floats += _packed(value, wire, "fixed32")
+        elif number == 6:
+            doubles += _packed(value, wire, "fixed64")
+        elif number == 7:
+            ints += _packed(value, wire, "varint")
+        elif number == 10:
+            int64s += _packed(value, wire, "varint")
+        elif number == 13:
+            halves += _packed(value, wire, "varint")
+    if any(size != 1 for size in dims) or dtype not in _CONTENT_FORMATS:
+        return None
+    if content is not None and len(content):
+        fmt = _CONTENT_FORMATS[dtype]
+        if len(content) != struct.calcsize(fmt):
+            return None
+        raw = struct.unpack(fmt, bytes(content))[0]
+        return _f32(int.from_bytes(bytes(content), "little")) if dtype == DT_FLOAT else float(raw)
+    if dtype == DT_FLOAT and len(floats) == 1:
+        return _f32(floats[0])
+    if dtype == DT_DOUBLE and len(doubles) == 1:
+        return _f64(doubles[0])
+    if dtype in (DT_INT32, DT_INT16, DT_INT8, DT_UINT8, DT_BOOL) and len(ints) == 1:
+        value32 = ints[0] & 0xFFFFFFFF
+        return float(value32 - (1 << 32) if value32 >= 1 << 31 else value32)
+    if dtype == DT_INT64 and len(int64s) == 1:
+        return float(_signed64(int64s[0]))
+    if dtype == DT_HALF and len(halves) == 1:
+        return float(struct.unpack("<e", (halves[0] & 0xFFFF).to_bytes(2, "little"))[0])
+    return None
+
+
+def parse_event(
+    data: memoryview | bytes, plugins: dict[str, str] | None = None
+) -> tuple[float, int, list[tuple[str, float]]]:
+    """(wall_time, step, [(tag, value)]) of one serialized Event; only scalar summary values.
+
+    ``plugins`` (tag → plugin name, kept across the events of one file) lets a tensor value whose tag was
+    declared by another plugin (a histogram, say) be skipped even when its event carries no metadata.
+    """
+    plugins = {} if plugins is None else plugins
+    wall_time, step = 0.0, 0
+    scalars: list[tuple[str, float]] = []
+    buf = memoryview(data)
+    for number, _wire, value in fields(buf):
+        if number == 1 and isinstance(value, int):
+            wall_time = _f64(value)
+        elif number == 2 and isinstance(value, int):
+            step = _signed64(value)
+        elif number == 5 and isinstance(value, memoryview):
+            for n, _, item in fields(value):
+                if n == 1 and isinstance(item, memoryview):
+                    scalar = _summary_value(item, plugins)
+                    if scalar is not None:
+                        scalars.append(scalar)
+    return wall_time, step, scalars
+
+
+def _summary_value(buf: memoryview, plugins: dict[str, str]) -> tuple[str, float] | None:
+    tag = ""
+    simple: float | None = None
+    tensor: memoryview | None = None
+    plugin: str | None = None
+    data_class = 0
+    for number, _wire, value in fields(buf):
+        if number == 1 and isinstance(value, memoryview):
+            tag = bytes(value).decode("utf-8", "replace")
+        elif number == 2 and isinstance(value, int):
+            simple = _f32(value)
+        elif number == 8 and isinstance(value, memoryview):
+            tensor = value
+        elif number == 9 and isinstance(value, memoryview):
+            plugin = ""
+            for n, _, item in fields(value):
+                if n == 1 and isinstance(item, memoryview):
+                    for pn, _, pv in fields(item):
+                        if pn == 1 and isinstance(pv, memoryview):
+                            plugin = bytes(pv).decode("utf-8", "replace")
+                elif n == 4 and isinstance(item, int):
+                    data_class = item
+    if plugin is not None:
+        plugins[tag] = plugin if data_class in (0, 1) else f"{plugin}#{data_class}"
+    if not tag:
+        return None
+    if simple is not None:
+        return tag, simple
+    if tensor is not None and plugins.get(tag, "scalars") in ("scalars", ""):
+        scalar = tensor_scalar(tensor)
+        if scalar is not None:
+            return tag, scalar
+    return None
+
+
+# -- files ----------------------------------------------------------------------------------------------------
+
+
+class EventFileReader:
+    """Follows one growing event file: each ``read()`` returns the scalars of the records completed since."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.offset = 0
+        self.plugins: dict[str, str] = {}
+        self.broken = ""  # why the file cannot be read further (a length failed its checksum)
+        self.corrupt = 0  # records skipped because their data failed its checksum
+        self.problem = ""  # the latest problem, for one event per file
+
+    def read(self, max_bytes: int = 16 * 1024 * 1024) -> list[tuple[float, int, str, float]]:
+        out: list[tuple[float, int, str, float]] = []
+        if self.broken:
+            return out
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read(max_bytes)
+        except OSError:
+            return out
+        view = memoryview(data)
+        pos = 0
+        while len(view) - pos >= 12:
+            header = view[pos : pos + 8]
+            length = int.from_bytes(header, "little")
+            if int.from_bytes(view[pos + 8 : pos + 12], "little") != masked_crc(header) or length > MAX_RECORD:
+                self.broken = self.problem = f"corrupt record length at byte {self.offset + pos}; the rest is skipped"
+                break
+            end = pos + 12 + length + 4
+            if end > len(view):
+                if length + 16 > max_bytes and pos == 0:
+                    # A record bigger than one read: skip it without decoding (it cannot be a scalar).
+                    try:
+                        if os.path.getsize(self.path) >= self.offset + end:
+                            pos = end
+                    except OSError:
+                        pass
+                break  # still being written: the next read gets it
+            record = view[pos + 12 : pos + 12 + length]
+            crc = int.from_bytes(view[pos + 12 + length : end], "little")
+            pos = end
+            try:
+                wall_time, step, scalars = parse_event(record, self.plugins)
+            except ParseError:
+                scalars, wall_time, step = [], 0.0, 0
+                if masked_crc(record) != crc:
+                    self._corrupt()
+                continue
+            if scalars:
+                if masked_crc(record) != crc:
+                    self._corrupt()
+                    continue
+                out.extend((wall_time, step, tag, value) for tag, value in scalars)
+        self.offset += pos
+        return out
+
+    def _corrupt(self) -> None:
+        self.corrupt += 1
+        self.problem = f"{self.corrupt} record(s) failed their checksum and were skipped"
+
+
+class DirectoryFollower:
+    """Every ``events.out.tfevents.*`` file under a directory (recursively), read as it grows. Scalars from a
+    file in a subdirectory are named ``<subdir>/<tag>`` (as TensorBoard shows runs): Keras writes ``train/`` and
+    ``validation/`` with the same tags."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.readers: dict[str, EventFileReader] = {}
+        self.last_scan = 0.0
+        self.reported: dict[str, str] = {}
+
+    def scan(self) -> None:
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            dirnames.sort()
+            for name in sorted(filenames):
+                if name.startswith("events.out.tfevents.") and not name.endswith(".tmp"):
+                    path = os.path.join(dirpath, name)
+                    if path not in self.readers:
+                        self.readers[path] = EventFileReader(path)
+        self.last_scan = time.monotonic()
+
+    def poll(self, rescan: bool = True, deadline: float = float("inf")) -> list[tuple[float, int, str, float]]:
+        if rescan:
+            self.scan()
+        out: list[tuple[float, int, str, float]] = []
+        for path, reader in self.readers.items():
+            if time.monotonic() > deadline:
+                break
+            rel = os.path.relpath(os.path.dirname(path), self.root)
+            prefix = "" if rel in (".", "") else rel.replace(os.sep, "/") + "/"
+            for wall_time, step, tag, value in reader.read():
+                out.append((wall_time, step, (prefix + tag)[:200], value))
+        return out
+
+    def problems(self) -> list[tuple[str, str]]:
+        return [(path, reader.problem) for path, reader in self.readers.items() if reader.problem]
