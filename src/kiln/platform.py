@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import IO
 
+from kiln.api.prometheus import ServerMetrics
 from kiln.auth.ratelimit import RateLimiter
 from kiln.auth.secrets import SecretBox, load_or_create_server_key
 from kiln.backends.local.executor import LocalBackend
@@ -22,6 +23,8 @@ from kiln.services.audit import AuditService
 from kiln.services.blobs import BlobService
 from kiln.services.identity import Credentials, IdentityService
 from kiln.services.jobs import JobService
+from kiln.services.metrics import MetricsService
+from kiln.services.metrics_ingest import MetricsIngester, MetricsStore
 from kiln.services.outputs import OutputService
 from kiln.services.quotas import QuotaService
 from kiln.services.runtimes import RuntimeService
@@ -74,6 +77,13 @@ class Platform:
         self.blobs = BlobService(self.db, self.store, settings, self.quotas)
         self.outputs = OutputService(self.jobs, self.logs, self.store, self.blobs.tmp_dir, self.quotas)
         self.runtimes = RuntimeService(self.runtime_manager)
+        # Metrics: the store both ingestion paths write through, the thread that tails the jobs' spool files,
+        # the queries, and the server's own numbers for /metrics (the reconciler feeds the admission latency).
+        self.metrics_store = MetricsStore(self.db)
+        self.metrics_ingester = MetricsIngester(self.db, self.metrics_store, settings.jobs_dir)
+        self.metrics = MetricsService(self.db, self.jobs, self.metrics_store)
+        self.prometheus = ServerMetrics(self.db, lambda: self.metrics_store.points_ingested)
+        self.reconciler.on_started = self.prometheus.observe_start
 
     def _wake(self, job_id: str | None = None) -> None:
         if self._reconciler is not None:
@@ -93,10 +103,12 @@ class Platform:
     def start(self) -> Credentials | None:
         creds = self.identity.bootstrap() if self.settings.bootstrap else None
         self.reconciler.start()
+        self.metrics_ingester.start()
         return creds
 
     def close(self) -> None:
         self.reconciler.stop()
+        self.metrics_ingester.stop()
         self.backend.close()
         self.db.dispose()
         self._lock.close()

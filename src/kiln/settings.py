@@ -103,6 +103,12 @@ class Settings(BaseSettings):
         "kiln.io/hostname and kiln.io/backend.",
     )
 
+    metrics_token: str | None = Field(
+        None,
+        description="When set, GET /metrics (Prometheus) needs 'Authorization: Bearer <this token>'; "
+        "unset, /metrics is open (it only shows aggregate numbers, no tenant labels).",
+    )
+
     @field_validator("home", mode="before")
     @classmethod
     def _expand_home(cls, value: object) -> object:

@@ -13,7 +13,9 @@ from fastapi import FastAPI
 from kiln import __version__
 from kiln.api.auth import SignatureMiddleware
 from kiln.api.errors import install_error_handlers
-from kiln.api.routers import blobs, jobs, runtimes, scheduling, system, tenancy
+from kiln.api.prometheus import RequestMetricsMiddleware
+from kiln.api.prometheus import router as prometheus_router
+from kiln.api.routers import blobs, jobs, metrics, runtimes, scheduling, system, tenancy
 from kiln.platform import Platform
 from kiln.settings import Settings
 
@@ -59,8 +61,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     app.add_middleware(SignatureMiddleware)
+    app.add_middleware(RequestMetricsMiddleware)  # outermost: times refused requests too
     app.include_router(system.health)
-    for module in (system, blobs, jobs, scheduling, runtimes):
+    app.include_router(prometheus_router)
+    for module in (system, blobs, jobs, scheduling, runtimes, metrics):
         app.include_router(module.router, prefix=API_PREFIX)
     for router in tenancy.routers:
         app.include_router(router, prefix=API_PREFIX)

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from kiln import __version__
-from kiln.cli import audit, auth, jobs, keys, logs, orgs, quota, run, runtimes, server, users
+from kiln.cli import audit, auth, jobs, keys, logs, metrics, orgs, quota, run, runtimes, server, users
 from kiln.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, print_error
 from kiln.errors import Forbidden, KilnError
 
@@ -42,6 +42,7 @@ def _root(
 
 app.command(help=run.RUN_HELP, context_settings={"allow_interspersed_args": False})(run.run)
 app.command()(logs.logs)
+app.command()(metrics.metrics)
 app.add_typer(jobs.app, name="jobs")
 app.add_typer(runtimes.app, name="runtimes")
 app.command()(auth.login)

@@ -295,3 +295,55 @@ class AuditRead(BaseModel):
 
 class AuditList(BaseModel):
     items: list[AuditRead]
+
+
+# -- metrics ------------------------------------------------------------------------------------------------
+
+
+class MetricsIngested(BaseModel):
+    """What POST /jobs/{job_id}/metrics stored: points, events, and malformed lines skipped."""
+
+    points: int
+    events: int
+    errors: int
+
+
+class MetricSeriesData(BaseModel):
+    """One series' points as ``[step, time, value]``: ``step`` null for a series without steps (its x axis is
+    the time); ``value`` a number, or a string (text metrics, and the non-finite numbers "nan", "inf", "-inf")."""
+
+    name: str
+    worker: str
+    kind: Literal["scalar", "text"]
+    source: str
+    axis: Literal["step", "time"] = "step"
+    count: int = Field(description="Points in the requested range, before downsampling.")
+    points: list[list[int | float | str | None]] = Field(description="[step, time, value] triples, by x.")
+
+
+class MetricsData(BaseModel):
+    series: list[MetricSeriesData]
+
+
+class MetricSeriesSummary(BaseModel):
+    name: str
+    worker: str
+    kind: Literal["scalar", "text"]
+    source: str
+    count: int
+    first_step: int | None = None
+    last_step: int | None = None
+    last_time: float | None = None
+    last_value: float | str | None = None
+    min: float | None = Field(None, description="Lowest finite value.")
+    max: float | None = Field(None, description="Highest finite value.")
+
+
+class MetricsSummary(BaseModel):
+    series: list[MetricSeriesSummary]
+
+
+class MetricsCompare(BaseModel):
+    """The same series of several jobs, by job id."""
+
+    jobs: dict[str, list[MetricSeriesData]]

@@ -82,6 +82,7 @@ class Reconciler:
         self._leftover: list[tuple[Any, tuple[Slot, ...]]] = []  # placements decided but not started yet
         self._leftover_names: dict[str, str] = {}
         self._leftover_at = 0.0
+        self.on_started: Callable[[Job], None] | None = None  # called in the transaction that made a job STARTING
 
     # -- thread ---------------------------------------------------------------------------------------
 
@@ -433,6 +434,8 @@ class Reconciler:
             if len(slots) > 1:
                 where = f"{len(slots)} gang members, " + where
             transition(s, job, JobState.STARTING, Reason.SCHEDULED, f"attempt {job.attempt} placed on {where}")
+            if self.on_started is not None:
+                self.on_started(job)
             spec = JobSpec.model_validate(job.spec)
             launch = Launch(
                 job_id=job.id,

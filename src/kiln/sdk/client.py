@@ -27,6 +27,12 @@ from kiln.domain.schemas import (
     EventRead,
     JobRead,
     JobSubmit,
+    MetricsCompare,
+    MetricsData,
+    MetricSeriesData,
+    MetricSeriesSummary,
+    MetricsIngested,
+    MetricsSummary,
     RuntimeRead,
     WhoAmI,
     WhyRead,
@@ -349,3 +355,68 @@ class Client(TenancyMixin):
     def install_runtime(self, framework: str, version: str | None = None) -> RuntimeRead:
         r = self.request("POST", f"/runtimes/{framework}/install", params={"version": version})
         return RuntimeRead.model_validate(r.json())
+
+    # -- metrics --------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _metric_params(
+        names: list[str] | str | None,
+        downsample: int | None,
+        worker: str | None,
+        step_min: int | None,
+        step_max: int | None,
+        format: str | None = None,
+    ) -> dict[str, Any]:
+        joined = names if isinstance(names, str) or names is None else ",".join(names)
+        params = {"names": joined or None, "downsample": downsample, "worker": worker}
+        return params | {"step_min": step_min, "step_max": step_max, "format": format}
+
+    def metrics(
+        self,
+        job_id: str,
+        names: list[str] | str | None = None,
+        downsample: int | None = None,
+        worker: str | None = None,
+        step_min: int | None = None,
+        step_max: int | None = None,
+    ) -> list[MetricSeriesData]:
+        """A job's series as ``[step, time, value]`` points; ``downsample`` keeps at most that many per series
+        (shape-preserving: first, last, min and max are always kept)."""
+        params = self._metric_params(names, downsample, worker, step_min, step_max)
+        return MetricsData.model_validate(self.request("GET", f"/jobs/{job_id}/metrics", params=params).json()).series
+
+    def metrics_summary(self, job_id: str) -> list[MetricSeriesSummary]:
+        """Per series: count, first and last step, last value, min and max."""
+        data = self.request("GET", f"/jobs/{job_id}/metrics/summary").json()
+        return MetricsSummary.model_validate(data).series
+
+    def compare_metrics(
+        self, job_ids: list[str], names: list[str] | str | None = None, downsample: int | None = None
+    ) -> dict[str, list[MetricSeriesData]]:
+        """The same metrics of several jobs, by job id (NotFound if any of them is not yours to read)."""
+        params = self._metric_params(names, downsample, None, None, None) | {"jobs": ",".join(job_ids)}
+        return MetricsCompare.model_validate(self.request("GET", "/metrics/compare", params=params).json()).jobs
+
+    def export_metrics_csv(
+        self,
+        job_ids: str | list[str],
+        names: list[str] | str | None = None,
+        downsample: int | None = None,
+        worker: str | None = None,
+        step_min: int | None = None,
+        step_max: int | None = None,
+    ) -> str:
+        """CSV text ``job_id,worker,name,step,time,value`` of one job or several."""
+        if isinstance(job_ids, str):
+            params = self._metric_params(names, downsample, worker, step_min, step_max, "csv")
+            return self.request("GET", f"/jobs/{job_ids}/metrics", params=params).text
+        params = self._metric_params(names, downsample, worker, step_min, step_max, "csv") | {"jobs": ",".join(job_ids)}
+        return self.request("GET", "/metrics/compare", params=params).text
+
+    def send_metrics(self, job_id: str, lines: bytes | str) -> MetricsIngested:
+        """Send spool lines (ndjson) for a job: what a job on another machine does with its token."""
+        body = lines.encode() if isinstance(lines, str) else lines
+        r = self.request(
+            "POST", f"/jobs/{job_id}/metrics", content=body, extra_headers={"Content-Type": "application/x-ndjson"}
+        )
+        return MetricsIngested.model_validate(r.json())

@@ -43,6 +43,7 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 BLOB = object()  # the bytes of the bound bundle
 LOG = b"a line an intruder tries to append\n"
 ARTIFACT = b"an artifact an intruder tries to write\n"
+METRICS = b'{"t": 1.0, "s": 1, "w": "worker0", "m": {"intruder": 1.0}}\n'
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ JOB = (("job_id", ("finished", "running", "queued")),)
 # Every route of the API. A route missing here fails the test (see test body).
 ROUTES: dict[tuple[str, str], list[Case]] = {
     ("GET", "/healthz"): [Case("public")],
+    ("GET", "/metrics"): [Case("public")],  # Prometheus: aggregates only, no tenant labels
     ("GET", "/readyz"): [Case("public")],
     ("GET", "/api/v1/whoami"): [Case("self", cross=OWN_OK)],
     # B uploading the same bytes gets its own copy (it knows the content); runs last so that B's HEAD is
@@ -110,6 +112,17 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ("GET", "/api/v1/jobs/{job_id}/artifacts"): [Case("scoped", reader="member")],
     ("PUT", "/api/v1/jobs/{job_id}/artifacts/{path}"): [Case("scoped", body=ARTIFACT, owner="admin")],
     ("GET", "/api/v1/jobs/{job_id}/artifacts/{path}"): [Case("scoped", reader="member")],
+    ("POST", "/api/v1/jobs/{job_id}/metrics"): [Case("scoped", body=METRICS, owner="admin")],
+    ("GET", "/api/v1/jobs/{job_id}/metrics"): [
+        Case("scoped", reader="member"),
+        Case("scoped", query=(("format", "csv"), ("downsample", "100")), reader="member"),
+    ],
+    ("GET", "/api/v1/jobs/{job_id}/metrics/summary"): [Case("scoped", reader="member")],
+    # Every job of the comparison is checked: one of another organisation's fails the whole request (404).
+    ("GET", "/api/v1/metrics/compare"): [
+        Case("scoped", query=(("jobs", "{job_id}"),), reader="member"),
+        Case("scoped", query=(("jobs", "{job_id}"), ("names", "loss"), ("format", "csv")), reader="member"),
+    ],
     ("GET", "/api/v1/runtimes"): [Case("self", cross=OWN_OK)],
     ("POST", "/api/v1/runtimes/{framework}/install"): [Case("platform", cross=frozenset({403}))],
     ("GET", "/api/v1/orgs"): [Case("self", cross=OWN_OK)],

@@ -1,0 +1,128 @@
+"""Metrics store: ingestion throughput and the downsampled query of a long series.
+
+``ingest``      spool files of 4 jobs (8 workers x 10 metrics per line, steps in order) written up front, then
+                ``MetricsIngester.ingest_now()`` on SQLite (a temp dir) or PostgreSQL (``--postgres URL``):
+                points/s = points stored / wall time of the pass (parse + insert + chunk summaries + cursors).
+``downsample``  one series of 1,000,000 points (ingested the same way), queried with downsample=1000 through
+                ``MetricsService.query``: the wall time of the query, and that first/last/min/max survived.
+
+    .venv/bin/python benchmarks/metrics_store.py [--points 1000000] [--postgres URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+
+from kiln.db import migrate
+from kiln.db.models import Job, Organization, User
+from kiln.db.session import Database
+from kiln.domain.states import JobState
+from kiln.services.identity import Principal
+from kiln.services.metrics import MetricsService, SeriesQuery
+from kiln.services.metrics_ingest import MetricsIngester, MetricsStore
+
+
+def setup(url: str, jobs: list[str]) -> Database:
+    db = Database(url)
+    migrate.upgrade(db.engine)
+    with db.transaction() as s:
+        s.add(Organization(id="org-b", name="bench"))
+        s.flush()
+        s.add(User(id="usr-b", org_id="org-b", name="bench"))
+        s.flush()
+        for job_id in jobs:
+            s.add(Job(id=job_id, org_id="org-b", user_id="usr-b", name="b", spec={}, state=JobState.RUNNING))
+    return db
+
+
+def write_spool(jobs_dir: Path, job_id: str, lines: list[str], name: str = "worker0-sdk.jsonl") -> None:
+    d = jobs_dir / job_id / "metrics"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_text("".join(lines))
+
+
+def ingest(url: str, home: Path, steps: int) -> dict[str, float]:
+    jobs = [f"job-b{i}" for i in range(4)]
+    db = setup(url, jobs)
+    total = 0
+    for job_id in jobs:
+        for w in range(8):
+            lines = [
+                json.dumps({"t": 1.7e9 + s, "s": s, "w": f"worker{w}", "m": {f"m{k}": s * 0.1 + k for k in range(10)}})
+                + "\n"
+                for s in range(steps)
+            ]
+            write_spool(home, job_id, lines, f"worker{w}-sdk.jsonl")
+            total += steps * 10
+    ingester = MetricsIngester(db, MetricsStore(db), home)
+    started = time.perf_counter()
+    stored = ingester.ingest_now()
+    elapsed = time.perf_counter() - started
+    db.dispose()
+    assert stored == total, (stored, total)
+    return {"points": stored, "seconds": round(elapsed, 3), "points_per_s": round(stored / elapsed)}
+
+
+def downsample(url: str, home: Path, n: int) -> dict[str, object]:
+    db = setup(url, ["job-long"])
+    lines = [
+        json.dumps({"t": 1.7e9 + i * 0.01, "s": i, "m": {"loss": math.sin(i / 20000) + (5.0 if i == 777_777 else 0)}})
+        + "\n"
+        for i in range(n)
+    ]
+    write_spool(home, "job-long", lines)
+    store = MetricsStore(db)
+    t0 = time.perf_counter()
+    MetricsIngester(db, store, home).ingest_now()
+    ingest_s = time.perf_counter() - t0
+    service = MetricsService(db, _Jobs(), store)  # type: ignore[arg-type]
+    admin = Principal(
+        user_id="usr-b", user_name="b", org_id="org-b", org_name="bench", key_id="k", role="admin", platform_admin=True
+    )
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        (series,) = service.query(admin, "job-long", SeriesQuery(names=["loss"], downsample=1000))
+        times.append(time.perf_counter() - t0)
+    values = [p[2] for p in series.points]
+    steps = [p[0] for p in series.points]
+    db.dispose()
+    return {
+        "points": n,
+        "ingest_points_per_s": round(n / ingest_s),
+        "query_seconds_best": round(min(times), 3),
+        "query_seconds": [round(t, 3) for t in times],
+        "returned": len(series.points),
+        "first_last_kept": steps[0] == 0 and steps[-1] == n - 1,
+        "spike_kept": 777_777 in steps and max(values) > 5.0,
+    }
+
+
+class _Jobs:
+    """JobService.load stand-in for a platform admin (tenancy is not what is measured here)."""
+
+    def load(self, s, principal, job_id, **_):  # type: ignore[no-untyped-def]
+        return s.get(Job, job_id)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--points", type=int, default=1_000_000)
+    parser.add_argument("--steps", type=int, default=2500, help="lines per worker file in the ingest benchmark")
+    parser.add_argument("--postgres", default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        url = args.postgres or f"sqlite:///{tmp}/ingest.db"
+        print("ingest", ingest(url, Path(tmp) / "jobs-a", args.steps), flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        url = args.postgres or f"sqlite:///{tmp}/long.db"
+        print("downsample", downsample(url, Path(tmp) / "jobs-b", args.points), flush=True)
+
+
+if __name__ == "__main__":
+    main()

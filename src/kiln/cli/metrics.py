@@ -1,0 +1,132 @@
+"""``kiln metrics JOB``: the latest value of each metric with its count, min, max and a sparkline of its trend;
+``--follow`` refreshes until the job ends; ``--output json|csv`` prints the data."""
+
+from __future__ import annotations
+
+import sys
+import time
+from enum import StrEnum
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich import box
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from kiln.cli.common import EXIT_INTERRUPTED, connect, emit_json, info, out
+from kiln.domain.states import JobState
+
+if TYPE_CHECKING:
+    from kiln.domain.schemas import MetricSeriesData, MetricSeriesSummary
+    from kiln.sdk.client import Client
+
+SPARKS = "▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 24
+
+
+class MetricsOutput(StrEnum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+def sparkline(values: list[float], width: int = SPARK_WIDTH) -> str:
+    """A compact unicode trend of ``values`` (averaged into ``width`` cells)."""
+    values = [v for v in values if isinstance(v, int | float) and v == v and abs(v) != float("inf")]
+    if not values:
+        return ""
+    if len(values) > width:
+        cells = []
+        for i in range(width):
+            part = values[i * len(values) // width : (i + 1) * len(values) // width] or [values[-1]]
+            cells.append(sum(part) / len(part))
+        values = cells
+    low, high = min(values), max(values)
+    if high == low:
+        return SPARKS[3] * len(values)
+    return "".join(SPARKS[min(7, int((v - low) / (high - low) * 8))] for v in values)
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def metrics_table(summary: list[MetricSeriesSummary], trends: dict[tuple[str, str], str]) -> Table:
+    multi = len({s.worker for s in summary}) > 1
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for column in ["NAME", *(["WORKER"] if multi else []), "LAST", "STEP", "COUNT", "MIN", "MAX", "TREND"]:
+        table.add_column(
+            column, overflow="fold", justify="right" if column in ("LAST", "COUNT", "MIN", "MAX") else "left"
+        )
+    for s in summary:
+        row = [Text(s.name), *([Text(s.worker)] if multi else [])]
+        row += [
+            Text(_num(s.last_value)),
+            Text(_num(s.last_step)),
+            Text(str(s.count)),
+            Text(_num(s.min)),
+            Text(_num(s.max)),
+            Text(trends.get((s.name, s.worker), ""), style="cyan"),
+        ]
+        table.add_row(*row)
+    return table
+
+
+def _snapshot(client: Client, job_id: str, names: list[str] | None) -> Table | Text:
+    summary = client.metrics_summary(job_id)
+    if names:
+        summary = [s for s in summary if s.name in names]
+    if not summary:
+        return Text(f"job {job_id} has no metrics yet", style="dim")
+    scalar = sorted({s.name for s in summary if s.kind == "scalar"})
+    trends: dict[tuple[str, str], str] = {}
+    if scalar:
+        for series in client.metrics(job_id, names=scalar, downsample=SPARK_WIDTH * 4):
+            trends[(series.name, series.worker)] = sparkline([p[2] for p in series.points])  # type: ignore[misc]
+    return metrics_table(summary, trends)
+
+
+def _data(series: list[MetricSeriesData]) -> list[dict[str, Any]]:
+    return [s.model_dump(mode="json") for s in series]
+
+
+def metrics(
+    job_id: Annotated[str, typer.Argument(help="The job id.")],
+    names: Annotated[str | None, typer.Option("--names", "-n", help="Comma-separated metric names.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Refresh until the job ends.")] = False,
+    output: Annotated[
+        MetricsOutput, typer.Option("--output", "-o", case_sensitive=False, help="table, json or csv.")
+    ] = MetricsOutput.table,
+    downsample: Annotated[
+        int | None, typer.Option("--downsample", help="json/csv: at most this many points per series.")
+    ] = None,
+) -> None:
+    """Show a job's metrics: the latest value of each, with count, min, max and trend."""
+    wanted = [n.strip() for n in (names or "").split(",") if n.strip()] or None
+    with connect() as client:
+        if output is MetricsOutput.json:
+            emit_json(_data(client.metrics(job_id, names=wanted, downsample=downsample)))
+            return
+        if output is MetricsOutput.csv:
+            sys.stdout.write(client.export_metrics_csv(job_id, names=wanted, downsample=downsample))
+            sys.stdout.flush()
+            return
+        if not follow:
+            out.print(_snapshot(client, job_id, wanted))
+            return
+        try:
+            with Live(_snapshot(client, job_id, wanted), console=out, refresh_per_second=2) as live:
+                while True:
+                    ended = JobState(client.get_job(job_id).state).terminal
+                    live.update(_snapshot(client, job_id, wanted))
+                    if ended:
+                        break
+                    time.sleep(2.0)
+        except KeyboardInterrupt:
+            info(f"\nstopped following; job {job_id} keeps running")
+            raise typer.Exit(EXIT_INTERRUPTED) from None

@@ -1,0 +1,190 @@
+"""The metrics store end to end, on SQLite and PostgreSQL: spool files written by hand into a real job's metrics
+directory on a real server, read back through the SDK; the HTTP path with job tokens; the migration."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import inspect
+
+from kiln.db import migrate
+from kiln.db.session import Database
+from kiln.errors import NotFound
+from kiln.sdk.client import Client
+from tests.tenancy_helpers import job_spec
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(300)"]
+
+
+def _wait(predicate: Any, timeout: float = 60, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _running(client: Client, command: Any = None) -> str:
+    job = client.submit(job_spec(command or SLEEPER))
+    _wait(lambda: client.get_job(job.id).state == "RUNNING", 30, "RUNNING")
+    return job.id
+
+
+def _spool(home: Path, job_id: str, name: str) -> Path:
+    directory = home / "jobs" / job_id / "metrics"
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / name
+
+
+def _line(step: int | None, metrics: dict[str, Any], t: float | None = None, worker: str = "worker0") -> str:
+    t = 1.7e9 + (step or 0) if t is None else t
+    return json.dumps({"t": t, "s": step, "w": worker, "m": metrics, "src": "sdk"}) + "\n"
+
+
+def _count(client: Client, job_id: str, name: str) -> int:
+    return sum(s.count for s in client.metrics_summary(job_id) if s.name == name)
+
+
+def test_spool_files_are_ingested_queried_and_downsampled(make_server, database_url: str) -> None:  # type: ignore[no-untyped-def]
+    server = make_server(database_url=database_url)
+    client = server.client()
+    job_id = _running(client)
+    spool = _spool(server.home, job_id, "worker0-sdk.jsonl")
+    lines = [_line(i, {"loss": 1.0 / (i + 1) + (9.0 if i == 1234 else 0.0), "acc": i / 2000}) for i in range(2000)]
+    lines.append(_line(2000, {"phase": "eval", "loss": "nan"}))
+    spool.write_text("".join(lines) + _line(2001, {"loss": 0.25})[:-10])  # a partial last line
+    bad = _spool(server.home, job_id, "worker0-log.jsonl")
+    bad.write_text("oops\n{]\n" + _line(1, {"": 1}) + _line(5, {"from_log": 5.0}))
+
+    _wait(lambda: _count(client, job_id, "loss") == 2001, what="2001 loss points")
+    (loss,) = client.metrics(job_id, names=["loss"])
+    assert loss.kind == "scalar" and loss.axis == "step" and loss.count == 2001
+    assert loss.points[0] == [0, 1.7e9, 1.0]
+    assert loss.points[-1][0] == 2000 and loss.points[-1][2] == "nan"  # non-finite: a string, never NaN in JSON
+    (phase,) = client.metrics(job_id, names=["phase"])
+    assert phase.kind == "text" and phase.points == [[2000, 1.7e9 + 2000, "eval"]]
+    assert [s.count for s in client.metrics(job_id, names=["from_log"])] == [1]
+
+    # The partial line is read once its newline has arrived.
+    with open(spool, "a") as fh:
+        fh.write(_line(2001, {"loss": 0.25})[-10:])
+    _wait(lambda: _count(client, job_id, "loss") == 2002, what="the completed line")
+
+    # Malformed lines: skipped, counted, ONE event for the file.
+    errors = [e for e in client.events(job_id) if e.reason == "MetricsSpoolError"]
+    assert len(errors) == 1 and "worker0-log.jsonl: 3 malformed line(s)" in errors[0].message, errors
+    with open(bad, "a") as fh:
+        fh.write("more garbage\n" + _line(6, {"from_log": 6.0}))
+    _wait(lambda: _count(client, job_id, "from_log") == 2, what="the next good line")
+    assert len([e for e in client.events(job_id) if e.reason == "MetricsSpoolError"]) == 1
+
+    # Downsampling keeps the shape: first, last, the spike and the minimum; never more points than asked.
+    (small,) = client.metrics(job_id, names=["acc"], downsample=100)
+    assert len(small.points) <= 100 and small.count == 2000
+    assert small.points[0][0] == 0 and small.points[-1][0] == 1999
+    (spiky,) = client.metrics(job_id, names=["loss"], downsample=50, step_min=1000, step_max=1999)
+    steps = [p[0] for p in spiky.points]
+    assert len(steps) <= 50 and steps[0] == 1000 and steps[-1] == 1999 and 1234 in steps
+    assert spiky.count == 1000
+
+    # Summary, CSV.
+    summary = {s.name: s for s in client.metrics_summary(job_id)}
+    assert summary["acc"].count == 2000 and summary["acc"].last_step == 1999 and summary["acc"].max == 1999 / 2000
+    assert summary["phase"].last_value == "eval" and summary["loss"].last_value == 0.25
+    csv = client.export_metrics_csv(job_id, names=["acc"]).splitlines()
+    assert csv[0] == "job_id,worker,name,step,time,value" and len(csv) == 2001
+    assert csv[1].startswith(f"{job_id},worker0,acc,0,")
+
+    # Compare: two jobs; one the caller cannot see (here: does not exist) fails the whole request.
+    other = _running(client)
+    _spool(server.home, other, "worker0-sdk.jsonl").write_text("".join(_line(i, {"acc": i / 10}) for i in range(10)))
+    _wait(lambda: _count(client, other, "acc") == 10, what="the second job's points")
+    both = client.compare_metrics([job_id, other], names=["acc"], downsample=20)
+    assert [len(both[job_id][0].points) <= 20, both[other][0].count] == [True, 10]
+    with pytest.raises(NotFound):
+        client.compare_metrics([job_id, "job-doesnotexist"], names=["acc"])
+    csv = client.export_metrics_csv([job_id, other], names=["acc"]).splitlines()
+    assert len(csv) == 1 + 2000 + 10
+    for job in (job_id, other):
+        client.cancel(job)
+
+
+def test_exactly_once_across_a_server_crash(make_server, database_url: str) -> None:  # type: ignore[no-untyped-def]
+    server = make_server(database_url=database_url)
+    client = server.client()
+    job_id = _running(client)
+    n = 150_000
+    spool = _spool(server.home, job_id, "worker0-sdk.jsonl")
+    spool.write_text("".join(_line(i, {"x": float(i)}) for i in range(n)))
+    _wait(lambda: 0 < _count(client, job_id, "x") < n, 60, "ingestion under way")
+    server.kill()  # mid-ingestion, no shutdown hooks
+    server.start()
+    client = server.client()
+    _wait(lambda: _count(client, job_id, "x") == n, 120, f"{n} points after the restart")
+    time.sleep(1.5)  # a few more passes: nothing is ingested twice
+    (x,) = client.metrics(job_id, names=["x"], downsample=1000)
+    assert x.count == n and _count(client, job_id, "x") == n
+    (window,) = client.metrics(job_id, names=["x"], step_min=70_000, step_max=70_999)
+    assert [p[0] for p in window.points] == list(range(70_000, 71_000))
+    assert [p[2] for p in window.points] == [float(i) for i in range(70_000, 71_000)]
+    server.stop()
+    server.start()  # and the metrics are still there after a clean restart
+    assert _count(server.client(), job_id, "x") == n
+    server.client().cancel(job_id)
+
+
+POSTER = """
+import json, os, sys, time, httpx
+url = os.environ["KILN_ENDPOINT"] + "/api/v1/jobs/{job}/metrics"
+lines = "".join(json.dumps({"t": time.time(), "s": i, "m": {"posted": i * 1.0}}) + "\\n" for i in range(50))
+lines += json.dumps({"t": time.time(), "event": "Hello", "message": "from the job"}) + "\\n"
+headers = {"Authorization": "Bearer " + os.environ["KILN_JOB_TOKEN"], "Content-Type": "application/x-ndjson"}
+mine = httpx.post(url.format(job=os.environ["KILN_JOB_ID"]), content=lines, headers=headers)
+other = httpx.post(url.format(job=sys.argv[1]), content=lines, headers=headers)
+print("mine", mine.status_code, mine.text, "other", other.status_code, flush=True)
+"""
+
+
+def test_http_ingestion_with_job_tokens(make_server, database_url: str) -> None:  # type: ignore[no-untyped-def]
+    server = make_server(database_url=database_url)
+    client = server.client()
+    victim = _running(client)
+    poster = client.submit(job_spec([sys.executable, "-c", POSTER, victim]))
+    assert client.wait(poster.id, timeout=60).state == "SUCCEEDED"
+    log = b"".join(client.read_logs(poster.id)[0].splitlines(keepends=True)).decode()
+    assert "mine 200" in log and '"points":50' in log and "other 404" in log, log
+    (posted,) = client.metrics(poster.id, names=["posted"])
+    assert posted.count == 50 and posted.points[-1][2] == 49.0
+    assert any(e.reason == "Hello" and e.message == "from the job" for e in client.events(poster.id))
+    assert client.metrics(victim, names=["posted"]) == []
+    # No credentials at all: 401. A member may send too (signed); a body over 8 MiB: 413.
+    url = f"{server.url}/api/v1/jobs/{victim}/metrics"
+    assert httpx.post(url, content=b'{"t": 1, "m": {"a": 1}}\n').status_code == 401
+    assert client.send_metrics(victim, _line(1, {"imported": 1.0})).points == 1
+    with pytest.raises(Exception) as too_big:
+        client.send_metrics(victim, b"x" * (8 * 1024 * 1024 + 1))
+    assert getattr(too_big.value, "status", None) == 413 or "413" in str(too_big.value) or "over" in str(too_big.value)
+    client.cancel(victim)
+
+
+def test_migration_upgrades_from_empty_and_from_0003(database_url: str) -> None:
+    db = Database(database_url)
+    try:
+        migrate.upgrade(db.engine, "20261130_0003")
+        assert "metric_points" not in inspect(db.engine).get_table_names()
+        migrate.upgrade(db.engine)
+        tables = set(inspect(db.engine).get_table_names())
+        assert {"metric_series", "metric_points", "metric_chunks", "metric_cursors"} <= tables
+        assert migrate.is_up_to_date(db.engine)
+        indexes = {i["name"] for i in inspect(db.engine).get_indexes("metric_points")}
+        assert "ix_metric_points_series_step" in indexes
+    finally:
+        db.dispose()
