@@ -102,6 +102,9 @@ class Settings(BaseSettings):
         description='Labels of this machine for node_selector, as JSON, e.g. {"zone": "a"}; Kiln adds '
         "kiln.io/hostname and kiln.io/backend.",
     )
+    data_cache_bytes: int = Field(
+        50 * 1024**3, ge=0, description="Size limit of the local executor's dataset cache (LRU beyond it)."
+    )
 
     metrics_token: str | None = Field(
         None,

@@ -39,6 +39,26 @@ class Slot:
 
 
 @dataclass(frozen=True)
+class InputFile:
+    path: str  # inside the dataset
+    size: int
+    sha256: str
+    key: str  # object-store key of the blob
+
+
+@dataclass(frozen=True)
+class ResolvedInput:
+    """A dataset version a job reads, resolved to its files (the version was pinned at submit)."""
+
+    name: str
+    version: int
+    path: str  # where the job sees it, as the spec says (e.g. /data/mnist)
+    env: str  # KILN_INPUT_<NAME>
+    mode: str  # "stage" | "mount"
+    files: tuple[InputFile, ...]
+
+
+@dataclass(frozen=True)
 class Launch:
     """Everything a backend needs to start one attempt of a job."""
 
@@ -55,6 +75,7 @@ class Launch:
     # One slot per gang member (workers, then parameter servers) of a distributed job; empty for a single one,
     # which runs on ``cpus``, ``memory`` and ``gpus`` above.
     slots: tuple[Slot, ...] = ()
+    inputs: tuple[ResolvedInput, ...] = ()  # staged before the command runs
 
 
 class Phase(StrEnum):

@@ -67,6 +67,7 @@ class Reason(StrEnum):
     REATTACHED = "Reattached"
     INSUFFICIENT_RESOURCES = "InsufficientResources"
     CODE_ERROR = "CodeError"
+    INPUT_ERROR = "InputError"
     PREEMPTING = "Preempting"
     PREEMPTED = "Preempted"
     WAITING = "Waiting"

@@ -39,6 +39,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -136,6 +137,18 @@ def load_extract() -> Any:
     return extract
 
 
+def load_stage() -> Any:
+    """The dataset staging module, next to this file; only imported when an attempt has inputs."""
+    if __package__:
+        from kiln.runtime import stage
+    else:
+        here = os.path.dirname(os.path.abspath(__file__))
+        if here not in sys.path:
+            sys.path.append(here)
+        import stage  # type: ignore[no-redef]
+    return stage
+
+
 def rss_bytes(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/statm", "rb") as fh:
@@ -172,6 +185,8 @@ class Shim:
         self.notify_path = self.cfg.get("notify_socket")
         self.notify_sock: socket.socket | None = None
         self.metrics: Any = None  # extract.Metrics when the attempt collects metrics
+        self.stage_stop = threading.Event()  # set by a stop request while inputs are being staged
+        self.stage_holder = ""  # this attempt's name in the data cache's in-use records, once it staged
 
     # -- plumbing -------------------------------------------------------------------------------------
 
@@ -227,6 +242,7 @@ class Shim:
 
     def on_signal(self, signum: int, _frame: object) -> None:
         self.cancelled = True
+        self.stage_stop.set()
         self.cancel_reason = self.cancel_reason or f"signal {signal.Signals(signum).name}"
         try:
             os.write(self.wake_w, b"x")
@@ -597,6 +613,7 @@ class Shim:
             except Exception:
                 pass
         outcome["finished_at"] = time.time()
+        self.release_inputs()
         self.stop_metrics()
         try:
             write_exit_record(exit_path, outcome)
@@ -638,6 +655,10 @@ class Shim:
         if cfg.get("runtime_build"):
             self.build_runtime(cfg["runtime_build"])
         self.extract_code()
+        if cfg.get("inputs"):
+            failed = self.stage_inputs(env)
+            if failed is not None:
+                return failed
         deadline = time.monotonic() + cfg["timeout"] if cfg.get("timeout") else None
         code, reason = 0, ""
         if cfg.get("prepare"):
@@ -669,6 +690,36 @@ class Shim:
         if reason and reason == self.stopped_as:
             return self.finish(code, reason, self.stop_request()[1])
         return self.finish(code, reason, messages.get(reason, f"exited with {code}"))
+
+    def stage_inputs(self, env: dict) -> dict | None:
+        """Make the job's datasets available (read-only, from the machine's cache) before anything of it runs;
+        an outcome when that fails or the attempt is stopped meanwhile, None when the job may go on."""
+        cfg = self.cfg
+        stage = load_stage()
+        self.status("staging")
+        holder = f"{cfg['job_id']}-{cfg['attempt']}-{cfg.get('log_tag') or 'worker0'}"
+        self.stage_holder = holder
+        try:
+            added = stage.stage_inputs(
+                cfg["inputs"], cfg["data_cache"], cfg["work_dir"], log=self.say, stop=self.stage_stop, holder=holder
+            )
+        except stage.StageStopped:
+            stop_reason, stop_message, _ = self.stop_request()
+            self.stopped_as = stop_reason
+            return {"exit_code": None, "reason": stop_reason, "message": stop_message}
+        except stage.StageError as exc:
+            self.say(f"staging inputs failed: {exc}")
+            return {"exit_code": None, "reason": "InputError", "message": str(exc)}
+        env.update(added)
+        return None
+
+    def release_inputs(self) -> None:
+        if not self.stage_holder:
+            return
+        try:
+            load_stage().release(self.cfg["data_cache"], self.stage_holder)
+        except Exception:
+            pass  # a stale in-use record is ignored once this process is gone
 
     def finish(self, code: int | None, reason: str, message: str) -> dict:
         cfg = self.cfg

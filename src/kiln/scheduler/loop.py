@@ -8,18 +8,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, cast
 
 from sqlalchemy import String, Table, Text, bindparam, column, insert, or_, select, update, values
 from sqlalchemy.orm import Session
 
-from kiln.backends.base import AttemptStatus, Backend, Launch, Phase, Slot
+from kiln.backends.base import AttemptStatus, Backend, Launch, Phase, ResolvedInput, Slot
 from kiln.db.models import Job, JobEvent, utcnow
 from kiln.db.session import Database
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState, Reason
-from kiln.errors import BackendError
+from kiln.errors import BackendError, InvalidInput, KilnError
 from kiln.scheduler.inputs import allocation_of, gather, redact
 from kiln.scheduler.policy import Decision
 from kiln.services.blobs import blob_key
@@ -37,7 +38,7 @@ MAX_START_SECONDS_PER_PASS = 0.05
 LEFTOVER_SECONDS = 2.0  # placements older than this are decided again rather than started
 OPEN_STATES = [JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING]
 # Failures that a retry cannot fix: the spec itself is wrong.
-PERMANENT_REASONS = {Reason.COMMAND_NOT_FOUND, Reason.RUNTIME_ERROR, Reason.CODE_ERROR}
+PERMANENT_REASONS = {Reason.COMMAND_NOT_FOUND, Reason.RUNTIME_ERROR, Reason.CODE_ERROR, Reason.INPUT_ERROR}
 
 
 def set_waiting(s: Session, job: Job, why: str) -> None:
@@ -82,6 +83,8 @@ class Reconciler:
         self._leftover: list[tuple[Any, tuple[Slot, ...]]] = []  # placements decided but not started yet
         self._leftover_names: dict[str, str] = {}
         self._leftover_at = 0.0
+        # (org id, spec) → the spec's inputs resolved to files; set by the platform when datasets exist.
+        self.resolve_inputs: Callable[[str, JobSpec], tuple[ResolvedInput, ...]] | None = None
         self.on_started: Callable[[Job], None] | None = None  # called in the transaction that made a job STARTING
 
     # -- thread ---------------------------------------------------------------------------------------
@@ -360,6 +363,12 @@ class Reconciler:
             self._dirty.update(victims)
         self._wake.set()
 
+    def _inputs(self, org_id: str, spec: JobSpec) -> tuple[ResolvedInput, ...]:
+        """The job's datasets at the versions pinned at submit, as files the backend stages."""
+        if self.resolve_inputs is None:
+            raise InvalidInput("inputs: this server keeps no datasets")
+        return self.resolve_inputs(org_id, spec)
+
     def _token(self, job: Job) -> str | None:
         if self.mint_token is None:
             return None
@@ -452,9 +461,17 @@ class Reconciler:
             )
         # Committed STARTING first: after a crash here the attempt is found by its handle, never run twice.
         try:
+            if spec.inputs:
+                launch = replace(launch, inputs=self._inputs(launch.org_id, spec))
             self.backend.start(launch)
-        except BackendError as exc:
-            reason = Reason.RUNTIME_ERROR if "runtime" in exc.message else Reason.BACKEND_ERROR
+        except KilnError as exc:
+            reason = (
+                Reason.INPUT_ERROR
+                if not isinstance(exc, BackendError)
+                else Reason.RUNTIME_ERROR
+                if "runtime" in exc.message
+                else Reason.BACKEND_ERROR
+            )
             with self.db.transaction() as s:
                 job = s.get(Job, queued.id)
                 if job is not None and job.state == JobState.STARTING:

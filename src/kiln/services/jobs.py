@@ -124,6 +124,8 @@ class JobService:
         self.db = db
         self.catalog = catalog
         self.nodes = nodes
+        # (org id, NAME or NAME@VERSION) → (name, version) of a ready dataset version, or NotFound.
+        self.resolve_dataset: Callable[[str, str], tuple[str, int]] | None = None
         self.wake = wake
 
     def load(self, s: Session, principal: Principal, job_id: str, *, lock: bool = False) -> Job:
@@ -146,6 +148,8 @@ class JobService:
         self.catalog.check(spec.runtime)
         if self.validate is not None:
             self.validate(spec)
+        if spec.inputs:
+            spec = self._pin_inputs(principal, spec)
         impossible = never_fits(spec, [node_of(n) for n in self.nodes()])
         if impossible:
             raise InvalidInput(f"resources: the job {impossible}", details={"field": "spec.resources"})
@@ -196,6 +200,24 @@ class JobService:
             read = to_read(job)
         self.wake()
         return read
+
+    def _pin_inputs(self, principal: Principal, spec: JobSpec) -> JobSpec:
+        """Each input's version as it is now (the latest, where none is given), written into the job's spec so
+        that every attempt reads the same data."""
+        if self.resolve_dataset is None:
+            raise InvalidInput("inputs: this server keeps no datasets", details={"field": "spec.inputs"})
+        pinned = []
+        for index, item in enumerate(spec.inputs):
+            try:
+                name, version = self.resolve_dataset(principal.org_id, item.dataset)
+            except NotFound:
+                raise InvalidInput(
+                    f"inputs[{index}].dataset: no dataset {item.dataset!r} in organisation {principal.org_name} "
+                    "(upload it with `kiln data put PATH NAME`)",
+                    details={"field": f"spec.inputs[{index}].dataset"},
+                ) from None
+            pinned.append(item.model_copy(update={"dataset": f"{name}@{version}"}))
+        return spec.model_copy(update={"inputs": pinned})
 
     @staticmethod
     def _check_priority(s: Session, principal: Principal, priority: str) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 import psutil
 
 import kiln as kiln_package
-from kiln.backends.base import AttemptStatus, Backend, Inventory, Launch, Phase
+from kiln.backends.base import AttemptStatus, Backend, Inventory, Launch, Phase, ResolvedInput
 from kiln.backends.local.gang import MemberStatus, aggregate
 from kiln.backends.local.inventory import local_inventory
 from kiln.backends.local.runtimes import RuntimeManager
@@ -39,6 +39,7 @@ from kiln.domain.distributed import Member, gang_members, hostfile_text, member_
 from kiln.domain.spec import JobSpec, command_argv
 from kiln.errors import BackendError, InvalidInput, KilnError
 from kiln.runtime import shim as shim_module
+from kiln.runtime.stage import can_mount
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore
@@ -49,6 +50,7 @@ SHIM_PATH = Path(shim_module.__file__).resolve()
 # Passed through from the server's environment; nothing else is (the server's own secrets stay out of jobs).
 PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR")
 MAX_UNIX_SOCKET_PATH = 100
+STAGE_URL_SECONDS = 6 * 3600
 
 
 def _ts(value: float | None) -> datetime | None:
@@ -149,6 +151,14 @@ class LocalBackend(Backend):
             self.runtimes.resolve(spec.runtime)
         except KilnError as exc:
             raise InvalidInput(exc.message) from exc
+        for index, item in enumerate(spec.inputs):
+            if item.mode == "mount":
+                why = can_mount()
+                if why:
+                    raise InvalidInput(
+                        f"inputs[{index}].mode: mount is not available on this machine: {why}; use mode: stage",
+                        details={"field": f"spec.inputs[{index}].mode"},
+                    )
 
     def job_dir(self, job_id: str) -> Path:
         return self.jobs_dir / job_id
@@ -195,6 +205,12 @@ class LocalBackend(Backend):
             "system": wanted.system,
             "system_interval": wanted.system_interval,
         }
+        if launch.inputs:
+            base["inputs"] = [self._input_config(i) for i in launch.inputs]
+            base["data_cache"] = {
+                "dir": str(self.settings.home / "cache" / "data"),
+                "max_bytes": self.settings.data_cache_bytes,
+            }
         notice = attempt_dir / "notice"
         if launch.spec.distributed is not None:
             return self._start_gang(launch, handle, base, resolved.bin_dir, dirs, notice)
@@ -264,6 +280,25 @@ class LocalBackend(Backend):
                 config["procs"] = procs
             self._launch_member(member_dir, config)
         return handle
+
+    def _input_config(self, item: ResolvedInput) -> dict[str, Any]:
+        """What the shim stages: each blob's source is its local file (a local store) or a presigned URL."""
+        ttl = STAGE_URL_SECONDS  # staging a large dataset can take a while; the URLs are only in the job's config
+        files = []
+        for f in item.files:
+            local = self.store.local_path(f.key)
+            source = str(local) if local is not None else self.store.presign_get(f.key, ttl)
+            if source is None:
+                raise BackendError(f"input {item.name}@{item.version}: no way to read {f.path} from the store")
+            files.append({"path": f.path, "size": f.size, "sha256": f.sha256, "source": source})
+        return {
+            "name": item.name,
+            "version": item.version,
+            "path": item.path,
+            "env": item.env,
+            "mode": item.mode,
+            "files": files,
+        }
 
     def _launch_member(self, member_dir: Path, config: dict[str, Any]) -> None:
         member_dir.mkdir(parents=True, exist_ok=True)
