@@ -85,6 +85,12 @@ class Unavailable(KilnError):
     status = 503
 
 
+class StoreUnavailable(Unavailable):
+    """The object store (a local directory or an S3-compatible service) cannot be reached, or is full."""
+
+    code = "store_unavailable"
+
+
 class BackendError(KilnError):
     """A backend failed to act; ``retryable`` says whether trying again later may succeed."""
 

@@ -21,6 +21,7 @@ from kiln.scheduler.loop import Reconciler
 from kiln.services.accounts import AccountService
 from kiln.services.audit import AuditService
 from kiln.services.blobs import BlobService
+from kiln.services.datasets import DatasetService
 from kiln.services.identity import Credentials, IdentityService
 from kiln.services.jobs import JobService
 from kiln.services.metrics import MetricsService
@@ -51,7 +52,7 @@ class Platform:
             else load_or_create_server_key(settings.home / "server.key")
         )
         self.box = SecretBox(key)
-        self.store = ObjectStore(settings.resolved_storage_url)
+        self.store = ObjectStore(settings.resolved_storage_url, **settings.storage_options)
         self.logs = LogStore(settings.logs_dir)
         self.catalog = DEFAULT_CATALOG
         if settings.runtime_catalog is not None:
@@ -77,6 +78,7 @@ class Platform:
         self.blobs = BlobService(self.db, self.store, settings, self.quotas)
         self.outputs = OutputService(self.jobs, self.logs, self.store, self.blobs.tmp_dir, self.quotas)
         self.runtimes = RuntimeService(self.runtime_manager)
+        self.datasets = DatasetService(self.db, self.store, settings, self.quotas)
         # Metrics: the store both ingestion paths write through, the thread that tails the jobs' spool files,
         # the queries, and the server's own numbers for /metrics (the reconciler feeds the admission latency).
         self.metrics_store = MetricsStore(self.db)

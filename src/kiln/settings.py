@@ -12,7 +12,7 @@ import socket
 from functools import cached_property
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -37,8 +37,30 @@ class Settings(BaseSettings):
         "PostgreSQL: postgresql+psycopg://user@host:5432/db.",
     )
     storage_url: str | None = Field(
-        None, description="fsspec URL of the artifact store. Default: $KILN_HOME/store (local directory)."
+        None,
+        description="fsspec URL of the object store (code bundles, artifacts, logs archives, datasets), e.g. "
+        "s3://bucket/prefix for any S3-compatible store. Default: $KILN_HOME/store (local directory).",
     )
+    storage_endpoint_url: str | None = Field(
+        None, description="Endpoint of a non-AWS S3-compatible store (MinIO, Ceph, moto), e.g. http://minio:9000."
+    )
+    storage_region: str | None = Field(None, description="Region of the S3 store (default: the AWS defaults).")
+    storage_access_key_id: str | None = Field(
+        None, description="S3 access key id (default: the usual AWS variables, profile or instance role)."
+    )
+    storage_secret_access_key: SecretStr | None = Field(None, description="S3 secret access key (never logged).")
+    storage_presign: bool = Field(
+        True,
+        description="On S3, clients send dataset parts and read dataset files straight from the store through "
+        "short-lived presigned URLs; false: every byte goes through the API.",
+    )
+    storage_presign_seconds: int = Field(900, ge=30, description="Life of a presigned store URL.")
+    dataset_part_bytes: int = Field(
+        32 * 1024**2,
+        ge=5 * 1024**2,
+        description="Part size of dataset uploads straight to S3 (parts through the API are at most 16 MiB).",
+    )
+    dataset_max_files: int = Field(200_000, ge=1, description="Most files one dataset version may hold.")
     server_key: str | None = Field(
         None, description="Fernet key encrypting secrets at rest. Default: generated in $KILN_HOME/server.key."
     )
@@ -105,7 +127,6 @@ class Settings(BaseSettings):
     data_cache_bytes: int = Field(
         50 * 1024**3, ge=0, description="Size limit of the local executor's dataset cache (LRU beyond it)."
     )
-
     metrics_token: str | None = Field(
         None,
         description="When set, GET /metrics (Prometheus) needs 'Authorization: Bearer <this token>'; "
@@ -126,6 +147,23 @@ class Settings(BaseSettings):
     @cached_property
     def resolved_storage_url(self) -> str:
         return self.storage_url or str(self.home / "store")
+
+    @property
+    def storage_options(self) -> dict[str, object]:
+        """fsspec options of the store (credentials included: never log them)."""
+        if not self.resolved_storage_url.startswith(("s3://", "s3a://")):
+            return {}
+        client: dict[str, object] = {}
+        if self.storage_endpoint_url:
+            client["endpoint_url"] = self.storage_endpoint_url
+        if self.storage_region:
+            client["region_name"] = self.storage_region
+        options: dict[str, object] = {"client_kwargs": client}
+        if self.storage_access_key_id:
+            options["key"] = self.storage_access_key_id
+        if self.storage_secret_access_key is not None:
+            options["secret"] = self.storage_secret_access_key.get_secret_value()
+        return options
 
     @cached_property
     def resolved_runtimes_dir(self) -> Path:

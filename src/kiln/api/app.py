@@ -15,7 +15,7 @@ from kiln.api.auth import SignatureMiddleware
 from kiln.api.errors import install_error_handlers
 from kiln.api.prometheus import RequestMetricsMiddleware
 from kiln.api.prometheus import router as prometheus_router
-from kiln.api.routers import blobs, jobs, metrics, runtimes, scheduling, system, tenancy
+from kiln.api.routers import blobs, datasets, jobs, metrics, runtimes, scheduling, system, tenancy
 from kiln.platform import Platform
 from kiln.settings import Settings
 
@@ -64,7 +64,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestMetricsMiddleware)  # outermost: times refused requests too
     app.include_router(system.health)
     app.include_router(prometheus_router)
-    for module in (system, blobs, jobs, scheduling, runtimes, metrics):
+    for module in (system, blobs, datasets, jobs, scheduling, runtimes, metrics):
         app.include_router(module.router, prefix=API_PREFIX)
     for router in tenancy.routers:
         app.include_router(router, prefix=API_PREFIX)

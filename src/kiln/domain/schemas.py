@@ -347,3 +347,103 @@ class MetricsCompare(BaseModel):
     """The same series of several jobs, by job id."""
 
     jobs: dict[str, list[MetricSeriesData]]
+
+
+# -- datasets ---------------------------------------------------------------------------------------------------
+
+
+class DatasetFileEntry(BaseModel):
+    """One file of a manifest: its path relative to the dataset's root, its size and the SHA-256 of its bytes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(max_length=1024)
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=SHA256_PATTERN)
+
+
+class DraftCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(max_length=200, description="lowercase letters, digits and . _ - (at most 100)")
+    files: list[DatasetFileEntry]
+
+
+class DraftRead(BaseModel):
+    id: str = Field(description="The draft; commit it once every missing blob is uploaded.")
+    name: str
+    manifest_sha256: str
+    files: int
+    size: int
+    missing: list[str] = Field(description="SHA-256 of the blobs the store does not hold yet.")
+    missing_bytes: int
+    version: int | None = Field(None, description="Set when the manifest is the latest version's: nothing to do.")
+
+
+class UploadCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sha256: str = Field(pattern=SHA256_PATTERN)
+    size: int = Field(ge=0)
+
+
+class UploadRead(BaseModel):
+    id: str | None = Field(None, description="None when the blob is already stored (complete).")
+    sha256: str
+    size: int
+    complete: bool
+    mode: Literal["api", "presigned", "none"] = Field(
+        description="api: PUT each part to /uploads/{id}/parts/{n}; presigned: ask /uploads/{id}/parts/{n}/url "
+        "and PUT the part to the store"
+    )
+    part_size: int
+    parts: int = Field(description="Number of parts (the last may be shorter).")
+    received: list[int] = Field(default_factory=list, description="Parts the server already holds.")
+
+
+class PartUrlRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    size: int = Field(ge=0)
+    md5: str = Field(pattern=r"^[0-9a-f]{32}$", description="Hex MD5 of the part (the store checks it).")
+
+
+class PartUrl(BaseModel):
+    url: str
+    method: str = "PUT"
+    headers: dict[str, str] = Field(description="Headers to send with the part (Content-MD5).")
+    expires_in: int
+
+
+class PartRead(BaseModel):
+    number: int
+    size: int
+
+
+class DatasetSummary(BaseModel):
+    name: str
+    latest_version: int
+    versions: int
+    files: int
+    size: int
+    updated_at: datetime
+
+
+class DatasetVersionRead(BaseModel):
+    name: str
+    version: int
+    files: int
+    size: int
+    manifest_sha256: str
+    created_at: datetime
+
+
+class DatasetManifest(DatasetVersionRead):
+    items: list[DatasetFileEntry]
+
+
+class DatasetRemoved(BaseModel):
+    name: str
+    versions: list[int]
+    blobs_deleted: int
+    bytes_freed: int

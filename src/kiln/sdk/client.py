@@ -41,6 +41,7 @@ from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState
 from kiln.errors import KilnError, NotFound, Unauthenticated, error_from_body
 from kiln.sdk.config import read_config_file
+from kiln.sdk.datasets import DatasetsMixin
 from kiln.sdk.packaging import build_bundle
 from kiln.sdk.tenancy import TenancyMixin
 from kiln.settings import ClientSettings
@@ -49,7 +50,7 @@ Progress = Callable[[int], None]
 DEFAULT_MAX_CODE_BYTES = 256 * 1024 * 1024
 
 
-class Client(TenancyMixin):
+class Client(TenancyMixin, DatasetsMixin):
     """A connection to one Kiln server: signed with an access key, or carrying a running job's token."""
 
     def __init__(

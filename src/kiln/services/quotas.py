@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from kiln.db.models import Blob, Job, Organization, Quota, utcnow
+from kiln.db.models import Blob, DataBlob, DataUpload, Job, Organization, Quota, utcnow
 from kiln.db.session import Database
 from kiln.domain.quota import CATEGORIES, FIELDS, TOTAL, Limits, OrgUsage, blocked_by, never_fits
 from kiln.domain.schemas import QuotaCategory, QuotaFields, QuotaReport, QuotaSet
@@ -47,9 +47,13 @@ def load_usage(s: Session, org_ids: list[str] | None = None) -> dict[str, OrgUsa
 
 
 def storage_used(s: Session, org_id: str) -> int:
+    """Bytes the organisation stores: code bundles, job outputs, dataset blobs (each stored once however many
+    versions share it) and the full size of every open dataset upload (reserved when it is opened)."""
     blobs = s.scalar(select(func.coalesce(func.sum(Blob.size), 0)).where(Blob.org_id == org_id)) or 0
     outputs = s.scalar(select(func.coalesce(func.sum(Job.output_bytes), 0)).where(Job.org_id == org_id)) or 0
-    return int(blobs) + int(outputs)
+    data = s.scalar(select(func.coalesce(func.sum(DataBlob.size), 0)).where(DataBlob.org_id == org_id)) or 0
+    uploads = s.scalar(select(func.coalesce(func.sum(DataUpload.size), 0)).where(DataUpload.org_id == org_id)) or 0
+    return int(blobs) + int(outputs) + int(data) + int(uploads)
 
 
 def admit(s: Session, dialect: str, job: Job, org_name: str) -> str | None:

@@ -1,20 +1,58 @@
-"""The artifact store: one interface over any fsspec filesystem (a local directory by default).
+"""The artifact store: one interface over any fsspec filesystem (a local directory by default, or any
+S3-compatible service through s3fs/boto3: AWS, MinIO, Ceph, moto).
 
-Keys are ``/``-separated relative paths; every key is checked so no caller can leave the store's root.
+Keys are ``/``-separated relative paths; every key is checked so no caller can leave the store's root. A store
+that cannot be reached (or is full) raises ``StoreUnavailable`` (503, naming the store) instead of whatever its
+driver threw, so no caller turns an outage into a 500 with a traceback.
+
+Multipart uploads (used by datasets): on S3 they are the store's own multipart uploads (parts may be sent
+straight to the store through presigned URLs); on a local directory the parts are files beside the final object,
+concatenated (and hashed) at completion, and the object appears atomically.
 """
 
 from __future__ import annotations
 
+import base64
+import errno
+import hashlib
+import logging
 import os
+import secrets
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import fsspec
 
-from kiln.errors import BadRequest, NotFound
+from kiln.errors import BadRequest, DigestMismatch, KilnError, NotFound, StoreUnavailable
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+PartList = list[tuple[int, str]]  # (part number, ETag)
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+def _driver_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions of the S3 drivers that mean "the store failed", when they are installed."""
+    found: list[type[BaseException]] = [OSError, ConnectionError, TimeoutError]
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        found += [BotoCoreError, ClientError]
+    except ImportError:  # pragma: no cover - s3fs[boto3] is a dependency
+        pass
+    try:
+        from aiohttp import ClientError as AioClientError
+
+        found.append(AioClientError)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(found)
+
+
+DRIVER_ERRORS = _driver_errors()
 
 
 def safe_key(*parts: str) -> str:
@@ -39,39 +77,82 @@ class ObjectStore:
 
     def __init__(self, url: str, **storage_options: Any) -> None:
         self.url = url.rstrip("/")
+        protocol = self.url.split("://", 1)[0] if "://" in self.url else "file"
+        self.is_s3 = protocol in ("s3", "s3a")
+        if self.is_s3:
+            # Fail fast when the store is down (the API answers 503), and never serve a stale listing.
+            config = dict(storage_options.pop("config_kwargs", None) or {})
+            config.setdefault("retries", {"max_attempts": 2, "mode": "standard"})
+            config.setdefault("connect_timeout", 5)
+            config.setdefault("signature_version", "s3v4")  # presigned URLs that carry their Content-MD5
+            storage_options["config_kwargs"] = config
+            storage_options.setdefault("use_listings_cache", False)
+            storage_options.setdefault("skip_instance_cache", True)
         self.fs, root = fsspec.core.url_to_fs(self.url, **storage_options)
+        if self.is_s3:
+            self.fs.retries = 2
         self.root = root.rstrip("/")
         self.is_local = self.fs.protocol in ("file", ("file", "local")) or "file" in self.fs.protocol
+        endpoint = (storage_options.get("client_kwargs") or {}).get("endpoint_url") or storage_options.get(
+            "endpoint_url"
+        )
+        # Names the store in errors; never holds credentials.
+        self.display = f"{self.url} at {endpoint}" if endpoint else self.url
         if self.is_local:
-            Path(self.root).mkdir(parents=True, exist_ok=True)
+            self._guard(lambda: Path(self.root).mkdir(parents=True, exist_ok=True))
+
+    # -- errors -------------------------------------------------------------------------------------------------
+
+    def _guard(self, call: Callable[[], T], *, missing: str | None = None) -> T:
+        """Run one store operation; a missing object becomes NotFound (when ``missing`` names it), a store that
+        is down or full becomes StoreUnavailable."""
+        try:
+            return call()
+        except KilnError:
+            raise
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            if missing is None:
+                raise
+            raise NotFound(f"no such object: {missing}") from exc
+        except DRIVER_ERRORS as exc:
+            if isinstance(exc, OSError) and exc.errno in _FULL:
+                raise StoreUnavailable(f"the object store {self.display} is full: {exc.strerror}") from exc
+            detail = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+            log.warning("object store %s failed: %s: %s", self.display, type(exc).__name__, detail)
+            raise StoreUnavailable(f"the object store {self.display} is unavailable: {detail}") from exc
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{safe_key(key)}"
 
+    # -- objects ------------------------------------------------------------------------------------------------
+
     def exists(self, key: str) -> bool:
-        return bool(self.fs.exists(self._path(key)))
+        path = self._path(key)
+        return bool(self._guard(lambda: self.fs.exists(path)))
 
     def size(self, key: str) -> int:
-        try:
-            return int(self.fs.size(self._path(key)))
-        except FileNotFoundError as exc:
-            raise NotFound(f"no such object: {key}") from exc
+        path = self._path(key)
+        return int(self._guard(lambda: self.fs.size(path), missing=key))
 
     def put_file(self, local: Path, key: str) -> None:
         """Upload a local file; on a local store the object appears atomically (rename)."""
         path = self._path(key)
         if self.is_local:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=".upload-")
-            os.close(fd)
-            try:
-                shutil.copyfile(local, tmp)
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+
+            def copy() -> None:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=".upload-")
+                os.close(fd)
+                try:
+                    shutil.copyfile(local, tmp)
+                    os.replace(tmp, path)
+                except BaseException:
+                    Path(tmp).unlink(missing_ok=True)
+                    raise
+
+            self._guard(copy)
         else:
-            self.fs.put_file(str(local), path)
+            self._guard(lambda: self.fs.put_file(str(local), path))
 
     def put_tree(self, local_dir: Path, prefix: str) -> tuple[int, int]:
         """Upload every regular file under ``local_dir`` (links are not followed). Returns (files, bytes)."""
@@ -90,23 +171,22 @@ class ObjectStore:
         return count, size
 
     def open(self, key: str) -> IO[bytes]:
-        try:
-            return self.fs.open(self._path(key), "rb")  # type: ignore[no-any-return]
-        except (FileNotFoundError, IsADirectoryError) as exc:
-            raise NotFound(f"no such object: {key}") from exc
+        path = self._path(key)
+        return self._guard(lambda: self.fs.open(path, "rb"), missing=key)  # type: ignore[no-any-return]
 
     def iter_bytes(self, key: str, chunk: int = 1024 * 1024) -> Iterator[bytes]:
         with self.open(key) as fh:
-            while data := fh.read(chunk):
+            while data := self._guard(lambda: fh.read(chunk)):
                 yield data
 
     def list(self, prefix: str) -> list[tuple[str, int]]:
         """(path relative to prefix, size) of every object under ``prefix``, sorted."""
         base = self._path(prefix)
-        if not self.fs.exists(base):
+        if not self._guard(lambda: self.fs.exists(base)):
             return []
         out = []
-        for path, info in self.fs.find(base, detail=True).items():
+        found = self._guard(lambda: self.fs.find(base, detail=True))
+        for path, info in found.items():
             if info.get("type") == "directory":
                 continue
             rel = path[len(base) :].lstrip("/") if path.startswith(base) else path
@@ -120,7 +200,185 @@ class ObjectStore:
         return Path(self._path(key)) if self.is_local else None
 
     def download(self, key: str, dest: Path) -> None:
+        """Fetch one object to ``dest`` (written under a temporary name, then renamed)."""
+        path = self._path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(dest.name + ".part")
-        self.fs.get_file(self._path(key), str(tmp))
-        os.replace(tmp, dest)
+        try:
+            self._guard(lambda: self.fs.get_file(path, str(tmp)), missing=key)
+            os.replace(tmp, dest)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def delete(self, key: str) -> None:
+        """Remove one object; a missing one is not an error."""
+        path = self._path(key)
+        try:
+            self._guard(lambda: self.fs.rm_file(path))
+        except FileNotFoundError:
+            pass
+
+    def presign_get(self, key: str, expires: int, filename: str | None = None) -> str | None:
+        """A short-lived URL that reads the object straight from the store (S3), or None (local store)."""
+        if not self.is_s3:
+            return None
+        path = self._path(key)
+        extra: dict[str, str] = {}
+        if filename:
+            extra["ResponseContentDisposition"] = f'attachment; filename="{filename}"'
+        return str(self._guard(lambda: self.fs.url(path, expires=expires, client_method="get_object", **extra)))
+
+    # -- multipart uploads --------------------------------------------------------------------------------------
+
+    def _bucket_key(self, key: str) -> tuple[str, str]:
+        bucket, _, rest = self._path(key).partition("/")
+        return bucket, rest
+
+    def _staging(self, key: str, upload_id: str) -> Path:
+        if not all(c.isalnum() for c in upload_id):
+            raise BadRequest("invalid upload id")
+        return Path(f"{self._path(key)}.multipart-{upload_id}")
+
+    def multipart_start(self, key: str) -> str:
+        """Begin a multipart upload of ``key``; returns the store's upload id."""
+        if self.is_local:
+            upload_id = secrets.token_hex(12)
+            self._guard(lambda: self._staging(key, upload_id).mkdir(parents=True, exist_ok=True))
+            return upload_id
+        bucket, name = self._bucket_key(key)
+        answer = self._guard(lambda: self.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=name))
+        return str(answer["UploadId"])
+
+    def multipart_put_part(self, key: str, upload_id: str, number: int, data: bytes) -> None:
+        """Store one part (numbered from 1) through this process."""
+        if self.is_local:
+            staging = self._staging(key, upload_id)
+
+            def write() -> None:
+                if not staging.is_dir():
+                    raise NotFound(f"upload {upload_id} of {key} is not open")
+                fd, tmp = tempfile.mkstemp(dir=staging, prefix=".part-")
+                try:
+                    with os.fdopen(fd, "wb") as fh:
+                        fh.write(data)
+                    os.replace(tmp, staging / f"{number:05d}")
+                except BaseException:
+                    Path(tmp).unlink(missing_ok=True)
+                    raise
+
+            self._guard(write)
+            return
+
+        bucket, name = self._bucket_key(key)
+        md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
+        self._guard(
+            lambda: self.fs.call_s3(
+                "upload_part",
+                Bucket=bucket,
+                Key=name,
+                UploadId=upload_id,
+                PartNumber=number,
+                Body=data,
+                ContentMD5=md5,
+            )
+        )
+
+    def multipart_presign_part(self, key: str, upload_id: str, number: int, content_md5: str, expires: int) -> str:
+        """A URL that takes part ``number`` straight to the store; the store refuses a body whose MD5 is not
+        ``content_md5`` (base64), which the sender must send as its Content-MD5 header."""
+        if not self.is_s3:
+            raise BadRequest("this store takes parts through the API, not presigned URLs")
+        path = self._path(key)
+        return str(
+            self._guard(
+                lambda: self.fs.url(
+                    path,
+                    expires=expires,
+                    client_method="upload_part",
+                    UploadId=upload_id,
+                    PartNumber=number,
+                    ContentMD5=content_md5,
+                )
+            )
+        )
+
+    def multipart_parts(self, key: str, upload_id: str) -> dict[int, tuple[int, str]]:
+        """The parts the store holds: number → (size, ETag without quotes; "" on a local store)."""
+        if self.is_local:
+            staging = self._staging(key, upload_id)
+
+            def scan() -> dict[int, tuple[int, str]]:
+                if not staging.is_dir():
+                    return {}
+                return {int(p.name): (p.stat().st_size, "") for p in staging.iterdir() if p.name.isdigit()}
+
+            return self._guard(scan)
+        bucket, name = self._bucket_key(key)
+        out: dict[int, tuple[int, str]] = {}
+        marker = 0
+        while True:
+            try:
+                answer = self._guard(
+                    lambda m=marker: self.fs.call_s3(  # type: ignore[misc]
+                        "list_parts", Bucket=bucket, Key=name, UploadId=upload_id, PartNumberMarker=m
+                    )
+                )
+            except FileNotFoundError:  # NoSuchUpload: aborted or completed
+                return {}
+            for part in answer.get("Parts", []):
+                out[int(part["PartNumber"])] = (int(part["Size"]), str(part["ETag"]).strip('"'))
+            if not answer.get("IsTruncated"):
+                return out
+            marker = int(answer["NextPartNumberMarker"])
+
+    def multipart_complete(
+        self, key: str, upload_id: str, parts: PartList, expected_sha256: str | None = None
+    ) -> str | None:
+        """Assemble the object from ``parts`` ((number, ETag), in order). On a local store the bytes are hashed
+        on the way and the SHA-256 returned; the object appears atomically, and only when it matches
+        ``expected_sha256`` (else DigestMismatch, nothing written). On S3 the store assembles it (None)."""
+        if self.is_local:
+            staging = self._staging(key, upload_id)
+            final = Path(self._path(key))
+
+            def assemble() -> str:
+                digest = hashlib.sha256()
+                fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".assemble-")
+                try:
+                    with os.fdopen(fd, "wb") as out:
+                        for number, _etag in parts:
+                            with open(staging / f"{number:05d}", "rb") as part:
+                                while chunk := part.read(4 * 1024 * 1024):
+                                    digest.update(chunk)
+                                    out.write(chunk)
+                    if expected_sha256 is not None and digest.hexdigest() != expected_sha256:
+                        raise DigestMismatch(
+                            f"the assembled parts hash to {digest.hexdigest()}, not {expected_sha256}; nothing stored"
+                        )
+                    os.replace(tmp, final)
+                except BaseException:
+                    Path(tmp).unlink(missing_ok=True)
+                    raise
+                shutil.rmtree(staging, ignore_errors=True)
+                return digest.hexdigest()
+
+            return self._guard(assemble)
+        bucket, name = self._bucket_key(key)
+        body = {"Parts": [{"PartNumber": n, "ETag": f'"{etag}"'} for n, etag in parts]}
+        self._guard(
+            lambda: self.fs.call_s3(
+                "complete_multipart_upload", Bucket=bucket, Key=name, UploadId=upload_id, MultipartUpload=body
+            )
+        )
+        return None
+
+    def multipart_abort(self, key: str, upload_id: str) -> None:
+        if self.is_local:
+            shutil.rmtree(self._staging(key, upload_id), ignore_errors=True)
+            return
+        bucket, name = self._bucket_key(key)
+        try:
+            self._guard(lambda: self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=name, UploadId=upload_id))
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,136 @@
+"""Versioned datasets and their resumable, SHA-256-verified uploads (protocol: kiln.services.datasets)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Request
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from kiln.api.deps import Caller, Kiln
+from kiln.domain.schemas import (
+    DatasetManifest,
+    DatasetRemoved,
+    DatasetVersionRead,
+    DraftCreate,
+    DraftRead,
+    PartRead,
+    PartUrl,
+    PartUrlRequest,
+    UploadCreate,
+    UploadRead,
+)
+from kiln.errors import BadRequest
+
+router = APIRouter(tags=["datasets"])
+PART_SHA256_HEADER = "X-Kiln-Part-SHA256"
+Number = Annotated[int, Path(ge=1, le=10000, description="Part number, from 1")]
+
+
+def _version(value: str) -> int | None:
+    if value == "latest":
+        return None
+    if not value.isdigit() or not 1 <= int(value) <= 10**9:
+        raise BadRequest(f"version {value!r}: a number ≥ 1 or 'latest'")
+    return int(value)
+
+
+@router.get("/datasets", summary="The organisation's datasets: name, latest version, size, last update")
+def list_datasets(caller: Caller, kiln: Kiln) -> dict[str, Any]:
+    return {"items": [d.model_dump(mode="json") for d in kiln.datasets.list_datasets(caller)]}
+
+
+@router.post("/datasets", response_model=DraftRead, status_code=201, summary="Start a version: send its manifest")
+def create_draft(body: DraftCreate, caller: Caller, kiln: Kiln) -> DraftRead:
+    return kiln.datasets.create_draft(caller, body)
+
+
+@router.post(
+    "/datasets/drafts/{draft_id}/commit",
+    response_model=DatasetVersionRead,
+    summary="Make a draft the next version (409 while blobs are missing)",
+)
+def commit_draft(draft_id: str, caller: Caller, kiln: Kiln) -> DatasetVersionRead:
+    return kiln.datasets.commit(caller, draft_id)
+
+
+@router.get("/datasets/{name}", summary="The versions of a dataset")
+def dataset_versions(name: str, caller: Caller, kiln: Kiln) -> dict[str, Any]:
+    items = kiln.datasets.versions(caller, name)
+    return {"name": name, "items": [v.model_dump(mode="json") for v in items]}
+
+
+@router.delete("/datasets/{name}", response_model=DatasetRemoved, summary="Remove a dataset (every version)")
+def remove_dataset(name: str, caller: Caller, kiln: Kiln) -> DatasetRemoved:
+    return kiln.datasets.remove(caller, name, None)
+
+
+@router.get(
+    "/datasets/{name}/versions/{version}",
+    response_model=DatasetManifest,
+    summary="The manifest of a version (a number or 'latest')",
+)
+def dataset_manifest(name: str, version: str, caller: Caller, kiln: Kiln) -> DatasetManifest:
+    return kiln.datasets.manifest(caller, name, _version(version))
+
+
+@router.delete("/datasets/{name}/versions/{version}", response_model=DatasetRemoved, summary="Remove one version")
+def remove_version(name: str, version: str, caller: Caller, kiln: Kiln) -> DatasetRemoved:
+    number = _version(version)
+    if number is None:
+        raise BadRequest("remove a version by its number")
+    return kiln.datasets.remove(caller, name, number)
+
+
+@router.get(
+    "/datasets/{name}/versions/{version}/files/{path:path}",
+    summary="A file's bytes: streamed, or a 307 redirect to a short-lived store URL (S3)",
+    response_class=Response,
+)
+def dataset_file(name: str, version: str, path: str, caller: Caller, kiln: Kiln) -> Response:
+    number = _version(version)
+    if number is None:
+        raise BadRequest("read files of a version by its number")
+    key, entry = kiln.datasets.file(caller, name, number, path)
+    headers = {"X-Kiln-SHA256": entry.sha256, "X-Kiln-Size": str(entry.size)}
+    url = kiln.datasets.presigned_get(key, entry.path)
+    if url is not None:
+        return RedirectResponse(url, status_code=307, headers=headers)
+    kiln.store.size(key)  # 404/503 now, before the response starts
+    headers["Content-Length"] = str(entry.size)
+    return StreamingResponse(
+        kiln.store.iter_bytes(key, 4 * 1024 * 1024), media_type="application/octet-stream", headers=headers
+    )
+
+
+@router.post("/uploads", response_model=UploadRead, summary="Open (or resume) the upload session of a blob")
+def open_upload(body: UploadCreate, caller: Caller, kiln: Kiln) -> UploadRead:
+    return kiln.datasets.open_upload(caller, body.sha256, body.size)
+
+
+@router.put(
+    "/uploads/{upload_id}/parts/{number}",
+    response_model=PartRead,
+    summary="Send one part through the API (header X-Kiln-Part-SHA256: the part's SHA-256)",
+)
+async def put_part(upload_id: str, number: Number, request: Request, caller: Caller, kiln: Kiln) -> PartRead:
+    data = await request.body()
+    declared = request.headers.get(PART_SHA256_HEADER.lower())
+    return await run_in_threadpool(kiln.datasets.put_part, caller, upload_id, number, data, declared)
+
+
+@router.post(
+    "/uploads/{upload_id}/parts/{number}/url",
+    response_model=PartUrl,
+    summary="A presigned URL that takes one part straight to the store (S3)",
+)
+def part_url(upload_id: str, number: Number, body: PartUrlRequest, caller: Caller, kiln: Kiln) -> PartUrl:
+    return kiln.datasets.part_url(caller, upload_id, number, body)
+
+
+@router.post(
+    "/uploads/{upload_id}/complete", response_model=UploadRead, summary="Assemble the blob from its verified parts"
+)
+def complete_upload(upload_id: str, caller: Caller, kiln: Kiln) -> UploadRead:
+    return kiln.datasets.complete_upload(caller, upload_id)

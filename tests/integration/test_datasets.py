@@ -1,0 +1,508 @@
+"""Datasets end to end against real servers: a Kiln server (subprocess) on a local store and on a real
+S3-protocol server (moto), driven through the SDK, the raw signed API and the CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from kiln.errors import BadRequest, Conflict, DigestMismatch, Forbidden, KilnError, NotFound
+from kiln.sdk.client import Client
+from kiln.storage.store import ObjectStore
+from tests.kilnserver import KilnServer
+from tests.s3server import S3Server
+from tests.tenancy_helpers import Api, close_all, create_tenant
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3Server]:
+    server = S3Server().start()
+    yield server
+    server.stop()
+
+
+_buckets = iter(range(10**6))
+
+
+@pytest.fixture(params=["local", "s3"])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def kiln(store_kind: str, make_server: Callable[..., KilnServer], request: pytest.FixtureRequest) -> KilnServer:
+    settings: dict[str, str] = {}
+    if store_kind == "s3":
+        s3: S3Server = request.getfixturevalue("s3")
+        bucket = s3.create_bucket(f"kiln-ds-{os.getpid()}-{next(_buckets)}")
+        settings = s3.kiln_settings(bucket)
+    return make_server(**settings)
+
+
+def server_store(server: KilnServer) -> ObjectStore:
+    """The server's own store, opened from its settings (to check what was, or was not, written)."""
+    url = server.env.get("KILN_STORAGE_URL")
+    if url is None:
+        return ObjectStore(str(server.home / "store"))
+    return ObjectStore(
+        url,
+        key=server.env["KILN_STORAGE_ACCESS_KEY_ID"],
+        secret=server.env["KILN_STORAGE_SECRET_ACCESS_KEY"],
+        client_kwargs={"endpoint_url": server.env["KILN_STORAGE_ENDPOINT_URL"], "region_name": "us-east-1"},
+    )
+
+
+def data_objects(server: KilnServer, org_id: str) -> list[tuple[str, int]]:
+    return server_store(server).list(f"orgs/{org_id}/data")
+
+
+def make_tree(root: Path, files: dict[str, bytes]) -> Path:
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return root
+
+
+def read_tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+class PartCounter:
+    """An SDK ``before_part`` hook: counts parts sent; optionally stops after ``stop_after`` or corrupts one."""
+
+    def __init__(self, stop_after: int | None = None, corrupt: int | None = None) -> None:
+        self.sent: list[tuple[str, int]] = []
+        self.stop_after = stop_after
+        self.corrupt = corrupt
+
+    def __call__(self, sha256: str, number: int, data: bytes) -> bytes:
+        if self.stop_after is not None and len(self.sent) >= self.stop_after:
+            raise KeyboardInterrupt("interrupted by the test")
+        self.sent.append((sha256, number))
+        if self.corrupt == number:
+            return bytes([data[0] ^ 0xFF]) + data[1:]
+        return data
+
+
+def test_put_ls_get_roundtrip_then_a_second_version_sends_only_what_changed(kiln: KilnServer, tmp_path: Path) -> None:
+    client = kiln.client()
+    files = {
+        "train/images.bin": os.urandom(3 * MiB + 11),
+        "train/labels.txt": b"0\n1\n2\n",
+        "test/deep/nested/x.bin": os.urandom(20 * MiB + 1),
+        "README": b"mnist, sort of\n",
+        "empty.txt": b"",
+    }
+    src = make_tree(tmp_path / "src", files)
+    first = PartCounter()
+    v1 = client.put_dataset(src, "mnist", state_dir=tmp_path / "state", before_part=first)
+    assert (v1.name, v1.version, v1.files, v1.size) == ("mnist", 1, 5, sum(map(len, files.values())))
+    assert {sha for sha, _ in first.sent} == {hashlib.sha256(d).hexdigest() for d in files.values() if d}
+    [summary] = client.datasets()
+    assert (summary.name, summary.latest_version, summary.versions, summary.files) == ("mnist", 1, 1, 5)
+    client.get_dataset("mnist", tmp_path / "out1")
+    assert read_tree(tmp_path / "out1") == files
+
+    # The same content again: no new version, nothing sent.
+    again = PartCounter()
+    assert client.put_dataset(src, "mnist", state_dir=tmp_path / "state", before_part=again).version == 1
+    assert again.sent == []
+
+    # One file changed, one added: only their blobs travel.
+    (src / "train/labels.txt").write_bytes(b"9\n8\n")
+    (src / "extra.bin").write_bytes(b"new file")
+    second = PartCounter()
+    v2 = client.put_dataset(src, "mnist", state_dir=tmp_path / "state", before_part=second)
+    assert v2.version == 2
+    assert {sha for sha, _ in second.sent} == {
+        hashlib.sha256(b"9\n8\n").hexdigest(),
+        hashlib.sha256(b"new file").hexdigest(),
+    }
+    assert [v.version for v in client.dataset_versions("mnist")] == [1, 2]
+    client.get_dataset("mnist@1", tmp_path / "old")
+    assert read_tree(tmp_path / "old") == files
+    client.get_dataset("mnist", tmp_path / "new")
+    assert read_tree(tmp_path / "new") == read_tree(src)
+    manifest = client.dataset_manifest("mnist@2")
+    assert [f.path for f in manifest.items] == sorted(read_tree(src))
+
+    # The quota report counts each blob once, however many versions share it.
+    unique = {hashlib.sha256(d).digest(): len(d) for d in [*files.values(), b"9\n8\n", b"new file"]}
+    total = next(c for c in client.quota().categories if c.category == "total")
+    assert total.used.storage == sum(unique.values())
+
+    # Removing version 1 deletes only the blob nothing else uses (the old labels).
+    removed = client.remove_dataset("mnist@1")
+    assert removed.versions == [1] and removed.blobs_deleted == 1 and removed.bytes_freed == len(b"0\n1\n2\n")
+    client.get_dataset("mnist@2", tmp_path / "after-rm")
+    assert read_tree(tmp_path / "after-rm") == read_tree(src)
+    with pytest.raises(NotFound):
+        client.get_dataset("mnist@1", tmp_path / "gone")
+    client.remove_dataset("mnist")
+    assert client.datasets() == []
+    org = client.whoami().org_id
+    assert data_objects(kiln, org) == []
+
+
+def test_roundtrip_on_postgresql(make_server: Callable[..., KilnServer], postgres_url: str, tmp_path: Path) -> None:
+    server = make_server(postgres_url)
+    client = server.client()
+    src = make_tree(tmp_path / "src", {"a/b.txt": b"b", "c.bin": os.urandom(MiB)})
+    assert client.put_dataset(src, "pg-data", state_dir=tmp_path / "s").version == 1
+    client.get_dataset("pg-data@1", tmp_path / "out")
+    assert read_tree(tmp_path / "out") == read_tree(src)
+    assert server.client().datasets()[0].name == "pg-data"
+
+
+def test_an_interrupted_200mb_put_resumes_with_only_the_missing_parts(kiln: KilnServer, tmp_path: Path) -> None:
+    client = kiln.client()
+    big = tmp_path / "src" / "big.bin"
+    big.parent.mkdir()
+    with open(big, "wb") as fh:
+        for _ in range(25):
+            fh.write(os.urandom(8 * MiB))
+    state = tmp_path / "state"
+    first = PartCounter(stop_after=4)
+    with pytest.raises(KeyboardInterrupt):
+        client.put_dataset(big.parent, "big", state_dir=state, before_part=first, workers=2)
+    assert client.datasets() == []  # nothing visible yet
+    sha = hashlib.sha256(big.read_bytes()).hexdigest()
+    # The server kept the session and the parts it acknowledged; the state file kept the draft.
+    session = client.request("POST", "/uploads", json_body={"sha256": sha, "size": big.stat().st_size}).json()
+    received = set(session["received"])
+    assert 4 <= len(received) < session["parts"]
+    assert list(state.glob("*.json"))
+    second = PartCounter()
+    version = client.put_dataset(big.parent, "big", state_dir=state, before_part=second, workers=2)
+    assert version.version == 1
+    assert {n for _, n in second.sent} == set(range(1, session["parts"] + 1)) - received
+    assert not list(state.glob("*.json"))  # done: the state file is gone
+    client.get_dataset("big", tmp_path / "out")  # verifies the SHA-256 of every file
+    assert hashlib.sha256((tmp_path / "out" / "big.bin").read_bytes()).hexdigest() == sha
+
+
+def test_a_corrupt_part_is_refused_and_the_previous_version_stays(kiln: KilnServer, tmp_path: Path) -> None:
+    client = kiln.client()
+    src = make_tree(tmp_path / "src", {"a.bin": os.urandom(2 * MiB)})
+    client.put_dataset(src, "ds", state_dir=tmp_path / "s")
+    (src / "a.bin").write_bytes(os.urandom(2 * MiB))
+    with pytest.raises(DigestMismatch, match="part 1"):
+        client.put_dataset(src, "ds", state_dir=tmp_path / "s", before_part=PartCounter(corrupt=1))
+    assert [v.version for v in client.dataset_versions("ds")] == [1]
+    client.get_dataset("ds", tmp_path / "out")
+    assert read_tree(tmp_path / "out") != read_tree(src)
+    # The draft can be retried: the same put without corruption makes version 2.
+    assert client.put_dataset(src, "ds", state_dir=tmp_path / "s").version == 2
+    client.get_dataset("ds", tmp_path / "out2")
+    assert read_tree(tmp_path / "out2") == read_tree(src)
+
+
+def test_the_server_checks_parts_sent_straight_to_s3(
+    s3: S3Server, make_server: Callable[..., KilnServer], tmp_path: Path
+) -> None:
+    """A client that skips its own ETag check still cannot complete a blob from corrupt parts."""
+    server = make_server(**s3.kiln_settings(s3.create_bucket("kiln-ds-presign-check")))
+    client = server.client()
+    data = os.urandom(6 * MiB)
+    sha = hashlib.sha256(data).hexdigest()
+    session = client.request("POST", "/uploads", json_body={"sha256": sha, "size": len(data)}).json()
+    assert session["mode"] == "presigned" and session["parts"] == 1
+    md5 = hashlib.md5(data).hexdigest()
+    url = client.request("POST", f"/uploads/{session['id']}/parts/1/url", json_body={"size": len(data), "md5": md5})
+    target = url.json()
+    assert "Authorization" not in target["headers"] and "X-Kiln" not in str(target["headers"])
+    corrupt = b"\0" + data[1:]
+    httpx.put(target["url"], content=corrupt, headers=target["headers"])  # real S3 refuses it outright
+    with pytest.raises(DigestMismatch, match="part 1"):
+        client.request("POST", f"/uploads/{session['id']}/complete")
+    assert not server_store(server).list("orgs")
+    # Sent again correctly, it completes.
+    target = client.request(
+        "POST", f"/uploads/{session['id']}/parts/1/url", json_body={"size": len(data), "md5": md5}
+    ).json()
+    assert httpx.put(target["url"], content=data, headers=target["headers"]).status_code == 200
+    assert client.request("POST", f"/uploads/{session['id']}/complete").json()["complete"] is True
+
+
+BAD_PATHS = [
+    ("../x", "'..'"),
+    ("/etc/passwd", "absolute"),
+    ("a/../../b", "'..'"),
+    ("%2e%2e/x", "%2e"),
+    ("a%2fb", "%2f"),
+    ("a\\b", "backslash"),
+    ("a\x00b", "NUL"),
+    ("a//b", "empty"),
+    ("./a", "'.'"),
+]
+BAD_NAMES = ["../x", "a%2fb", "%2e%2e", "Upper", "a/b", "a..b", "-x", "x" * 101, "a\\b"]
+
+
+def test_paths_and_names_that_could_escape_are_refused_and_nothing_is_written(kiln: KilnServer, tmp_path: Path) -> None:
+    client = kiln.client()
+    org = client.whoami().org_id
+    blob = {"size": 1, "sha256": hashlib.sha256(b"x").hexdigest()}
+    for bad, why in BAD_PATHS:
+        with pytest.raises(BadRequest) as info:
+            client.request("POST", "/datasets", json_body={"name": "ok", "files": [{"path": bad, **blob}]})
+        assert why in info.value.message and repr(bad)[1:-1] in info.value.message, info.value.message
+    for bad in BAD_NAMES:
+        with pytest.raises(BadRequest, match="dataset name"):
+            client.request("POST", "/datasets", json_body={"name": bad, "files": [{"path": "a", **blob}]})
+    # Reads with such names or paths in the URL: refused, never resolved outside the organisation's data.
+    for raw in ("/api/v1/datasets/%2e%2e", "/api/v1/datasets/a%252fb/versions/1/files/x"):
+        api = Api(kiln.url, *client_keys(kiln))
+        assert api.request("GET", raw).status_code in (400, 404)
+        api.close()
+    client.put_dataset(make_tree(tmp_path / "ok", {"f": b"x"}), "ok", state_dir=tmp_path / "s")
+    api = Api(kiln.url, *client_keys(kiln))
+    for raw in ("/datasets/ok/versions/1/files/%2e%2e/%2e%2e/server.key", "/datasets/ok/versions/1/files/a%5cb"):
+        response = api.request("GET", raw)
+        assert response.status_code == 400, (raw, response.text)
+    api.close()
+    client.remove_dataset("ok")
+    assert client.datasets() == []
+    assert data_objects(kiln, org) == []
+    assert not list((kiln.home / "store").rglob("*passwd*")) if (kiln.home / "store").exists() else True
+
+
+def client_keys(server: KilnServer) -> tuple[str, str]:
+    creds = server.credentials()
+    return creds["KILN_ACCESS_KEY"], creds["KILN_SECRET_KEY"]
+
+
+def test_the_cli_refuses_links_in_a_local_directory(kiln: KilnServer, tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src", {"real.txt": b"real"})
+    (src / "link").symlink_to("/etc/passwd")
+    env = {**os.environ, **cli_env(kiln, tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "kiln", "data", "put", str(src), "linked"], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 1, result
+    assert "symbolic link" in result.stderr and "link" in result.stderr
+    assert kiln.client().datasets() == []
+    os.link(src / "real.txt", src / "hard.txt")
+    (src / "link").unlink()
+    result = subprocess.run(
+        [sys.executable, "-m", "kiln", "data", "put", str(src), "linked"], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 1 and "hard link" in result.stderr, result
+
+
+def cli_env(server: KilnServer, tmp_path: Path) -> dict[str, str]:
+    creds = server.credentials()
+    return {
+        "KILN_ENDPOINT": server.url,
+        "KILN_ACCESS_KEY": creds["KILN_ACCESS_KEY"],
+        "KILN_SECRET_KEY": creds["KILN_SECRET_KEY"],
+        "HOME": str(tmp_path / "home"),
+    }
+
+
+def test_the_cli_puts_lists_gets_and_removes(kiln: KilnServer, tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src", {"a/b.txt": b"hello", "c.bin": os.urandom(MiB)})
+    env = {**os.environ, **cli_env(kiln, tmp_path)}
+
+    def kiln_cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "kiln", *args], env=env, capture_output=True, text=True)
+
+    put = kiln_cli("data", "put", str(src), "cli-data")
+    assert put.returncode == 0 and put.stdout.strip() == "cli-data@1", put
+    ls = kiln_cli("data", "ls")
+    assert ls.returncode == 0 and "cli-data" in ls.stdout, ls
+    versions = kiln_cli("data", "ls", "cli-data", "-o", "json")
+    assert versions.returncode == 0 and '"version": 1' in versions.stdout, versions
+    get = kiln_cli("data", "get", "cli-data@1", str(tmp_path / "out"))
+    assert get.returncode == 0 and "verified" in get.stderr, get
+    assert read_tree(tmp_path / "out") == read_tree(src)
+    missing = kiln_cli("data", "get", "cli-data@7", str(tmp_path / "out7"))
+    assert missing.returncode == 1 and "not found" in missing.stderr, missing
+    rm = kiln_cli("data", "rm", "cli-data")
+    assert rm.returncode == 0 and "removed" in rm.stderr, rm
+    assert kiln.client().datasets() == []
+
+
+def test_another_organisation_can_never_see_read_or_overwrite_a_dataset(kiln: KilnServer, tmp_path: Path) -> None:
+    admin = Api.admin(kiln)
+    a = create_tenant(admin, "org-a", roles=("member", "viewer"))
+    b = create_tenant(admin, "org-b", roles=("member",))
+    try:
+        alice = Client(kiln.url, a.accounts["member"].key_id, a.accounts["member"].secret)
+        viewer = Client(kiln.url, a.accounts["viewer"].key_id, a.accounts["viewer"].secret)
+        bob = Client(kiln.url, b.accounts["member"].key_id, b.accounts["member"].secret)
+        secret = os.urandom(MiB)
+        src = make_tree(tmp_path / "a", {"secret.bin": secret})
+        alice.put_dataset(src, "secret", state_dir=tmp_path / "sa")
+        assert bob.datasets() == []
+        for call in (
+            lambda: bob.dataset_versions("secret"),
+            lambda: bob.dataset_manifest("secret@1"),
+            lambda: bob.get_dataset("secret@1", tmp_path / "stolen"),
+            lambda: bob.remove_dataset("secret"),
+            lambda: bob.remove_dataset("secret@1"),
+        ):
+            with pytest.raises(NotFound) as info:
+                call()
+            assert a.id not in info.value.message
+        assert not list((tmp_path / "stolen").rglob("*")) if (tmp_path / "stolen").exists() else True
+        # Knowing the content's hash gives B nothing: its upload session is its own, and must send the bytes.
+        sha = hashlib.sha256(secret).hexdigest()
+        session = bob.request("POST", "/uploads", json_body={"sha256": sha, "size": len(secret)}).json()
+        assert session["complete"] is False and session["received"] == []
+        files = [{"path": "s", "size": len(secret), "sha256": sha}]
+        draft = bob.request("POST", "/datasets", json_body={"name": "secret", "files": files}).json()
+        assert draft["missing"] == [sha]
+        with pytest.raises(Conflict):
+            bob.request("POST", f"/datasets/drafts/{draft['id']}/commit")
+        # B's own "secret" is B's: A's is untouched.
+        bob.put_dataset(make_tree(tmp_path / "b", {"mine.txt": b"bob"}), "secret", state_dir=tmp_path / "sb")
+        alice.get_dataset("secret", tmp_path / "a-out")
+        assert read_tree(tmp_path / "a-out") == {"secret.bin": secret}
+        # A's viewer reads but may not write or remove.
+        viewer.get_dataset("secret@1", tmp_path / "viewer-out")
+        with pytest.raises(Forbidden):
+            viewer.remove_dataset("secret")
+        with pytest.raises(Forbidden):
+            viewer.put_dataset(src, "other", state_dir=tmp_path / "sv")
+        for c in (alice, viewer, bob):
+            c.close()
+    finally:
+        close_all(a, b)
+        admin.close()
+
+
+def test_the_storage_quota_refuses_a_put_with_the_numbers_and_writes_nothing(kiln: KilnServer, tmp_path: Path) -> None:
+    client = kiln.client()
+    me = client.whoami()
+    client.put_dataset(make_tree(tmp_path / "small", {"s.bin": os.urandom(MiB)}), "small", state_dir=tmp_path / "s")
+    client.set_quota(me.org_id, category="total", storage=3 * MiB)
+    src = make_tree(tmp_path / "big", {"b.bin": os.urandom(5 * MiB)})
+    with pytest.raises(Forbidden, match=r"quota: storage 1048576 \+ 5242880 bytes would exceed the limit of 3145728"):
+        client.put_dataset(src, "big", state_dir=tmp_path / "s")
+    assert [d.name for d in client.datasets()] == ["small"]
+    total = next(c for c in client.quota().categories if c.category == "total")
+    assert total.used.storage == MiB
+    assert [size for _, size in data_objects(kiln, me.org_id)] == [MiB]
+    client.set_quota(me.org_id, category="total", storage=None)
+    assert client.put_dataset(src, "big", state_dir=tmp_path / "s").version == 1
+
+
+def test_a_store_that_is_down_answers_503_naming_it(make_server: Callable[..., KilnServer], tmp_path: Path) -> None:
+    own = S3Server().start()
+    try:
+        server = make_server(**own.kiln_settings(own.create_bucket("kiln-ds-down")))
+        client = server.client()
+        src = make_tree(tmp_path / "src", {"f.bin": os.urandom(MiB)})
+        client.put_dataset(src, "before", state_dir=tmp_path / "s")
+    finally:
+        own.stop()
+    (src / "f.bin").write_bytes(os.urandom(MiB))
+    with pytest.raises(KilnError) as info:
+        client.put_dataset(src, "before", state_dir=tmp_path / "s")
+    assert info.value.code == "store_unavailable"
+    assert "object store s3://kiln-ds-down/kiln" in info.value.message and own.endpoint in info.value.message
+    # The previous version is still the latest (the database never pointed at half-written data).
+    assert [v.version for v in client.dataset_versions("before")] == [1]
+    # Code bundle uploads give the same clear 503.
+    api = Api(server.url, *client_keys(server))
+    bundle = b"\x1f\x8b" + b"\0" * 64
+    response = api.request("PUT", f"/blobs/{hashlib.sha256(bundle).hexdigest()}", content=bundle, unsigned=True)
+    api.close()
+    assert response.status_code in (400, 503), response.text  # (an invalid archive is refused before the store)
+    assert "Traceback" not in server.log()
+
+
+def in_process(tmp_path: Path) -> tuple[Any, Any, Any, ObjectStore]:
+    """A DatasetService on its own database and local store (no HTTP): what the executor's process holds."""
+    from kiln.db import migrate
+    from kiln.db.models import Organization, User
+    from kiln.db.session import Database
+    from kiln.services.datasets import DatasetService
+    from kiln.services.identity import Principal
+    from kiln.settings import Settings
+
+    db = Database(f"sqlite:///{tmp_path / 'k.db'}")
+    migrate.upgrade(db.engine)
+    with db.transaction() as s:
+        s.add(Organization(id="org-1", name="acme"))
+        s.flush()
+        s.add(User(id="usr-1", org_id="org-1", name="ann"))
+    store = ObjectStore(str(tmp_path / "store"))
+    svc = DatasetService(db, store, Settings(home=tmp_path / "home"), None)
+    return db, svc, Principal("usr-1", "ann", "org-1", "acme", "AK", "member", False), store
+
+
+def put_in_process(svc: Any, me: Any, name: str, files: dict[str, bytes]) -> int:
+    from kiln.domain.schemas import DatasetFileEntry, DraftCreate
+
+    entries = [DatasetFileEntry(path=p, size=len(d), sha256=hashlib.sha256(d).hexdigest()) for p, d in files.items()]
+    draft = svc.create_draft(me, DraftCreate(name=name, files=entries))
+    for data in files.values():
+        sha = hashlib.sha256(data).hexdigest()
+        session = svc.open_upload(me, sha, len(data))
+        if not session.complete:
+            svc.put_part(me, session.id, 1, data, sha)
+            svc.complete_upload(me, session.id)
+    return int(svc.commit(me, draft.id).version)
+
+
+def test_resolve_gives_the_executor_the_files_and_store_keys(tmp_path: Path) -> None:
+    """The in-process interface the executor uses: ``DatasetService.resolve`` + ``ObjectStore.download``."""
+    from kiln.services.datasets import DatasetFile, ResolvedDataset
+
+    db, svc, me, store = in_process(tmp_path)
+    data = b"some bytes"
+    sha = hashlib.sha256(data).hexdigest()
+    assert put_in_process(svc, me, "d", {"x/y.txt": data}) == 1
+    resolved = svc.resolve("org-1", "d")
+    assert resolved == ResolvedDataset(
+        name="d", version=1, files=[DatasetFile("x/y.txt", 10, sha, f"orgs/org-1/data/sha256/{sha[:2]}/{sha}")]
+    )
+    assert svc.resolve("org-1", "d@1") == resolved
+    store.download(resolved.files[0].key, tmp_path / "got")
+    assert (tmp_path / "got").read_bytes() == data
+    for ref in ("d@2", "nope"):
+        with pytest.raises(NotFound):
+            svc.resolve("org-1", ref)
+    with pytest.raises(NotFound):
+        svc.resolve("org-2", "d")
+    db.dispose()
+
+
+@pytest.mark.parametrize("state", ["QUEUED", "RUNNING"])
+def test_removing_a_version_a_job_reads_is_refused_until_the_job_ends(tmp_path: Path, state: str) -> None:
+    from kiln.db.models import Job
+
+    db, svc, me, _store = in_process(tmp_path)
+    assert put_in_process(svc, me, "pinned", {"f": b"1"}) == 1
+    assert put_in_process(svc, me, "pinned", {"f": b"2"}) == 2
+    assert put_in_process(svc, me, "latest", {"f": b"3"}) == 1
+    with db.transaction() as s:
+        spec = {"command": "true", "inputs": [{"dataset": "pinned@1"}, {"dataset": "latest"}]}
+        s.add(Job(id="job-1", org_id="org-1", user_id="usr-1", name="n", spec=spec, state=state))
+        s.add(Job(id="job-2", org_id="org-1", user_id="usr-1", name="n", spec={"command": "true"}, state=state))
+    with pytest.raises(Conflict, match=f"pinned@1 is an input of job job-1 \\({state}\\)"):
+        svc.remove(me, "pinned", 1)
+    with pytest.raises(Conflict):
+        svc.remove(me, "pinned", None)
+    with pytest.raises(Conflict, match="latest@1"):  # NAME alone pins the latest version
+        svc.remove(me, "latest", None)
+    assert svc.remove(me, "pinned", 2).versions == [2]  # not pinned
+    with db.transaction() as s:
+        job = s.get(Job, "job-1")
+        assert job is not None
+        job.state = "SUCCEEDED"
+    assert svc.remove(me, "pinned", 1).versions == [1]
+    assert svc.remove(me, "latest", None).versions == [1]
+    db.dispose()
