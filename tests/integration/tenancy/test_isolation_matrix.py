@@ -20,19 +20,23 @@ so new routes cannot slip past the matrix. On failure the whole table of (who, m
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import re
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from kiln.auth.secrets import new_access_key_id
 from kiln.domain.ids import new_id
+from kiln.sdk.client import Client
 from tests.tenancy_helpers import Api, Tenant, close_all, create_tenant, job_spec, tar_gz
 
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
@@ -43,6 +47,7 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 BLOB = object()  # the bytes of the bound bundle
 LOG = b"a line an intruder tries to append\n"
 ARTIFACT = b"an artifact an intruder tries to write\n"
+X_SHA = hashlib.sha256(b"x").hexdigest()
 METRICS = b'{"t": 1.0, "s": 1, "w": "worker0", "m": {"intruder": 1.0}}\n'
 
 
@@ -155,6 +160,24 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ],
     ("POST", "/api/v1/keys/{key}/disable"): [Case("scoped", owner="admin")],
     ("DELETE", "/api/v1/keys/{key}"): [Case("scoped", owner="admin", last=True)],
+    # Datasets: names, versions and upload sessions are per organisation; another one's are "not found".
+    # (Mutating controls by A's org admin: the member's key is disabled by then.)
+    ("GET", "/api/v1/datasets"): [Case("self", cross=OWN_OK)],
+    ("POST", "/api/v1/datasets"): [
+        Case("self", body={"name": "intruder-data", "files": [{"path": "x", "size": 1, "sha256": X_SHA}]}, cross=OWN_OK)
+    ],
+    ("POST", "/api/v1/datasets/drafts/{draft_id}/commit"): [Case("scoped", owner="admin")],
+    ("GET", "/api/v1/datasets/{name}"): [Case("scoped", reader="member")],
+    ("GET", "/api/v1/datasets/{name}/versions/{version}"): [Case("scoped", reader="member")],
+    ("GET", "/api/v1/datasets/{name}/versions/{version}/files/{path}"): [Case("scoped", reader="member")],
+    ("DELETE", "/api/v1/datasets/{name}/versions/{version}"): [Case("scoped", owner="admin")],
+    ("DELETE", "/api/v1/datasets/{name}"): [Case("scoped", owner="admin", last=True)],
+    ("POST", "/api/v1/uploads"): [Case("self", body={"sha256": X_SHA, "size": 1}, cross=OWN_OK)],
+    ("PUT", "/api/v1/uploads/{upload_id}/parts/{number}"): [Case("scoped", body=ARTIFACT, owner="admin")],
+    ("POST", "/api/v1/uploads/{upload_id}/parts/{number}/url"): [
+        Case("scoped", body={"size": 1, "md5": "0" * 32}, owner="admin")
+    ],
+    ("POST", "/api/v1/uploads/{upload_id}/complete"): [Case("scoped", owner="admin")],
     ("GET", "/api/v1/quota"): [Case("self", cross=OWN_OK)],
     ("GET", "/api/v1/audit"): [
         Case("self", cross=OWN_OK),
@@ -408,6 +431,9 @@ def snapshot(admin: Api, a: Tenant, a_reader: Api, sha: str) -> dict[str, Any]:
         ),
         "blob": a_reader.request("HEAD", f"/blobs/{sha}").headers.get("X-Kiln-Blob-Size"),
         "runtimes": sorted((r["name"], r["status"]) for r in admin.ok("GET", "/runtimes")["items"]),
+        "datasets": [
+            (d, a_reader.ok("GET", f"/datasets/{d['name']}")) for d in a_reader.ok("GET", "/datasets")["items"]
+        ],
     }
     for job in jobs:
         out[job["id"]] = {
@@ -448,6 +474,21 @@ def test_no_route_crosses_organisations(make_server) -> None:  # type: ignore[no
         assert [x["path"] for x in member.ok("GET", f"/jobs/{finished['id']}/artifacts")["items"]] == [artifact]
         assert log_marker in member.get(f"/jobs/{finished['id']}/logs").text
 
+        # A dataset (its file named like the artifact, so one {path} binding serves both), a draft ready to
+        # commit, and an open upload session.
+        dataset = f"alpha-data-{tag}"
+        data_client = Client(server.url, a["member"].key_id, a["member"].secret)
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / artifact).write_text(artifact_marker)
+            data_client.put_dataset(Path(tmp), dataset, state_dir=Path(tmp) / ".state")
+        data_sha = hashlib.sha256(artifact_marker.encode()).hexdigest()
+        draft_files = [{"path": f"copy/{artifact}", "size": len(artifact_marker), "sha256": data_sha}]
+        draft = member.ok("POST", "/datasets", json_body={"name": dataset, "files": draft_files})
+        pending = b"alpha pending upload " + tag.encode()
+        upload = member.ok(
+            "POST", "/uploads", json_body={"sha256": hashlib.sha256(pending).hexdigest(), "size": len(pending)}
+        )
+        data_client.close()
         bogus_bundle, bogus_sha = tar_gz({"train.py": b"print('nobody uploaded this')\n"})
         choices = {
             "job_id": [Choice(name, job["id"], new_id("job")) for name, job in _jobs(finished, running, queued)],
@@ -460,8 +501,14 @@ def test_no_route_crosses_organisations(make_server) -> None:  # type: ignore[no
             ],
             "key": [Choice("member-key", a["member"].key_id, new_access_key_id())],
             "framework": [Choice("framework", "pytorch", "no-such-framework")],
+            "name": [Choice("dataset", dataset, "no-such-dataset")],
+            "version": [Choice("version", "1", "7")],
+            "draft_id": [Choice("draft", draft["id"], new_id("dsv"))],
+            "upload_id": [Choice("upload", upload["id"], new_id("up"))],
+            "number": [Choice("part", "1", "2")],
         }
         sensitive = {a.id, a.name, sha, log_marker, artifact_marker, artifact}
+        sensitive |= {dataset, data_sha, draft["id"], upload["id"]}
         sensitive |= {job["id"] for job in (finished, running, queued)}
         for account in a.accounts.values():
             sensitive |= {account.user_id, account.user_name, account.key_id, account.secret}
