@@ -15,6 +15,7 @@ from kiln.domain.schemas import ArtifactRead
 from kiln.domain.states import JobState
 from kiln.errors import Conflict, DigestMismatch, NotFound
 from kiln.scheduler.loop import outputs_prefix
+from kiln.services.blobs import blob_key
 from kiln.services.identity import Principal
 from kiln.services.jobs import JobService
 from kiln.services.quotas import QuotaService
@@ -106,6 +107,14 @@ class OutputService:
     def list_artifacts(self, principal: Principal, job_id: str) -> list[ArtifactRead]:
         job = self.jobs.get(principal, job_id)
         return [ArtifactRead(path=p, size=n) for p, n in self.store.list(outputs_prefix(job.org_id, job.id))]
+
+    def code_key(self, principal: Principal, job_id: str) -> tuple[str, int]:
+        """The job's code bundle: what a pod's init container fetches with the job token."""
+        job = self.jobs.get(principal, job_id)
+        if not job.code_sha256:
+            raise NotFound(f"job {job_id} has no code bundle")
+        key = blob_key(job.org_id, job.code_sha256)
+        return key, self.store.size(key)
 
     def artifact_key(self, principal: Principal, job_id: str, path: str) -> tuple[str, int]:
         job = self.jobs.get(principal, job_id)

@@ -115,6 +115,8 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ],
     ("POST", "/api/v1/jobs/{job_id}/logs"): [Case("scoped", body=LOG, owner="admin")],
     ("GET", "/api/v1/jobs/{job_id}/artifacts"): [Case("scoped", reader="member")],
+    # The matrix's jobs carry no code bundle (the owner gets 404 too); test_job_code.py reads a real one.
+    ("GET", "/api/v1/jobs/{job_id}/code"): [Case("scoped")],
     ("PUT", "/api/v1/jobs/{job_id}/artifacts/{path}"): [Case("scoped", body=ARTIFACT, owner="admin")],
     ("GET", "/api/v1/jobs/{job_id}/artifacts/{path}"): [Case("scoped", reader="member")],
     ("POST", "/api/v1/jobs/{job_id}/metrics"): [Case("scoped", body=METRICS, owner="admin")],

@@ -100,6 +100,19 @@ async def append_logs(job_id: str, request: Request, caller: Caller, kiln: Kiln)
 
 
 @router.get(
+    "/{job_id}/code",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/gzip": {}}}},
+    summary="The job's code bundle (tar.gz): what a pod fetches with its job token",
+)
+def get_code(job_id: str, caller: Caller, kiln: Kiln) -> StreamingResponse:
+    key, size = kiln.outputs.code_key(caller, job_id)
+    return StreamingResponse(
+        kiln.store.iter_bytes(key), media_type="application/gzip", headers={"Content-Length": str(size)}
+    )
+
+
+@router.get(
     "/{job_id}/artifacts/{path:path}",
     response_class=StreamingResponse,
     responses={200: {"content": {"application/octet-stream": {}}}},
