@@ -21,8 +21,10 @@ from kiln.scheduler.loop import Reconciler
 from kiln.services.accounts import AccountService
 from kiln.services.audit import AuditService
 from kiln.services.blobs import BlobService
+from kiln.services.checkpoints import CheckpointSync
 from kiln.services.datasets import DatasetService
 from kiln.services.identity import Credentials, IdentityService
+from kiln.services.inputs import dataset_pinner, input_resolver
 from kiln.services.jobs import JobService
 from kiln.services.metrics import MetricsService
 from kiln.services.metrics_ingest import MetricsIngester, MetricsStore
@@ -86,6 +88,10 @@ class Platform:
         self.metrics = MetricsService(self.db, self.jobs, self.metrics_store)
         self.prometheus = ServerMetrics(self.db, lambda: self.metrics_store.points_ingested)
         self.reconciler.on_started = self.prometheus.observe_start
+        # Datasets a job reads: pinned at submit, resolved to files when an attempt starts.
+        self.jobs.resolve_dataset = dataset_pinner(self.datasets)
+        self.reconciler.resolve_inputs = input_resolver(self.datasets)
+        self.checkpoints = CheckpointSync(self.db, self.backend, settings.checkpoint_sync_seconds)
 
     def _wake(self, job_id: str | None = None) -> None:
         if self._reconciler is not None:
@@ -106,10 +112,12 @@ class Platform:
         creds = self.identity.bootstrap() if self.settings.bootstrap else None
         self.reconciler.start()
         self.metrics_ingester.start()
+        self.checkpoints.start()
         return creds
 
     def close(self) -> None:
         self.reconciler.stop()
+        self.checkpoints.stop()
         self.metrics_ingester.stop()
         self.backend.close()
         self.db.dispose()

@@ -124,6 +124,12 @@ class Settings(BaseSettings):
         description='Labels of this machine for node_selector, as JSON, e.g. {"zone": "a"}; Kiln adds '
         "kiln.io/hostname and kiln.io/backend.",
     )
+    checkpoint_sync_seconds: float = Field(
+        300.0,
+        ge=0,
+        description="How often running jobs' $KILN_CHECKPOINT_DIR is copied to the store (0: only at "
+        "the end of each attempt).",
+    )
     data_cache_bytes: int = Field(
         50 * 1024**3, ge=0, description="Size limit of the local executor's dataset cache (LRU beyond it)."
     )

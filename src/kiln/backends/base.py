@@ -131,6 +131,12 @@ class Backend(abc.ABC):
         without a notice channel just cancel."""
         self.cancel(handle, grace_seconds)
 
+    def sync_checkpoints(self, job_id: str, dest_prefix: str) -> tuple[int, int]:
+        """Copy what changed in the job's $KILN_CHECKPOINT_DIR since the last call into the store under
+        ``dest_prefix`` (while it runs, and when an attempt ends), so checkpoints survive the machine. Returns
+        (files, bytes) copied. Backends whose jobs write checkpoints to the store themselves copy nothing."""
+        return 0, 0
+
     @abc.abstractmethod
     def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
         """Copy what the attempt wrote to $KILN_OUTPUT_DIR into the artifact store. Idempotent.

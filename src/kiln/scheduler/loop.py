@@ -54,6 +54,10 @@ def outputs_prefix(org_id: str, job_id: str) -> str:
     return f"orgs/{org_id}/jobs/{job_id}/outputs"
 
 
+def checkpoints_prefix(org_id: str, job_id: str) -> str:
+    return f"orgs/{org_id}/jobs/{job_id}/checkpoints"
+
+
 class Reconciler:
     def __init__(
         self,
@@ -244,6 +248,11 @@ class Reconciler:
         except Exception as exc:  # keep the job's outcome even when its outputs cannot be kept
             copy_error = f"; collecting outputs failed: {type(exc).__name__}: {exc}"
             log.warning("job %s: collecting outputs failed: %s", job.id, exc)
+        try:
+            self.backend.sync_checkpoints(job.id, checkpoints_prefix(job.org_id, job.id))
+        except Exception as exc:
+            copy_error += f"; keeping checkpoints in the store failed: {type(exc).__name__}: {exc}"
+            log.warning("job %s: keeping checkpoints failed: %s", job.id, exc)
         if status.phase is Phase.LOST:
             self.backend.cleanup(handle)
         spec = JobSpec.model_validate(job.spec)

@@ -42,7 +42,7 @@ from kiln.runtime import shim as shim_module
 from kiln.runtime.stage import can_mount
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
-from kiln.storage.store import ObjectStore
+from kiln.storage.store import ObjectStore, safe_key
 
 log = logging.getLogger(__name__)
 
@@ -543,6 +543,32 @@ class LocalBackend(Backend):
                 os.kill(int(info["pid"]), signal.SIGTERM)
             except ProcessLookupError:
                 pass
+
+    def sync_checkpoints(self, job_id: str, dest_prefix: str) -> tuple[int, int]:
+        """Incremental: a file is copied again only when its size or mtime changed (write checkpoints to a
+        temporary name and rename them, so a copy never catches one half-written)."""
+        job_dir = self.job_dir(job_id)
+        source = job_dir / "checkpoints"
+        if not source.is_dir():
+            return 0, 0
+        state_path = job_dir / "checkpoints.synced.json"
+        synced: dict[str, Any] = _read_json(state_path) or {}
+        files = copied = 0
+        for path in sorted(source.rglob("*")):
+            if path.is_symlink() or not path.is_file():
+                continue
+            rel = path.relative_to(source).as_posix()
+            stat = path.stat()
+            signature = [stat.st_size, stat.st_mtime_ns]
+            if synced.get(rel) == signature:
+                continue
+            self.store.put_file(path, f"{dest_prefix}/{safe_key(rel)}")
+            synced[rel] = signature
+            files += 1
+            copied += stat.st_size
+        if files:
+            _write_json_atomic(state_path, synced)
+        return files, copied
 
     def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
         outputs = self.job_dir(handle["job_id"]) / "outputs"
