@@ -1,0 +1,99 @@
+"""Jobs read versioned datasets and write artifacts, on the local store and on an S3-protocol server (moto):
+inputs are pinned at submit, staged read-only through the machine's cache (a second job downloads nothing), and
+seen at their path inside the work dir and at $KILN_INPUT_<NAME>."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kiln.errors import InvalidInput
+from tests.helpers import log_text, wait_for
+from tests.kilnserver import KilnServer
+from tests.s3server import S3Server
+
+READER = r"""
+import hashlib, os, pathlib
+root = pathlib.Path(os.environ["KILN_INPUT_DIGITS"])
+here = pathlib.Path("data/digits")  # /data/digits, inside the job's own root (its work dir)
+assert here.resolve() == root.resolve(), (here.resolve(), root)
+total = hashlib.sha256()
+for f in sorted(p for p in root.rglob("*") if p.is_file()):
+    total.update(f.relative_to(root).as_posix().encode() + f.read_bytes())
+try:
+    (root / "x").write_text("no")
+    writable = True
+except OSError:
+    writable = False
+print("digest", total.hexdigest())
+print("mode", oct(root.stat().st_mode & 0o777))
+pathlib.Path(os.environ["KILN_OUTPUT_DIR"], "result.txt").write_text(total.hexdigest())
+"""
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Server]:
+    server = S3Server().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["local", "s3"])
+def server(request: pytest.FixtureRequest, make_server) -> KilnServer:  # type: ignore[no-untyped-def]
+    if request.param == "local":
+        return make_server()  # type: ignore[no-any-return]
+    s3: S3Server = request.getfixturevalue("s3")
+    bucket = s3.create_bucket(f"kiln-inputs-{os.getpid()}")
+    return make_server(**s3.kiln_settings(bucket))  # type: ignore[no-any-return]
+
+
+def _tree(root: Path) -> str:
+    files = {"a.txt": b"alpha\n", "sub/b.bin": os.urandom(200_000), "sub/deeper/c.csv": b"x,y\n1,2\n"}
+    total = hashlib.sha256()
+    for rel, data in sorted(files.items()):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+        total.update(rel.encode() + data)
+    return total.hexdigest()
+
+
+def test_jobs_read_a_dataset_and_write_an_artifact(server: KilnServer, tmp_path: Path) -> None:
+    client = server.client()
+    digest = _tree(tmp_path / "digits")
+    client.put_dataset(tmp_path / "digits", "digits")
+    spec = {
+        "command": [sys.executable, "-c", READER],
+        "runtime": {"python": sys.executable},
+        "inputs": [{"dataset": "digits"}],
+    }
+    first = client.submit(spec)
+    assert first.spec.inputs[0].dataset == "digits@1"  # pinned at submit
+    done = wait_for(client, first.id, timeout=60)
+    assert done.state == "SUCCEEDED", (done.message, log_text(client, first.id))
+    assert log_text(client, first.id) == [f"digest {digest}", "mode 0o555"]
+    out = client.download(first.id, tmp_path / "out")
+    assert [p.read_text() for p in out] == [digest]  # the artifact went through the store
+    # A second job reading the same version downloads nothing: the machine's cache has every blob.
+    second = wait_for(client, client.submit(spec).id, timeout=60)
+    assert second.state == "SUCCEEDED", second.message
+
+    def staged(job_id: str) -> str:
+        lines = [ln for ln in client.stream_logs(job_id, follow=False) if " K " in ln and "input digits@1" in ln]
+        assert len(lines) == 1, lines
+        return lines[0]
+
+    assert "all from the cache" not in staged(first.id)
+    assert "all from the cache" in staged(second.id)
+
+
+def test_a_missing_dataset_is_refused_at_submit(server: KilnServer) -> None:
+    client = server.client()
+    with pytest.raises(InvalidInput, match=r"inputs\[0\]\.dataset"):
+        client.submit({"command": "true", "inputs": [{"dataset": "nope"}]})
+    with pytest.raises(InvalidInput, match="mount"):
+        client.submit({"command": "true", "inputs": [{"dataset": "nope", "mode": "mount"}]})
