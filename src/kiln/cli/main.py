@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from kiln import __version__
-from kiln.cli import audit, auth, data, jobs, keys, logs, metrics, orgs, quota, run, runtimes, server, users
+from kiln.cli import audit, auth, data, jobs, keys, logs, metrics, orgs, quota, render, run, runtimes, server, users
 from kiln.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, print_error
 from kiln.errors import Forbidden, KilnError
 
@@ -44,6 +44,7 @@ app.command(help=run.RUN_HELP, context_settings={"allow_interspersed_args": Fals
 app.command()(logs.logs)
 app.command()(metrics.metrics)
 app.add_typer(jobs.app, name="jobs")
+jobs.app.command("render")(render.render)
 app.add_typer(runtimes.app, name="runtimes")
 app.add_typer(data.app, name="data")
 app.command()(auth.login)

@@ -1,0 +1,153 @@
+"""The init container's program: fetch an attempt's code bundle and staged datasets from the Kiln API.
+
+It is shipped to the pod as a file of the attempt's ConfigMap and run as ``python3 /etc/kiln/fetch.py`` in the
+init image (setting ``init_image``), so it uses the standard library only and never imports ``kiln``.
+Everything it needs comes from the environment:
+
+=======================  =============================================================================
+KILN_ENDPOINT            the API, e.g. ``http://kiln.kiln.svc:8080``
+KILN_JOB_TOKEN           the attempt's job token (``Authorization: Bearer``), from the attempt's Secret
+KILN_JOB_ID              the job
+KILN_CODE_SHA256         the code bundle's digest; empty: the job has no code bundle
+KILN_WORK_DIR            where the bundle is unpacked
+KILN_INPUTS              JSON ``[{"dataset": "NAME@VERSION", "dir": "/kiln/inputs/0"}, ...]``
+=======================  =============================================================================
+
+The bundle comes from ``GET /api/v1/jobs/{id}/code`` (a gzipped tar); its SHA-256 must equal
+``KILN_CODE_SHA256`` and it is unpacked with the ``data`` filter (no absolute paths, no ``..``, no links out).
+A dataset version's manifest comes from ``GET /api/v1/datasets/{name}/versions/{version}``, each file from
+``.../files/{path}``; the server may answer a file with a redirect to a presigned store URL, which is followed
+*without* the bearer token (the store would refuse a second credential, and it must never see the token).
+Every file's size and SHA-256 are checked against the manifest. Any failure exits non-zero with one line on
+stderr, so the pod fails before the command runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tarfile
+import tempfile
+import urllib.parse
+import urllib.request
+from typing import Any
+
+CHUNK = 1024 * 1024
+RETRIES = 5
+
+
+class _NoAuthOnRedirect(urllib.request.HTTPRedirectHandler):
+    """Follow redirects, but never send the job token to another place (a presigned store URL)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None:
+            new.remove_header("Authorization")
+        return new
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    return urllib.request.build_opener(_NoAuthOnRedirect)
+
+
+def _get(url: str, token: str) -> Any:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    return _opener().open(request, timeout=60)
+
+
+def _download(url: str, token: str, dest: str, sha256: str | None, size: int | None) -> None:
+    """``url`` into ``dest``, checked against ``sha256`` and ``size`` when given; retried on I/O errors."""
+    last: Exception | None = None
+    for _ in range(RETRIES):
+        digest = hashlib.sha256()
+        written = 0
+        try:
+            with _get(url, token) as response, open(dest, "wb") as out:
+                while chunk := response.read(CHUNK):
+                    digest.update(chunk)
+                    out.write(chunk)
+                    written += len(chunk)
+        except OSError as exc:  # URLError and HTTPError are OSErrors; a 4xx will not get better
+            last = exc
+            code = getattr(exc, "code", None)
+            if code is not None and 400 <= code < 500 and code != 429:
+                break
+            continue
+        if size is not None and written != size:
+            raise SystemExit(f"kiln-fetch: {url}: got {written} bytes, expected {size}")
+        if sha256 and digest.hexdigest() != sha256:
+            raise SystemExit(f"kiln-fetch: {url}: SHA-256 {digest.hexdigest()} differs from {sha256}")
+        return
+    raise SystemExit(f"kiln-fetch: {url}: {last}")
+
+
+def fetch_code(endpoint: str, token: str, job_id: str, sha256: str, work_dir: str) -> None:
+    os.makedirs(work_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        bundle = os.path.join(tmp, "code.tar.gz")
+        _download(f"{endpoint}/api/v1/jobs/{urllib.parse.quote(job_id)}/code", token, bundle, sha256, None)
+        with tarfile.open(bundle, "r:gz") as archive:
+            archive.extractall(work_dir, filter="data")
+    # The job's container may run as another user than this one: the pod's scratch copy is everyone's.
+    for root, dirs, names in os.walk(work_dir):
+        for name in dirs + names:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, os.stat(path).st_mode | 0o666 | (0o111 if name in dirs else 0))
+
+
+def _inside(root: str, relative: str) -> str:
+    target = os.path.realpath(os.path.join(root, relative))
+    if os.path.isabs(relative) or not target.startswith(os.path.realpath(root) + os.sep):
+        raise SystemExit(f"kiln-fetch: refusing a dataset path outside its directory: {relative!r}")
+    return target
+
+
+def fetch_dataset(endpoint: str, token: str, ref: str, dest: str) -> int:
+    """Every file of dataset version ``ref`` (``NAME@VERSION`` or ``NAME``: latest) into ``dest``; bytes."""
+    name, _, version = ref.partition("@")
+    base = f"{endpoint}/api/v1/datasets/{urllib.parse.quote(name)}/versions"
+    with _get(f"{base}/{version or 'latest'}", token) as response:
+        manifest = json.load(response)
+    number = manifest.get("version", version)
+    total = 0
+    for item in manifest.get("items", []):
+        target = _inside(dest, item["path"])
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        url = f"{base}/{number}/files/{urllib.parse.quote(item['path'])}"
+        _download(url, token, target, item.get("sha256"), item.get("size"))
+        total += int(item.get("size", 0))
+    return total
+
+
+def main() -> int:
+    env = os.environ
+    endpoint = env.get("KILN_ENDPOINT", "").rstrip("/")
+    token = env.get("KILN_JOB_TOKEN", "")
+    sha256 = env.get("KILN_CODE_SHA256", "")
+    inputs = json.loads(env.get("KILN_INPUTS") or "[]")
+    if (sha256 or inputs) and not (endpoint and token):
+        print("kiln-fetch: KILN_ENDPOINT and KILN_JOB_TOKEN are needed to fetch code and data", file=sys.stderr)
+        return 2
+    work_dir = env.get("KILN_WORK_DIR", "/kiln/work")
+    try:
+        if sha256:
+            fetch_code(endpoint, token, env["KILN_JOB_ID"], sha256, work_dir)
+            print(f"kiln-fetch: code {sha256[:12]} unpacked into {work_dir}", flush=True)
+        for item in inputs:
+            os.makedirs(item["dir"], exist_ok=True)
+            size = fetch_dataset(endpoint, token, item["dataset"], item["dir"])
+            print(f"kiln-fetch: dataset {item['dataset']} ({size} bytes) staged", flush=True)
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    except (OSError, ValueError, KeyError, tarfile.TarError) as exc:
+        print(f"kiln-fetch: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

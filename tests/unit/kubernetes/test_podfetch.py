@@ -1,0 +1,95 @@
+"""The init container's fetcher against a stand-in API on localhost: the code bundle and a dataset whose file
+is answered with a redirect (as to a presigned store URL), which must not receive the job token."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import kiln.backends.kubernetes.podfetch as podfetch
+
+TOKEN = "kiln-job-token"
+
+
+def _bundle() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        data = b"print('hi')\n"
+        info = tarfile.TarInfo("train.py")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _serve(routes: dict[str, tuple[int, dict[str, str], bytes]], seen: list[tuple[str, str | None]]) -> Any:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append((self.path, self.headers.get("Authorization")))
+            status, headers, body = routes.get(self.path, (404, {}, b"{}"))
+            self.send_response(status)
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_fetches_code_and_datasets(tmp_path: Path) -> None:
+    bundle = _bundle()
+    data = b"1,2,3\n"
+    seen: list[tuple[str, str | None]] = []
+    routes: dict[str, tuple[int, dict[str, str], bytes]] = {}
+    server = _serve(routes, seen)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    manifest = {
+        "version": 3,
+        "items": [{"path": "a/b.csv", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}],
+    }
+    routes |= {
+        "/api/v1/jobs/job-1/code": (200, {}, bundle),
+        "/api/v1/datasets/mnist/versions/3": (200, {}, json.dumps(manifest).encode()),
+        "/api/v1/datasets/mnist/versions/3/files/a/b.csv": (307, {"Location": f"{url}/store/blob?sig=x"}, b""),
+        "/store/blob?sig=x": (200, {}, data),
+    }
+    env = {
+        "KILN_ENDPOINT": url,
+        "KILN_JOB_TOKEN": TOKEN,
+        "KILN_JOB_ID": "job-1",
+        "KILN_CODE_SHA256": hashlib.sha256(bundle).hexdigest(),
+        "KILN_WORK_DIR": str(tmp_path / "work"),
+        "KILN_INPUTS": json.dumps([{"dataset": "mnist@3", "dir": str(tmp_path / "in0")}]),
+        "PATH": "/usr/bin:/bin",
+    }
+    try:
+        done = subprocess.run([sys.executable, podfetch.__file__], env=env, capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / "work" / "train.py").read_text() == "print('hi')\n"
+        assert (tmp_path / "in0" / "a" / "b.csv").read_bytes() == data
+        auth = dict(seen)
+        assert auth["/api/v1/jobs/job-1/code"] == f"Bearer {TOKEN}"
+        assert auth["/store/blob?sig=x"] is None  # the store never sees the job token
+        # A bundle whose digest differs is refused.
+        done = subprocess.run(
+            [sys.executable, podfetch.__file__],
+            env={**env, "KILN_CODE_SHA256": "0" * 64, "KILN_INPUTS": "[]"},
+            capture_output=True,
+            timeout=60,
+        )
+        assert done.returncode == 1 and b"SHA-256" in done.stderr
+    finally:
+        server.shutdown()
