@@ -1,0 +1,672 @@
+"""The Kubernetes backend: the controller that runs Kiln attempts as Kubernetes Jobs (official ``kubernetes`` client).
+
+- ``start`` renders the attempt (:func:`kiln.backends.kubernetes.render.render`) and creates its objects in order:
+  Secret, ConfigMap(s), Service (and Volcano PodGroup), then the main Job; ``409 AlreadyExists`` counts as
+  created, so calling it again after a controller restart never makes a second Job (names are deterministic).
+  Once the main Job exists its uid goes onto every other object as an ownerReference (patched onto those
+  created before it, set on the parameter servers' Job before it is created), so deleting that Job — or its
+  TTL — removes everything.
+- Status comes from two informers (pods and Jobs with ``app.kubernetes.io/managed-by=kiln`` in the namespace):
+  list once, then watch from the list's resourceVersion, resume after each watch timeout from the last version
+  seen, re-list on ``410 Gone``; the objects live in an in-memory cache that a background thread keeps.
+  ``poll`` reads that cache (it never lists per poll) and maps it with :func:`status_from`.
+- ``cancel``/``preempt`` delete the attempt's Jobs with ``propagationPolicy: Foreground``: the pods get SIGTERM
+  and ``terminationGracePeriodSeconds`` (the ``termination_grace_seconds`` setting) before SIGKILL. There is
+  no preemption notice file on Kubernetes (writing into a pod needs ``exec``); a job learns of preemption by the
+  SIGTERM alone.
+- Logs: a thread per pod follows ``pods/log`` (with timestamps) into Kiln's :class:`LogStore`, as lines tagged
+  with the member (``O@worker1``) for gangs, so logs outlive the pods. Where each pod's log was read up to
+  (its last timestamp and how many lines carried it) is kept in a small state file, so a restarted controller
+  resumes (``sinceSeconds`` and skipping what it already has) without duplicating lines; a crash may repeat at
+  most the lines of the last ``LOG_STATE_EVERY`` seconds.
+- ``collect_outputs``/``sync_checkpoints`` copy nothing: a pod's ``$KILN_OUTPUT_DIR`` and checkpoints live in
+  emptyDirs; pods will upload them through the Kiln API (not built yet, see docs/kubernetes.md).
+- ``nodes``: the cluster's nodes (allocatable cpu, memory, ``nvidia.com/gpu``, labels), listed at most every
+  ``node_refresh`` seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kiln.backends.base import AttemptStatus, Backend, Inventory, Launch, Phase
+from kiln.backends.kubernetes.render import (
+    GPU_RESOURCE,
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    LABEL_ROLE,
+    MANAGED_BY,
+    KubeConfig,
+    RenderInput,
+    cleanup_selector,
+    label_value,
+    new_ssh_keypair,
+    render,
+)
+from kiln.backends.kubernetes.status import INDEX_LABEL, member_of, parse_time, status_from
+from kiln.domain.spec import JobSpec
+from kiln.errors import BackendError, InvalidInput
+from kiln.storage.logs import LogStore
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+Key = tuple[str, str]  # (kiln.io/job label value, attempt)
+LOG_STATE_EVERY = 0.5  # seconds between saves of the log positions while lines flow
+TERMINAL = ("Succeeded", "Failed")
+
+
+def _key(job_id: str, attempt: int | str) -> Key:
+    return label_value(job_id), str(attempt)
+
+
+def _key_of(obj: Obj) -> Key | None:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    if LABEL_JOB not in labels or LABEL_ATTEMPT not in labels:
+        return None
+    return labels[LABEL_JOB], labels[LABEL_ATTEMPT]
+
+
+def _ts_key(stamp: str) -> tuple[str, int]:
+    """An RFC 3339 (nano) timestamp as a sortable key: (seconds part, nanoseconds); the kubelet trims zeros."""
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    digits = "".join(ch for ch in frac if ch.isdigit())[:9]
+    return head[:19], int(digits.ljust(9, "0")) if digits else 0
+
+
+def _iter_lines(resp: Any) -> Iterator[str]:
+    buffer = b""
+    for chunk in resp.stream(amt=None, decode_content=False):
+        buffer += chunk if isinstance(chunk, bytes) else chunk.encode()
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            yield line.decode("utf-8", errors="replace")
+    if buffer:
+        yield buffer.decode("utf-8", errors="replace")
+
+
+def _parse_quantity(value: Any) -> float:
+    from kubernetes.utils import parse_quantity
+
+    try:
+        return float(parse_quantity(str(value)))
+    except (ValueError, TypeError, ArithmeticError):
+        return 0.0
+
+
+@dataclass
+class _Attempt:
+    job_id: str
+    attempt: int
+    stopping: tuple[str, str] | None = None  # (reason, message) once we deleted its Jobs
+    final: AttemptStatus | None = None
+    ended: bool = False  # its Jobs were deleted because the attempt ended (the rest of a gang)
+
+
+class KubernetesBackend(Backend):
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        api_client: Any,
+        config: KubeConfig,
+        *,
+        endpoint: str,
+        logs: LogStore | None = None,
+        state_dir: Path | None = None,
+        image_pull_grace: float = 60.0,
+        watch_timeout: int = 300,
+        node_refresh: float = 30.0,
+        wake: Callable[[str | None], None] | None = None,
+        fallback_nodes: list[Inventory] | None = None,
+    ) -> None:
+        from kubernetes import client
+
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.batch = client.BatchV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.cfg = config
+        self.namespace = config.namespace
+        self.endpoint = endpoint
+        self.logs = logs
+        self.image_pull_grace = image_pull_grace
+        self.watch_timeout = watch_timeout
+        self.node_refresh = node_refresh
+        self._wake = wake
+        self.fallback_nodes = list(fallback_nodes or [])  # when nodes cannot be listed (no ClusterRole)
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._objects: dict[str, dict[str, Obj]] = {"Pod": {}, "Job": {}}  # kind → name → object
+        self._synced = {"Pod": threading.Event(), "Job": threading.Event()}
+        self._attempts: dict[Key, _Attempt] = {}
+        self._deleted: dict[Key, dict[str, Obj]] = {}  # pods deleted while they ran (not by us), per attempt
+        self._nodes: list[Inventory] = []
+        self._nodes_at = 0.0
+        self._responses: set[Any] = set()  # open streams, shut down by close()
+        # Log positions: pod uid → {"ts": last timestamp read, "n": lines read with that timestamp, "done": bool}.
+        self._log_lock = threading.Lock()
+        self._log_threads: dict[str, threading.Thread] = {}
+        self._state_path = state_dir / "kubernetes-logs.json" if state_dir is not None else None
+        self._log_state: dict[str, dict[str, Any]] = self._load_log_state()
+        self._log_saved = 0.0
+        self._threads = [
+            threading.Thread(target=self._inform, args=(kind,), name=f"kiln-k8s-{kind.lower()}s", daemon=True)
+            for kind in ("Pod", "Job")
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # -- informers --------------------------------------------------------------------------------------
+
+    def _list_call(self, kind: str) -> Callable[..., Any]:
+        return self.core.list_namespaced_pod if kind == "Pod" else self.batch.list_namespaced_job
+
+    def _inform(self, kind: str) -> None:
+        """List, then watch from the list's resourceVersion; re-list on 410 Gone or any error."""
+        selector = f"{MANAGED_BY}=kiln"
+        call = self._list_call(kind)
+        backoff = 0.2
+        while not self._stop.is_set():
+            try:
+                resp = call(self.namespace, label_selector=selector, _preload_content=False)
+                listed = json.loads(resp.data)
+                self._replace(kind, listed.get("items") or [])
+                self._synced[kind].set()
+                version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+                while not self._stop.is_set():
+                    version, gone = self._watch(kind, call, selector, version)
+                    if gone:
+                        log.info("watch of %ss: resourceVersion %s expired (410 Gone); re-listing", kind, version)
+                        break
+                backoff = 0.2
+            except Exception as exc:
+                if self._stop.is_set():
+                    return
+                log.warning("watch of %ss failed (%s: %s); re-listing in %.1fs", kind, type(exc).__name__, exc, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def _watch(self, kind: str, call: Callable[..., Any], selector: str, version: str) -> tuple[str, bool]:
+        """One watch request, until the server's timeout; (last resourceVersion seen, whether it was 410 Gone)."""
+        resp = call(
+            self.namespace,
+            label_selector=selector,
+            watch=True,
+            resource_version=version or None,
+            timeout_seconds=self.watch_timeout,
+            allow_watch_bookmarks=True,
+            _preload_content=False,
+            _request_timeout=(10, self.watch_timeout + 30),
+        )
+        self._responses.add(resp)
+        try:
+            for line in _iter_lines(resp):
+                if self._stop.is_set():
+                    return version, False
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    if obj.get("code") == 410:
+                        return version, True
+                    raise BackendError(f"watch error: {obj.get('reason')}: {obj.get('message')}", retryable=True)
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                if event.get("type") != "BOOKMARK":
+                    self._apply(kind, str(event.get("type")), obj)
+        finally:
+            self._responses.discard(resp)
+            resp.release_conn()
+        return version, False
+
+    def _replace(self, kind: str, items: list[Obj]) -> None:
+        fresh = {str(o["metadata"]["name"]) for o in items}
+        with self._lock:
+            gone = [old for name, old in self._objects[kind].items() if name not in fresh]
+        for old in gone:
+            self._apply(kind, "DELETED", old)
+        for obj in items:
+            self._apply(kind, "MODIFIED", obj)
+
+    def _apply(self, kind: str, event: str, obj: Obj) -> None:
+        name = str((obj.get("metadata") or {}).get("name"))
+        key = _key_of(obj)
+        with self._lock:
+            if event == "DELETED":
+                self._objects[kind].pop(name, None)
+                attempt = self._attempts.get(key) if key else None
+                running = (obj.get("status") or {}).get("phase") not in TERMINAL
+                ours = attempt is not None and (attempt.stopping or attempt.ended)
+                if kind == "Pod" and key is not None and running and not ours:
+                    # Kept for attempts not polled yet too (a restarted controller): their loss is seen later.
+                    self._deleted.setdefault(key, {})[name] = obj
+            else:
+                self._objects[kind][name] = obj
+            attempt = self._attempts.get(key) if key else None
+        if attempt is not None:
+            if kind == "Pod" and event != "DELETED":
+                self._follow_logs(attempt, obj)
+            if self._wake is not None:
+                self._wake(attempt.job_id)
+
+    def _cached(self, key: Key) -> tuple[list[Obj], list[Obj]]:
+        with self._lock:
+            jobs = [o for o in self._objects["Job"].values() if _key_of(o) == key]
+            pods = [o for o in self._objects["Pod"].values() if _key_of(o) == key]
+        return jobs, pods
+
+    def _track(self, job_id: str, attempt: int) -> _Attempt:
+        key = _key(job_id, attempt)
+        with self._lock:
+            tracked = self._attempts.get(key)
+            if tracked is None:
+                tracked = self._attempts[key] = _Attempt(job_id, attempt)
+        return tracked
+
+    # -- contract -------------------------------------------------------------------------------------------
+
+    def validate(self, spec: JobSpec) -> None:
+        if spec.runtime.python:
+            raise InvalidInput(
+                f"runtime.python ({spec.runtime.python}) names an interpreter on the host, which does not exist on "
+                "Kubernetes: give runtime.image (your own image) or runtime.framework (a catalog image)",
+                details={"field": "spec.runtime.python"},
+            )
+        render(RenderInput("validate", "validate", 1, spec, token="x"), self.cfg)  # raises InvalidInput
+
+    def handle_for(self, job_id: str, attempt: int) -> dict[str, Any]:
+        return {"job_id": job_id, "attempt": attempt, "namespace": self.namespace}
+
+    def start(self, launch: Launch) -> dict[str, Any]:
+        handle = self.handle_for(launch.job_id, launch.attempt)
+        self._track(launch.job_id, launch.attempt)
+        spec = launch.spec
+        private = public = None
+        if spec.distributed is not None and spec.distributed.framework == "mpi":
+            private, public = new_ssh_keypair()  # used only if the Secret does not exist yet
+        code_sha = launch.code_key.rsplit("/", 1)[-1].split(".", 1)[0] if launch.code_key else None
+        objects = render(
+            RenderInput(
+                job_id=launch.job_id,
+                org_id=launch.org_id,
+                attempt=launch.attempt,
+                spec=spec,
+                code_sha256=code_sha,
+                endpoint=self.endpoint or launch.api_endpoint or "http://kiln:8080",
+                token=launch.job_token,
+                ssh_private_key=private,
+                ssh_public_key=public,
+            ),
+            self.cfg,
+        )
+        jobs = [o for o in objects if o["kind"] == "Job"]
+        others = [o for o in objects if o["kind"] != "Job"]
+        for obj in others:
+            self._create(obj)
+        main = self._create(jobs[0])
+        meta = main["metadata"]
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"], "controller": True}
+        for obj in others:
+            self._patch(obj, {"metadata": {"ownerReferences": [owner]}})
+        for obj in jobs[1:]:
+            obj["metadata"]["ownerReferences"] = [owner]
+            self._create(obj)
+        with self._lock:  # seen at once, before the watch delivers it: a poll never finds it missing
+            self._objects["Job"].setdefault(str(meta["name"]), main)
+        return handle
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            resp = fn(*args, _preload_content=False, **kwargs)
+            return json.loads(resp.data or b"{}")  # type: ignore[no-any-return]
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                raise
+            retryable = exc.status is None or exc.status >= 500 or exc.status == 429
+            detail = exc.reason or ""
+            try:
+                detail = json.loads(exc.body or "{}").get("message") or detail
+            except (ValueError, AttributeError):
+                pass
+            raise BackendError(f"{what}: Kubernetes answered {exc.status}: {detail}", retryable=retryable) from exc
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"{what}: {type(exc).__name__}: {exc}", retryable=True) from exc
+        except Exception as exc:  # urllib3 errors (MaxRetryError, ProtocolError) are not OSErrors
+            if type(exc).__module__.startswith("urllib3"):
+                raise BackendError(f"{what}: {type(exc).__name__}: {exc}", retryable=True) from exc
+            raise
+
+    def _create(self, obj: Obj) -> Obj:
+        from kubernetes.client.exceptions import ApiException
+
+        kind, name, ns = obj["kind"], obj["metadata"]["name"], self.namespace
+        create_args: tuple[Any, ...]
+        get_args: tuple[Any, ...]
+        if kind == "PodGroup":
+            group, version = obj["apiVersion"].split("/")
+            create_fn, create_args = self.custom.create_namespaced_custom_object, (group, version, ns, "podgroups", obj)
+            get_fn, get_args = self.custom.get_namespaced_custom_object, (group, version, ns, "podgroups", name)
+        else:
+            api, suffix = self._api(kind)
+            create_fn, create_args = getattr(api, f"create_namespaced_{suffix}"), (ns, obj)
+            get_fn, get_args = getattr(api, f"read_namespaced_{suffix}"), (name, ns)
+        try:
+            return self._call(f"create {kind} {name}", create_fn, *create_args)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise BackendError(f"create {kind} {name}: {exc.status} {exc.reason}", retryable=False) from exc
+        try:
+            return self._call(
+                f"get {kind} {name}", get_fn, *get_args
+            )  # created before (a restarted controller): the same object, never a second one
+        except ApiException as exc:
+            raise BackendError(f"get {kind} {name}: {exc.status} {exc.reason}", retryable=True) from exc
+
+    def _patch(self, obj: Obj, body: Obj) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        kind, name, ns = obj["kind"], obj["metadata"]["name"], self.namespace
+        try:
+            if kind == "PodGroup":
+                group, version = obj["apiVersion"].split("/")
+                self._call(
+                    f"patch {kind} {name}",
+                    self.custom.patch_namespaced_custom_object,
+                    group,
+                    version,
+                    ns,
+                    "podgroups",
+                    name,
+                    body,
+                )
+            else:
+                api, suffix = self._api(kind)
+                self._call(f"patch {kind} {name}", getattr(api, f"patch_namespaced_{suffix}"), name, ns, body)
+        except ApiException as exc:
+            raise BackendError(f"patch {kind} {name}: {exc.status} {exc.reason}", retryable=True) from exc
+
+    def _api(self, kind: str) -> tuple[Any, str]:
+        return {
+            "Secret": (self.core, "secret"),
+            "ConfigMap": (self.core, "config_map"),
+            "Service": (self.core, "service"),
+            "Pod": (self.core, "pod"),
+            "Job": (self.batch, "job"),
+        }[kind]
+
+    def poll(self, handle: dict[str, Any]) -> AttemptStatus:
+        attempt = self._track(handle["job_id"], int(handle["attempt"]))
+        if attempt.final is not None:
+            return attempt.final
+        if not all(event.wait(10) for event in self._synced.values()):
+            return AttemptStatus(
+                Phase.STARTING, message="the controller has not listed the cluster's pods and Jobs yet"
+            )
+        key = _key(attempt.job_id, attempt.attempt)
+        jobs, pods = self._cached(key)
+        for pod in pods:
+            self._follow_logs(attempt, pod)
+        main = next((j for j in jobs if (j["metadata"].get("labels") or {}).get(LABEL_ROLE) == "worker"), None)
+        others = [j for j in jobs if j is not main]
+        with self._lock:
+            deleted = list(self._deleted.get(key, {}).values())
+        status = status_from(main, pods, others=others, deleted=deleted, image_pull_grace=self.image_pull_grace)
+        if main is None and not pods and not deleted:
+            if attempt.stopping:
+                reason, message = attempt.stopping
+                status = AttemptStatus(Phase.EXITED, None, reason, message, finished_at=datetime.now(UTC))
+            else:
+                message = f"the Kubernetes Job of attempt {attempt.attempt} does not exist (never created, or deleted)"
+                status = AttemptStatus(Phase.LOST, None, "JobMissing", message, finished_at=datetime.now(UTC))
+        if status.phase in (Phase.EXITED, Phase.LOST):
+            if attempt.stopping and status.reason != "Completed":
+                reason, message = attempt.stopping
+                status = AttemptStatus(
+                    status.phase, status.exit_code, reason, message, status.running_at, status.finished_at
+                )
+            if (
+                not attempt.stopping
+                and not attempt.ended
+                and any((p.get("status") or {}).get("phase") not in TERMINAL for p in pods)
+            ):
+                attempt.ended = True  # the rest of the gang (other workers, parameter servers) stops now
+                try:
+                    self._delete_jobs(attempt)
+                except BackendError as exc:
+                    attempt.ended = False  # the next poll tries again
+                    log.warning(
+                        "job %s: stopping the rest of attempt %d failed: %s", attempt.job_id, attempt.attempt, exc
+                    )
+                    return status
+            attempt.final = status
+        return status
+
+    def _delete_matching(self, kind: str, selector: str, propagation: str | None = None) -> int:
+        """List the ``kind`` objects that ``selector`` matches and delete each by name (the Role grants
+        ``list`` and ``delete``, not ``deletecollection``); what is already gone counts as deleted."""
+        from kubernetes.client.exceptions import ApiException
+
+        api, suffix = self._api(kind)
+        listed = self._call(
+            f"list {kind}s", getattr(api, f"list_namespaced_{suffix}"), self.namespace, label_selector=selector
+        )
+        extra = {"propagation_policy": propagation} if propagation else {}
+        deleted = 0
+        for item in listed.get("items") or []:
+            name = item["metadata"]["name"]
+            try:
+                self._call(
+                    f"delete {kind} {name}", getattr(api, f"delete_namespaced_{suffix}"), name, self.namespace, **extra
+                )
+                deleted += 1
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise BackendError(f"delete {kind} {name}: {exc.status} {exc.reason}", retryable=True) from exc
+        return deleted
+
+    def _delete_jobs(self, attempt: _Attempt) -> None:
+        self._delete_matching("Job", cleanup_selector(attempt.job_id, attempt.attempt), "Foreground")
+
+    def cancel(self, handle: dict[str, Any], grace_seconds: float) -> None:
+        """Delete the attempt's Jobs (Foreground: the pods go first, each with SIGTERM and its
+        ``terminationGracePeriodSeconds``). Idempotent: deleting what is gone deletes nothing."""
+        attempt = self._track(handle["job_id"], int(handle["attempt"]))
+        if attempt.stopping is None:
+            attempt.stopping = ("Cancelled", "cancelled: its Kubernetes Jobs were deleted")
+        self._delete_jobs(attempt)
+
+    def preempt(self, handle: dict[str, Any], reason: str, grace_seconds: float) -> None:
+        """As :meth:`cancel`: no notice file on Kubernetes (it would need ``exec`` into the pods); the job gets
+        SIGTERM and the pods' ``terminationGracePeriodSeconds`` to checkpoint."""
+        attempt = self._track(handle["job_id"], int(handle["attempt"]))
+        if attempt.stopping is None:
+            attempt.stopping = ("Preempted", reason)
+        self._delete_jobs(attempt)
+
+    def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
+        """Nothing to copy from here: outputs live in the pods' emptyDirs; pods will upload them through the API."""
+        return 0, 0
+
+    def sync_checkpoints(self, job_id: str, dest_prefix: str) -> tuple[int, int]:
+        return 0, 0
+
+    def cleanup(self, handle: dict[str, Any]) -> None:
+        """Delete every object of the attempt (by its labels), whatever owns it."""
+        attempt = self._track(handle["job_id"], int(handle["attempt"]))
+        attempt.ended = True
+        selector = cleanup_selector(attempt.job_id, attempt.attempt)
+        for kind in ("Job", "Pod", "Service", "ConfigMap", "Secret"):
+            self._delete_matching(kind, selector, "Background" if kind == "Job" else None)
+
+    # -- nodes ----------------------------------------------------------------------------------------------
+
+    def nodes(self) -> list[Inventory]:
+        if self._nodes and time.monotonic() - self._nodes_at < self.node_refresh:
+            return list(self._nodes)
+        try:
+            listed = self._call("list nodes", self.core.list_node)
+        except Exception as exc:
+            log.warning("listing nodes failed (the server needs a ClusterRole to list nodes): %s", exc)
+            return list(self._nodes or self.fallback_nodes)
+        found = []
+        for node in listed.get("items") or []:
+            meta, status = node.get("metadata") or {}, node.get("status") or {}
+            if (node.get("spec") or {}).get("unschedulable"):
+                continue
+            ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+            if ready is not None and ready.get("status") != "True":
+                continue
+            alloc = status.get("allocatable") or {}
+            labels = dict(meta.get("labels") or {})
+            gpus = int(_parse_quantity(alloc.get(GPU_RESOURCE, 0)))
+            product = labels.get(self.cfg.gpu_type_label)
+            found.append(
+                Inventory(
+                    cpus=_parse_quantity(alloc.get("cpu", 0)),
+                    memory=int(_parse_quantity(alloc.get("memory", 0))),
+                    gpus=tuple(range(gpus)),
+                    gpu_names={i: product for i in range(gpus)} if product else {},
+                    name=str(meta.get("name")),
+                    labels=labels,
+                )
+            )
+        self._nodes, self._nodes_at = found or self.fallback_nodes, time.monotonic()
+        return list(self._nodes)
+
+    def inventory(self) -> Inventory:
+        nodes = self.nodes()
+        return nodes[0] if nodes else Inventory(cpus=0.0, memory=0, name="kubernetes")
+
+    # -- logs -----------------------------------------------------------------------------------------------
+
+    def _load_log_state(self) -> dict[str, dict[str, Any]]:
+        if self._state_path is None:
+            return {}
+        try:
+            return dict(json.loads(self._state_path.read_text()))
+        except (FileNotFoundError, ValueError):
+            return {}
+
+    def _save_log_state(self, force: bool = False) -> None:
+        """With ``_log_lock`` held."""
+        if self._state_path is None or (not force and time.monotonic() - self._log_saved < LOG_STATE_EVERY):
+            return
+        self._state_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._state_path.with_name(self._state_path.name + ".tmp")
+        tmp.write_text(json.dumps(self._log_state))
+        os.replace(tmp, self._state_path)
+        self._log_saved = time.monotonic()
+
+    def _follow_logs(self, attempt: _Attempt, pod: Obj) -> None:
+        if self.logs is None or self._stop.is_set():
+            return
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid"))
+        if (pod.get("status") or {}).get("phase") not in ("Running", *TERMINAL):
+            return
+        with self._log_lock:
+            if uid in self._log_threads or self._log_state.get(uid, {}).get("done"):
+                return
+            distributed = INDEX_LABEL in (meta.get("labels") or {})
+            stream = f"O@{member_of(pod)}" if distributed else "O"
+            thread = threading.Thread(
+                target=self._stream_logs,
+                args=(attempt.job_id, str(meta.get("name")), uid, stream),
+                name=f"kiln-k8s-log-{meta.get('name')}",
+                daemon=True,
+            )
+            self._log_threads[uid] = thread
+        thread.start()
+
+    def _stream_logs(self, job_id: str, pod_name: str, uid: str, stream: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        assert self.logs is not None
+        while not self._stop.is_set():
+            with self._log_lock:
+                state = dict(self._log_state.get(uid) or {"ts": None, "n": 0})
+            kwargs: dict[str, Any] = {}
+            if state["ts"]:
+                since = parse_time(state["ts"])
+                if since is not None:
+                    kwargs["since_seconds"] = max(1, int((datetime.now(UTC) - since).total_seconds()) + 2)
+            try:
+                resp = self.core.read_namespaced_pod_log(
+                    pod_name,
+                    self.namespace,
+                    container="job",
+                    follow=True,
+                    timestamps=True,
+                    _preload_content=False,
+                    **kwargs,
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    break  # the pod is gone: whatever was not read is lost with it
+                self._stop.wait(1.0)  # 400: the container is not started yet
+                continue
+            except Exception as exc:
+                log.debug("log stream of %s: %s", pod_name, exc)
+                self._stop.wait(1.0)
+                continue
+            self._responses.add(resp)
+            last = (state["ts"], int(state["n"]))
+            skip_key = _ts_key(last[0]) if last[0] else None
+            seen_equal = 0
+            try:
+                for line in _iter_lines(resp):
+                    stamp, _, text = line.partition(" ")
+                    key = _ts_key(stamp)
+                    if skip_key is not None:
+                        if key < skip_key:
+                            continue
+                        if key == skip_key:
+                            seen_equal += 1
+                            if seen_equal <= last[1]:
+                                continue
+                    with self._log_lock:
+                        if self._stop.is_set():
+                            return
+                        self.logs.append(job_id, stream, [text])
+                        entry = self._log_state.setdefault(uid, {"ts": None, "n": 0})
+                        entry["n"] = entry["n"] + 1 if entry["ts"] == stamp else 1
+                        entry["ts"] = stamp
+                        self._save_log_state()
+            except Exception as exc:
+                log.debug("log stream of %s broke: %s", pod_name, exc)
+            finally:
+                self._responses.discard(resp)
+            with self._lock:
+                pod = self._objects["Pod"].get(pod_name)
+            phase = (pod or {}).get("status", {}).get("phase")
+            if pod is None or phase in TERMINAL:
+                break
+            self._stop.wait(0.5)
+        with self._log_lock:
+            if not self._stop.is_set():
+                self._log_state.setdefault(uid, {"ts": None, "n": 0})["done"] = True
+            self._save_log_state(force=True)
+
+    def close(self) -> None:
+        with self._log_lock:
+            self._stop.set()
+            self._save_log_state(force=True)
+        for resp in list(self._responses):
+            try:
+                shutdown = getattr(resp, "shutdown", None)
+                if shutdown is not None:
+                    shutdown()
+            except Exception:
+                pass

@@ -1,0 +1,1 @@
+"""Fakes of external services for tests (named so: none of them is the real thing)."""

@@ -1,0 +1,290 @@
+"""The Kubernetes backend (the controller) through the official ``kubernetes`` client, over HTTP, against a FAKE
+Kubernetes API server (tests/fakes/kube_api.py): no cluster is involved."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiln.backends.base import Launch, Phase
+from kiln.backends.kubernetes.backend import KubernetesBackend
+from kiln.backends.kubernetes.render import KubeConfig, cleanup_selector, main_job_name
+from kiln.domain.spec import JobSpec
+from kiln.errors import InvalidInput
+from kiln.runtime.logline import parse_tagged
+from kiln.storage.logs import LogStore
+from tests.fakes.kube_api import FakeKubeAPI
+
+ORG = "org-1"
+
+
+def launch(job_id: str, workers: int = 1, attempt: int = 1, **fields: Any) -> Launch:
+    body: dict[str, Any] = {"command": "python train.py", "runtime": {"image": "ghcr.io/acme/train:1"}, **fields}
+    if workers > 1:
+        body["distributed"] = {"framework": "pytorch", "workers": workers}
+    spec = JobSpec.model_validate(body)
+    return Launch(job_id, ORG, attempt, spec, cpus=1, memory=None, gpus=(), code_key=None, job_token="tok")
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 5.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {check}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeKubeAPI]:
+    with FakeKubeAPI() as api:
+        api.add_node("node-1", cpu="16", memory="64Gi", gpus=2, labels={"nvidia.com/gpu.product": "NVIDIA-H200"})
+        yield api
+
+
+class Env:
+    def __init__(self, fake: FakeKubeAPI, tmp: Path) -> None:
+        self.fake = fake
+        self.tmp = tmp
+        self.logs = LogStore(tmp / "logs")
+        self.backends: list[KubernetesBackend] = []
+
+    def backend(self) -> KubernetesBackend:
+        backend = KubernetesBackend(
+            self.fake.api_client(),
+            KubeConfig(namespace="kiln"),
+            endpoint="http://kiln:8080",
+            logs=self.logs,
+            state_dir=self.tmp / "state",
+            image_pull_grace=0.0,
+            watch_timeout=2,
+        )
+        self.backends.append(backend)
+        return backend
+
+    def close(self) -> None:
+        for backend in self.backends:
+            backend.close()
+
+
+@pytest.fixture
+def env(fake: FakeKubeAPI, tmp_path: Path) -> Iterator[Env]:
+    e = Env(fake, tmp_path)
+    yield e
+    e.close()
+
+
+def poll_until(backend: KubernetesBackend, handle: dict[str, Any], phase: Phase, timeout: float = 5.0) -> Any:
+    return wait_for(lambda: (s := backend.poll(handle)).phase is phase and s, timeout)
+
+
+def log_lines(logs: LogStore, job_id: str) -> list[tuple[str, str]]:
+    data, _ = logs.read(job_id)
+    return [(member, text) for _, _, member, text in map(parse_tagged, data.decode().splitlines())]
+
+
+def test_job_success(env: Env) -> None:
+    backend, fake = env.backend(), env.fake
+    handle = backend.start(launch("job-ok"))
+    name = main_job_name("job-ok", 1, False)
+    kinds = [
+        k for k in (o["kind"] for o in fake.list("Secret", "kiln")["items"] + fake.list("ConfigMap", "kiln")["items"])
+    ]
+    assert kinds == ["Secret", "ConfigMap"]
+    uid = fake.jobs()[0]["metadata"]["uid"]
+    for obj in fake.list("Secret", "kiln")["items"] + fake.list("ConfigMap", "kiln")["items"]:
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == uid  # patched once the Job existed
+    assert backend.poll(handle).phase is Phase.STARTING
+    pod = fake.pod(name)
+    fake.set_running(pod)
+    running = poll_until(backend, handle, Phase.RUNNING)
+    assert running.running_at is not None
+    lists = sum(1 for m, p in fake.requests if m == "GET" and "/pods" in p)
+    for _ in range(20):
+        backend.poll(handle)
+    assert sum(1 for m, p in fake.requests if m == "GET" and "/pods" in p) <= lists + 1  # the cache, not the API
+    fake.append_log(pod, "epoch 1", "epoch 2")
+    fake.set_terminated(pod, 0)
+    done = poll_until(backend, handle, Phase.EXITED)
+    assert (done.exit_code, done.reason) == (0, "Completed")
+    wait_for(lambda: len(log_lines(env.logs, "job-ok")) == 2)
+    assert log_lines(env.logs, "job-ok") == [("", "epoch 1"), ("", "epoch 2")]  # a single worker: untagged
+    assert backend.collect_outputs(handle, "x") == (0, 0)
+
+
+def test_worker_failure_names_the_worker_and_stops_the_gang(env: Env) -> None:
+    backend, fake = env.backend(), env.fake
+    handle = backend.start(launch("job-gang", workers=2))
+    name = main_job_name("job-gang", 1, True)
+    assert len(fake.pods(f"job-name={name}")) == 2
+    assert fake.list("Service", "kiln")["items"], "a gang has its headless Service"
+    for index in (0, 1):
+        fake.set_running(fake.pod(name, index))
+    poll_until(backend, handle, Phase.RUNNING)
+    fake.set_terminated(fake.pod(name, 1), 3)
+    status = poll_until(backend, handle, Phase.EXITED)
+    assert status.exit_code == 3
+    assert status.reason == "Error"
+    assert "worker1" in status.message
+    # The rest of the gang is stopped: the Job is deleted (pods too).
+    wait_for(lambda: not fake.jobs())
+    assert backend.poll(handle) == status  # the outcome is kept once known
+
+
+def test_oom_killed(env: Env) -> None:
+    backend, fake = env.backend(), env.fake
+    handle = backend.start(launch("job-oom"))
+    pod = fake.pod(main_job_name("job-oom", 1, False))
+    fake.set_running(pod)
+    fake.set_terminated(pod, 137, reason="OOMKilled")
+    status = poll_until(backend, handle, Phase.EXITED)
+    assert (status.exit_code, status.reason) == (137, "OOMKilled")
+
+
+def test_eviction(env: Env) -> None:
+    backend, fake = env.backend(), env.fake
+    handle = backend.start(launch("job-evict"))
+    pod = fake.pod(main_job_name("job-evict", 1, False))
+    fake.set_running(pod)
+    fake.evict(pod, "The node was low on resource: ephemeral-storage.")
+    status = poll_until(backend, handle, Phase.EXITED)
+    assert status.reason == "Evicted"
+    assert "ephemeral-storage" in status.message
+
+
+def test_image_pull_failure(env: Env) -> None:
+    backend, fake = env.backend(), env.fake
+    handle = backend.start(launch("job-pull"))
+    pod = fake.pod(main_job_name("job-pull", 1, False))
+    fake.image_pull_backoff(pod, 'Back-off pulling image "ghcr.io/acme/train:1": not found')
+    status = poll_until(backend, handle, Phase.EXITED)
+    assert status.reason == "ImagePullError"
+    assert "ghcr.io/acme/train:1" in status.message and "not found" in status.message
+
+
+def test_unschedulable_stays_starting_with_the_schedulers_message(env: Env) -> None:
+    backend, fake = env.backend(), env.fake
+    handle = backend.start(launch("job-big"))
+    message = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    fake.unschedulable(fake.pod(main_job_name("job-big", 1, False)), message)
+    status = wait_for(lambda: (s := backend.poll(handle)).message and message in s.message and s)
+    assert status.phase is Phase.STARTING
+
+
+def test_node_lost(env: Env) -> None:
+    backend, fake = env.backend(), env.fake
+    handle = backend.start(launch("job-lost"))
+    pod = fake.pod(main_job_name("job-lost", 1, False))
+    fake.set_running(pod)
+    poll_until(backend, handle, Phase.RUNNING)
+    fake.delete_pod(pod)
+    status = poll_until(backend, handle, Phase.LOST)
+    assert status.reason == "NodeLost"
+    backend.cleanup(handle)
+    assert not fake.jobs() and not fake.list("Secret", "kiln")["items"]
+
+
+def test_controller_restart_mid_job(env: Env) -> None:
+    fake = env.fake
+    first = env.backend()
+    handle = first.start(launch("job-restart", workers=2))
+    name = main_job_name("job-restart", 1, True)
+    pods = [fake.pod(name, i) for i in (0, 1)]
+    for pod in pods:
+        fake.set_running(pod)
+    poll_until(first, handle, Phase.RUNNING)
+    fake.append_log(pods[0], "w0 line 1", "w0 line 2")
+    fake.append_log(pods[1], "w1 line 1")
+    wait_for(lambda: len(log_lines(env.logs, "job-restart")) == 3)
+    first.close()
+    created_before = sum(1 for method, _ in fake.requests if method == "POST")
+
+    second = env.backend()
+    assert second.start(launch("job-restart", workers=2)) == handle  # again: nothing new is created
+    assert len(fake.jobs()) == 1
+    assert len(fake.pods()) == 2
+    assert sum(1 for method, _ in fake.requests if method == "POST") - created_before >= 1  # it tried (409)
+    assert poll_until(second, handle, Phase.RUNNING)
+    fake.append_log(pods[1], "w1 line 2")
+    fake.append_log(pods[0], "w0 line 3")
+    for pod in pods:
+        fake.set_terminated(pod, 0)
+    status = poll_until(second, handle, Phase.EXITED)
+    assert (status.exit_code, status.reason) == (0, "Completed")
+    wait_for(lambda: len(log_lines(env.logs, "job-restart")) >= 5)
+    time.sleep(0.3)  # nothing more arrives
+    lines = log_lines(env.logs, "job-restart")
+    assert sorted(lines) == [
+        ("worker0", "w0 line 1"),
+        ("worker0", "w0 line 2"),
+        ("worker0", "w0 line 3"),
+        ("worker1", "w1 line 1"),
+        ("worker1", "w1 line 2"),
+    ]
+
+
+def test_watch_410_gone_relists_and_continues(env: Env) -> None:
+    backend, fake = env.backend(), env.fake
+    handle = backend.start(launch("job-gone"))
+    pod = fake.pod(main_job_name("job-gone", 1, False))
+    wait_for(lambda: any("watch=true" in path for _, path in fake.requests))
+    lists_before = sum(1 for m, p in fake.requests if m == "GET" and "/pods?" in p and "watch=true" not in p)
+    fake.expire_watches(2)  # the pods' and the Jobs' next watch
+    fake.set_running(pod)  # this change may land in the expired window: only a re-list sees it
+    poll_until(backend, handle, Phase.RUNNING, timeout=8)
+    wait_for(
+        lambda: (
+            sum(1 for m, p in fake.requests if m == "GET" and "/pods?" in p and "watch=true" not in p) > lists_before
+        ),
+        timeout=8,
+    )
+    fake.set_terminated(pod, 0)
+    assert poll_until(backend, handle, Phase.EXITED, timeout=8).exit_code == 0
+
+
+def test_cancel_deletes_the_jobs_idempotently(env: Env) -> None:
+    backend, fake = env.backend(), env.fake
+    handle = backend.start(launch("job-cancel", workers=2))
+    name = main_job_name("job-cancel", 1, True)
+    fake.set_running(fake.pod(name, 0))
+    backend.cancel(handle, 5)
+    assert not fake.jobs() and not fake.pods()
+    backend.cancel(handle, 5)  # again: nothing to delete, no error
+    status = poll_until(backend, handle, Phase.EXITED)
+    assert status.reason == "Cancelled"
+    deletes = [p for m, p in fake.requests if m == "DELETE" and "/jobs/" in p]
+    assert len(deletes) == 1 and "propagationPolicy=Foreground" in deletes[0]  # by name: no deletecollection
+    backend.cleanup(handle)
+    assert not fake.list("ConfigMap", "kiln")["items"] and not fake.list("Service", "kiln")["items"]
+    assert cleanup_selector("job-cancel", 1).startswith("app.kubernetes.io/managed-by=kiln")
+
+
+def test_logs_are_tagged_per_worker(env: Env) -> None:
+    backend, fake = env.backend(), env.fake
+    handle = backend.start(launch("job-logs", workers=2))
+    name = main_job_name("job-logs", 1, True)
+    for index in (0, 1):
+        pod = fake.pod(name, index)
+        fake.set_running(pod)
+        fake.append_log(pod, f"hello from {index}")
+    poll_until(backend, handle, Phase.RUNNING)
+    wait_for(lambda: len(log_lines(env.logs, "job-logs")) == 2)
+    assert sorted(log_lines(env.logs, "job-logs")) == [("worker0", "hello from 0"), ("worker1", "hello from 1")]
+    assert b" O@worker1 hello from 1\n" in env.logs.read("job-logs")[0]
+
+
+def test_nodes_and_validate(env: Env) -> None:
+    backend = env.backend()
+    (node,) = backend.nodes()
+    assert (node.name, node.cpus, node.memory, node.gpus) == ("node-1", 16.0, 64 * 2**30, (0, 1))
+    assert node.gpu_names == {0: "NVIDIA-H200", 1: "NVIDIA-H200"}
+    assert backend.inventory() == node
+    with pytest.raises(InvalidInput, match=r"runtime\.python"):
+        backend.validate(JobSpec.model_validate({"command": "x", "runtime": {"python": "/usr/bin/python3"}}))
+    backend.validate(JobSpec.model_validate({"command": "x", "runtime": {"image": "busybox"}}))
