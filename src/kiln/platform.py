@@ -11,6 +11,7 @@ from typing import IO
 from kiln.api.prometheus import ServerMetrics
 from kiln.auth.ratelimit import RateLimiter
 from kiln.auth.secrets import SecretBox, load_or_create_server_key
+from kiln.backends.base import Backend
 from kiln.backends.local.executor import LocalBackend
 from kiln.backends.local.runtimes import RuntimeManager
 from kiln.db import migrate
@@ -67,7 +68,7 @@ class Platform:
         self.quotas = QuotaService(self.db)
         self.audit = AuditService(self.db, settings.audit_retention_days)
         self.rate_limiter = RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
-        self.backend = LocalBackend(settings, self.store, self.logs, self.runtime_manager, wake=self._wake)
+        self.backend = self._backend()
         self.reconciler = Reconciler(
             self.db, self.backend, self.logs, settings, mint_token=self.identity.mint_job_token
         )
@@ -90,8 +91,26 @@ class Platform:
         self.reconciler.on_started = self.prometheus.observe_start
         # Datasets a job reads: pinned at submit, resolved to files when an attempt starts.
         self.jobs.resolve_dataset = dataset_pinner(self.datasets)
+        self.jobs.backend_name = self.backend.name
         self.reconciler.resolve_inputs = input_resolver(self.datasets)
         self.checkpoints = CheckpointSync(self.db, self.backend, settings.checkpoint_sync_seconds)
+
+    def _backend(self) -> Backend:
+        if self.settings.backend == "kubernetes":
+            from kiln.backends.kubernetes.backend import KubernetesBackend
+            from kiln.backends.kubernetes.settings import KubernetesSettings
+
+            kube = KubernetesSettings()
+            return KubernetesBackend(
+                kube.api_client(),
+                kube.to_config(),
+                endpoint=self.settings.endpoint,
+                logs=self.logs,
+                state_dir=self.settings.home / "kubernetes",
+                image_pull_grace=kube.image_pull_grace,
+                wake=self._wake,
+            )
+        return LocalBackend(self.settings, self.store, self.logs, self.runtime_manager, wake=self._wake)
 
     def _wake(self, job_id: str | None = None) -> None:
         if self._reconciler is not None:

@@ -11,6 +11,7 @@ import os
 import socket
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -111,6 +112,12 @@ class Settings(BaseSettings):
         "default, description}); an entry with the same framework and version replaces the built-in one.",
     )
     bootstrap: bool = Field(True, description="Create the admin organisation, user and key on first start.")
+
+    backend: Literal["local", "kubernetes"] = Field(
+        "local",
+        description="Where jobs run: processes on this machine, or a Kubernetes cluster (settings KILN_KUBERNETES_*, "
+        "docs/kubernetes.md).",
+    )
 
     # Scheduling
     preemption: bool = Field(

@@ -124,6 +124,7 @@ class JobService:
         self.db = db
         self.catalog = catalog
         self.nodes = nodes
+        self.backend_name = "local"  # the server's backend: its reconciler places the job
         # (org id, NAME or NAME@VERSION) → (name, version) of a ready dataset version, or NotFound.
         self.resolve_dataset: Callable[[str, str], tuple[str, int]] | None = None
         self.wake = wake
@@ -182,6 +183,7 @@ class JobService:
                 category=CATEGORY,
                 priority=spec.priority_value,
                 workers=gang,
+                backend=self.backend_name,
                 created_at=now,
                 updated_at=now,
             )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.backends.kubernetes.render import KubeConfig
@@ -37,5 +37,31 @@ class KubernetesSettings(BaseSettings):
     termination_grace_seconds: int = Field(30, description="SIGTERM → SIGKILL grace of job pods.")
     service_account: str | None = Field(None, description="Service account of job pods; None: no API token.")
 
+    # How the server reaches the API server: in-cluster (its service account) by default, else a kubeconfig, or
+    # an explicit URL (and bearer token).
+    api_url: str | None = Field(None, description="API server URL, e.g. https://10.0.0.1:6443 (default: in-cluster).")
+    token: SecretStr | None = Field(None, description="Bearer token for api_url (never logged).")
+    verify_ssl: bool = Field(True, description="Verify the API server's certificate (with api_url).")
+    kubeconfig: str | None = Field(None, description="A kubeconfig file, when not running in the cluster.")
+    image_pull_grace: float = Field(60.0, ge=0, description="Seconds an image pull may fail before the job does.")
+
     def to_config(self, **overrides: Any) -> KubeConfig:
-        return KubeConfig(**{**self.model_dump(), **overrides})
+        connection = {"api_url", "token", "verify_ssl", "kubeconfig", "image_pull_grace"}
+        return KubeConfig(**{**self.model_dump(exclude=connection), **overrides})
+
+    def api_client(self) -> Any:
+        """An ApiClient of the official client for this server's cluster."""
+        from kubernetes import client, config
+
+        if self.api_url:
+            configuration = client.Configuration()
+            configuration.host = self.api_url
+            configuration.verify_ssl = self.verify_ssl
+            if self.token is not None:
+                configuration.api_key = {"authorization": "Bearer " + self.token.get_secret_value()}
+            return client.ApiClient(configuration)
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config(config_file=self.kubeconfig)
+        return client.ApiClient()
