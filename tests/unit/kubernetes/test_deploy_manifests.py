@@ -50,8 +50,9 @@ def test_server_shape(overlay: str) -> None:
     docs = kustomize(overlay)
     kinds = {d["kind"] for d in docs}
     assert {"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Secret"} <= kinds
-    assert not kinds & {"ClusterRole", "ClusterRoleBinding"}
-    (namespace,) = {d["metadata"]["namespace"] for d in docs if d["kind"] != "Namespace"}
+    # Cluster-wide: only reading nodes (the scheduler's inventory); see test_cluster_role_only_reads_nodes.
+    cluster_wide = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+    (namespace,) = {d["metadata"]["namespace"] for d in docs if d["kind"] not in cluster_wide}
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -106,3 +107,16 @@ def test_role_is_least_privilege(overlay: str) -> None:
         assert {"create", "delete", "get", "list", "watch"} <= granted[key]
     assert granted[("", "pods/log")] == {"get"}
     assert "create" not in granted[("", "pods")] and "create" not in granted[("", "events")]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_cluster_role_only_reads_nodes(overlay: str) -> None:
+    docs = kustomize(overlay)
+    (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    (role,) = [d for d in docs if d["kind"] == "Role"]
+    assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "kiln-server", "namespace": role["metadata"]["namespace"]}
+    ]
