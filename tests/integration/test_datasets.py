@@ -235,6 +235,82 @@ def test_the_server_checks_parts_sent_straight_to_s3(
     assert client.request("POST", f"/uploads/{session['id']}/complete").json()["complete"] is True
 
 
+def test_presigned_urls_for_many_parts_at_once_and_the_part_size_a_client_asks_for(
+    s3: S3Server, make_server: Callable[..., KilnServer], tmp_path: Path
+) -> None:
+    """POST /uploads/{id}/parts/urls: one request presigns many parts (each with its Content-MD5, recorded and
+    checked again at completion); a new session takes the client's part size when S3 allows it."""
+    server = make_server(**s3.kiln_settings(s3.create_bucket("kiln-ds-batch-urls")))
+    client = server.client()
+    data = os.urandom(12 * MiB + 123)
+    sha = hashlib.sha256(data).hexdigest()
+    session = client.request(
+        "POST", "/uploads", json_body={"sha256": sha, "size": len(data), "part_size": 5 * MiB}
+    ).json()
+    assert session["mode"] == "presigned" and session["part_size"] == 5 * MiB and session["parts"] == 3
+    # Asking again (resuming) keeps the session's part size, whatever the new preference.
+    again = client.request("POST", "/uploads", json_body={"sha256": sha, "size": len(data), "part_size": 8 * MiB})
+    assert again.json()["id"] == session["id"] and again.json()["part_size"] == 5 * MiB
+    chunks = [data[i : i + 5 * MiB] for i in range(0, len(data), 5 * MiB)]
+    parts = [{"number": n, "size": len(c), "md5": hashlib.md5(c).hexdigest()} for n, c in enumerate(chunks, 1)]
+    urls = f"/uploads/{session['id']}/parts/urls"
+    bad_bodies = [
+        ({"parts": [parts[0], parts[0]]}, BadRequest, "at most once"),
+        ({"parts": [{**parts[1], "size": 5}]}, BadRequest, "part 2 is"),
+        ({"parts": [{**parts[0], "number": 4}]}, BadRequest, "parts 1 to 3"),
+    ]
+    for body, error, text in bad_bodies:
+        with pytest.raises(error, match=text):
+            client.request("POST", urls, json_body=body)
+    with pytest.raises(KilnError):  # validation: at least one part, MD5 in hex
+        client.request("POST", urls, json_body={"parts": []})
+    with pytest.raises(KilnError):
+        client.request("POST", urls, json_body={"parts": [{**parts[0], "md5": "x" * 32}]})
+    answer = client.request("POST", urls, json_body={"parts": list(reversed(parts))}).json()
+    assert [u["number"] for u in answer["items"]] == [3, 2, 1]  # the order asked for
+    by_number = {u["number"]: u for u in answer["items"]}
+    for u in answer["items"]:
+        assert "Authorization" not in u["headers"] and "X-Kiln" not in str(u["headers"])
+    # Part 2 goes corrupt: the server refuses to assemble, names it; sent again correctly, the blob completes.
+    for n, chunk in enumerate(chunks, 1):
+        body = b"\0" + chunk[1:] if n == 2 else chunk
+        httpx.put(by_number[n]["url"], content=body, headers=by_number[n]["headers"])
+    with pytest.raises(DigestMismatch, match="part 2"):
+        client.request("POST", f"/uploads/{session['id']}/complete")
+    fresh = client.request("POST", urls, json_body={"parts": [parts[1]]}).json()["items"][0]
+    assert httpx.put(fresh["url"], content=chunks[1], headers=fresh["headers"]).status_code == 200
+    assert client.request("POST", f"/uploads/{session['id']}/complete").json()["complete"] is True
+    # A part size outside S3's limits is not taken: the server's own (32 MiB by default) is.
+    small = os.urandom(MiB)
+    other = client.request(
+        "POST",
+        "/uploads",
+        json_body={"sha256": hashlib.sha256(small).hexdigest(), "size": len(small), "part_size": MiB},
+    ).json()
+    assert other["part_size"] == 32 * MiB and other["parts"] == 1
+    # Another organisation's client cannot use the session.
+    outsider = create_tenant(Api.admin(server), "batch-outsider", roles=("admin",))
+    try:
+        account = outsider.accounts["admin"]
+        with pytest.raises(NotFound):
+            Client(server.url, account.key_id, account.secret).request(
+                "POST", f"/uploads/{other['id']}/parts/urls", json_body={"parts": parts[:1]}
+            )
+    finally:
+        close_all(outsider)
+
+
+def test_batch_part_urls_are_refused_on_a_store_without_presigned_urls(make_server: Callable[..., KilnServer]) -> None:
+    client = make_server().client()
+    data = b"through the API"
+    sha = hashlib.sha256(data).hexdigest()
+    session = client.request("POST", "/uploads", json_body={"sha256": sha, "size": len(data), "part_size": 8 * MiB})
+    assert session.json()["mode"] == "api" and session.json()["part_size"] == 16 * MiB  # the preference: S3 only
+    part = {"number": 1, "size": len(data), "md5": hashlib.md5(data).hexdigest()}
+    with pytest.raises(BadRequest, match="through the API"):
+        client.request("POST", f"/uploads/{session.json()['id']}/parts/urls", json_body={"parts": [part]})
+
+
 BAD_PATHS = [
     ("../x", "'..'"),
     ("/etc/passwd", "absolute"),

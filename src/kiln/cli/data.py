@@ -20,6 +20,17 @@ app = typer.Typer(
 )
 
 Workers = Annotated[int, typer.Option("--workers", "-j", min=1, max=32, help="Parts or files in flight at once.")]
+PutWorkers = Annotated[
+    int | None,
+    typer.Option(
+        "--workers",
+        "-j",
+        min=1,
+        max=32,
+        help="Files hashed and parts in flight at once (default: 8 parts straight to S3, else 4).",
+        show_default=False,
+    ),
+]
 
 
 @contextmanager
@@ -54,7 +65,7 @@ def _rate(size: int, seconds: float) -> str:
 def put(
     local_path: Annotated[Path, typer.Argument(help="A file or a directory (links are refused).")],
     name: Annotated[str, typer.Argument(help="Dataset name: lowercase letters, digits and . _ -")],
-    workers: Workers = 4,
+    workers: PutWorkers = None,
     output: Output = OutputFormat.table,
 ) -> None:
     """Upload LOCAL_PATH as the next version of NAME. Only blobs the server lacks are sent, in parts; run the

@@ -385,6 +385,12 @@ class UploadCreate(BaseModel):
 
     sha256: str = Field(pattern=SHA256_PATTERN)
     size: int = Field(ge=0)
+    part_size: int | None = Field(
+        None,
+        ge=1,
+        description="Preferred part size of a new session with presigned parts (S3): used when it is within the "
+        "store's limits (5 MiB to 5 GiB, at most 10,000 parts), else the server's own. The answer says which.",
+    )
 
 
 class UploadRead(BaseModel):
@@ -413,6 +419,24 @@ class PartUrl(BaseModel):
     method: str = "PUT"
     headers: dict[str, str] = Field(description="Headers to send with the part (Content-MD5).")
     expires_in: int
+
+
+class PartUrlsItem(PartUrlRequest):
+    number: int = Field(ge=1, le=10000, description="Part number, from 1")
+
+
+class PartUrlsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    parts: list[PartUrlsItem] = Field(min_length=1, max_length=1000, description="At most 1,000 distinct parts.")
+
+
+class NumberedPartUrl(PartUrl):
+    number: int
+
+
+class PartUrls(BaseModel):
+    items: list[NumberedPartUrl] = Field(description="One presigned URL per part asked for, in the same order.")
 
 
 class PartRead(BaseModel):

@@ -10,8 +10,9 @@ Upload protocol (see docs/storage.md):
    and the parts already received, so an interrupted upload resumes. The blob's size counts against the storage
    quota from here on (403 with the numbers when it does not fit; nothing is written).
 3. Parts: through the API (``put_part``: the part's SHA-256 is checked) or, on S3, straight to the store through
-   a presigned URL (``part_url``: the store refuses a body whose Content-MD5 differs; the server checks the
-   stored part's ETag against the declared MD5 again at completion).
+   a presigned URL (``part_url``, or ``part_urls`` for many parts in one request: the store refuses a body whose
+   Content-MD5 differs; the server checks the stored part's ETag against the declared MD5 again at completion).
+   A new presigned session takes the client's preferred part size when S3's limits allow it.
 4. ``complete_upload``: every part present and verified → the store assembles the object (on a local store the
    server also re-hashes the whole file) and the blob is recorded.
 5. ``commit``: every blob present → the draft becomes the next version, atomically.
@@ -60,9 +61,12 @@ from kiln.domain.schemas import (
     DatasetVersionRead,
     DraftCreate,
     DraftRead,
+    NumberedPartUrl,
     PartRead,
     PartUrl,
     PartUrlRequest,
+    PartUrls,
+    PartUrlsRequest,
     UploadRead,
 )
 from kiln.domain.states import JobState
@@ -81,6 +85,10 @@ SHA256 = re.compile(r"[0-9a-f]{64}")
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 # Parts sent through the API travel in one signed request body, which the API caps at 16 MiB.
 API_PART_BYTES = 16 * 1024 * 1024
+# S3's multipart limits: parts of 5 MiB to 5 GiB (the last may be shorter), at most 10,000 of them.
+S3_MIN_PART = 5 * 1024 * 1024
+S3_MAX_PART = 5 * 1024**3
+S3_MAX_PARTS = 10_000
 MAX_PATH = 1024
 DRAFT_TTL = timedelta(days=7)
 PINNING_STATES = [s.value for s in JobState if not s.terminal]
@@ -467,8 +475,21 @@ class DatasetService:
             id=None, sha256=sha256, size=size, complete=True, mode="none", part_size=self.part_size, parts=0
         )
 
-    def open_upload(self, principal: Principal, sha256: str, size: int) -> UploadRead:
-        """The upload session of a blob: new, or the open one with the parts already received."""
+    def _session_part_size(self, size: int, preferred: int | None) -> int:
+        """A new session's part size: the client's preference when parts go straight to S3 and it is within S3's
+        limits for this size, else the server's own (``dataset_part_bytes``; through the API: 16 MiB)."""
+        if (
+            self.presigned
+            and preferred is not None
+            and S3_MIN_PART <= preferred <= S3_MAX_PART
+            and -(-size // preferred) <= S3_MAX_PARTS
+        ):
+            return preferred
+        return self.part_size
+
+    def open_upload(self, principal: Principal, sha256: str, size: int, part_size: int | None = None) -> UploadRead:
+        """The upload session of a blob: new, or the open one with the parts already received (and its part size,
+        whatever ``part_size`` now prefers)."""
         principal.require("blobs:write")
         org = principal.org_id
         key = data_key(org, sha256)
@@ -496,7 +517,7 @@ class DatasetService:
                     org_id=org,
                     sha256=sha256,
                     size=size,
-                    part_size=self.part_size,
+                    part_size=self._session_part_size(size, part_size),
                     mode=mode,
                     store_upload_id=store_id,
                 )
@@ -506,7 +527,7 @@ class DatasetService:
         except BaseException as exc:
             self.store.multipart_abort(key, store_id)
             if isinstance(exc, IntegrityError):  # a concurrent open of the same blob won: resume that one
-                return self.open_upload(principal, sha256, size)
+                return self.open_upload(principal, sha256, size, part_size)
             raise
         return self._upload_read(up, [])
 
@@ -591,28 +612,59 @@ class DatasetService:
 
     def part_url(self, principal: Principal, upload_id: str, number: int, body: PartUrlRequest) -> PartUrl:
         """Where to PUT part ``number`` straight to the store; the store checks its Content-MD5."""
+        (url,) = self._presign_parts(principal, upload_id, [(number, body.size, body.md5)])
+        return PartUrl(url=url.url, headers=url.headers, expires_in=url.expires_in)
+
+    def part_urls(self, principal: Principal, upload_id: str, body: PartUrlsRequest) -> PartUrls:
+        """``part_url`` for many parts in one request (one session lookup, one transaction)."""
+        numbers = [p.number for p in body.parts]
+        if len(set(numbers)) != len(numbers):
+            raise BadRequest("parts: each part number at most once per request")
+        return PartUrls(
+            items=self._presign_parts(principal, upload_id, [(p.number, p.size, p.md5) for p in body.parts])
+        )
+
+    def _presign_parts(
+        self, principal: Principal, upload_id: str, parts: list[tuple[int, int, str]]
+    ) -> list[NumberedPartUrl]:
+        """Record each part's declared (size, MD5) and presign its upload: the store refuses a body whose MD5 is
+        not the declared one, and ``complete_upload`` checks the stored parts against these records again."""
         principal.require("blobs:write")
         with self.db.read() as s:
             up = self._session(s, principal, upload_id)
-            expected = self._part_bounds(up, number)
+            for number, size, _md5 in parts:
+                expected = self._part_bounds(up, number)
+                if size != expected:
+                    raise BadRequest(f"part {number} is {expected} bytes in this upload, not {size}")
             if self.quotas is not None:
                 self._check_still_within_quota(s, principal)
         if up.mode != "presigned":
-            raise BadRequest(f"upload {upload_id} takes its parts through the API (PUT .../parts/{number})")
-        if body.size != expected:
-            raise BadRequest(f"part {number} is {expected} bytes in this upload, not {body.size}")
+            raise BadRequest(f"upload {upload_id} takes its parts through the API (PUT .../parts/{parts[0][0]})")
         with self.db.transaction() as s:
-            part = s.get(DataUploadPart, (upload_id, number))
-            if part is None:
-                s.add(DataUploadPart(upload_id=upload_id, number=number, size=body.size, md5=body.md5))
-            else:
-                part.size, part.md5, part.received = body.size, body.md5, False
-        md5_b64 = base64.b64encode(bytes.fromhex(body.md5)).decode()
+            numbers = [number for number, _size, _md5 in parts]
+            existing = {
+                p.number: p
+                for p in s.scalars(
+                    select(DataUploadPart).where(
+                        DataUploadPart.upload_id == upload_id, DataUploadPart.number.in_(numbers)
+                    )
+                )
+            }
+            for number, size, md5 in parts:
+                part = existing.get(number)
+                if part is None:
+                    s.add(DataUploadPart(upload_id=upload_id, number=number, size=size, md5=md5))
+                else:
+                    part.size, part.md5, part.received = size, md5, False
         expires = self.settings.storage_presign_seconds
-        url = self.store.multipart_presign_part(
-            data_key(up.org_id, up.sha256), up.store_upload_id, number, md5_b64, expires
+        md5s = {number: base64.b64encode(bytes.fromhex(md5)).decode() for number, _size, md5 in parts}
+        urls = self.store.multipart_presign_parts(
+            data_key(up.org_id, up.sha256), up.store_upload_id, list(md5s.items()), expires
         )
-        return PartUrl(url=url, headers={"Content-MD5": md5_b64}, expires_in=expires)
+        return [
+            NumberedPartUrl(number=n, url=urls[n], headers={"Content-MD5": md5s[n]}, expires_in=expires)
+            for n in numbers
+        ]
 
     def complete_upload(self, principal: Principal, upload_id: str) -> UploadRead:
         """Assemble the blob from its parts (all present and verified) and record it."""

@@ -179,6 +179,9 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ("POST", "/api/v1/uploads/{upload_id}/parts/{number}/url"): [
         Case("scoped", body={"size": 1, "md5": "0" * 32}, owner="admin")
     ],
+    ("POST", "/api/v1/uploads/{upload_id}/parts/urls"): [
+        Case("scoped", body={"parts": [{"number": 1, "size": 1, "md5": "0" * 32}]}, owner="admin")
+    ],
     ("POST", "/api/v1/uploads/{upload_id}/complete"): [Case("scoped", owner="admin")],
     ("GET", "/api/v1/quota"): [Case("self", cross=OWN_OK)],
     ("GET", "/api/v1/audit"): [

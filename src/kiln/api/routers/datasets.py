@@ -18,6 +18,8 @@ from kiln.domain.schemas import (
     PartRead,
     PartUrl,
     PartUrlRequest,
+    PartUrls,
+    PartUrlsRequest,
     UploadCreate,
     UploadRead,
 )
@@ -106,7 +108,7 @@ def dataset_file(name: str, version: str, path: str, caller: Caller, kiln: Kiln)
 
 @router.post("/uploads", response_model=UploadRead, summary="Open (or resume) the upload session of a blob")
 def open_upload(body: UploadCreate, caller: Caller, kiln: Kiln) -> UploadRead:
-    return kiln.datasets.open_upload(caller, body.sha256, body.size)
+    return kiln.datasets.open_upload(caller, body.sha256, body.size, body.part_size)
 
 
 @router.put(
@@ -127,6 +129,15 @@ async def put_part(upload_id: str, number: Number, request: Request, caller: Cal
 )
 def part_url(upload_id: str, number: Number, body: PartUrlRequest, caller: Caller, kiln: Kiln) -> PartUrl:
     return kiln.datasets.part_url(caller, upload_id, number, body)
+
+
+@router.post(
+    "/uploads/{upload_id}/parts/urls",
+    response_model=PartUrls,
+    summary="Presigned URLs for many parts at once (S3): body {parts: [{number, size, md5}]}, at most 1,000",
+)
+def part_urls(upload_id: str, body: PartUrlsRequest, caller: Caller, kiln: Kiln) -> PartUrls:
+    return kiln.datasets.part_urls(caller, upload_id, body)
 
 
 @router.post(
