@@ -188,3 +188,93 @@ def test_migration_upgrades_from_empty_and_from_0003(database_url: str) -> None:
         assert "ix_metric_points_series_step" in indexes
     finally:
         db.dispose()
+
+
+def _brute_force_chunks(points: list[tuple[Any, ...]], axis: str) -> dict[int, list[Any]]:
+    """M4 per chunk by a scan over one series' points in seq order, the way the store defines it: first by x (the
+    earliest of equal ones), last by x (the latest), lowest and highest value (the earliest of equal ones)."""
+    chunks: dict[int, list[Any]] = {}
+    for seq, step, t, v, _text in points:
+        x = step if axis == "step" else t
+        if v is None or x is None:
+            continue
+        p = (float(x), t, v)
+        agg = chunks.get(seq // 128)
+        if agg is None:
+            chunks[seq // 128] = [1, p, p, p, p]
+            continue
+        agg[0] += 1
+        agg[1] = p if p[0] < agg[1][0] else agg[1]
+        agg[2] = p if p[0] >= agg[2][0] else agg[2]
+        agg[3] = p if p[2] < agg[3][2] else agg[3]
+        agg[4] = p if p[2] > agg[4][2] else agg[4]
+    return chunks
+
+
+def test_series_totals_and_chunk_summaries_equal_a_brute_force_scan(database_url: str) -> None:
+    """Random batches (ties in x and in value, text and non-finite values, points without a step in a step
+    series, batches that end mid-chunk, two files of one job in one transaction) through MetricsStore.write:
+    every chunk summary and every series' totals are what a point-by-point scan of the stored points gives."""
+    import random
+
+    from kiln.db.models import Job, Organization, User
+    from kiln.domain.states import JobState
+    from kiln.services.metrics_ingest import MetricsStore, parse_lines
+
+    db = Database(database_url)
+    try:
+        migrate.upgrade(db.engine)
+        with db.transaction() as s:
+            s.add(Organization(id="org-p", name="p"))
+            s.flush()
+            s.add(User(id="usr-p", org_id="org-p", name="p"))
+            s.flush()
+            s.add(Job(id="job-p", org_id="org-p", user_id="usr-p", name="p", spec={}, state=JobState.RUNNING))
+        store = MetricsStore(db)
+        rnd = random.Random(7)
+        step = 0
+        for _batch in range(12):
+            parts = []
+            for _file in range(rnd.randint(1, 2)):
+                lines = []
+                for _ in range(rnd.randint(1, 400)):
+                    step += rnd.choice([0, 1, 1, 1, -3])  # repeated and decreasing steps: ties and disorder in x
+                    metrics: dict[str, Any] = {
+                        "loss": rnd.choice([0.5, 0.25, 1.0, rnd.random()]),  # ties in value
+                        "acc": rnd.choice([rnd.random(), rnd.random(), "nan", float("inf"), "eval"]),
+                        f"m{rnd.randint(0, 3)}": rnd.randint(-2, 2),
+                    }
+                    s_ = None if rnd.random() < 0.1 else step  # a step series with some points without a step
+                    t = 1.7e9 + rnd.choice([step, step, step + 0.5])
+                    lines.append(_line(s_, metrics, t=t, worker=rnd.choice(["worker0", "worker1"])))
+                    lines.append(json.dumps({"t": t, "m": {"clock": rnd.random()}, "w": "worker0"}) + "\n")
+                parts.append(("job-p", parse_lines("".join(lines)), False))
+            store.write(parts)
+        with db.read() as s:
+            conn = s.connection()
+            series = conn.exec_driver_sql(
+                "SELECT id, name, axis, count, first_step, last_step, last_time, last_value, last_text, min_value, "
+                "max_value FROM metric_series WHERE job_id = 'job-p'"
+            ).all()
+            assert len(series) >= 8
+            for sid, name, axis, count, first_step, last_step, last_time, last_value, last_text, low, high in series:
+                points = conn.exec_driver_sql(
+                    f"SELECT seq, step, time, value, text FROM metric_points WHERE series_id = {sid} ORDER BY seq"
+                ).all()
+                assert [p[0] for p in points] == list(range(count)), name
+                finite = [p[3] for p in points if p[3] is not None]
+                steps = [p[1] for p in points if p[1] is not None]
+                assert (low, high) == ((min(finite), max(finite)) if finite else (None, None)), name
+                assert (first_step, last_step) == ((steps[0], steps[-1]) if steps else (None, None)), name
+                assert (last_time, last_value, last_text) == tuple(points[-1][2:]), name
+                want = _brute_force_chunks([tuple(p) for p in points], axis)
+                got = {
+                    r[0]: [r[1], *(tuple(r[2 + 3 * k : 5 + 3 * k]) for k in range(4))]
+                    for r in conn.exec_driver_sql(
+                        "SELECT chunk, count, first_x, first_t, first_v, last_x, last_t, last_v, min_x, min_t, "
+                        f"min_v, max_x, max_t, max_v FROM metric_chunks WHERE series_id = {sid}"
+                    )
+                }
+                assert got == want, name
+    finally:
+        db.dispose()

@@ -16,14 +16,33 @@ import math
 import os
 import threading
 import time
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from itertools import repeat
+from json.scanner import make_scanner
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import BigInteger, Connection, Float, Table, and_, case, insert, literal, or_, select, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Float,
+    Integer,
+    Table,
+    Text,
+    and_,
+    bindparam,
+    case,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects import postgresql, sqlite
 
@@ -40,6 +59,7 @@ CURSORS = cast(Table, MetricCursor.__table__)
 EVENTS = cast(Table, JobEvent.__table__)
 
 CHUNK = 128  # points per M4 chunk summary (metric_chunks)
+INSERT_ROWS = 150  # points per INSERT statement on SQLite (900 parameters: under the old limit of 999)
 MAX_NAME = 200
 MAX_WORKER = 64
 SOURCES = frozenset({"sdk", "log", "tb", "sys", "api"})
@@ -49,6 +69,8 @@ INT64 = 2**63
 SPOOL_ERROR = "MetricsSpoolError"
 ACTIVE = [str(JobState.STARTING), str(JobState.RUNNING), str(JobState.RESTARTING)]
 RECENT_AT_START = timedelta(days=7)  # at start, jobs that ended this recently are drained too
+BUSY_POINTS = 5000  # a pass that stored at least this many points (a backlog) is followed by the next one soon
+BUSY_WAIT = 0.05  # (rather than after the interval): long enough for what arrives meanwhile to make a batch
 
 # A point as the writer takes it: (worker, name, source, step, time, value, text).
 Row = tuple[str, str, str, int | None, float, float | None, str | None]
@@ -71,8 +93,15 @@ def _number(value: Any) -> float | None:
     if isinstance(value, bool):
         return float(value)
     if isinstance(value, int | float):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer beyond a double
+            return math.inf if value > 0 else -math.inf
     return None
+
+
+# The decoder's own scanner, without json.loads' wrapping around it.
+_SCAN: Any = make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 
 
 def parse_lines(data: bytes | str, parsed: Parsed | None = None) -> Parsed:
@@ -81,20 +110,29 @@ def parse_lines(data: bytes | str, parsed: Parsed | None = None) -> Parsed:
     "nan"/"inf"/"-inf", in ``text``), other strings in ``text``."""
     parsed = parsed or Parsed()
     text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
-    loads = json.loads
+    loads, scan = json.loads, _SCAN
+    append = parsed.points.append
     for line in text.split("\n"):
-        if not line.strip():
-            continue
+        # A line as the SDK writes it is one JSON value with nothing around it: the scanner alone reads it (half
+        # the cost of json.loads). Anything else (whitespace around it, trailing data, not JSON) gets json.loads'
+        # own verdict.
         try:
-            obj = loads(line)
-        except ValueError:
-            parsed.error("not JSON")
-            continue
-        if not isinstance(obj, dict):
+            obj, end = scan(line, 0)
+            if end != len(line):
+                raise ValueError
+        except (StopIteration, ValueError, RecursionError):
+            if not line.strip():
+                continue
+            try:
+                obj = loads(line)
+            except (ValueError, RecursionError):
+                parsed.error("not JSON")
+                continue
+        if type(obj) is not dict:
             parsed.error("not a JSON object")
             continue
         worker = obj.get("w") or "worker0"
-        if not isinstance(worker, str) or len(worker) > MAX_WORKER:
+        if type(worker) is not str or len(worker) > MAX_WORKER:
             parsed.error("bad member 'w'")
             continue
         if "event" in obj:
@@ -105,29 +143,36 @@ def parse_lines(data: bytes | str, parsed: Parsed | None = None) -> Parsed:
             parsed.events.append((worker, reason, message[:4000]))
             continue
         metrics = obj.get("m")
-        t = _number(obj.get("t"))
+        t = obj.get("t")
+        if type(t) is not float:
+            t = _number(t)
         step = obj.get("s")
-        if not isinstance(metrics, dict) or t is None or not math.isfinite(t):
+        if type(metrics) is not dict or t is None or t - t != 0.0:  # t finite (NaN and ±inf give NaN)
             parsed.error("a point needs 'm' (an object) and 't' (a number)")
             continue
-        if step is not None and (not isinstance(step, int) or isinstance(step, bool) or not -INT64 <= step < INT64):
+        if step is not None and (type(step) is not int or not -INT64 <= step < INT64):
             parsed.error("'s' must be an integer or null")
             continue
         src = obj.get("src") or "sdk"
         if src not in SOURCES:
             src = "sdk"
-        append = parsed.points.append
         for name, raw in metrics.items():
-            if not name or len(name) > MAX_NAME:
+            if not 0 < len(name) <= MAX_NAME:
                 parsed.error("metric name empty or longer than 200 characters")
                 continue
             kind = type(raw)
-            if kind is float or kind is int or kind is bool:
-                number = float(raw)
-                if number - number == 0.0:  # finite (NaN and the infinities give NaN)
-                    append((worker, name, src, step, t, number, None))
+            if kind is float:
+                if raw - raw == 0.0:  # finite (NaN and the infinities give NaN)
+                    append((worker, name, src, step, t, raw, None))
                 else:
-                    append((worker, name, src, step, t, None, str(number)))
+                    append((worker, name, src, step, t, None, str(raw)))
+            elif kind is int or kind is bool:
+                try:
+                    number = float(raw)
+                except OverflowError:  # an integer beyond a double: the infinity of its sign
+                    append((worker, name, src, step, t, None, "inf" if raw > 0 else "-inf"))
+                    continue
+                append((worker, name, src, step, t, number, None))
             elif kind is str:
                 special = NONFINITE.get(raw.strip().lower())
                 append((worker, name, src, step, t, None, special or raw[:10000]))
@@ -169,6 +214,7 @@ class MetricsStore:
         self.db = db
         self._series: dict[tuple[str, str, str], tuple[int, str]] = {}  # (job, worker, name) -> (id, axis)
         self._lock = threading.Lock()
+        self._merge_stmt: Any = None  # the chunk-merging upsert, built on first use
         self.points_ingested = 0  # since start, both paths (Prometheus)
 
     def _dialect_insert(self, table: Table) -> Any:
@@ -255,15 +301,12 @@ class MetricsStore:
         self,
         conn: Connection,
         job_id: str,
-        rows: list[Row],
+        groups: dict[tuple[str, str], list[Row]],
         new_series: dict[tuple[str, str, str], tuple[int, str]],
     ) -> dict[tuple[str, str], tuple[int, str]]:
-        wanted: dict[tuple[str, str], Row] = {}
-        for row in rows:
-            wanted.setdefault((row[0], row[1]), row)
         found: dict[tuple[str, str], tuple[int, str]] = {}
         missing: list[tuple[str, str]] = []
-        for key in wanted:
+        for key in groups:
             full = (job_id, *key)
             hit = self._series.get(full) or new_series.get(full)
             if hit is not None:
@@ -272,19 +315,21 @@ class MetricsStore:
                 missing.append(key)
         if missing:
             now = utcnow()
-            values = [
-                {
-                    "job_id": job_id,
-                    "worker": worker,
-                    "name": name,
-                    "kind": "scalar" if _is_scalar(wanted[(worker, name)]) else "text",
-                    "source": wanted[(worker, name)][2],
-                    "axis": "step" if wanted[(worker, name)][3] is not None else "time",
-                    "count": 0,
-                    "created_at": now,
-                }
-                for worker, name in missing
-            ]
+            values = []
+            for worker, name in missing:
+                first = groups[(worker, name)][0]  # the series' first point decides its kind, source and axis
+                values.append(
+                    {
+                        "job_id": job_id,
+                        "worker": worker,
+                        "name": name,
+                        "kind": "scalar" if _is_scalar(first) else "text",
+                        "source": first[2],
+                        "axis": "step" if first[3] is not None else "time",
+                        "count": 0,
+                        "created_at": now,
+                    }
+                )
             conn.execute(self._dialect_insert(SERIES).on_conflict_do_nothing(), values)
             c = SERIES.c
             for start in range(0, len(missing), 500):
@@ -307,121 +352,204 @@ class MetricsStore:
         rows: list[Row],
         new_series: dict[tuple[str, str, str], tuple[int, str]],
     ) -> int:
-        ids = self._series_ids(conn, job_id, rows, new_series)
-        by_series: dict[int, list[Row]] = defaultdict(list)
-        axes: dict[int, str] = {}
-        for row in rows:
-            sid, axis = ids[(row[0], row[1])]
-            by_series[sid].append(row)
-            axes[sid] = axis
-        c = SERIES.c
-        points: list[tuple[Any, ...]] = []
+        """A job's points: each series' running totals advanced (which also hands out the points' ``seq``), the
+        points inserted and the chunk summaries merged. Column lists per series, so that the per-point work is
+        done by C builtins (list comprehensions, min/max/index over slices, slice assignment); the series update
+        is one statement built once (no SQL compiled per series per batch)."""
+        groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
+        for key, row in zip(map(_KEY, rows), rows, strict=True):
+            groups[key].append(row)
+        ids = self._series_ids(conn, job_id, groups, new_series)
+        columns: list[tuple[int, int, list[Any], list[Any], list[Any], list[Any]]] = []
         chunks: list[dict[str, Any]] = []
-        for sid, series_rows in by_series.items():
-            n = len(series_rows)
-            last = series_rows[-1]
-            finite = [r[5] for r in series_rows if r[5] is not None]
-            low, high = (min(finite), max(finite)) if finite else (None, None)
-            steps = [r[3] for r in series_rows if r[3] is not None]
-            first_step = steps[0] if steps else None
-            low_p, high_p = sql_cast(literal(low), Float), sql_cast(literal(high), Float)  # typed: NULL on PostgreSQL
-            first_p = sql_cast(literal(first_step), BigInteger)
+        for key, group in groups.items():
+            sid, axis = ids[key]
+            n = len(group)
+            steps: list[Any] = [r[3] for r in group]
+            times: list[Any] = [r[4] for r in group]
+            values: list[Any] = [r[5] for r in group]
+            texts: list[Any] = [r[6] for r in group]
+            all_finite = None not in values
+            finite = values if all_finite else [v for v in values if v is not None]
+            all_steps = None not in steps
+            first_step = steps[0] if all_steps else next((x for x in steps if x is not None), None)
+            last = group[-1]
             count = conn.execute(
-                update(SERIES)
-                .where(c.id == sid)
-                .values(
-                    count=c.count + n,
-                    first_step=case((c.first_step.is_(None), first_p), else_=c.first_step),
-                    last_step=last[3] if last[3] is not None else c.last_step,
-                    last_time=last[4],
-                    last_value=last[5],
-                    last_text=last[6],
-                    min_value=case(
-                        (low_p.is_(None), c.min_value),
-                        (or_(c.min_value.is_(None), low_p < c.min_value), low_p),
-                        else_=c.min_value,
-                    ),
-                    max_value=case(
-                        (high_p.is_(None), c.max_value),
-                        (or_(c.max_value.is_(None), high_p > c.max_value), high_p),
-                        else_=c.max_value,
-                    ),
-                )
-                .returning(c.count)
+                _SERIES_UPDATE,
+                {
+                    "p_sid": sid,
+                    "p_n": n,
+                    "p_first_step": first_step,
+                    "p_last_step": last[3],
+                    "p_time": last[4],
+                    "p_value": last[5],
+                    "p_text": last[6],
+                    "p_low": min(finite) if finite else None,
+                    "p_high": max(finite) if finite else None,
+                },
             ).scalar_one()
             seq = count - n
-            by_axis_step = axes[sid] == "step"
-            summaries: dict[int, list[Any]] = {}
-            for r in series_rows:
-                points.append((sid, seq, r[3], r[4], r[5], r[6]))
-                v = r[5]
-                if v is not None:
-                    x = r[3] if by_axis_step else r[4]
-                    if x is not None:
-                        _summarise(summaries, seq // CHUNK, float(x), r[4], v)
-                seq += 1
-            for chunk, agg in summaries.items():
-                chunks.append(_chunk_row(sid, chunk, agg))
-        if points:
-            self._insert_points(conn, points)
+            columns.append((sid, seq, steps, times, values, texts))
+            if not finite:
+                continue
+            by_step = axis == "step"
+            if all_finite and (all_steps or not by_step):  # every point is summarised: contiguous slices
+                xs = list(map(float, steps)) if by_step else times
+                _chunk_rows(chunks, sid, seq, xs, times, values, None)
+            else:
+                keep = [i for i in range(n) if values[i] is not None and (not by_step or steps[i] is not None)]
+                xs = [float(steps[i]) for i in keep] if by_step else [times[i] for i in keep]
+                seqs = [seq + i for i in keep]
+                _chunk_rows(chunks, sid, seq, xs, [times[i] for i in keep], [values[i] for i in keep], seqs)
+        if columns:
+            self._insert_points(conn, columns)
         if chunks:
             self._merge_chunks(conn, chunks)
-        return len(points)
+        return len(rows)
 
-    def _insert_points(self, conn: Connection, points: list[tuple[Any, ...]]) -> None:
-        """The points of a batch, straight through the driver in the open transaction: thousands of rows, and
-        building SQLAlchemy parameters per row would cost more than the insert (COPY on PostgreSQL)."""
-        columns = "series_id, seq, step, time, value, text"
+    def _insert_points(
+        self, conn: Connection, columns: list[tuple[int, int, list[Any], list[Any], list[Any], list[Any]]]
+    ) -> None:
+        """The points of a batch, ``(series_id, first seq, steps, times, values, texts)`` per series, straight
+        through the driver in the open transaction: thousands of rows, and building SQLAlchemy parameters per row
+        would cost more than the insert. COPY on PostgreSQL; on SQLite ``INSERT_ROWS`` rows per statement, whose
+        parameters are slices of one flat list (half the cost of a statement per row)."""
+        names = "series_id, seq, step, time, value, text"
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         try:
             if self.db.dialect == "postgresql":
-                with cursor.copy(f"COPY metric_points ({columns}) FROM STDIN") as copy:
-                    for row in points:
-                        copy.write_row(row)
-            else:
-                cursor.executemany(f"INSERT INTO metric_points ({columns}) VALUES (?, ?, ?, ?, ?, ?)", points)
+                with cursor.copy(f"COPY metric_points ({names}) FROM STDIN") as copy:
+                    for sid, seq, steps, times, values, texts in columns:
+                        for row in zip(repeat(sid), range(seq, seq + len(steps)), steps, times, values, texts):
+                            copy.write_row(row)
+                return
+            total = sum(len(c[2]) for c in columns)
+            flat: list[Any] = [None] * (6 * total)
+            start = 0
+            for sid, seq, steps, times, values, texts in columns:
+                n = len(steps)
+                end = start + 6 * n
+                flat[start:end:6] = [sid] * n
+                flat[start + 1 : end : 6] = range(seq, seq + n)
+                flat[start + 2 : end : 6] = steps
+                flat[start + 3 : end : 6] = times
+                flat[start + 4 : end : 6] = values
+                flat[start + 5 : end : 6] = texts
+                start = end
+            one = "(?, ?, ?, ?, ?, ?)"
+            many = 6 * (total - total % INSERT_ROWS)
+            width = 6 * INSERT_ROWS
+            if many:
+                sql = f"INSERT INTO metric_points ({names}) VALUES {', '.join([one] * INSERT_ROWS)}"
+                cursor.executemany(sql, cast(Sequence[Any], (flat[i : i + width] for i in range(0, many, width))))
+            if many < len(flat):
+                sql = f"INSERT INTO metric_points ({names}) VALUES {one}"
+                cursor.executemany(sql, cast(Sequence[Any], (flat[i : i + 6] for i in range(many, len(flat), 6))))
         finally:
             cursor.close()
 
     def _merge_chunks(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
-        stmt = self._dialect_insert(CHUNKS)
-        t, e = CHUNKS.c, stmt.excluded
+        stmt = self._merge_stmt
+        if stmt is None:
+            insert_ = self._dialect_insert(CHUNKS)
+            t, e = CHUNKS.c, insert_.excluded
 
-        def pick(which: str, better: Any) -> dict[str, Any]:
-            return {f"{which}_{f}": case((better, e[f"{which}_{f}"]), else_=t[f"{which}_{f}"]) for f in "xtv"}
+            def pick(which: str, better: Any) -> dict[str, Any]:
+                return {f"{which}_{f}": case((better, e[f"{which}_{f}"]), else_=t[f"{which}_{f}"]) for f in "xtv"}
 
-        merged = {
-            "count": t.count + e.count,
-            **pick("first", e.first_x < t.first_x),
-            **pick("last", e.last_x >= t.last_x),
-            **pick("min", e.min_v < t.min_v),
-            **pick("max", e.max_v > t.max_v),
-        }
-        conn.execute(stmt.on_conflict_do_update(index_elements=["series_id", "chunk"], set_=merged), rows)
-
-
-def _summarise(summaries: dict[int, list[Any]], chunk: int, x: float, t: float, v: float) -> None:
-    agg = summaries.get(chunk)
-    p = (x, t, v)
-    if agg is None:
-        summaries[chunk] = [1, p, p, p, p]
-        return
-    agg[0] += 1
-    if x < agg[1][0]:
-        agg[1] = p
-    if x >= agg[2][0]:
-        agg[2] = p
-    if v < agg[3][2]:
-        agg[3] = p
-    if v > agg[4][2]:
-        agg[4] = p
+            merged = {
+                "count": t.count + e.count,
+                **pick("first", e.first_x < t.first_x),
+                **pick("last", e.last_x >= t.last_x),
+                **pick("min", e.min_v < t.min_v),
+                **pick("max", e.max_v > t.max_v),
+            }
+            stmt = self._merge_stmt = insert_.on_conflict_do_update(index_elements=["series_id", "chunk"], set_=merged)
+        conn.execute(stmt, rows)
 
 
-def _chunk_row(sid: int, chunk: int, agg: list[Any]) -> dict[str, Any]:
-    row: dict[str, Any] = {"series_id": sid, "chunk": chunk, "count": agg[0]}
-    for name, p in zip(("first", "last", "min", "max"), agg[1:], strict=True):
-        row[f"{name}_x"], row[f"{name}_t"], row[f"{name}_v"] = p
-    return row
+_KEY = itemgetter(0, 1)  # a row's series within its job: (worker, name)
+
+
+def _series_update() -> Any:
+    """Advance a series' running totals by a batch of its points and return its new count (the batch's points
+    take the ``seq`` numbers below it): one statement, built once, with bound parameters."""
+    c = SERIES.c
+    low = sql_cast(bindparam("p_low", type_=Float), Float)  # typed: a NULL parameter is fine on PostgreSQL
+    high = sql_cast(bindparam("p_high", type_=Float), Float)
+    return (
+        update(SERIES)
+        .where(c.id == bindparam("p_sid", type_=Integer))
+        .values(
+            count=c.count + bindparam("p_n", type_=BigInteger),
+            first_step=func.coalesce(c.first_step, sql_cast(bindparam("p_first_step", type_=BigInteger), BigInteger)),
+            last_step=func.coalesce(sql_cast(bindparam("p_last_step", type_=BigInteger), BigInteger), c.last_step),
+            last_time=bindparam("p_time", type_=Float),
+            last_value=bindparam("p_value", type_=Float),
+            last_text=bindparam("p_text", type_=Text),
+            min_value=case(
+                (low.is_(None), c.min_value),
+                (or_(c.min_value.is_(None), low < c.min_value), low),
+                else_=c.min_value,
+            ),
+            max_value=case(
+                (high.is_(None), c.max_value),
+                (or_(c.max_value.is_(None), high > c.max_value), high),
+                else_=c.max_value,
+            ),
+        )
+        .returning(c.count)
+    )
+
+
+_SERIES_UPDATE = _series_update()
+
+
+def _chunk_rows(
+    out: list[dict[str, Any]],
+    sid: int,
+    seq: int,
+    xs: list[float],
+    ts: list[float],
+    vs: list[float],
+    seqs: list[int] | None,
+) -> None:
+    """The M4 summaries of the summarised points of one series in one batch (finite values with an x), one per
+    chunk (``seq // CHUNK``) they fall in. ``seqs`` are their seq numbers; None when they are the contiguous
+    ``seq, seq + 1, ...``. Per chunk: the first point by x (the earliest of equal ones), the last by x (the
+    latest), the lowest and the highest value (the earliest of equal ones), as a point-by-point scan would."""
+    n = len(vs)
+    i = 0
+    while i < n:
+        chunk = (seq + i if seqs is None else seqs[i]) // CHUNK
+        end = (chunk + 1) * CHUNK
+        j = min(n, end - seq) if seqs is None else bisect_left(seqs, end, i)
+        x, t, v = xs[i:j], ts[i:j], vs[i:j]
+        first = x.index(min(x))
+        high_x = max(x)
+        last = len(x) - 1 - x[::-1].index(high_x) if x[-1] != high_x else len(x) - 1
+        low = v.index(min(v))
+        high = v.index(max(v))
+        out.append(
+            {
+                "series_id": sid,
+                "chunk": chunk,
+                "count": j - i,
+                "first_x": x[first],
+                "first_t": t[first],
+                "first_v": v[first],
+                "last_x": x[last],
+                "last_t": t[last],
+                "last_v": v[last],
+                "min_x": x[low],
+                "min_t": t[low],
+                "min_v": v[low],
+                "max_x": x[high],
+                "max_t": t[high],
+                "max_v": v[high],
+            }
+        )
+        i = j
 
 
 @dataclass
@@ -441,7 +569,7 @@ class MetricsIngester:
         store: MetricsStore,
         jobs_dir: Path,
         *,
-        interval: float = 0.5,
+        interval: float = 0.25,
         max_bytes_per_file: int = 1024 * 1024,
         batch_points: int = 20_000,
     ) -> None:
@@ -473,11 +601,14 @@ class MetricsIngester:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            stored = 0
             try:
-                self.ingest_now()
+                stored = self.ingest_now()
             except Exception:
                 log.exception("metrics ingestion pass failed; retrying")
-            self._stop.wait(self.interval)
+            # A pass that found a backlog is followed at once by the next: what was written while it ran is
+            # waiting already (a job logging fast would otherwise wait an interval per pass).
+            self._stop.wait(BUSY_WAIT if stored >= BUSY_POINTS else self.interval)
 
     # -- one pass -------------------------------------------------------------------------------------
 

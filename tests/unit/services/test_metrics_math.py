@@ -82,3 +82,28 @@ def test_shape_preserving_keeps_spikes_and_extremes() -> None:
     first, last, low, high = extremes(points)
     assert {first, last, low, high} <= set(out)
     assert high[2] == 50.0 and low[2] == -50.0
+
+
+def test_parser_fast_path_gives_json_loads_verdicts() -> None:
+    """Lines the scanner alone cannot take (whitespace around them, trailing data, a BOM, deep nesting, integers
+    beyond a double) get the same verdict as json.loads would give, and never raise."""
+    good = json.dumps({"t": 1, "s": 2, "m": {"a": 1}})
+    data = "\n".join(
+        [
+            "  " + good + " \r",  # whitespace around a good line: still a point
+            good + good,  # trailing data: not JSON
+            "\ufeff" + good,  # a BOM: not JSON
+            "[" * 100_000 + "]" * 100_000,  # nesting past the recursion limit: not JSON
+            '{"t": 1, "m": {"big": ' + "9" * 400 + ', "small": -' + "9" * 400 + "}}",  # beyond a double: ±inf
+            '{"t": ' + "9" * 400 + ', "m": {"x": 1}}',  # a time beyond a double: not a finite time
+            "   ",
+            "",
+        ]
+    )
+    parsed = parse_lines(data)
+    assert parsed.errors == 4 and parsed.first_error == "not JSON"
+    assert [p[1:] for p in parsed.points] == [
+        ("a", "sdk", 2, 1.0, 1.0, None),
+        ("big", "sdk", None, 1.0, None, "inf"),
+        ("small", "sdk", None, 1.0, None, "-inf"),
+    ]
