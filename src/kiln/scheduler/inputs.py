@@ -178,6 +178,8 @@ def gather(s: Session, backend: Backend, now: datetime, *, ready_only: bool = Tr
     )
     if ready_only:
         queue = [j for j in queue if j.state == JobState.QUEUED or j.not_before is None or j.not_before <= now]
+    if not queue:  # most passes: nothing waits, so nothing else needs reading
+        return Snapshot([], [], [], [], {}, {}, {}, {})
     active = s.execute(select(*_ACTIVE_COLUMNS).where(Job.backend == backend.name, Job.state.in_(ACTIVE_STATES))).all()
     nodes = [node_of(inv) for inv in backend.nodes()]
     default_node = nodes[0].name if nodes else "local"
