@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from kiln.cli.common import Output, OutputFormat, connect, emit_json, emit_list, err, info, out
-from kiln.cli.output import display_path, plural
+from kiln.cli.common import Output, OutputFormat, connect, emit_json, emit_list, info, out
+from kiln.cli.output import byte_progress, display_path, plural
 from kiln.domain.quantities import format_memory
 
 app = typer.Typer(
@@ -33,30 +31,6 @@ PutWorkers = Annotated[
 ]
 
 
-@contextmanager
-def _progress(description: str) -> Iterator[tuple[Callable[[int], None], Callable[[int], None]]]:
-    """A byte progress bar with speed on stderr (drawn on a terminal): yields (set_total, advance)."""
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
-
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(binary_units=True),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=err, disable=not err.is_terminal) as progress:
-        task = progress.add_task(description, total=None)
-        yield (lambda n: progress.update(task, total=n)), (lambda n: progress.advance(task, n))
-
-
 def _rate(size: int, seconds: float) -> str:
     return f"{format_memory(int(size / seconds))}/s" if seconds > 0 and size else "-"
 
@@ -75,7 +49,7 @@ def put(
     started = time.monotonic()
     sent = 0
 
-    with connect() as client, _progress(f"uploading {name}") as (set_total, advance):
+    with connect() as client, byte_progress(f"uploading {name}") as (set_total, advance):
 
         def count(n: int) -> None:
             nonlocal sent
@@ -151,7 +125,7 @@ def get(
 ) -> None:
     """Download a dataset version into DEST; every file's SHA-256 is verified before it takes its name."""
     started = time.monotonic()
-    with connect() as client, _progress(f"downloading {ref}") as (set_total, advance):
+    with connect() as client, byte_progress(f"downloading {ref}") as (set_total, advance):
         manifest = client.get_dataset(ref, dest, progress=advance, on_total=set_total, workers=workers)
     elapsed = time.monotonic() - started
     if output is OutputFormat.json:

@@ -403,8 +403,10 @@ def display_path(path: os.PathLike[str] | str) -> str:
 
 
 @contextmanager
-def transfer_progress(description: str, total: int) -> Iterator[Callable[[int], None]]:
-    """A byte progress bar on stderr (only drawn on a terminal); yields the ``progress(n)`` callback."""
+def byte_progress(
+    description: str, total: int | None = None
+) -> Iterator[tuple[Callable[[int], None], Callable[[int], None]]]:
+    """A byte progress bar with speed on stderr (only drawn on a terminal); yields (set_total, advance)."""
     from rich.progress import (
         BarColumn,
         DownloadColumn,
@@ -423,4 +425,11 @@ def transfer_progress(description: str, total: int) -> Iterator[Callable[[int], 
     )
     with Progress(*columns, console=err, disable=not err.is_terminal) as progress:
         task = progress.add_task(description, total=total)
-        yield lambda n: progress.advance(task, n)
+        yield (lambda n: progress.update(task, total=n)), (lambda n: progress.advance(task, n))
+
+
+@contextmanager
+def transfer_progress(description: str, total: int) -> Iterator[Callable[[int], None]]:
+    """A byte progress bar on stderr (only drawn on a terminal); yields the ``progress(n)`` callback."""
+    with byte_progress(description, total) as (_, advance):
+        yield advance
