@@ -236,6 +236,32 @@ def clean_text(text: str) -> str:
     return text
 
 
+# A line that is nothing but ``key=number`` tokens separated by blanks (``step=120 loss=0.31 lr=0.001``, the
+# commonest progress line) is split instead of scanned: the same result as PAIR and MARKER, several times faster.
+_PLAIN_LINE = re.compile(r"[ \t]*(?:[A-Za-z_]\w*=[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?:[ \t]+|$))+")
+_MARKER_NAMES = {"global_step", "step", "epoch", "iteration", "iter"}
+
+
+def _recognize_plain(text: str) -> tuple[int | None, dict[str, float | str]]:
+    metrics: dict[str, float | str] = {}
+    markers: list[tuple[int, int, int, str]] = []  # (priority, value, position, name)
+    for position, token in enumerate(text.split()):
+        key, _, val = token.partition("=")
+        name = key.lower()
+        if name in _MARKER_NAMES and val.isdigit():
+            markers.append((STEP_PRIORITY[name], int(val), position, name))
+        else:
+            number = float(val)
+            metrics[name] = number if math.isfinite(number) else clean_value(number)
+    if not markers:
+        return None, metrics
+    markers.sort()
+    for _, value, _, name in markers[1:]:
+        if name != markers[0][3]:
+            metrics.setdefault(name, float(value))
+    return markers[0][1], metrics
+
+
 def recognize(text: str) -> tuple[int | None, dict[str, float | str]]:
     """Built-in recognition of one progress line: (step marker or None, metrics).
 
@@ -243,6 +269,12 @@ def recognize(text: str) -> tuple[int | None, dict[str, float | str]]:
     with a colon) and whose value is a number token on its own; step/epoch/iteration markers give the step.
     A line with both a step and an epoch keeps the epoch as a metric.
     """
+    if _PLAIN_LINE.fullmatch(text):
+        return _recognize_plain(text)
+    return _recognize_scan(text)
+
+
+def _recognize_scan(text: str) -> tuple[int | None, dict[str, float | str]]:
     if not _HINT.search(text):
         return None, {}
     if "'" in text or '"' in text:

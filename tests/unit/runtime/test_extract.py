@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -304,3 +305,38 @@ def test_visible_gpus_and_system_sampler_without_nvml() -> None:
     sampler.sample()
     values = sampler.sample()
     assert values["system/rss_bytes"] > 1_000_000 and "system/cpu_percent" in values
+
+
+PLAIN_KEYS = [
+    "step",
+    "Step",
+    "epoch",
+    "iter",
+    "iteration",
+    "global_step",
+    "loss",
+    "acc",
+    "lr",
+    "m0",
+    "_x",
+    "train_step",
+]
+PLAIN_VALUES = ["0", "120", "05", "0.31", "-1.5", "+2", "1e-4", "3.5E+2", "1e999", "-1e999", "7.0"]
+
+
+def test_plain_lines_take_the_fast_path_with_the_scanners_result() -> None:
+    """``key=number`` lines are split, not scanned; the split must agree with the scan on every such line."""
+    rng = random.Random(7)
+    checked = 0
+    for _ in range(3000):
+        tokens = [f"{rng.choice(PLAIN_KEYS)}={rng.choice(PLAIN_VALUES)}" for _ in range(rng.randint(1, 6))]
+        line = rng.choice(["", " ", "\t"]) + rng.choice([" ", "  ", "\t"]).join(tokens) + rng.choice(["", " "])
+        assert extract._PLAIN_LINE.fullmatch(line), line
+        assert extract._recognize_plain(line) == extract._recognize_scan(line), line
+        checked += 1
+    assert checked == 3000
+
+
+@pytest.mark.parametrize("line", ["step=1 loss=0.5 note=x", "loss=5.", "a.b=1", "loss=1%", "loss=nan", "loss: 1"])
+def test_lines_that_are_not_plain_are_scanned(line: str) -> None:
+    assert not extract._PLAIN_LINE.fullmatch(line)
