@@ -278,3 +278,59 @@ def test_series_totals_and_chunk_summaries_equal_a_brute_force_scan(database_url
                 assert got == want, name
     finally:
         db.dispose()
+
+
+def test_a_draining_marker_keeps_an_ended_job_read(database_url: str, tmp_path: Path) -> None:
+    """A shim still extracting a flooded log after its exit record leaves ``draining-*``: the ingester goes on
+    reading the ended job's spool files until the marker goes, and only then forgets the job."""
+    from kiln.db.models import Job, Organization, User, utcnow
+    from kiln.domain.states import JobState
+    from kiln.services.metrics_ingest import MetricsIngester, MetricsStore
+
+    db = Database(database_url)
+    try:
+        migrate.upgrade(db.engine)
+        with db.transaction() as s:
+            s.add(Organization(id="org-d", name="d"))
+            s.flush()
+            s.add(User(id="usr-d", org_id="org-d", name="d"))
+            s.flush()
+            for job_id in ("job-marked", "job-plain"):
+                s.add(
+                    Job(
+                        id=job_id,
+                        org_id="org-d",
+                        user_id="usr-d",
+                        name=job_id,
+                        spec={},
+                        state=JobState.SUCCEEDED,
+                        finished_at=utcnow(),
+                    )
+                )
+        ingester = MetricsIngester(db, MetricsStore(db), tmp_path)
+        files = {}
+        for job_id in ("job-marked", "job-plain"):
+            (tmp_path / job_id / "metrics").mkdir(parents=True)
+            files[job_id] = tmp_path / job_id / "metrics" / "log-a1-worker0.jsonl"
+            files[job_id].write_text("".join(_line(i, {"x": float(i)}) for i in range(10)))
+        marker = tmp_path / "job-marked" / "metrics" / "draining-a1-worker0"
+        marker.write_text("123")
+        assert ingester.ingest_now() == 20
+        for job_id in ("job-marked", "job-plain"):  # the drain goes on after the exit record
+            with files[job_id].open("a") as fh:
+                fh.write("".join(_line(i, {"x": float(i)}) for i in range(10, 15)))
+        assert ingester.ingest_now() == 5  # only the marked job is still read
+        marker.unlink()
+        assert ingester.ingest_now() == 0
+        assert "job-marked" not in ingester._draining
+        with db.read() as s:
+            counts = dict(
+                s.connection()
+                .exec_driver_sql(
+                    "SELECT job_id, sum(count) FROM metric_series WHERE job_id LIKE 'job-%%' GROUP BY job_id"
+                )
+                .all()
+            )
+        assert counts == {"job-marked": 15, "job-plain": 10}
+    finally:
+        db.dispose()

@@ -34,7 +34,9 @@ LAG_BYTES = 8 * 1024 * 1024  # backlog of unread log that makes extraction "lagg
 CAUGHT_UP_BYTES = 1024 * 1024  # ... and below which it has caught up again
 FLUSH_SECONDS = 0.5
 FLUSH_POINTS = 1000
-DRAIN_SECONDS = 5.0
+DRAIN_SECONDS = 5.0  # how long the exit record waits for the drain of what is left of the log
+DRAIN_LIMIT_SECONDS = 600.0  # how long the drain goes on after it (marked by a draining-* file); then it gives up
+DRAINING_PREFIX = "draining-"  # the marker file: "draining-a<attempt>-<member>" in the metrics directory
 IDLE_WINDOW_SECONDS = 2.0  # with no new log line for this long, pending lookahead windows are matched as they are
 READ_CHUNK = 128 * 1024
 BUSY_BYTES = 1024 * 1024  # a backlog this big means the job is printing fast: extraction backs off more
@@ -763,13 +765,26 @@ class Metrics:
         thread.start()
         self.threads.append(thread)
 
-    def stop(self, timeout: float = DRAIN_SECONDS) -> None:
-        """Drain what is left (bounded by ``timeout``) and stop; returns by the deadline whatever happens."""
+    def stop(self, timeout: float = DRAIN_SECONDS, limit: float = DRAIN_LIMIT_SECONDS) -> bool:
+        """Ask the threads to drain what is left and stop; they give up ``limit`` seconds from now (what is still
+        unread then is reported lost). Waits at most ``timeout`` seconds; True when they are done by then (else
+        ``wait`` waits for the rest)."""
         start = time.monotonic()
-        self.deadline = start + timeout
+        self.deadline = start + max(timeout, limit)
         self.stop_event.set()
         for thread in self.threads:
+            thread.join(max(0.0, start + timeout - time.monotonic()))
+        return not any(thread.is_alive() for thread in self.threads)
+
+    def wait(self) -> None:
+        """After ``stop``: until the drain ends (by its deadline, whatever happens)."""
+        for thread in self.threads:
             thread.join(max(0.0, self.deadline + 0.5 - time.monotonic()))
+
+    def draining_marker(self) -> str:
+        """The file that tells the server's ingester this attempt's spool files are still growing after its
+        exit record (the drain goes on); removed when the drain ends."""
+        return os.path.join(self.dir, f"{DRAINING_PREFIX}a{self.attempt}-{safe_member(self.member)}")
 
     # -- the threads --
 

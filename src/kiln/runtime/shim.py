@@ -125,6 +125,10 @@ def proc_table() -> dict[int, tuple[int, int]]:
     return out
 
 
+def _seconds(value: object, default: float, most: float) -> float:
+    return min(most, max(0.0, float(value))) if isinstance(value, int | float) else default
+
+
 def load_extract() -> Any:
     """The metrics module, next to this file; only imported when an attempt wants metrics."""
     if __package__:
@@ -614,13 +618,15 @@ class Shim:
                 pass
         outcome["finished_at"] = time.time()
         self.release_inputs()
-        self.stop_metrics()
+        marker = self.stop_metrics()
         try:
             write_exit_record(exit_path, outcome)
         except OSError:
             self.notify("exited")
+            self.finish_metrics(marker)
             return EXIT_DISK_FULL
         self.notify("exited")
+        self.finish_metrics(marker)
         return 0
 
     def start_metrics(self) -> None:
@@ -635,15 +641,36 @@ class Shim:
             self.metrics = None
             self.say(f"metrics collection could not start: {type(exc).__name__}: {exc}")
 
-    def stop_metrics(self) -> None:
-        """Drain what is left of the log into metrics, for a bounded time; never raises."""
+    def stop_metrics(self) -> str | None:
+        """Drain what is left of the log into metrics for a few seconds (the exit record waits that long). When
+        the drain needs longer (a job that flooded its log), it goes on after the exit record: returns the marker
+        file that says so to the server's ingester (created here, before the exit record). Never raises."""
         if self.metrics is None:
+            return None
+        try:
+            mc = self.cfg["metrics"]
+            drain = _seconds(mc.get("drain_seconds"), 5.0, 30.0)
+            limit = _seconds(mc.get("drain_limit_seconds"), 600.0, 3600.0)
+            if self.metrics.stop(drain, limit):
+                return None
+            marker = self.metrics.draining_marker()
+            with open(marker, "w") as fh:
+                fh.write(str(os.getpid()))
+            return marker
+        except BaseException:
+            return None
+
+    def finish_metrics(self, marker: str | None) -> None:
+        """After the exit record: the rest of a long drain, then the marker goes. Never raises."""
+        if marker is None or self.metrics is None:
             return
         try:
-            drain = self.cfg["metrics"].get("drain_seconds", 5.0)
-            drain = min(30.0, max(0.0, float(drain))) if isinstance(drain, int | float) else 5.0
-            self.metrics.stop(drain)
+            self.metrics.wait()
         except BaseException:
+            pass
+        try:
+            os.unlink(marker)
+        except OSError:
             pass
 
     def run_attempt(self) -> dict:

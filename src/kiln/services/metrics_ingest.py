@@ -69,6 +69,8 @@ INT64 = 2**63
 SPOOL_ERROR = "MetricsSpoolError"
 ACTIVE = [str(JobState.STARTING), str(JobState.RUNNING), str(JobState.RESTARTING)]
 RECENT_AT_START = timedelta(days=7)  # at start, jobs that ended this recently are drained too
+DRAINING_PREFIX = "draining-"  # a shim's marker: its spool files still grow after its exit record
+DRAINING_STALE_SECONDS = 3700.0  # ... for at most this long (the shim's longest drain, 3600 s, and slack)
 BUSY_POINTS = 5000  # a pass that stored at least this many points (a backlog) is followed by the next one soon
 BUSY_WAIT = 0.05  # (rather than after the interval): long enough for what arrives meanwhile to make a batch
 
@@ -747,7 +749,13 @@ class MetricsIngester:
             drained = True
             try:
                 for entry in os.scandir(directory):
-                    if entry.name.endswith(".jsonl"):
+                    if entry.name.startswith(DRAINING_PREFIX):
+                        # A shim still extracting metrics from a flooded log after its exit record (or one that
+                        # died doing it: the marker is ignored once older than the shim's longest drain).
+                        if time.time() - entry.stat().st_mtime < DRAINING_STALE_SECONDS:
+                            drained = False
+                            break
+                    elif entry.name.endswith(".jsonl"):
                         state = self._files.get((job_id, entry.name))
                         offset = state.offset if state else 0
                         size = entry.stat().st_size
