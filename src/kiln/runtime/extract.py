@@ -798,6 +798,7 @@ class Metrics:
         if isinstance(mc.get("lag_bytes"), int):
             tail.lag_bytes = mc["lag_bytes"]
         stopping_at: int | None = None  # the log's size when the stop came: the drain reads up to there
+        last_size = tail.size()
         try:
             while True:
                 if stopping_at is None and self.stop_event.is_set():
@@ -816,12 +817,15 @@ class Metrics:
                 began = time.monotonic()
                 got = tail.read_chunk()
                 backlog = tail.check_lag()
+                printing = tail.pos + backlog > last_size  # the job's output is still coming in
+                last_size = tail.pos + backlog
                 if spool.due():
                     spool.flush()
                 if got:
-                    if stopping_at is None:
+                    if stopping_at is None and printing:
                         # Leave the interpreter to the shim's main loop, which copies the job's output: more so
-                        # while the job floods the log (extraction cannot keep up then anyway). Not when draining.
+                        # while the job floods the log (extraction cannot keep up then anyway). Not when the job
+                        # has gone quiet (nothing to copy) nor when draining.
                         share = 2.0 if backlog > BUSY_BYTES else 0.25
                         time.sleep(min(0.05, (time.monotonic() - began) * share))
                     continue
