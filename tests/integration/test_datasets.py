@@ -218,19 +218,18 @@ def test_the_server_checks_parts_sent_straight_to_s3(
     sha = hashlib.sha256(data).hexdigest()
     session = client.request("POST", "/uploads", json_body={"sha256": sha, "size": len(data)}).json()
     assert session["mode"] == "presigned" and session["parts"] == 1
-    md5 = hashlib.md5(data).hexdigest()
-    url = client.request("POST", f"/uploads/{session['id']}/parts/1/url", json_body={"size": len(data), "md5": md5})
+    declared = {"size": len(data), "md5": hashlib.md5(data).hexdigest(), "sha256": sha}
+    url = client.request("POST", f"/uploads/{session['id']}/parts/1/url", json_body=declared)
     target = url.json()
     assert "Authorization" not in target["headers"] and "X-Kiln" not in str(target["headers"])
+    assert set(target["headers"]) == {"Content-MD5", "x-amz-checksum-sha256"}
     corrupt = b"\0" + data[1:]
     httpx.put(target["url"], content=corrupt, headers=target["headers"])  # real S3 refuses it outright
     with pytest.raises(DigestMismatch, match="part 1"):
         client.request("POST", f"/uploads/{session['id']}/complete")
     assert not server_store(server).list("orgs")
     # Sent again correctly, it completes.
-    target = client.request(
-        "POST", f"/uploads/{session['id']}/parts/1/url", json_body={"size": len(data), "md5": md5}
-    ).json()
+    target = client.request("POST", f"/uploads/{session['id']}/parts/1/url", json_body=declared).json()
     assert httpx.put(target["url"], content=data, headers=target["headers"]).status_code == 200
     assert client.request("POST", f"/uploads/{session['id']}/complete").json()["complete"] is True
 
@@ -252,7 +251,10 @@ def test_presigned_urls_for_many_parts_at_once_and_the_part_size_a_client_asks_f
     again = client.request("POST", "/uploads", json_body={"sha256": sha, "size": len(data), "part_size": 8 * MiB})
     assert again.json()["id"] == session["id"] and again.json()["part_size"] == 5 * MiB
     chunks = [data[i : i + 5 * MiB] for i in range(0, len(data), 5 * MiB)]
-    parts = [{"number": n, "size": len(c), "md5": hashlib.md5(c).hexdigest()} for n, c in enumerate(chunks, 1)]
+    parts = [
+        {"number": n, "size": len(c), "md5": hashlib.md5(c).hexdigest(), "sha256": hashlib.sha256(c).hexdigest()}
+        for n, c in enumerate(chunks, 1)
+    ]
     urls = f"/uploads/{session['id']}/parts/urls"
     bad_bodies = [
         ({"parts": [parts[0], parts[0]]}, BadRequest, "at most once"),
@@ -262,10 +264,12 @@ def test_presigned_urls_for_many_parts_at_once_and_the_part_size_a_client_asks_f
     for body, error, text in bad_bodies:
         with pytest.raises(error, match=text):
             client.request("POST", urls, json_body=body)
-    with pytest.raises(KilnError):  # validation: at least one part, MD5 in hex
+    with pytest.raises(KilnError):  # validation: at least one part, MD5 and SHA-256 in hex, both required
         client.request("POST", urls, json_body={"parts": []})
     with pytest.raises(KilnError):
         client.request("POST", urls, json_body={"parts": [{**parts[0], "md5": "x" * 32}]})
+    with pytest.raises(KilnError, match="sha256"):
+        client.request("POST", urls, json_body={"parts": [{k: v for k, v in parts[0].items() if k != "sha256"}]})
     answer = client.request("POST", urls, json_body={"parts": list(reversed(parts))}).json()
     assert [u["number"] for u in answer["items"]] == [3, 2, 1]  # the order asked for
     by_number = {u["number"]: u for u in answer["items"]}
@@ -306,7 +310,7 @@ def test_batch_part_urls_are_refused_on_a_store_without_presigned_urls(make_serv
     sha = hashlib.sha256(data).hexdigest()
     session = client.request("POST", "/uploads", json_body={"sha256": sha, "size": len(data), "part_size": 8 * MiB})
     assert session.json()["mode"] == "api" and session.json()["part_size"] == 16 * MiB  # the preference: S3 only
-    part = {"number": 1, "size": len(data), "md5": hashlib.md5(data).hexdigest()}
+    part = {"number": 1, "size": len(data), "md5": hashlib.md5(data).hexdigest(), "sha256": sha}
     with pytest.raises(BadRequest, match="through the API"):
         client.request("POST", f"/uploads/{session.json()['id']}/parts/urls", json_body={"parts": [part]})
 

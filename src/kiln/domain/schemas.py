@@ -412,12 +412,17 @@ class PartUrlRequest(BaseModel):
 
     size: int = Field(ge=0)
     md5: str = Field(pattern=r"^[0-9a-f]{32}$", description="Hex MD5 of the part (the store checks it).")
+    sha256: str = Field(
+        pattern=r"^[0-9a-f]{64}$", description="Hex SHA-256 of the part (the store checks it: S3 flexible checksums)."
+    )
 
 
 class PartUrl(BaseModel):
     url: str
     method: str = "PUT"
-    headers: dict[str, str] = Field(description="Headers to send with the part (Content-MD5).")
+    headers: dict[str, str] = Field(
+        description="Headers to send with the part, exactly (Content-MD5, x-amz-checksum-sha256): they are signed."
+    )
     expires_in: int
 
 

@@ -161,12 +161,14 @@ def _safe_target(dest: Path, rel: str) -> Path:
 
 @dataclass(frozen=True)
 class _ReadyPart:
-    """A part whose MD5 is known and whose presigned URL is at hand (fetched at ``fetched``, time.monotonic)."""
+    """A part whose digests (hex MD5 and SHA-256) are known and whose presigned URL is at hand (fetched at
+    ``fetched``, time.monotonic)."""
 
     session: UploadRead
     source: Path
     number: int
     md5: str
+    sha256: str
     url: PartUrl
     fetched: float
 
@@ -479,29 +481,33 @@ class DatasetsMixin:
     ) -> None:
         assert session.id is not None
 
-        def md5_of(number: int) -> str:
+        def digests_of(number: int) -> tuple[str, str]:
             if stop.is_set():
-                return ""
+                return "", ""
             length = self._part_length(session, number)
-            return hashlib.md5(_read_part(source, (number - 1) * session.part_size, length)).hexdigest()
+            data = _read_part(source, (number - 1) * session.part_size, length)
+            return hashlib.md5(data).hexdigest(), hashlib.sha256(data).hexdigest()
 
-        # The MD5s are computed in order on the hashing threads; URLs are asked for as soon as a part's MD5 is
-        # known, together with every following one already known (at most URL_BATCH): small batches while the
+        # The digests are computed in order on the hashing threads; URLs are asked for as soon as a part's digests
+        # are known, together with every following one already known (at most URL_BATCH): small batches while the
         # hashing is behind the senders, large ones once it is ahead.
-        md5s = [hashers.submit(md5_of, number) for number in numbers]
+        digests = [hashers.submit(digests_of, number) for number in numbers]
         try:
             done = 0
             while done < len(numbers) and not stop.is_set():
                 end = done + 1
-                md5s[done].result()
-                while end < len(numbers) and end - done < URL_BATCH and md5s[end].done():
+                digests[done].result()
+                while end < len(numbers) and end - done < URL_BATCH and digests[end].done():
                     end += 1
-                batch = [(n, md5s[i].result()) for i, n in zip(range(done, end), numbers[done:end], strict=True)]
-                declared = [{"number": n, "size": self._part_length(session, n), "md5": md5} for n, md5 in batch]
+                batch = [(n, digests[i].result()) for i, n in zip(range(done, end), numbers[done:end], strict=True)]
+                declared = [
+                    {"number": n, "size": self._part_length(session, n), "md5": md5, "sha256": sha}
+                    for n, (md5, sha) in batch
+                ]
                 urls = {u.number: u for u in self._part_urls(session.id, declared).items}
                 fetched = time.monotonic()
-                for number, md5 in batch:
-                    entry = _ReadyPart(session, source, number, md5, urls[number], fetched)
+                for number, (md5, sha) in batch:
+                    entry = _ReadyPart(session, source, number, md5, sha, urls[number], fetched)
                     while not stop.is_set():
                         try:
                             ready.put(entry, timeout=0.2)
@@ -510,7 +516,7 @@ class DatasetsMixin:
                             continue
                 done = end
         finally:
-            for future in md5s:
+            for future in digests:
                 future.cancel()
 
     def _send_ready(
@@ -540,7 +546,8 @@ class DatasetsMixin:
         data = _read_part(source, (number - 1) * session.part_size, length)
         url: PartUrl = entry.url
         if time.monotonic() - entry.fetched > url.expires_in * URL_FRESH:  # waited too long: a fresh one
-            url = self._part_urls(session.id, [{"number": number, "size": length, "md5": md5}]).items[0]
+            declared = {"number": number, "size": length, "md5": md5, "sha256": entry.sha256}
+            url = self._part_urls(session.id, [declared]).items[0]
         body = before_part(session.sha256, number, data) if before_part else data
         try:
             r = self._store_http().request(url.method, url.url, content=body, headers=url.headers)

@@ -23,7 +23,6 @@ job that has not ended pins the version in its ``inputs``.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import logging
 import re
@@ -74,7 +73,7 @@ from kiln.errors import BadRequest, Conflict, DigestMismatch, Forbidden, NotFoun
 from kiln.services.identity import Principal
 from kiln.services.quotas import QuotaService
 from kiln.settings import Settings
-from kiln.storage.store import ObjectStore
+from kiln.storage.store import ObjectStore, b64_digest
 
 log = logging.getLogger(__name__)
 
@@ -612,7 +611,7 @@ class DatasetService:
 
     def part_url(self, principal: Principal, upload_id: str, number: int, body: PartUrlRequest) -> PartUrl:
         """Where to PUT part ``number`` straight to the store; the store checks its Content-MD5."""
-        (url,) = self._presign_parts(principal, upload_id, [(number, body.size, body.md5)])
+        (url,) = self._presign_parts(principal, upload_id, [(number, body.size, body.md5, body.sha256)])
         return PartUrl(url=url.url, headers=url.headers, expires_in=url.expires_in)
 
     def part_urls(self, principal: Principal, upload_id: str, body: PartUrlsRequest) -> PartUrls:
@@ -621,18 +620,19 @@ class DatasetService:
         if len(set(numbers)) != len(numbers):
             raise BadRequest("parts: each part number at most once per request")
         return PartUrls(
-            items=self._presign_parts(principal, upload_id, [(p.number, p.size, p.md5) for p in body.parts])
+            items=self._presign_parts(principal, upload_id, [(p.number, p.size, p.md5, p.sha256) for p in body.parts])
         )
 
     def _presign_parts(
-        self, principal: Principal, upload_id: str, parts: list[tuple[int, int, str]]
+        self, principal: Principal, upload_id: str, parts: list[tuple[int, int, str, str]]
     ) -> list[NumberedPartUrl]:
-        """Record each part's declared (size, MD5) and presign its upload: the store refuses a body whose MD5 is
-        not the declared one, and ``complete_upload`` checks the stored parts against these records again."""
+        """Record each part's declared (size, MD5, SHA-256) and presign its upload: the store refuses a body whose
+        MD5 or SHA-256 is not the declared one, and ``complete_upload`` checks the stored parts against these
+        records again (and hands the store their SHA-256 checksums)."""
         principal.require("blobs:write")
         with self.db.read() as s:
             up = self._session(s, principal, upload_id)
-            for number, size, _md5 in parts:
+            for number, size, _md5, _sha in parts:
                 expected = self._part_bounds(up, number)
                 if size != expected:
                     raise BadRequest(f"part {number} is {expected} bytes in this upload, not {size}")
@@ -641,7 +641,7 @@ class DatasetService:
         if up.mode != "presigned":
             raise BadRequest(f"upload {upload_id} takes its parts through the API (PUT .../parts/{parts[0][0]})")
         with self.db.transaction() as s:
-            numbers = [number for number, _size, _md5 in parts]
+            numbers = [number for number, _size, _md5, _sha in parts]
             existing = {
                 p.number: p
                 for p in s.scalars(
@@ -650,19 +650,22 @@ class DatasetService:
                     )
                 )
             }
-            for number, size, md5 in parts:
+            for number, size, md5, sha in parts:
                 part = existing.get(number)
                 if part is None:
-                    s.add(DataUploadPart(upload_id=upload_id, number=number, size=size, md5=md5))
+                    s.add(DataUploadPart(upload_id=upload_id, number=number, size=size, md5=md5, sha256=sha))
                 else:
-                    part.size, part.md5, part.received = size, md5, False
+                    part.size, part.md5, part.sha256, part.received = size, md5, sha, False
         expires = self.settings.storage_presign_seconds
-        md5s = {number: base64.b64encode(bytes.fromhex(md5)).decode() for number, _size, md5 in parts}
+        digests = {number: (b64_digest(md5), b64_digest(sha)) for number, _size, md5, sha in parts}
         urls = self.store.multipart_presign_parts(
-            data_key(up.org_id, up.sha256), up.store_upload_id, list(md5s.items()), expires
+            data_key(up.org_id, up.sha256),
+            up.store_upload_id,
+            [(n, md5, sha) for n, (md5, sha) in digests.items()],
+            expires,
         )
         return [
-            NumberedPartUrl(number=n, url=urls[n], headers={"Content-MD5": md5s[n]}, expires_in=expires)
+            NumberedPartUrl(number=n, url=urls[n], headers=self.store.part_headers(*digests[n]), expires_in=expires)
             for n in numbers
         ]
 
@@ -699,7 +702,10 @@ class DatasetService:
                     )
         ordered = [(n, stored[n][1]) for n in range(1, parts + 1)]
         try:
-            actual = self.store.multipart_complete(key, up.store_upload_id, ordered, expected_sha256=up.sha256)
+            checksums = {n: b64_digest(p.sha256) for n, p in declared.items() if p.sha256}
+            actual = self.store.multipart_complete(
+                key, up.store_upload_id, ordered, expected_sha256=up.sha256, checksums=checksums
+            )
         except DigestMismatch:
             # Every part matched its own hash but the whole does not: the declared hash was wrong. Start over.
             self._drop_session(up)

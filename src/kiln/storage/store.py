@@ -20,7 +20,7 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, TypeVar
 
@@ -31,6 +31,18 @@ from kiln.errors import BadRequest, DigestMismatch, KilnError, NotFound, StoreUn
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 PartList = list[tuple[int, str]]  # (part number, ETag)
+PartDigests = list[tuple[int, str, str | None]]  # (part number, Content-MD5, SHA-256 checksum), both base64
+# Multipart uploads to S3 declare SHA-256 part checksums (S3's flexible checksums): the store verifies each part's
+# SHA-256 on arrival, and completing an upload combines the parts' checksums instead of hashing the whole object.
+CHECKSUM_ALGORITHM = "SHA256"
+CHECKSUM_HEADER = "x-amz-checksum-sha256"
+
+
+def b64_digest(hex_digest: str) -> str:
+    """A hex digest as S3's headers carry it (base64 of the bytes)."""
+    return base64.b64encode(bytes.fromhex(hex_digest)).decode()
+
+
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
@@ -247,7 +259,11 @@ class ObjectStore:
             self._guard(lambda: self._staging(key, upload_id).mkdir(parents=True, exist_ok=True))
             return upload_id
         bucket, name = self._bucket_key(key)
-        answer = self._guard(lambda: self.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=name))
+        answer = self._guard(
+            lambda: self.fs.call_s3(
+                "create_multipart_upload", Bucket=bucket, Key=name, ChecksumAlgorithm=CHECKSUM_ALGORITHM
+            )
+        )
         return str(answer["UploadId"])
 
     def multipart_put_part(self, key: str, upload_id: str, number: int, data: bytes) -> None:
@@ -272,6 +288,7 @@ class ObjectStore:
 
         bucket, name = self._bucket_key(key)
         md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
+        sha = base64.b64encode(hashlib.sha256(data).digest()).decode()
         self._guard(
             lambda: self.fs.call_s3(
                 "upload_part",
@@ -281,36 +298,31 @@ class ObjectStore:
                 PartNumber=number,
                 Body=data,
                 ContentMD5=md5,
+                ChecksumSHA256=sha,
             )
         )
 
-    def multipart_presign_part(self, key: str, upload_id: str, number: int, content_md5: str, expires: int) -> str:
+    @staticmethod
+    def part_headers(content_md5: str, checksum_sha256: str | None) -> dict[str, str]:
+        """The headers a presigned part upload must carry (they are part of its signature)."""
+        headers = {"Content-MD5": content_md5}
+        if checksum_sha256:
+            headers[CHECKSUM_HEADER] = checksum_sha256
+        return headers
+
+    def multipart_presign_part(
+        self, key: str, upload_id: str, number: int, content_md5: str, expires: int, checksum_sha256: str | None = None
+    ) -> str:
         """A URL that takes part ``number`` straight to the store; the store refuses a body whose MD5 is not
-        ``content_md5`` (base64), which the sender must send as its Content-MD5 header."""
-        if not self.is_s3:
-            raise BadRequest("this store takes parts through the API, not presigned URLs")
-        path = self._path(key)
-        return str(
-            self._guard(
-                lambda: self.fs.url(
-                    path,
-                    expires=expires,
-                    client_method="upload_part",
-                    UploadId=upload_id,
-                    PartNumber=number,
-                    ContentMD5=content_md5,
-                )
-            )
-        )
+        ``content_md5`` (base64) or whose SHA-256 is not ``checksum_sha256`` (base64), which the sender must send
+        as the headers ``part_headers`` names."""
+        return self.multipart_presign_parts(key, upload_id, [(number, content_md5, checksum_sha256)], expires)[number]
 
-    def multipart_presign_parts(self, key: str, upload_id: str, parts: PartList, expires: int) -> dict[int, str]:
-        """``multipart_presign_part`` for many (part number, Content-MD5 in base64) at once: one trip to the
-        store client's event loop instead of one per part (signing is local: nothing is sent to the store)."""
+    def multipart_presign_parts(self, key: str, upload_id: str, parts: PartDigests, expires: int) -> dict[int, str]:
+        """``multipart_presign_part`` for many (part number, Content-MD5, SHA-256) at once: one trip to the store
+        client's event loop (signing is local: nothing is sent to the store)."""
         if not self.is_s3:
             raise BadRequest("this store takes parts through the API, not presigned URLs")
-        if len(parts) == 1:
-            ((number, md5),) = parts
-            return {number: self.multipart_presign_part(key, upload_id, number, md5, expires)}
         bucket, name = self._bucket_key(key)
         fs: Any = self.fs
 
@@ -318,19 +330,18 @@ class ObjectStore:
             await fs.set_session()
             s3 = await fs.get_s3(bucket)
             out: dict[int, str] = {}
-            for number, md5 in parts:
+            for number, md5, sha in parts:
+                params: dict[str, Any] = {
+                    "Bucket": bucket,
+                    "Key": name,
+                    "UploadId": upload_id,
+                    "PartNumber": number,
+                    "ContentMD5": md5,
+                }
+                if sha:
+                    params["ChecksumSHA256"] = sha
                 out[number] = str(
-                    await s3.generate_presigned_url(
-                        ClientMethod="upload_part",
-                        Params={
-                            "Bucket": bucket,
-                            "Key": name,
-                            "UploadId": upload_id,
-                            "PartNumber": number,
-                            "ContentMD5": md5,
-                        },
-                        ExpiresIn=expires,
-                    )
+                    await s3.generate_presigned_url(ClientMethod="upload_part", Params=params, ExpiresIn=expires)
                 )
             return out
 
@@ -368,11 +379,17 @@ class ObjectStore:
             marker = int(answer["NextPartNumberMarker"])
 
     def multipart_complete(
-        self, key: str, upload_id: str, parts: PartList, expected_sha256: str | None = None
+        self,
+        key: str,
+        upload_id: str,
+        parts: PartList,
+        expected_sha256: str | None = None,
+        checksums: Mapping[int, str] | None = None,
     ) -> str | None:
         """Assemble the object from ``parts`` ((number, ETag), in order). On a local store the bytes are hashed
         on the way and the SHA-256 returned; the object appears atomically, and only when it matches
-        ``expected_sha256`` (else DigestMismatch, nothing written). On S3 the store assembles it (None)."""
+        ``expected_sha256`` (else DigestMismatch, nothing written). On S3 the store assembles it (None), checking
+        the parts' SHA-256 ``checksums`` (base64, by part number) that their uploads declared."""
         if self.is_local:
             staging = self._staging(key, upload_id)
             final = Path(self._path(key))
@@ -400,7 +417,13 @@ class ObjectStore:
 
             return self._guard(assemble)
         bucket, name = self._bucket_key(key)
-        body = {"Parts": [{"PartNumber": n, "ETag": f'"{etag}"'} for n, etag in parts]}
+        listed: list[dict[str, Any]] = []
+        for n, etag in parts:
+            entry: dict[str, Any] = {"PartNumber": n, "ETag": f'"{etag}"'}
+            if checksums and checksums.get(n):
+                entry["ChecksumSHA256"] = checksums[n]
+            listed.append(entry)
+        body = {"Parts": listed}
         self._guard(
             lambda: self.fs.call_s3(
                 "complete_multipart_upload", Bucket=bucket, Key=name, UploadId=upload_id, MultipartUpload=body
