@@ -1,4 +1,9 @@
-"""Reading what jobs leave behind: their logs and their artifacts."""
+"""Reading what jobs leave behind: their logs, their artifacts and their checkpoints.
+
+Artifacts (``$KILN_OUTPUT_DIR``) and checkpoints (``$KILN_CHECKPOINT_DIR``) are files of a job under a prefix of
+the store each (:data:`PREFIXES`); a job on another machine (a pod) uploads both with its job token, and reads
+its checkpoints back when a later attempt starts. The same rules hold for both kinds: safe paths only, a signed
+content hash must match, the organisation's storage quota, and nothing once the job has ended."""
 
 from __future__ import annotations
 
@@ -8,19 +13,23 @@ import os
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Literal
 
 from starlette.concurrency import run_in_threadpool
 
 from kiln.domain.schemas import ArtifactRead
 from kiln.domain.states import JobState
 from kiln.errors import Conflict, DigestMismatch, NotFound
-from kiln.scheduler.loop import outputs_prefix
+from kiln.scheduler.loop import checkpoints_prefix, outputs_prefix
 from kiln.services.blobs import blob_key
 from kiln.services.identity import Principal
 from kiln.services.jobs import JobService
 from kiln.services.quotas import QuotaService
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore, safe_key
+
+FileKind = Literal["artifact", "checkpoint"]
+PREFIXES = {"artifact": outputs_prefix, "checkpoint": checkpoints_prefix}
 
 
 class OutputService:
@@ -56,22 +65,23 @@ class OutputService:
                 return
             await asyncio.sleep(poll)
 
-    async def upload_artifact(
+    async def upload_file(
         self,
         principal: Principal,
         job_id: str,
+        kind: FileKind,
         path: str,
         chunks: AsyncIterator[bytes],
         expected_sha256: str | None = None,
     ) -> ArtifactRead:
-        """Store one artifact of a running job (what a job on another machine does with its token). When the
-        request signed a content hash, the bytes must match it or nothing is stored."""
+        """Store one artifact or checkpoint file of a running job (what a job on another machine does with its
+        token). When the request signed a content hash, the bytes must match it or nothing is stored."""
         principal.require("jobs:report")
         job = await run_in_threadpool(self.jobs.get, principal, job_id)
         if JobState(job.state).terminal:
-            raise Conflict(f"job {job_id} has ended; its artifacts are final")
-        key = f"{outputs_prefix(job.org_id, job.id)}/{safe_key(path)}"
-        fd, name = tempfile.mkstemp(dir=self.tmp_dir, prefix="artifact-")
+            raise Conflict(f"job {job_id} has ended; its {kind}s are final")
+        key = f"{PREFIXES[kind](job.org_id, job.id)}/{safe_key(path)}"
+        fd, name = tempfile.mkstemp(dir=self.tmp_dir, prefix=f"{kind}-")
         tmp = Path(name)
         try:
             size = 0
@@ -83,12 +93,12 @@ class OutputService:
                     fh.write(chunk)
             if expected_sha256 is not None and digest.hexdigest() != expected_sha256:
                 raise DigestMismatch(f"content hash is {digest.hexdigest()}, not {expected_sha256} as signed")
-            await run_in_threadpool(self._store_artifact, principal, tmp, key, size)
+            await run_in_threadpool(self._store_file, principal, tmp, key, size)
         finally:
             tmp.unlink(missing_ok=True)
         return ArtifactRead(path=safe_key(path), size=size)
 
-    def _store_artifact(self, principal: Principal, tmp: Path, key: str, size: int) -> None:
+    def _store_file(self, principal: Principal, tmp: Path, key: str, size: int) -> None:
         if self.quotas is not None:
             with self.quotas.db.transaction() as s:
                 self.quotas.check_storage(s, principal.org_id, principal.org_name, size)
@@ -104,9 +114,9 @@ class OutputService:
         self.logs.append(job_id, "O", lines)
         return len(lines)
 
-    def list_artifacts(self, principal: Principal, job_id: str) -> list[ArtifactRead]:
+    def list_files(self, principal: Principal, job_id: str, kind: FileKind) -> list[ArtifactRead]:
         job = self.jobs.get(principal, job_id)
-        return [ArtifactRead(path=p, size=n) for p, n in self.store.list(outputs_prefix(job.org_id, job.id))]
+        return [ArtifactRead(path=p, size=n) for p, n in self.store.list(PREFIXES[kind](job.org_id, job.id))]
 
     def code_key(self, principal: Principal, job_id: str) -> tuple[str, int]:
         """The job's code bundle: what a pod's init container fetches with the job token."""
@@ -116,9 +126,9 @@ class OutputService:
         key = blob_key(job.org_id, job.code_sha256)
         return key, self.store.size(key)
 
-    def artifact_key(self, principal: Principal, job_id: str, path: str) -> tuple[str, int]:
+    def file_key(self, principal: Principal, job_id: str, kind: FileKind, path: str) -> tuple[str, int]:
         job = self.jobs.get(principal, job_id)
-        key = f"{outputs_prefix(job.org_id, job.id)}/{safe_key(path)}"
+        key = f"{PREFIXES[kind](job.org_id, job.id)}/{safe_key(path)}"
         if not self.store.exists(key):
-            raise NotFound(f"job {job_id} has no artifact {path!r}")
+            raise NotFound(f"job {job_id} has no {kind} {path!r}")
         return key, self.store.size(key)

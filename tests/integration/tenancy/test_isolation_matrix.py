@@ -119,6 +119,10 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ("GET", "/api/v1/jobs/{job_id}/code"): [Case("scoped")],
     ("PUT", "/api/v1/jobs/{job_id}/artifacts/{path}"): [Case("scoped", body=ARTIFACT, owner="admin")],
     ("GET", "/api/v1/jobs/{job_id}/artifacts/{path}"): [Case("scoped", reader="member")],
+    # Checkpoints: the same rules as artifacts (a pod's sync sidecar writes them, its next attempt reads them).
+    ("GET", "/api/v1/jobs/{job_id}/checkpoints"): [Case("scoped", reader="member")],
+    ("PUT", "/api/v1/jobs/{job_id}/checkpoints/{path}"): [Case("scoped", body=ARTIFACT, owner="admin")],
+    ("GET", "/api/v1/jobs/{job_id}/checkpoints/{path}"): [Case("scoped", reader="member")],
     ("POST", "/api/v1/jobs/{job_id}/metrics"): [Case("scoped", body=METRICS, owner="admin")],
     ("GET", "/api/v1/jobs/{job_id}/metrics"): [
         Case("scoped", reader="member"),
@@ -445,9 +449,11 @@ def snapshot(admin: Api, a: Tenant, a_reader: Api, sha: str) -> dict[str, Any]:
             "events": [(e["id"], e["to_state"], e["reason"], e["message"]) for e in admin.events(job["id"])],
             "logs": admin.get(f"/jobs/{job['id']}/logs").text,
             "artifacts": admin.ok("GET", f"/jobs/{job['id']}/artifacts")["items"],
+            "checkpoints": admin.ok("GET", f"/jobs/{job['id']}/checkpoints")["items"],
         }
-        for artifact in out[job["id"]]["artifacts"]:
-            artifact["content"] = admin.get(f"/jobs/{job['id']}/artifacts/{artifact['path']}").text
+        for kind in ("artifacts", "checkpoints"):
+            for item in out[job["id"]][kind]:
+                item["content"] = admin.get(f"/jobs/{job['id']}/{kind}/{item['path']}").text
     return out
 
 
@@ -464,7 +470,10 @@ def test_no_route_crosses_organisations(make_server) -> None:  # type: ignore[no
         # -- organisation A's resources, made by its member ---------------------------------------------------
         tag = uuid.uuid4().hex[:8]
         log_marker, artifact_marker, artifact = f"alpha-log-{tag}", f"alpha-artifact-{tag}", f"alpha-out-{tag}.txt"
-        finished = member.submit(f'echo {log_marker}; echo {artifact_marker} > "$KILN_OUTPUT_DIR/{artifact}"')
+        finished = member.submit(
+            f'echo {log_marker}; echo {artifact_marker} > "$KILN_OUTPUT_DIR/{artifact}"; '
+            f'echo {artifact_marker} > "$KILN_CHECKPOINT_DIR/{artifact}"'
+        )
         assert member.wait(finished["id"])["state"] == "SUCCEEDED"
         bundle, sha = tar_gz({"train.py": f"print('{tag}')\n".encode()})
         assert member.request("PUT", f"/blobs/{sha}", content=bundle, unsigned=True).status_code == 201
@@ -473,10 +482,12 @@ def test_no_route_crosses_organisations(make_server) -> None:  # type: ignore[no
         member.wait(running["id"], "RUNNING")
         queued = member.submit("true")
         member.wait_message(queued["id"], "quota: count 1 of 1 in use")
-        for job in (running, queued):  # every job has log lines and the artifact
+        for job in (running, queued):  # every job has log lines, the artifact and a checkpoint of that name
             member.ok("POST", f"/jobs/{job['id']}/logs", content=f"{log_marker}\n".encode())
             member.ok("PUT", f"/jobs/{job['id']}/artifacts/{artifact}", content=artifact_marker.encode())
+            member.ok("PUT", f"/jobs/{job['id']}/checkpoints/{artifact}", content=artifact_marker.encode())
         assert [x["path"] for x in member.ok("GET", f"/jobs/{finished['id']}/artifacts")["items"]] == [artifact]
+        assert [x["path"] for x in member.ok("GET", f"/jobs/{finished['id']}/checkpoints")["items"]] == [artifact]
         assert log_marker in member.get(f"/jobs/{finished['id']}/logs").text
 
         # A dataset (its file named like the artifact, so one {path} binding serves both), a draft ready to

@@ -1,4 +1,4 @@
-"""Jobs: submit, read, list, cancel, events, logs and artifacts."""
+"""Jobs: submit, read, list, cancel, events, logs, artifacts and checkpoints."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ from typing import Annotated
 from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from kiln.api.deps import Caller, Kiln, caller_of, model_response, platform_of
 from kiln.auth import signing
 from kiln.domain.schemas import ArtifactList, ArtifactRead, EventList, JobList, JobRead, JobSubmit
 from kiln.domain.states import JobState
+from kiln.services.outputs import FileKind
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -78,7 +79,24 @@ def job_logs(
 
 @router.get("/{job_id}/artifacts", response_model=ArtifactList, summary="Files the job wrote to $KILN_OUTPUT_DIR")
 def list_artifacts(job_id: str, caller: Caller, kiln: Kiln) -> ArtifactList:
-    return ArtifactList(items=kiln.outputs.list_artifacts(caller, job_id))
+    return ArtifactList(items=kiln.outputs.list_files(caller, job_id, "artifact"))
+
+
+@router.get(
+    "/{job_id}/checkpoints",
+    response_model=ArtifactList,
+    summary="The job's stored $KILN_CHECKPOINT_DIR (what its next attempt starts from)",
+)
+def list_checkpoints(job_id: str, caller: Caller, kiln: Kiln) -> ArtifactList:
+    return ArtifactList(items=kiln.outputs.list_files(caller, job_id, "checkpoint"))
+
+
+async def _put_file(
+    job_id: str, kind: FileKind, path: str, request: Request, caller: Caller, kiln: Kiln
+) -> ArtifactRead:
+    signed = request.headers.get(signing.HEADER_CONTENT.lower())
+    expected = signed if signed and signing.SHA256_HEX.fullmatch(signed) else None
+    return await kiln.outputs.upload_file(caller, job_id, kind, path, request.stream(), expected)
 
 
 @router.put(
@@ -88,9 +106,17 @@ def list_artifacts(job_id: str, caller: Caller, kiln: Kiln) -> ArtifactList:
     summary="Upload an artifact (a running job, with its job token)",
 )
 async def put_artifact(job_id: str, path: str, request: Request, caller: Caller, kiln: Kiln) -> ArtifactRead:
-    signed = request.headers.get(signing.HEADER_CONTENT.lower())
-    expected = signed if signed and signing.SHA256_HEX.fullmatch(signed) else None
-    return await kiln.outputs.upload_artifact(caller, job_id, path, request.stream(), expected)
+    return await _put_file(job_id, "artifact", path, request, caller, kiln)
+
+
+@router.put(
+    "/{job_id}/checkpoints/{path:path}",
+    response_model=ArtifactRead,
+    status_code=201,
+    summary="Upload a checkpoint file (a running job, with its job token: a pod's sync sidecar)",
+)
+async def put_checkpoint(job_id: str, path: str, request: Request, caller: Caller, kiln: Kiln) -> ArtifactRead:
+    return await _put_file(job_id, "checkpoint", path, request, caller, kiln)
 
 
 @router.post("/{job_id}/logs", summary="Append lines to the job's log (a running job, with its job token)")
@@ -112,16 +138,36 @@ def get_code(job_id: str, caller: Caller, kiln: Kiln) -> StreamingResponse:
     )
 
 
+def _file_response(kiln: Kiln, key: str, size: int, path: str, redirect: bool) -> Response:
+    """A stored file's bytes, streamed; or, with ``redirect`` and a store that presigns (S3), a 307 to a
+    short-lived store URL, as dataset files are served (a client must not send its credentials there)."""
+    name = path.rsplit("/", 1)[-1]
+    url = kiln.datasets.presigned_get(key, path) if redirect else None
+    if url is not None:
+        return RedirectResponse(url, status_code=307, headers={"X-Kiln-Size": str(size)})
+    return StreamingResponse(
+        kiln.store.iter_bytes(key),
+        media_type="application/octet-stream",
+        headers={"Content-Length": str(size), "Content-Disposition": f"attachment; filename*=UTF-8''{quote(name)}"},
+    )
+
+
 @router.get(
     "/{job_id}/artifacts/{path:path}",
     response_class=StreamingResponse,
     responses={200: {"content": {"application/octet-stream": {}}}},
 )
-def get_artifact(job_id: str, path: str, caller: Caller, kiln: Kiln) -> StreamingResponse:
-    key, size = kiln.outputs.artifact_key(caller, job_id, path)
-    name = quote(path.rsplit("/", 1)[-1])
-    return StreamingResponse(
-        kiln.store.iter_bytes(key),
-        media_type="application/octet-stream",
-        headers={"Content-Length": str(size), "Content-Disposition": f"attachment; filename*=UTF-8''{name}"},
-    )
+def get_artifact(job_id: str, path: str, caller: Caller, kiln: Kiln) -> Response:
+    key, size = kiln.outputs.file_key(caller, job_id, "artifact", path)
+    return _file_response(kiln, key, size, path, redirect=False)
+
+
+@router.get(
+    "/{job_id}/checkpoints/{path:path}",
+    response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+    summary="A checkpoint file's bytes: streamed, or a 307 redirect to a short-lived store URL (S3)",
+)
+def get_checkpoint(job_id: str, path: str, caller: Caller, kiln: Kiln) -> Response:
+    key, size = kiln.outputs.file_key(caller, job_id, "checkpoint", path)
+    return _file_response(kiln, key, size, path, redirect=True)
