@@ -27,6 +27,7 @@ from kiln.services.datasets import DatasetService
 from kiln.services.identity import Credentials, IdentityService
 from kiln.services.inputs import dataset_pinner, input_resolver
 from kiln.services.jobs import JobService
+from kiln.services.log_metrics import LogMetrics
 from kiln.services.metrics import MetricsService
 from kiln.services.metrics_ingest import MetricsIngester, MetricsStore
 from kiln.services.outputs import OutputService
@@ -86,6 +87,8 @@ class Platform:
         # the queries, and the server's own numbers for /metrics (the reconciler feeds the admission latency).
         self.metrics_store = MetricsStore(self.db)
         self.metrics_ingester = MetricsIngester(self.db, self.metrics_store, settings.jobs_dir)
+        shimless = [] if self.backend.extracts_log_metrics else [self.backend.name]
+        self.log_metrics = LogMetrics(self.db, self.logs, settings.jobs_dir, shimless)
         self.metrics = MetricsService(self.db, self.jobs, self.metrics_store)
         self.prometheus = ServerMetrics(self.db, lambda: self.metrics_store.points_ingested)
         self.reconciler.on_started = self.prometheus.observe_start
@@ -131,12 +134,14 @@ class Platform:
         creds = self.identity.bootstrap() if self.settings.bootstrap else None
         self.reconciler.start()
         self.metrics_ingester.start()
+        self.log_metrics.start()
         self.checkpoints.start()
         return creds
 
     def close(self) -> None:
         self.reconciler.stop()
         self.checkpoints.stop()
+        self.log_metrics.stop()
         self.metrics_ingester.stop()
         self.backend.close()
         self.db.dispose()

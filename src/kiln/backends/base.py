@@ -99,6 +99,9 @@ class Backend(abc.ABC):
     """An executor of job attempts."""
 
     name: str = "abstract"
+    # Whether the backend's attempts extract metrics from their own output (the local executor's shim does). When
+    # False, the server extracts them from the job's log in its log store (kiln.services.log_metrics).
+    extracts_log_metrics: bool = True
 
     @abc.abstractmethod
     def inventory(self) -> Inventory:
