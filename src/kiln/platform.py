@@ -106,7 +106,7 @@ class Platform:
             kube = KubernetesSettings()
             return KubernetesBackend(
                 kube.api_client(),
-                kube.to_config(),
+                kube.to_config(checkpoint_sync_seconds=self.settings.checkpoint_sync_seconds),
                 endpoint=self.settings.endpoint,
                 logs=self.logs,
                 state_dir=self.settings.home / "kubernetes",

@@ -93,3 +93,29 @@ def test_fetches_code_and_datasets(tmp_path: Path) -> None:
         assert done.returncode == 1 and b"SHA-256" in done.stderr
     finally:
         server.shutdown()
+
+
+def test_a_restored_checkpoint_of_the_wrong_size_fails_the_pod(tmp_path: Path) -> None:
+    """The listing's size is checked against what arrives (a checkpoint cut short must not be resumed from)."""
+    seen: list[tuple[str, str | None]] = []
+    listing = {"items": [{"path": "step-9.pt", "size": 10}]}
+    routes = {
+        "/api/v1/jobs/job-1/checkpoints": (200, {}, json.dumps(listing).encode()),
+        "/api/v1/jobs/job-1/checkpoints/step-9.pt": (200, {}, b"short"),
+    }
+    server = _serve(routes, seen)
+    env = {
+        "KILN_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
+        "KILN_JOB_TOKEN": TOKEN,
+        "KILN_JOB_ID": "job-1",
+        "KILN_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+        "KILN_RUN_DIR": str(tmp_path / "run"),
+        "PATH": "/usr/bin:/bin",
+    }
+    (tmp_path / "run").mkdir()
+    try:
+        done = subprocess.run([sys.executable, podfetch.__file__], env=env, capture_output=True, timeout=60)
+        assert done.returncode == 1 and b"got 5 bytes, expected 10" in done.stderr, done.stderr
+        assert not (tmp_path / "run" / podfetch.SYNC_STATE).exists()  # nothing recorded as synced
+    finally:
+        server.shutdown()

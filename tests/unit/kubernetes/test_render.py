@@ -206,15 +206,34 @@ def test_single_job() -> None:
         assert key in env
     assert (env["KILN_JOB_ID"], env["KILN_NUM_CPUS"], env["KILN_NUM_GPUS"]) == (JOB, "2", "0")
     assert (env["KILN_WORKER_INDEX"], env["KILN_NUM_WORKERS"]) == ("0", "1")
-    (init,) = pod["initContainers"]
+    init, sync = pod["initContainers"]
     init_env = env_of(init)
-    assert init["command"] == ["python3", "/etc/kiln/fetch.py"]
+    assert init["command"] == ["python3", "/etc/kiln/podfetch.py"] and "restartPolicy" not in init
     assert init_env["KILN_CODE_SHA256"] == "cd" * 32
     assert init_env["KILN_JOB_TOKEN"] == env["KILN_JOB_TOKEN"]
+    assert init_env["KILN_CHECKPOINT_DIR"] == env["KILN_CHECKPOINT_DIR"]  # restored before the command runs
     secret = objects[0]
     assert secret["stringData"] == {"token": "tok"}
-    # No code and no inputs: no init container at all.
-    assert "initContainers" not in rendered(spec())[-1]["spec"]["template"]["spec"]
+    # The sync sidecar: a native sidecar in the init image, with the token, sharing the output, checkpoint and
+    # run volumes (outputs and checkpoints read-only); the entrypoint waits for it at most upload_timeout.
+    assert (sync["name"], sync["restartPolicy"], sync["image"]) == ("kiln-sync", "Always", "python:3.11-slim")
+    assert sync["command"] == ["python3", "/etc/kiln/podsync.py"]
+    sync_env = env_of(sync)
+    assert sync_env["KILN_JOB_TOKEN"] == env["KILN_JOB_TOKEN"] and sync_env["KILN_CHECKPOINT_SYNC_SECONDS"] == "300"
+    assert (sync_env["KILN_ROLE"], env["KILN_SYNC_TIMEOUT"]) == ("worker", "600")
+    main_mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    sync_mounts = {m["name"]: (m["mountPath"], m.get("readOnly", False)) for m in sync["volumeMounts"]}
+    assert sync_mounts == {
+        "kiln-conf": ("/etc/kiln", True),
+        "kiln-outputs": (main_mounts["kiln-outputs"], True),
+        "kiln-checkpoints": (main_mounts["kiln-checkpoints"], True),
+        "kiln-run": (main_mounts["kiln-run"], False),
+    }
+    assert {"podfetch.py", "podsync.py"} <= set(files_of(objects))
+    cfg = KubeConfig(checkpoint_sync_seconds=30, upload_timeout=90)
+    other = rendered(spec(), cfg)[-1]["spec"]["template"]["spec"]
+    assert env_of(other["initContainers"][1])["KILN_CHECKPOINT_SYNC_SECONDS"] == "30"
+    assert env_of(other["containers"][0])["KILN_SYNC_TIMEOUT"] == "90"
 
 
 def test_full_single_job() -> None:
@@ -399,7 +418,7 @@ def test_per_index_env_files_spill_into_more_configmaps() -> None:
         assert sum(len(k) + len(v.encode()) for k, v in cm["data"].items()) < 1024**2
     projected = objects[-1]["spec"]["template"]["spec"]["volumes"][0]["projected"]["sources"]
     assert [s["configMap"]["name"] for s in projected] == [cm["metadata"]["name"] for cm in maps]
-    assert len(files_of(objects)) == 2 + 1 + 220  # scripts, gang.env, one file per member
+    assert len(files_of(objects)) == 3 + 1 + 220  # scripts, gang.env, one file per member
     validate_strict(objects, NEWEST)
 
 
@@ -479,6 +498,7 @@ def test_entrypoint_runs_prepare_command_finish_and_per_process_env(tmp_path: An
         "KILN_CONF_DIR": str(conf),
         "JOB_COMPLETION_INDEX": "1",
         "PATH": "/usr/bin:/bin",
+        "KILN_SYNC_TIMEOUT": "0",  # no sync sidecar here (test_podsync.py runs the pair)
     }
     args = [a.replace("$$", "$") for a in container["args"]]
     done = subprocess.run(
@@ -514,6 +534,7 @@ def test_entrypoint_failure_stops_the_other_processes_and_runs_finish(tmp_path: 
     for key in ("KILN_WORK_DIR", "KILN_OUTPUT_DIR", "KILN_CHECKPOINT_DIR", "KILN_METRICS_DIR", "KILN_RUN_DIR"):
         env[key] = str(tmp_path / key.lower())
     env |= {"KILN_TENSORBOARD_DIR": str(tmp_path / "tb"), "KILN_CONF_DIR": str(conf), "PATH": "/usr/bin:/bin"}
+    env["KILN_SYNC_TIMEOUT"] = "0"  # no sync sidecar here (test_podsync.py runs the pair)
     args = [a.replace("$$", "$") for a in container["args"]]
     done = subprocess.run(
         ["/bin/sh", str(conf / "entrypoint.sh"), *args],
@@ -541,6 +562,7 @@ def test_entrypoint_passes_sigterm_to_the_whole_tree_and_skips_finish(tmp_path: 
     for key in ("KILN_WORK_DIR", "KILN_OUTPUT_DIR", "KILN_CHECKPOINT_DIR", "KILN_METRICS_DIR", "KILN_RUN_DIR"):
         env[key] = str(tmp_path / key.lower())
     env |= {"KILN_TENSORBOARD_DIR": str(tmp_path / "tb"), "KILN_CONF_DIR": str(conf), "PATH": "/usr/bin:/bin"}
+    env["KILN_SYNC_TIMEOUT"] = "0"  # no sync sidecar here (test_podsync.py runs the pair)
     proc = subprocess.Popen(
         ["/bin/sh", str(conf / "entrypoint.sh"), *container["args"]],
         env=env,

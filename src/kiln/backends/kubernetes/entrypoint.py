@@ -14,7 +14,12 @@ Shipped in the attempt's ConfigMap as ``/etc/kiln/entrypoint.sh`` and run as
 3. passes SIGTERM (pod deletion, ``activeDeadlineSeconds``) on to the job's whole process tree (``kill 0``:
    the shell is PID 1, so its process group is the container's);
 4. for an MPI gang, members other than 0 run ``$KILN_MPI_DAEMON`` (e.g. sshd) instead of the command: the
-   launcher's ``mpirun`` starts the ranks on them.
+   launcher's ``mpirun`` starts the ranks on them;
+5. with ``$KILN_SYNC_TIMEOUT`` > 0 (a sync sidecar runs beside it: ``podsync.py``), writes
+   ``$KILN_RUN_DIR/ended-MEMBER`` once everything has run (or was stopped) and waits, at most that many seconds,
+   for the sidecar's ``$KILN_RUN_DIR/synced-MEMBER``, whose lines it copies to stderr (the job's log): only then
+   does it exit, with the command's exit code, so the outputs and last checkpoints are in the store by the time
+   the attempt ends.
 
 ``@STEPS@`` is replaced by the ``kiln_prepare`` and ``kiln_finish`` shell functions of the job.
 """
@@ -134,6 +139,25 @@ if [ "$stopped" = 0 ]; then
     if [ "$finish_code" != 0 ]; then
         echo "kiln: finish_command exited with $finish_code" >&2
         if [ "$code" = 0 ]; then code=$finish_code; fi
+    fi
+fi
+sync_timeout="${KILN_SYNC_TIMEOUT:-0}"
+if [ "$sync_timeout" -gt 0 ] 2>/dev/null; then
+    : > "$run_dir/ended-$member"
+    waited=0
+    while [ ! -f "$run_dir/synced-$member" ] && [ "$waited" -lt "$sync_timeout" ]; do
+        sleep 1
+        waited=$((waited + 1))
+    done
+    if [ -f "$run_dir/synced-$member" ]; then
+        while IFS= read -r line; do echo "kiln-sync: $line" >&2; done < "$run_dir/synced-$member"
+        read -r first < "$run_dir/synced-$member"
+        case "$first" in
+            error*) echo "kiln: uploading outputs and checkpoints to the store failed (kiln-sync lines above)" >&2 ;;
+        esac
+    else
+        echo "kiln: the sync sidecar did not report within ${sync_timeout}s: outputs and checkpoints may be" \
+            "missing from the store" >&2
     fi
 fi
 exit "$code"

@@ -1,6 +1,6 @@
-"""The init container's program: fetch an attempt's code bundle and staged datasets from the Kiln API.
+"""The init container's program: fetch an attempt's code bundle, staged datasets and the job's checkpoints.
 
-It is shipped to the pod as a file of the attempt's ConfigMap and run as ``python3 /etc/kiln/fetch.py`` in the
+It is shipped to the pod as a file of the attempt's ConfigMap and run as ``python3 /etc/kiln/podfetch.py`` in the
 init image (setting ``init_image``), so it uses the standard library only and never imports ``kiln``.
 Everything it needs comes from the environment:
 
@@ -11,6 +11,8 @@ KILN_JOB_ID              the job
 KILN_CODE_SHA256         the code bundle's digest; empty: the job has no code bundle
 KILN_WORK_DIR            where the bundle is unpacked
 KILN_INPUTS              JSON ``[{"dataset": "NAME@VERSION", "dir": "/kiln/inputs/0"}, ...]``
+KILN_CHECKPOINT_DIR      where the job's stored checkpoints are restored; unset: none are
+KILN_RUN_DIR             the pod's shared run directory: the sync state (:data:`SYNC_STATE`) is kept there
 =======================  =============================================================================
 
 The bundle comes from ``GET /api/v1/jobs/{id}/code`` (a gzipped tar); its SHA-256 must equal
@@ -18,8 +20,11 @@ The bundle comes from ``GET /api/v1/jobs/{id}/code`` (a gzipped tar); its SHA-25
 A dataset version's manifest comes from ``GET /api/v1/datasets/{name}/versions/{version}``, each file from
 ``.../files/{path}``; the server may answer a file with a redirect to a presigned store URL, which is followed
 *without* the bearer token (the store would refuse a second credential, and it must never see the token).
-Every file's size and SHA-256 are checked against the manifest. Any failure exits non-zero with one line on
-stderr, so the pod fails before the command runs.
+Every file's size and SHA-256 are checked against the manifest. The checkpoints a previous attempt left in the
+store (``GET /api/v1/jobs/{id}/checkpoints``, then each file, sizes checked) are restored into
+``KILN_CHECKPOINT_DIR``, so a restarted or preempted job resumes as on the local executor; they are recorded in
+the sync state, so the sync sidecar (``podsync.py``, which imports this file's helpers) does not send them back.
+Any failure exits non-zero with one line on stderr, so the pod fails before the command runs.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from typing import Any
 
 CHUNK = 1024 * 1024
 RETRIES = 5
+SYNC_STATE = "checkpoints.synced.json"  # {path: [size, mtime_ns]}: what the store holds of the checkpoint dir
 
 
 class _NoAuthOnRedirect(urllib.request.HTTPRedirectHandler):
@@ -55,6 +61,34 @@ def _opener() -> urllib.request.OpenerDirector:
 def _get(url: str, token: str) -> Any:
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     return _opener().open(request, timeout=60)
+
+
+def job_url(endpoint: str, job_id: str, *parts: str) -> str:
+    """``{endpoint}/api/v1/jobs/{job}/PART/...``, every part quoted (a path keeps its slashes)."""
+    return "/".join([f"{endpoint}/api/v1/jobs", urllib.parse.quote(job_id, safe=""), *map(urllib.parse.quote, parts)])
+
+
+def signature(path: str) -> list[int]:
+    """What tells a changed file: its size and modification time (ns)."""
+    st = os.stat(path, follow_symlinks=False)
+    return [st.st_size, st.st_mtime_ns]
+
+
+def load_state(run_dir: str) -> dict[str, list[int]]:
+    try:
+        with open(os.path.join(run_dir, SYNC_STATE), encoding="utf-8") as fh:
+            state = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def save_state(run_dir: str, state: dict[str, list[int]]) -> None:
+    """Written then renamed: a reader (or a restarted sidecar) never sees half of it."""
+    path = os.path.join(run_dir, SYNC_STATE)
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(state, fh)
+    os.replace(path + ".tmp", path)
 
 
 def _download(url: str, token: str, dest: str, sha256: str | None, size: int | None) -> None:
@@ -87,7 +121,7 @@ def fetch_code(endpoint: str, token: str, job_id: str, sha256: str, work_dir: st
     os.makedirs(work_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         bundle = os.path.join(tmp, "code.tar.gz")
-        _download(f"{endpoint}/api/v1/jobs/{urllib.parse.quote(job_id)}/code", token, bundle, sha256, None)
+        _download(job_url(endpoint, job_id, "code"), token, bundle, sha256, None)
         with tarfile.open(bundle, "r:gz") as archive:
             archive.extractall(work_dir, filter="data")
     # The job's container may run as another user than this one: the pod's scratch copy is everyone's.
@@ -101,7 +135,7 @@ def fetch_code(endpoint: str, token: str, job_id: str, sha256: str, work_dir: st
 def _inside(root: str, relative: str) -> str:
     target = os.path.realpath(os.path.join(root, relative))
     if os.path.isabs(relative) or not target.startswith(os.path.realpath(root) + os.sep):
-        raise SystemExit(f"kiln-fetch: refusing a dataset path outside its directory: {relative!r}")
+        raise SystemExit(f"kiln-fetch: refusing a path outside its directory: {relative!r}")
     return target
 
 
@@ -122,17 +156,41 @@ def fetch_dataset(endpoint: str, token: str, ref: str, dest: str) -> int:
     return total
 
 
+def restore_checkpoints(endpoint: str, token: str, job_id: str, dest: str, run_dir: str) -> tuple[int, int]:
+    """The job's stored checkpoints into ``dest`` (sizes checked), recorded as synced; (files, bytes)."""
+    with _get(job_url(endpoint, job_id, "checkpoints"), token) as response:
+        items = json.load(response).get("items", [])
+    state = load_state(run_dir)
+    total = 0
+    for item in items:
+        target = _inside(dest, item["path"])
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        _download(job_url(endpoint, job_id, "checkpoints", item["path"]), token, target, None, int(item["size"]))
+        state[item["path"]] = signature(target)
+        total += int(item["size"])
+    save_state(run_dir, state)
+    return len(items), total
+
+
 def main() -> int:
     env = os.environ
     endpoint = env.get("KILN_ENDPOINT", "").rstrip("/")
     token = env.get("KILN_JOB_TOKEN", "")
     sha256 = env.get("KILN_CODE_SHA256", "")
     inputs = json.loads(env.get("KILN_INPUTS") or "[]")
-    if (sha256 or inputs) and not (endpoint and token):
+    checkpoint_dir = env.get("KILN_CHECKPOINT_DIR", "")
+    if (sha256 or inputs or checkpoint_dir) and not (endpoint and token):
         print("kiln-fetch: KILN_ENDPOINT and KILN_JOB_TOKEN are needed to fetch code and data", file=sys.stderr)
         return 2
     work_dir = env.get("KILN_WORK_DIR", "/kiln/work")
     try:
+        if checkpoint_dir:
+            run_dir = env.get("KILN_RUN_DIR", "/kiln/run")
+            os.umask(0)  # what is restored stays writable by the job, whichever user its container runs as
+            os.makedirs(checkpoint_dir, exist_ok=True)
+            files, size = restore_checkpoints(endpoint, token, env["KILN_JOB_ID"], checkpoint_dir, run_dir)
+            if files:
+                print(f"kiln-fetch: {files} checkpoint files ({size} bytes) restored", flush=True)
         if sha256:
             fetch_code(endpoint, token, env["KILN_JOB_ID"], sha256, work_dir)
             print(f"kiln-fetch: code {sha256[:12]} unpacked into {work_dir}", flush=True)

@@ -12,8 +12,11 @@
   every local process with those DNS names as hosts, and delivered as env files in the attempt's ConfigMap: the
   entrypoint sources ``gang.env`` (values every process shares) and then ``ROLE-INDEX-LOCAL.env`` (values that
   differ), picking INDEX from ``$JOB_COMPLETION_INDEX``;
-- a Secret holds the job token; an init container (the ``init_image``) fetches the code bundle and the staged
-  datasets from the Kiln API with it (``podfetch.py``, shipped in the ConfigMap);
+- a Secret holds the job token; an init container (the ``init_image``) fetches the code bundle, the staged
+  datasets and the job's stored checkpoints from the Kiln API with it (``podfetch.py``, shipped in the
+  ConfigMap); a native sidecar (an init container with ``restartPolicy: Always``) uploads the checkpoints every
+  ``checkpoint_sync_seconds`` and, when the command has ended, the outputs (``podsync.py``), while the
+  entrypoint waits for it (at most ``upload_timeout`` seconds);
 - ``backoffLimit: 0`` (Kiln restarts whole gangs itself: ``max_restarts``), ``activeDeadlineSeconds`` = the
   spec's timeout, ``ttlSecondsAfterFinished`` from the settings, ``restartPolicy: Never``;
 - every object carries ``app.kubernetes.io/managed-by: kiln``, ``kiln.io/job``, ``kiln.io/org``,
@@ -151,7 +154,7 @@ class KubeConfig:
     """How Kiln renders jobs for one cluster (settings; see :class:`kiln.backends.kubernetes.settings`)."""
 
     namespace: str = "kiln"
-    init_image: str = "python:3.11-slim"  # runs podfetch.py: any image with python3
+    init_image: str = "python:3.11-slim"  # runs podfetch.py and podsync.py: any image with python3
     gpu_type_label: str = "nvidia.com/gpu.product"
     gpu_types: dict[str, str] = field(default_factory=dict)  # spec gpu_type → node label value; else as given
     tolerations: list[dict[str, Any]] = field(default_factory=list)
@@ -164,6 +167,8 @@ class KubeConfig:
     cluster_domain: str | None = None  # None: "<ns>.svc" (resolved through the pod's search path)
     kubernetes_version: str = "1.29"  # the cluster's; from 1.31 on, gangs use Job successPolicy
     termination_grace_seconds: int = 30
+    checkpoint_sync_seconds: float = 300.0  # the server's setting: how often pods upload changed checkpoints
+    upload_timeout: int = 600  # how long a pod's entrypoint waits for the outputs' upload when the command ends
     service_account: str | None = None  # for the job's pods; None: no API token is mounted
     # What MPI members other than 0 run: an sshd that the launcher's mpirun reaches (the image must have one).
     mpi_daemon: str = "ssh-keygen -A >/dev/null; mkdir -p /run/sshd && exec /usr/sbin/sshd -D -e"
@@ -175,6 +180,8 @@ class KubeConfig:
             raise ValueError(f"gang_scheduler {self.gang_scheduler!r} needs a queue")
         if not 1 <= self.rendezvous_port <= 65535:
             raise ValueError("rendezvous_port must be 1..65535")
+        if self.upload_timeout < 1 or self.checkpoint_sync_seconds < 0:
+            raise ValueError("upload_timeout must be >= 1 and checkpoint_sync_seconds >= 0")
         if not re.match(r"^\d+\.\d+", self.kubernetes_version):
             raise ValueError(f"kubernetes_version {self.kubernetes_version!r} is not MAJOR.MINOR")
 
@@ -353,7 +360,7 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
     finish = shlex.join(command_argv(spec.finish_command)) if spec.finish_command else None
     files: dict[str, str] = {
         "entrypoint.sh": entrypoint(prepare, finish),
-        "fetch.py": Path(__file__).with_name("podfetch.py").read_text(encoding="utf-8"),
+        **{name: Path(__file__).with_name(name).read_text(encoding="utf-8") for name in ("podfetch.py", "podsync.py")},
     }
     if dist is not None:
         shared, member_files, hostfile = gang_env(job, cfg)
@@ -442,6 +449,7 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
         "KILN_CONF_DIR": CONF_DIR,
         "KILN_ENDPOINT": endpoint,
         "KILN_WORKER_INDEX": "0",
+        "KILN_SYNC_TIMEOUT": str(cfg.upload_timeout),
         "KILN_NUM_WORKERS": str(dist.workers if dist else 1),
     }
     for item in spec.inputs:
@@ -470,7 +478,12 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
         {"name": "kiln-metrics", "mountPath": METRICS_DIR},
         {"name": "kiln-run", "mountPath": RUN_DIR},
     ]
-    init_mounts = [m for m in mounts if m["name"] in ("kiln-conf", "kiln-work", "kiln-run")]
+    init_mounts = [m for m in mounts if m["name"] in ("kiln-conf", "kiln-work", "kiln-checkpoints", "kiln-run")]
+    sync_mounts = [
+        {**m, "readOnly": True} if m["name"] in ("kiln-outputs", "kiln-checkpoints") else m
+        for m in mounts
+        if m["name"] in ("kiln-conf", "kiln-outputs", "kiln-checkpoints", "kiln-run")
+    ]
     fetch_inputs = []
     for i, item in enumerate(spec.inputs):
         volumes.append({"name": f"kiln-input-{i}", "emptyDir": {}})
@@ -481,27 +494,54 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
         volumes.append({"name": "kiln-shm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "kiln-shm", "mountPath": "/dev/shm"})
 
-    init_containers = []
-    if job.code_sha256 or spec.inputs:
-        init_containers.append(
-            {
-                "name": "kiln-fetch",
-                "image": cfg.init_image,
-                "command": ["python3", f"{CONF_DIR}/fetch.py"],
-                "env": [
-                    {"name": "KILN_ENDPOINT", "value": _k8s_escape(endpoint)},
-                    {"name": "KILN_JOB_TOKEN", "valueFrom": secret_ref},
-                    {"name": "KILN_JOB_ID", "value": _k8s_escape(job.job_id)},
-                    {"name": "KILN_CODE_SHA256", "value": job.code_sha256 or ""},
-                    {"name": "KILN_WORK_DIR", "value": WORK_DIR},
-                    {"name": "KILN_INPUTS", "value": _k8s_escape(json.dumps(fetch_inputs, separators=(",", ":")))},
-                    {"name": "TMPDIR", "value": RUN_DIR},
-                ],
-                "resources": {"requests": dict(compute), "limits": dict(compute)},
-                "volumeMounts": init_mounts,
-                "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True},
-            }
-        )
+    # Every pod restores the job's stored checkpoints (a restarted attempt resumes), so the fetcher always runs.
+    fetch_container = {
+        "name": "kiln-fetch",
+        "image": cfg.init_image,
+        "command": ["python3", f"{CONF_DIR}/podfetch.py"],
+        "env": [
+            {"name": "KILN_ENDPOINT", "value": _k8s_escape(endpoint)},
+            {"name": "KILN_JOB_TOKEN", "valueFrom": secret_ref},
+            {"name": "KILN_JOB_ID", "value": _k8s_escape(job.job_id)},
+            {"name": "KILN_CODE_SHA256", "value": job.code_sha256 or ""},
+            {"name": "KILN_WORK_DIR", "value": WORK_DIR},
+            {"name": "KILN_INPUTS", "value": _k8s_escape(json.dumps(fetch_inputs, separators=(",", ":")))},
+            {"name": "KILN_CHECKPOINT_DIR", "value": CHECKPOINT_DIR},
+            {"name": "KILN_RUN_DIR", "value": RUN_DIR},
+            {"name": "TMPDIR", "value": RUN_DIR},
+            {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+        ],
+        "resources": {"requests": dict(compute), "limits": dict(compute)},
+        "volumeMounts": init_mounts,
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True},
+    }
+
+    def sync_container(role: str) -> dict[str, Any]:
+        """The native sidecar (Kubernetes >= 1.29) that uploads checkpoints and outputs: see podsync.py."""
+        env = {
+            "KILN_ENDPOINT": _k8s_escape(endpoint),
+            "KILN_JOB_ID": _k8s_escape(job.job_id),
+            "KILN_ROLE": role,
+            "KILN_OUTPUT_DIR": OUTPUT_DIR,
+            "KILN_CHECKPOINT_DIR": CHECKPOINT_DIR,
+            "KILN_RUN_DIR": RUN_DIR,
+            "KILN_CHECKPOINT_SYNC_SECONDS": f"{cfg.checkpoint_sync_seconds:g}",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        return {
+            "name": "kiln-sync",
+            "image": cfg.init_image,
+            "restartPolicy": "Always",
+            "command": ["python3", f"{CONF_DIR}/podsync.py"],
+            "env": [
+                *({"name": k, "value": v} for k, v in env.items()),
+                {"name": "KILN_JOB_TOKEN", "valueFrom": secret_ref},
+            ],
+            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+            "volumeMounts": sync_mounts,
+            "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True},
+        }
 
     def pod_template(role: str, procs: int) -> dict[str, Any]:
         env = {**static_env, "KILN_ROLE": role, "KILN_PROCS": str(procs)}
@@ -529,8 +569,7 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
             "containers": [container],
             "volumes": volumes,
         }
-        if init_containers:
-            pod["initContainers"] = init_containers
+        pod["initContainers"] = [fetch_container, sync_container(role)]
         if cfg.service_account:
             pod["serviceAccountName"] = cfg.service_account
         else:

@@ -36,6 +36,9 @@ class KubernetesSettings(BaseSettings):
     kubernetes_version: str = Field("1.29", description="The cluster's version (successPolicy from 1.31).")
     termination_grace_seconds: int = Field(30, description="SIGTERM → SIGKILL grace of job pods.")
     service_account: str | None = Field(None, description="Service account of job pods; None: no API token.")
+    upload_timeout: int = Field(
+        600, ge=1, description="Seconds a pod waits, once its command ended, for its outputs to reach the store."
+    )
 
     # How the server reaches the API server: in-cluster (its service account) by default, else a kubeconfig, or
     # an explicit URL (and bearer token).
