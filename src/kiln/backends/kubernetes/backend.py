@@ -19,8 +19,11 @@
   (its last timestamp and how many lines carried it) is kept in a small state file, so a restarted controller
   resumes (``sinceSeconds`` and skipping what it already has) without duplicating lines; a crash may repeat at
   most the lines of the last ``LOG_STATE_EVERY`` seconds.
-- ``collect_outputs``/``sync_checkpoints`` copy nothing: a pod's ``$KILN_OUTPUT_DIR`` and checkpoints live in
-  emptyDirs; pods will upload them through the Kiln API (not built yet, see docs/kubernetes.md).
+- ``collect_outputs``/``sync_checkpoints`` copy nothing, and need not: a pod's ``$KILN_OUTPUT_DIR`` and
+  checkpoints live in emptyDirs the server cannot reach; the pod's ``kiln-sync`` sidecar (``podsync.py``)
+  uploads them through the Kiln API with the job token — checkpoints every ``checkpoint_sync_seconds``, outputs
+  and the last checkpoints before the job's container exits — and the init container restores the stored
+  checkpoints into the next attempt's pods (``podfetch.py``). See docs/kubernetes.md.
 - ``nodes``: the cluster's nodes (allocatable cpu, memory, ``nvidia.com/gpu``, labels), listed at most every
   ``node_refresh`` seconds.
 """
@@ -496,10 +499,11 @@ class KubernetesBackend(Backend):
         self._delete_jobs(attempt)
 
     def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
-        """Nothing to copy from here: outputs live in the pods' emptyDirs; pods will upload them through the API."""
+        """Nothing to copy: the pod's sync sidecar has uploaded its outputs through the API before it ended."""
         return 0, 0
 
     def sync_checkpoints(self, job_id: str, dest_prefix: str) -> tuple[int, int]:
+        """Nothing to copy: the pods' sync sidecars upload changed checkpoints themselves, on the same interval."""
         return 0, 0
 
     def cleanup(self, handle: dict[str, Any]) -> None:
