@@ -117,6 +117,7 @@ class _Attempt:
 
 class KubernetesBackend(Backend):
     name = "kubernetes"
+    extracts_log_metrics = False  # no shim in a pod: the server extracts metrics from the logs it streams in
 
     def __init__(
         self,
