@@ -116,9 +116,9 @@ def test_attempts_spool_apart_and_an_ended_job_is_read_to_its_end(world: Any) ->
     world.update(job, state=JobState.SUCCEEDED, finished_at=utcnow())
     ingester = MetricsIngester(world.db, MetricsStore(world.db), world.jobs_dir)
     marker = world.jobs_dir / job / "metrics" / MARKER
-    # The job has ended; its last line is not extracted yet: the marker keeps the ingester on it.
-    (world.jobs_dir / job / "metrics").mkdir(parents=True, exist_ok=True)
-    marker.touch()
+    # The job has ended; its last line is not extracted yet: the marker, there since the extractor's first pass
+    # over the job, keeps the ingester on it.
+    assert marker.exists()
     ingester.ingest_now()
     assert job in ingester._draining
     extractor.run_once()

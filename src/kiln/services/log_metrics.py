@@ -9,7 +9,7 @@ reads, so storage, queries and exactly-once ingestion are shared with every othe
 
 Where extraction stands is kept in ``metrics/logtail.json`` (attempt, byte offset), written after the points
 before it are spooled: a server that stops resumes there (a crash between the two repeats at most one pass's
-points). While an ended job's log is still being read, a ``draining-server`` marker keeps the ingester looking.
+points). Until an ended job's log is read to its end, a ``draining-server`` marker keeps the ingester looking.
 """
 
 from __future__ import annotations
@@ -212,8 +212,10 @@ class LogMetrics:
             return 0
         directory = self._directory(job_id)
         directory.mkdir(parents=True, exist_ok=True)
-        if ended:
-            (directory / MARKER).touch()
+        # The marker exists from the first pass over a job (and is touched on every pass, so that it never looks
+        # stale): when the job ends, the ingester must already see it, or it may forget the job before the last
+        # lines are extracted.
+        (directory / MARKER).touch()
         read = 0
         state.tail.job_attempt = attempt
         while read < PASS_BYTES:
