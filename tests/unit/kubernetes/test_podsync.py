@@ -82,7 +82,6 @@ def _entrypoint(tmp_path: Path, env: dict[str, str], command: str, timeout: int)
     run_env = {
         **env,
         "KILN_CONF_DIR": str(conf),
-        "KILN_METRICS_DIR": str(tmp_path / "m"),
         "KILN_TENSORBOARD_DIR": str(tmp_path / "m" / "tb"),
         "KILN_SYNC_TIMEOUT": str(timeout),
     }
@@ -259,3 +258,36 @@ def test_checkpoint_routes_rules(make_server, tmp_path: Path) -> None:  # type: 
     assert late.status_code == 409, late.text
     assert _listing(api, job_b, "checkpoints") == {}
     api.ok("POST", f"/jobs/{job_a}/cancel")
+
+
+SDK_JOB = (
+    "import kiln; print('kiln from', kiln.__file__); "
+    "kiln.log({'loss': 0.5}, step=1); kiln.log({'loss': 0.25, 'acc': 0.75}, step=2)"
+)
+
+
+def test_import_kiln_in_a_pod_posts_metrics_with_the_job_token(make_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A pod's Python without Kiln gets the one-module SDK from the ConfigMap; its points reach the server with
+    the job token (no spool directory in a pod). A Python that has a kiln package of its own keeps it."""
+    server: KilnServer = make_server()
+    api = Api.admin(server)
+    job_id, token = _holder(api, tmp_path, "holder")
+    pod = tmp_path / "pod"
+    pod.mkdir()
+    env = _pod_env(pod, server.url, job_id, token)
+    done = _entrypoint(pod, env, f'python3 -c "{SDK_JOB}"', timeout=0)
+    assert done.returncode == 0, done.stderr
+    assert f"kiln from {pod / 'run' / 'pylib' / 'kiln' / '__init__.py'}" in done.stdout.decode(), done.stdout
+    _wait(
+        lambda: (
+            {s["name"]: s["count"] for s in api.ok("GET", f"/jobs/{job_id}/metrics/summary")["series"]}
+            == {"loss": 2, "acc": 1}
+        ),
+        what="the pod's SDK points",
+    )
+    # An image whose Python has Kiln installed: its own package is used, not shadowed.
+    venv_bin = str(Path(sys.executable).parent)
+    done = _entrypoint(pod, {**env, "PATH": f"{venv_bin}:/usr/bin:/bin"}, f'python3 -c "{SDK_JOB}"', timeout=0)
+    assert done.returncode == 0, done.stderr
+    assert "kiln from " + str(Path(podsync.__file__).parents[2] / "__init__.py") in done.stdout.decode()
+    api.ok("POST", f"/jobs/{job_id}/cancel")

@@ -197,13 +197,15 @@ def test_single_job() -> None:
         "KILN_OUTPUT_DIR",
         "KILN_CHECKPOINT_DIR",
         "KILN_NOTICE_FILE",
-        "KILN_METRICS_DIR",
         "KILN_TENSORBOARD_DIR",
         "KILN_NUM_CPUS",
         "KILN_NUM_GPUS",
         "KILN_ENDPOINT",
     ):
         assert key in env
+    # No KILN_METRICS_DIR: nothing in a pod reads spool files, so `kiln.log` must post with the job token instead.
+    assert "KILN_METRICS_DIR" not in env
+    assert "kiln_sdk.py" in files_of(objects)
     assert (env["KILN_JOB_ID"], env["KILN_NUM_CPUS"], env["KILN_NUM_GPUS"]) == (JOB, "2", "0")
     assert (env["KILN_WORKER_INDEX"], env["KILN_NUM_WORKERS"]) == ("0", "1")
     init, sync = pod["initContainers"]
@@ -418,7 +420,7 @@ def test_per_index_env_files_spill_into_more_configmaps() -> None:
         assert sum(len(k) + len(v.encode()) for k, v in cm["data"].items()) < 1024**2
     projected = objects[-1]["spec"]["template"]["spec"]["volumes"][0]["projected"]["sources"]
     assert [s["configMap"]["name"] for s in projected] == [cm["metadata"]["name"] for cm in maps]
-    assert len(files_of(objects)) == 3 + 1 + 220  # scripts, gang.env, one file per member
+    assert len(files_of(objects)) == 4 + 1 + 220  # scripts and the SDK, gang.env, one file per member
     validate_strict(objects, NEWEST)
 
 
@@ -492,7 +494,6 @@ def test_entrypoint_runs_prepare_command_finish_and_per_process_env(tmp_path: An
     env = {k: v.replace("$$", "$") for k, v in env_of(container).items() if isinstance(v, str)}
     dirs = {k: str(tmp_path / k.lower()) for k in ("KILN_WORK_DIR", "KILN_OUTPUT_DIR", "KILN_CHECKPOINT_DIR")}
     env |= dirs | {
-        "KILN_METRICS_DIR": str(tmp_path / "m"),
         "KILN_TENSORBOARD_DIR": str(tmp_path / "m/tb"),
         "KILN_RUN_DIR": str(tmp_path / "run"),
         "KILN_CONF_DIR": str(conf),
@@ -531,7 +532,7 @@ def test_entrypoint_failure_stops_the_other_processes_and_runs_finish(tmp_path: 
         (conf / name).write_text(text)
     container = of_kind(objects, "Job")[0]["spec"]["template"]["spec"]["containers"][0]
     env = {k: v.replace("$$", "$") for k, v in env_of(container).items() if isinstance(v, str)}
-    for key in ("KILN_WORK_DIR", "KILN_OUTPUT_DIR", "KILN_CHECKPOINT_DIR", "KILN_METRICS_DIR", "KILN_RUN_DIR"):
+    for key in ("KILN_WORK_DIR", "KILN_OUTPUT_DIR", "KILN_CHECKPOINT_DIR", "KILN_RUN_DIR"):
         env[key] = str(tmp_path / key.lower())
     env |= {"KILN_TENSORBOARD_DIR": str(tmp_path / "tb"), "KILN_CONF_DIR": str(conf), "PATH": "/usr/bin:/bin"}
     env["KILN_SYNC_TIMEOUT"] = "0"  # no sync sidecar here (test_podsync.py runs the pair)
@@ -559,7 +560,7 @@ def test_entrypoint_passes_sigterm_to_the_whole_tree_and_skips_finish(tmp_path: 
         (conf / name).write_text(text)
     container = of_kind(objects, "Job")[0]["spec"]["template"]["spec"]["containers"][0]
     env = {k: v.replace("$$", "$") for k, v in env_of(container).items() if isinstance(v, str)}
-    for key in ("KILN_WORK_DIR", "KILN_OUTPUT_DIR", "KILN_CHECKPOINT_DIR", "KILN_METRICS_DIR", "KILN_RUN_DIR"):
+    for key in ("KILN_WORK_DIR", "KILN_OUTPUT_DIR", "KILN_CHECKPOINT_DIR", "KILN_RUN_DIR"):
         env[key] = str(tmp_path / key.lower())
     env |= {"KILN_TENSORBOARD_DIR": str(tmp_path / "tb"), "KILN_CONF_DIR": str(conf), "PATH": "/usr/bin:/bin"}
     env["KILN_SYNC_TIMEOUT"] = "0"  # no sync sidecar here (test_podsync.py runs the pair)

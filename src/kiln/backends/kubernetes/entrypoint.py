@@ -107,8 +107,7 @@ command_step() {
 
 @STEPS@
 
-mkdir -p "$KILN_WORK_DIR" "$KILN_OUTPUT_DIR" "$KILN_CHECKPOINT_DIR" "$KILN_METRICS_DIR" \
-    "$KILN_TENSORBOARD_DIR" "$run_dir" 2>/dev/null
+mkdir -p "$KILN_WORK_DIR" "$KILN_OUTPUT_DIR" "$KILN_CHECKPOINT_DIR" "$KILN_TENSORBOARD_DIR" "$run_dir" 2>/dev/null
 load "$conf/gang.env"
 if [ -f "$conf/ssh/id_ed25519" ]; then  # an MPI gang: mpirun reaches the other members over ssh
     ssh_dir="${HOME:-/root}/.ssh"
@@ -118,6 +117,17 @@ if [ -f "$conf/ssh/id_ed25519" ]; then  # an MPI gang: mpirun reaches the other 
     printf 'Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n' \
         > "$ssh_dir/config"
 fi
+# `import kiln; kiln.log(...)` works in the pod as on the local executor: unless the image's Python has a kiln
+# package of its own, a one-module `kiln` (Kiln's metrics SDK, standard library only) goes on PYTHONPATH.
+for py in python3 python; do
+    if command -v "$py" >/dev/null 2>&1; then
+        if ! "$py" -c "import kiln" >/dev/null 2>&1 && [ -f "$conf/kiln_sdk.py" ] &&
+            mkdir -p "$run_dir/pylib/kiln" && cp "$conf/kiln_sdk.py" "$run_dir/pylib/kiln/__init__.py"; then
+            export PYTHONPATH="$run_dir/pylib${PYTHONPATH:+:$PYTHONPATH}"
+        fi
+        break
+    fi
+done
 cd "$KILN_WORK_DIR" || exit 1
 if [ -n "${KILN_MPI_DAEMON:-}" ] && [ "$index" != 0 ]; then
     set -- /bin/sh -c "$KILN_MPI_DAEMON"

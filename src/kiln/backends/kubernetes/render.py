@@ -361,6 +361,8 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
     files: dict[str, str] = {
         "entrypoint.sh": entrypoint(prepare, finish),
         **{name: Path(__file__).with_name(name).read_text(encoding="utf-8") for name in ("podfetch.py", "podsync.py")},
+        # The metrics SDK (standard library only), which the entrypoint makes importable as `kiln`.
+        "kiln_sdk.py": (Path(__file__).parents[2] / "runtime" / "metrics_sdk.py").read_text(encoding="utf-8"),
     }
     if dist is not None:
         shared, member_files, hostfile = gang_env(job, cfg)
@@ -443,7 +445,6 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
         "KILN_NUM_CPUS": f"{res.cpus:g}",
         "KILN_NUM_GPUS": str(res.gpus),
         "KILN_NOTICE_FILE": f"{RUN_DIR}/notice.json",
-        "KILN_METRICS_DIR": METRICS_DIR,
         "KILN_TENSORBOARD_DIR": f"{METRICS_DIR}/tensorboard",
         "KILN_RUN_DIR": RUN_DIR,
         "KILN_CONF_DIR": CONF_DIR,
