@@ -16,9 +16,18 @@ def test_shape() -> None:
     assert len(value) == len("job-") + 16
 
 
-def test_ids_are_unique() -> None:
-    ids = {new_id("job") for _ in range(2000)}
-    assert len(ids) == 2000
+def test_ids_are_unique_and_ordered_within_a_process() -> None:
+    made = [new_id("job") for _ in range(20000)]  # many per millisecond
+    assert len(set(made)) == len(made)
+    assert made == sorted(made)
+
+
+def test_ids_from_threads_never_collide() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        made = [i for chunk in pool.map(lambda _: [new_id("job") for _ in range(2000)], range(8)) for i in chunk]
+    assert len(set(made)) == len(made)
 
 
 def test_ids_sort_by_creation_time() -> None:
