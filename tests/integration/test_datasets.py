@@ -223,7 +223,7 @@ def test_the_server_checks_parts_sent_straight_to_s3(
     target = url.json()
     assert "Authorization" not in target["headers"] and "X-Kiln" not in str(target["headers"])
     assert set(target["headers"]) == {"Content-MD5", "x-amz-checksum-sha256"}
-    corrupt = b"\0" + data[1:]
+    corrupt = bytes([data[0] ^ 0xFF]) + data[1:]  # always differs (a zero byte would not, once in 256 runs)
     httpx.put(target["url"], content=corrupt, headers=target["headers"])  # real S3 refuses it outright
     with pytest.raises(DigestMismatch, match="part 1"):
         client.request("POST", f"/uploads/{session['id']}/complete")
@@ -277,7 +277,7 @@ def test_presigned_urls_for_many_parts_at_once_and_the_part_size_a_client_asks_f
         assert "Authorization" not in u["headers"] and "X-Kiln" not in str(u["headers"])
     # Part 2 goes corrupt: the server refuses to assemble, names it; sent again correctly, the blob completes.
     for n, chunk in enumerate(chunks, 1):
-        body = b"\0" + chunk[1:] if n == 2 else chunk
+        body = bytes([chunk[0] ^ 0xFF]) + chunk[1:] if n == 2 else chunk
         httpx.put(by_number[n]["url"], content=body, headers=by_number[n]["headers"])
     with pytest.raises(DigestMismatch, match="part 2"):
         client.request("POST", f"/uploads/{session['id']}/complete")
