@@ -14,29 +14,28 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from kiln.db import migrate
-from kiln.db.models import Job, Organization, User
-from kiln.db.session import Database
-from kiln.domain.states import JobState
-from kiln.services.identity import Principal
-from kiln.services.metrics import MetricsService, SeriesQuery
-from kiln.services.metrics_ingest import MetricsIngester, MetricsStore
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.helpers import seed_jobs  # noqa: E402
+
+from kiln.db import migrate  # noqa: E402
+from kiln.db.models import Job  # noqa: E402
+from kiln.db.session import Database  # noqa: E402
+from kiln.services.identity import Principal  # noqa: E402
+from kiln.services.metrics import MetricsService, SeriesQuery  # noqa: E402
+from kiln.services.metrics_ingest import MetricsIngester, MetricsStore  # noqa: E402
 
 
 def setup(url: str, jobs: list[str]) -> Database:
     db = Database(url)
     migrate.upgrade(db.engine)
-    with db.transaction() as s:
-        s.add(Organization(id="org-b", name="bench"))
-        s.flush()
-        s.add(User(id="usr-b", org_id="org-b", name="bench"))
-        s.flush()
-        for job_id in jobs:
-            s.add(Job(id=job_id, org_id="org-b", user_id="usr-b", name="b", spec={}, state=JobState.RUNNING))
+    seed_jobs(db, "org-b", "usr-b", {job_id: {} for job_id in jobs})
     return db
 
 

@@ -6,7 +6,10 @@ import sys
 import time
 from typing import Any
 
+from kiln.db.models import Job, Organization, User
+from kiln.db.session import Database
 from kiln.domain.schemas import JobRead
+from kiln.domain.states import JobState
 from kiln.sdk.client import Client
 
 
@@ -43,3 +46,22 @@ def log_text(client: Client, job_id: str) -> list[str]:
 
 def transitions(client: Client, job_id: str) -> list[tuple[str | None, str | None]]:
     return [(e.from_state, e.to_state) for e in client.events(job_id) if e.to_state is not None]
+
+
+def seed_jobs(db: Database, org_id: str, user_id: str, jobs: dict[str, dict[str, Any]]) -> None:
+    """An organisation with one user and job rows, straight into the database (tests of the parts below the API):
+    ``jobs`` maps each job id to its fields (default: running, empty spec)."""
+    with db.transaction() as s:
+        s.add(Organization(id=org_id, name=org_id))
+        s.flush()
+        s.add(User(id=user_id, org_id=org_id, name=user_id))
+        s.flush()
+        for job_id, fields in jobs.items():
+            s.add(
+                Job(
+                    **{"name": job_id, "spec": {}, "state": JobState.RUNNING, **fields},
+                    id=job_id,
+                    org_id=org_id,
+                    user_id=user_id,
+                )
+            )

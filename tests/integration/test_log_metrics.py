@@ -11,27 +11,24 @@ from typing import Any
 import pytest
 
 from kiln.db import migrate
-from kiln.db.models import Job, Organization, User, utcnow
+from kiln.db.models import Job, utcnow
 from kiln.db.session import Database
 from kiln.domain.states import JobState
 from kiln.services.log_metrics import MARKER, LogMetrics
 from kiln.services.metrics_ingest import MetricsIngester, MetricsStore
 from kiln.storage.logs import LogStore
+from tests.helpers import seed_jobs
 
 
 @pytest.fixture
 def world(database_url: str, tmp_path: Path) -> Any:
     db = Database(database_url)
     migrate.upgrade(db.engine)
-    with db.transaction() as s:
-        s.add(Organization(id="org-l", name="l"))
-        s.flush()
-        s.add(User(id="usr-l", org_id="org-l", name="l"))
+    seed_jobs(db, "org-l", "usr-l", {})
     logs = LogStore(tmp_path / "logs")
     jobs_dir = tmp_path / "jobs"
 
     def job(job_id: str, metrics: dict[str, Any] | None = None, backend: str = "kubernetes") -> str:
-        spec = {"command": ["x"], "metrics": metrics or {}}
         with db.transaction() as s:
             s.add(
                 Job(
@@ -39,7 +36,7 @@ def world(database_url: str, tmp_path: Path) -> Any:
                     org_id="org-l",
                     user_id="usr-l",
                     name=job_id,
-                    spec=spec,
+                    spec={"command": ["x"], "metrics": metrics or {}},
                     state=JobState.RUNNING,
                     attempt=1,
                     backend=backend,

@@ -17,6 +17,7 @@ from kiln.db import migrate
 from kiln.db.session import Database
 from kiln.errors import NotFound
 from kiln.sdk.client import Client
+from tests.helpers import seed_jobs
 from tests.tenancy_helpers import job_spec
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(300)"]
@@ -217,19 +218,12 @@ def test_series_totals_and_chunk_summaries_equal_a_brute_force_scan(database_url
     every chunk summary and every series' totals are what a point-by-point scan of the stored points gives."""
     import random
 
-    from kiln.db.models import Job, Organization, User
-    from kiln.domain.states import JobState
     from kiln.services.metrics_ingest import MetricsStore, parse_lines
 
     db = Database(database_url)
     try:
         migrate.upgrade(db.engine)
-        with db.transaction() as s:
-            s.add(Organization(id="org-p", name="p"))
-            s.flush()
-            s.add(User(id="usr-p", org_id="org-p", name="p"))
-            s.flush()
-            s.add(Job(id="job-p", org_id="org-p", user_id="usr-p", name="p", spec={}, state=JobState.RUNNING))
+        seed_jobs(db, "org-p", "usr-p", {"job-p": {}})
         store = MetricsStore(db)
         rnd = random.Random(7)
         step = 0
@@ -283,30 +277,15 @@ def test_series_totals_and_chunk_summaries_equal_a_brute_force_scan(database_url
 def test_a_draining_marker_keeps_an_ended_job_read(database_url: str, tmp_path: Path) -> None:
     """A shim still extracting a flooded log after its exit record leaves ``draining-*``: the ingester goes on
     reading the ended job's spool files until the marker goes, and only then forgets the job."""
-    from kiln.db.models import Job, Organization, User, utcnow
+    from kiln.db.models import utcnow
     from kiln.domain.states import JobState
     from kiln.services.metrics_ingest import MetricsIngester, MetricsStore
 
     db = Database(database_url)
     try:
         migrate.upgrade(db.engine)
-        with db.transaction() as s:
-            s.add(Organization(id="org-d", name="d"))
-            s.flush()
-            s.add(User(id="usr-d", org_id="org-d", name="d"))
-            s.flush()
-            for job_id in ("job-marked", "job-plain"):
-                s.add(
-                    Job(
-                        id=job_id,
-                        org_id="org-d",
-                        user_id="usr-d",
-                        name=job_id,
-                        spec={},
-                        state=JobState.SUCCEEDED,
-                        finished_at=utcnow(),
-                    )
-                )
+        ended = {"state": JobState.SUCCEEDED, "finished_at": utcnow()}
+        seed_jobs(db, "org-d", "usr-d", {"job-marked": ended, "job-plain": ended})
         ingester = MetricsIngester(db, MetricsStore(db), tmp_path)
         files = {}
         for job_id in ("job-marked", "job-plain"):
