@@ -22,34 +22,58 @@
 - every object carries ``app.kubernetes.io/managed-by: kiln``, ``kiln.io/job``, ``kiln.io/org``,
   ``kiln.io/attempt`` and ``kiln.io/role``; with ``owner_uid`` (the main Job's uid, known once it is created)
   every other object gets an ownerReference to the main Job, so deleting that Job (or its TTL) removes all;
-  without it, :func:`cleanup_selector` selects everything of the attempt.
+  without it, :func:`~kiln.backends.kubernetes.names.cleanup_selector` selects everything of the attempt.
 
 Names are deterministic: ``kiln-<job id>-a<attempt>``, cleaned into a DNS-1123 label and, when anything had
-to change or it is too long, suffixed with a hash of the original (:func:`dns_label`).
+to change or it is too long, suffixed with a hash of the original (:func:`~kiln.backends.kubernetes.names.dns_label`).
+
+Besides this module: ``names.py`` (names, labels, pod paths), ``inputs.py`` (:class:`KubeConfig`,
+:class:`RenderInput`) and ``gang.py`` (a gang's env files, hostfile and SSH keys).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import re
 import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from kiln.backends.kubernetes.entrypoint import entrypoint
-from kiln.domain.distributed import Member, gang_members, hostfile_text, member_env
+from kiln.backends.kubernetes.gang import (
+    SSH_KEY_PLACEHOLDER,
+    env_file,
+    gang_env,
+    launcher_gang,
+    new_ssh_keypair,  # noqa: F401  (moved for size; still importable from here)
+    ssh_items,
+)
+from kiln.backends.kubernetes.inputs import KubeConfig, RenderInput, resolve_image
+from kiln.backends.kubernetes.names import (
+    CHECKPOINT_DIR,
+    CONF_DIR,
+    INPUTS_STAGING,
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    LABEL_ORG,
+    LABEL_ROLE,
+    MANAGED_BY,
+    METRICS_DIR,
+    OUTPUT_DIR,
+    RUN_DIR,
+    USER_LABEL_PREFIX,
+    WORK_DIR,
+    base_name,
+    check_selector,
+    cleanup_selector,  # noqa: F401  (moved for size; still importable from here)
+    dns_label,  # noqa: F401
+    label_value,
+    main_job_name,
+    user_labels,
+)
 from kiln.domain.spec import JobSpec, command_argv, input_env_name
 from kiln.errors import InvalidInput
 
-MANAGED_BY = "app.kubernetes.io/managed-by"
-LABEL_JOB = "kiln.io/job"
-LABEL_ORG = "kiln.io/org"
-LABEL_ATTEMPT = "kiln.io/attempt"
-LABEL_ROLE = "kiln.io/role"
-USER_LABEL_PREFIX = "label.kiln.io/"
 ANNOTATION_LABELS = "kiln.io/labels"  # the user's labels as given (JSON), when any had to be renamed
 ANNOTATION_SUCCESS_INDEX = "kiln.io/success-index"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -57,172 +81,9 @@ VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
 GPU_RESOURCE = "nvidia.com/gpu"
 TOKEN_PLACEHOLDER = "REPLACE-WITH-THE-JOB-TOKEN"
-SSH_KEY_PLACEHOLDER = "REPLACE-WITH-AN-SSH-KEY"
 
-CONF_DIR = "/etc/kiln"
-WORK_DIR = "/kiln/work"
-OUTPUT_DIR = "/kiln/outputs"
-CHECKPOINT_DIR = "/kiln/checkpoints"
-METRICS_DIR = "/kiln/metrics"
-RUN_DIR = "/kiln/run"
-INPUTS_STAGING = "/kiln/inputs"
-HOSTFILE = f"{CONF_DIR}/hostfile"
-SSH_DIR = f"{CONF_DIR}/ssh"
-
-MAX_BASE = 44  # "<base>-worker-255" (a pod's hostname) and "<base>-env-99" stay within 63
 CONFIGMAP_BYTES = 900_000  # one ConfigMap holds at most 1 MiB; the env files spill into more
-_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _MIN_SUCCESS_POLICY = (1, 31)  # Job successPolicy: beta and on by default from Kubernetes 1.31
-
-GangScheduler = Literal["kueue", "volcano"]
-
-
-# -- names -----------------------------------------------------------------------------------------------
-
-
-def _digest(text: str, n: int = 8) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:n]
-
-
-def dns_label(text: str, max_len: int = 63) -> str:
-    """``text`` as an RFC 1035 label (lowercase letters, digits, ``-``; starts with a letter; ``max_len``):
-    unchanged when it already is one, else cleaned and suffixed with ``-`` + 8 hex digits of its SHA-256,
-    so two different inputs never collide by cleaning and the same input always gives the same name."""
-    if len(text) <= max_len and _DNS_LABEL.match(text):
-        return text
-    clean = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", text.lower())).strip("-")
-    if not clean or not clean[0].isalpha():
-        clean = "k-" + clean
-    clean = clean[: max_len - 9].rstrip("-")
-    return f"{clean}-{_digest(text)}"
-
-
-def label_value(text: str) -> str:
-    """``text`` as a label value (≤ 63, alphanumerics and ``-_.``, alphanumeric at both ends): unchanged when
-    valid, else cleaned, cut and suffixed with a hash of the original."""
-    if len(text) <= 63 and _LABEL_VALUE.match(text):
-        return text
-    clean = re.sub(r"[^A-Za-z0-9_.-]", "-", text)
-    clean = re.sub(r"^[^A-Za-z0-9]+", "", clean)[:54]
-    clean = re.sub(r"[^A-Za-z0-9]+$", "", clean)
-    return f"{clean}-{_digest(text)}" if clean else f"h-{_digest(text)}"
-
-
-def user_labels(labels: dict[str, str]) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
-    """The job's own labels as Kubernetes labels, all under ``label.kiln.io/`` (never clashing with Kiln's
-    or anyone's), and the mapping ``{original key: (label key, label value)}``. A key or value that is not a
-    valid label name/value is renamed deterministically (:func:`label_value`)."""
-    out: dict[str, str] = {}
-    mapping: dict[str, tuple[str, str]] = {}
-    for key in sorted(labels):
-        name = key if len(key) <= 63 and _LABEL_NAME.match(key) else label_value(key.replace("/", "_"))
-        if not _LABEL_NAME.match(name):
-            name = f"h-{_digest(key)}"
-        pair = (USER_LABEL_PREFIX + name, label_value(labels[key]))
-        out[pair[0]] = pair[1]
-        mapping[key] = pair
-    return out, mapping
-
-
-def base_name(job_id: str, attempt: int) -> str:
-    """The name every object of the attempt starts with: ``kiln-<job id>-a<attempt>``."""
-    return dns_label(f"kiln-{job_id}-a{attempt}", MAX_BASE)
-
-
-def main_job_name(job_id: str, attempt: int, distributed: bool) -> str:
-    """The Job that owns everything else of the attempt (the workers' Job of a gang)."""
-    base = base_name(job_id, attempt)
-    return f"{base}-worker" if distributed else base
-
-
-def cleanup_selector(job_id: str, attempt: int | None = None) -> str:
-    """A label selector of every object Kiln created for the job (or one attempt of it)."""
-    parts = [f"{MANAGED_BY}=kiln", f"{LABEL_JOB}={label_value(job_id)}"]
-    if attempt is not None:
-        parts.append(f"{LABEL_ATTEMPT}={attempt}")
-    return ",".join(parts)
-
-
-# -- inputs ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class KubeConfig:
-    """How Kiln renders jobs for one cluster (settings; see :class:`kiln.backends.kubernetes.settings`)."""
-
-    namespace: str = "kiln"
-    init_image: str = "python:3.11-slim"  # runs podfetch.py and podsync.py: any image with python3
-    gpu_type_label: str = "nvidia.com/gpu.product"
-    gpu_types: dict[str, str] = field(default_factory=dict)  # spec gpu_type → node label value; else as given
-    tolerations: list[dict[str, Any]] = field(default_factory=list)
-    image_pull_secrets: list[str] = field(default_factory=list)
-    ttl_seconds_after_finished: int | None = 3600
-    gang_scheduler: GangScheduler | None = None
-    queue: str | None = None  # Kueue LocalQueue or Volcano Queue; required with gang_scheduler
-    priority_classes: dict[str, str] = field(default_factory=dict)  # low/normal/high → PriorityClass
-    rendezvous_port: int = 29500  # every member's port (MASTER_PORT, TF server, JAX coordinator)
-    cluster_domain: str | None = None  # None: "<ns>.svc" (resolved through the pod's search path)
-    kubernetes_version: str = "1.29"  # the cluster's; from 1.31 on, gangs use Job successPolicy
-    termination_grace_seconds: int = 30
-    checkpoint_sync_seconds: float = 300.0  # the server's setting: how often pods upload changed checkpoints
-    upload_timeout: int = 600  # how long a pod's entrypoint waits for the outputs' upload when the command ends
-    service_account: str | None = None  # for the job's pods; None: no API token is mounted
-    # What MPI members other than 0 run: an sshd that the launcher's mpirun reaches (the image must have one).
-    mpi_daemon: str = "ssh-keygen -A >/dev/null; mkdir -p /run/sshd && exec /usr/sbin/sshd -D -e"
-
-    def __post_init__(self) -> None:
-        if not _DNS_LABEL.match(self.namespace) or len(self.namespace) > 63:
-            raise ValueError(f"namespace {self.namespace!r} is not a valid Kubernetes namespace name")
-        if self.gang_scheduler is not None and not self.queue:
-            raise ValueError(f"gang_scheduler {self.gang_scheduler!r} needs a queue")
-        if not 1 <= self.rendezvous_port <= 65535:
-            raise ValueError("rendezvous_port must be 1..65535")
-        if self.upload_timeout < 1 or self.checkpoint_sync_seconds < 0:
-            raise ValueError("upload_timeout must be >= 1 and checkpoint_sync_seconds >= 0")
-        if not re.match(r"^\d+\.\d+", self.kubernetes_version):
-            raise ValueError(f"kubernetes_version {self.kubernetes_version!r} is not MAJOR.MINOR")
-
-    @property
-    def version(self) -> tuple[int, int]:
-        major, minor = self.kubernetes_version.split(".")[:2]
-        return int(major), int(re.sub(r"\D.*", "", minor) or 0)
-
-
-@dataclass
-class RenderInput:
-    """One attempt of one job, as the controller (or the CLI) knows it."""
-
-    job_id: str
-    org_id: str
-    attempt: int
-    spec: JobSpec
-    image: str | None = None  # resolved from the runtime catalog; None: spec.runtime.image
-    code_sha256: str | None = None  # None: the job has no code bundle
-    endpoint: str = "http://kiln:8080"  # the Kiln API as pods reach it
-    token: str | None = None  # the job token; None: a placeholder
-    ssh_private_key: str | None = None  # MPI only: the gang's key pair (OpenSSH format)
-    ssh_public_key: str | None = None
-    owner_uid: str | None = None  # the main Job's uid, once created: ownerReferences on everything else
-
-
-def resolve_image(spec: JobSpec, catalog: Any) -> str:
-    """The container image of a spec: its own ``runtime.image``, or the catalog entry's image.
-    ``runtime.python`` (an interpreter on the host) can never run on Kubernetes."""
-    runtime = spec.runtime
-    if runtime.python:
-        raise InvalidInput(
-            f"runtime.python ({runtime.python}) names an interpreter on the host, which does not exist on "
-            "Kubernetes: give runtime.image (your own image) or runtime.framework (a catalog image)"
-        )
-    if runtime.image:
-        return runtime.image
-    entry = catalog.resolve(runtime.framework or "python", runtime.version)
-    if not entry.image:
-        raise InvalidInput(f"runtime {runtime.label}: the catalog entry has no image for container backends")
-    return str(entry.image)
 
 
 # -- rendering ---------------------------------------------------------------------------------------------
@@ -238,18 +99,6 @@ def _k8s_escape(text: str) -> str:
     return text.replace("$", "$$")
 
 
-def _env_file(values: dict[str, str]) -> str:
-    return "".join(f"export {key}={shlex.quote(value)}\n" for key, value in sorted(values.items()))
-
-
-def _check_selector(key: str, value: str, what: str) -> None:
-    prefix, _, name = key.rpartition("/")
-    ok = bool(_LABEL_NAME.match(name)) and len(name) <= 63
-    ok = ok and (not prefix or (len(prefix) <= 253 and bool(_DNS_SUBDOMAIN.match(prefix))))
-    if not ok or not (len(value) <= 63 and _LABEL_VALUE.match(value)):
-        raise InvalidInput(f"{what}: {key}={value!r} is not a valid Kubernetes label selector")
-
-
 def _node_selector(spec: JobSpec, cfg: KubeConfig) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in spec.node_selector.items():
@@ -258,42 +107,14 @@ def _node_selector(spec: JobSpec, cfg: KubeConfig) -> dict[str, str]:
                 raise InvalidInput(f"node_selector: kiln.io/backend={value} can never match on Kubernetes")
             continue
         key = "kubernetes.io/hostname" if key == "kiln.io/hostname" else key
-        _check_selector(key, value, "node_selector")
+        check_selector(key, value, "node_selector")
         out[key] = value
     gpu_type = spec.resources.gpu_type
     if gpu_type:
         value = cfg.gpu_types.get(gpu_type, gpu_type)
-        _check_selector(cfg.gpu_type_label, value, "resources.gpu_type")
+        check_selector(cfg.gpu_type_label, value, "resources.gpu_type")
         out[cfg.gpu_type_label] = value
     return out
-
-
-def _member_host(base: str, role: str, index: int, cfg: KubeConfig) -> str:
-    suffix = f"svc.{cfg.cluster_domain}" if cfg.cluster_domain else "svc"
-    return f"{base}-{role}-{index}.{base}.{cfg.namespace}.{suffix}"
-
-
-def gang_env(job: RenderInput, cfg: KubeConfig) -> tuple[dict[str, str], dict[str, dict[str, str]], str | None]:
-    """The distributed env of every process of the gang, split as the pods receive it: ``(shared, files,
-    hostfile)`` with ``shared`` the values every process has, ``files`` ``{"ROLE-INDEX-LOCAL.env" values:
-    only what differs}``, and the MPI hostfile text (or None)."""
-    dist = job.spec.distributed
-    assert dist is not None
-    base = base_name(job.job_id, job.attempt)
-    members = [
-        Member(role, index, _member_host(base, role, index, cfg), cfg.rendezvous_port)
-        for role, index in gang_members(dist)
-    ]
-    hostfile = hostfile_text(dist, members) if dist.framework == "mpi" else None
-    per_proc: dict[str, dict[str, str]] = {}
-    for me, member in enumerate(members):
-        envs = member_env(job.job_id, dist, members, me, hostfile=HOSTFILE if dist.framework == "mpi" else None)
-        for local, env in enumerate(envs):
-            per_proc[f"{member.role}-{member.index}-{local}.env"] = env
-    all_envs = list(per_proc.values())
-    shared = {k: v for k, v in all_envs[0].items() if all(e.get(k) == v for e in all_envs[1:])}
-    files = {name: {k: v for k, v in env.items() if k not in shared} for name, env in per_proc.items()}
-    return shared, files, hostfile
 
 
 def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
@@ -366,10 +187,10 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
     }
     if dist is not None:
         shared, member_files, hostfile = gang_env(job, cfg)
-        files["gang.env"] = _env_file(shared)
+        files["gang.env"] = env_file(shared)
         if hostfile is not None:
             files["hostfile"] = hostfile
-        files |= {name: _env_file(values) for name, values in member_files.items()}
+        files |= {name: env_file(values) for name, values in member_files.items()}
     chunks: list[dict[str, str]] = [{}]
     size = 0
     for name, text in files.items():
@@ -464,7 +285,7 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
                 "sources": [
                     *({"configMap": {"name": n}} for n in config_names),
                     # An MPI gang's SSH keys, at /etc/kiln/ssh (a second mount inside /etc/kiln cannot be made).
-                    *([{"secret": {"name": base, "items": _ssh_items()}}] if mpi else []),
+                    *([{"secret": {"name": base, "items": ssh_items()}}] if mpi else []),
                 ],
             },
         },
@@ -608,7 +429,7 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
         if cfg.gang_scheduler == "kueue":
             metadata["labels"][KUEUE_QUEUE_LABEL] = cfg.queue
             job_spec["suspend"] = True  # Kueue unsuspends it on admission
-        if role == "worker" and dist is not None and _launcher_gang(spec):
+        if role == "worker" and dist is not None and launcher_gang(spec):
             # Only worker 0 (the MPI launcher, the TF chief) ends on its own: its success is the gang's.
             metadata.setdefault("annotations", {})[ANNOTATION_SUCCESS_INDEX] = "0"
             if cfg.version >= _MIN_SUCCESS_POLICY:
@@ -621,29 +442,6 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
     if dist is not None and dist.ps:
         objects.append(job_object(f"{base}-ps", "ps", dist.ps, 1, owned=True))
     return objects
-
-
-def _launcher_gang(spec: JobSpec) -> bool:
-    dist = spec.distributed
-    return dist is not None and (dist.framework == "mpi" or (dist.framework == "tensorflow" and dist.ps > 0))
-
-
-def _ssh_items() -> list[dict[str, Any]]:
-    # Readable by the container's user whoever it is: every process in the container is the job's own.
-    return [{"key": k, "path": f"ssh/{k}", "mode": 0o444} for k in ("id_ed25519", "id_ed25519.pub", "authorized_keys")]
-
-
-def new_ssh_keypair() -> tuple[str, str]:
-    """A fresh Ed25519 key pair for an MPI gang, ``(private OpenSSH PEM, public OpenSSH line)``."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
-    ).decode()
-    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-    return private, public.decode() + " kiln-mpi\n"
 
 
 def to_yaml(objects: list[dict[str, Any]]) -> str:
