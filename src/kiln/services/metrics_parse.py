@@ -1,0 +1,132 @@
+"""Spool lines as the ingester and the HTTP route read them: one JSON object per line, a point
+(``{"t", "s", "w", "m", "src"}``) or an event (``{"event", "message", "w"}``), parsed into the rows the writer
+(``metrics_store``) takes. Malformed lines are counted, never raised.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from json.scanner import make_scanner
+from typing import Any
+
+MAX_NAME = 200
+MAX_WORKER = 64
+SOURCES = frozenset({"sdk", "log", "tb", "sys", "api"})
+NONFINITE = {"nan": "nan", "+nan": "nan", "-nan": "nan", "inf": "inf", "+inf": "inf", "infinity": "inf"}
+NONFINITE |= {"+infinity": "inf", "-inf": "-inf", "-infinity": "-inf"}
+INT64 = 2**63
+
+# A point as the writer takes it: (worker, name, source, step, time, value, text).
+Row = tuple[str, str, str, int | None, float, float | None, str | None]
+
+
+@dataclass
+class Parsed:
+    points: list[Row] = field(default_factory=list)
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (member, reason, message)
+    errors: int = 0
+    first_error: str = ""
+
+    def error(self, why: str) -> None:
+        self.errors += 1
+        if not self.first_error:
+            self.first_error = why
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, int | float):
+        try:
+            return float(value)
+        except OverflowError:  # an integer beyond a double
+            return math.inf if value > 0 else -math.inf
+    return None
+
+
+# The decoder's own scanner, without json.loads' wrapping around it.
+_SCAN: Any = make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+
+
+def parse_lines(data: bytes | str, parsed: Parsed | None = None) -> Parsed:
+    """Parse complete spool lines (points and events). Malformed lines and unusable names are counted and
+    skipped, never raised. Values: numbers (finite ones in ``value``; NaN and ±inf, as numbers or as the strings
+    "nan"/"inf"/"-inf", in ``text``), other strings in ``text``."""
+    parsed = parsed or Parsed()
+    text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+    loads, scan = json.loads, _SCAN
+    append = parsed.points.append
+    for line in text.split("\n"):
+        # A line as the SDK writes it is one JSON value with nothing around it: the scanner alone reads it (half
+        # the cost of json.loads). Anything else (whitespace around it, trailing data, not JSON) gets json.loads'
+        # own verdict.
+        try:
+            obj, end = scan(line, 0)
+            if end != len(line):
+                raise ValueError
+        except (StopIteration, ValueError, RecursionError):
+            if not line.strip():
+                continue
+            try:
+                obj = loads(line)
+            except (ValueError, RecursionError):
+                parsed.error("not JSON")
+                continue
+        if type(obj) is not dict:
+            parsed.error("not a JSON object")
+            continue
+        worker = obj.get("w") or "worker0"
+        if type(worker) is not str or len(worker) > MAX_WORKER:
+            parsed.error("bad member 'w'")
+            continue
+        if "event" in obj:
+            reason, message = obj.get("event"), obj.get("message", "")
+            if not isinstance(reason, str) or not reason or len(reason) > 64 or not isinstance(message, str):
+                parsed.error("bad event")
+                continue
+            parsed.events.append((worker, reason, message[:4000]))
+            continue
+        metrics = obj.get("m")
+        t = obj.get("t")
+        if type(t) is not float:
+            t = _number(t)
+        step = obj.get("s")
+        if type(metrics) is not dict or t is None or t - t != 0.0:  # t finite (NaN and ±inf give NaN)
+            parsed.error("a point needs 'm' (an object) and 't' (a number)")
+            continue
+        if step is not None and (type(step) is not int or not -INT64 <= step < INT64):
+            parsed.error("'s' must be an integer or null")
+            continue
+        src = obj.get("src") or "sdk"
+        if src not in SOURCES:
+            src = "sdk"
+        for name, raw in metrics.items():
+            if not 0 < len(name) <= MAX_NAME:
+                parsed.error("metric name empty or longer than 200 characters")
+                continue
+            kind = type(raw)
+            if kind is float:
+                if raw - raw == 0.0:  # finite (NaN and the infinities give NaN)
+                    append((worker, name, src, step, t, raw, None))
+                else:
+                    append((worker, name, src, step, t, None, str(raw)))
+            elif kind is int or kind is bool:
+                try:
+                    number = float(raw)
+                except OverflowError:  # an integer beyond a double: the infinity of its sign
+                    append((worker, name, src, step, t, None, "inf" if raw > 0 else "-inf"))
+                    continue
+                append((worker, name, src, step, t, number, None))
+            elif kind is str:
+                special = NONFINITE.get(raw.strip().lower())
+                append((worker, name, src, step, t, None, special or raw[:10000]))
+            else:
+                parsed.error(f"metric {name[:40]!r}: value is neither a number nor a string")
+    return parsed
+
+
+def complete_lines(data: bytes) -> int:
+    """How many leading bytes of ``data`` are complete lines (up to and including the last newline)."""
+    return data.rfind(b"\n") + 1
