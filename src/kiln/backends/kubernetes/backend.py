@@ -2,7 +2,8 @@
 
 - ``start`` renders the attempt (:func:`kiln.backends.kubernetes.render.render`) and creates its objects in order:
   Secret, ConfigMap(s), Service (and Volcano PodGroup), then the main Job; ``409 AlreadyExists`` counts as
-  created, so calling it again after a controller restart never makes a second Job (names are deterministic).
+  created, so calling it again after a controller restart never makes a second Job (names are deterministic;
+  the API calls are :class:`~kiln.backends.kubernetes.kubeapi.KubeObjects`).
   Once the main Job exists its uid goes onto every other object as an ownerReference (patched onto those
   created before it, set on the parameter servers' Job before it is created), so deleting that Job — or its
   TTL — removes everything.
@@ -15,10 +16,8 @@
   no preemption notice file on Kubernetes (writing into a pod needs ``exec``); a job learns of preemption by the
   SIGTERM alone.
 - Logs: a thread per pod follows ``pods/log`` (with timestamps) into Kiln's :class:`LogStore`, as lines tagged
-  with the member (``O@worker1``) for gangs, so logs outlive the pods. Where each pod's log was read up to
-  (its last timestamp and how many lines carried it) is kept in a small state file, so a restarted controller
-  resumes (``sinceSeconds`` and skipping what it already has) without duplicating lines; a crash may repeat at
-  most the lines of the last ``LOG_STATE_EVERY`` seconds.
+  with the member (``O@worker1``) for gangs, so logs outlive the pods; a restarted controller resumes where it
+  was without duplicating lines (:class:`~kiln.backends.kubernetes.podlogs.PodLogs`, which the backend owns).
 - ``collect_outputs``/``sync_checkpoints`` copy nothing, and need not: a pod's ``$KILN_OUTPUT_DIR`` and
   checkpoints live in emptyDirs the server cannot reach; the pod's ``kiln-sync`` sidecar (``podsync.py``)
   uploads them through the Kiln API with the job token — checkpoints every ``checkpoint_sync_seconds``, outputs
@@ -32,30 +31,29 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from kiln.backends.base import AttemptStatus, Backend, Inventory, Launch, Phase
-from kiln.backends.kubernetes.render import (
-    GPU_RESOURCE,
+from kiln.backends.kubernetes.gang import new_ssh_keypair
+from kiln.backends.kubernetes.inputs import KubeConfig, RenderInput
+from kiln.backends.kubernetes.kubeapi import KubeObjects
+from kiln.backends.kubernetes.names import (
     LABEL_ATTEMPT,
     LABEL_JOB,
     LABEL_ROLE,
     MANAGED_BY,
-    KubeConfig,
-    RenderInput,
     cleanup_selector,
     label_value,
-    new_ssh_keypair,
-    render,
 )
-from kiln.backends.kubernetes.status import INDEX_LABEL, member_of, parse_time, status_from
+from kiln.backends.kubernetes.podlogs import TERMINAL, PodLogs, iter_lines
+from kiln.backends.kubernetes.render import GPU_RESOURCE, render
+from kiln.backends.kubernetes.status import status_from
 from kiln.domain.spec import JobSpec
 from kiln.errors import BackendError, InvalidInput
 from kiln.storage.logs import LogStore
@@ -64,8 +62,6 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (kiln.io/job label value, attempt)
-LOG_STATE_EVERY = 0.5  # seconds between saves of the log positions while lines flow
-TERMINAL = ("Succeeded", "Failed")
 
 
 def _key(job_id: str, attempt: int | str) -> Key:
@@ -77,24 +73,6 @@ def _key_of(obj: Obj) -> Key | None:
     if LABEL_JOB not in labels or LABEL_ATTEMPT not in labels:
         return None
     return labels[LABEL_JOB], labels[LABEL_ATTEMPT]
-
-
-def _ts_key(stamp: str) -> tuple[str, int]:
-    """An RFC 3339 (nano) timestamp as a sortable key: (seconds part, nanoseconds); the kubelet trims zeros."""
-    head, _, frac = stamp.rstrip("Z").partition(".")
-    digits = "".join(ch for ch in frac if ch.isdigit())[:9]
-    return head[:19], int(digits.ljust(9, "0")) if digits else 0
-
-
-def _iter_lines(resp: Any) -> Iterator[str]:
-    buffer = b""
-    for chunk in resp.stream(amt=None, decode_content=False):
-        buffer += chunk if isinstance(chunk, bytes) else chunk.encode()
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            yield line.decode("utf-8", errors="replace")
-    if buffer:
-        yield buffer.decode("utf-8", errors="replace")
 
 
 def _parse_quantity(value: Any) -> float:
@@ -141,6 +119,7 @@ class KubernetesBackend(Backend):
         self.custom = client.CustomObjectsApi(api_client)
         self.cfg = config
         self.namespace = config.namespace
+        self._kube = KubeObjects(self.core, self.batch, self.custom, self.namespace)
         self.endpoint = endpoint
         self.logs = logs
         self.image_pull_grace = image_pull_grace
@@ -157,12 +136,7 @@ class KubernetesBackend(Backend):
         self._nodes: list[Inventory] = []
         self._nodes_at = 0.0
         self._responses: set[Any] = set()  # open streams, shut down by close()
-        # Log positions: pod uid → {"ts": last timestamp read, "n": lines read with that timestamp, "done": bool}.
-        self._log_lock = threading.Lock()
-        self._log_threads: dict[str, threading.Thread] = {}
-        self._state_path = state_dir / "kubernetes-logs.json" if state_dir is not None else None
-        self._log_state: dict[str, dict[str, Any]] = self._load_log_state()
-        self._log_saved = 0.0
+        self._pod_logs = PodLogs(self.core, self.namespace, logs, state_dir, self._stop, self._responses, self._pod)
         self._threads = [
             threading.Thread(target=self._inform, args=(kind,), name=f"kiln-k8s-{kind.lower()}s", daemon=True)
             for kind in ("Pod", "Job")
@@ -214,7 +188,7 @@ class KubernetesBackend(Backend):
         )
         self._responses.add(resp)
         try:
-            for line in _iter_lines(resp):
+            for line in iter_lines(resp):
                 if self._stop.is_set():
                     return version, False
                 if not line.strip():
@@ -259,7 +233,7 @@ class KubernetesBackend(Backend):
             attempt = self._attempts.get(key) if key else None
         if attempt is not None:
             if kind == "Pod" and event != "DELETED":
-                self._follow_logs(attempt, obj)
+                self._pod_logs.follow(attempt.job_id, obj)
             if self._wake is not None:
                 self._wake(attempt.job_id)
 
@@ -268,6 +242,10 @@ class KubernetesBackend(Backend):
             jobs = [o for o in self._objects["Job"].values() if _key_of(o) == key]
             pods = [o for o in self._objects["Pod"].values() if _key_of(o) == key]
         return jobs, pods
+
+    def _pod(self, name: str) -> Obj | None:
+        with self._lock:
+            return self._objects["Pod"].get(name)
 
     def _track(self, job_id: str, attempt: int) -> _Attempt:
         key = _key(job_id, attempt)
@@ -316,99 +294,18 @@ class KubernetesBackend(Backend):
         jobs = [o for o in objects if o["kind"] == "Job"]
         others = [o for o in objects if o["kind"] != "Job"]
         for obj in others:
-            self._create(obj)
-        main = self._create(jobs[0])
+            self._kube.create(obj)
+        main = self._kube.create(jobs[0])
         meta = main["metadata"]
         owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"], "controller": True}
         for obj in others:
-            self._patch(obj, {"metadata": {"ownerReferences": [owner]}})
+            self._kube.patch(obj, {"metadata": {"ownerReferences": [owner]}})
         for obj in jobs[1:]:
             obj["metadata"]["ownerReferences"] = [owner]
-            self._create(obj)
+            self._kube.create(obj)
         with self._lock:  # seen at once, before the watch delivers it: a poll never finds it missing
             self._objects["Job"].setdefault(str(meta["name"]), main)
         return handle
-
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            resp = fn(*args, _preload_content=False, **kwargs)
-            return json.loads(resp.data or b"{}")  # type: ignore[no-any-return]
-        except ApiException as exc:
-            if exc.status in (404, 409):
-                raise
-            retryable = exc.status is None or exc.status >= 500 or exc.status == 429
-            detail = exc.reason or ""
-            try:
-                detail = json.loads(exc.body or "{}").get("message") or detail
-            except (ValueError, AttributeError):
-                pass
-            raise BackendError(f"{what}: Kubernetes answered {exc.status}: {detail}", retryable=retryable) from exc
-        except (OSError, ValueError) as exc:
-            raise BackendError(f"{what}: {type(exc).__name__}: {exc}", retryable=True) from exc
-        except Exception as exc:  # urllib3 errors (MaxRetryError, ProtocolError) are not OSErrors
-            if type(exc).__module__.startswith("urllib3"):
-                raise BackendError(f"{what}: {type(exc).__name__}: {exc}", retryable=True) from exc
-            raise
-
-    def _create(self, obj: Obj) -> Obj:
-        from kubernetes.client.exceptions import ApiException
-
-        kind, name, ns = obj["kind"], obj["metadata"]["name"], self.namespace
-        create_args: tuple[Any, ...]
-        get_args: tuple[Any, ...]
-        if kind == "PodGroup":
-            group, version = obj["apiVersion"].split("/")
-            create_fn, create_args = self.custom.create_namespaced_custom_object, (group, version, ns, "podgroups", obj)
-            get_fn, get_args = self.custom.get_namespaced_custom_object, (group, version, ns, "podgroups", name)
-        else:
-            api, suffix = self._api(kind)
-            create_fn, create_args = getattr(api, f"create_namespaced_{suffix}"), (ns, obj)
-            get_fn, get_args = getattr(api, f"read_namespaced_{suffix}"), (name, ns)
-        try:
-            return self._call(f"create {kind} {name}", create_fn, *create_args)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise BackendError(f"create {kind} {name}: {exc.status} {exc.reason}", retryable=False) from exc
-        try:
-            return self._call(
-                f"get {kind} {name}", get_fn, *get_args
-            )  # created before (a restarted controller): the same object, never a second one
-        except ApiException as exc:
-            raise BackendError(f"get {kind} {name}: {exc.status} {exc.reason}", retryable=True) from exc
-
-    def _patch(self, obj: Obj, body: Obj) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        kind, name, ns = obj["kind"], obj["metadata"]["name"], self.namespace
-        try:
-            if kind == "PodGroup":
-                group, version = obj["apiVersion"].split("/")
-                self._call(
-                    f"patch {kind} {name}",
-                    self.custom.patch_namespaced_custom_object,
-                    group,
-                    version,
-                    ns,
-                    "podgroups",
-                    name,
-                    body,
-                )
-            else:
-                api, suffix = self._api(kind)
-                self._call(f"patch {kind} {name}", getattr(api, f"patch_namespaced_{suffix}"), name, ns, body)
-        except ApiException as exc:
-            raise BackendError(f"patch {kind} {name}: {exc.status} {exc.reason}", retryable=True) from exc
-
-    def _api(self, kind: str) -> tuple[Any, str]:
-        return {
-            "Secret": (self.core, "secret"),
-            "ConfigMap": (self.core, "config_map"),
-            "Service": (self.core, "service"),
-            "Pod": (self.core, "pod"),
-            "Job": (self.batch, "job"),
-        }[kind]
 
     def poll(self, handle: dict[str, Any]) -> AttemptStatus:
         attempt = self._track(handle["job_id"], int(handle["attempt"]))
@@ -421,7 +318,7 @@ class KubernetesBackend(Backend):
         key = _key(attempt.job_id, attempt.attempt)
         jobs, pods = self._cached(key)
         for pod in pods:
-            self._follow_logs(attempt, pod)
+            self._pod_logs.follow(attempt.job_id, pod)
         main = next((j for j in jobs if (j["metadata"].get("labels") or {}).get(LABEL_ROLE) == "worker"), None)
         others = [j for j in jobs if j is not main]
         with self._lock:
@@ -457,31 +354,8 @@ class KubernetesBackend(Backend):
             attempt.final = status
         return status
 
-    def _delete_matching(self, kind: str, selector: str, propagation: str | None = None) -> int:
-        """List the ``kind`` objects that ``selector`` matches and delete each by name (the Role grants
-        ``list`` and ``delete``, not ``deletecollection``); what is already gone counts as deleted."""
-        from kubernetes.client.exceptions import ApiException
-
-        api, suffix = self._api(kind)
-        listed = self._call(
-            f"list {kind}s", getattr(api, f"list_namespaced_{suffix}"), self.namespace, label_selector=selector
-        )
-        extra = {"propagation_policy": propagation} if propagation else {}
-        deleted = 0
-        for item in listed.get("items") or []:
-            name = item["metadata"]["name"]
-            try:
-                self._call(
-                    f"delete {kind} {name}", getattr(api, f"delete_namespaced_{suffix}"), name, self.namespace, **extra
-                )
-                deleted += 1
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise BackendError(f"delete {kind} {name}: {exc.status} {exc.reason}", retryable=True) from exc
-        return deleted
-
     def _delete_jobs(self, attempt: _Attempt) -> None:
-        self._delete_matching("Job", cleanup_selector(attempt.job_id, attempt.attempt), "Foreground")
+        self._kube.delete_matching("Job", cleanup_selector(attempt.job_id, attempt.attempt), "Foreground")
 
     def cancel(self, handle: dict[str, Any], grace_seconds: float) -> None:
         """Delete the attempt's Jobs (Foreground: the pods go first, each with SIGTERM and its
@@ -513,7 +387,7 @@ class KubernetesBackend(Backend):
         attempt.ended = True
         selector = cleanup_selector(attempt.job_id, attempt.attempt)
         for kind in ("Job", "Pod", "Service", "ConfigMap", "Secret"):
-            self._delete_matching(kind, selector, "Background" if kind == "Job" else None)
+            self._kube.delete_matching(kind, selector, "Background" if kind == "Job" else None)
 
     # -- nodes ----------------------------------------------------------------------------------------------
 
@@ -521,7 +395,7 @@ class KubernetesBackend(Backend):
         if self._nodes and time.monotonic() - self._nodes_at < self.node_refresh:
             return list(self._nodes)
         try:
-            listed = self._call("list nodes", self.core.list_node)
+            listed = self._kube.call("list nodes", self.core.list_node)
         except Exception as exc:
             log.warning("listing nodes failed (the server needs a ClusterRole to list nodes): %s", exc)
             return list(self._nodes or self.fallback_nodes)
@@ -554,120 +428,8 @@ class KubernetesBackend(Backend):
         nodes = self.nodes()
         return nodes[0] if nodes else Inventory(cpus=0.0, memory=0, name="kubernetes")
 
-    # -- logs -----------------------------------------------------------------------------------------------
-
-    def _load_log_state(self) -> dict[str, dict[str, Any]]:
-        if self._state_path is None:
-            return {}
-        try:
-            return dict(json.loads(self._state_path.read_text()))
-        except (FileNotFoundError, ValueError):
-            return {}
-
-    def _save_log_state(self, force: bool = False) -> None:
-        """With ``_log_lock`` held."""
-        if self._state_path is None or (not force and time.monotonic() - self._log_saved < LOG_STATE_EVERY):
-            return
-        self._state_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._state_path.with_name(self._state_path.name + ".tmp")
-        tmp.write_text(json.dumps(self._log_state))
-        os.replace(tmp, self._state_path)
-        self._log_saved = time.monotonic()
-
-    def _follow_logs(self, attempt: _Attempt, pod: Obj) -> None:
-        if self.logs is None or self._stop.is_set():
-            return
-        meta = pod.get("metadata") or {}
-        uid = str(meta.get("uid"))
-        if (pod.get("status") or {}).get("phase") not in ("Running", *TERMINAL):
-            return
-        with self._log_lock:
-            if uid in self._log_threads or self._log_state.get(uid, {}).get("done"):
-                return
-            distributed = INDEX_LABEL in (meta.get("labels") or {})
-            stream = f"O@{member_of(pod)}" if distributed else "O"
-            thread = threading.Thread(
-                target=self._stream_logs,
-                args=(attempt.job_id, str(meta.get("name")), uid, stream),
-                name=f"kiln-k8s-log-{meta.get('name')}",
-                daemon=True,
-            )
-            self._log_threads[uid] = thread
-        thread.start()
-
-    def _stream_logs(self, job_id: str, pod_name: str, uid: str, stream: str) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        assert self.logs is not None
-        while not self._stop.is_set():
-            with self._log_lock:
-                state = dict(self._log_state.get(uid) or {"ts": None, "n": 0})
-            kwargs: dict[str, Any] = {}
-            if state["ts"]:
-                since = parse_time(state["ts"])
-                if since is not None:
-                    kwargs["since_seconds"] = max(1, int((datetime.now(UTC) - since).total_seconds()) + 2)
-            try:
-                resp = self.core.read_namespaced_pod_log(
-                    pod_name,
-                    self.namespace,
-                    container="job",
-                    follow=True,
-                    timestamps=True,
-                    _preload_content=False,
-                    **kwargs,
-                )
-            except ApiException as exc:
-                if exc.status == 404:
-                    break  # the pod is gone: whatever was not read is lost with it
-                self._stop.wait(1.0)  # 400: the container is not started yet
-                continue
-            except Exception as exc:
-                log.debug("log stream of %s: %s", pod_name, exc)
-                self._stop.wait(1.0)
-                continue
-            self._responses.add(resp)
-            last = (state["ts"], int(state["n"]))
-            skip_key = _ts_key(last[0]) if last[0] else None
-            seen_equal = 0
-            try:
-                for line in _iter_lines(resp):
-                    stamp, _, text = line.partition(" ")
-                    key = _ts_key(stamp)
-                    if skip_key is not None:
-                        if key < skip_key:
-                            continue
-                        if key == skip_key:
-                            seen_equal += 1
-                            if seen_equal <= last[1]:
-                                continue
-                    with self._log_lock:
-                        if self._stop.is_set():
-                            return
-                        self.logs.append(job_id, stream, [text])
-                        entry = self._log_state.setdefault(uid, {"ts": None, "n": 0})
-                        entry["n"] = entry["n"] + 1 if entry["ts"] == stamp else 1
-                        entry["ts"] = stamp
-                        self._save_log_state()
-            except Exception as exc:
-                log.debug("log stream of %s broke: %s", pod_name, exc)
-            finally:
-                self._responses.discard(resp)
-            with self._lock:
-                pod = self._objects["Pod"].get(pod_name)
-            phase = (pod or {}).get("status", {}).get("phase")
-            if pod is None or phase in TERMINAL:
-                break
-            self._stop.wait(0.5)
-        with self._log_lock:
-            if not self._stop.is_set():
-                self._log_state.setdefault(uid, {"ts": None, "n": 0})["done"] = True
-            self._save_log_state(force=True)
-
     def close(self) -> None:
-        with self._log_lock:
-            self._stop.set()
-            self._save_log_state(force=True)
+        self._pod_logs.close()
         for resp in list(self._responses):
             try:
                 shutdown = getattr(resp, "shutdown", None)
