@@ -1,0 +1,161 @@
+"""Spool files: the lines the server's ingester reads, and their writer.
+
+Standard library only, like ``extract`` (which loads it; see there). One writer per file, named
+``<src>-a<attempt>-<member>.jsonl``; every line is complete when it lands (batched ``O_APPEND`` writes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+MAX_NAME = 200
+MAX_TEXT = 1000  # a text metric's value is cut here
+FLUSH_SECONDS = 0.5
+FLUSH_POINTS = 1000
+
+Number = float
+Value = float | str
+
+
+def clean_name(name: str) -> str:
+    return name[:MAX_NAME]
+
+
+def clean_value(value: Value) -> Value:
+    """Finite floats stay numbers; NaN and infinities become the text metrics "nan", "inf", "-inf"."""
+    if isinstance(value, str):
+        return value[:MAX_TEXT]
+    value = float(value)
+    if math.isfinite(value):
+        return value
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
+def encode_point(t: float, step: int | None, member: str, metrics: dict[str, Value], src: str) -> bytes:
+    m = {clean_name(k): clean_value(v) for k, v in metrics.items()}
+    line = {"t": t, "s": step, "w": member, "m": m, "src": src}
+    return json.dumps(line, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode() + b"\n"
+
+
+def encode_event(t: float, reason: str, message: str, member: str) -> bytes:
+    line = {"t": t, "event": reason, "message": message[:2000], "w": member}
+    return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+def safe_member(member: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", member) or "worker0"
+
+
+def spool_path(directory: str, src: str, attempt: object, member: str) -> str:
+    return os.path.join(directory, f"{src}-a{attempt}-{safe_member(member)}.jsonl")
+
+
+class Spool:
+    """One writer's spool file. Points are buffered, merged per (step, time) and appended in batches: every
+    batch is one ``os.write`` of complete lines on an ``O_APPEND`` fd. A write error (a full disk) drops the
+    batch and, if it can, leaves one event saying so; it never raises."""
+
+    def __init__(
+        self,
+        path: str,
+        member: str,
+        src: str,
+        flush_seconds: float = FLUSH_SECONDS,
+        flush_points: int = FLUSH_POINTS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path = path
+        self.member = member
+        self.src = src
+        self.flush_seconds = flush_seconds
+        self.flush_points = flush_points
+        self.clock = clock
+        self.fd = -1
+        self.items: list[Any] = []  # [t, step, metrics] lists (points) or bytes (encoded events), in order
+        self.points = 0
+        self.last_flush = clock()
+        self.failing = False  # the last write failed: the next good write starts with a newline
+        self.dropped = 0
+        self.writes = 0
+
+    def add(self, t: float, step: int | None, metrics: dict[str, Value]) -> None:
+        """Queue a point; merged into the previous one when it has the same step, is within a second of it
+        and names other metrics (so that one step's metrics printed together make one line)."""
+        if not metrics:
+            return
+        last = self.items[-1] if self.items else None
+        if (
+            isinstance(last, list)
+            and last[1] == step
+            and abs(t - last[0]) <= 1.0
+            and len(last[2]) < 1000
+            and not any(k in last[2] for k in metrics)
+        ):
+            last[2].update(metrics)
+        else:
+            self.items.append([t, step, dict(metrics)])
+        self.points += len(metrics)
+
+    def event(self, reason: str, message: str, t: float | None = None) -> None:
+        self.items.append(encode_event(time.time() if t is None else t, reason, message, self.member))
+
+    def due(self) -> bool:
+        if not self.items:
+            return False
+        return self.points >= self.flush_points or self.clock() - self.last_flush >= self.flush_seconds
+
+    def flush(self) -> None:
+        items, self.items, self.points = self.items, [], 0
+        self.last_flush = self.clock()
+        if not items:
+            return
+        lines: list[bytes] = []
+        for item in items:
+            if isinstance(item, bytes):
+                lines.append(item)
+            else:
+                try:
+                    lines.append(encode_point(item[0], item[1], self.member, item[2], self.src))
+                except (TypeError, ValueError):
+                    continue
+        # Batches stay well under the size where a regular file's write could come back short.
+        for start in range(0, len(lines), 2000):
+            self._write(b"".join(lines[start : start + 2000]), len(lines[start : start + 2000]))
+
+    def _write(self, data: bytes, count: int) -> None:
+        try:
+            if self.fd < 0:
+                self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+            if self.failing:
+                data = b"\n" + data  # ends whatever a failed write left half written
+            view = memoryview(data)
+            while view:
+                written = os.write(self.fd, view)
+                view = view[written:]
+            self.writes += 1
+            self.failing = False
+        except OSError as exc:
+            first = not self.failing
+            self.failing = True
+            self.dropped += count
+            if first and self.fd >= 0:
+                note = encode_event(time.time(), "MetricsDropped", f"metrics lost: {exc}", self.member)
+                try:
+                    os.write(self.fd, b"\n" + note)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.flush()
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = -1
