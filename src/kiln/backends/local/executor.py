@@ -9,6 +9,9 @@ Layout under ``$KILN_HOME/jobs/<job>/``::
     attempts/<n>/  shim.json (what to run), shim.pid, status.json, exit.json, shim.log
     attempts/<n>/members/<role>-<i>/   the same, per member of a distributed job (gang.json lists them)
     attempts/<n>/notice                $KILN_NOTICE_FILE: written before a preemption's SIGTERM
+
+What a shim's config holds besides the commands (environment, inputs) is built in ``shimconfig.py``; the
+attempt directory's JSON files and a gang's layout are read and written through ``attemptdir.py``.
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ from typing import Any
 
 import psutil
 
-import kiln as kiln_package
-from kiln.backends.base import AttemptStatus, Backend, Inventory, Launch, Phase, ResolvedInput
+from kiln.backends.base import AttemptStatus, Backend, Inventory, Launch, Phase
+from kiln.backends.local.attemptdir import gang_layout, member_dirs, read_json, write_json_atomic
 from kiln.backends.local.gang import MemberStatus, aggregate
 from kiln.backends.local.inventory import local_inventory
 from kiln.backends.local.runtimes import RuntimeManager
+from kiln.backends.local.shimconfig import input_config, job_env, job_pylib
 from kiln.domain.distributed import Member, gang_members, hostfile_text, member_env
 from kiln.domain.spec import JobSpec, command_argv
 from kiln.errors import BackendError, InvalidInput, KilnError
@@ -47,21 +51,11 @@ from kiln.storage.store import ObjectStore, safe_key
 log = logging.getLogger(__name__)
 
 SHIM_PATH = Path(shim_module.__file__).resolve()
-# Passed through from the server's environment; nothing else is (the server's own secrets stay out of jobs).
-PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR")
 MAX_UNIX_SOCKET_PATH = 100
-STAGE_URL_SECONDS = 6 * 3600
 
 
 def _ts(value: float | None) -> datetime | None:
     return datetime.fromtimestamp(value, UTC) if value else None
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())  # type: ignore[no-any-return]
-    except (FileNotFoundError, ValueError):
-        return None
 
 
 class LocalBackend(Backend):
@@ -81,7 +75,7 @@ class LocalBackend(Backend):
         self.runtimes = runtimes
         self.jobs_dir = settings.jobs_dir
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
-        self.pylib = _job_pylib(settings.home / "pylib")
+        self.pylib = job_pylib(settings.home / "pylib")
         self._inventory = local_inventory(settings)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._launcher: subprocess.Popen[bytes] | None = None
@@ -206,7 +200,7 @@ class LocalBackend(Backend):
             "system_interval": wanted.system_interval,
         }
         if launch.inputs:
-            base["inputs"] = [self._input_config(i) for i in launch.inputs]
+            base["inputs"] = [input_config(self.store, i) for i in launch.inputs]
             base["data_cache"] = {
                 "dir": str(self.settings.home / "cache" / "data"),
                 "max_bytes": self.settings.data_cache_bytes,
@@ -216,7 +210,7 @@ class LocalBackend(Backend):
             return self._start_gang(launch, handle, base, resolved.bin_dir, dirs, notice)
         config = {
             **base,
-            "env": self._env(launch, resolved.bin_dir, dirs, notice, launch.cpus, launch.gpus),
+            "env": job_env(launch, self.pylib, resolved.bin_dir, dirs, notice, launch.cpus, launch.gpus),
             "memory_limit": launch.memory,
         }
         self._launch_member(attempt_dir, config)
@@ -238,25 +232,7 @@ class LocalBackend(Backend):
         roles = gang_members(spec)
         if len(launch.slots) != len(roles):
             raise BackendError(f"a gang of {len(roles)} got {len(launch.slots)} slots", retryable=False)
-        gang_file = attempt_dir / "gang.json"
-        layout = _read_json(gang_file)
-        if layout is None:  # first start: fix ports and directories once, so a restarted server starts the same
-            members = [Member(role, index, "127.0.0.1", _free_port()) for role, index in roles]
-            layout = {
-                "members": [
-                    {
-                        "role": m.role,
-                        "index": m.index,
-                        "host": m.host,
-                        "port": m.port,
-                        "dir": f"members/{m.role}-{m.index}",
-                        # mpirun in worker 0 starts every rank; the other slots only hold their resources.
-                        "runs": spec.framework != "mpi" or position == 0,
-                    }
-                    for position, m in enumerate(members)
-                ]
-            }
-            _write_json_atomic(gang_file, layout)
+        layout = gang_layout(attempt_dir, spec, roles)
         members = [Member(m["role"], m["index"], m["host"], m["port"]) for m in layout["members"]]
         hostfile: Path | None = None
         if spec.framework == "mpi":
@@ -269,7 +245,7 @@ class LocalBackend(Backend):
             if not layout["members"][position]["runs"]:
                 continue
             procs = member_env(launch.job_id, spec, members, position, hostfile=str(hostfile) if hostfile else None)
-            env = self._env(launch, bin_dir, dirs, notice, slot.cpus / len(procs), slot.gpus)
+            env = job_env(launch, self.pylib, bin_dir, dirs, notice, slot.cpus / len(procs), slot.gpus)
             config = {
                 **base,
                 "env": {**env, **procs[0]} if len(procs) == 1 else env,
@@ -281,25 +257,6 @@ class LocalBackend(Backend):
             self._launch_member(member_dir, config)
         return handle
 
-    def _input_config(self, item: ResolvedInput) -> dict[str, Any]:
-        """What the shim stages: each blob's source is its local file (a local store) or a presigned URL."""
-        ttl = STAGE_URL_SECONDS  # staging a large dataset can take a while; the URLs are only in the job's config
-        files = []
-        for f in item.files:
-            local = self.store.local_path(f.key)
-            source = str(local) if local is not None else self.store.presign_get(f.key, ttl)
-            if source is None:
-                raise BackendError(f"input {item.name}@{item.version}: no way to read {f.path} from the store")
-            files.append({"path": f.path, "size": f.size, "sha256": f.sha256, "source": source})
-        return {
-            "name": item.name,
-            "version": item.version,
-            "path": item.path,
-            "env": item.env,
-            "mode": item.mode,
-            "files": files,
-        }
-
     def _launch_member(self, member_dir: Path, config: dict[str, Any]) -> None:
         member_dir.mkdir(parents=True, exist_ok=True)
         (member_dir / "shim.json").write_text(json.dumps(config))
@@ -309,14 +266,6 @@ class LocalBackend(Backend):
         except psutil.Error:
             created = 0.0
         (member_dir / "shim.pid").write_text(json.dumps({"pid": pid, "create_time": created}))
-
-    def _member_dirs(self, handle: dict[str, Any]) -> list[tuple[str, int, Path]]:
-        """(role, index, dir) of each member that runs a shim; the attempt dir itself for a single job."""
-        attempt_dir = Path(handle["dir"])
-        layout = _read_json(attempt_dir / "gang.json")
-        if layout is None:
-            return [("worker", 0, attempt_dir)]
-        return [(m["role"], int(m["index"]), attempt_dir / m["dir"]) for m in layout["members"] if m["runs"]]
 
     # -- starting shims -------------------------------------------------------------------------------
 
@@ -398,56 +347,8 @@ class LocalBackend(Backend):
             self.store.download(launch.code_key, cached)
         return cached
 
-    def _env(
-        self,
-        launch: Launch,
-        bin_dir: str | None,
-        dirs: dict[str, Path],
-        notice: Path,
-        cpus: float,
-        gpus: tuple[int, ...],
-    ) -> dict[str, str]:
-        env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
-        path = env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
-        if bin_dir:
-            env["PATH"] = f"{bin_dir}:{path}"
-            if (Path(bin_dir).parent / "pyvenv.cfg").exists():
-                env["VIRTUAL_ENV"] = str(Path(bin_dir).parent)
-        env.update(
-            {
-                "PYTHONUNBUFFERED": "1",
-                "PIP_TARGET": str(dirs["site"]),
-                # The job's own pip installs first; then `import kiln` for kiln.log (standard library only).
-                "PYTHONPATH": f"{dirs['site']}:{self.pylib}" if self.pylib else str(dirs["site"]),
-                "OMP_NUM_THREADS": str(max(1, int(cpus))),
-                "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
-            }
-        )
-        env.update(launch.spec.env)
-        env.update(
-            {
-                "KILN_JOB_ID": launch.job_id,
-                "KILN_ATTEMPT": str(launch.attempt),
-                "KILN_WORK_DIR": str(dirs["work"]),
-                "KILN_OUTPUT_DIR": str(dirs["outputs"]),
-                "KILN_CHECKPOINT_DIR": str(dirs["checkpoints"]),
-                "KILN_NUM_CPUS": f"{cpus:g}",
-                "KILN_NUM_GPUS": str(len(gpus)),
-                "KILN_NOTICE_FILE": str(notice),
-                "KILN_METRICS_DIR": str(dirs["metrics"]),
-                "KILN_TENSORBOARD_DIR": str(dirs["tensorboard"]),
-                "KILN_WORKER_INDEX": "0",
-                "KILN_NUM_WORKERS": "1",
-            }
-        )
-        if launch.job_token:
-            env["KILN_JOB_TOKEN"] = launch.job_token
-        if launch.api_endpoint:
-            env["KILN_ENDPOINT"] = launch.api_endpoint
-        return env
-
     def _shim_alive(self, attempt_dir: Path) -> bool:
-        info = _read_json(attempt_dir / "shim.pid")
+        info = read_json(attempt_dir / "shim.pid")
         if not info:
             return False
         pid = int(info["pid"])
@@ -467,7 +368,7 @@ class LocalBackend(Backend):
             return False
 
     def poll(self, handle: dict[str, Any]) -> AttemptStatus:
-        members = self._member_dirs(handle)
+        members = member_dirs(handle)
         if len(members) == 1 and members[0][2] == Path(handle["dir"]):
             return self._poll_dir(members[0][2])
         view = aggregate([MemberStatus(role, index, self._poll_dir(d)) for role, index, d in members])
@@ -478,9 +379,9 @@ class LocalBackend(Backend):
         return view.status
 
     def _poll_dir(self, attempt_dir: Path) -> AttemptStatus:
-        status = _read_json(attempt_dir / "status.json") or {}
+        status = read_json(attempt_dir / "status.json") or {}
         running_at = _ts(status.get("running_at"))
-        result = _read_json(attempt_dir / "exit.json")
+        result = read_json(attempt_dir / "exit.json")
         if result is not None:
             with self._children_lock:
                 for pid, child in list(self._children.items()):
@@ -501,7 +402,7 @@ class LocalBackend(Backend):
             return self._poll_dir(attempt_dir)  # it wrote its record and exited between our two looks
         if not (attempt_dir / "shim.pid").exists():
             return AttemptStatus(phase=Phase.LOST, reason="ShimLost", message="the attempt was never started")
-        info = _read_json(attempt_dir / "shim.pid") or {}
+        info = read_json(attempt_dir / "shim.pid") or {}
         with self._children_lock:
             code = self._exit_codes.pop(int(info.get("pid", 0)), None)
         if code == shim_module.EXIT_DISK_FULL:
@@ -517,27 +418,27 @@ class LocalBackend(Backend):
         return AttemptStatus(Phase.LOST, reason="ShimLost", message=message + (f": {tail}" if tail else ""))
 
     def cancel(self, handle: dict[str, Any], grace_seconds: float) -> None:
-        for _, _, member_dir in self._member_dirs(handle):
+        for _, _, member_dir in member_dirs(handle):
             self._signal_member(member_dir)
 
     def preempt(self, handle: dict[str, Any], reason: str, grace_seconds: float) -> None:
         """The notice file first (a script polling it checkpoints before the signal), then a stop request that
         tells each shim the grace to give and the reason to record, then SIGTERM."""
         notice = Path(handle["dir"]) / "notice"
-        _write_json_atomic(notice, {"reason": "Preempted", "message": reason, "grace_seconds": grace_seconds})
-        for _, _, member_dir in self._member_dirs(handle):
+        write_json_atomic(notice, {"reason": "Preempted", "message": reason, "grace_seconds": grace_seconds})
+        for _, _, member_dir in member_dirs(handle):
             self._stop_member(member_dir, "Preempted", reason, grace_seconds)
 
     def _stop_member(self, member_dir: Path, reason: str, message: str, grace_seconds: float) -> None:
         if (member_dir / "exit.json").exists() or (member_dir / "stop.json").exists():
             return
-        _write_json_atomic(member_dir / "stop.json", {"reason": reason, "message": message, "grace": grace_seconds})
+        write_json_atomic(member_dir / "stop.json", {"reason": reason, "message": message, "grace": grace_seconds})
         self._signal_member(member_dir)
 
     def _signal_member(self, member_dir: Path) -> None:
         if (member_dir / "exit.json").exists():
             return
-        info = _read_json(member_dir / "shim.pid")
+        info = read_json(member_dir / "shim.pid")
         if info and self._shim_alive(member_dir):
             try:
                 os.kill(int(info["pid"]), signal.SIGTERM)
@@ -552,7 +453,7 @@ class LocalBackend(Backend):
         if not source.is_dir():
             return 0, 0
         state_path = job_dir / "checkpoints.synced.json"
-        synced: dict[str, Any] = _read_json(state_path) or {}
+        synced: dict[str, Any] = read_json(state_path) or {}
         files = copied = 0
         for path in sorted(source.rglob("*")):
             if path.is_symlink() or not path.is_file():
@@ -567,7 +468,7 @@ class LocalBackend(Backend):
             files += 1
             copied += stat.st_size
         if files:
-            _write_json_atomic(state_path, synced)
+            write_json_atomic(state_path, synced)
         return files, copied
 
     def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
@@ -579,8 +480,8 @@ class LocalBackend(Backend):
     def cleanup(self, handle: dict[str, Any]) -> None:
         """Kill whatever is left of an attempt's sessions (a shim that died leaves its job orphaned)."""
         sids = set()
-        for _, _, member_dir in self._member_dirs(handle):
-            info = _read_json(member_dir / "shim.pid")
+        for _, _, member_dir in member_dirs(handle):
+            info = read_json(member_dir / "shim.pid")
             if info:
                 sids.add(int(info["pid"]))  # each shim is its session's leader
         if not sids:
@@ -591,36 +492,3 @@ class LocalBackend(Backend):
                     proc.kill()
             except (OSError, psutil.Error):
                 continue
-
-
-def _job_pylib(root: Path) -> Path | None:
-    """A directory holding only a ``kiln`` link to this package, put on jobs' PYTHONPATH so that ``import kiln;
-    kiln.log(...)`` works in any runtime (``import kiln`` is cheap and ``kiln.log`` needs the standard library
-    only) without exposing the server's other packages to the job."""
-    package = Path(kiln_package.__file__).resolve().parent
-    link = root / "kiln"
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        if link.is_symlink() and link.resolve() == package:
-            return root
-        tmp = root / f".kiln-{os.getpid()}"
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(package, target_is_directory=True)
-        os.replace(tmp, link)
-        return root
-    except OSError as exc:
-        log.warning("cannot link the kiln package for jobs (%s); kiln.log works only where kiln is installed", exc)
-        return None
-
-
-def _free_port() -> int:
-    """A port free now on the loopback interface; the member binds it moments later."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
