@@ -19,38 +19,28 @@ Upload protocol (see docs/storage.md):
 
 Removing a version deletes the blobs no other version of the organisation references; it is refused (409) while a
 job that has not ended pins the version in its ``inputs``.
+
+This module holds the datasets and their versions (steps 1 and 5, reads, removal); the upload sessions of steps 2
+to 4 are ``kiln.services.uploads``, and the rules for names, paths, manifests and store keys
+``kiln.services.dataset_names``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kiln.db.models import (
-    DataBlob,
-    Dataset,
-    DatasetVersion,
-    DataUpload,
-    DataUploadPart,
-    Job,
-    Organization,
-    utcnow,
-)
+from kiln.db.models import DataBlob, Dataset, DatasetVersion, Job, utcnow
 from kiln.db.models import (
     DatasetFile as FileRow,
 )
-from kiln.db.session import Database
 from kiln.domain.ids import new_id
 from kiln.domain.schemas import (
     DatasetFileEntry,
@@ -60,35 +50,22 @@ from kiln.domain.schemas import (
     DatasetVersionRead,
     DraftCreate,
     DraftRead,
-    NumberedPartUrl,
-    PartRead,
-    PartUrl,
-    PartUrlRequest,
-    PartUrls,
-    PartUrlsRequest,
-    UploadRead,
 )
 from kiln.domain.states import JobState
-from kiln.errors import BadRequest, Conflict, DigestMismatch, Forbidden, NotFound
+from kiln.errors import Conflict, NotFound
+from kiln.services.dataset_names import (
+    data_key,
+    manifest_sha256,
+    parse_ref,
+    validate_manifest,
+    validate_name,
+    validate_path,
+)
 from kiln.services.identity import Principal
-from kiln.services.quotas import QuotaService
-from kiln.settings import Settings
-from kiln.storage.store import ObjectStore, b64_digest
+from kiln.services.uploads import UploadService, lock_org
 
 log = logging.getLogger(__name__)
 
-NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")
-PERCENT_ENCODED = re.compile(r"%[0-9A-Fa-f]{2}")
-CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-SHA256 = re.compile(r"[0-9a-f]{64}")
-EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
-# Parts sent through the API travel in one signed request body, which the API caps at 16 MiB.
-API_PART_BYTES = 16 * 1024 * 1024
-# S3's multipart limits: parts of 5 MiB to 5 GiB (the last may be shorter), at most 10,000 of them.
-S3_MIN_PART = 5 * 1024 * 1024
-S3_MAX_PART = 5 * 1024**3
-S3_MAX_PARTS = 10_000
-MAX_PATH = 1024
 DRAFT_TTL = timedelta(days=7)
 PINNING_STATES = [s.value for s in JobState if not s.terminal]
 _CHUNK = 500  # ids per IN (...) list
@@ -111,94 +88,6 @@ class ResolvedDataset:
     files: list[DatasetFile]
 
 
-# -- validation -------------------------------------------------------------------------------------------------
-
-
-def validate_name(name: str) -> str:
-    """A dataset name: lowercase letters, digits and ``- _ .``, at most 100, no ``..``, nothing percent-encoded."""
-    if PERCENT_ENCODED.search(name) or "%" in name:
-        raise BadRequest(f"dataset name {name!r}: percent-encoded characters are not allowed")
-    if "/" in name or "\\" in name or "\x00" in name:
-        raise BadRequest(f"dataset name {name!r}: '/', '\\' and NUL are not allowed")
-    if ".." in name:
-        raise BadRequest(f"dataset name {name!r}: '..' is not allowed")
-    if not NAME.fullmatch(name):
-        raise BadRequest(
-            f"dataset name {name!r}: use lowercase letters, digits and . _ - (at most 100, starting with a letter "
-            "or digit)"
-        )
-    return name
-
-
-def parse_ref(ref: str) -> tuple[str, int | None]:
-    """``NAME`` or ``NAME@VERSION`` → (name, version or None)."""
-    name, at, version = ref.partition("@")
-    validate_name(name)
-    if not at:
-        return name, None
-    if not version.isdigit() or int(version) < 1 or len(version) > 9:
-        raise BadRequest(f"dataset reference {ref!r}: the version after @ is a number ≥ 1")
-    return name, int(version)
-
-
-def validate_path(path: str) -> str:
-    """A file path inside a dataset: relative, ``/``-separated, no ``.``/``..``/empty segments, no backslash, NUL,
-    control characters or percent-encoding. The error names the offending part."""
-    if not path:
-        raise BadRequest("file path: empty")
-    if len(path) > MAX_PATH:
-        raise BadRequest(f"file path {path[:60]!r}...: longer than {MAX_PATH} characters")
-    if "\x00" in path:
-        raise BadRequest(f"file path {path!r}: NUL is not allowed")
-    if "\\" in path:
-        raise BadRequest(f"file path {path!r}: backslashes are not allowed (use '/')")
-    if CONTROL.search(path):
-        raise BadRequest(f"file path {path!r}: control characters are not allowed")
-    if match := PERCENT_ENCODED.search(path):
-        raise BadRequest(f"file path {path!r}: percent-encoded {match.group(0)!r} is not allowed")
-    if path.startswith("/"):
-        raise BadRequest(f"file path {path!r}: absolute paths are not allowed")
-    for index, segment in enumerate(path.split("/"), start=1):
-        if segment in (".", ".."):
-            raise BadRequest(f"file path {path!r}: segment {index} is {segment!r}, which is not allowed")
-        if segment == "":
-            raise BadRequest(f"file path {path!r}: segment {index} is empty")
-    return path
-
-
-def validate_manifest(files: list[DatasetFileEntry], max_files: int) -> list[DatasetFileEntry]:
-    if not files:
-        raise BadRequest("a dataset version needs at least one file")
-    if len(files) > max_files:
-        raise BadRequest(f"{len(files)} files: a dataset version holds at most {max_files}")
-    seen: set[str] = set()
-    for entry in files:
-        validate_path(entry.path)
-        if entry.path in seen:
-            raise BadRequest(f"file path {entry.path!r}: listed twice")
-        seen.add(entry.path)
-    dirs = {p.rsplit("/", 1)[0] for p in seen if "/" in p}
-    expanded: set[str] = set()
-    for d in dirs:
-        parts = d.split("/")
-        expanded.update("/".join(parts[: i + 1]) for i in range(len(parts)))
-    clash = sorted(seen & expanded)
-    if clash:
-        raise BadRequest(f"file path {clash[0]!r}: is both a file and a directory")
-    return sorted(files, key=lambda f: f.path)
-
-
-def manifest_sha256(files: list[DatasetFileEntry]) -> str:
-    text = "".join(f"{f.path}\t{f.size}\t{f.sha256}\n" for f in sorted(files, key=lambda f: f.path))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def data_key(org_id: str, sha256: str) -> str:
-    if not SHA256.fullmatch(sha256):
-        raise BadRequest(f"invalid sha256 {sha256!r}")
-    return f"orgs/{org_id}/data/sha256/{sha256[:2]}/{sha256}"
-
-
 def _chunks(items: list[str]) -> Iterable[list[str]]:
     for i in range(0, len(items), _CHUNK):
         yield items[i : i + _CHUNK]
@@ -212,22 +101,9 @@ def _present(s: Session, org_id: str, shas: Iterable[str]) -> set[str]:
     return out
 
 
-def _lock_org(s: Session, org_id: str) -> None:
-    """Serialise the organisation's dataset writes (SQLite's BEGIN IMMEDIATE already does)."""
-    if s.get_bind().dialect.name == "postgresql":
-        s.execute(select(Organization.id).where(Organization.id == org_id).with_for_update())
-
-
-class DatasetService:
-    def __init__(self, db: Database, store: ObjectStore, settings: Settings, quotas: QuotaService | None) -> None:
-        self.db = db
-        self.store = store
-        self.settings = settings
-        self.quotas = quotas
-        self.presigned = store.is_s3 and settings.storage_presign
-        self.part_size = settings.dataset_part_bytes if self.presigned else API_PART_BYTES
-        self.tmp_dir = settings.home / "tmp"
-        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+class DatasetService(UploadService):
+    """The organisation's datasets and their versions: reads, drafts, commits and removal (the upload sessions of
+    their blobs come from ``UploadService``)."""
 
     # -- lookups ------------------------------------------------------------------------------------------------
 
@@ -428,7 +304,7 @@ class DatasetService:
         """Make the draft the next version once every blob it names is stored (409 with the missing ones)."""
         principal.require("blobs:write")
         with self.db.transaction() as s:
-            _lock_org(s, principal.org_id)
+            lock_org(s, principal.org_id)
             row = s.execute(
                 select(DatasetVersion, Dataset)
                 .join(Dataset, Dataset.id == DatasetVersion.dataset_id)
@@ -454,279 +330,6 @@ class DatasetService:
             s.flush()
             return self._version_read(ds.name, draft)
 
-    # -- upload sessions ----------------------------------------------------------------------------------------
-
-    def _upload_read(self, up: DataUpload, received: list[int]) -> UploadRead:
-        parts = max(1, -(-up.size // up.part_size))
-        return UploadRead(
-            id=up.id,
-            sha256=up.sha256,
-            size=up.size,
-            complete=False,
-            mode="presigned" if up.mode == "presigned" else "api",
-            part_size=up.part_size,
-            parts=parts,
-            received=received,
-        )
-
-    def _done(self, sha256: str, size: int) -> UploadRead:
-        return UploadRead(
-            id=None, sha256=sha256, size=size, complete=True, mode="none", part_size=self.part_size, parts=0
-        )
-
-    def _session_part_size(self, size: int, preferred: int | None) -> int:
-        """A new session's part size: the client's preference when parts go straight to S3 and it is within S3's
-        limits for this size, else the server's own (``dataset_part_bytes``; through the API: 16 MiB)."""
-        if (
-            self.presigned
-            and preferred is not None
-            and S3_MIN_PART <= preferred <= S3_MAX_PART
-            and -(-size // preferred) <= S3_MAX_PARTS
-        ):
-            return preferred
-        return self.part_size
-
-    def open_upload(self, principal: Principal, sha256: str, size: int, part_size: int | None = None) -> UploadRead:
-        """The upload session of a blob: new, or the open one with the parts already received (and its part size,
-        whatever ``part_size`` now prefers)."""
-        principal.require("blobs:write")
-        org = principal.org_id
-        key = data_key(org, sha256)
-        with self.db.read() as s:
-            blob = s.get(DataBlob, (org, sha256))
-            if blob is not None:
-                return self._done(sha256, blob.size)
-            up = s.scalar(select(DataUpload).where(DataUpload.org_id == org, DataUpload.sha256 == sha256))
-        if up is not None:
-            if up.size != size:
-                raise BadRequest(f"blob {sha256}: an upload of {up.size} bytes is open, not {size}")
-            return self._upload_read(up, self._received(up))
-        if size == 0:
-            return self._store_empty(principal, sha256)
-        with self.db.read() as s:
-            self._check_quota(s, principal, size)
-        mode = "presigned" if self.presigned else "api"
-        store_id = self.store.multipart_start(key)
-        try:
-            with self.db.transaction() as s:
-                _lock_org(s, org)
-                self._check_quota(s, principal, size)
-                up = DataUpload(
-                    id=new_id("up"),
-                    org_id=org,
-                    sha256=sha256,
-                    size=size,
-                    part_size=self._session_part_size(size, part_size),
-                    mode=mode,
-                    store_upload_id=store_id,
-                )
-                s.add(up)
-                s.flush()
-                s.expunge(up)
-        except BaseException as exc:
-            self.store.multipart_abort(key, store_id)
-            if isinstance(exc, IntegrityError):  # a concurrent open of the same blob won: resume that one
-                return self.open_upload(principal, sha256, size, part_size)
-            raise
-        return self._upload_read(up, [])
-
-    def _check_quota(self, s: Session, principal: Principal, adding: int) -> None:
-        if self.quotas is not None:
-            self.quotas.check_storage(s, principal.org_id, principal.org_name, adding)
-
-    def _store_empty(self, principal: Principal, sha256: str) -> UploadRead:
-        if sha256 != EMPTY_SHA256:
-            raise DigestMismatch(f"an empty blob's SHA-256 is {EMPTY_SHA256}, not {sha256}")
-        with tempfile.NamedTemporaryFile(dir=self.tmp_dir) as tmp:
-            self.store.put_file(Path(tmp.name), data_key(principal.org_id, sha256))
-        with self.db.transaction() as s:
-            if s.get(DataBlob, (principal.org_id, sha256)) is None:
-                s.add(DataBlob(org_id=principal.org_id, sha256=sha256, size=0))
-        return self._done(sha256, 0)
-
-    def _session(self, s: Session, principal: Principal, upload_id: str) -> DataUpload:
-        up = s.get(DataUpload, upload_id)
-        if up is None or up.org_id != principal.org_id:
-            raise NotFound(f"upload {upload_id} not found")
-        return up
-
-    @staticmethod
-    def _part_bounds(up: DataUpload, number: int) -> int:
-        parts = max(1, -(-up.size // up.part_size))
-        if not 1 <= number <= parts:
-            raise BadRequest(f"part {number}: this upload has parts 1 to {parts}")
-        return up.part_size if number < parts else up.size - up.part_size * (parts - 1)
-
-    def _received(self, up: DataUpload) -> list[int]:
-        with self.db.read() as s:
-            declared = {p.number: p for p in s.scalars(select(DataUploadPart).where(DataUploadPart.upload_id == up.id))}
-        if up.mode == "api":
-            return sorted(n for n, p in declared.items() if p.received)
-        stored = self.store.multipart_parts(data_key(up.org_id, up.sha256), up.store_upload_id)
-        return sorted(
-            n for n, (size, etag) in stored.items() if n in declared and self._part_ok(declared[n], size, etag)
-        )
-
-    @staticmethod
-    def _part_ok(part: DataUploadPart, size: int, etag: str) -> bool:
-        if size != part.size:
-            return False
-        # An S3 part's ETag is the MD5 of its bytes (unless the bucket encrypts with KMS: then the store's own
-        # Content-MD5 check, which the presigned URL requires, is what vouches for it).
-        return not re.fullmatch(r"[0-9a-f]{32}", etag) or etag == part.md5
-
-    def put_part(self, principal: Principal, upload_id: str, number: int, data: bytes, sha256: str | None) -> PartRead:
-        """One part through the API; its SHA-256 (header X-Kiln-Part-SHA256) must match its bytes."""
-        principal.require("blobs:write")
-        with self.db.read() as s:
-            up = self._session(s, principal, upload_id)
-            expected = self._part_bounds(up, number)
-            if self.quotas is not None:
-                self._check_still_within_quota(s, principal)
-        if up.mode != "api":
-            raise BadRequest(f"upload {upload_id} takes its parts through presigned URLs (POST .../url)")
-        if sha256 is None or not SHA256.fullmatch(sha256):
-            raise BadRequest("X-Kiln-Part-SHA256: the part's SHA-256 (lowercase hex) is required")
-        if len(data) != expected:
-            raise BadRequest(f"part {number} is {len(data)} bytes; this upload's part {number} is {expected} bytes")
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != sha256:
-            raise DigestMismatch(f"part {number}: content hash is {actual}, not {sha256} as declared; nothing stored")
-        self.store.multipart_put_part(data_key(up.org_id, up.sha256), up.store_upload_id, number, data)
-        with self.db.transaction() as s:
-            part = s.get(DataUploadPart, (upload_id, number))
-            if part is None:
-                s.add(DataUploadPart(upload_id=upload_id, number=number, size=len(data), sha256=sha256, received=True))
-            else:
-                part.size, part.sha256, part.received = len(data), sha256, True
-        return PartRead(number=number, size=len(data))
-
-    def _check_still_within_quota(self, s: Session, principal: Principal) -> None:
-        """The session's size is already counted: refuse parts once usage is over a (since lowered) limit."""
-        assert self.quotas is not None
-        try:
-            self.quotas.check_storage(s, principal.org_id, principal.org_name, 0)
-        except Forbidden as exc:
-            raise Forbidden(f"{exc.message}; the open upload counts in full") from exc
-
-    def part_url(self, principal: Principal, upload_id: str, number: int, body: PartUrlRequest) -> PartUrl:
-        """Where to PUT part ``number`` straight to the store; the store checks its Content-MD5."""
-        (url,) = self._presign_parts(principal, upload_id, [(number, body.size, body.md5, body.sha256)])
-        return PartUrl(url=url.url, headers=url.headers, expires_in=url.expires_in)
-
-    def part_urls(self, principal: Principal, upload_id: str, body: PartUrlsRequest) -> PartUrls:
-        """``part_url`` for many parts in one request (one session lookup, one transaction)."""
-        numbers = [p.number for p in body.parts]
-        if len(set(numbers)) != len(numbers):
-            raise BadRequest("parts: each part number at most once per request")
-        return PartUrls(
-            items=self._presign_parts(principal, upload_id, [(p.number, p.size, p.md5, p.sha256) for p in body.parts])
-        )
-
-    def _presign_parts(
-        self, principal: Principal, upload_id: str, parts: list[tuple[int, int, str, str]]
-    ) -> list[NumberedPartUrl]:
-        """Record each part's declared (size, MD5, SHA-256) and presign its upload: the store refuses a body whose
-        MD5 or SHA-256 is not the declared one, and ``complete_upload`` checks the stored parts against these
-        records again (and hands the store their SHA-256 checksums)."""
-        principal.require("blobs:write")
-        with self.db.read() as s:
-            up = self._session(s, principal, upload_id)
-            for number, size, _md5, _sha in parts:
-                expected = self._part_bounds(up, number)
-                if size != expected:
-                    raise BadRequest(f"part {number} is {expected} bytes in this upload, not {size}")
-            if self.quotas is not None:
-                self._check_still_within_quota(s, principal)
-        if up.mode != "presigned":
-            raise BadRequest(f"upload {upload_id} takes its parts through the API (PUT .../parts/{parts[0][0]})")
-        with self.db.transaction() as s:
-            numbers = [number for number, _size, _md5, _sha in parts]
-            existing = {
-                p.number: p
-                for p in s.scalars(
-                    select(DataUploadPart).where(
-                        DataUploadPart.upload_id == upload_id, DataUploadPart.number.in_(numbers)
-                    )
-                )
-            }
-            for number, size, md5, sha in parts:
-                part = existing.get(number)
-                if part is None:
-                    s.add(DataUploadPart(upload_id=upload_id, number=number, size=size, md5=md5, sha256=sha))
-                else:
-                    part.size, part.md5, part.sha256, part.received = size, md5, sha, False
-        expires = self.settings.storage_presign_seconds
-        digests = {number: (b64_digest(md5), b64_digest(sha)) for number, _size, md5, sha in parts}
-        urls = self.store.multipart_presign_parts(
-            data_key(up.org_id, up.sha256),
-            up.store_upload_id,
-            [(n, md5, sha) for n, (md5, sha) in digests.items()],
-            expires,
-        )
-        return [
-            NumberedPartUrl(number=n, url=urls[n], headers=self.store.part_headers(*digests[n]), expires_in=expires)
-            for n in numbers
-        ]
-
-    def complete_upload(self, principal: Principal, upload_id: str) -> UploadRead:
-        """Assemble the blob from its parts (all present and verified) and record it."""
-        principal.require("blobs:write")
-        with self.db.read() as s:
-            up = self._session(s, principal, upload_id)
-            declared = {p.number: p for p in s.scalars(select(DataUploadPart).where(DataUploadPart.upload_id == up.id))}
-            s.expunge_all()
-        key = data_key(up.org_id, up.sha256)
-        parts = max(1, -(-up.size // up.part_size))
-        stored = self.store.multipart_parts(key, up.store_upload_id)
-        missing = [n for n in range(1, parts + 1) if n not in stored or n not in declared]
-        if up.mode == "api":
-            missing += [n for n in range(1, parts + 1) if n in declared and not declared[n].received]
-        if missing:
-            missing = sorted(set(missing))
-            raise Conflict(
-                f"upload {upload_id}: {len(missing)} of {parts} part(s) not received yet (first: {missing[0]})",
-                details={"missing": missing[:1000]},
-            )
-        if up.mode == "presigned":
-            for n in range(1, parts + 1):
-                size, etag = stored[n]
-                if not self._part_ok(declared[n], size, etag):
-                    with self.db.transaction() as s:
-                        bad = s.get(DataUploadPart, (upload_id, n))
-                        if bad is not None:
-                            s.delete(bad)
-                    raise DigestMismatch(
-                        f"upload {upload_id}: part {n} in the store ({size} bytes, MD5 {etag}) is not the part "
-                        f"declared ({declared[n].size} bytes, MD5 {declared[n].md5}); send it again"
-                    )
-        ordered = [(n, stored[n][1]) for n in range(1, parts + 1)]
-        try:
-            checksums = {n: b64_digest(p.sha256) for n, p in declared.items() if p.sha256}
-            actual = self.store.multipart_complete(
-                key, up.store_upload_id, ordered, expected_sha256=up.sha256, checksums=checksums
-            )
-        except DigestMismatch:
-            # Every part matched its own hash but the whole does not: the declared hash was wrong. Start over.
-            self._drop_session(up)
-            raise
-        if actual is None and self.store.size(key) != up.size:  # S3: the store assembled it
-            self.store.delete(key)
-            raise DigestMismatch(f"upload {upload_id}: the assembled blob is not {up.size} bytes; upload it again")
-        with self.db.transaction() as s:
-            _lock_org(s, up.org_id)
-            if s.get(DataBlob, (up.org_id, up.sha256)) is None:
-                s.add(DataBlob(org_id=up.org_id, sha256=up.sha256, size=up.size))
-            s.execute(delete(DataUploadPart).where(DataUploadPart.upload_id == upload_id))
-            s.execute(delete(DataUpload).where(DataUpload.id == upload_id))
-        return self._done(up.sha256, up.size)
-
-    def _drop_session(self, up: DataUpload) -> None:
-        self.store.multipart_abort(data_key(up.org_id, up.sha256), up.store_upload_id)
-        with self.db.transaction() as s:
-            s.execute(delete(DataUploadPart).where(DataUploadPart.upload_id == up.id))
-            s.execute(delete(DataUpload).where(DataUpload.id == up.id))
-
     # -- removal ------------------------------------------------------------------------------------------------
 
     def remove(self, principal: Principal, name: str, version: int | None) -> DatasetRemoved:
@@ -735,7 +338,7 @@ class DatasetService:
         validate_name(name)
         org = principal.org_id
         with self.db.transaction() as s:
-            _lock_org(s, org)
+            lock_org(s, org)
             ds = self._dataset(s, org, name)
             ready = list(
                 s.scalars(

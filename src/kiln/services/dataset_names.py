@@ -1,0 +1,104 @@
+"""What a dataset may be called and hold, and where its bytes live: dataset names and ``NAME[@VERSION]``
+references, file paths inside a version, manifests (validation and their hash) and the content-addressed store key
+of a blob (``orgs/<org>/data/sha256/<aa>/<sha256>``). Used by ``kiln.services.datasets`` and
+``kiln.services.uploads``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from kiln.domain.schemas import DatasetFileEntry
+from kiln.errors import BadRequest
+
+NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")
+PERCENT_ENCODED = re.compile(r"%[0-9A-Fa-f]{2}")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_PATH = 1024
+
+
+def validate_name(name: str) -> str:
+    """A dataset name: lowercase letters, digits and ``- _ .``, at most 100, no ``..``, nothing percent-encoded."""
+    if PERCENT_ENCODED.search(name) or "%" in name:
+        raise BadRequest(f"dataset name {name!r}: percent-encoded characters are not allowed")
+    if "/" in name or "\\" in name or "\x00" in name:
+        raise BadRequest(f"dataset name {name!r}: '/', '\\' and NUL are not allowed")
+    if ".." in name:
+        raise BadRequest(f"dataset name {name!r}: '..' is not allowed")
+    if not NAME.fullmatch(name):
+        raise BadRequest(
+            f"dataset name {name!r}: use lowercase letters, digits and . _ - (at most 100, starting with a letter "
+            "or digit)"
+        )
+    return name
+
+
+def parse_ref(ref: str) -> tuple[str, int | None]:
+    """``NAME`` or ``NAME@VERSION`` → (name, version or None)."""
+    name, at, version = ref.partition("@")
+    validate_name(name)
+    if not at:
+        return name, None
+    if not version.isdigit() or int(version) < 1 or len(version) > 9:
+        raise BadRequest(f"dataset reference {ref!r}: the version after @ is a number ≥ 1")
+    return name, int(version)
+
+
+def validate_path(path: str) -> str:
+    """A file path inside a dataset: relative, ``/``-separated, no ``.``/``..``/empty segments, no backslash, NUL,
+    control characters or percent-encoding. The error names the offending part."""
+    if not path:
+        raise BadRequest("file path: empty")
+    if len(path) > MAX_PATH:
+        raise BadRequest(f"file path {path[:60]!r}...: longer than {MAX_PATH} characters")
+    if "\x00" in path:
+        raise BadRequest(f"file path {path!r}: NUL is not allowed")
+    if "\\" in path:
+        raise BadRequest(f"file path {path!r}: backslashes are not allowed (use '/')")
+    if CONTROL.search(path):
+        raise BadRequest(f"file path {path!r}: control characters are not allowed")
+    if match := PERCENT_ENCODED.search(path):
+        raise BadRequest(f"file path {path!r}: percent-encoded {match.group(0)!r} is not allowed")
+    if path.startswith("/"):
+        raise BadRequest(f"file path {path!r}: absolute paths are not allowed")
+    for index, segment in enumerate(path.split("/"), start=1):
+        if segment in (".", ".."):
+            raise BadRequest(f"file path {path!r}: segment {index} is {segment!r}, which is not allowed")
+        if segment == "":
+            raise BadRequest(f"file path {path!r}: segment {index} is empty")
+    return path
+
+
+def validate_manifest(files: list[DatasetFileEntry], max_files: int) -> list[DatasetFileEntry]:
+    if not files:
+        raise BadRequest("a dataset version needs at least one file")
+    if len(files) > max_files:
+        raise BadRequest(f"{len(files)} files: a dataset version holds at most {max_files}")
+    seen: set[str] = set()
+    for entry in files:
+        validate_path(entry.path)
+        if entry.path in seen:
+            raise BadRequest(f"file path {entry.path!r}: listed twice")
+        seen.add(entry.path)
+    dirs = {p.rsplit("/", 1)[0] for p in seen if "/" in p}
+    expanded: set[str] = set()
+    for d in dirs:
+        parts = d.split("/")
+        expanded.update("/".join(parts[: i + 1]) for i in range(len(parts)))
+    clash = sorted(seen & expanded)
+    if clash:
+        raise BadRequest(f"file path {clash[0]!r}: is both a file and a directory")
+    return sorted(files, key=lambda f: f.path)
+
+
+def manifest_sha256(files: list[DatasetFileEntry]) -> str:
+    text = "".join(f"{f.path}\t{f.size}\t{f.sha256}\n" for f in sorted(files, key=lambda f: f.path))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def data_key(org_id: str, sha256: str) -> str:
+    if not SHA256.fullmatch(sha256):
+        raise BadRequest(f"invalid sha256 {sha256!r}")
+    return f"orgs/{org_id}/data/sha256/{sha256[:2]}/{sha256}"
