@@ -37,15 +37,24 @@ def clean_value(value: Value) -> Value:
     return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
 
 
+# One encoder for every line (json.dumps with options builds a new one per call).
+_ENCODE = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+
+
+def _clean(metrics: dict[str, Value]) -> dict[str, Value]:
+    """The metrics as a line carries them; most points (finite floats, short names) are taken as they are."""
+    for name, value in metrics.items():
+        if type(value) is not float or not math.isfinite(value) or len(name) > MAX_NAME:
+            return {clean_name(k): clean_value(v) for k, v in metrics.items()}
+    return metrics
+
+
 def encode_point(t: float, step: int | None, member: str, metrics: dict[str, Value], src: str) -> bytes:
-    m = {clean_name(k): clean_value(v) for k, v in metrics.items()}
-    line = {"t": t, "s": step, "w": member, "m": m, "src": src}
-    return json.dumps(line, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode() + b"\n"
+    return _ENCODE({"t": t, "s": step, "w": member, "m": _clean(metrics), "src": src}).encode() + b"\n"
 
 
 def encode_event(t: float, reason: str, message: str, member: str) -> bytes:
-    line = {"t": t, "event": reason, "message": message[:2000], "w": member}
-    return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    return _ENCODE({"t": t, "event": reason, "message": message[:2000], "w": member}).encode() + b"\n"
 
 
 def safe_member(member: str) -> str:

@@ -340,3 +340,12 @@ def test_plain_lines_take_the_fast_path_with_the_scanners_result() -> None:
 @pytest.mark.parametrize("line", ["step=1 loss=0.5 note=x", "loss=5.", "a.b=1", "loss=1%", "loss=nan", "loss: 1"])
 def test_lines_that_are_not_plain_are_scanned(line: str) -> None:
     assert not extract._PLAIN_LINE.fullmatch(line)
+
+
+def test_encoded_points_clean_non_finite_values_and_long_names() -> None:
+    plain = {"loss": 0.5, "acc": 1.0}
+    assert json.loads(extract.encode_point(1.0, 3, "w", plain, "log"))["m"] == plain
+    line = json.loads(extract.encode_point(1.0, 3, "w", {"a": 1.0, "b": float("inf"), "c": float("nan")}, "log"))
+    assert line["m"] == {"a": 1.0, "b": "inf", "c": "nan"}
+    line = json.loads(extract.encode_point(1.0, 3, "w", {"x" * 300: 2.0}, "log"))
+    assert line["m"] == {"x" * 200: 2.0}
