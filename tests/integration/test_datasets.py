@@ -16,7 +16,7 @@ import pytest
 
 from kiln.errors import BadRequest, Conflict, DigestMismatch, Forbidden, KilnError, NotFound
 from kiln.sdk.client import Client
-from kiln.storage.store import ObjectStore
+from kiln.storage.store import ObjectStore, crc32_hex
 from tests.kilnserver import KilnServer
 from tests.s3server import S3Server
 from tests.tenancy_helpers import Api, close_all, create_tenant
@@ -218,11 +218,11 @@ def test_the_server_checks_parts_sent_straight_to_s3(
     sha = hashlib.sha256(data).hexdigest()
     session = client.request("POST", "/uploads", json_body={"sha256": sha, "size": len(data)}).json()
     assert session["mode"] == "presigned" and session["parts"] == 1
-    declared = {"size": len(data), "md5": hashlib.md5(data).hexdigest(), "sha256": sha}
+    declared = {"size": len(data), "md5": hashlib.md5(data).hexdigest(), "crc32": crc32_hex(data)}
     url = client.request("POST", f"/uploads/{session['id']}/parts/1/url", json_body=declared)
     target = url.json()
     assert "Authorization" not in target["headers"] and "X-Kiln" not in str(target["headers"])
-    assert set(target["headers"]) == {"Content-MD5", "x-amz-checksum-sha256"}
+    assert set(target["headers"]) == {"Content-MD5", "x-amz-checksum-crc32"}
     corrupt = bytes([data[0] ^ 0xFF]) + data[1:]  # always differs (a zero byte would not, once in 256 runs)
     httpx.put(target["url"], content=corrupt, headers=target["headers"])  # real S3 refuses it outright
     with pytest.raises(DigestMismatch, match="part 1"):
@@ -252,7 +252,7 @@ def test_presigned_urls_for_many_parts_at_once_and_the_part_size_a_client_asks_f
     assert again.json()["id"] == session["id"] and again.json()["part_size"] == 5 * MiB
     chunks = [data[i : i + 5 * MiB] for i in range(0, len(data), 5 * MiB)]
     parts = [
-        {"number": n, "size": len(c), "md5": hashlib.md5(c).hexdigest(), "sha256": hashlib.sha256(c).hexdigest()}
+        {"number": n, "size": len(c), "md5": hashlib.md5(c).hexdigest(), "crc32": crc32_hex(c)}
         for n, c in enumerate(chunks, 1)
     ]
     urls = f"/uploads/{session['id']}/parts/urls"
@@ -264,12 +264,12 @@ def test_presigned_urls_for_many_parts_at_once_and_the_part_size_a_client_asks_f
     for body, error, text in bad_bodies:
         with pytest.raises(error, match=text):
             client.request("POST", urls, json_body=body)
-    with pytest.raises(KilnError):  # validation: at least one part, MD5 and SHA-256 in hex, both required
+    with pytest.raises(KilnError):  # validation: at least one part, MD5 and CRC32 in hex, both required
         client.request("POST", urls, json_body={"parts": []})
     with pytest.raises(KilnError):
         client.request("POST", urls, json_body={"parts": [{**parts[0], "md5": "x" * 32}]})
-    with pytest.raises(KilnError, match="sha256"):
-        client.request("POST", urls, json_body={"parts": [{k: v for k, v in parts[0].items() if k != "sha256"}]})
+    with pytest.raises(KilnError, match="crc32"):
+        client.request("POST", urls, json_body={"parts": [{k: v for k, v in parts[0].items() if k != "crc32"}]})
     answer = client.request("POST", urls, json_body={"parts": list(reversed(parts))}).json()
     assert [u["number"] for u in answer["items"]] == [3, 2, 1]  # the order asked for
     by_number = {u["number"]: u for u in answer["items"]}
@@ -310,7 +310,7 @@ def test_batch_part_urls_are_refused_on_a_store_without_presigned_urls(make_serv
     sha = hashlib.sha256(data).hexdigest()
     session = client.request("POST", "/uploads", json_body={"sha256": sha, "size": len(data), "part_size": 8 * MiB})
     assert session.json()["mode"] == "api" and session.json()["part_size"] == 16 * MiB  # the preference: S3 only
-    part = {"number": 1, "size": len(data), "md5": hashlib.md5(data).hexdigest(), "sha256": sha}
+    part = {"number": 1, "size": len(data), "md5": hashlib.md5(data).hexdigest(), "crc32": crc32_hex(data)}
     with pytest.raises(BadRequest, match="through the API"):
         client.request("POST", f"/uploads/{session.json()['id']}/parts/urls", json_body={"parts": [part]})
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import httpx
 import pytest
 
 from kiln.errors import BadRequest, DigestMismatch, NotFound, StoreUnavailable
-from kiln.storage.store import ObjectStore
+from kiln.storage.store import ObjectStore, b64_digest, crc32_hex
 from tests.s3server import S3Server
 
 
@@ -95,17 +96,20 @@ def test_presigned_urls_read_and_write_straight_to_the_store(s3: S3Server, tmp_p
     data = os.urandom(6 * 1024 * 1024)
     upload = store.multipart_start(key)
     md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
-    sha = base64.b64encode(hashlib.sha256(data).digest()).decode()
-    url = store.multipart_presign_part(key, upload, 1, md5, 60, sha)
-    headers = store.part_headers(md5, sha)
-    assert headers == {"Content-MD5": md5, "x-amz-checksum-sha256": sha}
+    crc = base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+    assert crc == b64_digest(crc32_hex(data))
+    url = store.multipart_presign_part(key, upload, 1, md5, 60, crc)
+    headers = store.part_headers(md5, crc)
+    assert headers == {"Content-MD5": md5, "x-amz-checksum-crc32": crc}
     # Both digests are signed into the URL: a store that checks signatures (S3 does; moto does not) refuses a
     # body sent without them, and S3 checks the body against them.
     signed = httpx.URL(url).params["X-Amz-SignedHeaders"].split(";")
-    assert {"content-md5", "x-amz-checksum-sha256"} <= set(signed)
+    assert {"content-md5", "x-amz-checksum-crc32"} <= set(signed)
     response = httpx.put(url, content=data, headers=headers)
     assert response.status_code == 200, response.text
-    store.multipart_complete(key, upload, [(1, response.headers["etag"].strip('"'))], checksums={1: sha})
+    (part,) = store.multipart_parts(key, upload).values()
+    assert part.checksum in (None, crc)  # what the store computed, where it keeps one (moto does not)
+    store.multipart_complete(key, upload, [(1, response.headers["etag"].strip('"'))], checksums={1: crc})
     get = store.presign_get(key, 60, "blob.bin")
     assert get is not None and httpx.get(get).content == data
     assert ObjectStore(str(tmp_path / "local")).presign_get("x", 60) is None

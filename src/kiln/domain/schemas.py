@@ -412,8 +412,9 @@ class PartUrlRequest(BaseModel):
 
     size: int = Field(ge=0)
     md5: str = Field(pattern=r"^[0-9a-f]{32}$", description="Hex MD5 of the part (the store checks it).")
-    sha256: str = Field(
-        pattern=r"^[0-9a-f]{64}$", description="Hex SHA-256 of the part (the store checks it: S3 flexible checksums)."
+    crc32: str = Field(
+        pattern=r"^[0-9a-f]{8}$",
+        description="The part's CRC32 (zlib's), 8 hex digits, big-endian (the store checks it: S3 flexible checksums).",
     )
 
 
@@ -421,7 +422,7 @@ class PartUrl(BaseModel):
     url: str
     method: str = "PUT"
     headers: dict[str, str] = Field(
-        description="Headers to send with the part, exactly (Content-MD5, x-amz-checksum-sha256): they are signed."
+        description="Headers to send with the part, exactly (Content-MD5, x-amz-checksum-crc32): they are signed."
     )
     expires_in: int
 

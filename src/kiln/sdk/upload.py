@@ -10,6 +10,7 @@ import os
 import queue
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ALL_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -52,14 +53,14 @@ def preferred_part_size(size: int) -> int:
 
 @dataclass(frozen=True)
 class _ReadyPart:
-    """A part whose digests (hex MD5 and SHA-256) are known and whose presigned URL is at hand (fetched at
+    """A part whose digests (hex MD5 and CRC32) are known and whose presigned URL is at hand (fetched at
     ``fetched``, time.monotonic)."""
 
     session: UploadRead
     source: Path
     number: int
     md5: str
-    sha256: str
+    crc32: str
     url: PartUrl
     fetched: float
 
@@ -241,7 +242,7 @@ class UploadMixin(TransferBase):
                 return "", ""
             length = self._part_length(session, number)
             data = read_part(source, (number - 1) * session.part_size, length)
-            return hashlib.md5(data).hexdigest(), hashlib.sha256(data).hexdigest()
+            return hashlib.md5(data).hexdigest(), format(zlib.crc32(data), "08x")  # S3 flexible checksum
 
         # The digests are computed in order on the hashing threads; URLs are asked for as soon as a part's digests
         # are known, together with every following one already known (at most URL_BATCH): small batches while the
@@ -256,13 +257,13 @@ class UploadMixin(TransferBase):
                     end += 1
                 batch = [(n, digests[i].result()) for i, n in zip(range(done, end), numbers[done:end], strict=True)]
                 declared = [
-                    {"number": n, "size": self._part_length(session, n), "md5": md5, "sha256": sha}
-                    for n, (md5, sha) in batch
+                    {"number": n, "size": self._part_length(session, n), "md5": md5, "crc32": crc}
+                    for n, (md5, crc) in batch
                 ]
                 urls = {u.number: u for u in self._part_urls(session.id, declared).items}
                 fetched = time.monotonic()
-                for number, (md5, sha) in batch:
-                    entry = _ReadyPart(session, source, number, md5, sha, urls[number], fetched)
+                for number, (md5, crc) in batch:
+                    entry = _ReadyPart(session, source, number, md5, crc, urls[number], fetched)
                     while not stop.is_set():
                         try:
                             ready.put(entry, timeout=0.2)
@@ -301,7 +302,7 @@ class UploadMixin(TransferBase):
         data = read_part(source, (number - 1) * session.part_size, length)
         url: PartUrl = entry.url
         if time.monotonic() - entry.fetched > url.expires_in * URL_FRESH:  # waited too long: a fresh one
-            declared = {"number": number, "size": length, "md5": md5, "sha256": entry.sha256}
+            declared = {"number": number, "size": length, "md5": md5, "crc32": entry.crc32}
             url = self._part_urls(session.id, [declared]).items[0]
         body = before_part(session.sha256, number, data) if before_part else data
         try:

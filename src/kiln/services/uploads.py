@@ -171,7 +171,7 @@ class UploadService:
             return sorted(n for n, p in declared.items() if p.received)
         stored = self.store.multipart_parts(data_key(up.org_id, up.sha256), up.store_upload_id)
         return sorted(
-            n for n, (size, etag) in stored.items() if n in declared and self._part_ok(declared[n], size, etag)
+            n for n, part in stored.items() if n in declared and self._part_ok(declared[n], part.size, part.etag)
         )
 
     @staticmethod
@@ -218,7 +218,7 @@ class UploadService:
 
     def part_url(self, principal: Principal, upload_id: str, number: int, body: PartUrlRequest) -> PartUrl:
         """Where to PUT part ``number`` straight to the store; the store checks its Content-MD5."""
-        (url,) = self._presign_parts(principal, upload_id, [(number, body.size, body.md5, body.sha256)])
+        (url,) = self._presign_parts(principal, upload_id, [(number, body.size, body.md5, body.crc32)])
         return PartUrl(url=url.url, headers=url.headers, expires_in=url.expires_in)
 
     def part_urls(self, principal: Principal, upload_id: str, body: PartUrlsRequest) -> PartUrls:
@@ -227,19 +227,19 @@ class UploadService:
         if len(set(numbers)) != len(numbers):
             raise BadRequest("parts: each part number at most once per request")
         return PartUrls(
-            items=self._presign_parts(principal, upload_id, [(p.number, p.size, p.md5, p.sha256) for p in body.parts])
+            items=self._presign_parts(principal, upload_id, [(p.number, p.size, p.md5, p.crc32) for p in body.parts])
         )
 
     def _presign_parts(
         self, principal: Principal, upload_id: str, parts: list[tuple[int, int, str, str]]
     ) -> list[NumberedPartUrl]:
-        """Record each part's declared (size, MD5, SHA-256) and presign its upload: the store refuses a body whose
-        MD5 or SHA-256 is not the declared one, and ``complete_upload`` checks the stored parts against these
-        records again (and hands the store their SHA-256 checksums)."""
+        """Record each part's declared (size, MD5) and presign its upload with its MD5 and CRC32: the store refuses a
+        body whose MD5 or CRC32 is not the declared one, and ``complete_upload`` checks the stored parts' MD5s
+        against these records again."""
         principal.require("blobs:write")
         with self.db.read() as s:
             up = self._session(s, principal, upload_id)
-            for number, size, _md5, _sha in parts:
+            for number, size, _md5, _crc in parts:
                 expected = self._part_bounds(up, number)
                 if size != expected:
                     raise BadRequest(f"part {number} is {expected} bytes in this upload, not {size}")
@@ -248,7 +248,7 @@ class UploadService:
         if up.mode != "presigned":
             raise BadRequest(f"upload {upload_id} takes its parts through the API (PUT .../parts/{parts[0][0]})")
         with self.db.transaction() as s:
-            numbers = [number for number, _size, _md5, _sha in parts]
+            numbers = [number for number, _size, _md5, _crc in parts]
             existing = {
                 p.number: p
                 for p in s.scalars(
@@ -257,18 +257,18 @@ class UploadService:
                     )
                 )
             }
-            for number, size, md5, sha in parts:
+            for number, size, md5, _crc in parts:
                 part = existing.get(number)
                 if part is None:
-                    s.add(DataUploadPart(upload_id=upload_id, number=number, size=size, md5=md5, sha256=sha))
+                    s.add(DataUploadPart(upload_id=upload_id, number=number, size=size, md5=md5))
                 else:
-                    part.size, part.md5, part.sha256, part.received = size, md5, sha, False
+                    part.size, part.md5, part.received = size, md5, False
         expires = self.settings.storage_presign_seconds
-        digests = {number: (b64_digest(md5), b64_digest(sha)) for number, _size, md5, sha in parts}
+        digests = {number: (b64_digest(md5), b64_digest(crc)) for number, _size, md5, crc in parts}
         urls = self.store.multipart_presign_parts(
             data_key(up.org_id, up.sha256),
             up.store_upload_id,
-            [(n, md5, sha) for n, (md5, sha) in digests.items()],
+            [(n, md5, crc) for n, (md5, crc) in digests.items()],
             expires,
         )
         return [
@@ -297,7 +297,7 @@ class UploadService:
             )
         if up.mode == "presigned":
             for n in range(1, parts + 1):
-                size, etag = stored[n]
+                size, etag, _ = stored[n]
                 if not self._part_ok(declared[n], size, etag):
                     with self.db.transaction() as s:
                         bad = s.get(DataUploadPart, (upload_id, n))
@@ -309,7 +309,7 @@ class UploadService:
                     )
         ordered = [(n, stored[n][1]) for n in range(1, parts + 1)]
         try:
-            checksums = {n: b64_digest(p.sha256) for n, p in declared.items() if p.sha256}
+            checksums = {n: part.checksum for n, part in stored.items() if part.checksum}
             actual = self.store.multipart_complete(
                 key, up.store_upload_id, ordered, expected_sha256=up.sha256, checksums=checksums
             )

@@ -20,9 +20,10 @@ import os
 import secrets
 import shutil
 import tempfile
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, TypeVar
+from typing import IO, Any, NamedTuple, TypeVar
 
 import fsspec
 
@@ -31,11 +32,27 @@ from kiln.errors import BadRequest, DigestMismatch, KilnError, NotFound, StoreUn
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 PartList = list[tuple[int, str]]  # (part number, ETag)
-PartDigests = list[tuple[int, str, str | None]]  # (part number, Content-MD5, SHA-256 checksum), both base64
-# Multipart uploads to S3 declare SHA-256 part checksums (S3's flexible checksums): the store verifies each part's
-# SHA-256 on arrival, and completing an upload combines the parts' checksums instead of hashing the whole object.
-CHECKSUM_ALGORITHM = "SHA256"
-CHECKSUM_HEADER = "x-amz-checksum-sha256"
+PartDigests = list[tuple[int, str, str | None]]  # (part number, Content-MD5, CRC32 checksum), both base64
+# Multipart uploads to S3 declare CRC32 part checksums (S3's flexible checksums, the AWS SDKs' default): the store
+# verifies each part's CRC32 on arrival, and completing an upload combines the parts' checksums instead of hashing
+# the whole object again. (The whole blob's SHA-256 is Kiln's own end-to-end check, verified by every download.)
+CHECKSUM_ALGORITHM = "CRC32"
+CHECKSUM_HEADER = "x-amz-checksum-crc32"
+CHECKSUM_FIELD = "ChecksumCRC32"
+
+
+class StoredPart(NamedTuple):
+    """A part the store holds: its size, its ETag (without quotes; "" on a local store) and the checksum the store
+    computed for it (base64; None where the store keeps none)."""
+
+    size: int
+    etag: str
+    checksum: str | None = None
+
+
+def crc32_hex(data: bytes) -> str:
+    """A part's CRC32 as Kiln's API carries it: 8 hex digits (big-endian, as S3's checksum)."""
+    return format(zlib.crc32(data), "08x")
 
 
 def b64_digest(hex_digest: str) -> str:
@@ -288,7 +305,7 @@ class ObjectStore:
 
         bucket, name = self._bucket_key(key)
         md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
-        sha = base64.b64encode(hashlib.sha256(data).digest()).decode()
+        checksum = b64_digest(crc32_hex(data))
         self._guard(
             lambda: self.fs.call_s3(
                 "upload_part",
@@ -298,28 +315,28 @@ class ObjectStore:
                 PartNumber=number,
                 Body=data,
                 ContentMD5=md5,
-                ChecksumSHA256=sha,
+                **{CHECKSUM_FIELD: checksum},
             )
         )
 
     @staticmethod
-    def part_headers(content_md5: str, checksum_sha256: str | None) -> dict[str, str]:
+    def part_headers(content_md5: str, checksum: str | None) -> dict[str, str]:
         """The headers a presigned part upload must carry (they are part of its signature)."""
         headers = {"Content-MD5": content_md5}
-        if checksum_sha256:
-            headers[CHECKSUM_HEADER] = checksum_sha256
+        if checksum:
+            headers[CHECKSUM_HEADER] = checksum
         return headers
 
     def multipart_presign_part(
-        self, key: str, upload_id: str, number: int, content_md5: str, expires: int, checksum_sha256: str | None = None
+        self, key: str, upload_id: str, number: int, content_md5: str, expires: int, checksum: str | None = None
     ) -> str:
         """A URL that takes part ``number`` straight to the store; the store refuses a body whose MD5 is not
-        ``content_md5`` (base64) or whose SHA-256 is not ``checksum_sha256`` (base64), which the sender must send
-        as the headers ``part_headers`` names."""
-        return self.multipart_presign_parts(key, upload_id, [(number, content_md5, checksum_sha256)], expires)[number]
+        ``content_md5`` (base64) or whose CRC32 is not ``checksum`` (base64), which the sender must send as the
+        headers ``part_headers`` names."""
+        return self.multipart_presign_parts(key, upload_id, [(number, content_md5, checksum)], expires)[number]
 
     def multipart_presign_parts(self, key: str, upload_id: str, parts: PartDigests, expires: int) -> dict[int, str]:
-        """``multipart_presign_part`` for many (part number, Content-MD5, SHA-256) at once: one trip to the store
+        """``multipart_presign_part`` for many (part number, Content-MD5, CRC32) at once: one trip to the store
         client's event loop (signing is local: nothing is sent to the store)."""
         if not self.is_s3:
             raise BadRequest("this store takes parts through the API, not presigned URLs")
@@ -330,7 +347,7 @@ class ObjectStore:
             await fs.set_session()
             s3 = await fs.get_s3(bucket)
             out: dict[int, str] = {}
-            for number, md5, sha in parts:
+            for number, md5, checksum in parts:
                 params: dict[str, Any] = {
                     "Bucket": bucket,
                     "Key": name,
@@ -338,8 +355,8 @@ class ObjectStore:
                     "PartNumber": number,
                     "ContentMD5": md5,
                 }
-                if sha:
-                    params["ChecksumSHA256"] = sha
+                if checksum:
+                    params[CHECKSUM_FIELD] = checksum
                 out[number] = str(
                     await s3.generate_presigned_url(ClientMethod="upload_part", Params=params, ExpiresIn=expires)
                 )
@@ -349,19 +366,19 @@ class ObjectStore:
 
         return self._guard(lambda: sync(fs.loop, sign_all))
 
-    def multipart_parts(self, key: str, upload_id: str) -> dict[int, tuple[int, str]]:
-        """The parts the store holds: number → (size, ETag without quotes; "" on a local store)."""
+    def multipart_parts(self, key: str, upload_id: str) -> dict[int, StoredPart]:
+        """The parts the store holds, by number."""
         if self.is_local:
             staging = self._staging(key, upload_id)
 
-            def scan() -> dict[int, tuple[int, str]]:
+            def scan() -> dict[int, StoredPart]:
                 if not staging.is_dir():
                     return {}
-                return {int(p.name): (p.stat().st_size, "") for p in staging.iterdir() if p.name.isdigit()}
+                return {int(p.name): StoredPart(p.stat().st_size, "") for p in staging.iterdir() if p.name.isdigit()}
 
             return self._guard(scan)
         bucket, name = self._bucket_key(key)
-        out: dict[int, tuple[int, str]] = {}
+        out: dict[int, StoredPart] = {}
         marker = 0
         while True:
             try:
@@ -373,7 +390,9 @@ class ObjectStore:
             except FileNotFoundError:  # NoSuchUpload: aborted or completed
                 return {}
             for part in answer.get("Parts", []):
-                out[int(part["PartNumber"])] = (int(part["Size"]), str(part["ETag"]).strip('"'))
+                out[int(part["PartNumber"])] = StoredPart(
+                    int(part["Size"]), str(part["ETag"]).strip('"'), part.get(CHECKSUM_FIELD) or None
+                )
             if not answer.get("IsTruncated"):
                 return out
             marker = int(answer["NextPartNumberMarker"])
@@ -389,7 +408,7 @@ class ObjectStore:
         """Assemble the object from ``parts`` ((number, ETag), in order). On a local store the bytes are hashed
         on the way and the SHA-256 returned; the object appears atomically, and only when it matches
         ``expected_sha256`` (else DigestMismatch, nothing written). On S3 the store assembles it (None), checking
-        the parts' SHA-256 ``checksums`` (base64, by part number) that their uploads declared."""
+        the parts' CRC32 ``checksums`` (base64, by part number: what ``multipart_parts`` reported)."""
         if self.is_local:
             staging = self._staging(key, upload_id)
             final = Path(self._path(key))
@@ -421,7 +440,7 @@ class ObjectStore:
         for n, etag in parts:
             entry: dict[str, Any] = {"PartNumber": n, "ETag": f'"{etag}"'}
             if checksums and checksums.get(n):
-                entry["ChecksumSHA256"] = checksums[n]
+                entry[CHECKSUM_FIELD] = checksums[n]
             listed.append(entry)
         body = {"Parts": listed}
         self._guard(

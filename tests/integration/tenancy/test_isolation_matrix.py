@@ -181,10 +181,10 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ("POST", "/api/v1/uploads"): [Case("self", body={"sha256": X_SHA, "size": 1}, cross=OWN_OK)],
     ("PUT", "/api/v1/uploads/{upload_id}/parts/{number}"): [Case("scoped", body=ARTIFACT, owner="admin")],
     ("POST", "/api/v1/uploads/{upload_id}/parts/{number}/url"): [
-        Case("scoped", body={"size": 1, "md5": "0" * 32, "sha256": "0" * 64}, owner="admin")
+        Case("scoped", body={"size": 1, "md5": "0" * 32, "crc32": "0" * 8}, owner="admin")
     ],
     ("POST", "/api/v1/uploads/{upload_id}/parts/urls"): [
-        Case("scoped", body={"parts": [{"number": 1, "size": 1, "md5": "0" * 32, "sha256": "0" * 64}]}, owner="admin")
+        Case("scoped", body={"parts": [{"number": 1, "size": 1, "md5": "0" * 32, "crc32": "0" * 8}]}, owner="admin")
     ],
     ("POST", "/api/v1/uploads/{upload_id}/complete"): [Case("scoped", owner="admin")],
     ("GET", "/api/v1/quota"): [Case("self", cross=OWN_OK)],
