@@ -313,3 +313,26 @@ def test_a_draining_marker_keeps_an_ended_job_read(database_url: str, tmp_path: 
         assert counts == {"job-marked": 15, "job-plain": 10}
     finally:
         db.dispose()
+
+
+def test_only_the_bulk_writer_skips_foreign_key_checks_and_only_on_sqlite(database_url: str) -> None:
+    """Metrics ingestion writes through ``bulk_transaction``: on SQLite without per-row foreign key checks (the
+    writer guarantees its references), everywhere else exactly like ``transaction``."""
+    from sqlalchemy.exc import IntegrityError
+
+    db = Database(database_url)
+    try:
+        migrate.upgrade(db.engine)
+        orphan = "INSERT INTO metric_points (series_id, seq, step, time) VALUES (999999, 1, 1, 1.0)"
+        with pytest.raises(IntegrityError), db.transaction() as s:
+            s.connection().exec_driver_sql(orphan)
+        if db.engine.dialect.name == "sqlite":
+            with db.bulk_transaction() as s:
+                s.connection().exec_driver_sql(orphan)
+            with db.transaction() as s:  # the ordinary connections still check
+                s.connection().exec_driver_sql("DELETE FROM metric_points WHERE series_id = 999999")
+        else:
+            with pytest.raises(IntegrityError), db.bulk_transaction() as s:
+                s.connection().exec_driver_sql(orphan)
+    finally:
+        db.dispose()

@@ -95,7 +95,7 @@ class TableVersions:
             self.bump(written)
 
 
-def make_engine(url: str, *, read_only: bool = False) -> Engine:
+def make_engine(url: str, *, read_only: bool = False, foreign_keys: bool = True) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
@@ -114,7 +114,7 @@ def make_engine(url: str, *, read_only: bool = False) -> Engine:
             cursor = dbapi_conn.cursor()
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute(f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}")
             cursor.execute("PRAGMA busy_timeout=30000")
             cursor.close()
 
@@ -145,6 +145,9 @@ class Database:
         # On SQLite a second engine whose transactions don't take the write lock; elsewhere the same engine.
         self.read_engine = make_engine(url, read_only=True) if self.engine.dialect.name == "sqlite" else self.engine
         self._read_sessions = sessionmaker(self.read_engine, expire_on_commit=False)
+        # On SQLite a third for bulk writers that guarantee their own references (see bulk_transaction).
+        self.bulk_engine = make_engine(url, foreign_keys=False) if self.engine.dialect.name == "sqlite" else self.engine
+        self._bulk_sessions = sessionmaker(self.bulk_engine, expire_on_commit=False)
 
     @staticmethod
     def _share_sqlite_file(url: str) -> IO[str] | None:
@@ -195,6 +198,19 @@ class Database:
             session.close()
 
     @contextmanager
+    def bulk_transaction(self) -> Iterator[Session]:
+        """``transaction`` for a writer of many rows whose references it guarantees itself (metrics ingestion:
+        points of series it created or read in the same transaction, of jobs that are never deleted). On SQLite
+        foreign keys are not checked row by row there, which costs a tenth of a bulk insert; elsewhere it is
+        ``transaction``."""
+        session = self._bulk_sessions()
+        try:
+            with session.begin():
+                yield session
+        finally:
+            session.close()
+
+    @contextmanager
     def read(self) -> Iterator[Session]:
         """A unit of work that only reads: on SQLite it never waits for, or blocks, a writer."""
         session = self._read_sessions()
@@ -224,6 +240,7 @@ class Database:
         self._close_hooks.clear()
         self.engine.dispose()
         self.read_engine.dispose()
+        self.bulk_engine.dispose()
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None

@@ -93,7 +93,7 @@ class MetricsStore:
         """Store ``(job_id, parsed, is_gang)`` batches and advance ``cursors``, atomically. Returns the points
         stored. ``files`` (the ingester's cursor cache) is updated after the commit."""
         batches = list(batches)
-        with self._lock, self.db.transaction() as s:
+        with self._lock, self.db.bulk_transaction() as s:
             conn = s.connection()
             new_series: dict[tuple[str, str, str], tuple[int, str]] = {}
             stored = 0
