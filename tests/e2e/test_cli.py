@@ -93,6 +93,9 @@ def start_following(env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As from an interactive shell: a test run started in the background (`make test &`) inherits SIGINT
+        # ignored, and Python then never turns Ctrl-C into KeyboardInterrupt.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stdout is not None
     job_id = proc.stdout.readline().strip()
