@@ -24,9 +24,10 @@ from kiln.domain.schemas import (
     QuotaReport,
     UserRead,
 )
+from kiln.sdk.transport import ClientTransport
 
 if TYPE_CHECKING:
-    import httpx
+    pass
 
 QUOTA_FIELDS = ("gpus", "cpus", "memory", "count", "storage")
 QUOTA_CATEGORIES = ("train", "serve", "dev", "total")
@@ -73,23 +74,8 @@ def quota_value(field: str, value: Any) -> int | float | None:
     return value
 
 
-class TenancyMixin:
+class TenancyMixin(ClientTransport):
     """The tenancy methods of ``kiln.Client`` (which supplies ``request``)."""
-
-    if TYPE_CHECKING:
-
-        def request(
-            self,
-            method: str,
-            path: str,
-            *,
-            params: dict[str, Any] | None = None,
-            json_body: Any = None,
-            content: Any = None,
-            unsigned: bool = False,
-            content_sha256: str | None = None,
-            extra_headers: dict[str, str] | None = None,
-        ) -> httpx.Response: ...
 
     # -- organisations (creating one: platform admins) ----------------------------------------------------
 

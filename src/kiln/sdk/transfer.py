@@ -1,15 +1,16 @@
-"""What the dataset mixins of ``kiln.Client`` share: the client's transport they use (``TransferBase``, declared
-for type checking; the client supplies it), a plain client for presigned store URLs, and ``run_all`` for calls run
-on a thread pool.
+"""What the dataset mixins of ``kiln.Client`` share: the client's transport (``ClientTransport``) with a plain
+client for presigned store URLs (``TransferBase``), and ``run_all`` for calls run on a thread pool.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
+
+from kiln.sdk.transport import ClientTransport
 
 Progress = Callable[[int], None]
 DEFAULT_WORKERS = 4
@@ -28,38 +29,8 @@ def run_all(pool: ThreadPoolExecutor, calls: list[Callable[[], Any]]) -> list[An
     return [f.result() for f in futures]
 
 
-class TransferBase:
-    """The transport of ``kiln.Client`` as the dataset mixins see it, and their client for the object store."""
-
-    if TYPE_CHECKING:
-        endpoint: str
-        _http: httpx.Client
-
-        def request(
-            self,
-            method: str,
-            path: str,
-            *,
-            params: dict[str, Any] | None = None,
-            json_body: Any = None,
-            content: Any = None,
-            unsigned: bool = False,
-            content_sha256: str | None = None,
-            extra_headers: dict[str, str] | None = None,
-        ) -> httpx.Response: ...
-
-        def _prepare(
-            self,
-            method: str,
-            path: str,
-            params: dict[str, Any] | None,
-            body: bytes | None,
-            unsigned: bool,
-            content_sha256: str | None = None,
-        ) -> tuple[str, dict[str, str]]: ...
-
-        @staticmethod
-        def _raise_for(response: httpx.Response) -> None: ...
+class TransferBase(ClientTransport):
+    """The dataset mixins' base: the client's transport, and their own client for the object store."""
 
     _store_client: httpx.Client | None = None
 
