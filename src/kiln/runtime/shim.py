@@ -28,6 +28,13 @@ cancel: reason ``Cancelled``, the configured grace. A stopped attempt does not r
 for metrics, poll TensorBoard event files and sample the process tree, writing spool files into ``dir``. They
 read at their own pace, so they never slow the job down; at the end what is left of the log is drained, for at
 most a few seconds, before ``exit.json`` is written.
+
+The ``Shim`` class, the launcher and the script entry point live here; the rest is split by responsibility into
+modules next to this one, standard library only as well: ``shimio.py`` (log lines, status and exit records,
+notifications, stop requests), ``proctree.py`` (the job's process tree: signalling, killing, reaping, memory) and
+``shimprep.py`` (runtime, code, input datasets and the metrics glue). Like ``extract.py`` they are loaded as
+``kiln.runtime.<name>`` in the package, or as plain modules from this file's directory when the shim runs as a
+script; what other code imports from ``kiln.runtime.shim`` is re-exported here.
 """
 
 from __future__ import annotations
@@ -43,129 +50,37 @@ import threading
 import time
 from typing import Any
 
-EXIT_DISK_FULL = 75
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+if __package__:
+    from kiln.runtime import proctree, shimio, shimprep
+else:  # run as a script with -I: its own directory is not on sys.path
+    _here = os.path.dirname(os.path.abspath(__file__))
+    if _here not in sys.path:
+        sys.path.append(_here)
+    import proctree  # type: ignore[no-redef]
+    import shimio  # type: ignore[no-redef]
+    import shimprep  # type: ignore[no-redef]
+
+# The pieces in the modules next to this one, used here and imported from here by other modules and the tests.
+EXIT_DISK_FULL = shimio.EXIT_DISK_FULL
+EXIT_RESERVE = shimio.EXIT_RESERVE
+DiskFull = shimio.DiskFull
+format_line = shimio.format_line
+reserve_exit_record = shimio.reserve_exit_record
+timestamp = shimio.timestamp
+write_exit_record = shimio.write_exit_record
+write_json_atomic = shimio.write_json_atomic
+PAGE_SIZE = proctree.PAGE_SIZE
+PR_SET_CHILD_SUBREAPER = proctree.PR_SET_CHILD_SUBREAPER
+proc_table = proctree.proc_table
+reaped = proctree.reaped
+rss_bytes = proctree.rss_bytes
+load_extract = shimprep.load_extract
+load_stage = shimprep.load_stage
+
 POLL_SECONDS = 0.25
-PR_SET_CHILD_SUBREAPER = 36
 
 
-def timestamp(now: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
-
-
-def format_line(stream: str, text: bytes, now: float | None = None) -> bytes:
-    now = time.time() if now is None else now
-    return timestamp(now).encode() + b" " + stream.encode() + b" " + text.rstrip(b"\n") + b"\n"
-
-
-def write_json_atomic(path: str, data: dict, durable: bool = False) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(data, fh)
-        if durable:
-            fh.flush()
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    if durable:
-        dfd = os.open(os.path.dirname(path), os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-
-
-EXIT_RESERVE = 4096
-
-
-def reserve_exit_record(path: str) -> None:
-    """Allocate the exit record's blocks up front so that it can still be written on a full disk."""
-    with open(path + ".tmp", "wb") as fh:
-        fh.write(b" " * EXIT_RESERVE)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def write_exit_record(path: str, data: dict) -> None:
-    """Overwrite the reserved file in place (no new blocks), fsync, then rename it into place atomically."""
-    payload = json.dumps(data).encode()
-    tmp = path + ".tmp"
-    if len(payload) > EXIT_RESERVE or not os.path.exists(tmp):
-        write_json_atomic(path, data, durable=True)
-        return
-    fd = os.open(tmp, os.O_WRONLY)
-    try:
-        os.write(fd, payload)
-        os.ftruncate(fd, len(payload))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(path), os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
-def proc_table() -> dict[int, tuple[int, int]]:
-    """pid → (parent pid, session id) for every process we can see."""
-    out: dict[int, tuple[int, int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if fields[0] == b"Z":
-            continue  # a zombie is dead already; it only waits to be reaped
-        out[int(name)] = (int(fields[1]), int(fields[3]))
-    return out
-
-
-def _seconds(value: object, default: float, most: float) -> float:
-    return min(most, max(0.0, float(value))) if isinstance(value, int | float) else default
-
-
-def load_extract() -> Any:
-    """The metrics module, next to this file; only imported when an attempt wants metrics."""
-    if __package__:
-        from kiln.runtime import extract
-    else:  # run as a script with -I: its own directory is not on sys.path
-        here = os.path.dirname(os.path.abspath(__file__))
-        if here not in sys.path:
-            sys.path.append(here)
-        import extract  # type: ignore[no-redef]
-    return extract
-
-
-def load_stage() -> Any:
-    """The dataset staging module, next to this file; only imported when an attempt has inputs."""
-    if __package__:
-        from kiln.runtime import stage
-    else:
-        here = os.path.dirname(os.path.abspath(__file__))
-        if here not in sys.path:
-            sys.path.append(here)
-        import stage  # type: ignore[no-redef]
-    return stage
-
-
-def rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as fh:
-            return int(fh.read().split()[1]) * PAGE_SIZE
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-class DiskFull(Exception):
-    pass
-
-
-class Shim:
+class Shim(shimprep.Preparation):
     def __init__(self, attempt_dir: str) -> None:
         self.dir = attempt_dir
         with open(os.path.join(attempt_dir, "shim.json")) as fh:
@@ -193,51 +108,6 @@ class Shim:
         self.stage_holder = ""  # this attempt's name in the data cache's in-use records, once it staged
 
     # -- plumbing -------------------------------------------------------------------------------------
-
-    def notify(self, event: str) -> None:
-        if not self.notify_path:
-            return
-        try:
-            if self.notify_sock is None:
-                self.notify_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                self.notify_sock.setblocking(False)
-            msg = json.dumps({"job_id": self.cfg["job_id"], "attempt": self.cfg["attempt"], "event": event})
-            self.notify_sock.sendto(msg.encode(), self.notify_path)
-        except OSError:
-            pass  # the server may be down; it re-reads our files when it comes back
-
-    def log(self, stream: str, data: bytes) -> None:
-        self.write_log(format_line(stream + self.stream_tag, data))
-
-    def log_lines(self, stream: str, lines: list[bytes]) -> None:
-        """Several lines of one read, with one timestamp and one write."""
-        if len(lines) == 1:
-            self.log(stream, lines[0])
-            return
-        head = timestamp(time.time()).encode() + b" " + (stream + self.stream_tag).encode() + b" "
-        self.write_log(b"".join(head + line.rstrip(b"\n") + b"\n" for line in lines))
-
-    def write_log(self, data: bytes) -> None:
-        try:
-            os.write(self.log_fd, data)
-        except OSError as exc:
-            if exc.errno in (28, 122):  # ENOSPC, EDQUOT
-                raise DiskFull(str(exc)) from exc
-            raise
-
-    def say(self, text: str) -> None:
-        """A line from the shim itself: best effort, so a full disk fails only jobs whose own output is lost."""
-        try:
-            self.log("K", text.encode())
-        except (DiskFull, OSError):
-            pass
-
-    def status(self, phase: str, **extra: object) -> None:
-        data = {"phase": phase, "time": time.time(), "shim_pid": self.me, **extra}
-        write_json_atomic(os.path.join(self.dir, "status.json"), data)
-        if phase == "running":  # the only phase change the server acts on before the exit
-            self.notify(phase)
-
     def on_child(self, _signum: int, _frame: object) -> None:
         try:
             os.write(self.wake_w, b"c")
@@ -252,87 +122,6 @@ class Shim:
             os.write(self.wake_w, b"x")
         except OSError:
             pass
-
-    # -- process tree ---------------------------------------------------------------------------------
-
-    def tree(self) -> list[int]:
-        """Every process of this job: our session, plus anything re-parented to us (we are a subreaper)."""
-        table = proc_table()
-        members = {p for p, (ppid, sid) in table.items() if (sid == self.sid or ppid == self.me)}
-        members.discard(self.me)
-        grew = True
-        while grew:
-            extra = {p for p, (ppid, _) in table.items() if ppid in members and p not in members}
-            members |= extra
-            grew = bool(extra)
-        return sorted(members)
-
-    def signal_tree(self, sig: int) -> None:
-        for child in self.children:
-            try:
-                os.killpg(child.pid, sig)
-            except OSError:
-                pass
-        for pid in self.tree():
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
-
-    def kill_tree(self, grace: float) -> None:
-        """SIGTERM everything, wait up to ``grace`` seconds, then SIGKILL what is left."""
-        self.signal_tree(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            self.reap()
-            if not self.tree():
-                return
-            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
-            self.drain()  # what the processes print while they shut down still reaches the log
-        self.signal_tree(signal.SIGKILL)
-        for _ in range(40):
-            self.reap()
-            if not self.tree():
-                return
-            time.sleep(0.05)
-            self.drain()
-
-    def reap(self) -> None:
-        """Collect every exited child: the tracked one (its status goes to its Popen) and adopted orphans."""
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            index = self.child_index.get(pid)
-            if index is not None:
-                self.children[index].returncode = os.waitstatus_to_exitcode(status)
-                self.exit_order.append(index)
-
-    def running(self) -> bool:
-        return any(child.returncode is None for child in self.children)
-
-    def stop_request(self) -> tuple[str, str, float]:
-        """(reason, message, grace) of the stop: ``stop.json`` where the executor left one, else a cancel."""
-        if self.stop_info is None:
-            reason, message, grace = "Cancelled", self.cancel_reason, float(self.cfg.get("grace", 10))
-            try:
-                with open(os.path.join(self.dir, "stop.json")) as fh:
-                    request = json.load(fh)
-            except (OSError, ValueError):
-                request = None
-            if isinstance(request, dict):
-                if isinstance(request.get("reason"), str) and request["reason"].strip():
-                    reason = request["reason"].strip()[:64]
-                if isinstance(request.get("message"), str) and request["message"]:
-                    message = request["message"][:1000]
-                value = request.get("grace")
-                if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < float("inf"):
-                    grace = float(value)
-            self.stop_info = (reason, message, grace)
-        return self.stop_info
 
     # -- steps ----------------------------------------------------------------------------------------
 
@@ -524,62 +313,6 @@ class Shim:
         return reason
 
     # -- runtime and code -----------------------------------------------------------------------------
-
-    def build_runtime(self, spec: dict) -> None:
-        """Build a managed virtualenv once; concurrent jobs wait on a lock and reuse it."""
-        import fcntl
-        import shutil
-
-        venv = spec["venv"]
-        ready = os.path.join(venv, ".kiln-ready")
-        if os.path.exists(ready):
-            return
-        os.makedirs(os.path.dirname(venv), exist_ok=True)
-        with open(venv + ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if os.path.exists(ready):
-                return
-            self.say(f"building runtime {spec['name']} (first use): {' '.join(spec['packages']) or 'no packages'}")
-            shutil.rmtree(venv, ignore_errors=True)
-            env = dict(self.cfg["env"], **spec.get("env", {}))
-            env.pop("PIP_TARGET", None)
-            env.pop("PYTHONPATH", None)
-            steps = [[spec["base_python"], "-m", "venv", venv]]
-            if spec["packages"]:
-                steps.append(
-                    [
-                        os.path.join(venv, "bin", "python"),
-                        "-m",
-                        "pip",
-                        "install",
-                        "--disable-pip-version-check",
-                        "--no-input",
-                        "--progress-bar",
-                        "off",
-                        *spec["packages"],
-                    ]
-                )
-            for argv in steps:
-                code, reason = self.run_step("runtime", argv, env, None)
-                if code != 0 or reason:
-                    shutil.rmtree(venv, ignore_errors=True)
-                    raise RuntimeError(f"building runtime {spec['name']} failed: {' '.join(argv[:4])}… exited {code}")
-            with open(ready, "w") as fh:
-                json.dump({"packages": spec["packages"], "built_at": time.time()}, fh)
-            self.say(f"runtime {spec['name']} ready")
-
-    def extract_code(self) -> None:
-        archive = self.cfg.get("code_archive")
-        work = self.cfg["work_dir"]
-        os.makedirs(work, exist_ok=True)
-        if not archive:
-            return
-        import tarfile
-
-        with tarfile.open(archive, "r:*") as tar:
-            # The "data" filter refuses absolute paths, "..", links leaving the tree and device files.
-            tar.extractall(work, filter="data")
-
     # -- main -----------------------------------------------------------------------------------------
 
     def main(self) -> int:
@@ -629,50 +362,6 @@ class Shim:
         self.finish_metrics(marker)
         return 0
 
-    def start_metrics(self) -> None:
-        """Start the metrics threads (best effort: metrics never fail an attempt)."""
-        try:
-            extract = load_extract()
-            self.metrics = extract.Metrics(self.cfg, self.tree, os.fstat(self.log_fd).st_size)
-            # The threads share the interpreter with the loop copying the job's output: hand it back sooner.
-            sys.setswitchinterval(0.0005)
-            self.metrics.start()
-        except Exception as exc:
-            self.metrics = None
-            self.say(f"metrics collection could not start: {type(exc).__name__}: {exc}")
-
-    def stop_metrics(self) -> str | None:
-        """Drain what is left of the log into metrics for a few seconds (the exit record waits that long). When
-        the drain needs longer (a job that flooded its log), it goes on after the exit record: returns the marker
-        file that says so to the server's ingester (created here, before the exit record). Never raises."""
-        if self.metrics is None:
-            return None
-        try:
-            mc = self.cfg["metrics"]
-            drain = _seconds(mc.get("drain_seconds"), 5.0, 30.0)
-            limit = _seconds(mc.get("drain_limit_seconds"), 600.0, 3600.0)
-            if self.metrics.stop(drain, limit):
-                return None
-            marker = self.metrics.draining_marker()
-            with open(marker, "w") as fh:
-                fh.write(str(os.getpid()))
-            return marker
-        except BaseException:
-            return None
-
-    def finish_metrics(self, marker: str | None) -> None:
-        """After the exit record: the rest of a long drain, then the marker goes. Never raises."""
-        if marker is None or self.metrics is None:
-            return
-        try:
-            self.metrics.wait()
-        except BaseException:
-            pass
-        try:
-            os.unlink(marker)
-        except OSError:
-            pass
-
     def run_attempt(self) -> dict:
         cfg = self.cfg
         env = cfg["env"]
@@ -717,36 +406,6 @@ class Shim:
         if reason and reason == self.stopped_as:
             return self.finish(code, reason, self.stop_request()[1])
         return self.finish(code, reason, messages.get(reason, f"exited with {code}"))
-
-    def stage_inputs(self, env: dict) -> dict | None:
-        """Make the job's datasets available (read-only, from the machine's cache) before anything of it runs;
-        an outcome when that fails or the attempt is stopped meanwhile, None when the job may go on."""
-        cfg = self.cfg
-        stage = load_stage()
-        self.status("staging")
-        holder = f"{cfg['job_id']}-{cfg['attempt']}-{cfg.get('log_tag') or 'worker0'}"
-        self.stage_holder = holder
-        try:
-            added = stage.stage_inputs(
-                cfg["inputs"], cfg["data_cache"], cfg["work_dir"], log=self.say, stop=self.stage_stop, holder=holder
-            )
-        except stage.StageStopped:
-            stop_reason, stop_message, _ = self.stop_request()
-            self.stopped_as = stop_reason
-            return {"exit_code": None, "reason": stop_reason, "message": stop_message}
-        except stage.StageError as exc:
-            self.say(f"staging inputs failed: {exc}")
-            return {"exit_code": None, "reason": "InputError", "message": str(exc)}
-        env.update(added)
-        return None
-
-    def release_inputs(self) -> None:
-        if not self.stage_holder:
-            return
-        try:
-            load_stage().release(self.cfg["data_cache"], self.stage_holder)
-        except Exception:
-            pass  # a stale in-use record is ignored once this process is gone
 
     def finish(self, code: int | None, reason: str, message: str) -> dict:
         cfg = self.cfg
@@ -813,13 +472,8 @@ def launcher() -> int:
     buf = b""
     while True:
         ready, _, _ = select.select([0], [], [], 1.0)
-        while True:  # reap shims that ended
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
+        for _ in proctree.reaped():  # reap shims that ended
+            pass
         if not ready:
             continue
         data = os.read(0, 65536)

@@ -1,0 +1,156 @@
+"""What the shim writes and reads beside the job: log lines, status and exit records, notifications, stop requests.
+
+Standard library only, like the shim that loads it (as ``kiln.runtime.shimio`` in the package, or as a plain
+module from this file's directory when the shim runs as a script). ``AttemptFiles`` holds the shim's methods for
+these files; the module's functions are re-exported by ``shim.py``, where other code imports them from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Any
+
+EXIT_DISK_FULL = 75
+
+
+def timestamp(now: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
+
+
+def format_line(stream: str, text: bytes, now: float | None = None) -> bytes:
+    now = time.time() if now is None else now
+    return timestamp(now).encode() + b" " + stream.encode() + b" " + text.rstrip(b"\n") + b"\n"
+
+
+def write_json_atomic(path: str, data: dict, durable: bool = False) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+        if durable:
+            fh.flush()
+            os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    if durable:
+        dfd = os.open(os.path.dirname(path), os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+EXIT_RESERVE = 4096
+
+
+def reserve_exit_record(path: str) -> None:
+    """Allocate the exit record's blocks up front so that it can still be written on a full disk."""
+    with open(path + ".tmp", "wb") as fh:
+        fh.write(b" " * EXIT_RESERVE)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def write_exit_record(path: str, data: dict) -> None:
+    """Overwrite the reserved file in place (no new blocks), fsync, then rename it into place atomically."""
+    payload = json.dumps(data).encode()
+    tmp = path + ".tmp"
+    if len(payload) > EXIT_RESERVE or not os.path.exists(tmp):
+        write_json_atomic(path, data, durable=True)
+        return
+    fd = os.open(tmp, os.O_WRONLY)
+    try:
+        os.write(fd, payload)
+        os.ftruncate(fd, len(payload))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(os.path.dirname(path), os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+class DiskFull(Exception):
+    pass
+
+
+class AttemptFiles:
+    """The shim's job log, ``status.json``, notifications to the server and ``stop.json`` (a mixin of ``Shim``)."""
+
+    dir: str
+    cfg: Any
+    me: int
+    log_fd: int
+    stream_tag: str
+    notify_path: str | None
+    notify_sock: socket.socket | None
+    cancel_reason: str
+    stop_info: tuple[str, str, float] | None
+
+    def notify(self, event: str) -> None:
+        if not self.notify_path:
+            return
+        try:
+            if self.notify_sock is None:
+                self.notify_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                self.notify_sock.setblocking(False)
+            msg = json.dumps({"job_id": self.cfg["job_id"], "attempt": self.cfg["attempt"], "event": event})
+            self.notify_sock.sendto(msg.encode(), self.notify_path)
+        except OSError:
+            pass  # the server may be down; it re-reads our files when it comes back
+
+    def log(self, stream: str, data: bytes) -> None:
+        self.write_log(format_line(stream + self.stream_tag, data))
+
+    def log_lines(self, stream: str, lines: list[bytes]) -> None:
+        """Several lines of one read, with one timestamp and one write."""
+        if len(lines) == 1:
+            self.log(stream, lines[0])
+            return
+        head = timestamp(time.time()).encode() + b" " + (stream + self.stream_tag).encode() + b" "
+        self.write_log(b"".join(head + line.rstrip(b"\n") + b"\n" for line in lines))
+
+    def write_log(self, data: bytes) -> None:
+        try:
+            os.write(self.log_fd, data)
+        except OSError as exc:
+            if exc.errno in (28, 122):  # ENOSPC, EDQUOT
+                raise DiskFull(str(exc)) from exc
+            raise
+
+    def say(self, text: str) -> None:
+        """A line from the shim itself: best effort, so a full disk fails only jobs whose own output is lost."""
+        try:
+            self.log("K", text.encode())
+        except (DiskFull, OSError):
+            pass
+
+    def status(self, phase: str, **extra: object) -> None:
+        data = {"phase": phase, "time": time.time(), "shim_pid": self.me, **extra}
+        write_json_atomic(os.path.join(self.dir, "status.json"), data)
+        if phase == "running":  # the only phase change the server acts on before the exit
+            self.notify(phase)
+
+    def stop_request(self) -> tuple[str, str, float]:
+        """(reason, message, grace) of the stop: ``stop.json`` where the executor left one, else a cancel."""
+        if self.stop_info is None:
+            reason, message, grace = "Cancelled", self.cancel_reason, float(self.cfg.get("grace", 10))
+            try:
+                with open(os.path.join(self.dir, "stop.json")) as fh:
+                    request = json.load(fh)
+            except (OSError, ValueError):
+                request = None
+            if isinstance(request, dict):
+                if isinstance(request.get("reason"), str) and request["reason"].strip():
+                    reason = request["reason"].strip()[:64]
+                if isinstance(request.get("message"), str) and request["message"]:
+                    message = request["message"][:1000]
+                value = request.get("grace")
+                if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < float("inf"):
+                    grace = float(value)
+            self.stop_info = (reason, message, grace)
+        return self.stop_info
