@@ -304,6 +304,52 @@ def test_presigned_urls_for_many_parts_at_once_and_the_part_size_a_client_asks_f
         close_all(outsider)
 
 
+def test_parts_sent_to_s3_declare_the_digests_read_with_the_file_hash_unless_the_session_has_other_parts(
+    kiln: KilnServer, store_kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GET /uploads/config tells the client how parts travel before it hashes; on S3 the parts' MD5 and CRC32 come
+    from the same read as the file's SHA-256, so each part is read once more only to be sent. A session opened
+    with another part size (an older client's, resumed) has its digests computed again, part by part."""
+    from kiln.sdk import upload
+
+    client = kiln.client()
+    config = client.request("GET", "/uploads/config").json()
+    presigned = store_kind == "s3"
+    assert config["mode"] == ("presigned" if presigned else "api")
+    assert config["max_parts"] == 10_000
+    assert config["min_part_size"] == (5 * MiB if presigned else 16 * MiB)
+    reads: list[tuple[str, int]] = []
+    real_read = upload.read_part
+
+    def counting(source: Path, offset: int, length: int) -> bytes:
+        reads.append((source.name, offset))
+        return real_read(source, offset, length)
+
+    monkeypatch.setattr(upload, "read_part", counting)
+    big = tmp_path / "src" / "big.bin"
+    big.parent.mkdir()
+    big.write_bytes(os.urandom(20 * MiB + 5))
+    sent = PartCounter()
+    assert client.put_dataset(big.parent, "once", state_dir=tmp_path / "s", before_part=sent).version == 1
+    assert len(sent.sent) == (3 if presigned else 2)  # 8 MiB parts straight to S3, 16 MiB through the API
+    assert sorted(reads) == sorted(set(reads)) and len(reads) == len(sent.sent)  # each part read once to send
+    # A session with 5 MiB parts, as an older client opened it: resumed with its own part size.
+    other = tmp_path / "other" / "other.bin"
+    other.parent.mkdir()
+    other.write_bytes(os.urandom(12 * MiB))
+    sha = hashlib.sha256(other.read_bytes()).hexdigest()
+    body = {"sha256": sha, "size": 12 * MiB, "part_size": 5 * MiB}
+    session = client.request("POST", "/uploads", json_body=body).json()
+    reads.clear()
+    sent = PartCounter()
+    assert client.put_dataset(other.parent, "resumed", state_dir=tmp_path / "s", before_part=sent).version == 1
+    if presigned:
+        assert session["part_size"] == 5 * MiB and len(sent.sent) == 3
+        assert len(reads) == 6 and len(set(reads)) == 3  # digests computed again: each part read twice
+    client.get_dataset("resumed", tmp_path / "out")  # SHA-256 verified
+    assert (tmp_path / "out" / "other.bin").read_bytes() == other.read_bytes()
+
+
 def test_batch_part_urls_are_refused_on_a_store_without_presigned_urls(make_server: Callable[..., KilnServer]) -> None:
     client = make_server().client()
     data = b"through the API"

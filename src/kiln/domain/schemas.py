@@ -393,6 +393,19 @@ class UploadCreate(BaseModel):
     )
 
 
+class UploadConfig(BaseModel):
+    """How this server takes blob uploads, asked before hashing so that a client computes each part's digests in
+    the same read as the whole file's SHA-256."""
+
+    mode: Literal["api", "presigned"] = Field(
+        description="api: parts go through the API with their SHA-256; presigned: straight to the store, each "
+        "declared with its MD5 and CRC32"
+    )
+    part_size: int = Field(description="The part size of a new session that states no preference.")
+    min_part_size: int = Field(description="The smallest part size a new session may ask for (presigned).")
+    max_parts: int
+
+
 class UploadRead(BaseModel):
     id: str | None = Field(None, description="None when the blob is already stored (complete).")
     sha256: str

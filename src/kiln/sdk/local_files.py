@@ -11,13 +11,18 @@ import os
 import secrets
 import stat
 import threading
+import zlib
+from collections import deque
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 
 from kiln.errors import BadRequest, KilnError
 
 READ_CHUNK = 4 * 1024 * 1024
+# Parts read ahead of their digests while a file is hashed (memory: this many parts).
+PART_DIGESTS_AHEAD = 4
 
 
 @dataclass(frozen=True)
@@ -66,11 +71,60 @@ def scan_local(root: Path) -> list[LocalFile]:
 
 
 def sha256_file(path: Path) -> str:
+    return hash_file(path).sha256
+
+
+@dataclass(frozen=True)
+class FileDigests:
+    """A file's SHA-256 and, when asked for, the hex MD5 and CRC32 of each of its parts of ``part_size`` bytes
+    (what a part sent straight to S3 declares), all from one read of the file."""
+
+    sha256: str
+    part_size: int | None = None
+    parts: tuple[tuple[str, str], ...] = ()
+
+
+def part_digests(data: bytes) -> tuple[str, str]:
+    """A part's hex MD5 and its CRC32 as 8 hex digits (big-endian, as S3's flexible checksum)."""
+    return hashlib.md5(data).hexdigest(), format(zlib.crc32(data), "08x")
+
+
+def hash_file(path: Path, part_size: int | None = None, pool: Executor | None = None) -> FileDigests:
+    """The file's SHA-256, and with ``part_size`` its parts' digests, computed on ``pool`` (when given) while this
+    thread goes on reading and hashing the whole: hashlib releases the GIL, so both run at once. At most
+    PART_DIGESTS_AHEAD parts are held in memory waiting for their digests."""
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(READ_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    if not part_size:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(READ_CHUNK):
+                digest.update(chunk)
+        return FileDigests(digest.hexdigest())
+    parts: list[tuple[str, str]] = []
+    waiting: deque[Future[tuple[str, str]]] = deque()
+    with open(path, "rb", buffering=0) as fh:
+        while data := _read_up_to(fh, part_size):
+            if pool is None:
+                parts.append(part_digests(data))
+            else:
+                waiting.append(pool.submit(part_digests, data))
+                while len(waiting) > PART_DIGESTS_AHEAD:
+                    parts.append(waiting.popleft().result())
+            digest.update(data)
+    parts += [future.result() for future in waiting]
+    return FileDigests(digest.hexdigest(), part_size, tuple(parts))
+
+
+def _read_up_to(fh: BinaryIO, length: int) -> bytes:
+    """``length`` bytes from ``fh``, fewer only at the end of the file (one raw read returns at most ~2 GiB)."""
+    data = fh.read(length)
+    if data and len(data) < length:
+        chunks = [data]
+        got = len(data)
+        while got < length and (more := fh.read(length - got)):
+            chunks.append(more)
+            got += len(more)
+        data = b"".join(chunks)
+    return data
 
 
 def manifest_sha256(entries: list[dict[str, Any]]) -> str:
@@ -101,14 +155,7 @@ def read_part(source: Path, offset: int, length: int) -> bytes:
     """``length`` bytes of ``source`` from ``offset``, read straight into the bytes returned (unbuffered)."""
     with open(source, "rb", buffering=0) as fh:
         fh.seek(offset)
-        data = fh.read(length)
-        if len(data) < length:  # one read returns at most ~2 GiB
-            chunks = [data]
-            got = len(data)
-            while got < length and (more := fh.read(length - got)):
-                chunks.append(more)
-                got += len(more)
-            data = b"".join(chunks)
+        data = _read_up_to(fh, length)
     if len(data) != length:
         raise KilnError(f"{source} changed while it was uploaded (it is shorter now); run the put again")
     return data

@@ -10,7 +10,6 @@ import os
 import queue
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from concurrent.futures import ALL_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -21,9 +20,17 @@ from urllib.parse import quote
 
 import httpx
 
-from kiln.domain.schemas import DatasetVersionRead, DraftRead, PartUrl, PartUrls, UploadRead
+from kiln.domain.schemas import DatasetVersionRead, DraftRead, PartUrl, PartUrls, UploadConfig, UploadRead
 from kiln.errors import DigestMismatch, StoreUnavailable
-from kiln.sdk.local_files import UploadState, manifest_sha256, read_part, scan_local, sha256_file
+from kiln.sdk.local_files import (
+    FileDigests,
+    UploadState,
+    hash_file,
+    manifest_sha256,
+    part_digests,
+    read_part,
+    scan_local,
+)
 from kiln.sdk.transfer import DEFAULT_WORKERS, Progress, TransferBase, run_all
 
 # Called with (blob sha256, part number, the part's bytes) before a part is sent; returns the bytes to send.
@@ -38,7 +45,7 @@ MAX_PARTS = 10_000
 # Presigned part URLs are asked for in batches that double up to this many parts; a URL older than this share of
 # its life when its turn comes is asked for again.
 URL_BATCH = 64
-# Threads computing the parts' MD5s ahead of the senders (hashlib releases the GIL: they run in parallel).
+# Threads computing the parts' MD5s while the files are hashed (hashlib releases the GIL: they run in parallel).
 HASHERS = max(1, min(4, os.cpu_count() or 1))
 URL_FRESH = 0.8
 
@@ -65,6 +72,12 @@ class _ReadyPart:
     fetched: float
 
 
+def _done(value: tuple[str, str]) -> Future[tuple[str, str]]:
+    future: Future[tuple[str, str]] = Future()
+    future.set_result(value)
+    return future
+
+
 class UploadMixin(TransferBase):
     """``put_dataset`` of ``kiln.Client`` and its upload pipeline."""
 
@@ -85,8 +98,19 @@ class UploadMixin(TransferBase):
         DEFAULT_WORKERS otherwise)."""
         files = scan_local(Path(path))
         threads = max(1, workers or DEFAULT_WORKERS)
-        with ThreadPoolExecutor(threads, thread_name_prefix="kiln-put") as pool:
-            hashes = list(pool.map(lambda f: sha256_file(f.source), files))
+        # Parts going straight to S3 declare their MD5 and CRC32: computed in the same read as the file's SHA-256
+        # (on the hashing threads), so that sending does no hashing and competes with nothing for the CPU.
+        presigned = self._upload_config().mode == "presigned"
+        with (
+            ThreadPoolExecutor(threads, thread_name_prefix="kiln-put") as pool,
+            ThreadPoolExecutor(HASHERS, thread_name_prefix="kiln-put-md5") as hashers,
+        ):
+            digests: list[FileDigests] = list(
+                pool.map(
+                    lambda f: hash_file(f.source, preferred_part_size(f.size) if presigned else None, hashers), files
+                )
+            )
+            hashes = [d.sha256 for d in digests]
             entries = [{"path": f.path, "size": f.size, "sha256": h} for f, h in zip(files, hashes, strict=True)]
             digest = manifest_sha256(entries)
             state = UploadState(state_dir or Path.home() / ".kiln" / "uploads", self.endpoint, name, digest)
@@ -100,6 +124,7 @@ class UploadMixin(TransferBase):
                 return self._version_of(name, draft.version)
             state.save(draft_id=draft.id)
             sources = {h: f for f, h in zip(files, hashes, strict=True)}
+            known = {d.sha256: d for d in digests}
             if on_total:
                 on_total(draft.missing_bytes)
             sessions: list[UploadRead] = run_all(
@@ -107,7 +132,7 @@ class UploadMixin(TransferBase):
                 [partial(self._open_upload, sha, sources[sha].size) for sha in draft.missing],
             )
             api_parts: list[Callable[[], Any]] = []
-            presigned: list[tuple[UploadRead, Path, list[int]]] = []
+            to_store: list[tuple[UploadRead, Path, list[int], FileDigests]] = []
             for session in sessions:
                 if session.complete or session.id is None:
                     if progress:
@@ -120,18 +145,21 @@ class UploadMixin(TransferBase):
                 source = sources[session.sha256].source
                 if session.mode == "presigned":
                     if pending:
-                        presigned.append((session, source, pending))
+                        to_store.append((session, source, pending, known[session.sha256]))
                 else:
                     api_parts += [
                         partial(self._send_part, session, n, source, state, progress, before_part) for n in pending
                     ]
             run_all(pool, api_parts)
-            self._send_presigned(presigned, state, progress, before_part, max(1, workers or PUT_WORKERS))
+            self._send_presigned(to_store, state, progress, before_part, hashers, max(1, workers or PUT_WORKERS))
             open_sessions = [s for s in sessions if not s.complete and s.id is not None]
             run_all(pool, [partial(self.request, "POST", f"/uploads/{s.id}/complete") for s in open_sessions])
         version = DatasetVersionRead.model_validate(self.request("POST", f"/datasets/drafts/{draft.id}/commit").json())
         state.clear()
         return version
+
+    def _upload_config(self) -> UploadConfig:
+        return UploadConfig.model_validate(self.request("GET", "/uploads/config").json())
 
     def _open_upload(self, sha256: str, size: int) -> UploadRead:
         body = {"sha256": sha256, "size": size, "part_size": preferred_part_size(size)}
@@ -172,17 +200,19 @@ class UploadMixin(TransferBase):
         if progress:
             progress(length)
 
-    # Parts straight to S3, as a pipeline: per blob, hashing threads read each part and compute its MD5, and a
-    # producer asks the server for presigned URLs in batches (one round trip for up to URL_BATCH parts), ahead of
-    # the senders; ``workers`` senders re-read each part (from the page cache) and PUT it to the store on their own
-    # connection.
+    # Parts straight to S3, as a pipeline: per blob, a producer asks the server for presigned URLs in batches (one
+    # round trip for up to URL_BATCH parts), ahead of the senders; ``workers`` senders re-read each part (from the
+    # page cache) and PUT it to the store on their own connection. The parts' digests are those computed with the
+    # file's SHA-256; a resumed session with another part size has them computed again, part by part, on the
+    # hashing threads.
 
     def _send_presigned(
         self,
-        uploads: list[tuple[UploadRead, Path, list[int]]],
+        uploads: list[tuple[UploadRead, Path, list[int], FileDigests]],
         state: UploadState,
         progress: Progress | None,
         before_part: PartHook | None,
+        hashers: ThreadPoolExecutor,
         workers: int,
     ) -> None:
         if not uploads:
@@ -200,12 +230,11 @@ class UploadMixin(TransferBase):
 
         with (
             ThreadPoolExecutor(min(len(uploads), 4), thread_name_prefix="kiln-put-urls") as producers,
-            ThreadPoolExecutor(HASHERS, thread_name_prefix="kiln-put-md5") as hashers,
             ThreadPoolExecutor(workers, thread_name_prefix="kiln-put-parts") as senders,
         ):
             made = [
-                producers.submit(self._produce_urls, s, src, numbers, ready, stop, hashers)
-                for s, src, numbers in uploads
+                producers.submit(self._produce_urls, s, src, numbers, known, ready, stop, hashers)
+                for s, src, numbers, known in uploads
             ]
             sending = [
                 senders.submit(self._send_ready, ready, stop, produced, state, progress, before_part)
@@ -231,6 +260,7 @@ class UploadMixin(TransferBase):
         session: UploadRead,
         source: Path,
         numbers: list[int],
+        known: FileDigests,
         ready: queue.Queue[_ReadyPart],
         stop: threading.Event,
         hashers: ThreadPoolExecutor,
@@ -241,13 +271,16 @@ class UploadMixin(TransferBase):
             if stop.is_set():
                 return "", ""
             length = self._part_length(session, number)
-            data = read_part(source, (number - 1) * session.part_size, length)
-            return hashlib.md5(data).hexdigest(), format(zlib.crc32(data), "08x")  # S3 flexible checksum
+            return part_digests(read_part(source, (number - 1) * session.part_size, length))
 
-        # The digests are computed in order on the hashing threads; URLs are asked for as soon as a part's digests
-        # are known, together with every following one already known (at most URL_BATCH): small batches while the
-        # hashing is behind the senders, large ones once it is ahead.
-        digests = [hashers.submit(digests_of, number) for number in numbers]
+        # URLs are asked for as soon as a part's digests are known, together with every following one already
+        # known (at most URL_BATCH). Digests computed again are computed in order on the hashing threads: small
+        # batches while the hashing is behind the senders, large ones once it is ahead.
+        digests: list[Future[tuple[str, str]]]
+        if known.part_size == session.part_size and len(known.parts) == session.parts:
+            digests = [_done(known.parts[number - 1]) for number in numbers]
+        else:
+            digests = [hashers.submit(digests_of, number) for number in numbers]
         try:
             done = 0
             while done < len(numbers) and not stop.is_set():

@@ -26,6 +26,7 @@ from kiln.domain.schemas import (
     PartUrlRequest,
     PartUrls,
     PartUrlsRequest,
+    UploadConfig,
     UploadRead,
 )
 from kiln.errors import BadRequest, Conflict, DigestMismatch, Forbidden, NotFound
@@ -62,6 +63,16 @@ class UploadService:
         self.part_size = settings.dataset_part_bytes if self.presigned else API_PART_BYTES
         self.tmp_dir = settings.home / "tmp"
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
+
+    def config(self, principal: Principal) -> UploadConfig:
+        """How new upload sessions take their parts (``mode``) and the part sizes they may use."""
+        principal.require("blobs:write")
+        return UploadConfig(
+            mode="presigned" if self.presigned else "api",
+            part_size=self.part_size,
+            min_part_size=S3_MIN_PART if self.presigned else self.part_size,
+            max_parts=S3_MAX_PARTS,
+        )
 
     def _upload_read(self, up: DataUpload, received: list[int]) -> UploadRead:
         parts = max(1, -(-up.size // up.part_size))

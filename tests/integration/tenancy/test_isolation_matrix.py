@@ -178,6 +178,7 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ("GET", "/api/v1/datasets/{name}/versions/{version}/files/{path}"): [Case("scoped", reader="member")],
     ("DELETE", "/api/v1/datasets/{name}/versions/{version}"): [Case("scoped", owner="admin")],
     ("DELETE", "/api/v1/datasets/{name}"): [Case("scoped", owner="admin", last=True)],
+    ("GET", "/api/v1/uploads/config"): [Case("self", cross=OWN_OK)],
     ("POST", "/api/v1/uploads"): [Case("self", body={"sha256": X_SHA, "size": 1}, cross=OWN_OK)],
     ("PUT", "/api/v1/uploads/{upload_id}/parts/{number}"): [Case("scoped", body=ARTIFACT, owner="admin")],
     ("POST", "/api/v1/uploads/{upload_id}/parts/{number}/url"): [

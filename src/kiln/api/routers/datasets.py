@@ -20,6 +20,7 @@ from kiln.domain.schemas import (
     PartUrlRequest,
     PartUrls,
     PartUrlsRequest,
+    UploadConfig,
     UploadCreate,
     UploadRead,
 )
@@ -104,6 +105,15 @@ def dataset_file(name: str, version: str, path: str, caller: Caller, kiln: Kiln)
     return StreamingResponse(
         kiln.store.iter_bytes(key, 4 * 1024 * 1024), media_type="application/octet-stream", headers=headers
     )
+
+
+@router.get(
+    "/uploads/config",
+    response_model=UploadConfig,
+    summary="How this server takes uploads: through the API or presigned straight to the store, and part sizes",
+)
+def upload_config(caller: Caller, kiln: Kiln) -> UploadConfig:
+    return kiln.datasets.config(caller)
 
 
 @router.post("/uploads", response_model=UploadRead, summary="Open (or resume) the upload session of a blob")
