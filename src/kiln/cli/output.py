@@ -14,7 +14,6 @@ from rich.text import Text
 
 from kiln.cli.common import err, out
 from kiln.domain.quantities import format_memory
-from kiln.domain.spec import command_text
 from kiln.domain.states import JobState
 
 if TYPE_CHECKING:
@@ -120,6 +119,8 @@ def _details(rows: list[tuple[str, object]]) -> None:
 
 
 def job_detail(job: JobRead) -> None:
+    from kiln.domain.spec import command_text  # the job models: not imported for commands that show no job
+
     spec = job.spec
     alloc = job.allocation
     allocation = None
