@@ -72,6 +72,16 @@ class _ReadyPart:
     fetched: float
 
 
+def _offer(ready: queue.Queue[_ReadyPart | None], item: _ReadyPart | None, stop: threading.Event) -> None:
+    """Queue ``item`` as soon as there is room, unless everyone is stopping."""
+    while not stop.is_set():
+        try:
+            ready.put(item, timeout=0.2)
+            return
+        except queue.Full:
+            continue
+
+
 def _done(value: tuple[str, str]) -> Future[tuple[str, str]]:
     future: Future[tuple[str, str]] = Future()
     future.set_result(value)
@@ -219,8 +229,8 @@ class UploadMixin(TransferBase):
             return
         self._store_http()  # created once, before the threads share it
         stop = threading.Event()  # a failure anywhere: everyone stops taking new work
-        produced = threading.Event()  # every URL is queued
-        ready: queue.Queue[_ReadyPart] = queue.Queue(maxsize=max(URL_BATCH, 2 * workers))
+        # Parts ready to send; once every producer is done, one None per sender tells it that nothing more comes.
+        ready: queue.Queue[_ReadyPart | None] = queue.Queue(maxsize=max(URL_BATCH, 2 * workers))
         failures: list[BaseException] = []
 
         def check(future: Future[None]) -> None:
@@ -237,14 +247,14 @@ class UploadMixin(TransferBase):
                 for s, src, numbers, known in uploads
             ]
             sending = [
-                senders.submit(self._send_ready, ready, stop, produced, state, progress, before_part)
-                for _ in range(workers)
+                senders.submit(self._send_ready, ready, stop, state, progress, before_part) for _ in range(workers)
             ]
             for future in made + sending:
                 future.add_done_callback(check)
             try:
                 wait(made, return_when=ALL_COMPLETED)
-                produced.set()
+                for _ in sending:
+                    _offer(ready, None, stop)
                 wait(sending, return_when=ALL_COMPLETED)
             finally:
                 stop.set()
@@ -261,7 +271,7 @@ class UploadMixin(TransferBase):
         source: Path,
         numbers: list[int],
         known: FileDigests,
-        ready: queue.Queue[_ReadyPart],
+        ready: queue.Queue[_ReadyPart | None],
         stop: threading.Event,
         hashers: ThreadPoolExecutor,
     ) -> None:
@@ -296,13 +306,7 @@ class UploadMixin(TransferBase):
                 urls = {u.number: u for u in self._part_urls(session.id, declared).items}
                 fetched = time.monotonic()
                 for number, (md5, crc) in batch:
-                    entry = _ReadyPart(session, source, number, md5, crc, urls[number], fetched)
-                    while not stop.is_set():
-                        try:
-                            ready.put(entry, timeout=0.2)
-                            break
-                        except queue.Full:
-                            continue
+                    _offer(ready, _ReadyPart(session, source, number, md5, crc, urls[number], fetched), stop)
                 done = end
         finally:
             for future in digests:
@@ -310,9 +314,8 @@ class UploadMixin(TransferBase):
 
     def _send_ready(
         self,
-        ready: queue.Queue[_ReadyPart],
+        ready: queue.Queue[_ReadyPart | None],
         stop: threading.Event,
-        produced: threading.Event,
         state: UploadState,
         progress: Progress | None,
         before_part: PartHook | None,
@@ -321,9 +324,9 @@ class UploadMixin(TransferBase):
             try:
                 entry = ready.get(timeout=0.1)
             except queue.Empty:
-                if produced.is_set() and ready.empty():
-                    return
                 continue
+            if entry is None:  # every part is sent or being sent
+                return
             self._send_to_store(entry, state, progress, before_part)
 
     def _send_to_store(
