@@ -61,6 +61,13 @@ class Settings(BaseSettings):
         ge=5 * 1024**2,
         description="Part size of dataset uploads straight to S3 (parts through the API are at most 16 MiB).",
     )
+    dataset_small_blob_bytes: int = Field(
+        4 * 1024**2,
+        ge=0,
+        le=15 * 1024**2,
+        description="Dataset files smaller than this are sent many to a request through the API (which checks "
+        "their SHA-256 and writes them to the store) instead of one upload session each; 0: never.",
+    )
     dataset_max_files: int = Field(200_000, ge=1, description="Most files one dataset version may hold.")
     server_key: str | None = Field(
         None, description="Fernet key encrypting secrets at rest. Default: generated in $KILN_HOME/server.key."

@@ -4,7 +4,9 @@ S3-protocol server (moto), driven through the SDK, the raw signed API and the CL
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import random
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -192,12 +194,16 @@ def test_an_interrupted_200mb_put_resumes_with_only_the_missing_parts(kiln: Kiln
     assert hashlib.sha256((tmp_path / "out" / "big.bin").read_bytes()).hexdigest() == sha
 
 
-def test_a_corrupt_part_is_refused_and_the_previous_version_stays(kiln: KilnServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("size", [2 * MiB, 6 * MiB], ids=["small-blobs", "session"])
+def test_a_corrupt_part_is_refused_and_the_previous_version_stays(kiln: KilnServer, tmp_path: Path, size: int) -> None:
+    """Under 4 MiB a file goes with others in one request (the server checks its SHA-256), above it in parts of
+    its own upload session: either way a corrupt body is refused, named, and nothing changes."""
     client = kiln.client()
-    src = make_tree(tmp_path / "src", {"a.bin": os.urandom(2 * MiB)})
+    src = make_tree(tmp_path / "src", {"a.bin": os.urandom(size)})
     client.put_dataset(src, "ds", state_dir=tmp_path / "s")
-    (src / "a.bin").write_bytes(os.urandom(2 * MiB))
-    with pytest.raises(DigestMismatch, match="part 1"):
+    (src / "a.bin").write_bytes(os.urandom(size))
+    expected = "part 1" if size >= 4 * MiB else f"{src / 'a.bin'} arrived with other bytes"
+    with pytest.raises(DigestMismatch, match=expected):
         client.put_dataset(src, "ds", state_dir=tmp_path / "s", before_part=PartCounter(corrupt=1))
     assert [v.version for v in client.dataset_versions("ds")] == [1]
     client.get_dataset("ds", tmp_path / "out")
@@ -318,6 +324,7 @@ def test_parts_sent_to_s3_declare_the_digests_read_with_the_file_hash_unless_the
     assert config["mode"] == ("presigned" if presigned else "api")
     assert config["max_parts"] == 10_000
     assert config["min_part_size"] == (5 * MiB if presigned else 16 * MiB)
+    assert (config["small_blob_bytes"], config["small_blobs_body_bytes"]) == (4 * MiB, 16 * MiB)
     reads: list[tuple[str, int]] = []
     real_read = upload.read_part
 
@@ -348,6 +355,110 @@ def test_parts_sent_to_s3_declare_the_digests_read_with_the_file_hash_unless_the
         assert len(reads) == 6 and len(set(reads)) == 3  # digests computed again: each part read twice
     client.get_dataset("resumed", tmp_path / "out")  # SHA-256 verified
     assert (tmp_path / "out" / "other.bin").read_bytes() == other.read_bytes()
+
+
+def blobs_body(blobs: list[bytes], header: Any = None) -> bytes:
+    """A POST /uploads/blobs body: the JSON line, then the bytes."""
+    declared = header or {"blobs": [{"sha256": hashlib.sha256(b).hexdigest(), "size": len(b)} for b in blobs]}
+    return json.dumps(declared).encode() + b"\n" + b"".join(blobs)
+
+
+def test_many_small_files_go_many_to_a_request_without_upload_sessions(
+    kiln: KilnServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = kiln.client()
+    sent: list[tuple[str, str]] = []
+    real_request = client.request
+
+    def counting(method: str, path: str, **kwargs: Any) -> httpx.Response:
+        sent.append((method, path))
+        return real_request(method, path, **kwargs)
+
+    monkeypatch.setattr(client, "request", counting)
+    rng = random.Random(7)
+    files = {f"shard-{i:04d}/{i}.bin": os.urandom(rng.randrange(0, 200_000)) for i in range(300)}
+    files["copy/same-as-first.bin"] = files["shard-0000/0.bin"]  # one content, two names
+    files["big.bin"] = os.urandom(5 * MiB)  # over 4 MiB: its own session
+    src = make_tree(tmp_path / "src", files)
+    version = client.put_dataset(src, "shards", state_dir=tmp_path / "s")
+    assert (version.files, version.size) == (len(files), sum(map(len, files.values())))
+    batches = [p for m, p in sent if p == "/uploads/blobs"]
+    sessions = [p for m, p in sent if m == "POST" and p == "/uploads"]
+    small_bytes = sum(len(d) for n, d in files.items() if n != "big.bin")
+    assert 2 <= len(batches) <= 2 + small_bytes // (15 * MiB)  # ~30 MB in 16 MiB bodies
+    assert len(sessions) == 1
+    client.get_dataset("shards", tmp_path / "out")  # every SHA-256 verified
+    assert read_tree(tmp_path / "out") == files
+    # A second version with one file changed sends that file alone.
+    sent.clear()
+    (src / "shard-0007" / "7.bin").write_bytes(b"changed")
+    assert client.put_dataset(src, "shards", state_dir=tmp_path / "s").version == 2
+    assert [p for _, p in sent].count("/uploads/blobs") == 1 and ("POST", "/uploads") not in sent
+
+
+def test_the_small_blobs_route_checks_everything_before_it_writes(kiln: KilnServer, tmp_path: Path) -> None:
+    client = kiln.client()
+    me = client.whoami()
+    url = "/uploads/blobs"
+    headers = {"Content-Type": "application/octet-stream"}
+    a, b = os.urandom(1000), os.urandom(2000)
+    sha_a = hashlib.sha256(a).hexdigest()
+    bad_bodies = [
+        (json.dumps({"blobs": []}).encode() + b"\n", "the blobs header: blobs"),
+        (b"no header line at all", "JSON line"),
+        (blobs_body([a], {"blobs": [{"sha256": "x", "size": 1000}]}), "blobs.0.sha256"),
+        (blobs_body([a], {"blobs": [{"sha256": sha_a, "size": 1000, "path": "/etc"}]}), "blobs.0.path"),
+        (blobs_body([a, b])[:-1], "holds 2999 bytes after its header, which declares 3000"),
+        (blobs_body([a], {"blobs": [{"sha256": sha_a, "size": 1}] * 1001}), "at most 1000"),
+    ]
+    for body, text in bad_bodies:
+        with pytest.raises(BadRequest, match=text):
+            client.request("POST", url, content=body, extra_headers=headers)
+    # One corrupt blob: refused, named (its declared SHA-256 in the details), and the good one is not stored.
+    corrupt = blobs_body([a, b], {"blobs": [{"sha256": sha_a, "size": 1000}, {"sha256": sha_a, "size": 2000}]})
+    with pytest.raises(DigestMismatch, match="blob 2 of 2") as refused:
+        client.request("POST", url, content=corrupt, extra_headers=headers)
+    assert refused.value.details == {"sha256": sha_a}
+    assert data_objects(kiln, me.org_id) == []
+    # Over the storage quota: 403 with the numbers, nothing written.
+    client.set_quota(me.org_id, category="total", storage=2500)
+    with pytest.raises(Forbidden, match=r"quota: storage 0 \+ 3000 bytes"):
+        client.request("POST", url, content=blobs_body([a, b]), extra_headers=headers)
+    assert data_objects(kiln, me.org_id) == []
+    client.set_quota(me.org_id, category="total", storage=10_000)
+    # The same content twice in one body is stored once; a blob already held is not written again.
+    stored = client.request("POST", url, content=blobs_body([a, a]), extra_headers=headers).json()
+    assert stored == {"stored": 1, "present": 0, "bytes": 1000}
+    again = client.request("POST", url, content=blobs_body([a, b]), extra_headers=headers).json()
+    assert again == {"stored": 1, "present": 1, "bytes": 2000}
+    assert sorted(size for _, size in data_objects(kiln, me.org_id)) == [1000, 2000]
+    total = next(c for c in client.quota().categories if c.category == "total")
+    assert total.used.storage == 3000
+    # The blobs are usable at once: a manifest naming them has nothing missing.
+    draft = client.request(
+        "POST", "/datasets", json_body={"name": "two", "files": [{"path": "a", "size": 1000, "sha256": sha_a}]}
+    ).json()
+    assert draft["missing"] == []
+
+
+def test_a_small_blob_ends_the_upload_session_an_interrupted_put_left(kiln: KilnServer) -> None:
+    """A session left open for a blob reserves its size; storing the blob many-to-a-request ends it."""
+    client = kiln.client()
+    me = client.whoami()
+    data = os.urandom(3 * MiB)
+    sha = hashlib.sha256(data).hexdigest()
+    session = client.request("POST", "/uploads", json_body={"sha256": sha, "size": len(data)}).json()
+    assert session["complete"] is False
+    total = next(c for c in client.quota().categories if c.category == "total")
+    assert total.used.storage == len(data)  # reserved by the session
+    answer = client.request(
+        "POST", "/uploads/blobs", content=blobs_body([data]), extra_headers={"Content-Type": "application/octet-stream"}
+    ).json()
+    assert answer["stored"] == 1
+    total = next(c for c in client.quota().categories if c.category == "total")
+    assert total.used.storage == len(data)  # counted once: the session is gone
+    assert client.request("POST", "/uploads", json_body={"sha256": sha, "size": len(data)}).json()["complete"]
+    assert [size for _, size in data_objects(kiln, me.org_id)] == [len(data)]
 
 
 def test_batch_part_urls_are_refused_on_a_store_without_presigned_urls(make_server: Callable[..., KilnServer]) -> None:

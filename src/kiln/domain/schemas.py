@@ -404,6 +404,32 @@ class UploadConfig(BaseModel):
     part_size: int = Field(description="The part size of a new session that states no preference.")
     min_part_size: int = Field(description="The smallest part size a new session may ask for (presigned).")
     max_parts: int
+    small_blob_bytes: int = Field(
+        description="Blobs smaller than this go many to a request (POST /uploads/blobs) rather than one session "
+        "each; 0: every blob has a session."
+    )
+    small_blobs_body_bytes: int = Field(description="The largest body POST /uploads/blobs takes, header included.")
+
+
+class SmallBlob(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sha256: str = Field(pattern=SHA256_PATTERN)
+    size: int = Field(ge=0)
+
+
+class SmallBlobsHeader(BaseModel):
+    """The JSON line that starts a body of small blobs: what follows it, in order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    blobs: list[SmallBlob] = Field(min_length=1, max_length=1000)
+
+
+class SmallBlobsRead(BaseModel):
+    stored: int = Field(description="Blobs written to the store by this request.")
+    present: int = Field(description="Blobs the organisation already held (not written again).")
+    bytes: int = Field(description="Bytes written to the store.")
 
 
 class UploadRead(BaseModel):

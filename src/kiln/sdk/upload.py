@@ -6,6 +6,7 @@ part in the resume file so that running the same ``put`` again sends only what i
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import queue
 import threading
@@ -24,6 +25,7 @@ from kiln.domain.schemas import DatasetVersionRead, DraftRead, PartUrl, PartUrls
 from kiln.errors import DigestMismatch, StoreUnavailable
 from kiln.sdk.local_files import (
     FileDigests,
+    LocalFile,
     UploadState,
     hash_file,
     manifest_sha256,
@@ -48,6 +50,11 @@ URL_BATCH = 64
 # Threads computing the parts' MD5s while the files are hashed (hashlib releases the GIL: they run in parallel).
 HASHERS = max(1, min(4, os.cpu_count() or 1))
 URL_FRESH = 0.8
+# Small files many to a request (POST /uploads/blobs): at most this many, and room for their JSON line (an entry
+# is {"sha256":"<64 hex>","size":<digits>}, under 100 bytes).
+BLOBS_PER_REQUEST = 1000
+HEADER_BYTES = 64
+HEADER_BYTES_PER_BLOB = 100
 
 
 def preferred_part_size(size: int) -> int:
@@ -82,6 +89,24 @@ def _offer(ready: queue.Queue[_ReadyPart | None], item: _ReadyPart | None, stop:
             continue
 
 
+def _small_batches(files: list[tuple[str, LocalFile]], body_bytes: int) -> list[list[tuple[str, LocalFile]]]:
+    """Small files (with their SHA-256, once per content) grouped in request bodies of at most ``body_bytes``
+    (their JSON line included) and BLOBS_PER_REQUEST files, in order."""
+    batches: list[list[tuple[str, LocalFile]]] = []
+    batch: list[tuple[str, LocalFile]] = []
+    used = HEADER_BYTES
+    for sha, f in files:
+        need = f.size + HEADER_BYTES_PER_BLOB
+        if batch and (used + need > body_bytes or len(batch) >= BLOBS_PER_REQUEST):
+            batches.append(batch)
+            batch, used = [], HEADER_BYTES
+        batch.append((sha, f))
+        used += need
+    if batch:
+        batches.append(batch)
+    return batches
+
+
 def _done(value: tuple[str, str]) -> Future[tuple[str, str]]:
     future: Future[tuple[str, str]] = Future()
     future.set_result(value)
@@ -108,18 +133,19 @@ class UploadMixin(TransferBase):
         DEFAULT_WORKERS otherwise)."""
         files = scan_local(Path(path))
         threads = max(1, workers or DEFAULT_WORKERS)
-        # Parts going straight to S3 declare their MD5 and CRC32: computed in the same read as the file's SHA-256
-        # (on the hashing threads), so that sending does no hashing and competes with nothing for the CPU.
-        presigned = self._upload_config().mode == "presigned"
+        config = self._upload_config()
+        small = config.small_blob_bytes  # files smaller than this go many to a request, without a session
+
+        def part_size(f: LocalFile) -> int | None:
+            # Parts going straight to S3 declare their MD5 and CRC32: computed in the same read as the file's
+            # SHA-256 (on the hashing threads), so that sending does no hashing and competes with nothing for the CPU.
+            return preferred_part_size(f.size) if config.mode == "presigned" and f.size >= small else None
+
         with (
             ThreadPoolExecutor(threads, thread_name_prefix="kiln-put") as pool,
             ThreadPoolExecutor(HASHERS, thread_name_prefix="kiln-put-md5") as hashers,
         ):
-            digests: list[FileDigests] = list(
-                pool.map(
-                    lambda f: hash_file(f.source, preferred_part_size(f.size) if presigned else None, hashers), files
-                )
-            )
+            digests: list[FileDigests] = list(pool.map(lambda f: hash_file(f.source, part_size(f), hashers), files))
             hashes = [d.sha256 for d in digests]
             entries = [{"path": f.path, "size": f.size, "sha256": h} for f, h in zip(files, hashes, strict=True)]
             digest = manifest_sha256(entries)
@@ -137,9 +163,18 @@ class UploadMixin(TransferBase):
             known = {d.sha256: d for d in digests}
             if on_total:
                 on_total(draft.missing_bytes)
+            batches = _small_batches(
+                [(sha, sources[sha]) for sha in draft.missing if sources[sha].size < small],
+                config.small_blobs_body_bytes,
+            )
+            run_all(pool, [partial(self._send_blobs, batch, progress, before_part) for batch in batches])
             sessions: list[UploadRead] = run_all(
                 pool,
-                [partial(self._open_upload, sha, sources[sha].size) for sha in draft.missing],
+                [
+                    partial(self._open_upload, sha, sources[sha].size)
+                    for sha in draft.missing
+                    if sources[sha].size >= small
+                ],
             )
             api_parts: list[Callable[[], Any]] = []
             to_store: list[tuple[UploadRead, Path, list[int], FileDigests]] = []
@@ -167,6 +202,36 @@ class UploadMixin(TransferBase):
         version = DatasetVersionRead.model_validate(self.request("POST", f"/datasets/drafts/{draft.id}/commit").json())
         state.clear()
         return version
+
+    def _send_blobs(
+        self, batch: list[tuple[str, LocalFile]], progress: Progress | None, before_part: PartHook | None
+    ) -> None:
+        """Small files, many in one request: a JSON line naming each blob, then their bytes in that order."""
+        header = {"blobs": [{"sha256": sha, "size": f.size} for sha, f in batch]}
+        chunks = [json.dumps(header, separators=(",", ":")).encode(), b"\n"]
+        for sha, f in batch:
+            data = read_part(f.source, 0, f.size)
+            chunks.append(before_part(sha, 1, data) if before_part and data else data)  # an empty blob has no part
+        try:
+            self.request(
+                "POST",
+                "/uploads/blobs",
+                content=b"".join(chunks),
+                extra_headers={"Content-Type": "application/octet-stream"},
+            )
+        except DigestMismatch as exc:
+            bad = next(
+                (f for sha, f in batch if isinstance(exc.details, dict) and exc.details.get("sha256") == sha), None
+            )
+            if bad is None:
+                raise
+            raise DigestMismatch(
+                f"{bad.source} arrived with other bytes than were hashed (it changed while the put ran, or was "
+                f"corrupted on the way): {exc.message}; run the put again",
+                details=exc.details,
+            ) from None
+        if progress:
+            progress(sum(f.size for _, f in batch))
 
     def _upload_config(self) -> UploadConfig:
         return UploadConfig.model_validate(self.request("GET", "/uploads/config").json())

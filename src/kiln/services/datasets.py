@@ -62,7 +62,8 @@ from kiln.services.dataset_names import (
     validate_path,
 )
 from kiln.services.identity import Principal
-from kiln.services.uploads import UploadService, lock_org
+from kiln.services.quotas import lock_org
+from kiln.services.uploads import UploadService
 
 log = logging.getLogger(__name__)
 

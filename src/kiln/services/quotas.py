@@ -46,6 +46,12 @@ def load_usage(s: Session, org_ids: list[str] | None = None) -> dict[str, OrgUsa
     return out
 
 
+def lock_org(s: Session, org_id: str) -> None:
+    """Serialise the organisation's dataset writes (SQLite's BEGIN IMMEDIATE already does)."""
+    if s.get_bind().dialect.name == "postgresql":
+        s.execute(select(Organization.id).where(Organization.id == org_id).with_for_update())
+
+
 def storage_used(s: Session, org_id: str) -> int:
     """Bytes the organisation stores: code bundles, job outputs, dataset blobs (each stored once however many
     versions share it) and the full size of every open dataset upload (reserved when it is opened)."""

@@ -16,7 +16,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kiln.db.models import DataBlob, DataUpload, DataUploadPart, Organization
+from kiln.db.models import DataBlob, DataUpload, DataUploadPart
 from kiln.db.session import Database
 from kiln.domain.ids import new_id
 from kiln.domain.schemas import (
@@ -30,9 +30,10 @@ from kiln.domain.schemas import (
     UploadRead,
 )
 from kiln.errors import BadRequest, Conflict, DigestMismatch, Forbidden, NotFound
+from kiln.services.blob_batches import BlobBatches
 from kiln.services.dataset_names import SHA256, data_key
 from kiln.services.identity import Principal
-from kiln.services.quotas import QuotaService
+from kiln.services.quotas import QuotaService, lock_org
 from kiln.settings import Settings
 from kiln.storage.store import ObjectStore, b64_digest
 
@@ -45,13 +46,7 @@ S3_MAX_PART = 5 * 1024**3
 S3_MAX_PARTS = 10_000
 
 
-def lock_org(s: Session, org_id: str) -> None:
-    """Serialise the organisation's dataset writes (SQLite's BEGIN IMMEDIATE already does)."""
-    if s.get_bind().dialect.name == "postgresql":
-        s.execute(select(Organization.id).where(Organization.id == org_id).with_for_update())
-
-
-class UploadService:
+class UploadService(BlobBatches):
     """The upload sessions of the organisation's blobs, and the store and settings they use."""
 
     def __init__(self, db: Database, store: ObjectStore, settings: Settings, quotas: QuotaService | None) -> None:
@@ -72,6 +67,8 @@ class UploadService:
             part_size=self.part_size,
             min_part_size=S3_MIN_PART if self.presigned else self.part_size,
             max_parts=S3_MAX_PARTS,
+            small_blob_bytes=self.settings.dataset_small_blob_bytes,
+            small_blobs_body_bytes=API_PART_BYTES,  # the API's cap on a signed body
         )
 
     def _upload_read(self, up: DataUpload, received: list[int]) -> UploadRead:
@@ -147,10 +144,6 @@ class UploadService:
                 return self.open_upload(principal, sha256, size, part_size)
             raise
         return self._upload_read(up, [])
-
-    def _check_quota(self, s: Session, principal: Principal, adding: int) -> None:
-        if self.quotas is not None:
-            self.quotas.check_storage(s, principal.org_id, principal.org_name, adding)
 
     def _store_empty(self, principal: Principal, sha256: str) -> UploadRead:
         if sha256 != EMPTY_SHA256:

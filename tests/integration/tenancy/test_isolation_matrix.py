@@ -48,6 +48,7 @@ BLOB = object()  # the bytes of the bound bundle
 LOG = b"a line an intruder tries to append\n"
 ARTIFACT = b"an artifact an intruder tries to write\n"
 X_SHA = hashlib.sha256(b"x").hexdigest()
+SMALL_BLOBS = b'{"blobs": [{"sha256": "%s", "size": 1}]}\nx' % X_SHA.encode()  # POST /uploads/blobs
 METRICS = b'{"t": 1.0, "s": 1, "w": "worker0", "m": {"intruder": 1.0}}\n'
 
 
@@ -180,6 +181,7 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ("DELETE", "/api/v1/datasets/{name}"): [Case("scoped", owner="admin", last=True)],
     ("GET", "/api/v1/uploads/config"): [Case("self", cross=OWN_OK)],
     ("POST", "/api/v1/uploads"): [Case("self", body={"sha256": X_SHA, "size": 1}, cross=OWN_OK)],
+    ("POST", "/api/v1/uploads/blobs"): [Case("self", body=SMALL_BLOBS, cross=OWN_OK)],
     ("PUT", "/api/v1/uploads/{upload_id}/parts/{number}"): [Case("scoped", body=ARTIFACT, owner="admin")],
     ("POST", "/api/v1/uploads/{upload_id}/parts/{number}/url"): [
         Case("scoped", body={"size": 1, "md5": "0" * 32, "crc32": "0" * 8}, owner="admin")

@@ -20,6 +20,7 @@ from kiln.domain.schemas import (
     PartUrlRequest,
     PartUrls,
     PartUrlsRequest,
+    SmallBlobsRead,
     UploadConfig,
     UploadCreate,
     UploadRead,
@@ -119,6 +120,16 @@ def upload_config(caller: Caller, kiln: Kiln) -> UploadConfig:
 @router.post("/uploads", response_model=UploadRead, summary="Open (or resume) the upload session of a blob")
 def open_upload(body: UploadCreate, caller: Caller, kiln: Kiln) -> UploadRead:
     return kiln.datasets.open_upload(caller, body.sha256, body.size, body.part_size)
+
+
+@router.post(
+    "/uploads/blobs",
+    response_model=SmallBlobsRead,
+    summary="Many small blobs in one request: a JSON line {blobs: [{sha256, size}]}, then their bytes in order",
+)
+async def put_blobs(request: Request, caller: Caller, kiln: Kiln) -> SmallBlobsRead:
+    data = await request.body()
+    return await run_in_threadpool(kiln.datasets.put_blobs, caller, data)
 
 
 @router.put(
