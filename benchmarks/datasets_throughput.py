@@ -1,6 +1,7 @@
 """Dataset upload and download throughput on an S3-compatible store, against boto3 on the same store.
 
-    .venv/bin/python benchmarks/datasets_throughput.py [--mb 500] [--runs 3] [--only put|get] [--json PATH]
+    .venv/bin/python benchmarks/datasets_throughput.py [--mb 500] [--runs 3] [--only put|get]
+        [--files 500] [--file-kb 100] [--json PATH]
 
 One moto S3 server in its own process, one fresh ``kiln server`` storing into ``s3://<bucket>/kiln`` on it, one
 file of random bytes. Two pairs, each like against like, interleaved run by run:
@@ -10,6 +11,8 @@ file of random bytes. Two pairs, each like against like, interleaved run by run:
               their imports.
 2. in process ``Client.put_dataset`` / ``get_dataset`` (the SDK) against boto3's ``upload_file`` /
               ``download_file`` with a client made once, both in this process.
+3. many files a directory of ``--files`` small files (``--file-kb`` each) with the SDK, against boto3's
+              ``upload_file`` / ``download_file`` of each file on 10 threads, both in this process.
 
 Kiln's put: hashing (SHA-256 of the file, with each part's MD5 and CRC32 in the same read), manifest, upload
 session, parts straight to the store through presigned URLs (8 in flight), completion, commit. Every Kiln put
@@ -18,7 +21,8 @@ presigned URL, streamed, SHA-256 verified. boto3 runs with its defaults (8 MiB p
 checksums; no digest of its own checked on the way back).
 
 MB/s = file size / wall time, best of ``--runs``; target: Kiln ≥ 0.8x boto3 in both pairs and directions. Also
-shown, for information: the median of the runs' own ratios, and the CLI against boto3 in this process (the
+shown, for information: the median of the runs' own ratios (each pair's order alternates between runs; written
+data is flushed to disk before each transfer), and the CLI against boto3 in this process (the
 comparison earlier versions of this benchmark made: it charges the CLI's ≈ 0.3 s start to Kiln alone). The
 machine is shared and noisy; nothing is asserted.
 """
@@ -34,6 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,6 +71,8 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=500, help="File size in MB (10^6 bytes).")
     parser.add_argument("--runs", type=int, default=3, help="Runs of each transfer (the best one counts).")
     parser.add_argument("--only", choices=["put", "get"], default=None, help="Measure one direction only.")
+    parser.add_argument("--files", type=int, default=500, help="Small files of the many-files pair (0: skip it).")
+    parser.add_argument("--file-kb", type=int, default=100, help="Size of each small file in kB (10^3 bytes).")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     started = time.monotonic()
@@ -94,7 +101,13 @@ def main() -> None:
                 n = min(left, 16 * 1024 * 1024)
                 fh.write(os.urandom(n))
                 left -= n
-        print(f"file: {size / MB:.0f} MB random bytes; moto at {s3.endpoint}; kiln at {server.url}")
+        many = tmp / "many"
+        many.mkdir()
+        for i in range(args.files):
+            (many / f"{i:05d}.bin").write_bytes(os.urandom(args.file_kb * 1000))
+        many_files = sorted(many.iterdir())
+        many_size = args.files * args.file_kb * 1000
+        print(f"file: {size / MB:.0f} MB random bytes; {args.files} files of {args.file_kb} kB; moto at {s3.endpoint}")
         sdk = Client(server.url, creds["KILN_ACCESS_KEY"], creds["KILN_SECRET_KEY"])
         boto = s3.client()
 
@@ -109,9 +122,9 @@ def main() -> None:
                 raise SystemExit(f"{' '.join(argv[:4])} failed: {result.stderr}")
             return elapsed
 
-        def remove_dataset() -> None:
+        def remove_dataset(name: str = "bench") -> None:
             try:
-                sdk.remove_dataset("bench")
+                sdk.remove_dataset(name)
             except KilnError:  # not there yet
                 pass
 
@@ -138,6 +151,25 @@ def main() -> None:
             remove_dataset()
             return timed(lambda: sdk.put_dataset(src, "bench", state_dir=fresh_home()))
 
+        def put_many_sdk() -> float:
+            remove_dataset("bench-many")
+            return timed(lambda: sdk.put_dataset(many, "bench-many", state_dir=fresh_home()))
+
+        def boto_many(op: str) -> float:
+            """The small files with boto3 on 10 threads (a client's pool holds 10 connections)."""
+            dest = fresh_dest("many-boto3-out")
+            if op == "get":
+                dest.mkdir()
+
+            def one(path: Path) -> None:
+                if op == "put":
+                    boto.upload_file(str(path), bucket, f"boto/many/{path.name}")
+                else:
+                    boto.download_file(bucket, f"boto/many/{path.name}", str(dest / path.name))
+
+            with ThreadPoolExecutor(10) as pool:
+                return timed(lambda: list(pool.map(one, many_files)))
+
         # Each returns the wall time of one transfer (what it sets up first excluded).
         transfers: dict[str, Callable[[], float]] = {
             "put cli": put_cli,
@@ -152,26 +184,47 @@ def main() -> None:
             "get boto3": lambda: timed(
                 lambda: boto.download_file(bucket, "boto/blob.bin", str(fresh_dest("boto-in.bin")))
             ),
+            "put many-sdk": put_many_sdk,
+            "put many-boto3": lambda: boto_many("put"),
+            "get many-sdk": lambda: timed(lambda: sdk.get_dataset("bench-many", fresh_dest("many-sdk-out"))),
+            "get many-boto3": lambda: boto_many("get"),
         }
+        volume = {name: many_size if "many" in name else size for name in transfers}
         ops = [args.only] if args.only else ["put", "get"]
         if ops == ["get"]:  # the objects to read
-            transfers["put boto3"]()
-            transfers["put sdk"]()
-        times: dict[str, list[float]] = {name: [] for name in transfers if name.split()[0] in ops}
-        for _ in range(args.runs):
-            for name in times:  # interleaved, so that drift of the shared machine hits both sides alike
+            for name in ("put boto3", "put sdk", "put many-boto3", "put many-sdk"):
+                if args.files or "many" not in name:
+                    transfers[name]()
+        times: dict[str, list[float]] = {
+            name: [] for name in transfers if name.split()[0] in ops and (args.files or "many" not in name)
+        }
+        names = list(times)  # pairs: Kiln, then the boto3 run it is compared with
+        for run in range(args.runs):
+            # Interleaved, so that drift of the shared machine hits both sides alike; each pair's order alternates
+            # between runs, and written data is flushed to disk between transfers (so that one transfer's
+            # write-back does not land on the next).
+            order = names if run % 2 == 0 else [n for i in range(0, len(names), 2) for n in names[i : i + 2][::-1]]
+            for name in order:
+                os.sync()
                 elapsed = transfers[name]()
                 times[name].append(elapsed)
-                print(f"  {name:18s} {elapsed:6.2f}s  {size / MB / elapsed:7.1f} MB/s")
+                print(f"  {name:18s} {elapsed:6.2f}s  {volume[name] / MB / elapsed:7.1f} MB/s")
         rows = []
-        rates = {name: size / MB / min(values) for name, values in times.items()}
+        rates = {name: volume[name] / MB / min(values) for name, values in times.items()}
         pairs = [("cli", "boto3 process", True), ("sdk", "boto3", True), ("cli", "boto3", False)]
+        if args.files:
+            pairs.append(("many-sdk", "many-boto3", True))
+        labels = {
+            "cli": "CLI vs boto3 process",
+            "sdk": "SDK vs boto3",
+            "many-sdk": f"{args.files} x {args.file_kb} kB, SDK vs boto3",
+        }
         for op in ops:
             for kiln_side, boto_side, target in pairs:
                 k, b = f"{op} {kiln_side}", f"{op} {boto_side}"
                 ratio = rates[k] / rates[b]
                 paired = statistics.median(bt / kt for kt, bt in zip(times[k], times[b], strict=True))
-                label = {"cli": "CLI", "sdk": "SDK"}[kiln_side] + f" vs {boto_side}" + ("" if target else " in process")
+                label = labels[kiln_side] if target else "CLI vs boto3 in process"
                 rows.append(
                     {
                         "metric": f"kiln data {op}, {label} (MB/s)",
@@ -194,7 +247,7 @@ def main() -> None:
                         "unit": "x",
                     }
                 )
-        print_table(rows, metric_width=52, digits={"x": 2})
+        print_table(rows, metric_width=54, digits={"x": 2})
         finish({"mb": args.mb, "runs": args.runs, "rates": rates, "times_s": times}, rows, started, args.json)
     finally:
         if server is not None:
