@@ -396,6 +396,40 @@ def test_many_small_files_go_many_to_a_request_without_upload_sessions(
     assert [p for _, p in sent].count("/uploads/blobs") == 1 and ("POST", "/uploads") not in sent
 
 
+def test_a_put_reads_only_the_files_that_changed_since_the_last_one(
+    kiln: KilnServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kiln.sdk import hash_cache, upload
+
+    monkeypatch.setattr(hash_cache, "RACY_SECONDS", 0)  # files written just now count as settled
+    hashed: list[str] = []
+    real_hash = upload.hash_file
+
+    def counting(source: Path, part_size: int | None = None, pool: Any = None) -> Any:
+        hashed.append(source.name)
+        return real_hash(source, part_size, pool)
+
+    monkeypatch.setattr(upload, "hash_file", counting)
+    client = kiln.client()
+    src = make_tree(
+        tmp_path / "src", {f"{i}.bin": os.urandom(50_000) for i in range(20)} | {"big.bin": os.urandom(6 * MiB)}
+    )
+    state = tmp_path / "home" / "uploads"
+    assert client.put_dataset(src, "cached", state_dir=state).version == 1
+    assert len(hashed) == 21 and (tmp_path / "home" / "hashes.sqlite").is_file()
+    hashed.clear()
+    assert client.put_dataset(src, "cached", state_dir=state).version == 1  # nothing changed, nothing read
+    assert hashed == []
+    (src / "7.bin").write_bytes(b"changed")
+    version = client.put_dataset(src, "cached", state_dir=state)
+    assert version.version == 2 and hashed == ["7.bin"]
+    hashed.clear()
+    assert client.put_dataset(src, "cached", state_dir=state, rehash=True).version == 2
+    assert len(hashed) == 21
+    client.get_dataset("cached", tmp_path / "out")
+    assert read_tree(tmp_path / "out") == read_tree(src)
+
+
 def test_the_small_blobs_route_checks_everything_before_it_writes(kiln: KilnServer, tmp_path: Path) -> None:
     client = kiln.client()
     me = client.whoami()
@@ -556,6 +590,9 @@ def test_the_cli_puts_lists_gets_and_removes(kiln: KilnServer, tmp_path: Path) -
 
     put = kiln_cli("data", "put", str(src), "cli-data")
     assert put.returncode == 0 and put.stdout.strip() == "cli-data@1", put
+    assert (tmp_path / "home" / ".kiln" / "hashes.sqlite").is_file()  # the hashes, for the next put
+    again = kiln_cli("data", "put", "--rehash", str(src), "cli-data")
+    assert again.returncode == 0 and again.stdout.strip() == "cli-data@1", again  # the same files: no new version
     ls = kiln_cli("data", "ls")
     assert ls.returncode == 0 and "cli-data" in ls.stdout, ls
     versions = kiln_cli("data", "ls", "cli-data", "-o", "json")

@@ -40,10 +40,14 @@ def put(
     local_path: Annotated[Path, typer.Argument(help="A file or a directory (links are refused).")],
     name: Annotated[str, typer.Argument(help="Dataset name: lowercase letters, digits and . _ -")],
     workers: PutWorkers = None,
+    rehash: Annotated[
+        bool, typer.Option("--rehash", help="Read every file again, whatever the hash cache holds.")
+    ] = False,
     output: Output = OutputFormat.table,
 ) -> None:
     """Upload LOCAL_PATH as the next version of NAME. Only blobs the server lacks are sent, in parts; run the
-    same command again after an interruption to send only what is left."""
+    same command again after an interruption to send only what is left. Files unchanged since an earlier put
+    (same inode, size and times) are not read again: their hashes come from ~/.kiln/hashes.sqlite."""
     if not local_path.exists() and not local_path.is_symlink():
         raise typer.BadParameter(f"{local_path} does not exist", param_hint="LOCAL_PATH")
     started = time.monotonic()
@@ -56,7 +60,9 @@ def put(
             sent += n
             advance(n)
 
-        version = client.put_dataset(local_path, name, progress=count, on_total=set_total, workers=workers)
+        version = client.put_dataset(
+            local_path, name, progress=count, on_total=set_total, workers=workers, rehash=rehash
+        )
     elapsed = time.monotonic() - started
     if output is OutputFormat.json:
         emit_json(version.model_dump(mode="json"))

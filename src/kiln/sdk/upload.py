@@ -23,6 +23,7 @@ import httpx
 
 from kiln.domain.schemas import DatasetVersionRead, DraftRead, PartUrl, PartUrls, UploadConfig, UploadRead
 from kiln.errors import DigestMismatch, StoreUnavailable
+from kiln.sdk.hash_cache import HashCache, hash_cached
 from kiln.sdk.local_files import (
     FileDigests,
     LocalFile,
@@ -126,12 +127,16 @@ class UploadMixin(TransferBase):
         workers: int | None = None,
         state_dir: Path | None = None,
         before_part: PartHook | None = None,
+        rehash: bool = False,
     ) -> DatasetVersionRead:
         """Upload a file or directory as the next version of ``name`` (or return the latest version when it
         already holds exactly these files). ``on_total`` is told the bytes to send, ``progress`` each part sent.
         ``workers``: files hashed and parts in flight at once (default: PUT_WORKERS parts straight to S3,
-        DEFAULT_WORKERS otherwise)."""
+        DEFAULT_WORKERS otherwise). ``state_dir``: where the resume file goes (default ``~/.kiln/uploads``); the
+        hash cache (``kiln.sdk.hash_cache``) is beside it, ``hashes.sqlite``. ``rehash``: read every file again,
+        whatever the hash cache holds."""
         files = scan_local(Path(path))
+        state_dir = state_dir or Path.home() / ".kiln" / "uploads"
         threads = max(1, workers or DEFAULT_WORKERS)
         config = self._upload_config()
         small = config.small_blob_bytes  # files smaller than this go many to a request, without a session
@@ -145,11 +150,22 @@ class UploadMixin(TransferBase):
             ThreadPoolExecutor(threads, thread_name_prefix="kiln-put") as pool,
             ThreadPoolExecutor(HASHERS, thread_name_prefix="kiln-put-md5") as hashers,
         ):
-            digests: list[FileDigests] = list(pool.map(lambda f: hash_file(f.source, part_size(f), hashers), files))
+            cache = None if rehash else HashCache(state_dir.parent / "hashes.sqlite")
+            try:
+                digests: list[FileDigests] = list(
+                    pool.map(
+                        lambda f: hash_cached(cache, f.source, part_size(f), partial(hash_file, pool=hashers)),
+                        files,
+                    )
+                )
+            finally:
+                if cache is not None:
+                    cache.trim()
+                    cache.close()
             hashes = [d.sha256 for d in digests]
             entries = [{"path": f.path, "size": f.size, "sha256": h} for f, h in zip(files, hashes, strict=True)]
             digest = manifest_sha256(entries)
-            state = UploadState(state_dir or Path.home() / ".kiln" / "uploads", self.endpoint, name, digest)
+            state = UploadState(state_dir, self.endpoint, name, digest)
             draft = DraftRead.model_validate(
                 self.request("POST", "/datasets", json_body={"name": name, "files": entries}).json()
             )
