@@ -90,7 +90,11 @@ class BlobBatches:
             new = {sha: data for sha, data in unique.items() if sha not in held}
             self._check_quota(s, principal, sum(len(d) for d in new.values()))
         if new:
-            self.store.put_objects([(data_key(org, sha), data) for sha, data in new.items()])
+            try:
+                self.store.put_objects([(data_key(org, sha), data) for sha, data in new.items()])
+            except KilnError:  # the store failed part way (503): what it took is not recorded, so it goes
+                self._forget(org, list(new))
+                raise
         stale: list[tuple[str, str]] = []
         try:
             with self.db.transaction() as s:
