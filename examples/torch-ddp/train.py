@@ -9,6 +9,7 @@ a digest of its parameters to $KILN_OUTPUT_DIR/rank<N>.json.
 import hashlib
 import json
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -41,3 +42,8 @@ with open(os.path.join(os.environ["KILN_OUTPUT_DIR"], f"rank{rank}.json"), "w") 
     json.dump({"rank": rank, "world_size": world, "digest": digest, "loss": loss.item(), "accuracy": accuracy}, fh)
 print(f"rank={rank} done digest={digest[:16]} accuracy={accuracy:.3f}", flush=True)
 dist.destroy_process_group()
+# PyTorch 2.13 with gloo: a worker thread frees each collective's work object, under the GIL, just after the
+# collective completes. If the interpreter is already shutting down by then, the process aborts (exit 134)
+# after all its work is done, a few times in a hundred on a busy machine. A moment without the GIL lets it
+# finish first.
+time.sleep(0.5)
