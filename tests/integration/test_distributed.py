@@ -22,6 +22,32 @@ DUMP = [
     + ")}), flush=True)",
 ]
 RANK_PREFIX = re.compile(r"^\[\d+\] ")
+# TensorFlow's members as they behave: a parameter server serves at its TF_CONFIG address until it is stopped,
+# and each worker reaches every parameter server before it ends (so none is stopped before it has printed).
+TF_MEMBER = [
+    sys.executable,
+    "-c",
+    DUMP[2]
+    + """
+import socket, time
+config = json.loads(os.environ["TF_CONFIG"])
+addresses = [a.rsplit(":", 1) for a in config["cluster"]["ps"]]
+if config["task"]["type"] == "ps":
+    host, port = addresses[config["task"]["index"]]
+    server = socket.create_server((host, int(port)))
+    while True:
+        server.accept()[0].close()
+for host, port in addresses:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, f"parameter server {host}:{port} never answered"
+            time.sleep(0.05)
+""",
+]
 
 
 def _envs(api: Api, job_id: str) -> list[tuple[str, dict[str, str]]]:
@@ -35,8 +61,8 @@ def _envs(api: Api, job_id: str) -> list[tuple[str, dict[str, str]]]:
     return out
 
 
-def _run(api: Api, distributed: dict, **extra) -> list[tuple[str, dict[str, str]]]:  # type: ignore[type-arg]
-    job = api.submit(DUMP, resources={"cpus": 0.25}, distributed=distributed, **extra)
+def _run(api: Api, distributed: dict, command: list[str] = DUMP, **extra) -> list[tuple[str, dict[str, str]]]:  # type: ignore[type-arg]
+    job = api.submit(command, resources={"cpus": 0.25}, distributed=distributed, **extra)
     done = api.wait(job["id"], timeout=60)
     assert done["state"] == "SUCCEEDED", done
     return _envs(api, job["id"])
@@ -60,7 +86,7 @@ def test_pytorch_workers_get_torchrun_environment(make_server):
 
 def test_tensorflow_members_get_one_consistent_tf_config(make_server):
     api = Api.admin(make_server(cpus="2"))
-    envs = _run(api, {"framework": "tensorflow", "workers": 3, "ps": 2})
+    envs = _run(api, {"framework": "tensorflow", "workers": 3, "ps": 2}, TF_MEMBER)
     assert len(envs) == 5
     configs = [json.loads(e["TF_CONFIG"]) for _, e in envs]
     clusters = {json.dumps(c["cluster"], sort_keys=True) for c in configs}
