@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 KILN_HOST ?= 127.0.0.1
 KILN_PORT ?= 8080
 
-.PHONY: run install dev test lint typecheck unit bench clean services
+.PHONY: run install dev test lint typecheck unit bench clean services mount-tools
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Kiln needs Python >= 3.11"'
@@ -38,6 +38,20 @@ services:
 	@command -v pg_isready >/dev/null 2>&1 && pg_isready -h 127.0.0.1 -p 5432 || \
 		echo "WARNING: PostgreSQL is not reachable on 127.0.0.1:5432; its tests will be reported as skipped"
 
+# FUSE and the tools that mount `mode: mount` inputs (Debian's packages): the mount tests use them.
+MOUNT_PACKAGES := fuse3 rclone s3fs
+mount-tools:
+	@if ! command -v rclone >/dev/null 2>&1 || ! command -v s3fs >/dev/null 2>&1 || ! command -v fusermount3 >/dev/null 2>&1; then \
+		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+			echo "installing $(MOUNT_PACKAGES)"; \
+			export DEBIAN_FRONTEND=noninteractive; \
+			apt-get install -y -q --no-install-recommends $(MOUNT_PACKAGES) >/dev/null 2>&1 || \
+				{ apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(MOUNT_PACKAGES) >/dev/null; }; \
+		else \
+			echo "WARNING: install $(MOUNT_PACKAGES) (as root: apt-get install $(MOUNT_PACKAGES)); the mount tests need them"; \
+		fi; \
+	fi
+
 lint: dev
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
@@ -45,7 +59,7 @@ lint: dev
 typecheck: dev
 	$(BIN)/mypy
 
-test: dev services lint typecheck
+test: dev services mount-tools lint typecheck
 	$(BIN)/python -m pytest -q
 
 unit: dev

@@ -147,6 +147,17 @@ class Settings(BaseSettings):
     data_cache_bytes: int = Field(
         50 * 1024**3, ge=0, description="Size limit of the local executor's dataset cache (LRU beyond it)."
     )
+    mount_tools: str = Field(
+        "rclone,s3fs",
+        description="FUSE tools the local executor may mount `mode: mount` inputs with, in order of preference "
+        "(rclone mounts any store, s3fs only S3), comma-separated; empty: such inputs are refused at submit.",
+    )
+    mount_cache_bytes: int = Field(
+        0,
+        ge=0,
+        description="With rclone, keep what a job reads through a mount on disk (in the attempt's directory, "
+        "removed when it ends), up to this size; 0: every read is streamed from the store.",
+    )
     metrics_token: str | None = Field(
         None,
         description="When set, GET /metrics (Prometheus) needs 'Authorization: Bearer <this token>'; "
@@ -184,6 +195,18 @@ class Settings(BaseSettings):
         if self.storage_secret_access_key is not None:
             options["secret"] = self.storage_secret_access_key.get_secret_value()
         return options
+
+    @field_validator("mount_tools")
+    @classmethod
+    def _mount_tools(cls, value: str) -> str:
+        unknown = sorted({t.strip() for t in value.split(",") if t.strip()} - {"rclone", "s3fs"})
+        if unknown:
+            raise ValueError(f"unknown mount tools {', '.join(unknown)}: the tools are rclone and s3fs")
+        return value
+
+    @property
+    def mount_tool_list(self) -> list[str]:
+        return [t.strip() for t in self.mount_tools.split(",") if t.strip()]
 
     @cached_property
     def resolved_runtimes_dir(self) -> Path:

@@ -91,9 +91,95 @@ def test_jobs_read_a_dataset_and_write_an_artifact(server: KilnServer, tmp_path:
     assert "all from the cache" in staged(second.id)
 
 
+MOUNTED = r"""
+import os, pathlib
+link = pathlib.Path("data/digits/a.txt")
+real = os.path.realpath(link)
+points = {}
+for line in open("/proc/self/mountinfo"):
+    fields = line.split()
+    points[fields[4]] = fields[fields.index("-") + 1]
+point = max((p for p in points if real.startswith(p + "/")), key=len)
+print("served by", points[point])
+try:
+    open(link, "ab")
+    print("writable")
+except OSError as exc:
+    print("write refused:", exc.strerror)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="this kernel or container has no FUSE device (/dev/fuse)")
+def test_jobs_read_a_mounted_dataset_and_write_an_artifact(server: KilnServer, tmp_path: Path) -> None:
+    client = server.client()
+    digest = _tree(tmp_path / "digits")
+    client.put_dataset(tmp_path / "digits", "digits")
+    spec = {
+        "command": [sys.executable, "-c", READER + MOUNTED],
+        "runtime": {"python": sys.executable},
+        "inputs": [{"dataset": "digits", "mode": "mount"}],
+    }
+    job = client.submit(spec)
+    done = wait_for(client, job.id, timeout=60)
+    assert done.state == "SUCCEEDED", (done.message, log_text(client, job.id))
+    assert log_text(client, job.id) == [
+        f"digest {digest}",
+        "mode 0o555",
+        "served by fuse.rclone",
+        "write refused: Read-only file system",
+    ]
+    assert [p.read_text() for p in client.download(job.id, tmp_path / "out")] == [digest]
+    kiln_lines = [ln for ln in client.stream_logs(job.id, follow=False) if " K " in ln and "input digits@1" in ln]
+    assert len(kiln_lines) == 1 and "3 files" in kiln_lines[0]
+    assert "mounted read-only with rclone, nothing downloaded" in kiln_lines[0]
+    # Nothing was staged, and nothing stays mounted once the job has ended.
+    assert not (server.home / "cache" / "data" / "blobs").exists()
+    assert not any(str(server.home) in line for line in Path("/proc/self/mountinfo").read_text().splitlines())
+    assert not list((server.home / "jobs" / job.id).rglob("mount-secret.json"))
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="this kernel or container has no FUSE device (/dev/fuse)")
+def test_each_member_of_a_gang_mounts_its_inputs(make_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server = make_server(cpus="2")
+    client = server.client()
+    digest = _tree(tmp_path / "digits")
+    client.put_dataset(tmp_path / "digits", "digits")
+    spec = {
+        "command": [sys.executable, "-c", READER.replace("print(", "print(os.environ['RANK'], ")],
+        "runtime": {"python": sys.executable},
+        "resources": {"cpus": 1},
+        "distributed": {"framework": "pytorch", "workers": 2},
+        "inputs": [{"dataset": "digits", "mode": "mount"}],
+    }
+    job = client.submit(spec)
+    done = wait_for(client, job.id, timeout=60)
+    assert done.state == "SUCCEEDED", (done.message, log_text(client, job.id))
+    assert sorted(log_text(client, job.id)) == [
+        f"0 digest {digest}",
+        "0 mode 0o555",
+        f"1 digest {digest}",
+        "1 mode 0o555",
+    ]
+    mounted = [ln for ln in client.stream_logs(job.id, follow=False) if "mounted read-only with rclone" in ln]
+    assert len(mounted) == 2  # one mount per member
+    assert not any(str(server.home) in line for line in Path("/proc/self/mountinfo").read_text().splitlines())
+
+
 def test_a_missing_dataset_is_refused_at_submit(server: KilnServer) -> None:
     client = server.client()
     with pytest.raises(InvalidInput, match=r"inputs\[0\]\.dataset"):
         client.submit({"command": "true", "inputs": [{"dataset": "nope"}]})
-    with pytest.raises(InvalidInput, match="mount"):
-        client.submit({"command": "true", "inputs": [{"dataset": "nope", "mode": "mount"}]})
+
+
+def test_mount_is_refused_at_submit_where_it_cannot_work(make_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    client = make_server(mount_tools="").client()
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "x").write_text("x")
+    client.put_dataset(tmp_path / "d", "digits")
+    with pytest.raises(
+        InvalidInput,
+        match=r"inputs\[0\]\.mode: mount is not available on this machine: .*"
+        r"mounting is turned off on this server \(KILN_MOUNT_TOOLS is empty\); use mode: stage",
+    ):
+        client.submit({"command": "true", "inputs": [{"dataset": "digits", "mode": "mount"}]})
+    assert client.list_jobs() == []

@@ -288,3 +288,8 @@ def test_nodes_and_validate(env: Env) -> None:
     with pytest.raises(InvalidInput, match=r"runtime\.python"):
         backend.validate(JobSpec.model_validate({"command": "x", "runtime": {"python": "/usr/bin/python3"}}))
     backend.validate(JobSpec.model_validate({"command": "x", "runtime": {"image": "busybox"}}))
+    staged = {"command": "x", "runtime": {"image": "busybox"}, "inputs": [{"dataset": "mnist@1"}]}
+    backend.validate(JobSpec.model_validate(staged))
+    mounted = dict(staged, inputs=[{"dataset": "mnist@1"}, {"dataset": "imagenet@2", "mode": "mount"}])
+    with pytest.raises(InvalidInput, match=r"inputs\[1\]\.mode: mount is not available on the Kubernetes backend"):
+        backend.validate(JobSpec.model_validate(mounted))

@@ -56,6 +56,7 @@ class ResolvedInput:
     env: str  # KILN_INPUT_<NAME>
     mode: str  # "stage" | "mount"
     files: tuple[InputFile, ...]
+    blob_prefix: str = ""  # the object-store prefix of the organisation's blobs, which ``mode: mount`` mounts
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,7 @@ class ProcessTree:
 
     me: int
     sid: int
+    helpers: set[int]  # the shim's own helpers (a FUSE mount's daemon): never part of the job's tree
     children: list[subprocess.Popen]
     child_index: dict[int, int]
     exit_order: list[int]
@@ -68,11 +69,11 @@ class ProcessTree:
     def tree(self) -> list[int]:
         """Every process of this job: our session, plus anything re-parented to us (we are a subreaper)."""
         table = proc_table()
-        members = {p for p, (ppid, sid) in table.items() if (sid == self.sid or ppid == self.me)}
-        members.discard(self.me)
+        outside = {self.me} | self.helpers  # the shim itself, and what serves the job without being it
+        members = {p for p, (ppid, sid) in table.items() if (sid == self.sid or ppid == self.me)} - outside
         grew = True
         while grew:
-            extra = {p for p, (ppid, _) in table.items() if ppid in members and p not in members}
+            extra = {p for p, (ppid, _) in table.items() if ppid in members and p not in members} - outside
             members |= extra
             grew = bool(extra)
         return sorted(members)

@@ -106,6 +106,7 @@ class Shim(shimprep.Preparation):
         self.metrics: Any = None  # extract.Metrics when the attempt collects metrics
         self.stage_stop = threading.Event()  # set by a stop request while inputs are being staged
         self.stage_holder = ""  # this attempt's name in the data cache's in-use records, once it staged
+        self.helpers: set[int] = set()  # processes serving the job that are not the job's (a FUSE mount's daemon)
 
     # -- plumbing -------------------------------------------------------------------------------------
     def on_child(self, _signum: int, _frame: object) -> None:

@@ -166,8 +166,9 @@ class Preparation(_shimio.AttemptFiles, _proctree.ProcessTree):
     # -- inputs ---------------------------------------------------------------------------------------
 
     def stage_inputs(self, env: dict) -> dict | None:
-        """Make the job's datasets available (read-only, from the machine's cache) before anything of it runs;
-        an outcome when that fails or the attempt is stopped meanwhile, None when the job may go on."""
+        """Make the job's datasets available (read-only: copied into the machine's cache, or mounted) before
+        anything of it runs; an outcome when that fails or the attempt is stopped meanwhile, None when the job may
+        go on."""
         cfg = self.cfg
         stage = load_stage()
         self.status("staging")
@@ -175,7 +176,14 @@ class Preparation(_shimio.AttemptFiles, _proctree.ProcessTree):
         self.stage_holder = holder
         try:
             added = stage.stage_inputs(
-                cfg["inputs"], cfg["data_cache"], cfg["work_dir"], log=self.say, stop=self.stage_stop, holder=holder
+                cfg["inputs"],
+                cfg["data_cache"],
+                cfg["work_dir"],
+                log=self.say,
+                stop=self.stage_stop,
+                holder=holder,
+                mount=cfg.get("mount"),
+                helpers=self.helpers,
             )
         except stage.StageStopped:
             stop_reason, stop_message, _ = self.stop_request()

@@ -15,8 +15,9 @@ The job's root is its work dir: an absolute ``path`` such as ``/data/mnist`` is 
 relative one, and becomes a symlink ``<work_dir>/data/mnist`` to the tree. Nothing is created outside the work
 dir: ``..`` is refused and every parent is opened without following symlinks.
 
-``mode: mount`` (FUSE, via s3fs or rclone) is not implemented: ``can_mount`` says why (missing /dev/fuse,
-missing tool, and in any case no mount support in this version) and ``stage_inputs`` refuses such inputs.
+``mode: mount`` inputs are not copied: ``mount.py`` mounts the organisation's blobs read-only through FUSE
+(rclone or s3fs) and gives each such input a tree of links into the mount, placed the same way; ``release``
+unmounts it.
 """
 
 from __future__ import annotations
@@ -37,9 +38,11 @@ from collections.abc import Callable
 if __package__:
     from kiln.runtime import blobfetch as _blobfetch
     from kiln.runtime import datacache as _datacache
+    from kiln.runtime import mount as _mount
 else:  # run by the shim as a script: its directory is on sys.path
     import blobfetch as _blobfetch  # type: ignore[no-redef]
     import datacache as _datacache  # type: ignore[no-redef]
+    import mount as _mount  # type: ignore[no-redef]
 
 # The pieces next to this module, used here and imported from here by other modules and the tests.
 StageError = _datacache.StageError
@@ -63,10 +66,10 @@ touch = _datacache.touch
 write_json_atomic = _datacache.write_json_atomic
 Canceller = _blobfetch.Canceller
 download = _blobfetch.download
+Mount = _mount.Mount
 
 PROGRESS_SECONDS = 10.0  # a progress line while downloading, at most this often
-FUSE_DEVICE = "/dev/fuse"
-MOUNT_TOOLS = ("s3fs", "rclone")
+_MOUNTS: dict[str, Mount] = {}  # holder → the FUSE mount of its mounted inputs, until ``release``
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -150,14 +153,14 @@ class Input:
                 raise StageError(f"input {label}: file {path}: not a size: {size!r}")
             if not isinstance(sha, str) or not SHA256.match(sha):
                 raise StageError(f"input {label}: file {path}: not a SHA-256: {sha!r}")
-            if not isinstance(source, str) or not source:
-                raise StageError(f"input {label}: file {path}: no source")
+            if self.mode == "stage" and (not isinstance(source, str) or not source):
+                raise StageError(f"input {label}: file {path}: no source")  # a mounted file is found by its hash
             if path in seen:
                 raise StageError(f"input {label}: file {path} is listed twice")
             seen.add(path)
             parts = path.split("/")
             dirs.update("/".join(parts[:i]) for i in range(1, len(parts)))
-            self.files.append((path, size, sha, source))
+            self.files.append((path, size, sha, source if isinstance(source, str) else ""))
         clash = sorted(seen & dirs)
         if clash:
             raise StageError(f"input {label}: {clash[0]} is both a file and a directory")
@@ -175,19 +178,34 @@ class Input:
 # -- mount -----------------------------------------------------------------------------------------------
 
 
-def can_mount() -> str | None:
-    """None where ``mode: mount`` inputs can run here, else why not (the server refuses such jobs with it).
-
-    Mounting is not implemented in this version (the executor hands the shim one presigned URL per blob,
-    not credentials a FUSE filesystem could use), so this never answers None; it names what is missing first.
-    """
-    missing = []
-    if not os.path.exists(FUSE_DEVICE):
-        missing.append(f"{FUSE_DEVICE} does not exist")
-    if not any(shutil.which(tool) for tool in MOUNT_TOOLS):
-        missing.append(f"neither {' nor '.join(MOUNT_TOOLS)} is on PATH")
-    found = "; ".join(missing) + "; " if missing else ""
-    return f"mode 'mount' is not available on this machine: {found}this Kiln version only stages (mode: stage)"
+def mount_inputs(
+    mount: Mount,
+    items: list[Input],
+    work: str,
+    log: Callable[[str], None],
+    stop: threading.Event | None,
+    holder: str,
+    helpers: set[int] | None,
+) -> dict[str, str]:
+    """Mount the organisation's blobs (or join the attempt's mount), then give each input its tree of links into
+    the mount, placed at its path: ``{env name: tree}``. One file of each input is looked up through the mount
+    (the store answers and holds it); the rest are read when the job opens them."""
+    started = time.monotonic()
+    mount.acquire(holder, stop, helpers)
+    env: dict[str, str] = {}
+    for item in items:
+        tree = mount.tree(item.label, item.tree, [(rel, sha) for rel, _, sha, _ in item.files], item.dirs)
+        if item.files:
+            rel, size, sha, _ = item.files[0]
+            mount.check(item.label, rel, sha, size)
+        place(work, item, tree)
+        log(
+            f"input {item.label}: {len(item.files)} files, {human(item.bytes)}: mounted read-only with "
+            f"{mount.tool}, nothing downloaded ({time.monotonic() - started:.1f} s); "
+            f"at {item.path} (${item.env})"
+        )
+        env[item.env] = tree
+    return env
 
 
 # -- staging ----------------------------------------------------------------------------------------------
@@ -404,12 +422,16 @@ def stage_inputs(
     log: Callable[[str], None],
     stop: threading.Event | None = None,
     holder: str | None = None,
+    mount: dict | None = None,
+    helpers: set[int] | None = None,
 ) -> dict[str, str]:
     """Make each input available read-only at its path in the work dir; returns ``{env name: tree path}``.
 
     ``holder`` names this job in the cache's in-use records (``<job-id>-<attempt>-<member>``; default
-    ``pid<pid>``): pass the same to ``release`` when the job ends. Raises StageError (StageStopped when
-    ``stop`` is set) with a message naming the dataset and file.
+    ``pid<pid>``): pass the same to ``release`` when the job ends (it also unmounts). ``mount`` is the mount
+    config (see ``mount.py``) that ``mode: mount`` inputs need; the pid of the tool serving it is added to
+    ``helpers``. Raises StageError (StageStopped when ``stop`` is set) with a message naming the dataset and
+    file; nothing stays mounted then.
     """
     items = [Input(item) for item in inputs]
     envs: dict[str, str] = {}
@@ -423,12 +445,36 @@ def stage_inputs(
             if where == other or where.startswith(other + "/") or other.startswith(where + "/"):
                 raise StageError(f"inputs {label} and {item.label} overlap at {item.path}")
         places[where] = item.label
-    for item in items:
-        if item.mode == "mount":
-            raise StageError(f"input {item.label}: {can_mount()}")
     if not items:
         return {}
     holder = check_holder(holder or f"pid{os.getpid()}")
+    mounted = [item for item in items if item.mode == "mount"]
+    env: dict[str, str] = {}
+    try:
+        if mounted:
+            work = os.path.abspath(work_dir)
+            os.makedirs(work, exist_ok=True)
+            _MOUNTS[holder] = Mount(mount)
+            env.update(mount_inputs(_MOUNTS[holder], mounted, work, log, stop, holder, helpers))
+        env.update(stage_copies([item for item in items if item.mode == "stage"], cache, work_dir, log, stop, holder))
+    except BaseException:
+        if holder in _MOUNTS:
+            _MOUNTS.pop(holder).release(holder)
+        raise
+    return env
+
+
+def stage_copies(
+    items: list[Input],
+    cache: dict,
+    work_dir: str,
+    log: Callable[[str], None],
+    stop: threading.Event | None,
+    holder: str,
+) -> dict[str, str]:
+    """The inputs copied into the machine's cache (``mode: stage``), each placed at its path."""
+    if not items:
+        return {}
     try:
         root = cache_root(cache)
         limit = max_bytes(cache)
@@ -461,7 +507,13 @@ def stage_inputs(
 
 
 def release(cache: dict, holder: str) -> None:
-    """The job has ended: its trees are no longer in use (their last use is now). Idempotent."""
+    """The job has ended: its mount (if any) is unmounted and its trees are no longer in use (their last use is
+    now). Idempotent."""
+    mount = _MOUNTS.pop(check_holder(holder), None)
+    if mount is not None:
+        mount.release(holder)
+    if not isinstance(cache, dict) or not os.path.isdir(os.path.join(str(cache.get("dir")), "inuse")):
+        return  # nothing was ever staged through this cache
     root = cache_root(cache)
     path = os.path.join(root, "inuse", check_holder(holder))
     record = read_json(path)

@@ -98,7 +98,12 @@ def manifest_sha256(files: list[DatasetFileEntry]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def data_prefix(org_id: str) -> str:
+    """The prefix under which the organisation's dataset blobs live (what a ``mode: mount`` input mounts)."""
+    return f"orgs/{org_id}/data/sha256"
+
+
 def data_key(org_id: str, sha256: str) -> str:
     if not SHA256.fullmatch(sha256):
         raise BadRequest(f"invalid sha256 {sha256!r}")
-    return f"orgs/{org_id}/data/sha256/{sha256[:2]}/{sha256}"
+    return f"{data_prefix(org_id)}/{sha256[:2]}/{sha256}"

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from kiln.backends.base import InputFile, ResolvedInput
 from kiln.domain.spec import JobSpec, input_env_name
+from kiln.services.dataset_names import data_prefix
 from kiln.services.datasets import DatasetService
 
 
@@ -34,6 +35,7 @@ def input_resolver(datasets: DatasetService) -> Callable[[str, JobSpec], tuple[R
                     env=input_env_name(item.dataset),
                     mode=item.mode,
                     files=tuple(InputFile(f.path, f.size, f.sha256, f.key) for f in found.files),
+                    blob_prefix=data_prefix(org_id),
                 )
             )
         return tuple(out)

@@ -547,7 +547,7 @@ def test_concurrent_processes_isolated_standard_library_only(tmp_path: Path, sto
     assert leftovers(cache) == [] and len(trees(cache)) == 1
 
 
-# -- stop, mount --------------------------------------------------------------------------------------------
+# -- stop --------------------------------------------------------------------------------------------------
 
 
 def test_stop_aborts_a_stalled_download(tmp_path: Path, server: Server, cache: dict) -> None:
@@ -561,30 +561,6 @@ def test_stop_aborts_a_stalled_download(tmp_path: Path, server: Server, cache: d
         run([item], cache, tmp_path / "work", stop=stop)
     assert time.monotonic() - started < 5
     assert blobs(cache) == [] and leftovers(cache) == []
-
-
-def test_mount_detection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stage, "FUSE_DEVICE", str(tmp_path / "no-fuse"))
-    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
-    reason = stage.can_mount()
-    assert reason is not None
-    assert "no-fuse does not exist" in reason and "neither s3fs nor rclone is on PATH" in reason
-    fuse = tmp_path / "fuse"
-    fuse.write_bytes(b"")
-    (tmp_path / "bin").mkdir()
-    tool = tmp_path / "bin/rclone"
-    tool.write_text("#!/bin/sh\n")
-    tool.chmod(0o755)
-    monkeypatch.setattr(stage, "FUSE_DEVICE", str(fuse))
-    reason = stage.can_mount()  # everything there, but this version does not mount
-    assert reason is not None and "does not exist" not in reason and "only stages" in reason
-
-
-def test_mount_input_is_refused_before_any_work(tmp_path: Path, store: LocalStore, cache: dict) -> None:
-    item = make_input("mnist", 3, FILES, store, mode="mount")
-    with pytest.raises(StageError, match=r"input mnist@3: mode 'mount' is not available on this machine"):
-        run([item], cache, tmp_path / "work")
-    assert not os.path.exists(cache["dir"]) and not (tmp_path / "work").exists()
 
 
 def test_no_inputs_touch_nothing(tmp_path: Path, cache: dict) -> None:

@@ -264,6 +264,14 @@ class KubernetesBackend(Backend):
                 "Kubernetes: give runtime.image (your own image) or runtime.framework (a catalog image)",
                 details={"field": "spec.runtime.python"},
             )
+        for index, item in enumerate(spec.inputs):
+            if item.mode == "mount":
+                raise InvalidInput(
+                    f"inputs[{index}].mode: mount is not available on the Kubernetes backend: an init container "
+                    "copies each input into the pod (mounting would need a FUSE or CSI driver on every node); use "
+                    "mode: stage",
+                    details={"field": f"spec.inputs[{index}].mode"},
+                )
         render(RenderInput("validate", "validate", 1, spec, token="x"), self.cfg)  # raises InvalidInput
 
     def handle_for(self, job_id: str, attempt: int) -> dict[str, Any]:

@@ -38,12 +38,12 @@ from kiln.backends.local.attemptdir import gang_layout, member_dirs, read_json, 
 from kiln.backends.local.gang import MemberStatus, aggregate
 from kiln.backends.local.inventory import local_inventory
 from kiln.backends.local.runtimes import RuntimeManager
-from kiln.backends.local.shimconfig import input_config, job_env, job_pylib
+from kiln.backends.local.shimconfig import MountConfig, input_config, job_env, job_pylib, mount_config, write_secret
 from kiln.domain.distributed import Member, gang_members, hostfile_text, member_env
 from kiln.domain.spec import JobSpec, command_argv
 from kiln.errors import BackendError, InvalidInput, KilnError
+from kiln.runtime import mount as mount_module
 from kiln.runtime import shim as shim_module
-from kiln.runtime.stage import can_mount
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore, safe_key
@@ -84,6 +84,7 @@ class LocalBackend(Backend):
         self._exit_codes: dict[int, int] = {}  # shims we started that exited without an exit record
         self._children_lock = threading.Lock()
         self._wake = wake
+        self._mount_probed = False
         self._listener: threading.Thread | None = None
         self._sock: socket.socket | None = None
         self.notify_path: str | None = None
@@ -147,12 +148,28 @@ class LocalBackend(Backend):
             raise InvalidInput(exc.message) from exc
         for index, item in enumerate(spec.inputs):
             if item.mode == "mount":
-                why = can_mount()
+                why = self._mount_problem()
                 if why:
                     raise InvalidInput(
                         f"inputs[{index}].mode: mount is not available on this machine: {why}; use mode: stage",
                         details={"field": f"spec.inputs[{index}].mode"},
                     )
+
+    def _mount_problem(self) -> str | None:
+        """Why this machine cannot mount inputs, or None: what is missing, else a test mount (once a server's
+        life, when it first succeeds; a failure is looked at again next time, after an install perhaps)."""
+        kind = "local" if self.store.is_local else "s3" if self.store.is_s3 else "other"
+        if kind == "other":
+            return f"mounting needs a local or S3 object store, not {self.store.display}"
+        tools = self.settings.mount_tool_list
+        why = mount_module.mount_problem(kind, tools)
+        if why or self._mount_probed:
+            return why
+        usable = mount_module.usable_tools(kind, tools)
+        probe_dir = self.settings.run_dir / f"mount-probe-{os.getpid()}-{threading.get_ident()}"
+        why = mount_module.probe(usable[0], str(probe_dir)) if usable else None
+        self._mount_probed = why is None
+        return why
 
     def job_dir(self, job_id: str) -> Path:
         return self.jobs_dir / job_id
@@ -199,21 +216,29 @@ class LocalBackend(Backend):
             "system": wanted.system,
             "system_interval": wanted.system_interval,
         }
+        mounts: MountConfig | None = None
         if launch.inputs:
             base["inputs"] = [input_config(self.store, i) for i in launch.inputs]
             base["data_cache"] = {
                 "dir": str(self.settings.home / "cache" / "data"),
                 "max_bytes": self.settings.data_cache_bytes,
             }
+            mounts = mount_config(self.store, self.settings, launch.inputs)
+            if mounts is not None:  # one mount per attempt, shared by its members
+                base["mount"] = {
+                    **mounts.config,
+                    "dir": str(attempt_dir / "mount"),
+                    "secret_file": str(attempt_dir / mount_module.SECRET_FILE),
+                }
         notice = attempt_dir / "notice"
         if launch.spec.distributed is not None:
-            return self._start_gang(launch, handle, base, resolved.bin_dir, dirs, notice)
+            return self._start_gang(launch, handle, base, resolved.bin_dir, dirs, notice, mounts)
         config = {
             **base,
             "env": job_env(launch, self.pylib, resolved.bin_dir, dirs, notice, launch.cpus, launch.gpus),
             "memory_limit": launch.memory,
         }
-        self._launch_member(attempt_dir, config)
+        self._launch_member(attempt_dir, config, mounts)
         return handle
 
     def _start_gang(
@@ -224,6 +249,7 @@ class LocalBackend(Backend):
         bin_dir: str | None,
         dirs: dict[str, Path],
         notice: Path,
+        mounts: MountConfig | None,
     ) -> dict[str, Any]:
         """One shim per member, all started before this returns (the scheduler placed the whole gang)."""
         spec = launch.spec.distributed
@@ -254,11 +280,13 @@ class LocalBackend(Backend):
             }
             if len(procs) > 1:
                 config["procs"] = procs
-            self._launch_member(member_dir, config)
+            self._launch_member(member_dir, config, mounts)
         return handle
 
-    def _launch_member(self, member_dir: Path, config: dict[str, Any]) -> None:
+    def _launch_member(self, member_dir: Path, config: dict[str, Any], mounts: MountConfig | None = None) -> None:
         member_dir.mkdir(parents=True, exist_ok=True)
+        if mounts is not None:  # the member that mounts (or joins the mount) deletes it
+            write_secret(Path(config["mount"]["secret_file"]), mounts.secret)
         (member_dir / "shim.json").write_text(json.dumps(config))
         pid = self._spawn_shim(member_dir)
         try:
@@ -478,17 +506,18 @@ class LocalBackend(Backend):
         return self.store.put_tree(outputs, dest_prefix)
 
     def cleanup(self, handle: dict[str, Any]) -> None:
-        """Kill whatever is left of an attempt's sessions (a shim that died leaves its job orphaned)."""
+        """Kill whatever is left of an attempt's sessions (a shim that died leaves its job orphaned), and unmount
+        what such a shim left mounted."""
         sids = set()
         for _, _, member_dir in member_dirs(handle):
             info = read_json(member_dir / "shim.pid")
             if info:
                 sids.add(int(info["pid"]))  # each shim is its session's leader
-        if not sids:
-            return
-        for proc in psutil.process_iter(["pid"]):
+        for proc in psutil.process_iter(["pid"]) if sids else ():
             try:
                 if os.getsid(proc.pid) in sids:
                     proc.kill()
             except (OSError, psutil.Error):
                 continue
+        attempt_dir = Path(handle["dir"])  # the mount's tool runs in a session of its own
+        mount_module.cleanup(str(attempt_dir / "mount"), str(attempt_dir / mount_module.SECRET_FILE))

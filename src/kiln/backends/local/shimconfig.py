@@ -1,17 +1,20 @@
 """What the local executor hands a shim besides the commands: the job's environment (:func:`job_env`), where
-each input's files come from (:func:`input_config`), and the directory that makes ``import kiln`` work in any
-runtime (:func:`job_pylib`)."""
+each input's files come from (:func:`input_config`, and :func:`mount_config` for mounted ones), and the
+directory that makes ``import kiln`` work in any runtime (:func:`job_pylib`)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import kiln as kiln_package
 from kiln.backends.base import Launch, ResolvedInput
 from kiln.errors import BackendError
+from kiln.runtime.mount import AWS_ENV
+from kiln.settings import Settings
 from kiln.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -19,6 +22,11 @@ log = logging.getLogger(__name__)
 # Passed through from the server's environment; nothing else is (the server's own secrets stay out of jobs).
 PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR")
 STAGE_URL_SECONDS = 6 * 3600
+
+
+class MountConfig(NamedTuple):
+    config: dict[str, Any]  # shim.json's "mount"
+    secret: dict[str, Any]  # each member's mount-secret.json (mode 0600)
 
 
 def job_env(
@@ -73,10 +81,14 @@ def job_env(
 
 
 def input_config(store: ObjectStore, item: ResolvedInput) -> dict[str, Any]:
-    """What the shim stages: each blob's source is its local file (a local store) or a presigned URL."""
+    """What the shim stages: each blob's source is its local file (a local store) or a presigned URL. A mounted
+    input's files need none: the shim finds each blob by its hash in the mount (:func:`mount_config`)."""
     ttl = STAGE_URL_SECONDS  # staging a large dataset can take a while; the URLs are only in the job's config
-    files = []
+    files: list[dict[str, Any]] = []
     for f in item.files:
+        if item.mode == "mount":
+            files.append({"path": f.path, "size": f.size, "sha256": f.sha256})
+            continue
         local = store.local_path(f.key)
         source = str(local) if local is not None else store.presign_get(f.key, ttl)
         if source is None:
@@ -90,6 +102,49 @@ def input_config(store: ObjectStore, item: ResolvedInput) -> dict[str, Any]:
         "mode": item.mode,
         "files": files,
     }
+
+
+def mount_config(store: ObjectStore, settings: Settings, inputs: tuple[ResolvedInput, ...]) -> MountConfig | None:
+    """How the shim mounts the ``mode: mount`` inputs (the organisation's blob prefix, read-only), and the
+    credentials it needs for that, kept apart (the shim deletes them once mounted); None when nothing is mounted."""
+    prefixes = {item.blob_prefix for item in inputs if item.mode == "mount"}
+    if not prefixes:
+        return None
+    if len(prefixes) > 1 or "" in prefixes:
+        raise BackendError(f"mounted inputs must come from one organisation's blobs, not {sorted(prefixes)}")
+    prefix = prefixes.pop()
+    config: dict[str, Any] = {"tools": settings.mount_tool_list, "cache_bytes": settings.mount_cache_bytes}
+    secret: dict[str, Any] = {}
+    local = store.local_path(prefix)
+    if local is not None:
+        config["source"] = {"kind": "local", "path": str(local)}
+    elif store.is_s3:
+        bucket, _, root = store.root.partition("/")
+        config["source"] = {
+            "kind": "s3",
+            "bucket": bucket,
+            "prefix": f"{root}/{prefix}" if root else prefix,
+            "endpoint": settings.storage_endpoint_url,
+            "region": settings.storage_region,
+        }
+        if settings.storage_access_key_id and settings.storage_secret_access_key is not None:
+            secret = {
+                "access_key_id": settings.storage_access_key_id,
+                "secret_access_key": settings.storage_secret_access_key.get_secret_value(),
+            }
+        else:  # the usual AWS chain, as the server itself uses it
+            secret = {"env": {k: os.environ[k] for k in AWS_ENV if k in os.environ}}
+    else:
+        raise BackendError(f"mode: mount needs a local or S3 object store, not {store.display}", retryable=False)
+    return MountConfig(config, secret)
+
+
+def write_secret(path: Path, secret: dict[str, Any]) -> None:
+    """The mount's credentials for one shim, readable by this user only (created so, never widened)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(secret, fh)
 
 
 def job_pylib(root: Path) -> Path | None:
