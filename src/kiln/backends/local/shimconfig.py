@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import kiln as kiln_package
 from kiln.backends.base import Launch, ResolvedInput
 from kiln.errors import BackendError
-from kiln.runtime.mount import AWS_ENV
+from kiln.runtime.fusetools import AWS_ENV
 from kiln.settings import Settings
 from kiln.storage.store import ObjectStore
 
