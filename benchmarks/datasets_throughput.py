@@ -46,13 +46,12 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
 
 from report import finish, print_table  # noqa: E402
+from s3bench import MB, kiln_on_s3, random_file  # noqa: E402
 from tests.kilnserver import KilnServer  # noqa: E402
 from tests.s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Server  # noqa: E402
 
 from kiln.errors import KilnError  # noqa: E402
 from kiln.sdk.client import Client  # noqa: E402
-
-MB = 1_000_000
 
 # A boto3 transfer as its own process: argv endpoint, upload_file|download_file, bucket, key, local path.
 BOTO_SCRIPT = """
@@ -77,183 +76,174 @@ def main() -> None:
     args = parser.parse_args()
     started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="kiln-ds-bench-"))
-    s3 = S3Server(separate_process=True).start()
-    server: KilnServer | None = None
     try:
-        bucket = s3.create_bucket("kiln-bench")
-        server = KilnServer(tmp / "home", **s3.kiln_settings(bucket)).start()
-        creds = server.credentials()
-        env = {
-            **os.environ,
-            "KILN_ENDPOINT": server.url,
-            "KILN_ACCESS_KEY": creds["KILN_ACCESS_KEY"],
-            "KILN_SECRET_KEY": creds["KILN_SECRET_KEY"],
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-            "AWS_DEFAULT_REGION": REGION,
-        }
-        src = tmp / "src" / "blob.bin"
-        src.parent.mkdir()
-        size = args.mb * MB
-        with open(src, "wb") as fh:
-            left = size
-            while left:
-                n = min(left, 16 * 1024 * 1024)
-                fh.write(os.urandom(n))
-                left -= n
-        many = tmp / "many"
-        many.mkdir()
-        for i in range(args.files):
-            (many / f"{i:05d}.bin").write_bytes(os.urandom(args.file_kb * 1000))
-        many_files = sorted(many.iterdir())
-        many_size = args.files * args.file_kb * 1000
-        print(f"file: {size / MB:.0f} MB random bytes; {args.files} files of {args.file_kb} kB; moto at {s3.endpoint}")
-        sdk = Client(server.url, creds["KILN_ACCESS_KEY"], creds["KILN_SECRET_KEY"])
-        boto = s3.client()
-
-        def fresh_home() -> Path:
-            return Path(tempfile.mkdtemp(prefix="home-", dir=tmp))
-
-        def process(argv: list[str]) -> float:
-            t = time.monotonic()
-            result = subprocess.run(argv, env={**env, "HOME": str(fresh_home())}, capture_output=True, text=True)
-            elapsed = time.monotonic() - t
-            if result.returncode != 0:
-                raise SystemExit(f"{' '.join(argv[:4])} failed: {result.stderr}")
-            return elapsed
-
-        def remove_dataset(name: str = "bench") -> None:
-            try:
-                sdk.remove_dataset(name)
-            except KilnError:  # not there yet
-                pass
-
-        def fresh_dest(name: str) -> Path:
-            dest = tmp / name
-            if dest.is_dir():
-                shutil.rmtree(dest)
-            dest.unlink(missing_ok=True)
-            return dest
-
-        def timed(fn: Callable[[], object]) -> float:
-            t = time.monotonic()
-            fn()
-            return time.monotonic() - t
-
-        kiln_cli = [sys.executable, "-m", "kiln", "data"]
-        boto_cli = [sys.executable, "-c", BOTO_SCRIPT, s3.endpoint]
-
-        def put_cli() -> float:
-            remove_dataset()
-            return process([*kiln_cli, "put", str(src), "bench"])
-
-        def put_sdk() -> float:
-            remove_dataset()
-            return timed(lambda: sdk.put_dataset(src, "bench", state_dir=fresh_home()))
-
-        def put_many_sdk() -> float:
-            remove_dataset("bench-many")
-            return timed(lambda: sdk.put_dataset(many, "bench-many", state_dir=fresh_home()))
-
-        def boto_many(op: str) -> float:
-            """The small files with boto3 on 10 threads (a client's pool holds 10 connections)."""
-            dest = fresh_dest("many-boto3-out")
-            if op == "get":
-                dest.mkdir()
-
-            def one(path: Path) -> None:
-                if op == "put":
-                    boto.upload_file(str(path), bucket, f"boto/many/{path.name}")
-                else:
-                    boto.download_file(bucket, f"boto/many/{path.name}", str(dest / path.name))
-
-            with ThreadPoolExecutor(10) as pool:
-                return timed(lambda: list(pool.map(one, many_files)))
-
-        # Each returns the wall time of one transfer (what it sets up first excluded).
-        transfers: dict[str, Callable[[], float]] = {
-            "put cli": put_cli,
-            "put boto3 process": lambda: process([*boto_cli, "upload_file", bucket, "boto/blob.bin", str(src)]),
-            "put sdk": put_sdk,
-            "put boto3": lambda: timed(lambda: boto.upload_file(str(src), bucket, "boto/blob.bin")),
-            "get cli": lambda: process([*kiln_cli, "get", "bench", str(fresh_dest("kiln-out"))]),
-            "get boto3 process": lambda: process(
-                [*boto_cli, "download_file", bucket, "boto/blob.bin", str(fresh_dest("boto-out.bin"))]
-            ),
-            "get sdk": lambda: timed(lambda: sdk.get_dataset("bench", fresh_dest("sdk-out"))),
-            "get boto3": lambda: timed(
-                lambda: boto.download_file(bucket, "boto/blob.bin", str(fresh_dest("boto-in.bin")))
-            ),
-            "put many-sdk": put_many_sdk,
-            "put many-boto3": lambda: boto_many("put"),
-            "get many-sdk": lambda: timed(lambda: sdk.get_dataset("bench-many", fresh_dest("many-sdk-out"))),
-            "get many-boto3": lambda: boto_many("get"),
-        }
-        volume = {name: many_size if "many" in name else size for name in transfers}
-        ops = [args.only] if args.only else ["put", "get"]
-        if ops == ["get"]:  # the objects to read
-            for name in ("put boto3", "put sdk", "put many-boto3", "put many-sdk"):
-                if args.files or "many" not in name:
-                    transfers[name]()
-        times: dict[str, list[float]] = {
-            name: [] for name in transfers if name.split()[0] in ops and (args.files or "many" not in name)
-        }
-        names = list(times)  # pairs: Kiln, then the boto3 run it is compared with
-        for run in range(args.runs):
-            # Interleaved, so that drift of the shared machine hits both sides alike; each pair's order alternates
-            # between runs, and written data is flushed to disk between transfers (so that one transfer's
-            # write-back does not land on the next).
-            order = names if run % 2 == 0 else [n for i in range(0, len(names), 2) for n in names[i : i + 2][::-1]]
-            for name in order:
-                os.sync()
-                elapsed = transfers[name]()
-                times[name].append(elapsed)
-                print(f"  {name:18s} {elapsed:6.2f}s  {volume[name] / MB / elapsed:7.1f} MB/s")
-        rows = []
-        rates = {name: volume[name] / MB / min(values) for name, values in times.items()}
-        pairs = [("cli", "boto3 process", True), ("sdk", "boto3", True), ("cli", "boto3", False)]
-        if args.files:
-            pairs.append(("many-sdk", "many-boto3", True))
-        labels = {
-            "cli": "CLI vs boto3 process",
-            "sdk": "SDK vs boto3",
-            "many-sdk": f"{args.files} x {args.file_kb} kB, SDK vs boto3",
-        }
-        for op in ops:
-            for kiln_side, boto_side, target in pairs:
-                k, b = f"{op} {kiln_side}", f"{op} {boto_side}"
-                ratio = rates[k] / rates[b]
-                paired = statistics.median(bt / kt for kt, bt in zip(times[k], times[b], strict=True))
-                label = labels[kiln_side] if target else "CLI vs boto3 in process"
-                rows.append(
-                    {
-                        "metric": f"kiln data {op}, {label} (MB/s)",
-                        "value": rates[k],
-                        "baseline": rates[b],
-                        "ratio": ratio,
-                        "target": ">= 0.8x boto3" if target else "(information)",
-                        "pass": ratio >= 0.8 if target else None,
-                        "unit": "MB/s",
-                    }
-                )
-                rows.append(
-                    {
-                        "metric": "  median of the runs' own ratios",
-                        "value": paired,
-                        "baseline": None,
-                        "ratio": paired,
-                        "target": "(information)",
-                        "pass": None,
-                        "unit": "x",
-                    }
-                )
-        print_table(rows, metric_width=54, digits={"x": 2})
-        finish({"mb": args.mb, "runs": args.runs, "rates": rates, "times_s": times}, rows, started, args.json)
+        with kiln_on_s3(tmp / "home") as (s3, server, bucket):
+            measure(args, tmp, s3, server, bucket, started)
     finally:
-        if server is not None:
-            server.stop()
-        s3.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, tmp: Path, s3: S3Server, server: KilnServer, bucket: str, started: float) -> None:
+    creds = server.credentials()
+    env = {
+        **os.environ,
+        "KILN_ENDPOINT": server.url,
+        "KILN_ACCESS_KEY": creds["KILN_ACCESS_KEY"],
+        "KILN_SECRET_KEY": creds["KILN_SECRET_KEY"],
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_DEFAULT_REGION": REGION,
+    }
+    src = tmp / "src" / "blob.bin"
+    src.parent.mkdir()
+    size = args.mb * MB
+    random_file(src, size)
+    many = tmp / "many"
+    many.mkdir()
+    for i in range(args.files):
+        (many / f"{i:05d}.bin").write_bytes(os.urandom(args.file_kb * 1000))
+    many_files = sorted(many.iterdir())
+    many_size = args.files * args.file_kb * 1000
+    print(f"file: {size / MB:.0f} MB random bytes; {args.files} files of {args.file_kb} kB; moto at {s3.endpoint}")
+    sdk = Client(server.url, creds["KILN_ACCESS_KEY"], creds["KILN_SECRET_KEY"])
+    boto = s3.client()
+
+    def fresh_home() -> Path:
+        return Path(tempfile.mkdtemp(prefix="home-", dir=tmp))
+
+    def process(argv: list[str]) -> float:
+        t = time.monotonic()
+        result = subprocess.run(argv, env={**env, "HOME": str(fresh_home())}, capture_output=True, text=True)
+        elapsed = time.monotonic() - t
+        if result.returncode != 0:
+            raise SystemExit(f"{' '.join(argv[:4])} failed: {result.stderr}")
+        return elapsed
+
+    def remove_dataset(name: str = "bench") -> None:
+        try:
+            sdk.remove_dataset(name)
+        except KilnError:  # not there yet
+            pass
+
+    def fresh_dest(name: str) -> Path:
+        dest = tmp / name
+        if dest.is_dir():
+            shutil.rmtree(dest)
+        dest.unlink(missing_ok=True)
+        return dest
+
+    def timed(fn: Callable[[], object]) -> float:
+        t = time.monotonic()
+        fn()
+        return time.monotonic() - t
+
+    kiln_cli = [sys.executable, "-m", "kiln", "data"]
+    boto_cli = [sys.executable, "-c", BOTO_SCRIPT, s3.endpoint]
+
+    def put_cli() -> float:
+        remove_dataset()
+        return process([*kiln_cli, "put", str(src), "bench"])
+
+    def put_sdk() -> float:
+        remove_dataset()
+        return timed(lambda: sdk.put_dataset(src, "bench", state_dir=fresh_home()))
+
+    def put_many_sdk() -> float:
+        remove_dataset("bench-many")
+        return timed(lambda: sdk.put_dataset(many, "bench-many", state_dir=fresh_home()))
+
+    def boto_many(op: str) -> float:
+        """The small files with boto3 on 10 threads (a client's pool holds 10 connections)."""
+        dest = fresh_dest("many-boto3-out")
+        if op == "get":
+            dest.mkdir()
+
+        def one(path: Path) -> None:
+            if op == "put":
+                boto.upload_file(str(path), bucket, f"boto/many/{path.name}")
+            else:
+                boto.download_file(bucket, f"boto/many/{path.name}", str(dest / path.name))
+
+        with ThreadPoolExecutor(10) as pool:
+            return timed(lambda: list(pool.map(one, many_files)))
+
+    # Each returns the wall time of one transfer (what it sets up first excluded).
+    transfers: dict[str, Callable[[], float]] = {
+        "put cli": put_cli,
+        "put boto3 process": lambda: process([*boto_cli, "upload_file", bucket, "boto/blob.bin", str(src)]),
+        "put sdk": put_sdk,
+        "put boto3": lambda: timed(lambda: boto.upload_file(str(src), bucket, "boto/blob.bin")),
+        "get cli": lambda: process([*kiln_cli, "get", "bench", str(fresh_dest("kiln-out"))]),
+        "get boto3 process": lambda: process(
+            [*boto_cli, "download_file", bucket, "boto/blob.bin", str(fresh_dest("boto-out.bin"))]
+        ),
+        "get sdk": lambda: timed(lambda: sdk.get_dataset("bench", fresh_dest("sdk-out"))),
+        "get boto3": lambda: timed(lambda: boto.download_file(bucket, "boto/blob.bin", str(fresh_dest("boto-in.bin")))),
+        "put many-sdk": put_many_sdk,
+        "put many-boto3": lambda: boto_many("put"),
+        "get many-sdk": lambda: timed(lambda: sdk.get_dataset("bench-many", fresh_dest("many-sdk-out"))),
+        "get many-boto3": lambda: boto_many("get"),
+    }
+    volume = {name: many_size if "many" in name else size for name in transfers}
+    ops = [args.only] if args.only else ["put", "get"]
+    if ops == ["get"]:  # the objects to read
+        for name in ("put boto3", "put sdk", "put many-boto3", "put many-sdk"):
+            if args.files or "many" not in name:
+                transfers[name]()
+    times: dict[str, list[float]] = {
+        name: [] for name in transfers if name.split()[0] in ops and (args.files or "many" not in name)
+    }
+    names = list(times)  # pairs: Kiln, then the boto3 run it is compared with
+    for run in range(args.runs):
+        # Interleaved, so that drift of the shared machine hits both sides alike; each pair's order alternates
+        # between runs, and written data is flushed to disk between transfers (so that one transfer's
+        # write-back does not land on the next).
+        order = names if run % 2 == 0 else [n for i in range(0, len(names), 2) for n in names[i : i + 2][::-1]]
+        for name in order:
+            os.sync()
+            elapsed = transfers[name]()
+            times[name].append(elapsed)
+            print(f"  {name:18s} {elapsed:6.2f}s  {volume[name] / MB / elapsed:7.1f} MB/s")
+    rows = []
+    rates = {name: volume[name] / MB / min(values) for name, values in times.items()}
+    pairs = [("cli", "boto3 process", True), ("sdk", "boto3", True), ("cli", "boto3", False)]
+    if args.files:
+        pairs.append(("many-sdk", "many-boto3", True))
+    labels = {
+        "cli": "CLI vs boto3 process",
+        "sdk": "SDK vs boto3",
+        "many-sdk": f"{args.files} x {args.file_kb} kB, SDK vs boto3",
+    }
+    for op in ops:
+        for kiln_side, boto_side, target in pairs:
+            k, b = f"{op} {kiln_side}", f"{op} {boto_side}"
+            ratio = rates[k] / rates[b]
+            paired = statistics.median(bt / kt for kt, bt in zip(times[k], times[b], strict=True))
+            label = labels[kiln_side] if target else "CLI vs boto3 in process"
+            rows.append(
+                {
+                    "metric": f"kiln data {op}, {label} (MB/s)",
+                    "value": rates[k],
+                    "baseline": rates[b],
+                    "ratio": ratio,
+                    "target": ">= 0.8x boto3" if target else "(information)",
+                    "pass": ratio >= 0.8 if target else None,
+                    "unit": "MB/s",
+                }
+            )
+            rows.append(
+                {
+                    "metric": "  median of the runs' own ratios",
+                    "value": paired,
+                    "baseline": None,
+                    "ratio": paired,
+                    "target": "(information)",
+                    "pass": None,
+                    "unit": "x",
+                }
+            )
+    print_table(rows, metric_width=54, digits={"x": 2})
+    finish({"mb": args.mb, "runs": args.runs, "rates": rates, "times_s": times}, rows, started, args.json)
 
 
 if __name__ == "__main__":

@@ -37,12 +37,11 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
 
 from report import finish, print_table  # noqa: E402
+from s3bench import MB, kiln_on_s3, random_file  # noqa: E402
 from tests.kilnserver import KilnServer  # noqa: E402
 from tests.s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Server  # noqa: E402
 
 from kiln.sdk.client import Client  # noqa: E402
-
-MB = 1_000_000
 
 READER = """
 import hashlib, json, os, pathlib, time
@@ -83,122 +82,115 @@ def main() -> None:
     args = parser.parse_args()
     started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="kiln-inputs-bench-"))
-    s3 = S3Server(separate_process=True).start()
-    server: KilnServer | None = None
     try:
-        bucket = s3.create_bucket("kiln-bench")
-        server = KilnServer(tmp / "home", **s3.kiln_settings(bucket)).start()
-        creds = server.credentials()
-        client = Client(server.url, creds["KILN_ACCESS_KEY"], creds["KILN_SECRET_KEY"])
-        src = tmp / "bench"
-        src.mkdir()
-        size = args.mb * MB
-        each = size // args.files
-        for i in range(args.files):
-            with open(src / f"{i:04d}.bin", "wb") as fh:
-                left = each
-                while left:
-                    n = min(left, 16 * 1024 * 1024)
-                    fh.write(os.urandom(n))
-                    left -= n
-        client.put_dataset(src, "bench", state_dir=tmp / "state")
-        # The boto3 reader reads the same bytes as plain objects of the same store.
-        boto = s3.client()
-        for path in sorted(src.iterdir()):
-            boto.upload_file(str(path), bucket, f"plain/{path.name}")
-        volume = each * args.files
-        print(f"dataset: {args.files} files, {volume / MB:.0f} MB of random bytes; moto at {s3.endpoint}")
-        cache = server.home / "cache" / "data"
-        env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
-        env["AWS_DEFAULT_REGION"] = REGION
+        with kiln_on_s3(tmp / "home") as (s3, server, bucket):
+            measure(args, tmp, s3, server, bucket, started)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
-        def boto_process() -> dict[str, float]:
-            t = time.monotonic()
-            out = subprocess.run(
-                [sys.executable, "-c", BOTO_READER, s3.endpoint, bucket, "plain/"],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            elapsed = time.monotonic() - t
-            assert int(out.stdout) == volume, out.stdout
-            return {"start": 0.0, "read": elapsed, "total": elapsed}
 
-        def job(mode: str, cold: bool) -> dict[str, float]:
-            if cold:
-                shutil.rmtree(cache, ignore_errors=True)
-            spec = {
-                "command": [sys.executable, "-c", READER],
-                "runtime": {"python": sys.executable},
-                "inputs": [{"dataset": "bench", "mode": mode}],
-            }
-            submitted = time.time()
-            submitted_job = client.submit(spec)
-            done = client.wait(submitted_job.id, timeout=600, poll=0.05)
-            lines = [ln for ln in client.stream_logs(done.id, follow=False) if " O READ " in ln]
-            if done.state != "SUCCEEDED" or len(lines) != 1:
-                raise SystemExit(f"{mode} job {done.id}: {done.state} {done.message}")
-            read = json.loads(lines[0].split(" O READ ", 1)[1])
-            assert read["bytes"] == volume, read
-            return {
-                "start": read["start"] - submitted,
-                "read": read["end"] - read["start"],
-                "total": read["end"] - submitted,
-            }
+def measure(args: argparse.Namespace, tmp: Path, s3: S3Server, server: KilnServer, bucket: str, started: float) -> None:
+    creds = server.credentials()
+    client = Client(server.url, creds["KILN_ACCESS_KEY"], creds["KILN_SECRET_KEY"])
+    src = tmp / "bench"
+    src.mkdir()
+    size = args.mb * MB
+    each = size // args.files
+    for i in range(args.files):
+        random_file(src / f"{i:04d}.bin", each)
+    client.put_dataset(src, "bench", state_dir=tmp / "state")
+    # The boto3 reader reads the same bytes as plain objects of the same store.
+    boto = s3.client()
+    for path in sorted(src.iterdir()):
+        boto.upload_file(str(path), bucket, f"plain/{path.name}")
+    volume = each * args.files
+    print(f"dataset: {args.files} files, {volume / MB:.0f} MB of random bytes; moto at {s3.endpoint}")
+    cache = server.home / "cache" / "data"
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+    env["AWS_DEFAULT_REGION"] = REGION
 
-        modes = {
-            "boto3 process": boto_process,
-            "stage cold": lambda: job("stage", cold=True),
-            "stage warm": lambda: job("stage", cold=False),
-            "mount": lambda: job("mount", cold=False),
+    def boto_process() -> dict[str, float]:
+        t = time.monotonic()
+        out = subprocess.run(
+            [sys.executable, "-c", BOTO_READER, s3.endpoint, bucket, "plain/"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        elapsed = time.monotonic() - t
+        assert int(out.stdout) == volume, out.stdout
+        return {"start": 0.0, "read": elapsed, "total": elapsed}
+
+    def job(mode: str, cold: bool) -> dict[str, float]:
+        if cold:
+            shutil.rmtree(cache, ignore_errors=True)
+        spec = {
+            "command": [sys.executable, "-c", READER],
+            "runtime": {"python": sys.executable},
+            "inputs": [{"dataset": "bench", "mode": mode}],
         }
-        times: dict[str, list[dict[str, float]]] = {name: [] for name in modes}
-        for run in range(args.runs):
-            order = list(modes) if run % 2 == 0 else ["mount", "boto3 process", "stage cold", "stage warm"]
-            for name in order:
-                os.sync()
-                result = modes[name]()
-                times[name].append(result)
-                print(
-                    f"  {name:14s} command starts {result['start']:6.2f}s  reads {result['read']:6.2f}s"
-                    f"  data read {result['total']:6.2f}s  ({volume / MB / result['total']:6.1f} MB/s)"
-                )
-        best = {name: min(values, key=lambda r: r["total"]) for name, values in times.items()}
-        baseline = best["boto3 process"]["total"]
-        rows = []
-        for name in ("stage cold", "stage warm", "mount"):
-            b = best[name]
+        submitted = time.time()
+        submitted_job = client.submit(spec)
+        done = client.wait(submitted_job.id, timeout=600, poll=0.05)
+        lines = [ln for ln in client.stream_logs(done.id, follow=False) if " O READ " in ln]
+        if done.state != "SUCCEEDED" or len(lines) != 1:
+            raise SystemExit(f"{mode} job {done.id}: {done.state} {done.message}")
+        read = json.loads(lines[0].split(" O READ ", 1)[1])
+        assert read["bytes"] == volume, read
+        return {
+            "start": read["start"] - submitted,
+            "read": read["end"] - read["start"],
+            "total": read["end"] - submitted,
+        }
+
+    modes = {
+        "boto3 process": boto_process,
+        "stage cold": lambda: job("stage", cold=True),
+        "stage warm": lambda: job("stage", cold=False),
+        "mount": lambda: job("mount", cold=False),
+    }
+    times: dict[str, list[dict[str, float]]] = {name: [] for name in modes}
+    for run in range(args.runs):
+        order = list(modes) if run % 2 == 0 else ["mount", "boto3 process", "stage cold", "stage warm"]
+        for name in order:
+            os.sync()
+            result = modes[name]()
+            times[name].append(result)
+            print(
+                f"  {name:14s} command starts {result['start']:6.2f}s  reads {result['read']:6.2f}s"
+                f"  data read {result['total']:6.2f}s  ({volume / MB / result['total']:6.1f} MB/s)"
+            )
+    best = {name: min(values, key=lambda r: r["total"]) for name, values in times.items()}
+    baseline = best["boto3 process"]["total"]
+    rows = []
+    for name in ("stage cold", "stage warm", "mount"):
+        b = best[name]
+        rows.append(
+            {
+                "metric": f"{name}: submit to data read (s)",
+                "value": b["total"],
+                "baseline": baseline,
+                "ratio": baseline / b["total"],
+                "target": "(information)",
+                "pass": None,
+                "unit": "s",
+            }
+        )
+        for part, label in (("start", "submit to command start"), ("read", "the command's reading")):
             rows.append(
                 {
-                    "metric": f"{name}: submit to data read (s)",
-                    "value": b["total"],
-                    "baseline": baseline,
-                    "ratio": baseline / b["total"],
+                    "metric": f"  {label} (s)",
+                    "value": b[part],
+                    "baseline": None,
+                    "ratio": None,
                     "target": "(information)",
                     "pass": None,
                     "unit": "s",
                 }
             )
-            for part, label in (("start", "submit to command start"), ("read", "the command's reading")):
-                rows.append(
-                    {
-                        "metric": f"  {label} (s)",
-                        "value": b[part],
-                        "baseline": None,
-                        "ratio": None,
-                        "target": "(information)",
-                        "pass": None,
-                        "unit": "s",
-                    }
-                )
-        print_table(rows, metric_width=44, digits={"s": 2})
-        finish({"mb": args.mb, "files": args.files, "runs": args.runs, "times_s": times}, rows, started, args.json)
-    finally:
-        if server is not None:
-            server.stop()
-        s3.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+    print_table(rows, metric_width=44, digits={"s": 2})
+    finish({"mb": args.mb, "files": args.files, "runs": args.runs, "times_s": times}, rows, started, args.json)
 
 
 if __name__ == "__main__":
