@@ -87,11 +87,16 @@ class RuntimeSpec(_Strict):
 
 
 class Resources(_Strict):
-    """What one worker of the job is allocated. ``memory`` is also a limit: the job is killed above it."""
+    """What one worker of the job is allocated. ``memory`` and ``disk`` are also limits: the job fails above them."""
 
     cpus: float = Field(1.0, gt=0, le=4096, description="CPU cores reserved.")
     memory: int | None = Field(
         None, description="Memory reserved and enforced, e.g. 2G, 512Mi; bytes in responses. None: no limit."
+    )
+    disk: int | None = Field(
+        None,
+        description="Most bytes the job's work dir (its /tmp included) may hold, e.g. 20G; bytes in responses. "
+        "None: the platform's default (KILN_JOB_DISK_DEFAULT).",
     )
     gpus: int = Field(0, ge=0, le=64, description="Whole GPUs reserved (pinned with CUDA_VISIBLE_DEVICES).")
     gpu_type: str | None = Field(
@@ -107,7 +112,7 @@ class Resources(_Strict):
             raise ValueError("gpu_type needs gpus ≥ 1")
         return self
 
-    @field_validator("memory", mode="before")
+    @field_validator("memory", "disk", mode="before")
     @classmethod
     def _memory(cls, value: Any) -> Any:
         if value is None:
