@@ -57,6 +57,7 @@ class Reason(StrEnum):
     FINISH_FAILED = "FinishFailed"
     TIMEOUT = "Timeout"
     OOM_KILLED = "OOMKilled"
+    DISK_LIMIT_EXCEEDED = "DiskLimitExceeded"
     CANCEL_REQUESTED = "CancelRequested"
     CANCELLED = "Cancelled"
     RESTART = "Restarting"
