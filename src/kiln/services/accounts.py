@@ -2,11 +2,15 @@
 
 Scoping rule everywhere: a caller sees only its own organisation unless it is a platform admin; anything else
 answers 404 exactly like something that does not exist. Permissions come from kiln.domain.policy.
+
+Nothing here may remove the last way in: disabling or deleting the last working platform-admin key, or disabling
+the last platform admin who has one, answers 409 (see ``lock_platform_admins``). Platform admins are made only
+by the first start and, offline, by ``kiln admin recover-key`` (kiln.services.identity.recover_platform_admin).
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import or_, select
 from sqlalchemy.exc import IntegrityError
@@ -75,6 +79,37 @@ def find_user(s: Session, principal: Principal, ref: str) -> tuple[User, Organiz
     if row is None or not (principal.platform_admin or row[0].org_id == principal.org_id):
         raise NotFound(f"user {ref} not found")
     return row[0], row[1]
+
+
+def usable_admin_keys(s: Session, now: datetime) -> list[tuple[str, str]]:
+    """(key id, user id) of every key that signs requests as a platform admin right now: enabled, unexpired,
+    of an enabled platform-admin user."""
+    query = (
+        select(AccessKey.id, User.id)
+        .join(User, User.id == AccessKey.user_id)
+        .where(
+            User.platform_admin.is_(True),
+            User.disabled.is_(False),
+            AccessKey.enabled.is_(True),
+            or_(AccessKey.expires_at.is_(None), AccessKey.expires_at > now),
+        )
+    )
+    return [(key_id, user_id) for key_id, user_id in s.execute(query)]
+
+
+def lock_platform_admins(s: Session) -> None:
+    """Serialise every change that could take away the last platform-admin key, before counting what remains.
+
+    PostgreSQL: ``SELECT ... FOR UPDATE`` of every platform-admin user row, in id order (the same order in every
+    caller, so two of them never deadlock). A second transaction that wants to disable a key or a user of the
+    admins waits here until the first commits; under READ COMMITTED (PostgreSQL's default, which Kiln keeps) its
+    next statement, the count of what is left (``usable_admin_keys``), then sees what the first committed: of two
+    concurrent disables of the last two admin keys, the second finds one left — its own — and answers 409.
+    Platform admins are never demoted and new ones only add keys, so the set of rows to lock is stable.
+    SQLite: FOR UPDATE is not emitted there, and need not be: every write transaction starts with BEGIN IMMEDIATE
+    (kiln.db.session), so writers run one at a time and the count that follows is taken under the write lock.
+    """
+    s.execute(select(User.id).where(User.platform_admin.is_(True)).order_by(User.id).with_for_update()).all()
 
 
 class AccountService:
@@ -156,10 +191,20 @@ class AccountService:
         principal.require("users:manage")
         with self.db.transaction() as s:
             user, org = find_user(s, principal, ref)
-            if user.id == principal.user_id and disabled:
-                raise Conflict("you cannot disable yourself")
             if user.platform_admin and not principal.platform_admin:
                 raise NotFound(f"user {ref} not found")
+            if disabled and user.platform_admin:
+                lock_platform_admins(s)
+                left = [k for k, owner in usable_admin_keys(s, utcnow()) if owner != user.id]
+                if not left:
+                    raise Conflict(
+                        f"user {user.name} is the last enabled platform admin with a working access key: disabling "
+                        "them would lock every platform admin out. Another platform admin can only be made on the "
+                        "server's machine, with `kiln admin recover-key --user NAME`",
+                        details={"reason": "last_platform_admin"},
+                    )
+            if user.id == principal.user_id and disabled:
+                raise Conflict("you cannot disable yourself")
             user.disabled = disabled
             read = user_read(user, org)
         self.identity.invalidate()
@@ -237,9 +282,24 @@ class AccountService:
                 raise NotFound(f"key {key_id} not found")
         return key, user
 
+    @staticmethod
+    def _check_not_last_admin(s: Session, key: AccessKey, user: User, doing: str) -> None:
+        """409 when ``key`` is the only key left that signs requests as a platform admin."""
+        if not user.platform_admin:
+            return  # nobody is ever made a platform admin through the API, so this cannot change under us
+        lock_platform_admins(s)
+        usable = [k for k, _ in usable_admin_keys(s, utcnow())]
+        if usable == [key.id]:
+            raise Conflict(
+                f"access key {key.id} is the last enabled platform-admin key: {doing} it would lock every platform "
+                "admin out. Create another platform-admin key first (kiln keys create)",
+                details={"reason": "last_platform_admin_key"},
+            )
+
     def disable_key(self, principal: Principal, key_id: str) -> KeyRead:
         with self.db.transaction() as s:
             key, user = self._find_key(s, principal, key_id)
+            self._check_not_last_admin(s, key, user, "disabling")
             key.enabled = False
             read = key_read(key, user)
         self.identity.invalidate(key_id)
@@ -247,6 +307,7 @@ class AccountService:
 
     def delete_key(self, principal: Principal, key_id: str) -> None:
         with self.db.transaction() as s:
-            key, _ = self._find_key(s, principal, key_id)
+            key, user = self._find_key(s, principal, key_id)
+            self._check_not_last_admin(s, key, user, "deleting")
             s.delete(key)
         self.identity.invalidate(key_id)
