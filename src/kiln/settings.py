@@ -120,6 +120,33 @@ class Settings(BaseSettings):
     )
     bootstrap: bool = Field(True, description="Create the admin organisation, user and key on first start.")
 
+    # Job sandbox (local executor)
+    sandbox: Literal["bwrap", "none"] = Field(
+        "bwrap",
+        description="How the local executor isolates jobs: bwrap runs each job in a bubblewrap sandbox (its own "
+        "files only, an unprivileged uid); none runs jobs as the server's user with the whole filesystem visible "
+        "(an operator's explicit opt-in; jobs are refused while bwrap is asked for and unusable).",
+    )
+    sandbox_uid_base: int = Field(
+        1_500_000_000,
+        ge=1000,
+        le=4_000_000_000,
+        description="When the server runs as root, each organisation's jobs run as uid/gid BASE + a number "
+        "derived from the organisation (within 2^24); pick a range no account of the machine uses.",
+    )
+    job_disk_default: int = Field(
+        20 * 1024**3,
+        gt=0,
+        description="Disk a job may use in its work dir, /tmp, outputs, checkpoints and site packages when its "
+        "spec sets no resources.disk (bytes, or a quantity such as 20G).",
+    )
+    work_retention_seconds: float = Field(
+        24 * 3600.0,
+        ge=0,
+        description="How long a failed job's work dir is kept for debugging (a succeeded or cancelled job's is "
+        "removed once its outputs are in the store).",
+    )
+
     backend: Literal["local", "kubernetes"] = Field(
         "local",
         description="Where jobs run: processes on this machine, or a Kubernetes cluster (settings KILN_KUBERNETES_*, "
@@ -163,6 +190,15 @@ class Settings(BaseSettings):
         description="When set, GET /metrics (Prometheus) needs 'Authorization: Bearer <this token>'; "
         "unset, /metrics is open (it only shows aggregate numbers, no tenant labels).",
     )
+
+    @field_validator("job_disk_default", mode="before")
+    @classmethod
+    def _disk_quantity(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip() and not value.strip().isdigit():
+            from kiln.domain.quantities import parse_memory
+
+            return parse_memory(value)
+        return value
 
     @field_validator("home", mode="before")
     @classmethod

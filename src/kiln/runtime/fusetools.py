@@ -215,6 +215,7 @@ def rclone_command(source: dict, secret: dict, point: str, private: str, cache: 
         "--config",
         conf,
         "--read-only",
+        *(["--allow-other"] if os.geteuid() == 0 else []),  # the sandboxed job reads it as its own uid
         "--dir-perms",
         "0555",
         "--file-perms",
@@ -256,6 +257,8 @@ def s3fs_command(source: dict, secret: dict, point: str, private: str) -> tuple:
         options += [f"url={source['endpoint']}", "use_path_request_style"]
     if source.get("region"):
         options.append(f"endpoint={source['region']}")
+    if os.geteuid() == 0:
+        options.append("allow_other")  # the sandboxed job reads the mount as its own uid
     argv = [f"{source['bucket']}:/{source['prefix']}", point, "-f", "-o", "dbglevel=warn"]
     for option in options:
         argv += ["-o", option]

@@ -43,6 +43,25 @@ def rss_bytes(pid: int) -> int:
         return 0
 
 
+def unshared_rss_bytes(pid: int) -> int:
+    """Resident memory of ``pid`` less its shared-memory pages (RssShmem): those are in a tmpfs, counted once
+    where they are held rather than in every process that maps them. Falls back to the whole RSS."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            fields = dict(line.split(b":", 1) for line in fh.read().splitlines() if b":" in line)
+        return (int(fields[b"RssAnon"].split()[0]) + int(fields[b"RssFile"].split()[0])) * 1024
+    except (OSError, KeyError, IndexError, ValueError):
+        return rss_bytes(pid)
+
+
+def comm(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as fh:
+            return fh.read().strip()
+    except OSError:
+        return b""
+
+
 def reaped() -> Iterator[tuple[int, int]]:
     """(pid, wait status) of every child that has exited, collected without waiting."""
     while True:
@@ -65,6 +84,9 @@ class ProcessTree:
     child_index: dict[int, int]
     exit_order: list[int]
     drain: Callable[[], None]
+    say: Callable[[str], None]
+    sandboxed: bool  # the step's processes run under bubblewrap
+    kill_note: str  # how the last kill ended: "" or "SIGKILL after 10 s grace"
 
     def tree(self) -> list[int]:
         """Every process of this job: our session, plus anything re-parented to us (we are a subreaper)."""
@@ -79,19 +101,25 @@ class ProcessTree:
         return sorted(members)
 
     def signal_tree(self, sig: int) -> None:
-        for child in self.children:
-            try:
-                os.killpg(child.pid, sig)
-            except OSError:
-                pass
+        """``sig`` to every process of the tree. In a sandbox, a SIGTERM spares bubblewrap's own processes (the
+        job's would die with them at once, with no grace): they end when the job's command does."""
+        spare = self.sandboxed and sig != signal.SIGKILL
+        if not spare:
+            for child in self.children:
+                try:
+                    os.killpg(child.pid, sig)
+                except OSError:
+                    pass
         for pid in self.tree():
+            if spare and comm(pid) == b"bwrap":
+                continue
             try:
                 os.kill(pid, sig)
             except OSError:
                 pass
 
     def kill_tree(self, grace: float) -> None:
-        """SIGTERM everything, wait up to ``grace`` seconds, then SIGKILL what is left."""
+        """SIGTERM everything, wait up to ``grace`` seconds, then SIGKILL what is left (``kill_note`` says so)."""
         self.signal_tree(signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
@@ -100,6 +128,9 @@ class ProcessTree:
                 return
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
             self.drain()  # what the processes print while they shut down still reaches the log
+        if grace > 0 and self.tree():
+            self.kill_note = f"SIGKILL after {grace:g} s grace"
+            self.say(f"{self.kill_note}: the job's processes did not exit on SIGTERM")
         self.signal_tree(signal.SIGKILL)
         for _ in range(40):
             self.reap()

@@ -51,12 +51,13 @@ import time
 from typing import Any
 
 if __package__:
-    from kiln.runtime import proctree, shimio, shimprep
+    from kiln.runtime import proctree, sandbox, shimio, shimprep
 else:  # run as a script with -I: its own directory is not on sys.path
     _here = os.path.dirname(os.path.abspath(__file__))
     if _here not in sys.path:
         sys.path.append(_here)
     import proctree  # type: ignore[no-redef]
+    import sandbox  # type: ignore[no-redef]
     import shimio  # type: ignore[no-redef]
     import shimprep  # type: ignore[no-redef]
 
@@ -78,6 +79,7 @@ load_extract = shimprep.load_extract
 load_stage = shimprep.load_stage
 
 POLL_SECONDS = 0.25
+DISK_POLL_SECONDS = 2.0  # at least; a scan that takes long is spaced out further (see pump)
 
 
 class Shim(shimprep.Preparation):
@@ -107,6 +109,13 @@ class Shim(shimprep.Preparation):
         self.stage_stop = threading.Event()  # set by a stop request while inputs are being staged
         self.stage_holder = ""  # this attempt's name in the data cache's in-use records, once it staged
         self.helpers: set[int] = set()  # processes serving the job that are not the job's (a FUSE mount's daemon)
+        self.box: dict | None = self.cfg.get("sandbox")  # runtime/sandbox.py: the job's steps run in it
+        self.sandboxed = False  # while a step runs in the sandbox
+        self.scratch_tmpfs = False  # the sandbox's /dev/shm and /tmp are a tmpfs counted as memory
+        self.steps = 0
+        self.input_paths: tuple[str, ...] = ()  # the staged trees the sandbox shows read-only
+        self.kill_note = ""
+        self.limit_note = ""  # what the last memory or disk check that failed found
 
     # -- plumbing -------------------------------------------------------------------------------------
     def on_child(self, _signum: int, _frame: object) -> None:
@@ -144,6 +153,15 @@ class Shim(shimprep.Preparation):
             prefixes = [f"[{extra.get('RANK', i)}] ".encode() for i, extra in enumerate(procs)]
         else:
             envs, prefixes = [env], [b""]
+        self.sandboxed = bool(self.box) and name != "runtime"  # catalog runtimes are built by the shim itself
+        if self.sandboxed:
+            assert self.box is not None
+            self.steps += 1
+            tmp = os.path.join(self.box["scratch"], f"tmp-{self.steps}")
+            os.mkdir(tmp)
+            os.chmod(tmp, 0o1777)
+            argv = sandbox.wrap(self.box, argv, tmp, self.input_paths, self.cfg.get("disk_limit"))
+        self.kill_note = ""
         try:
             for proc_env in envs:
                 child = subprocess.Popen(
@@ -190,6 +208,8 @@ class Shim(shimprep.Preparation):
         if code < 0:
             code = 128 - code
         self.children, self.child_index = [], {}
+        if not reason and code:
+            reason = self.limit_after_exit(code)
         if reason:
             return code, reason
         if code == 127 and name != "finish":
@@ -243,17 +263,19 @@ class Shim(shimprep.Preparation):
                 self.pipes[fd] = [stream, prefix, b""]
         sel.register(self.wake_r, selectors.EVENT_READ)
         limit = self.cfg.get("memory_limit")
+        disk_limit = self.cfg.get("disk_limit")
         grace = float(self.cfg.get("grace", 10))
         several = len(self.children) > 1
         failed_fast = False
         reason = ""
         next_check = time.monotonic() + POLL_SECONDS if limit else None
+        next_disk = time.monotonic() + POLL_SECONDS if disk_limit else None
         exited_at: float | None = None
         pipes = self.pipes
         try:
             while pipes or self.running():
                 now = time.monotonic()
-                timers = [t for t in (next_check, deadline, exited_at and exited_at + 0.5) if t]
+                timers = [t for t in (next_check, next_disk, deadline, exited_at and exited_at + 0.5) if t]
                 if not pipes:
                     timers.append(now + 0.05)
                 wait = max(0.0, min(timers) - now) if timers else None
@@ -302,10 +324,19 @@ class Shim(shimprep.Preparation):
                         continue
                 if next_check is not None and now >= next_check:
                     next_check = now + POLL_SECONDS
-                    used = sum(rss_bytes(p) for p in self.tree())
-                    if used > limit:
-                        self.say(f"memory limit exceeded: {used} bytes in use > limit {limit}; killing")
+                    if self.memory_exceeded(limit):
+                        self.say(f"memory limit exceeded: {self.limit_note}; killing")
                         reason = "OOMKilled"
+                        self.kill_tree(0.0)
+                        continue
+                if next_disk is not None and now >= next_disk:
+                    took = time.monotonic()
+                    exceeded = self.disk_exceeded(disk_limit)
+                    took = time.monotonic() - took
+                    next_disk = time.monotonic() + max(DISK_POLL_SECONDS, 20 * took)
+                    if exceeded:
+                        self.say(f"disk limit exceeded: {self.limit_note}; killing")
+                        reason = "DiskLimitExceeded"
                         self.kill_tree(0.0)
         finally:
             sel.close()
@@ -313,7 +344,74 @@ class Shim(shimprep.Preparation):
             self.pipes = {}
         return reason
 
-    # -- runtime and code -----------------------------------------------------------------------------
+    # -- limits ---------------------------------------------------------------------------------------
+
+    def memory_exceeded(self, limit: int) -> bool:
+        """The job's processes' memory plus what it keeps in its /dev/shm and /tmp (a tmpfs) above ``limit``."""
+        rss = sum(proctree.unshared_rss_bytes(p) for p in self.tree())
+        held = sandbox.tmpfs_used(self.box["scratch"]) if self.scratch_tmpfs and self.box else 0
+        if rss + held <= limit:
+            return False
+        self.limit_note = f"{sandbox.human(rss + held)} in use > limit {sandbox.human(limit)}"
+        if held:
+            self.limit_note += f" ({sandbox.human(held)} of it in /dev/shm and /tmp)"
+        return True
+
+    def disk_exceeded(self, limit: int, reached: bool = False) -> bool:
+        """The job's files above ``limit`` (``reached``: at it, as after a write refused with EFBIG)."""
+        paths = list(self.cfg.get("disk_paths") or [self.cfg["work_dir"]])
+        if self.box and not self.scratch_tmpfs:
+            paths.append(self.box["scratch"])
+        used = sandbox.disk_used(paths)
+        if used < limit or (used == limit and not reached):
+            return False
+        self.limit_note = (
+            f"{sandbox.human(used)} in the job's work dir, outputs, checkpoints and home > limit {sandbox.human(limit)}"
+        )
+        return True
+
+    def limit_after_exit(self, code: int) -> str:
+        """The reason of a step that failed at a limit it hit between two checks: a full /dev/shm (a tmpfs of
+        the memory limit's size) or a file beyond the disk limit (SIGXFSZ)."""
+        limit = self.cfg.get("memory_limit")
+        if limit and self.scratch_tmpfs and self.box:
+            held = sandbox.tmpfs_used(self.box["scratch"])
+            if held >= limit * 0.95:
+                self.limit_note = f"/dev/shm and /tmp hold {sandbox.human(held)}, the memory limit"
+                self.say(f"memory limit exceeded: {self.limit_note}")
+                return "OOMKilled"
+        disk_limit = self.cfg.get("disk_limit")
+        if disk_limit and (code == sandbox.SIGXFSZ_EXIT or self.disk_exceeded(disk_limit, reached=True)):
+            if code == sandbox.SIGXFSZ_EXIT:
+                self.limit_note = f"a file grew beyond the disk limit of {sandbox.human(disk_limit)}"
+            self.say(f"disk limit exceeded: {self.limit_note}")
+            return "DiskLimitExceeded"
+        return ""
+
+    def setup_sandbox(self) -> None:
+        """The member's scratch (its /dev/shm and /tmp): a tmpfs of the memory limit's size where it can be."""
+        if not self.box:
+            return
+        scratch = self.box["scratch"]
+        self.scratch_tmpfs = sandbox.mount_scratch(scratch, self.box.get("scratch_bytes") or None)
+        shm = os.path.join(scratch, "shm")
+        os.makedirs(shm, exist_ok=True)
+        os.chmod(shm, 0o1777)
+
+    def give_work_dir(self) -> None:
+        """The code extracted (and inputs placed) by the shim belong to the job's uid: it may change them."""
+        if self.box and self.box.get("uid") is not None:
+            sandbox.chown_tree(self.cfg["work_dir"], self.box["uid"], self.box["gid"])
+
+    def teardown_sandbox(self) -> None:
+        if not self.box:
+            return
+        import shutil
+
+        scratch = self.box["scratch"]
+        sandbox.unmount_scratch(scratch)
+        shutil.rmtree(scratch, ignore_errors=True)
+
     # -- main -----------------------------------------------------------------------------------------
 
     def main(self) -> int:
@@ -351,6 +449,10 @@ class Shim(shimprep.Preparation):
             except Exception:
                 pass
         outcome["finished_at"] = time.time()
+        try:
+            self.teardown_sandbox()
+        except Exception:
+            pass
         self.release_inputs()
         marker = self.stop_metrics()
         try:
@@ -369,13 +471,18 @@ class Shim(shimprep.Preparation):
         self.status("preparing")
         self.say(f"attempt {cfg['attempt']} starting")
         os.makedirs(cfg["work_dir"], exist_ok=True)
+        self.setup_sandbox()
         if cfg.get("runtime_build"):
             self.build_runtime(cfg["runtime_build"])
-        self.extract_code()
+        too_big = self.extract_code()
+        if too_big:
+            return {"exit_code": None, "reason": "DiskLimitExceeded", "message": too_big}
         if cfg.get("inputs"):
             failed = self.stage_inputs(env)
             if failed is not None:
                 return failed
+            self.input_paths = tuple(v for k, v in env.items() if k.startswith("KILN_INPUT_"))
+        self.give_work_dir()
         deadline = time.monotonic() + cfg["timeout"] if cfg.get("timeout") else None
         code, reason = 0, ""
         if cfg.get("prepare"):
@@ -398,14 +505,16 @@ class Shim(shimprep.Preparation):
         code, reason = self.run_step("command", cfg["command"], env, deadline, procs)
         argv = cfg["command"]
         shown = argv[-1] if argv[:2] == ["/bin/sh", "-c"] else argv[0]
+        killed = f"; {self.kill_note}" if self.kill_note else ""
         messages = {
             "CommandNotFound": f"command not found: {shown}",
-            "Timeout": f"timed out after {cfg.get('timeout')}s",
-            "OOMKilled": f"memory limit of {cfg.get('memory_limit')} bytes exceeded",
-            "Cancelled": self.cancel_reason,
+            "Timeout": f"timed out after {cfg.get('timeout')}s{killed}",
+            "OOMKilled": f"memory limit of {cfg.get('memory_limit')} bytes exceeded: {self.limit_note}",
+            "DiskLimitExceeded": f"disk limit of {cfg.get('disk_limit')} bytes exceeded: {self.limit_note}",
+            "Cancelled": self.cancel_reason + killed,
         }
         if reason and reason == self.stopped_as:
-            return self.finish(code, reason, self.stop_request()[1])
+            return self.finish(code, reason, self.stop_request()[1] + killed)
         return self.finish(code, reason, messages.get(reason, f"exited with {code}"))
 
     def finish(self, code: int | None, reason: str, message: str) -> dict:

@@ -78,9 +78,10 @@ class Preparation(_shimio.AttemptFiles, _proctree.ProcessTree):
                 return
             self.say(f"building runtime {spec['name']} (first use): {' '.join(spec['packages']) or 'no packages'}")
             shutil.rmtree(venv, ignore_errors=True)
-            env = dict(self.cfg["env"], **spec.get("env", {}))
-            env.pop("PIP_TARGET", None)
-            env.pop("PYTHONPATH", None)
+            # Built outside the sandbox and shared by every organisation's jobs: with the operator's environment
+            # and the catalog's, never the job's own variables (a job's PIP_INDEX_URL must not reach it).
+            env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TZ")}
+            env.update(spec.get("env", {}))
             steps = [[spec["base_python"], "-m", "venv", venv]]
             if spec["packages"]:
                 steps.append(
@@ -105,17 +106,25 @@ class Preparation(_shimio.AttemptFiles, _proctree.ProcessTree):
                 json.dump({"packages": spec["packages"], "built_at": time.time()}, fh)
             self.say(f"runtime {spec['name']} ready")
 
-    def extract_code(self) -> None:
+    def extract_code(self) -> str | None:
+        """Unpack the code into the work dir; why not when it would not fit the job's disk limit."""
         archive = self.cfg.get("code_archive")
         work = self.cfg["work_dir"]
         os.makedirs(work, exist_ok=True)
         if not archive:
-            return
+            return None
         import tarfile
 
         with tarfile.open(archive, "r:*") as tar:
+            limit = self.cfg.get("disk_limit")
+            unpacked = sum(m.size for m in tar.getmembers() if m.isfile())
+            if limit and unpacked > limit:
+                message = f"the code unpacks to {unpacked} bytes, more than the job's disk limit of {limit} bytes"
+                self.say(message)
+                return message
             # The "data" filter refuses absolute paths, "..", links leaving the tree and device files.
             tar.extractall(work, filter="data")
+        return None
 
     # -- metrics --------------------------------------------------------------------------------------
 

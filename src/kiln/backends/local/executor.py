@@ -6,9 +6,13 @@ Layout under ``$KILN_HOME/jobs/<job>/``::
     outputs/       $KILN_OUTPUT_DIR, collected into the artifact store when an attempt ends
     checkpoints/   $KILN_CHECKPOINT_DIR, kept across restarts of the job
     site/          where pip installs from prepare_command land (the shared runtime stays clean)
+    home/          $HOME of a sandboxed job
     attempts/<n>/  shim.json (what to run), shim.pid, status.json, exit.json, shim.log
     attempts/<n>/members/<role>-<i>/   the same, per member of a distributed job (gang.json lists them)
     attempts/<n>/notice                $KILN_NOTICE_FILE: written before a preemption's SIGTERM
+    attempts/<n>/[members/…/]scratch/  a sandboxed member's /dev/shm and /tmp (a tmpfs while it runs)
+
+Jobs run in a bubblewrap sandbox (``sandbox.py`` decides what it holds; ``KILN_SANDBOX=none`` opts out).
 
 What a shim's config holds besides the commands (environment, inputs) is built in ``shimconfig.py``; the
 attempt directory's JSON files and a gang's layout are read and written through ``attemptdir.py``.
@@ -37,12 +41,14 @@ from kiln.backends.base import AttemptStatus, Backend, Inventory, Launch, Phase
 from kiln.backends.local.attemptdir import gang_layout, member_dirs, read_json, write_json_atomic
 from kiln.backends.local.gang import MemberStatus, aggregate
 from kiln.backends.local.inventory import local_inventory
-from kiln.backends.local.runtimes import RuntimeManager
+from kiln.backends.local.runtimes import ResolvedRuntime, RuntimeManager
+from kiln.backends.local.sandbox import JOB_USER, attempt_box, detect, prepare_dirs
 from kiln.backends.local.shimconfig import MountConfig, input_config, job_env, job_pylib, mount_config, write_secret
 from kiln.domain.distributed import Member, gang_members, hostfile_text, member_env
 from kiln.domain.spec import JobSpec, command_argv
 from kiln.errors import BackendError, InvalidInput, KilnError
 from kiln.runtime import mount as mount_module
+from kiln.runtime import sandbox as runtime_sandbox
 from kiln.runtime import shim as shim_module
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
@@ -77,6 +83,13 @@ class LocalBackend(Backend):
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.pylib = job_pylib(settings.home / "pylib")
         self._inventory = local_inventory(settings)
+        self.sandbox = detect(settings)
+        if self.sandbox.problem:
+            log.error("job sandbox: %s", self.sandbox.problem)
+        elif self.sandbox.sandboxed:
+            log.info("job sandbox: %s", self.sandbox.detail)
+        else:
+            log.warning("job sandbox: %s", self.sandbox.detail)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._launcher: subprocess.Popen[bytes] | None = None
         self._launcher_buf = b""
@@ -142,6 +155,8 @@ class LocalBackend(Backend):
         return self._inventory
 
     def validate(self, spec: JobSpec) -> None:
+        if self.sandbox.problem:
+            raise InvalidInput(self.sandbox.problem)
         try:
             self.runtimes.resolve(spec.runtime)
         except KilnError as exc:
@@ -187,12 +202,14 @@ class LocalBackend(Backend):
         except KilnError as exc:
             raise BackendError(exc.message, retryable=False) from exc
         job_dir = self.job_dir(launch.job_id)
-        dirs = {name: job_dir / name for name in ("work", "outputs", "checkpoints", "site", "metrics", "tensorboard")}
+        names = ("work", "outputs", "checkpoints", "site", "metrics", "tensorboard", "home")
+        dirs = {name: job_dir / name for name in names}
         wanted = launch.spec.metrics
         if wanted.tensorboard_dir:
             dirs["tensorboard"] = dirs["work"] / wanted.tensorboard_dir
         for path in (*dirs.values(), attempt_dir):
             path.mkdir(parents=True, exist_ok=True)
+        prepare_dirs(self.sandbox, launch.org_id, self.settings, dirs)
         archive = self._code_archive(launch, job_dir)
         base = {
             "job_id": launch.job_id,
@@ -207,6 +224,8 @@ class LocalBackend(Backend):
             "grace": self.settings.kill_grace_seconds,
             "notify_socket": self.notify_path,
             "runtime_build": resolved.build,
+            "disk_limit": launch.spec.resources.disk or self.settings.job_disk_default,
+            "disk_paths": [str(p) for p in dirs.values()],
         }
         base["metrics"] = {
             "dir": str(dirs["metrics"]),
@@ -232,11 +251,12 @@ class LocalBackend(Backend):
                 }
         notice = attempt_dir / "notice"
         if launch.spec.distributed is not None:
-            return self._start_gang(launch, handle, base, resolved.bin_dir, dirs, notice, mounts)
+            return self._start_gang(launch, handle, base, resolved, dirs, notice, mounts)
         config = {
             **base,
-            "env": job_env(launch, self.pylib, resolved.bin_dir, dirs, notice, launch.cpus, launch.gpus),
+            "env": self._env(launch, resolved, dirs, notice, launch.cpus, launch.gpus),
             "memory_limit": launch.memory,
+            "sandbox": self._box(launch, resolved, dirs, attempt_dir, attempt_dir, launch.gpus, launch.memory),
         }
         self._launch_member(attempt_dir, config, mounts)
         return handle
@@ -246,7 +266,7 @@ class LocalBackend(Backend):
         launch: Launch,
         handle: dict[str, Any],
         base: dict[str, Any],
-        bin_dir: str | None,
+        resolved: ResolvedRuntime,
         dirs: dict[str, Path],
         notice: Path,
         mounts: MountConfig | None,
@@ -271,17 +291,59 @@ class LocalBackend(Backend):
             if not layout["members"][position]["runs"]:
                 continue
             procs = member_env(launch.job_id, spec, members, position, hostfile=str(hostfile) if hostfile else None)
-            env = job_env(launch, self.pylib, bin_dir, dirs, notice, slot.cpus / len(procs), slot.gpus)
+            env = self._env(launch, resolved, dirs, notice, slot.cpus / len(procs), slot.gpus)
             config = {
                 **base,
                 "env": {**env, **procs[0]} if len(procs) == 1 else env,
                 "memory_limit": slot.memory,
+                "sandbox": self._box(launch, resolved, dirs, attempt_dir, member_dir, slot.gpus, slot.memory),
                 "log_tag": f"{member.role}{member.index}",
             }
             if len(procs) > 1:
                 config["procs"] = procs
             self._launch_member(member_dir, config, mounts)
         return handle
+
+    def _env(
+        self,
+        launch: Launch,
+        resolved: ResolvedRuntime,
+        dirs: dict[str, Path],
+        notice: Path,
+        cpus: float,
+        gpus: tuple[int, ...],
+    ) -> dict[str, str]:
+        env = job_env(launch, self.pylib, resolved.bin_dir, dirs, notice, cpus, gpus)
+        if self.sandbox.sandboxed:  # the server's home and temporary dir are not in the sandbox
+            env.pop("TMPDIR", None)
+            env["HOME"] = str(dirs["home"])
+            env["USER"] = env["LOGNAME"] = JOB_USER
+        return env
+
+    def _box(
+        self,
+        launch: Launch,
+        resolved: ResolvedRuntime,
+        dirs: dict[str, Path],
+        attempt_dir: Path,
+        member_dir: Path,
+        gpus: tuple[int, ...],
+        memory: int | None,
+    ) -> dict[str, Any] | None:
+        member_dir.mkdir(parents=True, exist_ok=True)
+        return attempt_box(
+            self.sandbox,
+            self.settings,
+            launch.org_id,
+            dirs,
+            attempt_dir,
+            member_dir,
+            resolved.bin_dir,
+            resolved.python,
+            self.pylib,
+            gpus,
+            memory,
+        )
 
     def _launch_member(self, member_dir: Path, config: dict[str, Any], mounts: MountConfig | None = None) -> None:
         member_dir.mkdir(parents=True, exist_ok=True)
@@ -520,4 +582,6 @@ class LocalBackend(Backend):
             except (OSError, psutil.Error):
                 continue
         attempt_dir = Path(handle["dir"])  # the mount's tool runs in a session of its own
+        for _, _, member_dir in member_dirs(handle):  # a sandboxed member's /dev/shm and /tmp
+            runtime_sandbox.unmount_scratch(str(member_dir / "scratch"))
         mount_module.cleanup(str(attempt_dir / "mount"), str(attempt_dir / mount_module.SECRET_FILE))

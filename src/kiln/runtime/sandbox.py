@@ -1,0 +1,220 @@
+"""The job's sandbox, as the shim builds it: a bubblewrap command line around each of the job's steps, the job's
+private ``/dev/shm``, and what the job's files weigh on disk.
+
+Standard library only, like the shim that loads it (as ``kiln.runtime.sandbox`` in the package, or as a plain
+module from this file's directory when the shim runs as a script). The executor decides what the sandbox holds
+(``backends/local/sandbox.py``) and passes it in ``shim.json`` as ``"sandbox"``::
+
+    {"bwrap": "/usr/bin/bwrap", "setpriv": "/usr/bin/setpriv" or null,
+     "uid": 1500012345, "gid": 1500012345,      # root: drop to these inside; null: keep the server's (userns)
+     "ro": [paths bound read-only at the same path], "rw": [paths bound writable at the same path],
+     "dev": [device nodes bound, e.g. /dev/nvidia0], "symlinks": {"/bin": "usr/bin", ...},
+     "scratch": the member's scratch dir, "scratch_bytes": size of the tmpfs mounted there (its ``shm/`` is the
+     job's /dev/shm, a fresh ``tmp-N/`` its /tmp for each step), "prlimit": "/usr/bin/prlimit" or null,
+     "passwd": file bound over /etc/passwd, "chdir": the work dir}
+
+The scratch dir is a tmpfs when the shim can mount one (root): what the job keeps in /dev/shm and /tmp is
+memory, counted against its memory limit and gone when the attempt ends. /tmp is a fresh directory for each
+step, so nothing the job left there can steer where bubblewrap mounts the next step's paths.
+
+Inside, the job sees the system's read-only ``/usr`` and ``/etc``, its runtime, its own directories at their
+usual paths and nothing else of the machine's files; its own pid namespace (it cannot see or signal other
+processes, and every process it leaves is killed when its command exits); the network is shared (the members of
+a distributed job talk over it). When the server runs as root, bubblewrap sets the sandbox up as root and the
+job runs as the organisation's uid with no capabilities (``setpriv``); otherwise bubblewrap uses a user namespace
+and the job keeps the server's uid outside it.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+
+SIGXFSZ_EXIT = 128 + 25  # a process killed for writing a file beyond RLIMIT_FSIZE
+
+
+def wrap(
+    box: dict, argv: list[str], tmp: str, extra_ro: tuple[str, ...] = (), rlimit_fsize: int | None = None
+) -> list[str]:
+    """``argv`` run inside the sandbox described by ``box``, with ``tmp`` as its /tmp; ``extra_ro`` are more
+    paths to show read-only (the trees of the inputs staged for this attempt). ``rlimit_fsize``: the largest
+    file the job may write."""
+    out = [
+        box["bwrap"],
+        "--die-with-parent",
+        "--unshare-pid",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--bind",
+        tmp,
+        "/tmp",
+    ]
+    if box.get("uid") is None:
+        out.append("--unshare-user")
+    for link, target in sorted((box.get("symlinks") or {}).items()):
+        out += ["--symlink", target, link]
+    made: set[str] = set()
+    for path in box.get("ro", []):
+        out += [*_parents(path, made), "--ro-bind", path, path]
+    for path in extra_ro:
+        if os.path.exists(path):
+            out += [*_parents(path, made), "--ro-bind", path, path]
+    writable = sorted(box.get("rw", []))
+    for path in writable:
+        if any(path.startswith(other.rstrip("/") + "/") for other in writable):
+            continue  # inside another writable bind already (the job could swap it for a link meanwhile)
+        out += [*_parents(path, made), "--bind", path, path]
+    for path in box.get("dev", []):
+        out += ["--dev-bind", path, path]
+    if box.get("passwd"):
+        out += ["--ro-bind", box["passwd"], "/etc/passwd"]
+    out += ["--bind", os.path.join(box["scratch"], "shm"), "/dev/shm"]
+    out += ["--chdir", box["chdir"]]
+    inner: list[str] = []
+    if box.get("uid") is not None:
+        out += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        inner = [
+            box["setpriv"],
+            f"--reuid={box['uid']}",
+            f"--regid={box['gid']}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
+        ]
+    if rlimit_fsize and box.get("prlimit"):
+        inner += [box["prlimit"], f"--fsize={int(rlimit_fsize)}", "--"]
+    return [*out, "--", *inner, *argv]
+
+
+def _parents(path: str, made: set[str]) -> list[str]:
+    """``--dir`` (mode 0755) for each parent of ``path`` not yet made: bubblewrap would copy the host's mode of
+    such a parent (``/root`` is 0700), and the job's uid could not walk through it to its own files."""
+    out: list[str] = []
+    parts = [p for p in path.split("/") if p]
+    for i in range(1, len(parts)):
+        parent = "/" + "/".join(parts[:i])
+        if parent in made or parent in ("/usr", "/etc", "/proc", "/dev"):
+            continue
+        made.add(parent)
+        out += ["--perms", "0755", "--dir", parent]
+    return out
+
+
+def probe(box: dict) -> str | None:
+    """None when a trivial command runs in this sandbox, else why not (bubblewrap's own words)."""
+    try:
+        proc = subprocess.run(
+            wrap(box, ["/bin/true"], box["scratch"]),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=20,
+            close_fds=True,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if proc.returncode != 0:
+        return (proc.stderr or proc.stdout).decode(errors="replace").strip() or f"exit code {proc.returncode}"
+    return None
+
+
+# -- the job's /dev/shm and /tmp ---------------------------------------------------------------------------------------
+
+
+def mount_scratch(path: str, size: int | None) -> bool:
+    """A tmpfs of ``size`` bytes at ``path`` (root only), holding the job's /dev/shm and /tmp, so that what
+    they hold is measured and dies with the attempt. False when it cannot be mounted: a plain directory then."""
+    os.makedirs(path, exist_ok=True)
+    if os.path.ismount(path):
+        return True
+    if os.geteuid() != 0:
+        return False
+    options = "mode=1777,nosuid,nodev" + (f",size={int(size)}" if size else "")
+    try:
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "kiln-shm", path], capture_output=True, timeout=20
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
+
+
+def unmount_scratch(path: str) -> None:
+    """Drop the job's /dev/shm and /tmp (lazily: a process still holding them lets go when it exits)."""
+    if os.path.ismount(path):
+        try:
+            subprocess.run(["umount", "-l", path], capture_output=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+
+def tmpfs_used(path: str) -> int:
+    """Bytes held by the tmpfs mounted at ``path`` (0 when it is not one)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 0
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+# -- disk ---------------------------------------------------------------------------------------------------
+
+
+def disk_used(paths: list[str]) -> int:
+    """Bytes on disk under ``paths`` (allocated blocks; each inode once; links not followed, mounts not
+    crossed)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for top in paths:
+        try:
+            top_dev = os.lstat(top).st_dev
+        except OSError:
+            continue
+        stack = [top]
+        while stack:
+            path = stack.pop()
+            try:
+                entries = list(os.scandir(path))
+            except OSError:
+                continue
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                key = (st.st_dev, st.st_ino)
+                if key in seen:
+                    continue
+                seen.add(key)
+                total += st.st_blocks * 512
+                if stat.S_ISDIR(st.st_mode) and st.st_dev == top_dev:
+                    stack.append(entry.path)
+    return total
+
+
+def chown_tree(top: str, uid: int, gid: int) -> None:
+    """Give the job's uid what it may write (links are changed themselves, never followed)."""
+    try:
+        os.lchown(top, uid, gid)
+    except OSError:
+        return
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+        for name in dirnames + filenames:
+            try:
+                os.lchown(os.path.join(dirpath, name), uid, gid)
+            except OSError:
+                pass
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

@@ -1,0 +1,183 @@
+"""Jobs on the local executor run sandboxed, tried the way an attacker would: a job of one organisation goes after
+the server's secrets, another job's files and another organisation's dataset, and after places to write; limits
+that used to leak (/dev/shm, disk, SIGTERM ignored) hold and are reported truthfully."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kiln.sdk.client import Client
+from tests.helpers import log_text, wait_for
+from tests.kilnserver import KilnServer
+from tests.tenancy_helpers import Api, close_all, create_tenant
+
+PY = {"python": sys.executable}
+
+# Reads and writes what it is told to, and reports each outcome as one JSON line.
+PROBE = r"""
+import json, os, sys
+targets = json.loads(os.environ["PROBE"])
+report = {"uid": os.getuid(), "pids": len([p for p in os.listdir("/proc") if p.isdigit()])}
+for path in targets["read"]:
+    try:
+        if os.path.isdir(path):
+            report["list " + path] = sorted(os.listdir(path))
+            continue
+        open(path, "rb").read(16)
+        report["read " + path] = "ok"
+    except OSError as exc:
+        report["read " + path] = exc.strerror
+for path in targets["write"]:
+    try:
+        with open(path, "a") as fh:
+            fh.write("pwned")
+        report["write " + path] = "ok"
+    except OSError as exc:
+        report["write " + path] = exc.strerror
+print(json.dumps(report))
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
+    srv = KilnServer(tmp_path_factory.mktemp("sandbox") / "home", cpus="2").start()
+    yield srv
+    srv.stop()
+
+
+def _client(api: Api) -> Client:
+    return Client(api.url, api.access_key, api.secret_key)
+
+
+def test_a_job_reaches_nothing_but_its_own_files(server: KilnServer, tmp_path: Path) -> None:
+    admin = Api.admin(server)
+    red, blue = create_tenant(admin, "red", ("member",)), create_tenant(admin, "blue", ("member",))
+    try:
+        attacker, victim = _client(red["member"].api), _client(blue["member"].api)
+        secret_set = tmp_path / "secretset"
+        secret_set.mkdir()
+        (secret_set / "plans.txt").write_text("blue's secret plans\n")
+        victim.put_dataset(secret_set, "secretset")
+        # The victim: its dataset staged, a secret in its work dir, still running while the attacker looks.
+        hold = victim.submit(
+            {
+                "command": "echo tree=$KILN_INPUT_SECRETSET; echo blue-secret > secret.txt; sleep 120",
+                "inputs": [{"dataset": "secretset"}],
+                "resources": {"cpus": 0.5},
+            }
+        )
+        deadline = time.monotonic() + 60
+        while not any(line.startswith("tree=") for line in log_text(victim, hold.id)):
+            assert time.monotonic() < deadline, (victim.get_job(hold.id).message, log_text(victim, hold.id))
+            time.sleep(0.2)
+        tree = next(line for line in log_text(victim, hold.id) if line.startswith("tree="))[5:]
+        victim_work = server.home / "jobs" / hold.id / "work"
+        assert (victim_work / "secret.txt").read_text() == "blue-secret\n"
+        home = server.home
+        targets = {
+            "read": [
+                str(home / "server.key"),
+                str(home / "kiln.db"),
+                str(home / "admin.env"),
+                str(home / "jobs"),
+                str(victim_work / "secret.txt"),
+                f"{tree}/plans.txt",
+                str(home / "cache" / "data"),
+                "/etc/shadow",
+            ],
+            "write": [
+                str(home / "evil.txt"),
+                str(victim_work / "evil.txt"),
+                f"{tree}/plans.txt",
+                "/etc/evil.txt",
+                "/usr/evil.txt",
+                str(Path(sys.executable).parent / "evil.txt"),  # the runtime
+                "mine.txt",  # its own work dir: allowed
+                "/tmp/mine.txt",
+                "/dev/shm/mine.txt",
+            ],
+        }
+        job = attacker.submit(
+            {"command": [sys.executable, "-c", PROBE], "runtime": PY, "env": {"PROBE": json.dumps(targets)}}
+        )
+        done = wait_for(attacker, job.id, timeout=60)
+        assert done.state == "SUCCEEDED", (done.message, log_text(attacker, job.id))
+        report = json.loads(log_text(attacker, job.id)[-1])
+        assert report.pop("uid") not in (0, os.getuid())
+        assert report.pop("pids") < 5  # its own processes only: nobody else's to see or signal
+        allowed = {"write mine.txt", "write /tmp/mine.txt", "write /dev/shm/mine.txt"}
+        assert {k: v for k, v in report.items() if k in allowed} == dict.fromkeys(allowed, "ok")
+        # The server's directory tree is there only as the skeleton of the paths to the job's own files.
+        assert report.pop(f"list {home / 'jobs'}") == [job.id]
+        leaked = {k: v for k, v in report.items() if k not in allowed and (v == "ok" or isinstance(v, list))}
+        assert leaked == {}, report
+        assert not (home / "evil.txt").exists() and not (victim_work / "evil.txt").exists()
+        assert Path(tree, "plans.txt").read_text() == "blue's secret plans\n"
+        victim.cancel(hold.id)
+        assert wait_for(victim, hold.id, timeout=60).state == "CANCELLED"
+    finally:
+        close_all(red, blue)
+        admin.close()
+
+
+def test_what_a_job_keeps_in_dev_shm_counts_as_its_memory(server: KilnServer) -> None:
+    client = server.client()
+    fill = (
+        "import time\nwith open('/dev/shm/big', 'wb') as f:\n    for _ in range(60):\n"
+        "        f.write(b'x' * 10 * 2**20); f.flush(); time.sleep(0.02)\n"
+    )
+    job = client.submit({"command": [sys.executable, "-c", fill], "runtime": PY, "resources": {"memory": "200M"}})
+    done = wait_for(client, job.id, timeout=60)
+    assert (done.state, done.reason) == ("FAILED", "OOMKilled"), (done.message, log_text(client, job.id))
+    assert "/dev/shm" in done.message
+    # The tmpfs went with the attempt.
+    assert not any(str(server.home) in line for line in Path("/proc/self/mountinfo").read_text().splitlines())
+
+
+def test_a_job_past_its_disk_limit_fails_with_the_reason(server: KilnServer) -> None:
+    client = server.client()
+    many = "import time\nfor i in range(40):\n    open(f'f{i}', 'wb').write(b'x' * 2**20 * 4); time.sleep(0.1)\n"
+    job = client.submit({"command": [sys.executable, "-c", many], "runtime": PY, "resources": {"disk": "50M"}})
+    done = wait_for(client, job.id, timeout=60)
+    assert (done.state, done.reason) == ("FAILED", "DiskLimitExceeded"), (done.message, log_text(client, job.id))
+    assert "disk limit of 52428800 bytes exceeded" in done.message
+    one = "open('big', 'wb').write(b'x' * 2**20 * 80)"
+    job = client.submit({"command": [sys.executable, "-c", one], "runtime": PY, "resources": {"disk": "50M"}})
+    done = wait_for(client, job.id, timeout=60)
+    assert (done.state, done.reason) == ("FAILED", "DiskLimitExceeded"), (done.message, log_text(client, job.id))
+
+
+def test_code_that_unpacks_beyond_the_disk_limit_is_refused(server: KilnServer, tmp_path: Path) -> None:
+    client = server.client()
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "zeros.bin").write_bytes(bytes(8 * 2**20))  # compresses to almost nothing
+    job = client.run({"command": "true", "resources": {"disk": "4M"}}, code_dir=code)
+    done = wait_for(client, job.id, timeout=60)
+    assert (done.state, done.reason) == ("FAILED", "DiskLimitExceeded"), done.message
+    assert "unpacks to" in done.message
+
+
+def test_a_job_ignoring_sigterm_is_reported_as_sigkilled(server: KilnServer) -> None:
+    client = server.client()
+    stubborn = "trap '' TERM; echo ready; sleep 60"
+    job = client.submit({"command": stubborn})
+    deadline = time.monotonic() + 60
+    while "ready" not in log_text(client, job.id):
+        assert time.monotonic() < deadline, client.get_job(job.id).message
+        time.sleep(0.1)
+    client.cancel(job.id)
+    done = wait_for(client, job.id, timeout=60)
+    assert done.state == "CANCELLED"
+    assert "SIGKILL after 3 s grace" in done.message, done.message
+    assert done.exit_code == 137
+    timed = wait_for(client, client.submit({"command": stubborn, "timeout": 1}).id, timeout=60)
+    assert (timed.state, timed.reason) == ("FAILED", "Timeout")
+    assert "SIGKILL after 3 s grace" in timed.message, timed.message
