@@ -181,3 +181,10 @@ def test_a_job_ignoring_sigterm_is_reported_as_sigkilled(server: KilnServer) -> 
     timed = wait_for(client, client.submit({"command": stubborn, "timeout": 1}).id, timeout=60)
     assert (timed.state, timed.reason) == ("FAILED", "Timeout")
     assert "SIGKILL after 3 s grace" in timed.message, timed.message
+
+
+def test_the_servers_own_files_are_private(server: KilnServer) -> None:
+    home = server.home
+    assert os.stat(home).st_mode & 0o777 == 0o700
+    for name in ("kiln.db", "server.key", "admin.env"):
+        assert os.stat(home / name).st_mode & 0o777 == 0o600, name

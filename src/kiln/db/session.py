@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import logging
+import os
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -95,11 +96,24 @@ class TableVersions:
             self.bump(written)
 
 
+def _private_sqlite_file(path: Path) -> None:
+    """The database holds every encrypted secret and the audit log: readable by the server's user only. SQLite
+    gives its -wal and -shm files the database file's mode."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+        for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            if name.exists() and name.stat().st_uid == os.geteuid():
+                os.chmod(name, 0o600)
+    except OSError:
+        pass  # a read-only location: SQLite says what is wrong when it opens it
+
+
 def make_engine(url: str, *, read_only: bool = False, foreign_keys: bool = True) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        if parsed.database and parsed.database != ":memory:" and not read_only:
+            _private_sqlite_file(Path(parsed.database))
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": 30},
