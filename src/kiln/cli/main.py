@@ -68,6 +68,7 @@ COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     "quota": _group("quota"),
     "audit": _function("audit", "audit"),
     "server": _function("server", "server"),
+    "admin": _group("admin"),
 }
 
 

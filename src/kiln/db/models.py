@@ -183,6 +183,21 @@ class AuditEvent(Base):
     detail: Mapped[str] = mapped_column(String(256), default="")
 
 
+class OfflineAction(Base):
+    """Something ``kiln admin`` did to the database with no server running (a recovery key), for the next server
+    start to announce in its log. Written in the transaction of the action and of its audit event; a server marks
+    it ``announced_at`` once it has logged it."""
+
+    __tablename__ = "offline_actions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    time: Mapped[datetime] = mapped_column(default=utcnow)
+    action: Mapped[str] = mapped_column(String(96))
+    audit_event_id: Mapped[int | None] = mapped_column(Integer, default=None)  # no foreign key: audit rows expire
+    message: Mapped[str] = mapped_column(Text)
+    announced_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
 class JobEvent(Base):
     __tablename__ = "job_events"
 

@@ -1,0 +1,122 @@
+"""``kiln admin``: offline administration, run on the server's machine. It reads $KILN_HOME (the settings, the
+server key, the database) directly and needs no running server — the way back in when no platform-admin key
+works any more."""
+
+from __future__ import annotations
+
+import fcntl
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kiln.cli.common import EXIT_USAGE, fail, info
+
+app = typer.Typer(
+    help="Offline administration on the server's machine (reads $KILN_HOME directly; needs no running server).",
+    no_args_is_help=True,
+)
+
+
+def _server_running(run_dir: Path) -> bool:
+    """Whether a server holds this home's lock (``kiln server`` takes it for as long as it runs)."""
+    path = run_dir / "server.lock"
+    if not path.exists():
+        return False
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+    return False
+
+
+@app.command("recover-key")
+def recover_key(
+    user: Annotated[
+        str | None,
+        typer.Option(
+            help="The platform admin to give the key [default: the first one, normally admin]. A new name creates "
+            "a new platform admin; a disabled one is enabled again."
+        ),
+    ] = None,
+    home: Annotated[Path | None, typer.Option(help="State directory [default: $KILN_HOME or ~/.kiln].")] = None,
+    env_file: Annotated[
+        str | None,
+        typer.Option(
+            help="Where to write the credentials, mode 0600 [default: $KILN_HOME/recovery.env]; - prints them."
+        ),
+    ] = None,
+    expires: Annotated[
+        str | None,
+        typer.Option(help="When the key stops working: a duration from now (30d, 12h) or an ISO-8601 time."),
+    ] = None,
+) -> None:
+    """Create a platform-admin access key straight in the database, with no server (stop a SQLite server first).
+
+    The key's secret is encrypted with the server key like any other. The audit log records it at once (client
+    "kiln admin (offline)"), and the server logs it when it next starts."""
+    from pydantic import ValidationError
+
+    from kiln.auth.secrets import SecretBox
+    from kiln.cli.keys import SECRET_WARNING, env_lines
+    from kiln.cli.parsing import parse_expiry
+    from kiln.db import migrate
+    from kiln.db.session import Database
+    from kiln.sdk.config import write_config_file
+    from kiln.services.identity import recover_platform_admin
+    from kiln.settings import Settings
+
+    expires_at = None
+    if expires is not None:
+        try:
+            seconds, expires_at = parse_expiry(expires)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--expires") from None
+        if seconds is not None:
+            expires_at = datetime.now(UTC) + timedelta(seconds=seconds)
+    try:
+        settings = Settings(**({"home": home} if home is not None else {}))  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        fail(f"invalid settings: {problems}", EXIT_USAGE)
+
+    default_db = settings.database_url is None
+    if default_db and not (settings.home / "kiln.db").exists():
+        fail(f"no Kiln database in {settings.home}: is KILN_HOME the server's? (a server makes it at its first start)")
+    running = _server_running(settings.run_dir)
+    if running and default_db:
+        fail(
+            f"a Kiln server is running with KILN_HOME={settings.home}: its SQLite database is its alone while it "
+            "runs; stop it, then run this again"
+        )
+    if settings.server_key:
+        key = settings.server_key.encode()
+    elif (settings.home / "server.key").exists():
+        key = (settings.home / "server.key").read_bytes().strip()
+    else:
+        fail(f"no server key in {settings.home} (server.key) and no KILN_SERVER_KEY: the stored keys need it")
+
+    db = Database(settings.resolved_database_url)
+    try:
+        migrate.upgrade(db.engine)  # what the server does at start: the offline_actions table may be new
+        done = recover_platform_admin(db, SecretBox(key), user_name=user, expires_at=expires_at)
+    finally:
+        db.dispose()
+
+    what = " (a new platform admin)" if done.created_user else (" (enabled again)" if done.reenabled_user else "")
+    info(f"created platform-admin access key {done.key_id} for user {done.user_name}{what}, org {done.org_name}")
+    if env_file == "-":
+        sys.stdout.write(env_lines(settings.endpoint, done.key_id, done.secret_key))
+        sys.stdout.flush()
+        info(f"warning: {SECRET_WARNING}")
+    else:
+        path = Path(env_file) if env_file else settings.home / "recovery.env"
+        write_config_file(path, settings.endpoint, done.key_id, done.secret_key)
+        info(f"credentials written to {path} (mode 0600): set -a; . {path}; set +a")
+    info(f"audit event {done.audit_event_id} records it; the server logs it when it next starts")
+    if running:
+        info("a server shares this database and is running: the key works with it now")
