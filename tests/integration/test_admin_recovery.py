@@ -180,6 +180,12 @@ def test_recover_key_on_a_home_without_a_database(tmp_path: Path) -> None:
     assert result.returncode == 1 and "no Kiln database" in result.stderr
     result = kiln_admin(env, "--expires", "nonsense")
     assert result.returncode == 2 and "--expires" in result.stderr
+    if os.geteuid() == 0:  # root on another user's home would leave files the server cannot open
+        other = tmp_path / "other"
+        other.mkdir()
+        os.chown(other, 65534, 65534)
+        result = kiln_admin({**env, "KILN_HOME": str(other)})
+        assert result.returncode == 1 and "run this as the server's user" in result.stderr, result.stderr
     assert not (tmp_path / "empty" / "kiln.db").exists()
 
 

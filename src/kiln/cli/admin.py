@@ -5,6 +5,8 @@ works any more."""
 from __future__ import annotations
 
 import fcntl
+import os
+import pwd
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -84,6 +86,14 @@ def recover_key(
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         fail(f"invalid settings: {problems}", EXIT_USAGE)
 
+    if settings.home.is_dir() and settings.home.stat().st_uid != os.geteuid():
+        owner = settings.home.stat().st_uid
+        try:
+            owner_name = pwd.getpwuid(owner).pw_name
+        except KeyError:
+            owner_name = str(owner)
+        # Files this would create (the database's journal, recovery.env) would not be the server's to open.
+        fail(f"{settings.home} belongs to {owner_name}: run this as the server's user (sudo -u {owner_name} ...)")
     default_db = settings.database_url is None
     if default_db and not (settings.home / "kiln.db").exists():
         fail(f"no Kiln database in {settings.home}: is KILN_HOME the server's? (a server makes it at its first start)")
