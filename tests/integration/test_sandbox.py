@@ -188,3 +188,17 @@ def test_the_servers_own_files_are_private(server: KilnServer) -> None:
     assert os.stat(home).st_mode & 0o777 == 0o700
     for name in ("kiln.db", "server.key", "admin.env"):
         assert os.stat(home / name).st_mode & 0o777 == 0o600, name
+
+
+def test_a_restarted_job_shows_its_current_attempt_only(server: KilnServer) -> None:
+    client = server.client()
+    command = 'if [ "$KILN_ATTEMPT" = 1 ]; then exit 3; fi; echo second; sleep 60'
+    job = client.submit({"command": command, "max_restarts": 1})
+    deadline = time.monotonic() + 60
+    while "second" not in log_text(client, job.id):
+        assert time.monotonic() < deadline, client.get_job(job.id).message
+        time.sleep(0.1)
+    now = client.get_job(job.id)
+    assert (now.attempt, now.state, now.exit_code) == (2, "RUNNING", None)  # not attempt 1's exit code 3
+    client.cancel(job.id)
+    assert wait_for(client, job.id, timeout=60).state == "CANCELLED"

@@ -268,7 +268,7 @@ def test_without_stop_json_sigterm_is_a_cancel_with_the_configured_grace(attempt
     attempt.stop(None)
     result = attempt.wait()
     assert result["reason"] == "Cancelled"
-    assert result["message"] == "signal SIGTERM"
+    assert result["message"] == "signal SIGTERM; SIGKILL after 0.2 s grace"
     assert result["exit_code"] == 137  # SIGKILLed at the end of the 0.2 s grace
     assert list(out.iterdir()) == []
 
@@ -281,7 +281,7 @@ def test_stop_json_grace_ends_in_sigkill(attempts) -> None:
     attempt.stop({"reason": "NodeDrained", "grace": 0.5})
     result = attempt.wait()
     assert (result["reason"], result["exit_code"]) == ("NodeDrained", 137)
-    assert result["message"] == "signal SIGTERM"  # no message given: the signal
+    assert result["message"] == "signal SIGTERM; SIGKILL after 0.5 s grace"  # no message given: the signal
     assert attempt.elapsed < 15, "the stop's grace (0.5 s) replaces the configured one (30 s)"
 
 

@@ -29,8 +29,10 @@ def transition(
     job.reason = reason
     job.message = message
     job.updated_at = now
-    if to is JobState.STARTING and job.started_at is None:
-        job.started_at = now
+    if to is JobState.STARTING:  # a new attempt: what the job row says of an attempt is about this one
+        job.started_at = job.started_at or now
+        job.running_at = None
+        job.exit_code = None
     if to is JobState.RUNNING:
         job.running_at = now
     if to in (JobState.RESTARTING, JobState.QUEUED) or to.terminal:
