@@ -140,7 +140,8 @@ class Spool:
     def _write(self, data: bytes, count: int) -> None:
         try:
             if self.fd < 0:
-                self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+                # O_NOFOLLOW: the job can write this directory; a link it left here must not redirect the shim.
+                self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o640)
             if self.failing:
                 data = b"\n" + data  # ends whatever a failed write left half written
             view = memoryview(data)

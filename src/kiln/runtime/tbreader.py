@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import struct
 import time
 from collections.abc import Iterator
@@ -274,11 +275,35 @@ def _summary_value(buf: memoryview, plugins: dict[str, str]) -> tuple[str, float
 # -- files ----------------------------------------------------------------------------------------------------
 
 
+def open_beneath(root: str, path: str) -> int:
+    """A read-only fd of the regular file ``path`` under ``root``, opened one component at a time without
+    following a link: the job owns the directory and could swap any part of the path for a link to files it
+    must not read, which the shim (root, outside the sandbox) would otherwise read for it. Raises OSError."""
+    rel = os.path.relpath(path, root)
+    parts = rel.split(os.sep)
+    if rel.startswith("..") or os.path.isabs(rel):
+        raise OSError(f"{path} is not under {root}")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(os.fstat(leaf).st_mode):  # a FIFO or device would block or never end
+        os.close(leaf)
+        raise OSError(f"{path} is not a regular file")
+    return leaf
+
+
 class EventFileReader:
     """Follows one growing event file: each ``read()`` returns the scalars of the records completed since."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, root: str | None = None) -> None:
         self.path = path
+        self.root = root or os.path.dirname(path)
         self.offset = 0
         self.plugins: dict[str, str] = {}
         self.broken = ""  # why the file cannot be read further (a length failed its checksum)
@@ -290,7 +315,7 @@ class EventFileReader:
         if self.broken:
             return out
         try:
-            with open(self.path, "rb") as fh:
+            with os.fdopen(open_beneath(self.root, self.path), "rb") as fh:
                 fh.seek(self.offset)
                 data = fh.read(max_bytes)
         except OSError:
@@ -354,7 +379,7 @@ class DirectoryFollower:
                 if name.startswith("events.out.tfevents.") and not name.endswith(".tmp"):
                     path = os.path.join(dirpath, name)
                     if path not in self.readers:
-                        self.readers[path] = EventFileReader(path)
+                        self.readers[path] = EventFileReader(path, self.root)
         self.last_scan = time.monotonic()
 
     def poll(self, rescan: bool = True, deadline: float = float("inf")) -> list[tuple[float, int, str, float]]:

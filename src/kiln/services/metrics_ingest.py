@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from sqlalchemy import and_, or_, select
 
@@ -169,7 +170,9 @@ class MetricsIngester:
         for job in jobs:
             directory = self.jobs_dir / job.id / "metrics"
             try:
-                entries = [e for e in os.scandir(directory) if e.name.endswith(".jsonl") and e.is_file()]
+                entries = [
+                    e for e in os.scandir(directory) if e.name.endswith(".jsonl") and e.is_file(follow_symlinks=False)
+                ]
             except (FileNotFoundError, NotADirectoryError):
                 entries = []
             if entries:
@@ -217,7 +220,7 @@ class MetricsIngester:
         """(complete lines from offset, bytes consumed). A line longer than a slice is read whole (if its newline
         has arrived) and then skipped by the parser as malformed if it is."""
         try:
-            with open(path, "rb") as fh:
+            with _open_spool(path) as fh:
                 fh.seek(offset)
                 data = fh.read(self.max_bytes_per_file)
                 end = complete_lines(data)
@@ -278,9 +281,18 @@ def _merge_cursor(cursors: list[CursorUpdate], new: CursorUpdate) -> None:
     cursors.append(new)
 
 
+def _open_spool(path: Path) -> BinaryIO:
+    """A job's spool file, never through a link the job left in its metrics dir (the server reads as itself)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return os.fdopen(fd, "rb")
+
+
 def _has_newline(path: Path, offset: int) -> bool:
     try:
-        with open(path, "rb") as fh:
+        with _open_spool(path) as fh:
             fh.seek(offset)
             while block := fh.read(1024 * 1024):
                 if b"\n" in block:
