@@ -16,7 +16,7 @@ from tests.tenancy_helpers import Api, close_all, create_tenant, tar_gz
 TOKEN_JOB = r"""
 import os, urllib.request
 token, endpoint, me = os.environ["KILN_JOB_TOKEN"], os.environ["KILN_ENDPOINT"], os.environ["KILN_JOB_ID"]
-open(os.environ["TOKEN_FILE"], "w").write(token)
+open(os.path.join(os.environ["KILN_OUTPUT_DIR"], "token"), "w").write(token)  # its own files only: sandboxed
 for method, path, body in [("GET", f"/jobs/{me}", None), ("POST", f"/jobs/{me}/logs", b"hello\n"),
                            ("PUT", f"/jobs/{me}/artifacts/a.txt", b"x"), ("GET", "/jobs/job-nope", None)]:
     request = urllib.request.Request(endpoint + "/api/v1" + path, data=body, method=method,
@@ -90,11 +90,10 @@ def exercise(server: KilnServer, tmp_path: Path) -> tuple[Api, dict[str, str]]:
         assert not secrets_found(response.text + json.dumps(dict(response.headers)), secrets), response.text
 
     # A job's token, used by the job (also once where it is refused).
-    token_file = tmp_path / "token"
-    running = member.api.submit([sys.executable, "-c", TOKEN_JOB], env={"TOKEN_FILE": str(token_file)})
+    running = member.api.submit([sys.executable, "-c", TOKEN_JOB])
     ended = member.api.wait(running["id"])
     assert ended["state"] == "SUCCEEDED", ended
-    token = token_file.read_text().strip()
+    token = member.api.get(f"/jobs/{running['id']}/artifacts/token").text.strip()
     assert token.startswith("kjt.")
     secrets["job token"] = token
     assert client(token=token).get("/whoami").status_code == 401  # the attempt has ended
