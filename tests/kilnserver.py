@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 from kiln.sdk.client import Client
 from kiln.sdk.config import read_config_file
@@ -52,7 +54,9 @@ class KilnServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30) -> KilnServer:
+    def start(self, timeout: float = 120) -> KilnServer:
+        """Start and wait for /readyz: on a loaded two-CPU machine a server's start (migrations, imports, the
+        sandbox probe) has taken over 30 s."""
         self.home.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
@@ -89,10 +93,39 @@ class KilnServer:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
 
-    def stop(self) -> None:
+    def stop(self, jobs: bool = True) -> None:
+        """Stop the server and (``jobs``) what it left running: the shims outlive a server by design, and a
+        test's leftover jobs would otherwise compete with the next tests for the CPUs until their timeouts."""
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 self.kill()
+        if jobs:
+            self.stop_jobs()
+
+    def stop_jobs(self) -> None:
+        """SIGTERM every shim still running under this home (each cancels its job), SIGKILL them after a few
+        seconds, then unmount what a killed one left mounted (its /dev/shm and /tmp)."""
+        shims: list[psutil.Process] = []
+        for pid_file in self.home.glob("jobs/*/attempts/**/shim.pid"):
+            try:
+                info = json.loads(pid_file.read_text())
+                proc = psutil.Process(int(info["pid"]))
+                if abs(proc.create_time() - float(info.get("create_time") or 0)) < 1.0:
+                    proc.terminate()
+                    shims.append(proc)
+            except (OSError, ValueError, KeyError, psutil.Error):
+                continue
+        _, alive = psutil.wait_procs(shims, timeout=8)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            point = line.split()[4]
+            if point.startswith(str(self.home) + "/"):
+                subprocess.run(["umount", "-l", point], capture_output=True, check=False)

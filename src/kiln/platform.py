@@ -24,7 +24,7 @@ from kiln.services.audit import AuditService
 from kiln.services.blobs import BlobService
 from kiln.services.checkpoints import CheckpointSync
 from kiln.services.datasets import DatasetService
-from kiln.services.identity import Credentials, IdentityService
+from kiln.services.identity import Credentials, IdentityService, announce_offline_actions
 from kiln.services.inputs import dataset_pinner, input_resolver
 from kiln.services.jobs import JobService
 from kiln.services.log_metrics import LogMetrics
@@ -91,7 +91,7 @@ class Platform:
         self.log_metrics = LogMetrics(self.db, self.logs, settings.jobs_dir, shimless)
         self.metrics = MetricsService(self.db, self.jobs, self.metrics_store)
         self.prometheus = ServerMetrics(self.db, lambda: self.metrics_store.points_ingested)
-        self.reconciler.on_started = self.prometheus.observe_start
+        self.reconciler.on_admitted = self.prometheus.admission.observe  # read for a whole pass in one query
         # Datasets a job reads: pinned at submit, resolved to files when an attempt starts.
         self.jobs.resolve_dataset = dataset_pinner(self.datasets)
         self.jobs.backend_name = self.backend.name
@@ -131,6 +131,7 @@ class Platform:
         return fh
 
     def start(self) -> Credentials | None:
+        announce_offline_actions(self.db)  # what `kiln admin` did while no server ran, logged once
         creds = self.identity.bootstrap() if self.settings.bootstrap else None
         self.reconciler.start()
         self.metrics_ingester.start()

@@ -250,9 +250,7 @@ class IdentityService:
     # -- bootstrap ------------------------------------------------------------------------------------
 
     def bootstrap(self) -> Credentials | None:
-        """On first start create the admin organisation, user and key and write ``admin.env`` (0600). At every
-        start, first log what ``kiln admin`` did offline since the last one (``announce_offline_actions``)."""
-        announce_offline_actions(self.db)
+        """On first start create the admin organisation, user and key and write ``admin.env`` (0600)."""
         with self.db.transaction() as s:
             if s.scalar(select(User.id).limit(1)) is not None:
                 return None
