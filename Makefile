@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 KILN_HOST ?= 127.0.0.1
 KILN_PORT ?= 8080
 
-.PHONY: run install dev test lint typecheck unit bench clean services mount-tools
+.PHONY: run install dev test lint typecheck unit bench clean services mount-tools sandbox-tools
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Kiln needs Python >= 3.11"'
@@ -26,7 +26,7 @@ install: $(VENV)/.installed
 
 dev: $(VENV)/.dev-installed
 
-run: install
+run: install sandbox-tools
 	KILN_HOST=$(KILN_HOST) KILN_PORT=$(KILN_PORT) $(BIN)/kiln server
 
 # PostgreSQL is part of this kind of machine; start it if it is installed but stopped.
@@ -52,6 +52,20 @@ mount-tools:
 		fi; \
 	fi
 
+# bubblewrap sandboxes jobs on the local executor (setpriv and prlimit come with util-linux); without it the
+# server refuses jobs unless KILN_SANDBOX=none.
+sandbox-tools:
+	@if ! command -v bwrap >/dev/null 2>&1; then \
+		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+			echo "installing bubblewrap"; \
+			export DEBIAN_FRONTEND=noninteractive; \
+			apt-get install -y -q --no-install-recommends bubblewrap >/dev/null 2>&1 || \
+				{ apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends bubblewrap >/dev/null; }; \
+		else \
+			echo "WARNING: install bubblewrap (as root: apt-get install bubblewrap); jobs are refused without it"; \
+		fi; \
+	fi
+
 lint: dev
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
@@ -59,7 +73,7 @@ lint: dev
 typecheck: dev
 	$(BIN)/mypy
 
-test: dev services mount-tools lint typecheck
+test: dev services mount-tools sandbox-tools lint typecheck
 	$(BIN)/python -m pytest -q
 
 unit: dev
