@@ -193,6 +193,7 @@ class Preparation(_shimio.AttemptFiles, _proctree.ProcessTree):
                 holder=holder,
                 mount=cfg.get("mount"),
                 helpers=self.helpers,
+                exposed=not self.cfg.get("sandbox"),
             )
         except stage.StageStopped:
             stop_reason, stop_message, _ = self.stop_request()

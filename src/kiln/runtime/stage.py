@@ -254,6 +254,31 @@ def tree_problem(path: str, item: Input) -> str | None:
     return None
 
 
+def exposed_marker(root: str, tree: str) -> str:
+    """Exists while a tree has been shown to a job that ran unsandboxed (``KILN_SANDBOX=none``): as root, such a
+    job could write through the tree's read-only modes into the cache's blobs (hard links), size unchanged."""
+    return os.path.join(root, "index", tree + ".exposed")
+
+
+def digest_problem(path: str, item: Input) -> str | None:
+    """Why the tree's files do not hash to the manifest's SHA-256 (each distinct blob read once), or None."""
+    seen: set[str] = set()
+    for rel, _, sha, _ in item.files:
+        if sha in seen:
+            continue
+        seen.add(sha)
+        digest = hashlib.sha256()
+        try:
+            with open(os.path.join(path, rel), "rb") as fh:
+                while block := fh.read(1 << 20):
+                    digest.update(block)
+        except OSError as exc:
+            return f"{rel}: {exc.strerror}"
+        if digest.hexdigest() != sha:
+            return f"{rel} no longer has SHA-256 {sha[:12]}…"
+    return None
+
+
 def link_or_copy(blob: str, dest: str) -> bool:
     """Hardlink ``dest`` to the blob; copy it where a link is impossible. True when copied."""
     try:
@@ -289,13 +314,34 @@ class Progress:
 
 
 def build_tree(
-    root: str, item: Input, log: Callable[[str], None], stop: threading.Event | None, canceller: Canceller
+    root: str,
+    item: Input,
+    log: Callable[[str], None],
+    stop: threading.Event | None,
+    canceller: Canceller,
+    exposed: bool = False,
 ) -> tuple[str, str]:
-    """The tree of one input, built (downloading what is missing) unless it is cached; (path, log line)."""
+    """The tree of one input, built (downloading what is missing) unless it is cached; (path, log line).
+    A tree an unsandboxed job was shown is hashed again before it is used; ``exposed``: this job is one."""
     final = os.path.join(root, "trees", item.tree)
     started = time.monotonic()
+    marker = exposed_marker(root, item.tree)
     if os.path.isdir(final):
         problem = tree_problem(final, item)
+        if problem is None and os.path.exists(marker):
+            problem = digest_problem(final, item)
+            if problem is None:
+                log(f"input {item.label}: an unsandboxed job had it; every file still has its SHA-256")
+            else:
+                for _, _, sha, _ in item.files:  # the blobs share their inodes with the tree's files
+                    remove_file(blob_path(root, sha))
+        if exposed:
+            write_json_atomic(marker, {"at": time.time()})
+        elif problem is None:
+            try:
+                os.unlink(marker)
+            except FileNotFoundError:
+                pass
         if problem is None:
             return final, (
                 f"input {item.label}: {len(item.files)} files, {human(item.bytes)}: all from the cache "
@@ -343,6 +389,10 @@ def build_tree(
                     if link_or_copy(blob, os.path.join(tmp, rel)):
                         copied_bytes += size
         make_read_only(tmp)
+        if exposed:
+            write_json_atomic(marker, {"at": time.time()})
+        elif os.path.exists(marker):
+            os.unlink(marker)  # built afresh, from verified blobs
         try:
             os.rename(tmp, final)
             won = True
@@ -424,8 +474,11 @@ def stage_inputs(
     holder: str | None = None,
     mount: dict | None = None,
     helpers: set[int] | None = None,
+    exposed: bool = False,
 ) -> dict[str, str]:
     """Make each input available read-only at its path in the work dir; returns ``{env name: tree path}``.
+    ``exposed``: the job runs unsandboxed (as the server's user), so the cached trees it is shown are hashed
+    again before the next job uses them.
 
     ``holder`` names this job in the cache's in-use records (``<job-id>-<attempt>-<member>``; default
     ``pid<pid>``): pass the same to ``release`` when the job ends (it also unmounts). ``mount`` is the mount
@@ -456,7 +509,8 @@ def stage_inputs(
             os.makedirs(work, exist_ok=True)
             _MOUNTS[holder] = Mount(mount)
             env.update(mount_inputs(_MOUNTS[holder], mounted, work, log, stop, holder, helpers))
-        env.update(stage_copies([item for item in items if item.mode == "stage"], cache, work_dir, log, stop, holder))
+        staged = [item for item in items if item.mode == "stage"]
+        env.update(stage_copies(staged, cache, work_dir, log, stop, holder, exposed))
     except BaseException:
         if holder in _MOUNTS:
             _MOUNTS.pop(holder).release(holder)
@@ -471,6 +525,7 @@ def stage_copies(
     log: Callable[[str], None],
     stop: threading.Event | None,
     holder: str,
+    exposed: bool = False,
 ) -> dict[str, str]:
     """The inputs copied into the machine's cache (``mode: stage``), each placed at its path."""
     if not items:
@@ -494,7 +549,7 @@ def stage_copies(
     canceller = Canceller(stop)
     try:
         for item in items:
-            tree, line = build_tree(root, item, log, stop, canceller)
+            tree, line = build_tree(root, item, log, stop, canceller, exposed)
             place(work, item, tree)
             touch(os.path.join(root, "index", item.tree + ".json"))
             log(f"{line}; at {item.path} (${item.env})")

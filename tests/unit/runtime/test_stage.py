@@ -588,3 +588,25 @@ def test_a_tree_being_built_keeps_its_blobs(tmp_path: Path, store: LocalStore, c
     assert trees(cache) == [] and blobs(cache) == [sha(shared)]
     assert os.path.exists(os.path.join(cache["dir"], "index", other.tree + ".json"))
     assert not os.path.exists(os.path.join(cache["dir"], "index", os.path.basename(env_x["KILN_INPUT_XX"]) + ".json"))
+
+
+def test_a_tree_an_unsandboxed_job_saw_is_hashed_again_before_reuse(tmp_path: Path, cache: dict) -> None:
+    """As root and unsandboxed, a job writes through the read-only modes into the hard-linked blob, size unchanged;
+    the next job must still read the dataset's bytes, not the job's."""
+    files = {"f.txt": b"original bytes\n", "g.txt": b"other\n"}
+    item = make_input("toy", 1, files, LocalStore(tmp_path / "store"))
+    env, _ = run([item], cache, tmp_path / "w1", "job1-1-worker0", exposed=True)
+    tree = Path(env["KILN_INPUT_TOY"])
+    target = tree / "f.txt"
+    os.chmod(target, 0o644)  # what root could do anyway
+    with open(target, "r+b") as fh:
+        fh.write(b"X")
+    os.chmod(target, 0o444)
+    stage.release(cache, "job1-1-worker0")
+    env, log = run([item], cache, tmp_path / "w2", "job2-1-worker0")
+    assert (Path(env["KILN_INPUT_TOY"]) / "f.txt").read_bytes() == b"original bytes\n"
+    assert any("damaged" in line and "SHA-256" in line for line in log), log
+    # Hashed and found intact once, a tree used only by sandboxed jobs is not hashed again.
+    stage.release(cache, "job2-1-worker0")
+    env, log = run([item], cache, tmp_path / "w3", "job3-1-worker0")
+    assert any("all from the cache" in line for line in log) and not any("SHA-256" in line for line in log), log
