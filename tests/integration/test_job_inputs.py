@@ -32,6 +32,7 @@ except OSError:
     writable = False
 print("digest", total.hexdigest())
 print("mode", oct(root.stat().st_mode & 0o777))
+print("writable" if writable else "read-only")
 pathlib.Path(os.environ["KILN_OUTPUT_DIR"], "result.txt").write_text(total.hexdigest())
 """
 
@@ -75,7 +76,7 @@ def test_jobs_read_a_dataset_and_write_an_artifact(server: KilnServer, tmp_path:
     assert first.spec.inputs[0].dataset == "digits@1"  # pinned at submit
     done = wait_for(client, first.id, timeout=60)
     assert done.state == "SUCCEEDED", (done.message, log_text(client, first.id))
-    assert log_text(client, first.id) == [f"digest {digest}", "mode 0o555"]
+    assert log_text(client, first.id) == [f"digest {digest}", "mode 0o555", "read-only"]
     out = client.download(first.id, tmp_path / "out")
     assert [p.read_text() for p in out] == [digest]  # the artifact went through the store
     # A second job reading the same version downloads nothing: the machine's cache has every blob.
@@ -125,6 +126,7 @@ def test_jobs_read_a_mounted_dataset_and_write_an_artifact(server: KilnServer, t
     assert log_text(client, job.id) == [
         f"digest {digest}",
         "mode 0o555",
+        "read-only",
         "served by fuse.rclone",
         "write refused: Read-only file system",
     ]
@@ -157,8 +159,10 @@ def test_each_member_of_a_gang_mounts_its_inputs(make_server, tmp_path: Path) ->
     assert sorted(log_text(client, job.id)) == [
         f"0 digest {digest}",
         "0 mode 0o555",
+        "0 read-only",
         f"1 digest {digest}",
         "1 mode 0o555",
+        "1 read-only",
     ]
     mounted = [ln for ln in client.stream_logs(job.id, follow=False) if "mounted read-only with rclone" in ln]
     assert len(mounted) == 2  # one mount per member

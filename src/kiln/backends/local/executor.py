@@ -24,13 +24,15 @@ import json
 import logging
 import os
 import select
+import shutil
 import signal
 import socket
+import stat as stat_module
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,26 @@ log = logging.getLogger(__name__)
 
 SHIM_PATH = Path(shim_module.__file__).resolve()
 MAX_UNIX_SOCKET_PATH = 100
+
+
+def _files_beneath(root: Path) -> Iterator[tuple[str, int]]:
+    """(path relative to ``root``, an open read-only fd) of every regular file under ``root``, sorted, found
+    and opened without following a link at any level: the job owns the directory (and may still be running,
+    for a checkpoint sync), so it could swap any part of a path for a link to files the server must not copy
+    into its store. The caller closes each fd."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    for dirpath, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
+        dirnames.sort()
+        base = Path(dirpath).relative_to(root)
+        for name in sorted(filenames):
+            try:
+                fd = os.open(name, flags, dir_fd=dirfd)
+            except OSError:
+                continue  # a link, or gone
+            if not stat_module.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                continue
+            yield (base / name).as_posix(), fd
 
 
 def _ts(value: float | None) -> datetime | None:
@@ -545,15 +567,13 @@ class LocalBackend(Backend):
         state_path = job_dir / "checkpoints.synced.json"
         synced: dict[str, Any] = read_json(state_path) or {}
         files = copied = 0
-        for path in sorted(source.rglob("*")):
-            if path.is_symlink() or not path.is_file():
-                continue
-            rel = path.relative_to(source).as_posix()
-            stat = path.stat()
-            signature = [stat.st_size, stat.st_mtime_ns]
-            if synced.get(rel) == signature:
-                continue
-            self.store.put_file(path, f"{dest_prefix}/{safe_key(rel)}")
+        for rel, fd in _files_beneath(source):
+            with os.fdopen(fd, "rb") as fh:
+                stat = os.fstat(fh.fileno())
+                signature = [stat.st_size, stat.st_mtime_ns]
+                if synced.get(rel) == signature:
+                    continue
+                self.store.put_file(Path(f"/proc/self/fd/{fh.fileno()}"), f"{dest_prefix}/{safe_key(rel)}")
             synced[rel] = signature
             files += 1
             copied += stat.st_size
@@ -565,7 +585,44 @@ class LocalBackend(Backend):
         outputs = self.job_dir(handle["job_id"]) / "outputs"
         if not outputs.exists():
             return 0, 0
-        return self.store.put_tree(outputs, dest_prefix)
+        count = size = 0
+        for rel, fd in _files_beneath(outputs):
+            with os.fdopen(fd, "rb") as fh:
+                self.store.put_file(Path(f"/proc/self/fd/{fh.fileno()}"), f"{dest_prefix}/{rel}")
+                count += 1
+                size += os.fstat(fh.fileno()).st_size
+        return count, size
+
+    # Freed when the job ends; metrics/ stays until the ingester has read it (small, and part of the disk limit),
+    # attempts/ holds the small records of how each attempt ended.
+    RELEASED_DIRS = ("work", "outputs", "checkpoints", "site", "home", "tensorboard", "code.tar.gz")
+
+    def release(self, job_id: str, keep: bool) -> None:
+        job_dir = self.job_dir(job_id)
+        if not job_dir.is_dir():
+            return
+        if keep and self.settings.work_retention_seconds > 0:
+            until = time.time() + self.settings.work_retention_seconds
+            write_json_atomic(job_dir / "release.json", {"keep_until": until})
+            log.info("job %s failed: its work dir is kept for %gs (%s)", job_id, until - time.time(), job_dir)
+            return
+        self._free(job_dir)
+
+    def sweep(self) -> None:
+        now = time.time()
+        for marker in self.jobs_dir.glob("*/release.json"):
+            info = read_json(marker) or {}
+            if float(info.get("keep_until") or 0) <= now:
+                self._free(marker.parent)
+
+    def _free(self, job_dir: Path) -> None:
+        for name in self.RELEASED_DIRS:
+            path = job_dir / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        (job_dir / "release.json").unlink(missing_ok=True)
 
     def cleanup(self, handle: dict[str, Any]) -> None:
         """Kill whatever is left of an attempt's sessions (a shim that died leaves its job orphaned), and unmount
