@@ -74,7 +74,7 @@ class Platform:
             self.db, self.backend, self.logs, settings, mint_token=self.identity.mint_job_token
         )
         self._reconciler = self.reconciler
-        self.reconciler.housekeeping.extend([self.identity.purge_nonces, self.audit.purge])
+        self.reconciler.housekeeping.extend([self.identity.purge_nonces, self.audit.purge, self.backend.sweep])
         self.jobs = JobService(
             self.db, self.catalog, self.backend.nodes, self._wake, self.backend.validate, self.quotas
         )

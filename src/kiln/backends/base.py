@@ -150,6 +150,13 @@ class Backend(abc.ABC):
     def cleanup(self, handle: dict[str, Any]) -> None:
         """Release what the attempt left behind (processes of a lost attempt, scratch files)."""
 
+    def release(self, job_id: str, keep: bool) -> None:  # noqa: B027 - optional hook
+        """The job has ended and its outputs and checkpoints are in the store: free its local files, now or
+        (``keep``: it failed) once the platform's retention for debugging has passed."""
+
+    def sweep(self) -> None:  # noqa: B027 - optional hook
+        """Housekeeping (about once a minute): free what ``release`` kept once its retention has passed."""
+
     def validate(self, spec: JobSpec) -> None:  # noqa: B027 - optional hook
         """Refuse at submit (InvalidInput) what this backend can never run, e.g. an image on a process executor."""
 
