@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -166,9 +167,12 @@ class Snapshot:
         )
 
 
-def gather(s: Session, backend: Backend, now: datetime, *, ready_only: bool = True) -> Snapshot:
+def gather(
+    s: Session, backend: Backend, now: datetime, *, ready_only: bool = True, released: Collection[str] = ()
+) -> Snapshot:
     """Read the queue (oldest first), the active jobs and the organisations' limits, usage and weights.
-    ``ready_only`` leaves out restarting jobs still in their back-off."""
+    ``ready_only`` leaves out restarting jobs still in their back-off. ``released``: active jobs whose attempts
+    the caller saw end and whose transitions it has not written yet; what they hold counts as free."""
     queue = list(
         s.execute(
             select(*_QUEUE_COLUMNS)
@@ -180,12 +184,15 @@ def gather(s: Session, backend: Backend, now: datetime, *, ready_only: bool = Tr
         queue = [j for j in queue if j.state == JobState.QUEUED or j.not_before is None or j.not_before <= now]
     if not queue:  # most passes: nothing waits, so nothing else needs reading
         return Snapshot([], [], [], [], {}, {}, {}, {})
-    active = s.execute(select(*_ACTIVE_COLUMNS).where(Job.backend == backend.name, Job.state.in_(ACTIVE_STATES))).all()
+    active_query = select(*_ACTIVE_COLUMNS).where(Job.backend == backend.name, Job.state.in_(ACTIVE_STATES))
+    if released:
+        active_query = active_query.where(Job.id.not_in(sorted(released)))
+    active = s.execute(active_query).all()
     nodes = [node_of(inv) for inv in backend.nodes()]
     default_node = nodes[0].name if nodes else "local"
     org_ids = sorted({j.org_id for j in queue} | {a.org_id for a in active})
     limits = load_limits(s, org_ids)
-    usage = load_usage(s, [o for o in org_ids if o in limits])
+    usage = load_usage(s, [o for o in org_ids if o in limits], released)
     names: dict[str, str] = {}
     weights: dict[str, float] = {}
     for org_id, name, weight in s.execute(

@@ -1,11 +1,13 @@
 """Quotas: limits per organisation and category, usage as users see it, and atomic admission.
 
-Usage counts jobs that hold resources (STARTING, RUNNING). Admission (``admit``) runs inside the transaction
-that moves a job to STARTING, after locking the organisation's row (``FOR UPDATE`` on PostgreSQL; SQLite's
+Usage counts jobs that hold resources (STARTING, RUNNING). Admission (``Admission``) runs inside the transaction
+that moves jobs to STARTING, after locking their organisations' rows (``FOR UPDATE`` on PostgreSQL; SQLite's
 ``BEGIN IMMEDIATE`` already serialises writers), so concurrent schedulers can never push usage past a limit.
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -36,10 +38,14 @@ def load_limits(s: Session, org_ids: list[str] | None = None) -> dict[str, dict[
     return out
 
 
-def load_usage(s: Session, org_ids: list[str] | None = None) -> dict[str, OrgUsage]:
+def load_usage(s: Session, org_ids: list[str] | None = None, released: Collection[str] = ()) -> dict[str, OrgUsage]:
+    """What the organisations' active jobs hold, leaving out ``released`` (jobs whose attempts are known to have
+    ended, their transitions not yet written)."""
     query = select(Job.org_id, Job.category, Job.gpus, Job.cpus, Job.memory).where(Job.state.in_(ACTIVE))
     if org_ids is not None:
         query = query.where(Job.org_id.in_(org_ids))
+    if released:
+        query = query.where(Job.id.not_in(sorted(released)))
     out: dict[str, OrgUsage] = {}
     for org_id, category, gpus, cpus, memory in s.execute(query):
         out.setdefault(org_id, OrgUsage()).add(category, gpus, cpus, memory)
@@ -62,16 +68,32 @@ def storage_used(s: Session, org_id: str) -> int:
     return int(blobs) + int(outputs) + int(data) + int(uploads)
 
 
-def admit(s: Session, dialect: str, job: Job, org_name: str) -> str | None:
-    """Inside the caller's transaction: lock the organisation, recount, and say why the job must wait (or
-    None: it is admitted, and the caller's STARTING transition in the same transaction makes it count)."""
-    if dialect == "postgresql":
-        s.execute(select(Organization.id).where(Organization.id == job.org_id).with_for_update())
-    limits = load_limits(s, [job.org_id]).get(job.org_id)
-    if not limits:
-        return None
-    usage = load_usage(s, [job.org_id]).get(job.org_id, OrgUsage())
-    return blocked_by(org_name, job.category, limits, usage, job.gpus, job.cpus, job.memory)
+class Admission:
+    """Admission of many jobs inside one transaction (the reconcile pass that moves them to STARTING): each
+    organisation is locked (``FOR UPDATE`` on PostgreSQL, in id order; SQLite's ``BEGIN IMMEDIATE`` already holds
+    the write lock) and its limits and usage are read once; every admitted job is then added to the count, so the
+    next one is judged as if the ones before it were already STARTING."""
+
+    def __init__(self, s: Session, dialect: str, org_ids: list[str]) -> None:
+        orgs = sorted(set(org_ids))
+        if dialect == "postgresql" and orgs:
+            s.execute(
+                select(Organization.id).where(Organization.id.in_(orgs)).order_by(Organization.id).with_for_update()
+            )
+        self.limits = load_limits(s, orgs) if orgs else {}
+        self.usage = load_usage(s, [o for o in orgs if o in self.limits]) if self.limits else {}
+
+    def admit(self, job: Job, org_name: str) -> str | None:
+        """Why ``job`` must wait, or None: it is admitted and counted (the caller moves it to STARTING in the same
+        transaction)."""
+        limits = self.limits.get(job.org_id)
+        if not limits:
+            return None
+        usage = self.usage.setdefault(job.org_id, OrgUsage())
+        why = blocked_by(org_name, job.category, limits, usage, job.gpus, job.cpus, job.memory)
+        if why is None:
+            usage.add(job.category, job.gpus, job.cpus, job.memory)
+        return why
 
 
 class QuotaService:
@@ -122,10 +144,22 @@ class QuotaService:
                 )
             return QuotaReport(org_id=org.id, org_name=org.name, categories=categories)
 
-    def check_submit(self, principal: Principal, category: str, gpus: int, cpus: float, memory: int | None) -> None:
-        """403 with the numbers when the job asks more than its organisation may ever use."""
-        with self.db.read() as s:
-            limits = load_limits(s, [principal.org_id]).get(principal.org_id)
+    def check_submit(
+        self,
+        principal: Principal,
+        category: str,
+        gpus: int,
+        cpus: float,
+        memory: int | None,
+        session: Session | None = None,
+    ) -> None:
+        """403 with the numbers when the job asks more than its organisation may ever use. With ``session``, read
+        in that transaction (the submit's own) rather than in one of its own."""
+        if session is not None:
+            limits = load_limits(session, [principal.org_id]).get(principal.org_id)
+        else:
+            with self.db.read() as s:
+                limits = load_limits(s, [principal.org_id]).get(principal.org_id)
         if limits:
             why = never_fits(principal.org_name, category, limits, gpus, cpus, memory)
             if why:

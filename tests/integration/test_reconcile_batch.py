@@ -1,0 +1,232 @@
+"""The reconcile loop under a burst, on SQLite and PostgreSQL: one write transaction per pass however many jobs
+it starts, observes and moves, with admission, cancels and freed capacity handled inside that transaction.
+
+The backend here is a fake (it starts no process; a test says where each attempt is), so what is measured is the
+loop and the database alone."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from kiln.backends.base import AttemptStatus, Backend, Inventory, Launch, Phase
+from kiln.db import migrate
+from kiln.db.models import Job, JobEvent, Organization, Quota, User
+from kiln.db.session import Database
+from kiln.domain.states import JobState
+from kiln.scheduler.loop import Reconciler
+from kiln.services.quotas import Admission
+from kiln.settings import Settings
+from kiln.storage.logs import LogStore
+
+
+class FakeBackend(Backend):
+    """A FAKE executor: records starts, reports whatever phase the test set for each job."""
+
+    name = "local"
+
+    def __init__(self, cpus: float = 2.0) -> None:
+        self.inv = Inventory(cpus=cpus, memory=64 * 1024**3, name="fake")
+        self.started: list[tuple[str, int]] = []
+        self.phase: dict[str, AttemptStatus] = {}
+        self.cancelled: list[str] = []
+
+    def inventory(self) -> Inventory:
+        return self.inv
+
+    def handle_for(self, job_id: str, attempt: int) -> dict[str, Any]:
+        return {"job_id": job_id, "attempt": attempt}
+
+    def start(self, launch: Launch) -> dict[str, Any]:
+        self.started.append((launch.job_id, launch.attempt))
+        self.phase[launch.job_id] = AttemptStatus(Phase.STARTING)
+        return self.handle_for(launch.job_id, launch.attempt)
+
+    def poll(self, handle: dict[str, Any]) -> AttemptStatus:
+        return self.phase.get(handle["job_id"], AttemptStatus(Phase.LOST, reason="ShimLost", message="never started"))
+
+    def cancel(self, handle: dict[str, Any], grace_seconds: float) -> None:
+        self.cancelled.append(handle["job_id"])
+
+    def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
+        return 0, 0
+
+    def cleanup(self, handle: dict[str, Any]) -> None:
+        pass
+
+
+def running() -> AttemptStatus:
+    return AttemptStatus(Phase.RUNNING, running_at=datetime.now(UTC))
+
+
+def exited(code: int = 0) -> AttemptStatus:
+    now = datetime.now(UTC)
+    reason = "Completed" if code == 0 else "Error"
+    return AttemptStatus(Phase.EXITED, exit_code=code, reason=reason, running_at=now, finished_at=now)
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[Database]:
+    database = Database(database_url)
+    migrate.upgrade(database.engine)
+    with database.transaction() as s:
+        s.add(Organization(id="org-1", name="acme"))
+        s.flush()
+        s.add(User(id="usr-1", org_id="org-1", name="ann"))
+    yield database
+    database.dispose()
+
+
+def add_jobs(db: Database, n: int, cpus: float = 0.01, prefix: str = "job") -> list[str]:
+    ids = [f"{prefix}-{i:04d}" for i in range(n)]
+    start = datetime.now(UTC) - timedelta(seconds=10)
+    with db.transaction() as s:
+        for i, job_id in enumerate(ids):
+            spec = {"command": ["true"], "resources": {"cpus": cpus}}
+            created = start + timedelta(milliseconds=i)
+            s.add(
+                Job(
+                    id=job_id,
+                    org_id="org-1",
+                    user_id="usr-1",
+                    name=job_id,
+                    spec=spec,
+                    state=JobState.QUEUED,
+                    cpus=cpus,
+                    created_at=created,
+                    updated_at=created,
+                )
+            )
+            s.add(JobEvent(job_id=job_id, time=created, to_state=JobState.QUEUED, reason="Submitted"))
+    return ids
+
+
+class Counted:
+    """Counts the write transactions (``Database.transaction``) the reconciler opens."""
+
+    def __init__(self, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        original = db.transaction
+
+        def counting() -> AbstractContextManager[Session]:
+            self.count += 1
+            return original()
+
+        monkeypatch.setattr(db, "transaction", counting)
+
+    def take(self) -> int:
+        count, self.count = self.count, 0
+        return count
+
+
+def states(db: Database) -> dict[str, str]:
+    with db.read() as s:
+        return {job_id: state for job_id, state in s.execute(select(Job.id, Job.state))}
+
+
+def reconciler(db: Database, tmp_path: Path, backend: FakeBackend) -> Reconciler:
+    settings = Settings(home=tmp_path / "home", instance_id="server-a", reconcile_interval=0.5)
+    return Reconciler(db, backend, LogStore(tmp_path / "logs"), settings)
+
+
+def test_a_burst_is_started_and_finished_with_one_write_transaction_per_pass(
+    db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = add_jobs(db, 40)
+    backend = FakeBackend()
+    loop = reconciler(db, tmp_path, backend)
+    admitted: list[float] = []
+    loop.on_admitted = admitted.append
+    writes = Counted(db, monkeypatch)
+    passes = 0
+    while any(state == "QUEUED" for state in states(db).values()):
+        loop.run_once(full=passes == 0)
+        passes += 1
+        assert writes.take() == 1, "one transaction per pass: leases, waits, STARTING"
+        assert passes < 10
+    assert sorted(backend.started) == [(job_id, 1) for job_id in ids]  # each attempt started once
+    assert passes <= 40 // 8  # a pass starts several placements, not one
+    assert len(admitted) == 40 and all(0 <= seconds < 60 for seconds in admitted)
+
+    for job_id in ids:
+        backend.phase[job_id] = running()
+        loop.wake(job_id)
+    loop.run_once(full=False)
+    assert writes.take() == 1
+    assert set(states(db).values()) == {"RUNNING"}
+
+    for job_id in ids:
+        backend.phase[job_id] = exited(0)
+        loop.wake(job_id)
+    loop.run_once(full=False)
+    assert writes.take() == 1
+    assert set(states(db).values()) == {"SUCCEEDED"}
+    with db.read() as s:
+        moves = list(s.execute(select(JobEvent.from_state, JobEvent.to_state).where(JobEvent.job_id == ids[7])))
+    assert [tuple(m) for m in moves] == [
+        (None, "QUEUED"),
+        ("QUEUED", "STARTING"),
+        ("STARTING", "RUNNING"),
+        ("RUNNING", "SUCCEEDED"),
+    ]
+
+
+def test_an_attempt_seen_ending_frees_its_place_in_the_same_pass(
+    db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = add_jobs(db, 2, cpus=2.0)  # the machine holds one at a time
+    backend = FakeBackend(cpus=2.0)
+    loop = reconciler(db, tmp_path, backend)
+    loop.run_once()
+    assert states(db) == {first: "STARTING", second: "QUEUED"}
+    backend.phase[first] = exited(0)  # it ran and ended between two passes
+    writes = Counted(db, monkeypatch)
+    loop.wake(first)
+    loop.run_once(full=False)
+    assert writes.take() == 1
+    assert states(db) == {first: "SUCCEEDED", second: "STARTING"}
+    assert backend.started == [(first, 1), (second, 1)]
+
+
+def test_a_cancel_before_the_start_and_a_failure_are_written_with_the_rest(db: Database, tmp_path: Path) -> None:
+    ids = add_jobs(db, 12)
+    backend = FakeBackend()
+    loop = reconciler(db, tmp_path, backend)
+    loop.run_once()
+    started = {job_id for job_id, _ in backend.started}
+    waiting = [job_id for job_id in ids if job_id not in started]
+    assert waiting, "a pass starts its share of the placements, the next pass the rest"
+    with db.transaction() as s:  # cancelled after the decision, before its start: never started
+        row = s.get(Job, waiting[0])
+        assert row is not None
+        row.cancel_requested = True
+    failing = sorted(started)[0]
+    backend.phase[failing] = exited(3)
+    loop.wake(failing)
+    loop.run_once(full=False)
+    final = states(db)
+    assert final[waiting[0]] == "CANCELLED" and (waiting[0], 1) not in backend.started
+    assert final[failing] == "FAILED"
+    with db.read() as s:
+        row = s.get(Job, failing)
+        assert row is not None and row.exit_code == 3 and row.lease_owner is None
+
+
+def test_admission_counts_each_job_it_admits(db: Database) -> None:
+    """The jobs of one pass are admitted against their organisation's quota in order, each counted."""
+    ids = add_jobs(db, 3)
+    with db.transaction() as s:
+        s.add(Quota(org_id="org-1", category="train", count=2))
+    with db.transaction() as s:
+        admission = Admission(s, db.dialect, ["org-1", "org-1"])
+        jobs = [s.get(Job, job_id) for job_id in ids]
+        answers = [admission.admit(job, "acme") for job in jobs if job is not None]
+    assert answers[:2] == [None, None]
+    assert answers[2] is not None and "count" in answers[2]
