@@ -157,10 +157,10 @@ class JobService:
         gang = spec.gang_size
         cpus, gpus = spec.resources.cpus * gang, spec.resources.gpus * gang
         memory = spec.resources.memory * gang if spec.resources.memory is not None else None
-        if self.quotas is not None:
-            self.quotas.check_submit(principal, CATEGORY, gpus, cpus, memory)
         now = utcnow()
-        with self.db.transaction() as s:
+        with self.db.transaction() as s:  # one transaction: the checks that read, the job and its event
+            if self.quotas is not None:
+                self.quotas.check_submit(principal, CATEGORY, gpus, cpus, memory, session=s)
             if spec.priority != "normal" and not principal.platform_admin:
                 self._check_priority(s, principal, spec.priority)
             if body.code_sha256 and s.get(Blob, (principal.org_id, body.code_sha256)) is None:
@@ -187,18 +187,16 @@ class JobService:
                 created_at=now,
                 updated_at=now,
             )
-            s.add(job)
-            s.flush()
-            s.add(
-                JobEvent(
-                    job_id=job.id,
-                    time=now,
-                    from_state=None,
-                    to_state=JobState.QUEUED,
-                    reason=Reason.SUBMITTED,
-                    message=f"submitted by {principal.user_name}",
-                )
+            event = JobEvent(
+                job_id=job.id,
+                time=now,
+                from_state=None,
+                to_state=JobState.QUEUED,
+                reason=Reason.SUBMITTED,
+                message=f"submitted by {principal.user_name}",
             )
+            s.add_all([job, event])
+            s.flush()  # one flush for both rows (the job's first: the event refers to it); fills the defaults
             read = to_read(job)
         self.wake()
         return read
