@@ -158,6 +158,7 @@ def run_burst(server: KilnServer, n: int, threads: int, cpus: float) -> dict[str
         "states": states,
         "submit_wall_s": t_submitted - t0,
         "wall_s": (t_end - t0) if t_end is not None else None,
+        "t0": t0,
         "succeeded": len(finished),
         "stages": {k: summary(v) for k, v in stages.items()},
         "milestones": {k: sorted(v) for k, v in milestones.items()},
