@@ -61,3 +61,14 @@ def test_the_command_line_binds_tmp_first_and_never_inside_a_writable_bind() -> 
     tail = argv[argv.index("--", argv.index("--chdir")) :]
     assert tail[:3] == ["--", "setpriv", "--reuid=1234"] and "--bounding-set=-all" in tail
     assert tail[-5:] == ["prlimit", "--fsize=100", "--", "python", "train.py"]
+
+
+def test_a_runtime_still_to_be_built_brings_the_python_it_will_be_made_from(tmp_path: Path) -> None:
+    """The first job of a catalog runtime builds the venv in its shim: the sandbox is decided before the venv
+    exists, and must already hold the interpreter the venv's python links to."""
+    venv_bin = str(tmp_path / "runtimes" / "sklearn" / "bin")
+    base = getattr(sys, "_base_executable", sys.executable)
+    roots = sandbox.python_roots(venv_bin, venv_bin + "/python", base)
+    real = os.path.realpath(base)
+    assert any(real.startswith(root + "/") for root in roots) or real.startswith("/usr/"), roots
+    assert str(tmp_path / "runtimes" / "sklearn") in roots

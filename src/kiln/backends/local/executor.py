@@ -361,7 +361,7 @@ class LocalBackend(Backend):
             attempt_dir,
             member_dir,
             resolved.bin_dir,
-            resolved.python,
+            (resolved.python, resolved.build["base_python"] if resolved.build else None),
             self.pylib,
             gpus,
             memory,

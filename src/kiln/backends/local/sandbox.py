@@ -49,10 +49,11 @@ def org_uid(base: int, org_id: str) -> int:
     return base + int.from_bytes(digest[:4], "big") % UID_SPAN
 
 
-def python_roots(bin_dir: str | None, python: str | None) -> list[str]:
-    """The directories a runtime's interpreter needs: its venv, and the installation the venv was made from."""
+def python_roots(bin_dir: str | None, *pythons: str | None) -> list[str]:
+    """The directories a runtime's interpreter needs: its venv, and the installation the venv was made from
+    (``pythons``: the interpreter, and the base a venv still to be built will be made from)."""
     roots: set[str] = set()
-    candidates = [p for p in (python, bin_dir and os.path.join(bin_dir, "python")) if p]
+    candidates = [p for p in (*pythons, bin_dir and os.path.join(bin_dir, "python")) if p]
     if bin_dir:
         venv = os.path.dirname(os.path.abspath(bin_dir))
         roots.add(venv)
@@ -184,7 +185,7 @@ def attempt_box(
     attempt_dir: Path,
     member_dir: Path,
     runtime_bin: str | None,
-    runtime_python: str | None,
+    runtime_pythons: tuple[str | None, ...],
     pylib: Path | None,
     gpus: tuple[int, ...],
     memory: int | None,
@@ -193,7 +194,7 @@ def attempt_box(
     if not policy.sandboxed:
         return None
     uid = org_uid(settings.sandbox_uid_base, org_id)
-    ro = [*python_roots(runtime_bin, runtime_python), str(attempt_dir)]
+    ro = [*python_roots(runtime_bin, *runtime_pythons), str(attempt_dir)]
     if pylib is not None:
         ro += [str(pylib), str(Path(kiln_package.__file__).resolve().parent)]
     rw = [str(dirs[name]) for name in ("work", "outputs", "checkpoints", "site", "metrics", "tensorboard", "home")]
