@@ -202,3 +202,20 @@ def test_a_restarted_job_shows_its_current_attempt_only(server: KilnServer) -> N
     assert (now.attempt, now.state, now.exit_code) == (2, "RUNNING", None)  # not attempt 1's exit code 3
     client.cancel(job.id)
     assert wait_for(client, job.id, timeout=60).state == "CANCELLED"
+
+
+def test_a_jobs_files_are_freed_when_it_ends_and_a_failed_ones_kept_for_debugging(server: KilnServer) -> None:
+    client = server.client()
+    ok = wait_for(
+        client, client.submit({"command": "head -c 1000000 /dev/zero > big; echo hi > $KILN_OUTPUT_DIR/o"}).id
+    )
+    failed = wait_for(client, client.submit({"command": "echo clue > clue.txt; exit 4"}).id)
+    assert (ok.state, failed.state) == ("SUCCEEDED", "FAILED")
+    deadline = time.monotonic() + 20
+    while (server.home / "jobs" / ok.id / "work").exists():
+        assert time.monotonic() < deadline, "the succeeded job's work dir stayed"
+        time.sleep(0.1)
+    assert not (server.home / "jobs" / ok.id / "outputs").exists()
+    assert [a.path for a in client.artifacts(ok.id)] == ["o"]  # in the store, where it belongs
+    assert (server.home / "jobs" / failed.id / "work" / "clue.txt").read_text() == "clue\n"
+    assert (server.home / "jobs" / failed.id / "release.json").exists()  # freed once the retention has passed

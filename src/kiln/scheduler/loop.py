@@ -93,6 +93,7 @@ class Seen:
     copied_bytes: int = 0
     copy_error: str = ""
     notes: list[str] = field(default_factory=list)  # lines for the job's log, once committed
+    keep_files: bool | None = None  # the job ended: free its local files (False), or keep them a while (True)
 
     @property
     def ended(self) -> bool:
@@ -348,6 +349,7 @@ class Reconciler:
             transition(s, row, JobState.RUNNING, Reason.STARTED, "the command started")
         if row.cancel_requested or status.reason == Reason.CANCELLED:
             transition(s, row, JobState.CANCELLED, Reason.CANCELLED, (status.message or "cancelled") + copy_error)
+            seen.keep_files = False
             return
         completed = status.phase is Phase.EXITED and status.reason == Reason.COMPLETED and status.exit_code == 0
         warned_at = seen.handle.get("preempt_sent_at")
@@ -363,6 +365,7 @@ class Reconciler:
         if completed:
             message = f"exit code 0; {seen.copied} output file(s) kept" + copy_error
             transition(s, row, JobState.SUCCEEDED, Reason.COMPLETED, message)
+            seen.keep_files = False
             return
         spec = JobSpec.model_validate(row.spec)
         reason = status.reason or Reason.ERROR
@@ -380,6 +383,7 @@ class Reconciler:
             seen.notes.append(f"attempt {seen.job.attempt} failed ({reason}); restarting")
         else:
             transition(s, row, JobState.FAILED, reason, message + copy_error)
+            seen.keep_files = True  # for debugging, KILN_WORK_RETENTION_SECONDS
 
     # -- scheduling -----------------------------------------------------------------------------------
 
@@ -462,6 +466,11 @@ class Reconciler:
         for x in seen:
             for note in x.notes:
                 self.logs.append_system(x.job.id, note)
+            if x.keep_files is not None:  # its outputs and checkpoints are in the store, its end committed
+                try:
+                    self.backend.release(x.job.id, x.keep_files)
+                except Exception:
+                    log.exception("job %s: freeing its local files failed", x.job.id)
         if plan.preemptions:  # the next observation of each victim warns and stops it
             with self._dirty_lock:
                 self._dirty.update(plan.preemptions)
