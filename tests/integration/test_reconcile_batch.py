@@ -1,11 +1,13 @@
 """The reconcile loop under a burst, on SQLite and PostgreSQL: one write transaction per pass however many jobs
-it starts, observes and moves, with admission, cancels and freed capacity handled inside that transaction.
+it starts, observes and moves, with admission, cancels and freed capacity handled inside that transaction; and a
+real server killed in the middle of a burst.
 
-The backend here is a fake (it starts no process; a test says where each attempt is), so what is measured is the
-loop and the database alone."""
+The backend of the first tests is a fake (it starts no process; a test says where each attempt is), so what they
+exercise is the loop and the database alone."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
@@ -25,6 +27,7 @@ from kiln.scheduler.loop import Reconciler
 from kiln.services.quotas import Admission
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
+from tests.helpers import log_text, spec, wait_for
 
 
 class FakeBackend(Backend):
@@ -230,3 +233,24 @@ def test_admission_counts_each_job_it_admits(db: Database) -> None:
         answers = [admission.admit(job, "acme") for job in jobs if job is not None]
     assert answers[:2] == [None, None]
     assert answers[2] is not None and "count" in answers[2]
+
+
+def test_kill9_in_the_middle_of_a_burst_runs_no_job_twice_and_ends_every_one(make_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A real server killed while it starts a burst: after the restart every job ends, each job's command ran
+    once (an attempt committed STARTING whose start the kill prevented is lost, and restarted)."""
+    server = make_server(home=tmp_path / "home")
+    client = server.client()
+    job = spec(["python", "-c", "print('ran', flush=True)"], resources={"cpus": 0.01}, max_restarts=1)
+    ids = [client.submit(job).id for _ in range(30)]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # kill once some have started and some have not
+        started = [j for j in client.list_jobs(limit=100) if j.state != "QUEUED"]
+        if len(started) >= 5:
+            break
+        time.sleep(0.02)
+    server.kill()
+    client = make_server(home=server.home).client()
+    for job_id in ids:
+        done = wait_for(client, job_id, timeout=90)
+        assert done.state == "SUCCEEDED", (done.reason, done.message)
+        assert log_text(client, job_id) == ["ran"], f"job {job_id} (attempt {done.attempt})"
