@@ -52,7 +52,9 @@ EVENTS_TABLE = cast(Table, JobEvent.__table__)
 # A pass starts about this much work (backend.start calls, timed as they go) so that a burst of submissions does
 # not hold up observing the attempts already started behind hundreds of process starts; the rest of the decision
 # is started by the next passes, which follow at once. At least MIN_STARTS_PER_PASS: on a loaded machine a start
-# takes longer, and a pass's own cost (its reads and its commit) would then be paid for one or two starts.
+# takes longer, and a pass's own cost (its reads and its commit) would then be paid for one or two starts. A crash
+# between a pass's commit and its starts leaves that share STARTING with no process: the restarted server finds
+# those attempts lost (the restart policy applies), as it found the one job being started before passes batched.
 MAX_START_SECONDS_PER_PASS = 0.1
 MIN_STARTS_PER_PASS = 8
 MAX_STARTS_PER_PASS = 64
