@@ -219,3 +219,12 @@ def test_a_jobs_files_are_freed_when_it_ends_and_a_failed_ones_kept_for_debuggin
     assert [a.path for a in client.artifacts(ok.id)] == ["o"]  # in the store, where it belongs
     assert (server.home / "jobs" / failed.id / "work" / "clue.txt").read_text() == "clue\n"
     assert (server.home / "jobs" / failed.id / "release.json").exists()  # freed once the retention has passed
+
+
+def test_an_operator_may_opt_out_of_the_sandbox(make_server) -> None:  # type: ignore[no-untyped-def]
+    srv = make_server(sandbox="none")
+    client = srv.client()
+    job = wait_for(client, client.submit({"command": f"id -u; test -r {srv.home / 'server.key'} && echo exposed"}).id)
+    assert job.state == "SUCCEEDED", job.message
+    assert log_text(client, job.id) == [str(os.getuid()), "exposed"]  # the server's user, the whole filesystem
+    assert "KILN_SANDBOX=none: jobs run unsandboxed" in srv.log()
