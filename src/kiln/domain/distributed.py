@@ -89,11 +89,11 @@ class DistributedSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     framework: Framework = Field(description="Whose launcher's environment the processes get.")
-    workers: int = Field(1, ge=1, le=256, description="Gang size; the job's resources are per worker.")
+    workers: int = Field(1, ge=1, le=256, description="Gang size; the job's resources are per worker.", strict=True)
     procs_per_worker: int = Field(
-        1, ge=1, le=64, description="Processes per worker (pytorch: one per GPU; mpi: slots per host)."
+        1, ge=1, le=64, description="Processes per worker (pytorch: one per GPU; mpi: slots per host).", strict=True
     )
-    ps: int = Field(0, ge=0, le=64, description="TensorFlow parameter servers.")
+    ps: int = Field(0, ge=0, le=64, description="TensorFlow parameter servers.", strict=True)
     mpi_implementation: Literal["openmpi", "mpich"] = Field(
         "openmpi", description="The MPI whose launcher and hostfile syntax are used (mpi only)."
     )

@@ -2,24 +2,43 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from kiln.domain import limits
 from kiln.domain.quantities import parse_memory
 from kiln.domain.spec import JobSpec, Priority
 from kiln.domain.states import JobState
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
+# Request bodies: unknown fields are errors, and so are NaN and infinities (JSON has neither, but Python's parser
+# takes NaN and Infinity, which compare false with every bound).
+REQUEST = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def _quantity(value: Any) -> Any:
+    """Bytes from a quantity such as 128G (a string) or a number; the field's own bounds apply to the result."""
+    if isinstance(value, str):
+        if len(value) > limits.MAX_QUANTITY_LENGTH:
+            raise ValueError(f"not a quantity: longer than {limits.MAX_QUANTITY_LENGTH} characters")
+        try:
+            return parse_memory(value)
+        except OverflowError:
+            raise ValueError(f"not a quantity: {value!r} is out of range") from None
+    return value
 
 
 class JobSubmit(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST
 
     spec: JobSpec
     code_sha256: str | None = Field(
-        None, pattern=SHA256_PATTERN, description="A code bundle uploaded with PUT /api/v1/blobs/{sha256}."
+        None,
+        max_length=64,
+        pattern=SHA256_PATTERN,
+        description="A code bundle uploaded with PUT /api/v1/blobs/{sha256}.",
     )
 
 
@@ -148,9 +167,12 @@ class WhoAmI(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    code: str
+    """Every error answer: a stable ``code`` (kiln.errors), a message for people and, for some, details (a 422:
+    ``[{field, message}]``; a 401: ``{reason}``; a 409 of an upload: ``{missing}``)."""
+
+    code: str = Field(description="Stable, e.g. invalid_input, not_found, unauthenticated, payload_too_large.")
     message: str
-    details: Any = None
+    details: Any = Field(None, description="More about the error, where there is more; left out otherwise.")
 
 
 # -- tenancy ---------------------------------------------------------------------------------------------
@@ -159,9 +181,9 @@ NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 
 
 class OrgCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST
 
-    name: str = Field(pattern=NAME_PATTERN, description="Lowercase letters, digits and '-', at most 63.")
+    name: str = Field(max_length=63, pattern=NAME_PATTERN, description="Lowercase letters, digits and '-', at most 63.")
 
 
 class OrgRead(BaseModel):
@@ -175,10 +197,14 @@ class OrgRead(BaseModel):
 class OrgUpdate(BaseModel):
     """Scheduling settings of an organisation (platform admins); fields left out are unchanged."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST
 
     share_weight: float | None = Field(
-        None, gt=0, le=1000, description="Fair-share weight against other organisations with pending work."
+        None,
+        gt=0,
+        le=limits.MAX_SHARE_WEIGHT,
+        description="Fair-share weight against other organisations with pending work.",
+        strict=True,
     )
     max_priority: Priority | None = Field(None, description="The highest priority class its members may use.")
 
@@ -188,10 +214,12 @@ class OrgList(BaseModel):
 
 
 class UserCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST
 
-    name: str = Field(pattern=NAME_PATTERN, description="Unique on the platform.")
-    org: str | None = Field(None, description="Organisation id or name; default: the caller's.")
+    name: str = Field(max_length=63, pattern=NAME_PATTERN, description="Unique on the platform.")
+    org: str | None = Field(
+        None, max_length=limits.MAX_NAME_LENGTH, description="Organisation id or name; default: the caller's."
+    )
     role: Literal["admin", "member", "viewer"] = "member"
 
 
@@ -211,12 +239,30 @@ class UserList(BaseModel):
 
 
 class KeyCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST
 
-    user: str | None = Field(None, description="User id or name; default: the caller.")
+    user: str | None = Field(
+        None, max_length=limits.MAX_NAME_LENGTH, description="User id or name; default: the caller."
+    )
     expires_at: datetime | None = Field(None, description="When the key stops working (UTC).")
-    expires_in: float | None = Field(None, gt=0, description="Seconds from now; alternative to expires_at.")
-    description: str = Field("", max_length=256)
+    expires_in: float | None = Field(
+        None,
+        gt=0,
+        le=limits.MAX_KEY_LIFETIME_SECONDS,
+        description="Seconds from now (at most ten years); alternative to expires_at.",
+        strict=True,
+    )
+    description: str = Field("", max_length=limits.MAX_DESCRIPTION_LENGTH)
+
+    @field_validator("expires_at")
+    @classmethod
+    def _in_utc(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            try:
+                value.astimezone(UTC)  # stored in UTC: 9999-12-31T23:00-05:00 has no UTC equivalent
+            except OverflowError:
+                raise ValueError("out of range in UTC") from None
+        return value
 
 
 class KeyRead(BaseModel):
@@ -242,21 +288,21 @@ class KeyList(BaseModel):
 class QuotaSet(BaseModel):
     """Fields left out stay as they are; a field set to null becomes unlimited."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST
 
     category: Literal["train", "serve", "dev", "total"] = "train"
-    gpus: int | None = Field(None, ge=0)
-    cpus: float | None = Field(None, ge=0)
-    memory: int | None = Field(None, ge=0, description="Bytes, or e.g. 128G")
-    count: int | None = Field(None, ge=0)
-    storage: int | None = Field(None, ge=0, description="Bytes, or e.g. 1T (category total only)")
+    gpus: int | None = Field(None, ge=0, le=limits.MAX_QUOTA_COUNT, strict=True)
+    cpus: float | None = Field(None, ge=0, le=limits.MAX_QUOTA_CPUS, strict=True)
+    memory: int | None = Field(None, ge=0, le=limits.MAX_QUOTA_BYTES, description="Bytes, or e.g. 128G", strict=True)
+    count: int | None = Field(None, ge=0, le=limits.MAX_QUOTA_COUNT, strict=True)
+    storage: int | None = Field(
+        None, ge=0, le=limits.MAX_QUOTA_BYTES, description="Bytes, or e.g. 1T (category total only)", strict=True
+    )
 
     @field_validator("memory", "storage", mode="before")
     @classmethod
     def _quantity(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return parse_memory(value)
-        return value
+        return _quantity(value)
 
 
 class QuotaFields(BaseModel):
@@ -355,18 +401,27 @@ class MetricsCompare(BaseModel):
 class DatasetFileEntry(BaseModel):
     """One file of a manifest: its path relative to the dataset's root, its size and the SHA-256 of its bytes."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST
 
-    path: str = Field(max_length=1024)
-    size: int = Field(ge=0)
-    sha256: str = Field(pattern=SHA256_PATTERN)
+    path: str = Field(max_length=limits.MAX_PATH_LENGTH)
+    size: int = Field(
+        ge=0, le=limits.MAX_FILE_BYTES, description="Bytes; at most 5 TiB (S3's largest object).", strict=True
+    )
+    sha256: str = Field(max_length=64, pattern=SHA256_PATTERN)
 
 
 class DraftCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST
 
-    name: str = Field(max_length=200, description="lowercase letters, digits and . _ - (at most 100)")
-    files: list[DatasetFileEntry]
+    # Twice the longest name: a longer one is refused by the name's own rules (400, saying what they are).
+    name: str = Field(
+        max_length=2 * limits.MAX_DATASET_NAME_LENGTH,
+        description="lowercase letters, digits and . _ - (at most 100)",
+    )
+    files: list[DatasetFileEntry] = Field(
+        max_length=limits.MAX_MANIFEST_FILES,
+        description="Every file of the version (a server may take fewer: KILN_DATASET_MAX_FILES).",
+    )
 
 
 class DraftRead(BaseModel):
@@ -381,15 +436,23 @@ class DraftRead(BaseModel):
 
 
 class UploadCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST
 
-    sha256: str = Field(pattern=SHA256_PATTERN)
-    size: int = Field(ge=0)
+    sha256: str = Field(max_length=64, pattern=SHA256_PATTERN)
+    size: int = Field(
+        ge=0,
+        le=limits.MAX_FILE_BYTES,
+        description="Bytes: at most 5 TiB, and at most 10,000 parts of the session's part size (413 above it); "
+        "within the organisation's storage quota (403).",
+        strict=True,
+    )
     part_size: int | None = Field(
         None,
         ge=1,
+        le=limits.MAX_PART_BYTES,
         description="Preferred part size of a new session with presigned parts (S3): used when it is within the "
         "store's limits (5 MiB to 5 GiB, at most 10,000 parts), else the server's own. The answer says which.",
+        strict=True,
     )
 
 
@@ -412,18 +475,18 @@ class UploadConfig(BaseModel):
 
 
 class SmallBlob(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST
 
-    sha256: str = Field(pattern=SHA256_PATTERN)
-    size: int = Field(ge=0)
+    sha256: str = Field(max_length=64, pattern=SHA256_PATTERN)
+    size: int = Field(ge=0, le=limits.MAX_SIGNED_BODY_BYTES, strict=True)
 
 
 class SmallBlobsHeader(BaseModel):
     """The JSON line that starts a body of small blobs: what follows it, in order."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST
 
-    blobs: list[SmallBlob] = Field(min_length=1, max_length=1000)
+    blobs: list[SmallBlob] = Field(min_length=1, max_length=limits.MAX_SMALL_BLOBS)
 
 
 class SmallBlobsRead(BaseModel):
@@ -447,11 +510,12 @@ class UploadRead(BaseModel):
 
 
 class PartUrlRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST
 
-    size: int = Field(ge=0)
-    md5: str = Field(pattern=r"^[0-9a-f]{32}$", description="Hex MD5 of the part (the store checks it).")
+    size: int = Field(ge=0, le=limits.MAX_PART_BYTES, strict=True)
+    md5: str = Field(max_length=32, pattern=r"^[0-9a-f]{32}$", description="Hex MD5 of the part (the store checks it).")
     crc32: str = Field(
+        max_length=8,
         pattern=r"^[0-9a-f]{8}$",
         description="The part's CRC32 (zlib's), 8 hex digits, big-endian (the store checks it: S3 flexible checksums).",
     )
@@ -467,11 +531,11 @@ class PartUrl(BaseModel):
 
 
 class PartUrlsItem(PartUrlRequest):
-    number: int = Field(ge=1, le=10000, description="Part number, from 1")
+    number: int = Field(ge=1, le=limits.MAX_UPLOAD_PARTS, description="Part number, from 1", strict=True)
 
 
 class PartUrlsRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST
 
     parts: list[PartUrlsItem] = Field(min_length=1, max_length=1000, description="At most 1,000 distinct parts.")
 

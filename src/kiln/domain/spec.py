@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from kiln.domain import limits
 from kiln.domain.distributed import DistributedSpec
 from kiln.domain.quantities import parse_memory
 
@@ -26,19 +27,32 @@ def parse_duration(value: str | int | float) -> float:
     if isinstance(value, bool):
         raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, int | float):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:
+            raise ValueError(f"not a duration: {value} is out of range") from None
     else:
+        if len(value) > limits.MAX_QUANTITY_LENGTH:
+            raise ValueError(f"not a duration: longer than {limits.MAX_QUANTITY_LENGTH} characters")
         match = _DURATION.match(value)
         if not match or not value.strip() or not any(match.groups()):
             raise ValueError(f"not a duration: {value!r} (use e.g. 90, 90s, 10m, 1h30m)")
         hours, minutes, secs = (float(g) if g else 0.0 for g in match.groups())
         seconds = hours * 3600 + minutes * 60 + secs
-    if seconds <= 0:
+    if not seconds > 0:  # NaN too
         raise ValueError("must be positive")
     return seconds
 
 
-Command = str | list[str]
+# A command: one shell string, or an argv list. Every part is bounded (the OpenAPI schema shows the maxima).
+CommandText = Annotated[str, Field(max_length=limits.MAX_COMMAND_LENGTH)]
+CommandArg = Annotated[str, Field(max_length=limits.MAX_ARG_LENGTH)]
+Command = CommandText | Annotated[list[CommandArg], Field(max_length=limits.MAX_COMMAND_ARGS)]
+Text = Annotated[str, Field(max_length=limits.MAX_TEXT_LENGTH)]
+EnvName = Annotated[str, Field(max_length=limits.MAX_ENV_NAME_LENGTH)]
+EnvValue = Annotated[str, Field(max_length=limits.MAX_ARG_LENGTH)]
+LabelKey = Annotated[str, Field(max_length=limits.MAX_LABEL_KEY_LENGTH)]
+LabelValue = Annotated[str, Field(max_length=limits.MAX_LABEL_VALUE_LENGTH)]
 Priority = Literal["low", "normal", "high"]
 PRIORITIES: dict[str, int] = {"low": 0, "normal": 1, "high": 2}
 
@@ -55,7 +69,7 @@ def command_text(command: Command) -> str:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class RuntimeSpec(_Strict):
@@ -63,10 +77,10 @@ class RuntimeSpec(_Strict):
     environment: a Python interpreter on the machine (``{python: /path/to/python}``) or, on container
     backends, an image (``{image: repo/name:tag}``)."""
 
-    framework: str | None = Field(None, description="Catalog runtime, e.g. python, pytorch, sklearn.")
-    version: str | None = Field(None, description="Catalog version; default: the catalog's default.")
-    python: str | None = Field(None, description="A Python executable to run with (custom runtime).")
-    image: str | None = Field(None, description="A container image (container backends only).")
+    framework: Text | None = Field(None, description="Catalog runtime, e.g. python, pytorch, sklearn.")
+    version: Text | None = Field(None, description="Catalog version; default: the catalog's default.")
+    python: Text | None = Field(None, description="A Python executable to run with (custom runtime).")
+    image: Text | None = Field(None, description="A container image (container backends only).")
 
     @model_validator(mode="after")
     def _one_kind(self) -> RuntimeSpec:
@@ -89,16 +103,25 @@ class RuntimeSpec(_Strict):
 class Resources(_Strict):
     """What one worker of the job is allocated. ``memory`` and ``disk`` are also limits: the job fails above them."""
 
-    cpus: float = Field(1.0, gt=0, le=4096, description="CPU cores reserved.")
+    cpus: float = Field(1.0, gt=0, le=limits.MAX_CPUS, description="CPU cores reserved.", strict=True)
     memory: int | None = Field(
-        None, description="Memory reserved and enforced, e.g. 2G, 512Mi; bytes in responses. None: no limit."
+        None,
+        gt=0,
+        le=limits.MAX_RESOURCE_BYTES,
+        description="Memory reserved and enforced, e.g. 2G, 512Mi (at most 1 PiB); bytes in responses. None: no limit.",
+        strict=True,
     )
     disk: int | None = Field(
         None,
-        description="Most bytes the job's work dir (its /tmp included) may hold, e.g. 20G; bytes in responses. "
-        "None: the platform's default (KILN_JOB_DISK_DEFAULT).",
+        gt=0,
+        le=limits.MAX_RESOURCE_BYTES,
+        description="Most bytes the job's work dir (its /tmp included) may hold, e.g. 20G (at most 1 PiB); bytes in "
+        "responses. None: the platform's default (KILN_JOB_DISK_DEFAULT).",
+        strict=True,
     )
-    gpus: int = Field(0, ge=0, le=64, description="Whole GPUs reserved (pinned with CUDA_VISIBLE_DEVICES).")
+    gpus: int = Field(
+        0, ge=0, le=limits.MAX_GPUS, description="Whole GPUs reserved (pinned with CUDA_VISIBLE_DEVICES).", strict=True
+    )
     gpu_type: str | None = Field(
         None,
         min_length=1,
@@ -117,8 +140,13 @@ class Resources(_Strict):
     def _memory(cls, value: Any) -> Any:
         if value is None:
             return None
+        if isinstance(value, str) and len(value) > limits.MAX_QUANTITY_LENGTH:
+            raise ValueError(f"not a memory quantity: longer than {limits.MAX_QUANTITY_LENGTH} characters")
         if isinstance(value, str | int | float) and not isinstance(value, bool):
-            parsed = parse_memory(value)
+            try:
+                parsed = parse_memory(value)
+            except OverflowError:  # e.g. 1e999G, or Infinity
+                raise ValueError(f"not a memory quantity: {value!r} is out of range") from None
             if parsed <= 0:
                 raise ValueError("must be positive")
             return parsed
@@ -133,15 +161,19 @@ class MetricPattern(_Strict):
     log line joined with the ``lines - 1`` lines after it; a number in a group is a value, other text a text
     metric; the ``step`` group (default: a group named step, epoch, iteration or iter) is the step."""
 
-    regex: str = Field(min_length=1, max_length=4000, description="Python regular expression with named groups.")
-    lines: int = Field(1, ge=1, le=20, description="Lookahead window: lines one match may span.")
-    step: str | None = Field(None, description="The named group holding the step, if not step/epoch/….")
+    regex: str = Field(
+        min_length=1, max_length=limits.MAX_REGEX_LENGTH, description="Python regular expression with named groups."
+    )
+    lines: int = Field(1, ge=1, le=20, description="Lookahead window: lines one match may span.", strict=True)
+    step: str | None = Field(
+        None, max_length=limits.MAX_NAME_LENGTH, description="The named group holding the step, if not step/epoch/…."
+    )
 
     @model_validator(mode="after")
     def _compiles(self) -> MetricPattern:
         try:
             compiled = re.compile(self.regex)
-        except re.error as exc:
+        except (re.error, OverflowError, RecursionError) as exc:  # a{99999999999}: OverflowError
             raise ValueError(f"regex {self.regex!r} does not compile: {exc}") from None
         groups = set(compiled.groupindex)
         if self.step is not None and self.step not in groups:
@@ -155,16 +187,23 @@ class MetricPattern(_Strict):
 class MetricsSpec(_Strict):
     """How Kiln collects the job's metrics without code changes (``kiln.log`` in the job always works)."""
 
-    builtin: bool = Field(True, description="Recognise key=value, key: value and Keras-style progress lines.")
-    patterns: list[MetricPattern] = Field(default_factory=list, max_length=50, description="Custom extractors.")
-    tensorboard: bool = Field(True, description="Ingest TensorBoard scalars written under the TensorBoard dir.")
+    builtin: bool = Field(
+        True, description="Recognise key=value, key: value and Keras-style progress lines.", strict=True
+    )
+    patterns: list[MetricPattern] = Field(
+        default_factory=list, max_length=limits.MAX_METRIC_PATTERNS, description="Custom extractors."
+    )
+    tensorboard: bool = Field(
+        True, description="Ingest TensorBoard scalars written under the TensorBoard dir.", strict=True
+    )
     tensorboard_dir: str | None = Field(
         None,
+        max_length=limits.MAX_PATH_LENGTH,
         description="Where the job writes TensorBoard events, relative to its work dir; "
         "default: $KILN_TENSORBOARD_DIR.",
     )
-    system: bool = Field(True, description="Sample CPU %, RSS and GPU utilisation/memory of the job.")
-    system_interval: float = Field(5.0, ge=0.5, le=3600, description="Seconds between system samples.")
+    system: bool = Field(True, description="Sample CPU %, RSS and GPU utilisation/memory of the job.", strict=True)
+    system_interval: float = Field(5.0, ge=0.5, le=3600, description="Seconds between system samples.", strict=True)
 
     @field_validator("tensorboard_dir")
     @classmethod
@@ -178,6 +217,7 @@ class MetricsSpec(_Strict):
 
 
 DATASET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+MAX_VERSION = limits.MAX_DATASET_VERSION
 
 
 def input_env_name(dataset: str) -> str:
@@ -189,8 +229,13 @@ def input_env_name(dataset: str) -> str:
 class InputSpec(_Strict):
     """A dataset version the job reads: staged (or mounted) read-only at ``path`` before the command runs."""
 
-    dataset: str = Field(description="NAME or NAME@VERSION; without a version, the latest at submit (then pinned).")
-    path: str | None = Field(None, description="Where the job sees it; default /data/NAME.")
+    dataset: str = Field(
+        max_length=limits.MAX_DATASET_REF_LENGTH,
+        description="NAME or NAME@VERSION; without a version, the latest at submit (then pinned).",
+    )
+    path: str | None = Field(
+        None, max_length=limits.MAX_PATH_LENGTH, description="Where the job sees it; default /data/NAME."
+    )
     mode: Literal["stage", "mount"] = Field("stage", description="Copy into a local cache, or mount (FUSE).")
 
     @field_validator("dataset")
@@ -199,8 +244,8 @@ class InputSpec(_Strict):
         name, _, version = value.partition("@")
         if not DATASET_NAME.match(name) or ".." in name:
             raise ValueError(f"{value!r}: a dataset name is lowercase letters, digits and . _ - (at most 100)")
-        if version and (not version.isdigit() or int(version) < 1):
-            raise ValueError(f"{value!r}: the version after @ is a number ≥ 1")
+        if version and (not version.isascii() or not version.isdigit() or not 1 <= int(version) <= MAX_VERSION):
+            raise ValueError(f"{value!r}: the version after @ is a number from 1 to {MAX_VERSION}")
         return value
 
     @field_validator("path")
@@ -225,34 +270,48 @@ class InputSpec(_Strict):
 class JobSpec(_Strict):
     """A training job, as submitted and as written in ``kiln.yaml``."""
 
-    name: str | None = Field(None, min_length=1, max_length=128, description="Display name.")
+    name: str | None = Field(None, min_length=1, max_length=limits.MAX_NAME_LENGTH, description="Display name.")
     command: Command = Field(description="A shell string, or an argv list executed without a shell.")
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     resources: Resources = Field(default_factory=Resources)
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict, max_length=limits.MAX_ENV_VARS, description="Extra environment variables."
+    )
     prepare_command: Command | None = Field(None, description="Runs before the command, in the work dir.")
     finish_command: Command | None = Field(
         None, description="Runs after the command whatever its outcome; $KILN_EXIT_CODE holds it."
     )
-    max_restarts: int = Field(0, ge=0, le=100, description="How often a failed run is retried.")
-    restart_on_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
-        default_factory=list, description="Exit codes that are retried; empty: any failure."
+    max_restarts: int = Field(
+        0, ge=0, le=limits.MAX_RESTARTS, description="How often a failed run is retried.", strict=True
+    )
+    restart_on_exit_codes: list[Annotated[int, Field(ge=1, le=255, strict=True)]] = Field(
+        default_factory=list,
+        max_length=limits.MAX_EXIT_CODES,
+        description="Exit codes that are retried; empty: any failure.",
     )
     timeout: float | None = Field(
-        None, description="Wall-clock limit per run, seconds or e.g. '1h30m'; the run fails above it."
+        None,
+        gt=0,
+        le=limits.MAX_DURATION_SECONDS,
+        description="Wall-clock limit per run, seconds or e.g. '1h30m' (at most a year); the run fails above it.",
+        strict=True,
     )
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=limits.MAX_LABELS)
     priority: Priority = Field(
         "normal", description="Scheduling class: low, normal or high (high may need a grant from a platform admin)."
     )
-    node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Run only on nodes carrying all these labels (key: value)."
+    node_selector: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict,
+        max_length=limits.MAX_LABELS,
+        description="Run only on nodes carrying all these labels (key: value).",
     )
     distributed: DistributedSpec | None = Field(
         None, description="Several workers started together (a gang); resources are per worker."
     )
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Metric collection from logs etc.")
-    inputs: list[InputSpec] = Field(default_factory=list, max_length=32, description="Datasets the job reads.")
+    inputs: list[InputSpec] = Field(
+        default_factory=list, max_length=limits.MAX_INPUTS, description="Datasets the job reads."
+    )
 
     @field_validator("name")
     @classmethod
