@@ -6,6 +6,7 @@ of a blob (``orgs/<org>/data/sha256/<aa>/<sha256>``). Used by ``kiln.services.da
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import re
 
@@ -82,14 +83,19 @@ def validate_manifest(files: list[DatasetFileEntry], max_files: int) -> list[Dat
         if entry.path in seen:
             raise BadRequest(f"file path {entry.path!r}: listed twice")
         seen.add(entry.path)
-    dirs = {p.rsplit("/", 1)[0] for p in seen if "/" in p}
-    expanded: set[str] = set()
-    for d in dirs:
-        parts = d.split("/")
-        expanded.update("/".join(parts[: i + 1]) for i in range(len(parts)))
-    clash = sorted(seen & expanded)
-    if clash:
-        raise BadRequest(f"file path {clash[0]!r}: is both a file and a directory")
+    # A path is also a directory when another path starts with it and a '/'. Among the sorted paths, those that
+    # start with P + "/" begin where P + "/" would be inserted: one binary search per path, and no string built
+    # per directory level (every ancestor of every path, for deep paths, is quadratic in time and memory).
+    ordered = sorted(seen)
+    clash = None
+    for path in ordered:
+        below = path + "/"
+        at = bisect.bisect_left(ordered, below)
+        if at < len(ordered) and ordered[at].startswith(below):
+            clash = path
+            break
+    if clash is not None:
+        raise BadRequest(f"file path {clash!r}: is both a file and a directory")
     return sorted(files, key=lambda f: f.path)
 
 

@@ -420,7 +420,7 @@ class DatasetService(UploadService):
                 ref_name, _, ref_version = ref.partition("@")
                 if ref_name != name:
                     continue
-                pinned = int(ref_version) if ref_version.isdigit() else latest
+                pinned = int(ref_version) if ref_version.isascii() and ref_version.isdigit() else latest
                 if pinned is not None and pinned in numbers:
                     raise Conflict(
                         f"dataset {name}@{pinned} is an input of job {job_id} ({state}); remove it once the job "

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from kiln.db.models import MetricChunk, MetricPoint, MetricSeries
 from kiln.db.session import Database
+from kiln.domain import limits
 from kiln.domain.schemas import MetricSeriesData, MetricSeriesSummary, MetricsIngested
 from kiln.errors import InvalidInput
 from kiln.services.downsample import Point, m4, shape_preserving
@@ -31,7 +32,7 @@ from kiln.services.jobs import JobService
 from kiln.services.metrics_ingest import CHUNK, MetricsStore, parse_lines
 
 RAW_M4_LIMIT = 100_000  # up to this many points in range, M4 runs over the points themselves
-MAX_DOWNSAMPLE = 20_000
+MAX_DOWNSAMPLE = limits.MAX_DOWNSAMPLE
 MAX_RAW = 500_000  # points of one series without downsampling
 MAX_SERIES = 1000  # per request
 CSV_HEADER = ["job_id", "worker", "name", "step", "time", "value"]
@@ -98,8 +99,8 @@ class MetricsService:
         whole request (404), so nothing of the others is sent either."""
         principal.require("jobs:read")
         _check(q)
-        if not job_ids or len(job_ids) > 50:
-            raise InvalidInput("jobs: give 1 to 50 job ids", details={"field": "jobs"})
+        if not job_ids or len(job_ids) > limits.MAX_COMPARE_JOBS:
+            raise InvalidInput(f"jobs: give 1 to {limits.MAX_COMPARE_JOBS} job ids", details={"field": "jobs"})
         with self.db.read() as s:
             for job_id in job_ids:
                 self.jobs.load(s, principal, job_id)

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from kiln.db.models import DataBlob, DataUpload, DataUploadPart
 from kiln.db.session import Database
+from kiln.domain import limits
 from kiln.domain.ids import new_id
 from kiln.domain.schemas import (
     NumberedPartUrl,
@@ -29,7 +30,7 @@ from kiln.domain.schemas import (
     UploadConfig,
     UploadRead,
 )
-from kiln.errors import BadRequest, Conflict, DigestMismatch, Forbidden, NotFound
+from kiln.errors import BadRequest, Conflict, DigestMismatch, Forbidden, NotFound, PayloadTooLarge
 from kiln.services.blob_batches import BlobBatches
 from kiln.services.dataset_names import SHA256, data_key
 from kiln.services.identity import Principal
@@ -39,11 +40,32 @@ from kiln.storage.store import ObjectStore, b64_digest
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 # Parts sent through the API travel in one signed request body, which the API caps at 16 MiB.
-API_PART_BYTES = 16 * 1024 * 1024
-# S3's multipart limits: parts of 5 MiB to 5 GiB (the last may be shorter), at most 10,000 of them.
-S3_MIN_PART = 5 * 1024 * 1024
-S3_MAX_PART = 5 * 1024**3
-S3_MAX_PARTS = 10_000
+API_PART_BYTES = limits.MAX_SIGNED_BODY_BYTES
+# S3's multipart limits: parts of 5 MiB to 5 GiB (the last may be shorter), at most 10,000 of them. Every session
+# keeps to them, whatever the store: a blob is at most 10,000 parts (so through the API, 156.25 GiB).
+S3_MIN_PART = limits.MIN_PART_BYTES
+S3_MAX_PART = limits.MAX_PART_BYTES
+S3_MAX_PARTS = limits.MAX_UPLOAD_PARTS
+MISSING_LISTED = 1000  # part numbers a 409 of complete_upload lists
+
+
+def part_count(size: int, part_size: int) -> int:
+    """Parts of a blob of ``size`` bytes in parts of ``part_size`` (an empty blob has one, empty)."""
+    return max(1, -(-size // part_size))
+
+
+def missing_parts(parts: int, present: set[int], listed: int = MISSING_LISTED) -> tuple[int, list[int]]:
+    """How many of parts 1..``parts`` are not in ``present``, and the first ``listed`` of them: work in proportion
+    to what is present, never to ``parts`` (a session's part count is not enumerated)."""
+    inside = {n for n in present if 1 <= n <= parts}
+    count = parts - len(inside)
+    first: list[int] = []
+    number = 1
+    while len(first) < min(count, listed):
+        if number not in inside:
+            first.append(number)
+        number += 1
+    return count, first
 
 
 class UploadService(BlobBatches):
@@ -72,7 +94,7 @@ class UploadService(BlobBatches):
         )
 
     def _upload_read(self, up: DataUpload, received: list[int]) -> UploadRead:
-        parts = max(1, -(-up.size // up.part_size))
+        parts = part_count(up.size, up.part_size)
         return UploadRead(
             id=up.id,
             sha256=up.sha256,
@@ -96,10 +118,32 @@ class UploadService(BlobBatches):
             self.presigned
             and preferred is not None
             and S3_MIN_PART <= preferred <= S3_MAX_PART
-            and -(-size // preferred) <= S3_MAX_PARTS
+            and part_count(size, preferred) <= S3_MAX_PARTS
         ):
             return preferred
         return self.part_size
+
+    def _check_size(self, size: int, part_size: int) -> None:
+        """413 for a blob over the platform's maxima: 5 TiB (S3's largest object), or more than 10,000 parts of
+        the session's part size (S3's limit on a multipart upload; through the API parts are 16 MiB)."""
+        if size > limits.MAX_FILE_BYTES:
+            raise PayloadTooLarge(
+                f"size: {size} bytes is over the largest file the platform stores ({limits.MAX_FILE_BYTES} bytes)",
+                details={"field": "size", "max": limits.MAX_FILE_BYTES},
+            )
+        parts = part_count(size, part_size)
+        if parts > S3_MAX_PARTS:
+            most = S3_MAX_PARTS * part_size
+            hint = (
+                f"; ask for a larger part_size (at most {S3_MAX_PART} bytes)"
+                if self.presigned
+                else " (parts through the API are at most 16 MiB)"
+            )
+            raise PayloadTooLarge(
+                f"size: {size} bytes would take {parts} parts of {part_size} bytes, over the {S3_MAX_PARTS} an "
+                f"upload may have: at most {most} bytes in this session{hint}",
+                details={"field": "size", "max": most, "max_parts": S3_MAX_PARTS},
+            )
 
     def open_upload(self, principal: Principal, sha256: str, size: int, part_size: int | None = None) -> UploadRead:
         """The upload session of a blob: new, or the open one with the parts already received (and its part size,
@@ -118,6 +162,8 @@ class UploadService(BlobBatches):
             return self._upload_read(up, self._received(up))
         if size == 0:
             return self._store_empty(principal, sha256)
+        session_part_size = self._session_part_size(size, part_size)
+        self._check_size(size, session_part_size)
         with self.db.read() as s:
             self._check_quota(s, principal, size)
         mode = "presigned" if self.presigned else "api"
@@ -131,7 +177,7 @@ class UploadService(BlobBatches):
                     org_id=org,
                     sha256=sha256,
                     size=size,
-                    part_size=self._session_part_size(size, part_size),
+                    part_size=session_part_size,
                     mode=mode,
                     store_upload_id=store_id,
                 )
@@ -163,7 +209,7 @@ class UploadService(BlobBatches):
 
     @staticmethod
     def _part_bounds(up: DataUpload, number: int) -> int:
-        parts = max(1, -(-up.size // up.part_size))
+        parts = part_count(up.size, up.part_size)
         if not 1 <= number <= parts:
             raise BadRequest(f"part {number}: this upload has parts 1 to {parts}")
         return up.part_size if number < parts else up.size - up.part_size * (parts - 1)
@@ -288,16 +334,20 @@ class UploadService(BlobBatches):
             declared = {p.number: p for p in s.scalars(select(DataUploadPart).where(DataUploadPart.upload_id == up.id))}
             s.expunge_all()
         key = data_key(up.org_id, up.sha256)
-        parts = max(1, -(-up.size // up.part_size))
+        parts = part_count(up.size, up.part_size)
+        if parts > S3_MAX_PARTS:  # a session opened before sessions were bounded: it can never complete
+            self._drop_session(up)
+            raise BadRequest(
+                f"upload {upload_id}: {parts} parts is over the {S3_MAX_PARTS} an upload may have; the session is "
+                "removed: open a new one"
+            )
         stored = self.store.multipart_parts(key, up.store_upload_id)
-        missing = [n for n in range(1, parts + 1) if n not in stored or n not in declared]
-        if up.mode == "api":
-            missing += [n for n in range(1, parts + 1) if n in declared and not declared[n].received]
-        if missing:
-            missing = sorted(set(missing))
+        present = {n for n in stored if n in declared and (up.mode != "api" or declared[n].received)}
+        count, missing = missing_parts(parts, present)
+        if count:
             raise Conflict(
-                f"upload {upload_id}: {len(missing)} of {parts} part(s) not received yet (first: {missing[0]})",
-                details={"missing": missing[:1000]},
+                f"upload {upload_id}: {count} of {parts} part(s) not received yet (first: {missing[0]})",
+                details={"missing": missing},
             )
         if up.mode == "presigned":
             for n in range(1, parts + 1):
