@@ -9,10 +9,12 @@ from contextlib import asynccontextmanager
 
 from anyio import to_thread
 from fastapi import FastAPI
+from fastapi.routing import APIRoute, APIRouter
+from starlette.routing import Route, compile_path
 
 from kiln import __version__
 from kiln.api.auth import SignatureMiddleware
-from kiln.api.errors import install_error_handlers
+from kiln.api.errors import RouteMethods, install_error_handlers
 from kiln.api.prometheus import RequestMetricsMiddleware
 from kiln.api.prometheus import router as prometheus_router
 from kiln.api.routers import blobs, datasets, jobs, metrics, runtimes, scheduling, system, tenancy
@@ -58,14 +60,39 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         docs_url=f"{API_PREFIX}/docs",
         redoc_url=None,
         lifespan=lifespan,
+        # Operation ids are the route functions' names (get_job, open_upload): the links between operations in the
+        # OpenAPI schema (kiln.api.responses.links) refer to them.
+        generate_unique_id_function=_operation_id,
     )
     install_error_handlers(app)
     app.add_middleware(SignatureMiddleware)
     app.add_middleware(RequestMetricsMiddleware)  # outermost: times refused requests too
-    app.include_router(system.health)
-    app.include_router(prometheus_router)
-    for module in (system, blobs, datasets, jobs, scheduling, runtimes, metrics):
-        app.include_router(module.router, prefix=API_PREFIX)
-    for router in tenancy.routers:
-        app.include_router(router, prefix=API_PREFIX)
+    mounted: list[tuple[str, APIRouter]] = [("", system.health), ("", prometheus_router)]
+    modules = (system, blobs, datasets, jobs, scheduling, runtimes, metrics)
+    api_routers = [module.router for module in modules] + list(tenancy.routers)
+    mounted += [(API_PREFIX, router) for router in api_routers]
+    for prefix, router in mounted:
+        app.include_router(router, prefix=prefix)
+    app.state.route_methods = _route_methods(app, mounted)
     return app
+
+
+def _route_methods(app: FastAPI, mounted: list[tuple[str, APIRouter]]) -> RouteMethods:
+    """(path regex, methods) of every route, for the Allow header of a 405; and a check that no two route
+    functions share a name (their OpenAPI operation id)."""
+    own = [route for route in app.router.routes if isinstance(route, Route)]  # the OpenAPI document and the docs
+    table: RouteMethods = [(route.path_regex, frozenset(route.methods or ())) for route in own]
+    names: list[str] = []
+    for prefix, router in mounted:
+        for route in router.routes:
+            if isinstance(route, APIRoute):
+                table.append((compile_path(prefix + route.path)[0], frozenset(route.methods or ())))
+                names.append(route.name)
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise RuntimeError(f"route functions share a name (their OpenAPI operation id): {duplicates}")
+    return table
+
+
+def _operation_id(route: APIRoute) -> str:
+    return route.name

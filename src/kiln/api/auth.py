@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kiln.auth import signing
 from kiln.auth.ratelimit import RateLimiter
+from kiln.domain import limits
 from kiln.errors import KilnError, PayloadTooLarge, RateLimited
 from kiln.services.audit import AuditEntry
 from kiln.services.identity import AuthFailure, Principal
@@ -27,7 +28,7 @@ API_PREFIX = "/api/v1/"
 PUBLIC_PATHS = {"/api/v1/openapi.json", "/api/v1/docs", "/api/v1/docs/oauth2-redirect"}
 # Routes whose body is streamed and hashed by the route itself (content-addressed or job-token uploads).
 STREAMED_UPLOAD = re.compile(r"/api/v1/blobs/[^/]+|/api/v1/jobs/[^/]+/artifacts/.+")
-MAX_SIGNED_BODY = 16 * 1024 * 1024
+MAX_SIGNED_BODY = limits.MAX_SIGNED_BODY_BYTES
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,7 +20,21 @@ _HTTP_CODES = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
 }
+
+
+# (path regex, methods) of every route: kiln.api.app stores it on app.state.route_methods.
+RouteMethods = list[tuple[re.Pattern[str], frozenset[str]]]
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path. The router's own 405 names only the first route that
+    matched the path, and a path such as /api/v1/jobs has one route per method."""
+    table: RouteMethods = getattr(request.app.state, "route_methods", [])
+    path = request.url.path
+    return sorted({method for regex, methods in table if regex.match(path) for method in methods})
 
 
 def _location(loc: tuple[object, ...]) -> str:
@@ -45,9 +60,14 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(InvalidInput(f"invalid request: {text}", details=problems).to_body(), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "http_error")
-        return JSONResponse({"code": code, "message": str(exc.detail)}, status_code=exc.status_code)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # RFC 9110: a 405 says which methods the resource has
+            headers["Allow"] = ", ".join(allowed_methods(request))
+        return JSONResponse(
+            {"code": code, "message": str(exc.detail)}, status_code=exc.status_code, headers=headers or None
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

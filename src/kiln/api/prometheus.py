@@ -24,6 +24,7 @@ from sqlalchemy.orm import object_session
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kiln.api.responses import errors
 from kiln.db.models import Job, JobEvent, utcnow
 from kiln.db.session import Database
 from kiln.domain.states import JobState
@@ -156,7 +157,7 @@ router = APIRouter(tags=["health"])
     "/metrics",
     summary="Server metrics in the Prometheus text format (KILN_METRICS_TOKEN: needs that bearer token)",
     response_class=Response,
-    responses={200: {"content": {"text/plain": {}}}},
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **errors(401, signed=False)},
 )
 async def prometheus_metrics(request: Request) -> Response:
     platform = request.app.state.platform

@@ -10,25 +10,56 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from kiln.api.deps import Caller, Kiln, caller_of, model_response, platform_of
+from kiln.api.params import FilePath, JobId
+from kiln.api.responses import REDIRECT, errors, links, raw_body, with_links
 from kiln.auth import signing
+from kiln.domain import limits
 from kiln.domain.schemas import ArtifactList, ArtifactRead, EventList, JobList, JobRead, JobSubmit
 from kiln.domain.states import JobState
 from kiln.services.outputs import FileKind
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(403))
+JOB = {"job_id": "$response.body#/id"}
+BINARY_BODY = raw_body("application/octet-stream")
+TEXT_BODY = raw_body("text/plain")
 
 
-@router.post("", response_model=JobRead, status_code=201, summary="Submit a job")
+@router.post(
+    "",
+    response_model=JobRead,
+    status_code=201,
+    summary="Submit a job",
+    responses=with_links(
+        (400, 422),
+        links(
+            201,
+            "The job, queued",
+            get_job=JOB,
+            job_events=JOB,
+            why=JOB,
+            job_logs=JOB,
+            list_artifacts=JOB,
+            list_checkpoints=JOB,
+            get_code=JOB,
+            get_metrics=JOB,
+            metrics_summary=JOB,
+            cancel_job=JOB,
+        ),
+    ),
+)
 def submit_job(body: JobSubmit, caller: Caller, kiln: Kiln) -> JobRead:
     return kiln.jobs.submit(caller, body)
 
 
-@router.get("", response_model=JobList, summary="List jobs, newest first")
+@router.get("", response_model=JobList, summary="List jobs, newest first", responses=errors(422))
 async def list_jobs(
     request: Request,
-    state: Annotated[list[JobState] | None, Query(description="Only these states")] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    before: Annotated[str | None, Query(description="Only jobs older than this job id (paging)")] = None,
+    state: Annotated[list[JobState] | None, Query(max_length=32, description="Only these states")] = None,
+    limit: Annotated[int, Query(ge=1, le=limits.MAX_PAGE_SIZE)] = 50,
+    before: Annotated[
+        str | None,
+        Query(max_length=limits.MAX_ID_LENGTH, description="Only jobs older than this job id (paging)"),
+    ] = None,
 ) -> Response:
     # A hot read route: served from the list cache in the event loop when nothing changed since the last same
     # query (services/jobs.py), from the database in a worker thread otherwise. The caller and the platform are
@@ -40,18 +71,23 @@ async def list_jobs(
     return Response(body, media_type="application/json")
 
 
-@router.get("/{job_id}", response_model=JobRead)
-def get_job(job_id: str, caller: Caller, kiln: Kiln) -> Response:
+@router.get("/{job_id}", response_model=JobRead, responses=errors(404, 422))
+def get_job(job_id: JobId, caller: Caller, kiln: Kiln) -> Response:
     return model_response(kiln.jobs.get(caller, job_id))
 
 
-@router.get("/{job_id}/events", response_model=EventList, summary="Every state change and notable event")
-def job_events(job_id: str, caller: Caller, kiln: Kiln) -> Response:
+@router.get(
+    "/{job_id}/events",
+    response_model=EventList,
+    summary="Every state change and notable event",
+    responses=errors(404, 422),
+)
+def job_events(job_id: JobId, caller: Caller, kiln: Kiln) -> Response:
     return model_response(EventList(items=kiln.jobs.events(caller, job_id)))
 
 
-@router.post("/{job_id}/cancel", response_model=JobRead, summary="Cancel (idempotent)")
-def cancel_job(job_id: str, caller: Caller, kiln: Kiln) -> JobRead:
+@router.post("/{job_id}/cancel", response_model=JobRead, summary="Cancel (idempotent)", responses=errors(404, 409, 422))
+def cancel_job(job_id: JobId, caller: Caller, kiln: Kiln) -> JobRead:
     return kiln.jobs.cancel(caller, job_id)
 
 
@@ -59,15 +95,15 @@ def cancel_job(job_id: str, caller: Caller, kiln: Kiln) -> JobRead:
     "/{job_id}/logs",
     summary="Log lines '<time> <O|E|K> <text>'",
     response_class=Response,
-    responses={200: {"content": {"text/plain": {}}}},
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **errors(404, 422)},
 )
 def job_logs(
-    job_id: str,
+    job_id: JobId,
     caller: Caller,
     kiln: Kiln,
-    offset: Annotated[int, Query(ge=0, description="Byte offset to start from")] = 0,
+    offset: Annotated[int, Query(ge=0, le=limits.MAX_INT64, description="Byte offset to start from")] = 0,
     follow: Annotated[bool, Query(description="Stream until the job ends")] = False,
-    limit: Annotated[int, Query(ge=1, le=16 * 1024 * 1024)] = 1024 * 1024,
+    limit: Annotated[int, Query(ge=1, le=limits.MAX_LOG_READ_BYTES)] = 1024 * 1024,
 ) -> Response:
     if follow:
         kiln.jobs.get(caller, job_id)  # 404 now: once the stream has started, the status is already 200
@@ -77,8 +113,13 @@ def job_logs(
     return Response(data, media_type="text/plain", headers=headers)
 
 
-@router.get("/{job_id}/artifacts", response_model=ArtifactList, summary="Files the job wrote to $KILN_OUTPUT_DIR")
-def list_artifacts(job_id: str, caller: Caller, kiln: Kiln) -> ArtifactList:
+@router.get(
+    "/{job_id}/artifacts",
+    response_model=ArtifactList,
+    summary="Files the job wrote to $KILN_OUTPUT_DIR",
+    responses=errors(404, 422),
+)
+def list_artifacts(job_id: JobId, caller: Caller, kiln: Kiln) -> ArtifactList:
     return ArtifactList(items=kiln.outputs.list_files(caller, job_id, "artifact"))
 
 
@@ -86,8 +127,9 @@ def list_artifacts(job_id: str, caller: Caller, kiln: Kiln) -> ArtifactList:
     "/{job_id}/checkpoints",
     response_model=ArtifactList,
     summary="The job's stored $KILN_CHECKPOINT_DIR (what its next attempt starts from)",
+    responses=errors(404, 422),
 )
-def list_checkpoints(job_id: str, caller: Caller, kiln: Kiln) -> ArtifactList:
+def list_checkpoints(job_id: JobId, caller: Caller, kiln: Kiln) -> ArtifactList:
     return ArtifactList(items=kiln.outputs.list_files(caller, job_id, "checkpoint"))
 
 
@@ -104,8 +146,10 @@ async def _put_file(
     response_model=ArtifactRead,
     status_code=201,
     summary="Upload an artifact (a running job, with its job token)",
+    responses=errors(400, 404, 409, 422),
+    openapi_extra=BINARY_BODY,
 )
-async def put_artifact(job_id: str, path: str, request: Request, caller: Caller, kiln: Kiln) -> ArtifactRead:
+async def put_artifact(job_id: JobId, path: FilePath, request: Request, caller: Caller, kiln: Kiln) -> ArtifactRead:
     return await _put_file(job_id, "artifact", path, request, caller, kiln)
 
 
@@ -114,13 +158,20 @@ async def put_artifact(job_id: str, path: str, request: Request, caller: Caller,
     response_model=ArtifactRead,
     status_code=201,
     summary="Upload a checkpoint file (a running job, with its job token: a pod's sync sidecar)",
+    responses=errors(400, 404, 409, 422),
+    openapi_extra=BINARY_BODY,
 )
-async def put_checkpoint(job_id: str, path: str, request: Request, caller: Caller, kiln: Kiln) -> ArtifactRead:
+async def put_checkpoint(job_id: JobId, path: FilePath, request: Request, caller: Caller, kiln: Kiln) -> ArtifactRead:
     return await _put_file(job_id, "checkpoint", path, request, caller, kiln)
 
 
-@router.post("/{job_id}/logs", summary="Append lines to the job's log (a running job, with its job token)")
-async def append_logs(job_id: str, request: Request, caller: Caller, kiln: Kiln) -> dict[str, int]:
+@router.post(
+    "/{job_id}/logs",
+    summary="Append lines to the job's log (a running job, with its job token)",
+    responses=errors(400, 404, 409, 422),
+    openapi_extra=TEXT_BODY,
+)
+async def append_logs(job_id: JobId, request: Request, caller: Caller, kiln: Kiln) -> dict[str, int]:
     body = await request.body()
     return {"lines": await run_in_threadpool(kiln.outputs.append_log, caller, job_id, body)}
 
@@ -128,10 +179,10 @@ async def append_logs(job_id: str, request: Request, caller: Caller, kiln: Kiln)
 @router.get(
     "/{job_id}/code",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/gzip": {}}}},
+    responses={200: {"content": {"application/gzip": {}}}, **errors(404, 422)},
     summary="The job's code bundle (tar.gz): what a pod fetches with its job token",
 )
-def get_code(job_id: str, caller: Caller, kiln: Kiln) -> StreamingResponse:
+def get_code(job_id: JobId, caller: Caller, kiln: Kiln) -> StreamingResponse:
     key, size = kiln.outputs.code_key(caller, job_id)
     return StreamingResponse(
         kiln.store.iter_bytes(key), media_type="application/gzip", headers={"Content-Length": str(size)}
@@ -155,9 +206,9 @@ def _file_response(kiln: Kiln, key: str, size: int, path: str, redirect: bool) -
 @router.get(
     "/{job_id}/artifacts/{path:path}",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/octet-stream": {}}}},
+    responses={200: {"content": {"application/octet-stream": {}}}, **errors(404, 422)},
 )
-def get_artifact(job_id: str, path: str, caller: Caller, kiln: Kiln) -> Response:
+def get_artifact(job_id: JobId, path: FilePath, caller: Caller, kiln: Kiln) -> Response:
     key, size = kiln.outputs.file_key(caller, job_id, "artifact", path)
     return _file_response(kiln, key, size, path, redirect=False)
 
@@ -165,9 +216,9 @@ def get_artifact(job_id: str, path: str, caller: Caller, kiln: Kiln) -> Response
 @router.get(
     "/{job_id}/checkpoints/{path:path}",
     response_class=Response,
-    responses={200: {"content": {"application/octet-stream": {}}}},
+    responses={200: {"content": {"application/octet-stream": {}}}, **REDIRECT, **errors(404, 422)},
     summary="A checkpoint file's bytes: streamed, or a 307 redirect to a short-lived store URL (S3)",
 )
-def get_checkpoint(job_id: str, path: str, caller: Caller, kiln: Kiln) -> Response:
+def get_checkpoint(job_id: JobId, path: FilePath, caller: Caller, kiln: Kiln) -> Response:
     key, size = kiln.outputs.file_key(caller, job_id, "checkpoint", path)
     return _file_response(kiln, key, size, path, redirect=True)

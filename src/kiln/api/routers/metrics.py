@@ -9,20 +9,31 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from kiln.api.deps import Caller, Kiln, model_response
+from kiln.api.params import JobId, Step
+from kiln.api.responses import errors, raw_body
+from kiln.domain import limits
 from kiln.domain.schemas import MetricsCompare, MetricsData, MetricsIngested, MetricsSummary
 from kiln.errors import PayloadTooLarge
 from kiln.services.metrics import SeriesQuery
 
-router = APIRouter(tags=["metrics"])
+router = APIRouter(tags=["metrics"], responses=errors(403))
 
 MAX_BODY = 8 * 1024 * 1024
 CSV = "text/csv"
 
-Names = Annotated[str | None, Query(description="Comma-separated metric names (default: all)")]
-Downsample = Annotated[
-    int | None, Query(ge=4, le=20_000, description="At most this many points per series, keeping its shape")
+Names = Annotated[
+    str | None,
+    Query(max_length=limits.MAX_QUERY_LIST_LENGTH, description="Comma-separated metric names (default: all)"),
 ]
-Format = Annotated[str, Query(pattern="^(json|csv)$", description="json, or csv (job_id,worker,name,step,time,value)")]
+Worker = Annotated[str | None, Query(max_length=64, description="Only this member, e.g. worker0")]
+Downsample = Annotated[
+    int | None,
+    Query(ge=4, le=limits.MAX_DOWNSAMPLE, description="At most this many points per series, keeping its shape"),
+]
+Format = Annotated[
+    str, Query(max_length=4, pattern="^(json|csv)$", description="json, or csv (job_id,worker,name,step,time,value)")
+]
+NDJSON_BODY = raw_body("application/x-ndjson")
 
 
 def _names(names: str | None) -> list[str] | None:
@@ -38,8 +49,10 @@ def _csv(kiln: Kiln, data: dict[str, list]) -> StreamingResponse:  # type: ignor
     "/jobs/{job_id}/metrics",
     response_model=MetricsIngested,
     summary="Send metric spool lines (ndjson; a job with its job token, or a member with jobs:write)",
+    responses=errors(404, 422),
+    openapi_extra=NDJSON_BODY,
 )
-async def post_metrics(job_id: str, request: Request, caller: Caller, kiln: Kiln) -> Response:
+async def post_metrics(job_id: JobId, request: Request, caller: Caller, kiln: Kiln) -> Response:
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -55,16 +68,16 @@ async def post_metrics(job_id: str, request: Request, caller: Caller, kiln: Kiln
     "/jobs/{job_id}/metrics",
     response_model=MetricsData,
     summary="A job's metric series as [step, time, value] points",
-    responses={200: {"content": {CSV: {}}}},
+    responses={200: {"content": {CSV: {}}}, **errors(404, 422)},
 )
 def get_metrics(
-    job_id: str,
+    job_id: JobId,
     caller: Caller,
     kiln: Kiln,
     names: Names = None,
-    worker: Annotated[str | None, Query(description="Only this member, e.g. worker0")] = None,
-    step_min: Annotated[int | None, Query()] = None,
-    step_max: Annotated[int | None, Query()] = None,
+    worker: Worker = None,
+    step_min: Step = None,
+    step_max: Step = None,
     downsample: Downsample = None,
     format: Format = "json",
 ) -> Response:
@@ -79,8 +92,9 @@ def get_metrics(
     "/jobs/{job_id}/metrics/summary",
     response_model=MetricsSummary,
     summary="Per series: count, first and last step, last value, min and max",
+    responses=errors(404, 422),
 )
-def metrics_summary(job_id: str, caller: Caller, kiln: Kiln) -> Response:
+def metrics_summary(job_id: JobId, caller: Caller, kiln: Kiln) -> Response:
     return model_response(MetricsSummary(series=kiln.metrics.summary(caller, job_id)))
 
 
@@ -88,16 +102,22 @@ def metrics_summary(job_id: str, caller: Caller, kiln: Kiln) -> Response:
     "/metrics/compare",
     response_model=MetricsCompare,
     summary="The same metrics of several jobs (404 if any of them is not yours to read)",
-    responses={200: {"content": {CSV: {}}}},
+    responses={200: {"content": {CSV: {}}}, **errors(404, 422)},
 )
 def compare_metrics(
     caller: Caller,
     kiln: Kiln,
-    jobs: Annotated[str, Query(description="Comma-separated job ids")],
+    jobs: Annotated[
+        str,
+        Query(
+            max_length=limits.MAX_COMPARE_JOBS * (limits.MAX_ID_LENGTH + 1),
+            description=f"Comma-separated job ids (at most {limits.MAX_COMPARE_JOBS})",
+        ),
+    ],
     names: Names = None,
-    worker: Annotated[str | None, Query()] = None,
-    step_min: Annotated[int | None, Query()] = None,
-    step_max: Annotated[int | None, Query()] = None,
+    worker: Worker = None,
+    step_min: Step = None,
+    step_max: Step = None,
     downsample: Downsample = None,
     format: Format = "json",
 ) -> Response:

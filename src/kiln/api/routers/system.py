@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from kiln.api.deps import Caller, Kiln
+from kiln.api.responses import errors, links
 from kiln.db import migrate
 from kiln.domain.schemas import WhoAmI
 from kiln.errors import KilnError
@@ -15,12 +17,22 @@ health = APIRouter(tags=["health"])
 router = APIRouter(tags=["identity"])
 
 
+class Readiness(BaseModel):
+    status: str = "ready"
+    message: str | None = Field(None, description="What is wrong, when the server is not ready.")
+
+
 @health.get("/healthz", summary="The process is up")
 def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@health.get("/readyz", summary="The database is reachable and migrated")
+@health.get(
+    "/readyz",
+    summary="The database is reachable and migrated",
+    response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "Not ready: the message says why"}},
+)
 async def readyz(kiln: Kiln) -> JSONResponse:
     def check() -> str | None:
         try:
@@ -37,7 +49,19 @@ async def readyz(kiln: Kiln) -> JSONResponse:
     return JSONResponse({"status": "ready"})
 
 
-@router.get("/whoami", response_model=WhoAmI)
+@router.get(
+    "/whoami",
+    response_model=WhoAmI,
+    responses={
+        **errors(),
+        **links(
+            200,
+            "The caller",
+            get_user={"user": "$response.body#/user_id"},
+            get_org={"org": "$response.body#/org_id"},
+        ),
+    },
+)
 async def whoami(caller: Caller) -> WhoAmI:  # no I/O: async, so no worker-thread hand-off
     return WhoAmI(
         user_id=caller.user_id,
