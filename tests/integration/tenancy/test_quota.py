@@ -24,9 +24,10 @@ JOBS_PER_THREAD = 2
 TICK_SLEEP = "python -c 'import time; time.sleep(1.5 - (time.time() + 0.75) % 0.75)'"
 
 
-def wait_for_file(path: Path) -> list[str]:
-    """A job command that runs until ``path`` exists (the test decides when it ends)."""
-    script = f"import os, time\nwhile not os.path.exists({str(path)!r}):\n    time.sleep(0.05)\n"
+def wait_for_file(name: str) -> list[str]:
+    """A job command that runs until ``name`` exists in its work dir (the test, root outside the job's sandbox,
+    creates it there when the job is to end)."""
+    script = f"import os, time\nwhile not os.path.exists({name!r}):\n    time.sleep(0.05)\n"
     return [sys.executable, "-c", script]
 
 
@@ -174,8 +175,8 @@ def test_waiting_for_quota_usage_and_other_organisations(database_url: str, make
     bravo = create_tenant(admin, "wait-bravo", ("member",))
     admin.ok("PUT", f"/orgs/{alpha.id}/quota", json_body={"category": "train", "count": 1})
     member = alpha["member"].api
-    release = tmp_path / "release"
-    holder = member.submit(wait_for_file(release), resources={"cpus": 1.5})
+    holder = member.submit(wait_for_file("release"), resources={"cpus": 1.5})
+    release = server.home / "jobs" / holder["id"] / "work" / "release"
     member.wait(holder["id"], "RUNNING")
 
     # (c) The next job of the organisation waits, and says why.
