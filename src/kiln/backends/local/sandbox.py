@@ -19,6 +19,7 @@ at submit with the reason and how to fix it; nothing runs unsandboxed by acciden
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import logging
@@ -47,6 +48,11 @@ def org_uid(base: int, org_id: str) -> int:
     """The uid (and gid) an organisation's jobs run as: stable, derived from its id, within 2^24 of ``base``."""
     digest = hashlib.sha256(org_id.encode()).digest()
     return base + int.from_bytes(digest[:4], "big") % UID_SPAN
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_roots(bin_dir: str | None, pythons: tuple[str | None, ...]) -> tuple[str, ...]:
+    return tuple(python_roots(bin_dir, *pythons))
 
 
 def python_roots(bin_dir: str | None, *pythons: str | None) -> list[str]:
@@ -194,7 +200,13 @@ def attempt_box(
     if not policy.sandboxed:
         return None
     uid = org_uid(settings.sandbox_uid_base, org_id)
-    ro = [*python_roots(runtime_bin, *runtime_pythons), str(attempt_dir)]
+    # Cached once the venv exists (a runtime still to be built is looked at again next time).
+    roots = (
+        _cached_roots(runtime_bin, runtime_pythons)
+        if runtime_bin is None or os.path.exists(os.path.join(runtime_bin, "python"))
+        else tuple(python_roots(runtime_bin, *runtime_pythons))
+    )
+    ro = [*roots, str(attempt_dir)]
     if pylib is not None:
         ro += [str(pylib), str(Path(kiln_package.__file__).resolve().parent)]
     rw = [str(dirs[name]) for name in ("work", "outputs", "checkpoints", "site", "metrics", "tensorboard", "home")]
@@ -210,13 +222,18 @@ def attempt_box(
 
 def _passwd(uid: int, home: str) -> str:
     """The machine's /etc/passwd with a line for the job's uid (tools that look their user up find one)."""
-    try:
-        text = Path("/etc/passwd").read_text()
-    except OSError:
-        text = ""
+    text = _machine_passwd()
     if f":x:{uid}:" not in text:
         text = text.rstrip("\n") + f"\n{JOB_USER}:x:{uid}:{uid}:Kiln job:{home}:/bin/sh\n"
     return text
+
+
+@functools.lru_cache(maxsize=1)
+def _machine_passwd() -> str:
+    try:
+        return Path("/etc/passwd").read_text()
+    except OSError:
+        return ""
 
 
 def prepare_dirs(policy: SandboxPolicy, org_id: str, settings: Settings, dirs: dict[str, Path]) -> None:
