@@ -33,6 +33,9 @@ class LogStore:
         except FileNotFoundError:
             return b"", offset
         try:
+            # Past the end there is nothing yet; and seeking there can fail (ext4 refuses offsets past 16 TiB).
+            if offset >= os.fstat(fd).st_size:
+                return b"", offset
             os.lseek(fd, offset, os.SEEK_SET)
             data = os.read(fd, limit)
         finally:

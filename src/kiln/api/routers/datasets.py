@@ -63,7 +63,7 @@ def list_datasets(caller: Caller, kiln: Kiln) -> dict[str, Any]:
     summary="Start a version: send its manifest",
     responses={
         **errors(400, 409, 422),
-        **links(201, "The draft, and the blobs it still needs", commit_draft=DRAFT, dataset_versions=NAMED),
+        **links(201, "The draft, and the blobs it still needs", commit_draft=DRAFT),
     },
 )
 def create_draft(body: DraftCreate, caller: Caller, kiln: Kiln) -> DraftRead:

@@ -40,7 +40,6 @@ TEXT_BODY = raw_body("text/plain")
             job_logs=JOB,
             list_artifacts=JOB,
             list_checkpoints=JOB,
-            get_code=JOB,
             get_metrics=JOB,
             metrics_summary=JOB,
             cancel_job=JOB,
@@ -206,7 +205,7 @@ def _file_response(kiln: Kiln, key: str, size: int, path: str, redirect: bool) -
 @router.get(
     "/{job_id}/artifacts/{path:path}",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/octet-stream": {}}}, **errors(404, 422)},
+    responses={200: {"content": {"application/octet-stream": {}}}, **errors(400, 404, 422)},
 )
 def get_artifact(job_id: JobId, path: FilePath, caller: Caller, kiln: Kiln) -> Response:
     key, size = kiln.outputs.file_key(caller, job_id, "artifact", path)
@@ -216,7 +215,7 @@ def get_artifact(job_id: JobId, path: FilePath, caller: Caller, kiln: Kiln) -> R
 @router.get(
     "/{job_id}/checkpoints/{path:path}",
     response_class=Response,
-    responses={200: {"content": {"application/octet-stream": {}}}, **REDIRECT, **errors(404, 422)},
+    responses={200: {"content": {"application/octet-stream": {}}}, **REDIRECT, **errors(400, 404, 422)},
     summary="A checkpoint file's bytes: streamed, or a 307 redirect to a short-lived store URL (S3)",
 )
 def get_checkpoint(job_id: JobId, path: FilePath, caller: Caller, kiln: Kiln) -> Response:
