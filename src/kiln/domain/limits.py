@@ -118,3 +118,5 @@ MAX_DOWNSAMPLE = 20_000
 """The most points per series a downsampled metrics query returns."""
 MAX_COMPARE_JOBS = 50
 """Jobs one metrics comparison reads."""
+MAX_METRIC_POINTS = 1_000_000
+"""Points one metrics query returns over all its series (its downsample times its series could be 20 million)."""

@@ -38,6 +38,23 @@ MAX_SERIES = 1000  # per request
 CSV_HEADER = ["job_id", "worker", "name", "step", "time", "value"]
 
 
+class PointBudget:
+    """The points one request may still return (limits.MAX_METRIC_POINTS over all its series): charged before a
+    series' points are read, so that no query builds more than that, whatever its downsample and series count."""
+
+    def __init__(self) -> None:
+        self.left = limits.MAX_METRIC_POINTS
+
+    def charge(self, series: MetricSeries, points: int) -> None:
+        if points > self.left:
+            raise InvalidInput(
+                f"{series.name}: over {limits.MAX_METRIC_POINTS} points in one request; ask for fewer series "
+                "(names, worker), a narrower step_min/step_max or a smaller downsample",
+                details={"field": "downsample"},
+            )
+        self.left -= points
+
+
 @dataclass
 class SeriesQuery:
     names: list[str] | None = None
@@ -90,9 +107,10 @@ class MetricsService:
     def query(self, principal: Principal, job_id: str, q: SeriesQuery) -> list[MetricSeriesData]:
         principal.require("jobs:read")
         _check(q)
+        budget = PointBudget()
         with self.db.read() as s:
             self.jobs.load(s, principal, job_id)
-            return [self._data(s, series, q) for series in self._series(s, job_id, q)]
+            return [self._data(s, series, q, budget) for series in self._series(s, job_id, q)]
 
     def compare(self, principal: Principal, job_ids: list[str], q: SeriesQuery) -> dict[str, list[MetricSeriesData]]:
         """The same series of several jobs. Every job is checked first: one the caller cannot see fails the
@@ -101,10 +119,11 @@ class MetricsService:
         _check(q)
         if not job_ids or len(job_ids) > limits.MAX_COMPARE_JOBS:
             raise InvalidInput(f"jobs: give 1 to {limits.MAX_COMPARE_JOBS} job ids", details={"field": "jobs"})
+        budget = PointBudget()
         with self.db.read() as s:
             for job_id in job_ids:
                 self.jobs.load(s, principal, job_id)
-            return {job_id: [self._data(s, x, q) for x in self._series(s, job_id, q)] for job_id in job_ids}
+            return {job_id: [self._data(s, x, q, budget) for x in self._series(s, job_id, q)] for job_id in job_ids}
 
     def summary(self, principal: Principal, job_id: str) -> list[MetricSeriesSummary]:
         principal.require("jobs:read")
@@ -150,7 +169,7 @@ class MetricsService:
 
     # -- one series -----------------------------------------------------------------------------------
 
-    def _data(self, s: Session, series: MetricSeries, q: SeriesQuery) -> MetricSeriesData:
+    def _data(self, s: Session, series: MetricSeries, q: SeriesQuery, budget: PointBudget) -> MetricSeriesData:
         by_step = series.axis == "step"
         ranged = q.step_min is not None or q.step_max is not None
         count = self._count(s, series, q) if ranged else series.count
@@ -160,6 +179,9 @@ class MetricsService:
                 f"{series.name}: {count} points; ask for at most {MAX_RAW} (downsample, or step_min/step_max)",
                 details={"field": "downsample"},
             )
+        # What the series will return at most: all its points in range, or the downsample (a long text series: every
+        # n-th point and its last).
+        budget.charge(series, count if want is None or count <= want else want + 1)
         if series.kind == "text" or want is None or count <= want:
             points = self._raw(s, series, q, want if series.kind == "text" else None)
         else:
