@@ -75,6 +75,9 @@ def run(
     name: Annotated[str | None, typer.Option(help="Display name.")] = None,
     cpus: Annotated[float | None, typer.Option(help="CPU cores to reserve.")] = None,
     memory: Annotated[str | None, typer.Option(help="Memory to reserve and enforce, e.g. 2G, 512Mi.")] = None,
+    disk: Annotated[
+        str | None, typer.Option(help="Disk the job may fill: work dir, outputs, checkpoints, home (e.g. 50G).")
+    ] = None,
     gpus: Annotated[int | None, typer.Option(help="Whole GPUs to reserve.")] = None,
     gpu_type: Annotated[str | None, typer.Option(help="Only GPUs of this model, e.g. H200.")] = None,
     priority: Annotated[
@@ -102,6 +105,7 @@ def run(
             name=name,
             cpus=cpus,
             memory=memory,
+            disk=disk,
             gpus=gpus,
             runtime=runtime,
             python=python,

@@ -34,6 +34,7 @@ class Overrides:
     name: str | None = None
     cpus: float | None = None
     memory: str | None = None
+    disk: str | None = None
     gpus: int | None = None
     runtime: str | None = None
     python: str | None = None
@@ -111,7 +112,13 @@ def apply_overrides(data: dict[str, Any], flags: Overrides) -> dict[str, Any]:
         data["command"] = command_from_args(flags.command)
     if flags.name is not None:
         data["name"] = flags.name
-    resources = {"cpus": flags.cpus, "memory": flags.memory, "gpus": flags.gpus, "gpu_type": flags.gpu_type}
+    resources = {
+        "cpus": flags.cpus,
+        "memory": flags.memory,
+        "disk": flags.disk,
+        "gpus": flags.gpus,
+        "gpu_type": flags.gpu_type,
+    }
     if any(v is not None for v in resources.values()):
         current = data.get("resources")
         if current is None:

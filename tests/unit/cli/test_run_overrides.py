@@ -29,3 +29,12 @@ def test_a_bad_priority_names_the_field(tmp_path: Path) -> None:
 def test_gpu_type_needs_gpus() -> None:
     with pytest.raises(SpecError, match="gpu_type"):
         build_spec(None, Overrides(command=["true"], gpu_type="H200"))
+
+
+def test_disk_flag_sets_the_jobs_disk_limit(tmp_path: Path) -> None:
+    spec_file = tmp_path / "kiln.yaml"
+    spec_file.write_text("command: python train.py\nresources: {memory: 1G, disk: 10G}\n")
+    spec = build_spec(spec_file, Overrides(disk="50G"))
+    assert (spec.resources.disk, spec.resources.memory) == (50 * 1024**3, 1024**3)
+    with pytest.raises(SpecError, match="disk"):
+        build_spec(None, Overrides(command=["true"], disk="lots"))
