@@ -205,11 +205,12 @@ def _reap(server: KilnServer, blocker: str, stop: threading.Event) -> None:
     client = server.client()
     while not stop.wait(0.5):
         try:
-            for job in client.list_jobs(states=["QUEUED"], limit=500):
-                if job.id != blocker:
-                    client.cancel(job.id)
-        except (KilnError, httpx.HTTPError):
-            pass
+            queued = client.request("GET", "/jobs", params={"state": ["QUEUED"], "limit": 500}).json()["items"]
+            for job in queued:
+                if job["id"] != blocker:
+                    client.request("POST", f"/jobs/{job['id']}/cancel")
+        except (KilnError, httpx.HTTPError, ValueError, KeyError):
+            continue  # the next round tries again
     client.close()
 
 
