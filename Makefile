@@ -73,8 +73,9 @@ lint: dev
 typecheck: dev
 	$(BIN)/mypy
 
+# Two workers (pytest-xdist), a test file at a time each: the suite is mostly waiting on real servers and jobs.
 test: dev services mount-tools sandbox-tools lint typecheck
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 unit: dev
 	$(BIN)/python -m pytest -q tests/unit
