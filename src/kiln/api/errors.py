@@ -61,6 +61,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if isinstance(exc.__cause__, KilnError):  # FastAPI turns an error while it reads a body into a 400
+            return JSONResponse(exc.__cause__.to_body(), status_code=exc.__cause__.status)
         code = _HTTP_CODES.get(exc.status_code, "http_error")
         headers = dict(exc.headers or {})
         if exc.status_code == 405:  # RFC 9110: a 405 says which methods the resource has

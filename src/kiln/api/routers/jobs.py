@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Annotated
 from urllib.parse import quote
 
@@ -16,6 +17,7 @@ from kiln.auth import signing
 from kiln.domain import limits
 from kiln.domain.schemas import ArtifactList, ArtifactRead, EventList, JobList, JobRead, JobSubmit
 from kiln.domain.states import JobState
+from kiln.errors import PayloadTooLarge
 from kiln.services.outputs import FileKind
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(403))
@@ -132,12 +134,26 @@ def list_checkpoints(job_id: JobId, caller: Caller, kiln: Kiln) -> ArtifactList:
     return ArtifactList(items=kiln.outputs.list_files(caller, job_id, "checkpoint"))
 
 
+async def at_most(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    """The chunks of a streamed body, and 413 once they pass ``limit`` bytes."""
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"a file is at most {limit} bytes")
+        yield chunk
+
+
 async def _put_file(
     job_id: str, kind: FileKind, path: str, request: Request, caller: Caller, kiln: Kiln
 ) -> ArtifactRead:
     signed = request.headers.get(signing.HEADER_CONTENT.lower())
     expected = signed if signed and signing.SHA256_HEX.fullmatch(signed) else None
-    return await kiln.outputs.upload_file(caller, job_id, kind, path, request.stream(), expected)
+    length = request.headers.get("content-length", "")
+    if length.isascii() and length.isdigit() and int(length) > limits.MAX_FILE_BYTES:
+        raise PayloadTooLarge(f"a file is at most {limits.MAX_FILE_BYTES} bytes, not {length}")
+    chunks = at_most(request.stream(), limits.MAX_FILE_BYTES)
+    return await kiln.outputs.upload_file(caller, job_id, kind, path, chunks, expected)
 
 
 @router.put(
