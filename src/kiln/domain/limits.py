@@ -55,6 +55,10 @@ MAX_DATASET_VERSION = 10**9
 """The highest dataset version number."""
 MAX_PATH_LENGTH = 1024
 """A file's path: in a dataset, an artifact or checkpoint, a job's input mount point or TensorBoard dir."""
+MAX_KEY_BYTES = 1024
+"""An object store key in UTF-8 (S3's limit)."""
+MAX_KEY_SEGMENT_BYTES = 255
+"""One '/'-separated part of a key in UTF-8 (a file name on a local store)."""
 MAX_TEXT_LENGTH = 4096
 """Short free text: a runtime's framework, version, Python path or image; a query's filter."""
 MAX_DESCRIPTION_LENGTH = 256

@@ -29,6 +29,7 @@ from typing import IO, Any, NamedTuple, TypeVar
 
 import fsspec
 
+from kiln.domain import limits
 from kiln.errors import BadRequest, DigestMismatch, KilnError, NotFound, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -97,10 +98,15 @@ def safe_key(*parts: str) -> str:
                 raise BadRequest(f"absolute paths are not allowed: {part!r}")
             if piece in (".", ".."):
                 raise BadRequest(f"'.' and '..' are not allowed in paths: {part!r}")
+            if len(piece.encode("utf-8", "surrogatepass")) > limits.MAX_KEY_SEGMENT_BYTES:
+                raise BadRequest(f"a path's parts are at most {limits.MAX_KEY_SEGMENT_BYTES} bytes: {piece[:60]!r}...")
             out.append(piece)
     if not out:
         raise BadRequest("empty path")
-    return "/".join(out)
+    key = "/".join(out)
+    if len(key.encode("utf-8", "surrogatepass")) > limits.MAX_KEY_BYTES:
+        raise BadRequest(f"a path is at most {limits.MAX_KEY_BYTES} bytes with its prefix: {key[:60]!r}...")
+    return key
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
