@@ -17,7 +17,7 @@ import psutil
 import pytest
 from sqlalchemy import update
 
-from kiln.db.models import DataUpload
+from kiln.db.models import DatasetFile, DataUpload
 from kiln.db.session import Database
 from kiln.domain import limits
 from kiln.errors import BadRequest, InvalidInput, KilnError, PayloadTooLarge
@@ -119,6 +119,22 @@ def test_a_job_asking_for_more_than_the_largest_quantities_is_refused(client: Cl
         error = refusal(client, "POST", "/jobs", {"spec": {"command": "true", "resources": resources}})
         assert isinstance(error, InvalidInput), error
         assert error.details[0]["field"] == field, error.details
+
+
+def test_a_version_stored_before_the_bounds_stays_readable(server: KilnServer, client: Client, tmp_path: Path) -> None:
+    """Reads build manifests from the stored rows without validating them again: a file recorded above today's
+    maximum (before it existed) is still listed, not a 500."""
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "f.bin").write_bytes(b"old data")
+    client.put_dataset(tmp_path / "tree", "legacy", state_dir=tmp_path / "state")
+    db = Database(server.env["KILN_DATABASE_URL"])
+    try:
+        with db.transaction() as s:
+            s.execute(update(DatasetFile).where(DatasetFile.path == "f.bin").values(size=limits.MAX_FILE_BYTES + 1))
+    finally:
+        db.dispose()
+    manifest = client.request("GET", "/datasets/legacy/versions/1").json()
+    assert [(f["path"], f["size"]) for f in manifest["items"]] == [("f.bin", limits.MAX_FILE_BYTES + 1)]
 
 
 def test_the_server_survived_every_refusal(server: KilnServer, client: Client) -> None:
