@@ -90,7 +90,7 @@ schema = schemathesis.openapi.from_dict(RAW_SCHEMA, config=CONFIG)
 
 # Generated cases per operation in the fuzzing phase (the coverage phase adds its own boundary cases), and the
 # stateful runs: sized so that the whole module takes a few minutes on two CPUs.
-FUZZ_EXAMPLES = 150
+FUZZ_EXAMPLES = 120
 STATEFUL_RUNS = 300
 STATEFUL_STEPS = 15
 STATEFUL_SECONDS = 75
