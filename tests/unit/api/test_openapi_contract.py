@@ -108,8 +108,11 @@ def test_the_platform_maxima_appear_in_the_schema() -> None:
     assert components["DatasetFileEntry"]["properties"]["size"]["maximum"] == limits.MAX_FILE_BYTES
     memory = components["Resources"]["properties"]["memory"]["anyOf"][0]
     assert memory["maximum"] == limits.MAX_RESOURCE_BYTES
-    number = next(p for p in SCHEMA["paths"]["/api/v1/uploads/{upload_id}/parts/{number}"]["put"]["parameters"])
-    assert number["name"] == "upload_id" or number["schema"].get("maximum") == limits.MAX_UPLOAD_PARTS
+    parameters = SCHEMA["paths"]["/api/v1/uploads/{upload_id}/parts/{number}"]["put"]["parameters"]
+    number = next(p for p in parameters if p["name"] == "number")
+    assert number["schema"]["maximum"] == limits.MAX_UPLOAD_PARTS
+    limit = next(p for p in SCHEMA["paths"]["/api/v1/jobs"]["get"]["parameters"] if p["name"] == "limit")
+    assert limit["schema"]["maximum"] == limits.MAX_PAGE_SIZE
 
 
 def test_the_maxima_keep_sums_inside_a_database_integer() -> None:
