@@ -83,9 +83,16 @@ def test_a_running_job_uses_its_own_token_and_nothing_else(make_server, tmp_path
     other = member.submit("echo the other job of the same org")
     foreign = bravo["member"].api.submit("echo another org's job")
     member.wait(other["id"])
-    out, release = tmp_path / "results.json", tmp_path / "release"
-    env = {"OTHER_JOB": other["id"], "FOREIGN_JOB": foreign["id"], "OUT_FILE": str(out), "RELEASE_FILE": str(release)}
+    # Both files in the job's own work dir: a sandboxed job sees nothing of the test's.
+    env = {
+        "OTHER_JOB": other["id"],
+        "FOREIGN_JOB": foreign["id"],
+        "OUT_FILE": "results.json",
+        "RELEASE_FILE": "release",
+    }
     job = member.submit([sys.executable, "-c", JOB_SCRIPT], env=env)
+    work = server.home / "jobs" / job["id"] / "work"
+    out, release = work / "results.json", work / "release"
     try:
         wait_for(out)
         data = json.loads(out.read_text())

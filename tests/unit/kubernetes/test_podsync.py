@@ -34,10 +34,10 @@ def _wait(check: Any, timeout: float = 30, what: str = "") -> None:
         time.sleep(0.1)
 
 
-def _holder(api: Api, tmp_path: Path, name: str) -> tuple[str, str]:
-    """A running job and its job token."""
-    token_file = tmp_path / f"{name}.token"
-    job = api.ok("POST", "/jobs", json_body={"spec": job_spec([sys.executable, "-c", HOLDER, str(token_file)])})
+def _holder(api: Api, server: KilnServer, name: str) -> tuple[str, str]:
+    """A running job and its job token (written into its own work dir: the job sees nothing else)."""
+    job = api.ok("POST", "/jobs", json_body={"spec": job_spec([sys.executable, "-c", HOLDER, f"{name}.token"])})
+    token_file = server.home / "jobs" / job["id"] / "work" / f"{name}.token"
     _wait(lambda: token_file.exists() and token_file.stat().st_size > 0, what=f"{name}'s token")
     return job["id"], token_file.read_text()
 
@@ -96,7 +96,7 @@ def _listing(api: Api, job_id: str, kind: str) -> dict[str, int]:
 def test_sidecar_syncs_checkpoints_then_outputs_and_the_entrypoint_waits(make_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     server: KilnServer = make_server()
     api = Api.admin(server)
-    job_id, token = _holder(api, tmp_path, "holder")
+    job_id, token = _holder(api, server, "holder")
     pod = tmp_path / "pod"
     pod.mkdir()
     env = _pod_env(pod, server.url, job_id, token, KILN_CHECKPOINT_SYNC_SECONDS="0.5")
@@ -152,7 +152,7 @@ def test_restore_then_only_new_checkpoints_are_sent(make_server, tmp_path: Path)
     sidecar sends only what the attempt writes itself."""
     server: KilnServer = make_server()
     api = Api.admin(server)
-    job_id, token = _holder(api, tmp_path, "holder")
+    job_id, token = _holder(api, server, "holder")
     stored = {"step-5.pt": b"five" * 1000, "nested/dir/meta.json": b'{"step": 5}'}
     for path, data in stored.items():
         sha = hashlib.sha256(data).hexdigest()
@@ -223,8 +223,8 @@ def test_members_other_than_worker_0_do_not_upload(tmp_path: Path) -> None:
 def test_checkpoint_routes_rules(make_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     server: KilnServer = make_server()
     api = Api.admin(server)
-    job_a, token_a = _holder(api, tmp_path, "a")
-    job_b, token_b = _holder(api, tmp_path, "b")
+    job_a, token_a = _holder(api, server, "a")
+    job_b, token_b = _holder(api, server, "b")
 
     def put(job: str, path: str, data: bytes, token: str, sha: str | None = None) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token}", "X-Kiln-Content-SHA256": sha or hashlib.sha256(data).hexdigest()}
@@ -271,7 +271,7 @@ def test_import_kiln_in_a_pod_posts_metrics_with_the_job_token(make_server, tmp_
     the job token (no spool directory in a pod). A Python that has a kiln package of its own keeps it."""
     server: KilnServer = make_server()
     api = Api.admin(server)
-    job_id, token = _holder(api, tmp_path, "holder")
+    job_id, token = _holder(api, server, "holder")
     pod = tmp_path / "pod"
     pod.mkdir()
     env = _pod_env(pod, server.url, job_id, token)
