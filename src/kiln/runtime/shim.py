@@ -32,7 +32,8 @@ most a few seconds, before ``exit.json`` is written.
 The ``Shim`` class, the launcher and the script entry point live here; the rest is split by responsibility into
 modules next to this one, standard library only as well: ``shimio.py`` (log lines, status and exit records,
 notifications, stop requests), ``proctree.py`` (the job's process tree: signalling, killing, reaping, memory) and
-``shimprep.py`` (runtime, code, input datasets and the metrics glue). Like ``extract.py`` they are loaded as
+``shimprep.py`` (runtime, code, input datasets and the metrics glue) and ``shimbox.py`` (the job's sandbox and
+the limits on what it holds: memory with its /dev/shm and /tmp, disk). Like ``extract.py`` they are loaded as
 ``kiln.runtime.<name>`` in the package, or as plain modules from this file's directory when the shim runs as a
 script; what other code imports from ``kiln.runtime.shim`` is re-exported here.
 """
@@ -51,13 +52,14 @@ import time
 from typing import Any
 
 if __package__:
-    from kiln.runtime import proctree, sandbox, shimio, shimprep
+    from kiln.runtime import proctree, sandbox, shimbox, shimio, shimprep
 else:  # run as a script with -I: its own directory is not on sys.path
     _here = os.path.dirname(os.path.abspath(__file__))
     if _here not in sys.path:
         sys.path.append(_here)
     import proctree  # type: ignore[no-redef]
     import sandbox  # type: ignore[no-redef]
+    import shimbox  # type: ignore[no-redef]
     import shimio  # type: ignore[no-redef]
     import shimprep  # type: ignore[no-redef]
 
@@ -82,7 +84,7 @@ POLL_SECONDS = 0.25
 DISK_POLL_SECONDS = 2.0  # at least; a scan that takes long is spaced out further (see pump)
 
 
-class Shim(shimprep.Preparation):
+class Shim(shimprep.Preparation, shimbox.SandboxLimits):
     def __init__(self, attempt_dir: str) -> None:
         self.dir = attempt_dir
         with open(os.path.join(attempt_dir, "shim.json")) as fh:
@@ -343,74 +345,6 @@ class Shim(shimprep.Preparation):
             self.sel = None
             self.pipes = {}
         return reason
-
-    # -- limits ---------------------------------------------------------------------------------------
-
-    def memory_exceeded(self, limit: int) -> bool:
-        """The job's processes' memory plus what it keeps in its /dev/shm and /tmp (a tmpfs) above ``limit``."""
-        rss = sum(proctree.unshared_rss_bytes(p) for p in self.tree())
-        held = sandbox.tmpfs_used(self.box["scratch"]) if self.scratch_tmpfs and self.box else 0
-        if rss + held <= limit:
-            return False
-        self.limit_note = f"{sandbox.human(rss + held)} in use > limit {sandbox.human(limit)}"
-        if held:
-            self.limit_note += f" ({sandbox.human(held)} of it in /dev/shm and /tmp)"
-        return True
-
-    def disk_exceeded(self, limit: int, reached: bool = False) -> bool:
-        """The job's files above ``limit`` (``reached``: at it, as after a write refused with EFBIG)."""
-        paths = list(self.cfg.get("disk_paths") or [self.cfg["work_dir"]])
-        if self.box and not self.scratch_tmpfs:
-            paths.append(self.box["scratch"])
-        used = sandbox.disk_used(paths)
-        if used < limit or (used == limit and not reached):
-            return False
-        self.limit_note = (
-            f"{sandbox.human(used)} in the job's work dir, outputs, checkpoints and home > limit {sandbox.human(limit)}"
-        )
-        return True
-
-    def limit_after_exit(self, code: int) -> str:
-        """The reason of a step that failed at a limit it hit between two checks: a full /dev/shm (a tmpfs of
-        the memory limit's size) or a file beyond the disk limit (SIGXFSZ)."""
-        limit = self.cfg.get("memory_limit")
-        if limit and self.scratch_tmpfs and self.box:
-            held = sandbox.tmpfs_used(self.box["scratch"])
-            if held >= limit * 0.95:
-                self.limit_note = f"/dev/shm and /tmp hold {sandbox.human(held)}, the memory limit"
-                self.say(f"memory limit exceeded: {self.limit_note}")
-                return "OOMKilled"
-        disk_limit = self.cfg.get("disk_limit")
-        if disk_limit and (code == sandbox.SIGXFSZ_EXIT or self.disk_exceeded(disk_limit, reached=True)):
-            if code == sandbox.SIGXFSZ_EXIT:
-                self.limit_note = f"a file grew beyond the disk limit of {sandbox.human(disk_limit)}"
-            self.say(f"disk limit exceeded: {self.limit_note}")
-            return "DiskLimitExceeded"
-        return ""
-
-    def setup_sandbox(self) -> None:
-        """The member's scratch (its /dev/shm and /tmp): a tmpfs of the memory limit's size where it can be."""
-        if not self.box:
-            return
-        scratch = self.box["scratch"]
-        self.scratch_tmpfs = sandbox.mount_scratch(scratch, self.box.get("scratch_bytes") or None)
-        shm = os.path.join(scratch, "shm")
-        os.makedirs(shm, exist_ok=True)
-        os.chmod(shm, 0o1777)
-
-    def give_work_dir(self) -> None:
-        """The code extracted (and inputs placed) by the shim belong to the job's uid: it may change them."""
-        if self.box and self.box.get("uid") is not None:
-            sandbox.chown_tree(self.cfg["work_dir"], self.box["uid"], self.box["gid"])
-
-    def teardown_sandbox(self) -> None:
-        if not self.box:
-            return
-        import shutil
-
-        scratch = self.box["scratch"]
-        sandbox.unmount_scratch(scratch)
-        shutil.rmtree(scratch, ignore_errors=True)
 
     # -- main -----------------------------------------------------------------------------------------
 

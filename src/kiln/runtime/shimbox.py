@@ -1,0 +1,95 @@
+"""The shim's side of the job's sandbox: setting up and removing the member's scratch (its /dev/shm and /tmp),
+giving the job's uid its work dir, and the limits on what the job holds (memory, with what it keeps in tmpfs; disk).
+
+Standard library only, like the shim that loads it (as ``kiln.runtime.shimbox`` in the package, or as a plain
+module from this file's directory when the shim runs as a script). ``SandboxLimits`` is a mixin of ``Shim``; the
+command line and the measuring are in ``sandbox.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+if __package__:
+    from kiln.runtime import proctree, sandbox
+else:  # loaded by the shim run as a script: its directory is on sys.path
+    import proctree  # type: ignore[no-redef]
+    import sandbox  # type: ignore[no-redef]
+
+
+class SandboxLimits:
+    """The shim's methods for the sandbox and the limits (a mixin of ``Shim``)."""
+
+    cfg: dict
+    box: dict | None
+    scratch_tmpfs: bool
+    limit_note: str
+    tree: Callable[[], list[int]]
+    say: Callable[[str], None]
+
+    def memory_exceeded(self, limit: int) -> bool:
+        """The job's processes' memory plus what it keeps in its /dev/shm and /tmp (a tmpfs) above ``limit``."""
+        rss = sum(proctree.unshared_rss_bytes(p) for p in self.tree())
+        held = sandbox.tmpfs_used(self.box["scratch"]) if self.scratch_tmpfs and self.box else 0
+        if rss + held <= limit:
+            return False
+        self.limit_note = f"{sandbox.human(rss + held)} in use > limit {sandbox.human(limit)}"
+        if held:
+            self.limit_note += f" ({sandbox.human(held)} of it in /dev/shm and /tmp)"
+        return True
+
+    def disk_exceeded(self, limit: int, reached: bool = False) -> bool:
+        """The job's files above ``limit`` (``reached``: at it, as after a write refused with EFBIG)."""
+        paths = list(self.cfg.get("disk_paths") or [self.cfg["work_dir"]])
+        if self.box and not self.scratch_tmpfs:
+            paths.append(self.box["scratch"])
+        used = sandbox.disk_used(paths)
+        if used < limit or (used == limit and not reached):
+            return False
+        self.limit_note = (
+            f"{sandbox.human(used)} in the job's work dir, outputs, checkpoints and home > limit {sandbox.human(limit)}"
+        )
+        return True
+
+    def limit_after_exit(self, code: int) -> str:
+        """The reason of a step that failed at a limit it hit between two checks: a full /dev/shm (a tmpfs of
+        the memory limit's size) or a file beyond the disk limit (SIGXFSZ)."""
+        limit = self.cfg.get("memory_limit")
+        if limit and self.scratch_tmpfs and self.box:
+            held = sandbox.tmpfs_used(self.box["scratch"])
+            if held >= limit * 0.95:
+                self.limit_note = f"/dev/shm and /tmp hold {sandbox.human(held)}, the memory limit"
+                self.say(f"memory limit exceeded: {self.limit_note}")
+                return "OOMKilled"
+        disk_limit = self.cfg.get("disk_limit")
+        if disk_limit and (code == sandbox.SIGXFSZ_EXIT or self.disk_exceeded(disk_limit, reached=True)):
+            if code == sandbox.SIGXFSZ_EXIT:
+                self.limit_note = f"a file grew beyond the disk limit of {sandbox.human(disk_limit)}"
+            self.say(f"disk limit exceeded: {self.limit_note}")
+            return "DiskLimitExceeded"
+        return ""
+
+    def setup_sandbox(self) -> None:
+        """The member's scratch (its /dev/shm and /tmp): a tmpfs of the memory limit's size where it can be."""
+        if not self.box:
+            return
+        scratch = self.box["scratch"]
+        self.scratch_tmpfs = sandbox.mount_scratch(scratch, self.box.get("scratch_bytes") or None)
+        shm = os.path.join(scratch, "shm")
+        os.makedirs(shm, exist_ok=True)
+        os.chmod(shm, 0o1777)
+
+    def give_work_dir(self) -> None:
+        """The code extracted (and inputs placed) by the shim belong to the job's uid: it may change them."""
+        if self.box and self.box.get("uid") is not None:
+            sandbox.chown_tree(self.cfg["work_dir"], self.box["uid"], self.box["gid"])
+
+    def teardown_sandbox(self) -> None:
+        if not self.box:
+            return
+        import shutil
+
+        scratch = self.box["scratch"]
+        sandbox.unmount_scratch(scratch)
+        shutil.rmtree(scratch, ignore_errors=True)
