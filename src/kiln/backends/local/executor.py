@@ -24,15 +24,13 @@ import json
 import logging
 import os
 import select
-import shutil
 import signal
 import socket
-import stat as stat_module
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,6 +38,7 @@ from typing import Any
 import psutil
 
 from kiln.backends.base import AttemptStatus, Backend, Inventory, Launch, Phase
+from kiln.backends.local import jobfiles
 from kiln.backends.local.attemptdir import gang_layout, member_dirs, read_json, write_json_atomic
 from kiln.backends.local.gang import MemberStatus, aggregate
 from kiln.backends.local.inventory import local_inventory
@@ -54,32 +53,12 @@ from kiln.runtime import sandbox as runtime_sandbox
 from kiln.runtime import shim as shim_module
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
-from kiln.storage.store import ObjectStore, safe_key
+from kiln.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
 SHIM_PATH = Path(shim_module.__file__).resolve()
 MAX_UNIX_SOCKET_PATH = 100
-
-
-def _files_beneath(root: Path) -> Iterator[tuple[str, int]]:
-    """(path relative to ``root``, an open read-only fd) of every regular file under ``root``, sorted, found
-    and opened without following a link at any level: the job owns the directory (and may still be running,
-    for a checkpoint sync), so it could swap any part of a path for a link to files the server must not copy
-    into its store. The caller closes each fd."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    for dirpath, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
-        dirnames.sort()
-        base = Path(dirpath).relative_to(root)
-        for name in sorted(filenames):
-            try:
-                fd = os.open(name, flags, dir_fd=dirfd)
-            except OSError:
-                continue  # a link, or gone
-            if not stat_module.S_ISREG(os.fstat(fd).st_mode):
-                os.close(fd)
-                continue
-            yield (base / name).as_posix(), fd
 
 
 def _ts(value: float | None) -> datetime | None:
@@ -558,71 +537,16 @@ class LocalBackend(Backend):
                 pass
 
     def sync_checkpoints(self, job_id: str, dest_prefix: str) -> tuple[int, int]:
-        """Incremental: a file is copied again only when its size or mtime changed (write checkpoints to a
-        temporary name and rename them, so a copy never catches one half-written)."""
-        job_dir = self.job_dir(job_id)
-        source = job_dir / "checkpoints"
-        if not source.is_dir():
-            return 0, 0
-        state_path = job_dir / "checkpoints.synced.json"
-        synced: dict[str, Any] = read_json(state_path) or {}
-        files = copied = 0
-        for rel, fd in _files_beneath(source):
-            with os.fdopen(fd, "rb") as fh:
-                stat = os.fstat(fh.fileno())
-                signature = [stat.st_size, stat.st_mtime_ns]
-                if synced.get(rel) == signature:
-                    continue
-                self.store.put_file(Path(f"/proc/self/fd/{fh.fileno()}"), f"{dest_prefix}/{safe_key(rel)}")
-            synced[rel] = signature
-            files += 1
-            copied += stat.st_size
-        if files:
-            write_json_atomic(state_path, synced)
-        return files, copied
+        return jobfiles.sync_checkpoints(self.store, self.job_dir(job_id), dest_prefix)
 
     def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
-        outputs = self.job_dir(handle["job_id"]) / "outputs"
-        if not outputs.exists():
-            return 0, 0
-        count = size = 0
-        for rel, fd in _files_beneath(outputs):
-            with os.fdopen(fd, "rb") as fh:
-                self.store.put_file(Path(f"/proc/self/fd/{fh.fileno()}"), f"{dest_prefix}/{rel}")
-                count += 1
-                size += os.fstat(fh.fileno()).st_size
-        return count, size
-
-    # Freed when the job ends; metrics/ stays until the ingester has read it (small, and part of the disk limit),
-    # attempts/ holds the small records of how each attempt ended.
-    RELEASED_DIRS = ("work", "outputs", "checkpoints", "site", "home", "tensorboard", "code.tar.gz")
+        return jobfiles.copy_tree(self.store, self.job_dir(handle["job_id"]) / "outputs", dest_prefix)
 
     def release(self, job_id: str, keep: bool) -> None:
-        job_dir = self.job_dir(job_id)
-        if not job_dir.is_dir():
-            return
-        if keep and self.settings.work_retention_seconds > 0:
-            until = time.time() + self.settings.work_retention_seconds
-            write_json_atomic(job_dir / "release.json", {"keep_until": until})
-            log.info("job %s failed: its work dir is kept for %gs (%s)", job_id, until - time.time(), job_dir)
-            return
-        self._free(job_dir)
+        jobfiles.release(self.job_dir(job_id), self.settings.work_retention_seconds if keep else 0)
 
     def sweep(self) -> None:
-        now = time.time()
-        for marker in self.jobs_dir.glob("*/release.json"):
-            info = read_json(marker) or {}
-            if float(info.get("keep_until") or 0) <= now:
-                self._free(marker.parent)
-
-    def _free(self, job_dir: Path) -> None:
-        for name in self.RELEASED_DIRS:
-            path = job_dir / name
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-        (job_dir / "release.json").unlink(missing_ok=True)
+        jobfiles.sweep(self.jobs_dir)
 
     def cleanup(self, handle: dict[str, Any]) -> None:
         """Kill whatever is left of an attempt's sessions (a shim that died leaves its job orphaned), and unmount

@@ -1,0 +1,113 @@
+"""What the local executor does with a job's files once the job wrote them: checkpoints and outputs copied into
+the store, and the job's directory freed when it ends.
+
+Everything here reads directories the job owns, as the server: each file is found and opened without following a
+link at any level (``os.fwalk``, ``O_NOFOLLOW``), since the job — still running, for a checkpoint sync — could
+swap any part of a path for a link to files the server must not copy into its store.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kiln.backends.local.attemptdir import read_json, write_json_atomic
+from kiln.storage.store import ObjectStore, safe_key
+
+log = logging.getLogger(__name__)
+
+# Freed when the job ends; metrics/ stays until the ingester has read it (small, and part of the disk limit),
+# attempts/ holds the small records of how each attempt ended.
+RELEASED = ("work", "outputs", "checkpoints", "site", "home", "tensorboard", "code.tar.gz")
+RELEASE_MARKER = "release.json"
+
+
+def files_beneath(root: Path) -> Iterator[tuple[str, int]]:
+    """(path relative to ``root``, an open read-only fd) of every regular file under ``root``, sorted; the caller
+    closes each fd."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    for dirpath, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
+        dirnames.sort()
+        base = Path(dirpath).relative_to(root)
+        for name in sorted(filenames):
+            try:
+                fd = os.open(name, flags, dir_fd=dirfd)
+            except OSError:
+                continue  # a link, or gone
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                continue
+            yield (base / name).as_posix(), fd
+
+
+def copy_tree(store: ObjectStore, root: Path, dest_prefix: str) -> tuple[int, int]:
+    """Every regular file under ``root`` into the store under ``dest_prefix``; (files, bytes)."""
+    if not root.is_dir():
+        return 0, 0
+    count = size = 0
+    for rel, fd in files_beneath(root):
+        with os.fdopen(fd, "rb") as fh:
+            store.put_file(Path(f"/proc/self/fd/{fh.fileno()}"), f"{dest_prefix}/{rel}")
+            count += 1
+            size += os.fstat(fh.fileno()).st_size
+    return count, size
+
+
+def sync_checkpoints(store: ObjectStore, job_dir: Path, dest_prefix: str) -> tuple[int, int]:
+    """Incremental: a file is copied again only when its size or mtime changed (write checkpoints to a temporary
+    name and rename them, so a copy never catches one half-written). Returns (files, bytes) copied."""
+    source = job_dir / "checkpoints"
+    if not source.is_dir():
+        return 0, 0
+    state_path = job_dir / "checkpoints.synced.json"
+    synced: dict[str, Any] = read_json(state_path) or {}
+    files = copied = 0
+    for rel, fd in files_beneath(source):
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            signature = [st.st_size, st.st_mtime_ns]
+            if synced.get(rel) == signature:
+                continue
+            store.put_file(Path(f"/proc/self/fd/{fh.fileno()}"), f"{dest_prefix}/{safe_key(rel)}")
+        synced[rel] = signature
+        files += 1
+        copied += st.st_size
+    if files:
+        write_json_atomic(state_path, synced)
+    return files, copied
+
+
+def release(job_dir: Path, keep_seconds: float) -> None:
+    """The job ended: free its files now, or (``keep_seconds``: it failed) mark them to go after that long."""
+    if not job_dir.is_dir():
+        return
+    if keep_seconds > 0:
+        write_json_atomic(job_dir / RELEASE_MARKER, {"keep_until": time.time() + keep_seconds})
+        log.info("job %s failed: its work dir is kept for %gs (%s)", job_dir.name, keep_seconds, job_dir)
+        return
+    free(job_dir)
+
+
+def sweep(jobs_dir: Path) -> None:
+    """Free the kept files whose time is up."""
+    now = time.time()
+    for marker in jobs_dir.glob(f"*/{RELEASE_MARKER}"):
+        info = read_json(marker) or {}
+        if float(info.get("keep_until") or 0) <= now:
+            free(marker.parent)
+
+
+def free(job_dir: Path) -> None:
+    for name in RELEASED:
+        path = job_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    (job_dir / RELEASE_MARKER).unlink(missing_ok=True)
