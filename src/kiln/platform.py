@@ -24,7 +24,7 @@ from kiln.services.audit import AuditService
 from kiln.services.blobs import BlobService
 from kiln.services.checkpoints import CheckpointSync
 from kiln.services.datasets import DatasetService
-from kiln.services.identity import Credentials, IdentityService, announce_offline_actions
+from kiln.services.identity import Credentials, IdentityService
 from kiln.services.inputs import dataset_pinner, input_resolver
 from kiln.services.jobs import JobService
 from kiln.services.log_metrics import LogMetrics
@@ -32,6 +32,7 @@ from kiln.services.metrics import MetricsService
 from kiln.services.metrics_ingest import MetricsIngester, MetricsStore
 from kiln.services.outputs import OutputService
 from kiln.services.quotas import QuotaService
+from kiln.services.recovery import announce_offline_actions
 from kiln.services.runtimes import RuntimeService
 from kiln.services.scheduling import SchedulingService
 from kiln.settings import Settings

@@ -28,7 +28,8 @@ from kiln.errors import Conflict, KilnError, Unauthenticated
 from kiln.sdk.client import Client
 from kiln.sdk.config import read_config_file
 from kiln.services.accounts import AccountService
-from kiln.services.identity import IdentityService, Principal, announce_offline_actions, recover_platform_admin
+from kiln.services.identity import IdentityService, Principal
+from kiln.services.recovery import announce_offline_actions, recover_platform_admin
 from kiln.settings import Settings
 from tests.kilnserver import KilnServer, free_port
 

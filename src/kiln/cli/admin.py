@@ -69,7 +69,7 @@ def recover_key(
     from kiln.db import migrate
     from kiln.db.session import Database
     from kiln.sdk.config import write_config_file
-    from kiln.services.identity import recover_platform_admin
+    from kiln.services.recovery import recover_platform_admin
     from kiln.settings import Settings
 
     expires_at = None

@@ -5,7 +5,7 @@ answers 404 exactly like something that does not exist. Permissions come from ki
 
 Nothing here may remove the last way in: disabling or deleting the last working platform-admin key, or disabling
 the last platform admin who has one, answers 409 (see ``lock_platform_admins``). Platform admins are made only
-by the first start and, offline, by ``kiln admin recover-key`` (kiln.services.identity.recover_platform_admin).
+by the first start and, offline, by ``kiln admin recover-key`` (kiln.services.recovery.recover_platform_admin).
 """
 
 from __future__ import annotations
