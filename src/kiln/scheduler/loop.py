@@ -22,7 +22,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -36,6 +35,7 @@ from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState, Reason
 from kiln.errors import InvalidInput
 from kiln.scheduler.inputs import allocation_of, gather, redact
+from kiln.scheduler.passes import Plan, Seen
 from kiln.scheduler.policy import Decision
 from kiln.scheduler.starter import Starter
 from kiln.services.blobs import blob_key
@@ -81,45 +81,6 @@ def outputs_prefix(org_id: str, job_id: str) -> str:
 
 def checkpoints_prefix(org_id: str, job_id: str) -> str:
     return f"orgs/{org_id}/jobs/{job_id}/checkpoints"
-
-
-@dataclass
-class Seen:
-    """What observing one attempt found, through the backend alone; the pass's transaction writes it."""
-
-    job: Job  # the row as read before the backend was asked
-    handle: dict[str, Any]
-    handle_changed: bool = False  # a cancel or a preemption notice was sent: the handle records it
-    status: AttemptStatus | None = None  # None: nothing to write (still starting, or running as recorded)
-    copied: int = 0
-    copied_bytes: int = 0
-    copy_error: str = ""
-    notes: list[str] = field(default_factory=list)  # lines for the job's log, once committed
-    keep_files: bool | None = None  # the job ended: free its local files (False), or keep them a while (True)
-
-    @property
-    def ended(self) -> bool:
-        return self.status is not None and self.status.phase in (Phase.EXITED, Phase.LOST)
-
-    @property
-    def writes(self) -> bool:
-        return self.handle_changed or self.status is not None
-
-
-@dataclass
-class Plan:
-    """What the scheduling half of a pass writes, decided on a snapshot read before the pass's transaction."""
-
-    unschedulable: dict[str, str] = field(default_factory=dict)  # job id → why it can never run
-    preemptions: dict[str, str] = field(default_factory=dict)  # victim → why
-    waiting: dict[str, str] = field(default_factory=dict)  # job id → its changed wait message
-    rows: dict[str, Any] = field(default_factory=dict)  # the snapshot's queue rows, by id
-    starts: list[tuple[Any, tuple[Slot, ...]]] = field(default_factory=list)  # placements this pass starts
-    names: dict[str, str] = field(default_factory=dict)  # org id → name
-
-    @property
-    def writes(self) -> bool:
-        return bool(self.unschedulable or self.preemptions or self.waiting or self.starts)
 
 
 class Reconciler:
