@@ -504,6 +504,7 @@ def launcher() -> int:
     import shutil  # noqa: F401
     import tarfile  # noqa: F401
 
+    sandbox._libc()  # the C library for the scratch tmpfs's mount(2), loaded once for every forked shim
     try:  # the metrics threads' modules (a shim imports them only when its attempt collects metrics)
         import threading  # noqa: F401
 
