@@ -47,6 +47,7 @@ from kiln.api.app import create_app
 from kiln.api.auth import STREAMED_UPLOAD
 from kiln.auth import signing
 from kiln.errors import KilnError
+from tests.integration.conftest import pytest_collection_modifyitems
 from tests.kilnserver import KilnServer
 
 RAW_SCHEMA = create_app().openapi()
@@ -86,6 +87,7 @@ CONFIG = schemathesis.Config.from_dict(
         ],
     }
 )
+# One test per operation (tests/integration/conftest.py gives each its own node id under pytest 9).
 schema = schemathesis.openapi.from_dict(RAW_SCHEMA, config=CONFIG)
 
 # Generated cases per operation in the fuzzing phase (the coverage phase adds its own boundary cases), and the
@@ -215,6 +217,12 @@ def _reap(server: KilnServer, blocker: str, stop: threading.Event) -> None:
 
 
 @pytest.fixture(scope="module")
+def api_schema(target: Target) -> schemathesis.BaseSchema:
+    """The schema the server serves, as schemathesis loads it."""
+    return schemathesis.openapi.from_url(target.url + "/api/v1/openapi.json", config=CONFIG)
+
+
+@pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     home = tmp_path_factory.mktemp("schema") / "home"
     server = KilnServer(
@@ -277,17 +285,32 @@ def test_every_operation_conforms(case: schemathesis.Case, target: Target) -> No
     _call(target, case)
 
 
+def test_every_operation_has_a_test_of_its_own(request: pytest.FixtureRequest) -> None:
+    """Each operation's test has its own node id: pytest-xdist schedules by node id, and with one id for all of
+    them (what schemathesis 4.32 gives under pytest 9) it ran one operation's test instead of all of them."""
+    module = request.node.parent
+    assert isinstance(module, pytest.Module)
+    (collector,) = [c for c in module.collect() if c.name == "test_every_operation_conforms"]
+    assert isinstance(collector, pytest.Collector)
+    items = [item for item in collector.collect() if isinstance(item, pytest.Item)]
+    pytest_collection_modifyitems(items)  # what the collection of the whole session does
+    ids = [item.nodeid for item in items]
+    operations = sum(len(item) for item in RAW_SCHEMA["paths"].values())
+    assert len(ids) == len(set(ids)) == operations, ids[:3]
+    assert "tests/integration/test_api_schema.py::test_every_operation_conforms[GET /api/v1/jobs]" in ids
+
+
 def test_the_served_schema_is_the_one_tested(target: Target) -> None:
     served = httpx.get(target.url + "/api/v1/openapi.json", timeout=10).json()
     assert json.dumps(served, sort_keys=True) == json.dumps(RAW_SCHEMA, sort_keys=True)
 
 
-def test_linked_operations_conform(target: Target) -> None:
+def test_linked_operations_conform(target: Target, api_schema: schemathesis.BaseSchema) -> None:
     """Sequences of calls along the links between operations (and the links schemathesis infers)."""
     found: list[str] = []
     completed = 0
 
-    class Workflow(schema.as_state_machine()):  # type: ignore[misc]
+    class Workflow(api_schema.as_state_machine()):  # type: ignore[misc]
         def before_call(self, case: schemathesis.Case) -> None:
             target.guard.apply(case)
 
