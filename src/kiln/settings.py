@@ -16,6 +16,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from kiln.domain import limits
+
 
 def _default_home() -> Path:
     return Path.home() / ".kiln"
@@ -59,6 +61,7 @@ class Settings(BaseSettings):
     dataset_part_bytes: int = Field(
         32 * 1024**2,
         ge=5 * 1024**2,
+        le=limits.MAX_PART_BYTES,
         description="Part size of dataset uploads straight to S3 (parts through the API are at most 16 MiB).",
     )
     dataset_small_blob_bytes: int = Field(
@@ -68,7 +71,9 @@ class Settings(BaseSettings):
         description="Dataset files smaller than this are sent many to a request through the API (which checks "
         "their SHA-256 and writes them to the store) instead of one upload session each; 0: never.",
     )
-    dataset_max_files: int = Field(200_000, ge=1, description="Most files one dataset version may hold.")
+    dataset_max_files: int = Field(
+        200_000, ge=1, le=limits.MAX_MANIFEST_FILES, description="Most files one dataset version may hold."
+    )
     server_key: str | None = Field(
         None, description="Fernet key encrypting secrets at rest. Default: generated in $KILN_HOME/server.key."
     )
@@ -94,7 +99,9 @@ class Settings(BaseSettings):
     worker_threads: int = Field(8, ge=1, description="Threads that run blocking request work (database calls).")
 
     # Uploads
-    max_blob_bytes: int = Field(512 * 1024**2, description="Largest code bundle accepted by PUT /blobs (413).")
+    max_blob_bytes: int = Field(
+        512 * 1024**2, gt=0, le=limits.MAX_FILE_BYTES, description="Largest code bundle accepted by PUT /blobs (413)."
+    )
     max_archive_members: int = Field(100_000, description="Most files a code bundle may hold.")
     max_archive_unpacked_bytes: int = Field(4 * 1024**3, description="Largest total unpacked size of a code bundle.")
 
