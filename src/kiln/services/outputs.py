@@ -32,6 +32,11 @@ FileKind = Literal["artifact", "checkpoint"]
 PREFIXES = {"artifact": outputs_prefix, "checkpoint": checkpoints_prefix}
 
 
+# While a file streams in, the storage quota is checked every this many bytes: a body over the quota is cut
+# short instead of filling the server's disk first.
+QUOTA_CHECK_BYTES = 64 * 1024**2
+
+
 class OutputService:
     def __init__(
         self, jobs: JobService, logs: LogStore, store: ObjectStore, tmp_dir: Path, quotas: QuotaService | None = None
@@ -86,11 +91,15 @@ class OutputService:
         try:
             size = 0
             digest = hashlib.sha256()
+            next_check = QUOTA_CHECK_BYTES
             with os.fdopen(fd, "wb") as fh:
                 async for chunk in chunks:
                     size += len(chunk)
                     digest.update(chunk)
                     fh.write(chunk)
+                    if size >= next_check:  # over the storage quota: stop reading now, not at the end
+                        await run_in_threadpool(self._check_quota, principal, size)
+                        next_check += QUOTA_CHECK_BYTES
             if expected_sha256 is not None and digest.hexdigest() != expected_sha256:
                 raise DigestMismatch(f"content hash is {digest.hexdigest()}, not {expected_sha256} as signed")
             await run_in_threadpool(self._store_file, principal, tmp, key, size)
@@ -98,10 +107,13 @@ class OutputService:
             tmp.unlink(missing_ok=True)
         return ArtifactRead(path=safe_key(path), size=size)
 
-    def _store_file(self, principal: Principal, tmp: Path, key: str, size: int) -> None:
+    def _check_quota(self, principal: Principal, size: int) -> None:
         if self.quotas is not None:
             with self.quotas.db.transaction() as s:
                 self.quotas.check_storage(s, principal.org_id, principal.org_name, size)
+
+    def _store_file(self, principal: Principal, tmp: Path, key: str, size: int) -> None:
+        self._check_quota(principal, size)
         self.store.put_file(tmp, key)
 
     def append_log(self, principal: Principal, job_id: str, body: bytes) -> int:
