@@ -83,7 +83,18 @@ CONFIG = schemathesis.Config.from_dict(
                 # it from every created job, then takes the 404 for a created resource gone missing.
                 "include-operation-id": "get_code",
                 "checks": {"ensure_resource_availability": {"enabled": False}},
-            }
+            },
+            {
+                # POST /datasets makes a draft, not a dataset: until it is committed its name answers 404 on the
+                # dataset routes, and schemathesis infers links from the draft's name to them all the same (a
+                # flake found by CI: DELETE /datasets/{name} right after the draft was created).
+                "include-operation-id": "remove_dataset",
+                "checks": {"ensure_resource_availability": {"enabled": False}},
+            },
+            {
+                "include-operation-id": "dataset_versions",
+                "checks": {"ensure_resource_availability": {"enabled": False}},
+            },
         ],
     }
 )
