@@ -144,7 +144,7 @@ class Settings(BaseSettings):
     job_disk_default: int = Field(
         20 * 1024**3,
         gt=0,
-        description="Disk a job may use in its work dir, /tmp, outputs, checkpoints and site packages when its "
+        description="Disk a job may use in its work dir, outputs, checkpoints, site packages and home when its "
         "spec sets no resources.disk (bytes, or a quantity such as 20G).",
     )
     work_retention_seconds: float = Field(

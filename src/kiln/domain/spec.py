@@ -115,8 +115,9 @@ class Resources(_Strict):
         None,
         gt=0,
         le=limits.MAX_RESOURCE_BYTES,
-        description="Most bytes the job's work dir (its /tmp included) may hold, e.g. 20G (at most 1 PiB); bytes in "
-        "responses. None: the platform's default (KILN_JOB_DISK_DEFAULT).",
+        description="Most bytes the job's work dir, outputs, checkpoints, site packages and home may hold, e.g. "
+        "20G (at most 1 PiB; its /tmp counts as memory); bytes in responses. None: the platform's default "
+        "(KILN_JOB_DISK_DEFAULT).",
         strict=True,
     )
     gpus: int = Field(
