@@ -1,10 +1,21 @@
-"""The credentials file format shared by ``admin.env`` and ``~/.kiln/config``: shell-sourceable
-``KEY=VALUE`` lines, readable by the owner only."""
+"""The client's state directory, and the credentials file format shared by ``admin.env`` and the client's
+``config``: shell-sourceable ``KEY=VALUE`` lines, readable by the owner only."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+
+def client_dir() -> Path:
+    """Where the CLI and SDK keep their state (``config`` from ``kiln login``, ``hashes.sqlite``, ``uploads/``):
+    ``$KILN_CLIENT_DIR``, else ``$KILN_HOME`` (one directory for a server and its client on one machine), else
+    ``~/.kiln``."""
+    for var in ("KILN_CLIENT_DIR", "KILN_HOME"):
+        value = os.environ.get(var, "").strip()
+        if value:
+            return Path(value).expanduser()
+    return Path.home() / ".kiln"
 
 
 def read_config_file(path: Path) -> dict[str, str]:
