@@ -108,7 +108,7 @@ def test_org_admins_manage_their_org_and_roles_quotas_keys_and_audit_apply(make_
     assert (train["limits"]["gpus"], train["limits"]["memory"], train["limits"]["cpus"]) == (2, 64 * 1024**3, None)
     table = rows(ok(kiln(bob, "quota")).stdout)
     assert ["train", "memory"] in [row[:2] for row in table]
-    assert next(row for row in table if row[:2] == ["train", "memory"])[-1] == "64Gi"
+    assert next(row for row in table if row[:2] == ["train", "memory"])[-2:] == ["64", "GiB"]
     assert next(row for row in table if row[:2] == ["train", "gpus"])[-1] == "2"
     assert next(row for row in table if row[:2] == ["train", "cpus"])[-1] == "unlimited"
     refused(kiln(bob, "quota", "set", "acme", "--gpus", "8"), "forbidden")

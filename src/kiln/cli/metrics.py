@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kiln.cli.common import EXIT_INTERRUPTED, connect, emit_json, info, out
+from kiln.domain.quantities import format_bytes, format_number
 from kiln.domain.states import JobState
 
 if TYPE_CHECKING:
@@ -48,11 +49,18 @@ def sparkline(values: list[float], width: int = SPARK_WIDTH) -> str:
     return "".join(SPARKS[min(7, int((v - low) / (high - low) * 8))] for v in values)
 
 
-def _num(value: Any) -> str:
+def is_bytes(name: str) -> bool:
+    """A metric counted in bytes, shown as KiB/MiB/GiB: ``system/rss_bytes``, ``gpu0/memory_bytes``, ``bytes``."""
+    return name.lower().endswith("bytes")
+
+
+def _num(value: Any, name: str = "") -> str:
+    """A value for the table: sizes of ``*_bytes`` metrics in binary units, other numbers without an exponent
+    for everyday magnitudes (``--output json|csv`` keep the raw numbers)."""
     if value is None:
         return "-"
-    if isinstance(value, float):
-        return f"{value:.6g}"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return format_bytes(value) if is_bytes(name) else format_number(value)
     return str(value)
 
 
@@ -66,11 +74,11 @@ def metrics_table(summary: list[MetricSeriesSummary], trends: dict[tuple[str, st
     for s in summary:
         row = [Text(s.name), *([Text(s.worker)] if multi else [])]
         row += [
-            Text(_num(s.last_value)),
+            Text(_num(s.last_value, s.name)),
             Text(_num(s.last_step)),
             Text(str(s.count)),
-            Text(_num(s.min)),
-            Text(_num(s.max)),
+            Text(_num(s.min, s.name)),
+            Text(_num(s.max, s.name)),
             Text(trends.get((s.name, s.worker), ""), style="cyan"),
         ]
         table.add_row(*row)

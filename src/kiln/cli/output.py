@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kiln.cli.common import err, out
-from kiln.domain.quantities import format_memory
+from kiln.domain.quantities import format_bytes, format_number
 from kiln.domain.states import JobState
 
 if TYPE_CHECKING:
@@ -94,6 +94,14 @@ def _cell(value: object) -> Text:
     return Text("-" if value is None or value == "" else str(value))
 
 
+def job_reason(job: JobRead) -> str | None:
+    """What the REASON column says: for a waiting job, why it waits as the scheduler last recorded it (the job's
+    message, e.g. ``quota: cpus 1 of 1 in use ...``: what `kiln jobs why` explains in full); else its reason."""
+    if JobState(job.state) in (JobState.QUEUED, JobState.RESTARTING) and job.message:
+        return job.message
+    return job.reason
+
+
 def jobs_table(jobs: list[JobRead]) -> None:
     table = _table("ID", "NAME", "STATE", "REASON", "CREATED", "DURATION")
     table.columns[0].no_wrap = True
@@ -102,7 +110,7 @@ def jobs_table(jobs: list[JobRead]) -> None:
             Text(job.id),
             _cell(job.name),
             state_text(job.state),
-            _cell(job.reason),
+            _cell(job_reason(job)),
             fmt_time(job.created_at),
             fmt_duration(job_duration(job)),
         )
@@ -127,13 +135,15 @@ def job_detail(job: JobRead) -> None:
     if alloc is not None:
         parts = [f"{alloc.cpus:g} CPU"]
         if alloc.memory:
-            parts.append(format_memory(alloc.memory))
+            parts.append(f"{format_bytes(alloc.memory)} memory")
         if alloc.gpus:
             parts.append("GPU " + ",".join(str(g) for g in alloc.gpus))
         allocation = ", ".join(parts)
     resources = f"{spec.resources.cpus:g} CPU"
     if spec.resources.memory:
-        resources += f", {format_memory(spec.resources.memory)}"
+        resources += f", {format_bytes(spec.resources.memory)} memory"
+    if spec.resources.disk:
+        resources += f", {format_bytes(spec.resources.disk)} disk"
     if spec.resources.gpus:
         resources += f", {spec.resources.gpus} GPU"
     rows: list[tuple[str, object]] = [
@@ -330,12 +340,12 @@ def key_created_detail(key: KeyCreated, endpoint: str) -> None:
 
 
 def quota_amount(field: str, value: float | None, *, limit: bool) -> str:
-    """A quota limit or use for people: None is 'unlimited' (a limit) or '-' (a use); sizes as 128Gi."""
+    """A quota limit or use for people: None is 'unlimited' (a limit) or '-' (a use); sizes as 128 GiB."""
     if value is None:
         return "unlimited" if limit else "-"
     if field in ("memory", "storage"):
-        return format_memory(int(value))
-    return f"{value:g}"
+        return format_bytes(int(value))
+    return format_number(value)
 
 
 QUOTA_FIELD_NAMES = ("gpus", "cpus", "memory", "count", "storage")

@@ -43,6 +43,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+if __package__:
+    from kiln.runtime.units import human
+else:  # loaded by the shim as a plain module: its directory is on sys.path
+    from units import human  # type: ignore[no-redef]
+
 HOLDER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,199}$")
 
 
@@ -233,14 +238,6 @@ def discard_tree(root: str, tree: str) -> None:
 
 def blob_path(root: str, sha: str) -> str:
     return os.path.join(root, "blobs", sha[:2], sha)
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 # -- eviction ---------------------------------------------------------------------------------------------

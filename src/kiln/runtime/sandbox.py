@@ -31,6 +31,11 @@ import os
 import stat
 import subprocess
 
+# Sizes in the messages of the limits (shimbox.py), re-exported.
+if __package__:
+    from kiln.runtime.units import human as human
+else:  # loaded by the shim run as a script: its directory is on sys.path
+    from units import human as human  # type: ignore[no-redef]
 SIGXFSZ_EXIT = 128 + 25  # a process killed for writing a file beyond RLIMIT_FSIZE
 
 
@@ -236,11 +241,3 @@ def chown_tree(top: str, uid: int, gid: int) -> None:
                 os.lchown(os.path.join(dirpath, name), uid, gid)
             except OSError:
                 pass
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"

@@ -443,8 +443,8 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits):
         messages = {
             "CommandNotFound": f"command not found: {shown}",
             "Timeout": f"timed out after {cfg.get('timeout')}s{killed}",
-            "OOMKilled": f"memory limit of {cfg.get('memory_limit')} bytes exceeded: {self.limit_note}",
-            "DiskLimitExceeded": f"disk limit of {cfg.get('disk_limit')} bytes exceeded: {self.limit_note}",
+            "OOMKilled": self.limit_message("OOMKilled"),
+            "DiskLimitExceeded": self.limit_message("DiskLimitExceeded"),
             "Cancelled": self.cancel_reason + killed,
         }
         if reason and reason == self.stopped_as:

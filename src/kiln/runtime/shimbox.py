@@ -52,6 +52,17 @@ class SandboxLimits:
         )
         return True
 
+    def limit_message(self, reason: str) -> str:
+        """The message of an attempt that ended at a limit (``OOMKilled``, ``DiskLimitExceeded``), sizes in human
+        units: ``memory limit exceeded: 239.5 MiB in use > limit 200 MiB``. "" for any other reason."""
+        if reason == "OOMKilled":
+            limit = self.cfg.get("memory_limit")
+            return f"memory limit exceeded: {self.limit_note or f'limit {sandbox.human(limit or 0)}'}"
+        if reason == "DiskLimitExceeded":
+            limit = self.cfg.get("disk_limit")
+            return f"disk limit exceeded: {self.limit_note or f'limit {sandbox.human(limit or 0)}'}"
+        return ""
+
     def limit_after_exit(self, code: int) -> str:
         """The reason of a step that failed at a limit it hit between two checks: a full /dev/shm (a tmpfs of
         the memory limit's size) or a file beyond the disk limit (SIGXFSZ)."""

@@ -21,9 +21,11 @@ from typing import Any
 if __package__:
     from kiln.runtime import proctree as _proctree
     from kiln.runtime import shimio as _shimio
+    from kiln.runtime import units as _units
 else:  # loaded by the shim run as a script: its directory is on sys.path
     import proctree as _proctree  # type: ignore[no-redef]
     import shimio as _shimio  # type: ignore[no-redef]
+    import units as _units  # type: ignore[no-redef]
 
 
 def _seconds(value: object, default: float, most: float) -> float:
@@ -119,7 +121,10 @@ class Preparation(_shimio.AttemptFiles, _proctree.ProcessTree):
             limit = self.cfg.get("disk_limit")
             unpacked = sum(m.size for m in tar.getmembers() if m.isfile())
             if limit and unpacked > limit:
-                message = f"the code unpacks to {unpacked} bytes, more than the job's disk limit of {limit} bytes"
+                message = (
+                    f"the code unpacks to {_units.human(unpacked)}, more than the job's disk limit of "
+                    f"{_units.human(limit)}"
+                )
                 self.say(message)
                 return message
             # The "data" filter refuses absolute paths, "..", links leaving the tree and device files.

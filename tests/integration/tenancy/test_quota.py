@@ -144,7 +144,7 @@ def test_a_job_asking_more_than_the_limit_is_refused_at_submit(make_server) -> N
     cases = [
         ({"gpus": 2}, "quota: the job asks gpus 2 but the limit is 1 (org limit-alpha, category train)"),
         ({"cpus": 3}, "quota: the job asks cpus 3 but the limit is 2 (org limit-alpha, category train)"),
-        ({"memory": "2G"}, "quota: the job asks memory 2Gi but the limit is 1Gi (org limit-alpha, category total)"),
+        ({"memory": "2G"}, "quota: the job asks memory 2 GiB but the limit is 1 GiB (org limit-alpha, category total)"),
     ]
     for resources, message in cases:
         response = member.post("/jobs", {"spec": {**_spec("true"), "resources": resources}})

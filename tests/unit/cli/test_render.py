@@ -14,8 +14,8 @@ from kiln.sdk.config import read_config_file
 def test_quota_amounts():
     assert quota_amount("memory", None, limit=True) == "unlimited"
     assert quota_amount("memory", None, limit=False) == "-"
-    assert quota_amount("memory", 128 * 1024**3, limit=True) == "128Gi"
-    assert quota_amount("storage", 1024**4, limit=True) == "1Ti"
+    assert quota_amount("memory", 128 * 1024**3, limit=True) == "128 GiB"
+    assert quota_amount("storage", 1024**4, limit=True) == "1 TiB"
     assert quota_amount("cpus", 2.5, limit=True) == "2.5"
     assert quota_amount("gpus", 4.0, limit=False) == "4"
 
@@ -43,8 +43,8 @@ def test_quota_table_shows_use_and_limits(capsys):
     rows = [line.split() for line in captured.out.splitlines()]
     assert ["train", "gpus", "1", "2"] in rows
     assert ["train", "cpus", "3", "unlimited"] in rows
-    assert ["train", "memory", "2Gi", "64Gi"] in rows
-    assert ["total", "storage", "5Mi", "1Ti"] in rows
+    assert ["train", "memory", "2", "GiB", "64", "GiB"] in rows
+    assert ["total", "storage", "5", "MiB", "1", "TiB"] in rows
     assert ["total", "gpus", "-", "unlimited"] in rows
     assert not any(row[:2] == ["train", "storage"] for row in rows)  # storage: the organisation as a whole
     assert ["serve", "gpus", "0", "1"] in rows

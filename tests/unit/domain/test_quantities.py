@@ -1,4 +1,4 @@
-"""Memory quantities: what users write (2G, 512Mi) and how it is shown back."""
+"""Quantities: what users write (2G, 512Mi) and how sizes and measured values are shown back to them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from kiln.domain.quantities import format_memory, parse_memory
+from kiln.domain.quantities import format_bytes, format_memory, format_number, parse_memory
+from kiln.runtime import units
 
 KI, MI, GI, TI = 1024, 1024**2, 1024**3, 1024**4
 
@@ -52,23 +53,62 @@ def test_parse_memory_rejects_negative_numbers_and_bools(bad: Any) -> None:
         parse_memory(bad)
 
 
-@pytest.mark.parametrize(
-    ("n", "text"),
-    [
-        (0, "0B"),
-        (512, "512B"),
-        (KI, "1Ki"),
-        (1536, "1.5Ki"),
-        (512 * MI, "512Mi"),
-        (2 * GI, "2Gi"),
-        (int(1.5 * GI), "1.5Gi"),
-        (3 * TI, "3Ti"),
-    ],
-)
-def test_format_memory(n: int, text: str) -> None:
-    assert format_memory(n) == text
+SIZES = [
+    (0, "0 B"),
+    (512, "512 B"),
+    (1023, "1023 B"),
+    (KI, "1 KiB"),
+    (1536, "1.5 KiB"),
+    (MI - 1, "1 MiB"),  # 1023.999 KiB rounds up a unit, not to "1024 KiB"
+    (512 * MI, "512 MiB"),
+    (99_717_100, "95.1 MiB"),  # system/rss_bytes as `kiln metrics` showed it: 9.97171e+07
+    (251_117_568, "239.5 MiB"),
+    (200 * MI, "200 MiB"),
+    (2 * GI, "2 GiB"),
+    (int(1.5 * GI), "1.5 GiB"),
+    (3 * TI, "3 TiB"),
+    (5 * 1024**6, "5 EiB"),
+    (-2 * KI, "-2 KiB"),
+    (12.7, "13 B"),
+]
+
+
+@pytest.mark.parametrize(("n", "text"), SIZES)
+def test_format_bytes(n: float, text: str) -> None:
+    assert format_bytes(n) == text
+    assert format_memory(n) == text  # the older name: the same formatter
+
+
+@pytest.mark.parametrize(("n", "text"), SIZES)
+def test_the_shims_copy_formats_sizes_the_same(n: float, text: str) -> None:
+    # The shim (standard library only) writes the limits' messages with its own copy.
+    assert units.human(n) == text
 
 
 @pytest.mark.parametrize("n", [KI, 7 * MI, 2 * GI, 5 * TI])
 def test_format_then_parse_round_trips_whole_units(n: int) -> None:
-    assert parse_memory(format_memory(n)) == n
+    assert parse_memory(format_bytes(n)) == n
+
+
+@pytest.mark.parametrize(
+    ("x", "text"),
+    [
+        (0.0, "0"),
+        (0.0123, "0.0123"),
+        (0.5, "0.5"),
+        (3.0, "3"),
+        (12345.67, "12345.7"),
+        (123456.7, "123457"),
+        (1234567.8, "1234568"),  # %g: 1.23457e+06
+        (99717100.0, "99717100"),  # %g: 9.97171e+07
+        (-12345678.9, "-12345679"),
+        (0.00001234, "1.234e-05"),  # tiny values keep the exponent
+        (1e20, "1e+20"),
+        (7, "7"),
+        (12345678901234567, "12345678901234567"),  # an int (a step) as it is
+        (float("nan"), "nan"),
+        (float("-inf"), "-inf"),
+    ],
+)
+def test_format_number(x: float, text: str) -> None:
+    assert format_number(x) == text

@@ -44,7 +44,7 @@ def test_memory_is_packed_too() -> None:
         now=NOW,
     )
     assert list(placed(decision)) == ["a"]
-    assert decision.waiting["b"].message.startswith("capacity: memory 300Gi asked, 212Gi free")
+    assert decision.waiting["b"].message.startswith("capacity: memory 300 GiB asked, 212 GiB free")
 
 
 def test_gpu_type_picks_matching_gpus() -> None:
@@ -89,7 +89,7 @@ def test_never_fits_names_the_resource() -> None:
     assert decision.unschedulable == {
         "gpus": "asks 9 GPUs; the largest node has 8",
         "cpus": "asks 48 CPUs; the largest node has 32",
-        "mem": "asks 300Gi memory; the largest node has 256Gi",
+        "mem": "asks 300 GiB memory; the largest node has 256 GiB",
         "per-worker": "asks 9 GPUs per worker; the largest node has 8",
     }
     assert list(placed(decision)) == ["combo"]
@@ -98,7 +98,7 @@ def test_never_fits_names_the_resource() -> None:
 def test_never_fits_on_any_single_node_at_once() -> None:
     nodes = [node("cpu", cpus=64, memory=8 * GI), node("mem", cpus=4, memory=512 * GI)]
     decision = decide([job("x", cpus=32, memory=64 * GI)], nodes, [], now=NOW)
-    assert decision.unschedulable == {"x": "no node has 32 CPUs, 64Gi memory at once"}
+    assert decision.unschedulable == {"x": "no node has 32 CPUs, 64 GiB memory at once"}
 
 
 def test_no_nodes() -> None:

@@ -233,8 +233,8 @@ def test_size_cap_error_names_the_biggest_files(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput) as info:
         build_bundle(root, max_bytes=20_000)
     message = info.value.message
-    assert "over the 19.5Ki limit" in message
-    assert message.index("huge.bin (8.8Ki)") < message.index("big.bin") < message.index("mid.bin")
+    assert "over the 19.5 KiB limit" in message
+    assert message.index("huge.bin (8.8 KiB)") < message.index("big.bin") < message.index("mid.bin")
     assert "four.bin" in message and "five.bin" in message
     assert "tiny.py" not in message  # only the five largest
     assert ".kilnignore" in message
