@@ -133,10 +133,14 @@ def measure(args: argparse.Namespace, tmp: Path, s3: S3Server, server: KilnServe
         submitted = time.time()
         submitted_job = client.submit(spec)
         done = client.wait(submitted_job.id, timeout=600, poll=0.05)
-        lines = [ln for ln in client.stream_logs(done.id, follow=False) if " O READ " in ln]
+        lines = [
+            ln
+            for ln in client.stream_logs(done.id, follow=False)
+            if ln.source == "stdout" and ln.text.startswith("READ ")
+        ]
         if done.state != "SUCCEEDED" or len(lines) != 1:
             raise SystemExit(f"{mode} job {done.id}: {done.state} {done.message}")
-        read = json.loads(lines[0].split(" O READ ", 1)[1])
+        read = json.loads(lines[0].text.removeprefix("READ "))
         assert read["bytes"] == volume, read
         return {
             "start": read["start"] - submitted,

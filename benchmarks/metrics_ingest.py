@@ -192,7 +192,7 @@ def training(server: Any, client: Any, steps: int, trials: int) -> dict[str, Any
         done = client.wait(job.id, timeout=600)
         if done.state != "SUCCEEDED":
             raise RuntimeError(f"training job {job.id} {done.state}: {done.message}")
-        text = "\n".join(client.stream_logs(job.id, follow=False))
+        text = "\n".join(line.text for line in client.stream_logs(job.id, follow=False))
         kiln.append(float(re.findall(r"THROUGHPUT ([0-9.]+)", text)[-1]))
         points = _total_points(client, job.id)
         print(

@@ -34,14 +34,7 @@ def wait_for(client: Client, job_id: str, *states: str, timeout: float = 60) -> 
 
 def log_text(client: Client, job_id: str) -> list[str]:
     """The job's output lines (text only, Kiln's own K lines left out)."""
-    from kiln.runtime.logline import parse_line
-
-    out = []
-    for line in client.stream_logs(job_id, follow=False):
-        _, stream, text = parse_line(line)
-        if stream != "K":
-            out.append(text)
-    return out
+    return [line.text for line in client.stream_logs(job_id, follow=False) if line.source != "kiln"]
 
 
 def transitions(client: Client, job_id: str) -> list[tuple[str | None, str | None]]:

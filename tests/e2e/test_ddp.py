@@ -11,7 +11,6 @@ import pytest
 import yaml
 
 from kiln.cli.logs import member_tag
-from kiln.runtime.logline import parse_tagged
 from tests.kilnserver import REPO
 
 pytestmark = pytest.mark.slow
@@ -38,7 +37,10 @@ def test_ddp_ranks_end_with_equal_parameters(make_server, tmp_path: Path) -> Non
     spec["env"]["STEPS"] = "100"
     job = client.run(spec, code_dir=EXAMPLE)
     done = client.wait(job.id, timeout=600)
-    assert done.state == "SUCCEEDED", (done.message, list(client.stream_logs(job.id, follow=False))[-20:])
+    assert done.state == "SUCCEEDED", (
+        done.message,
+        [str(line) for line in client.stream_logs(job.id, follow=False)][-20:],
+    )
     files = client.download(job.id, tmp_path / "out")
     ranks = {json.loads(f.read_text())["rank"]: json.loads(f.read_text()) for f in files if f.name.startswith("rank")}
     assert sorted(ranks) == [0, 1]
@@ -46,6 +48,6 @@ def test_ddp_ranks_end_with_equal_parameters(make_server, tmp_path: Path) -> Non
     assert ranks[0]["digest"] == ranks[1]["digest"], ranks  # gradients were all-reduced every step
     assert ranks[0]["accuracy"] > 0.7
     # Each worker's log is kept apart: every output line is tagged with its member.
-    tagged = [parse_tagged(line) for line in client.stream_logs(job.id, follow=False)]
-    by_member = {member for _, stream, member, text in tagged if stream == "O" and "done digest" in text}
+    lines = client.stream_logs(job.id, follow=False)
+    by_member = {line.worker for line in lines if line.source == "stdout" and "done digest" in line.text}
     assert by_member == {member_tag("0"), member_tag("1")}

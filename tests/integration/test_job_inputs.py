@@ -84,7 +84,11 @@ def test_jobs_read_a_dataset_and_write_an_artifact(server: KilnServer, tmp_path:
     assert second.state == "SUCCEEDED", second.message
 
     def staged(job_id: str) -> str:
-        lines = [ln for ln in client.stream_logs(job_id, follow=False) if " K " in ln and "input digits@1" in ln]
+        lines = [
+            ln.text
+            for ln in client.stream_logs(job_id, follow=False)
+            if ln.source == "kiln" and "input digits@1" in ln.text
+        ]
         assert len(lines) == 1, lines
         return lines[0]
 
@@ -131,7 +135,11 @@ def test_jobs_read_a_mounted_dataset_and_write_an_artifact(server: KilnServer, t
         "write refused: Read-only file system",
     ]
     assert [p.read_text() for p in client.download(job.id, tmp_path / "out")] == [digest]
-    kiln_lines = [ln for ln in client.stream_logs(job.id, follow=False) if " K " in ln and "input digits@1" in ln]
+    kiln_lines = [
+        ln.text
+        for ln in client.stream_logs(job.id, follow=False)
+        if ln.source == "kiln" and "input digits@1" in ln.text
+    ]
     assert len(kiln_lines) == 1 and "3 files" in kiln_lines[0]
     assert "mounted read-only with rclone, nothing downloaded" in kiln_lines[0]
     # Nothing was staged, and nothing stays mounted once the job has ended.
@@ -164,7 +172,7 @@ def test_each_member_of_a_gang_mounts_its_inputs(make_server, tmp_path: Path) ->
         "1 mode 0o555",
         "1 read-only",
     ]
-    mounted = [ln for ln in client.stream_logs(job.id, follow=False) if "mounted read-only with rclone" in ln]
+    mounted = [ln for ln in client.stream_logs(job.id, follow=False) if "mounted read-only with rclone" in ln.text]
     assert len(mounted) == 2  # one mount per member
     assert not any(str(server.home) in line for line in Path("/proc/self/mountinfo").read_text().splitlines())
 

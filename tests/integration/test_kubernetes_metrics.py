@@ -58,6 +58,6 @@ def test_metrics_off_means_no_extraction(kiln, fake: FakeKubeAPI) -> None:  # ty
     fake.append_log(pod, "step=1 loss=0.5")
     fake.set_terminated(pod, exit_code=0)
     assert wait_for(client, job.id, timeout=30).state == "SUCCEEDED"
-    _until(lambda: any("loss=0.5" in line for line in client.stream_logs(job.id, follow=False)))
+    _until(lambda: any("loss=0.5" in line.text for line in client.stream_logs(job.id, follow=False)))
     time.sleep(1.5)  # several extraction and ingestion passes
     assert client.metrics_summary(job.id) == []

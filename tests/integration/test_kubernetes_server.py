@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from kiln.runtime.logline import parse_tagged
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.helpers import wait_for
 
@@ -51,11 +50,11 @@ def test_a_job_runs_on_the_cluster_unchanged(kiln, fake: FakeKubeAPI) -> None:  
     fake.set_running(pods[0])
     assert wait_for(client, job.id, "RUNNING", timeout=20).state == "RUNNING"
     fake.append_log(pods[0], "step=1 loss=0.5", "epoch done")
-    _until(lambda: [t for _, s, _, t in map(parse_tagged, client.stream_logs(job.id, follow=False)) if s == "O"])
+    _until(lambda: [ln.text for ln in client.stream_logs(job.id, follow=False) if ln.source == "stdout"])
     fake.set_terminated(pods[0], exit_code=0)
     done = wait_for(client, job.id, timeout=20)
     assert (done.state, done.exit_code) == ("SUCCEEDED", 0), done.message
-    texts = [t for _, s, _, t in map(parse_tagged, client.stream_logs(job.id, follow=False)) if s == "O"]
+    texts = [ln.text for ln in client.stream_logs(job.id, follow=False) if ln.source == "stdout"]
     assert texts == ["step=1 loss=0.5", "epoch done"]  # kept by Kiln, whatever becomes of the pod
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kiln.errors import Conflict, InvalidInput, NotFound
@@ -22,9 +24,9 @@ def test_job_runs_to_success_with_events_and_logs(make_server, database_url):
         ("RUNNING", "SUCCEEDED"),
     ]
     # stdout and stderr are separate pipes: order holds within each stream, not across them.
-    lines = [line.split(" ", 2)[1:] for line in client.stream_logs(job.id, follow=False)]
-    assert [text for stream, text in lines if stream == "O"] == ["hello", "bye"]
-    assert [text for stream, text in lines if stream == "E"] == ["oops"]
+    lines = list(client.stream_logs(job.id, follow=False))
+    assert [line.text for line in lines if line.source == "stdout"] == ["hello", "bye"]
+    assert [line.text for line in lines if line.source == "stderr"] == ["oops"]
     assert done.started_at and done.running_at and done.finished_at
     assert done.started_at <= done.running_at <= done.finished_at
 
@@ -81,7 +83,12 @@ def test_memory_limit_is_enforced(shared_server):
     job = client.submit(spec(["python", "-c", hog], resources={"memory": "100M"}))
     done = wait_for(client, job.id, timeout=30)
     assert (done.state, done.reason) == ("FAILED", "OOMKilled")
-    assert "memory" in (done.message or "")
+    # Sizes in the event a person reads are in binary units (the limit is 100 MiB), never raw byte counts.
+    assert re.fullmatch(r"memory limit exceeded: \d+(\.\d)? MiB in use > limit 100 MiB", done.message or ""), (
+        done.message
+    )
+    events = client.events(job.id)
+    assert any(e.reason == "OOMKilled" and e.message == done.message for e in events), events
 
 
 def test_prepare_and_finish_commands(shared_server):

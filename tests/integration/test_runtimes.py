@@ -30,7 +30,7 @@ def test_runtime_is_built_once_for_concurrent_jobs(make_server, tmp_path: Path):
         assert wait_for(client, job.id, timeout=120).state == "SUCCEEDED"
         assert log_text(client, job.id)[-1] == str(runtimes / "bare-1")
     builds = [
-        sum("building runtime bare-1" in line for line in client.stream_logs(job.id, follow=False)) for job in jobs
+        sum("building runtime bare-1" in line.text for line in client.stream_logs(job.id, follow=False)) for job in jobs
     ]
     assert sorted(builds) == [0, 1]
     assert {r.name: r.status for r in client.runtimes()}["bare-1"] == "installed"
@@ -44,6 +44,6 @@ def test_a_runtime_that_cannot_be_built_fails_the_job_without_retries(make_serve
     done = wait_for(client, job.id, timeout=180)
     assert (done.state, done.reason, done.restarts) == ("FAILED", "RuntimeError", 0)
     assert "broken-1" in (done.message or "")
-    text = "\n".join(client.stream_logs(job.id, follow=False))
+    text = "\n".join(line.text for line in client.stream_logs(job.id, follow=False))
     assert "kiln-test-no-such-package-anywhere" in text
     assert not (runtimes / "broken-1").exists(), "a failed build must leave nothing half-built"

@@ -10,7 +10,7 @@ import typer
 from rich.text import Text
 
 from kiln.cli.common import EXIT_INTERRUPTED, connect, err, info
-from kiln.runtime.logline import parse_tagged
+from kiln.sdk.logs import LogLine, LogParser, LogSource
 
 if TYPE_CHECKING:
     from kiln.sdk.client import Client
@@ -28,41 +28,36 @@ def member_tag(worker: str | None) -> str | None:
     raise typer.BadParameter(f"{worker!r}: give a worker index (0, 1, …) or a parameter server (ps0, ps1, …)")
 
 
-def _label(member: str) -> str:
-    role = member.rstrip("0123456789")
-    return f"[{role} {member[len(role) :]}] "
-
-
-def print_log_lines(lines: Iterable[str], timestamps: bool = False, member: str | None = None) -> None:
-    """The job's output (O and E lines, in order) on stdout; Kiln's own messages (K) as ``[kiln] ...`` on stderr.
-    A distributed job's lines are prefixed with their member (``[worker 1] ``); ``member`` keeps that one's only
-    (and Kiln's own messages)."""
-    for line in lines:
-        if not line:
+def print_log_lines(records: Iterable[LogLine | str], timestamps: bool = False, member: str | None = None) -> None:
+    """The job's output (stdout and stderr lines, in order) on stdout; Kiln's own messages as ``[kiln] ...`` on
+    stderr. A distributed job's lines are prefixed with their member (``[worker 1] ``); ``member`` keeps that
+    member's lines only, and Kiln's messages about it or about the whole job, marked as in a single-worker job's
+    view (another member's ``attempt 1 starting`` is not this one's). Stored lines (``str``) are parsed first."""
+    parser = LogParser()
+    for item in records:
+        if item == "":
             continue
-        time, stream, tag, text = parse_tagged(line)
-        if member is not None and tag != member and stream != "K":
+        record = parser.parse(item) if isinstance(item, str) else item
+        if member is not None and record.worker != member and (record.worker or record.source != LogSource.KILN):
             continue
-        prefix = f"{time} " if timestamps and time else ""
-        if tag and member is None:
-            prefix += _label(tag)
-        if stream == "K":
+        prefix = f"{fmt_stamp(record)} " if timestamps and record.time else ""
+        prefix += record.prefix(worker=member is None)
+        if record.source == LogSource.KILN:
             sys.stdout.flush()  # keep the order on a terminal that shows both streams
-            err.print(Text(f"{prefix}[kiln] {text}", style="dim"), soft_wrap=True)
+            err.print(Text(f"{prefix}{record.text}", style="dim"), soft_wrap=True)
         else:
-            sys.stdout.write(f"{prefix}{text}\n")
+            sys.stdout.write(f"{prefix}{record.text}\n")
             sys.stdout.flush()
 
 
+def fmt_stamp(record: LogLine) -> str:
+    """The line's time as stored (RFC 3339, UTC, microseconds)."""
+    return record.time.strftime("%Y-%m-%dT%H:%M:%S.%fZ") if record.time else ""
+
+
 def print_all_logs(client: Client, job_id: str, timestamps: bool = False, member: str | None = None) -> None:
-    """Every stored line, page by page (the server sends at most 1 MiB per request)."""
-    offset = 0
-    while True:
-        data, next_offset, _ = client.read_logs(job_id, offset)
-        if not data or next_offset <= offset:
-            return
-        print_log_lines(data.decode(errors="replace").split("\n"), timestamps, member)
-        offset = next_offset
+    """Every stored line (read page by page: the server sends at most 1 MiB per request)."""
+    print_log_lines(client.stream_logs(job_id, follow=False), timestamps, member)
 
 
 def follow_logs(client: Client, job_id: str, timestamps: bool = False, member: str | None = None) -> None:

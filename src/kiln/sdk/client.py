@@ -42,6 +42,7 @@ from kiln.domain.states import JobState
 from kiln.errors import KilnError, NotFound, Unauthenticated, error_from_body
 from kiln.sdk.config import read_config_file
 from kiln.sdk.datasets import DatasetsMixin
+from kiln.sdk.logs import LogLine, LogParser
 from kiln.sdk.packaging import build_bundle
 from kiln.sdk.tenancy import TenancyMixin
 from kiln.settings import ClientSettings
@@ -272,15 +273,17 @@ class Client(TenancyMixin, DatasetsMixin):
         r = self.request("GET", f"/jobs/{job_id}/logs", params={"offset": offset})
         return r.content, int(r.headers["X-Kiln-Next-Offset"]), r.headers.get("X-Kiln-Job-Ended") == "true"
 
-    def stream_logs(self, job_id: str, *, follow: bool = True, offset: int = 0) -> Iterator[str]:
-        """Stored log lines (``<time> <O|E|K> <text>``); with ``follow`` until the job ends."""
+    def stream_logs(self, job_id: str, *, follow: bool = True, offset: int = 0) -> Iterator[LogLine]:
+        """The job's log from byte ``offset`` as ``kiln.sdk.logs.LogLine`` records (time, source stdout/stderr/kiln,
+        worker, attempt, text); ``print(line)`` shows one as a person reads it. With ``follow`` until the job ends."""
         # Lines end with "\n" only: a "\r" inside a line (progress bars) is part of its text.
+        parser = LogParser()
         if not follow:
             while True:
                 data, next_offset, _ = self.read_logs(job_id, offset)
                 if not data:
                     return
-                yield from data.decode(errors="replace").split("\n")[:-1]
+                yield from map(parser.parse, filter(None, data.decode(errors="replace").split("\n")))
                 offset = next_offset
         url, headers = self._prepare("GET", f"/jobs/{job_id}/logs", {"offset": offset, "follow": True}, b"", False)
         pending = b""
@@ -290,11 +293,12 @@ class Client(TenancyMixin, DatasetsMixin):
                     pending += chunk
                     *lines, pending = pending.split(b"\n")
                     for line in lines:
-                        yield line.decode(errors="replace")
+                        if line:
+                            yield parser.parse(line.decode(errors="replace"))
             except httpx.TransportError as exc:
                 raise KilnError(f"lost the connection to Kiln at {self.endpoint}: {exc}") from exc
         if pending:
-            yield pending.decode(errors="replace")
+            yield parser.parse(pending.decode(errors="replace"))
 
     @contextmanager
     def _stream(
