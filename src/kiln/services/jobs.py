@@ -14,7 +14,7 @@ from kiln.db.models import Blob, Job, JobEvent, Organization, utcnow
 from kiln.db.session import Database
 from kiln.domain.catalog import Catalog
 from kiln.domain.ids import new_id
-from kiln.domain.schemas import EventRead, JobList, JobRead, JobSubmit
+from kiln.domain.schemas import EventRead, JobDryRun, JobList, JobRead, JobRerun, JobSubmit
 from kiln.domain.spec import PRIORITIES, JobSpec
 from kiln.domain.states import JobState, Reason
 from kiln.errors import Conflict, Forbidden, InvalidInput, NotFound
@@ -92,6 +92,13 @@ class ListCache:
         entries[key] = (version, body)
 
 
+def _totals(spec: JobSpec) -> tuple[float, int, int | None]:
+    """What the job holds over its whole gang: (cpus, gpus, memory)."""
+    gang = spec.gang_size
+    memory = spec.resources.memory * gang if spec.resources.memory is not None else None
+    return spec.resources.cpus * gang, spec.resources.gpus * gang, memory
+
+
 def to_read(job: Job | Any) -> JobRead:
     """A JobRead from a Job row or a row of READ_COLUMNS; one validation pass (the spec was valid at submit)."""
     return JobRead.model_validate({name: getattr(job, name) for name in JobRead.model_fields})
@@ -144,8 +151,38 @@ class JobService:
         return job
 
     def submit(self, principal: Principal, body: JobSubmit) -> JobRead:
+        spec = self._checked_spec(principal, body.spec)
+        return self._create(principal, spec, body.code_sha256, f"submitted by {principal.user_name}")
+
+    def dry_run(self, principal: Principal, body: JobSubmit) -> JobDryRun:
+        """Every check ``submit`` makes, creating nothing: the spec as the job would get it, and whether the code
+        bundle is stored already (a client packs its code, asks this, and uploads only what is missing)."""
+        spec = self._checked_spec(principal, body.spec)
+        with self.db.read() as s:
+            self._check_admission(s, principal, spec)
+            stored = None if not body.code_sha256 else s.get(Blob, (principal.org_id, body.code_sha256)) is not None
+        return JobDryRun(spec=spec, name=spec.display_name, code_sha256=body.code_sha256, code_stored=stored)
+
+    def rerun(self, principal: Principal, job_id: str, body: JobRerun) -> JobRead:
+        """A new job with the spec (inputs at the versions it pinned) and code of ``job_id``, whatever its state;
+        every check of a submit applies again."""
         principal.require("jobs:write")
-        spec = body.spec
+        with self.db.read() as s:
+            job = self.load(s, principal, job_id)
+            if job.org_id != principal.org_id:  # a platform admin reading another organisation's job
+                raise Conflict(
+                    f"job {job_id} belongs to another organisation, whose code and quota a rerun needs; "
+                    "rerun it with a key of that organisation"
+                )
+            spec, code = JobSpec.model_validate(job.spec), job.code_sha256
+        if body.name is not None:
+            spec = spec.model_copy(update={"name": body.name})
+        spec = self._checked_spec(principal, spec)
+        return self._create(principal, spec, code, f"rerun of {job_id} by {principal.user_name}")
+
+    def _checked_spec(self, principal: Principal, spec: JobSpec) -> JobSpec:
+        """The checks of a submit that need no transaction; the spec with its inputs pinned."""
+        principal.require("jobs:write")
         self.catalog.check(spec.runtime)
         if self.validate is not None:
             self.validate(spec)
@@ -154,18 +191,24 @@ class JobService:
         impossible = never_fits(spec, [node_of(n) for n in self.nodes()])
         if impossible:
             raise InvalidInput(f"resources: the job {impossible}", details={"field": "spec.resources"})
-        gang = spec.gang_size
-        cpus, gpus = spec.resources.cpus * gang, spec.resources.gpus * gang
-        memory = spec.resources.memory * gang if spec.resources.memory is not None else None
+        return spec
+
+    def _check_admission(self, s: Session, principal: Principal, spec: JobSpec) -> None:
+        """The organisation's side: a quota the job can ever fit, and the priority it may use."""
+        if self.quotas is not None:
+            cpus, gpus, memory = _totals(spec)
+            self.quotas.check_submit(principal, CATEGORY, gpus, cpus, memory, session=s)
+        if spec.priority != "normal" and not principal.platform_admin:
+            self._check_priority(s, principal, spec.priority)
+
+    def _create(self, principal: Principal, spec: JobSpec, code_sha256: str | None, note: str) -> JobRead:
+        cpus, gpus, memory = _totals(spec)
         now = utcnow()
         with self.db.transaction() as s:  # one transaction: the checks that read, the job and its event
-            if self.quotas is not None:
-                self.quotas.check_submit(principal, CATEGORY, gpus, cpus, memory, session=s)
-            if spec.priority != "normal" and not principal.platform_admin:
-                self._check_priority(s, principal, spec.priority)
-            if body.code_sha256 and s.get(Blob, (principal.org_id, body.code_sha256)) is None:
+            self._check_admission(s, principal, spec)
+            if code_sha256 and s.get(Blob, (principal.org_id, code_sha256)) is None:
                 raise InvalidInput(
-                    f"code_sha256: no uploaded bundle {body.code_sha256}; upload it with PUT /api/v1/blobs/{{sha256}}"
+                    f"code_sha256: no uploaded bundle {code_sha256}; upload it with PUT /api/v1/blobs/{{sha256}}"
                 )
             job = Job(
                 id=new_id("job"),
@@ -173,7 +216,7 @@ class JobService:
                 user_id=principal.user_id,
                 name=spec.display_name,
                 spec=spec.model_dump(mode="json"),
-                code_sha256=body.code_sha256,
+                code_sha256=code_sha256,
                 state=JobState.QUEUED,
                 reason=Reason.SUBMITTED,
                 message="",
@@ -182,7 +225,7 @@ class JobService:
                 gpus=gpus,
                 category=CATEGORY,
                 priority=spec.priority_value,
-                workers=gang,
+                workers=spec.gang_size,
                 backend=self.backend_name,
                 created_at=now,
                 updated_at=now,
@@ -193,7 +236,7 @@ class JobService:
                 from_state=None,
                 to_state=JobState.QUEUED,
                 reason=Reason.SUBMITTED,
-                message=f"submitted by {principal.user_name}",
+                message=note,
             )
             s.add_all([job, event])
             s.flush()  # one flush for both rows (the job's first: the event refers to it); fills the defaults

@@ -1,4 +1,5 @@
-"""Jobs: submit, read, list, cancel, events, logs, artifacts and checkpoints."""
+"""Jobs: submit (or check a submit: a dry run), read, list, cancel, rerun, delete, events, logs, artifacts and
+checkpoints."""
 
 from __future__ import annotations
 
@@ -15,9 +16,19 @@ from kiln.api.params import FilePath, JobId
 from kiln.api.responses import REDIRECT, errors, links, raw_body, with_links
 from kiln.auth import signing
 from kiln.domain import limits
-from kiln.domain.schemas import ArtifactList, ArtifactRead, EventList, JobList, JobRead, JobSubmit
+from kiln.domain.schemas import (
+    ArtifactList,
+    ArtifactRead,
+    EventList,
+    JobDryRun,
+    JobList,
+    JobRead,
+    JobRerun,
+    JobSubmit,
+)
 from kiln.domain.states import JobState
 from kiln.errors import PayloadTooLarge
+from kiln.services.job_removal import JobRemoval
 from kiln.services.outputs import FileKind
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(403))
@@ -50,6 +61,21 @@ TEXT_BODY = raw_body("text/plain")
 )
 def submit_job(body: JobSubmit, caller: Caller, kiln: Kiln) -> JobRead:
     return kiln.jobs.submit(caller, body)
+
+
+@router.post(
+    "/dry-run",
+    response_model=JobDryRun,
+    summary="Check a job as a submit would (spec, runtime, inputs, resources, quota, permissions); create nothing",
+    description="A server-side dry run: the same checks and errors as POST /jobs, nothing created. The answer "
+    "holds the spec as the job would get it (inputs pinned) and whether the code bundle is stored already, so a "
+    "client uploads its code only once the job is known to be accepted, and only if it is missing.",
+    responses=errors(400, 422),
+)
+def dry_run_job(body: JobSubmit, caller: Caller, kiln: Kiln) -> JobDryRun:
+    # Its own path, not POST /jobs?dry_run=true: the audit names a request by its route, and a dry run must not
+    # read as a submit there.
+    return kiln.jobs.dry_run(caller, body)
 
 
 @router.get("", response_model=JobList, summary="List jobs, newest first", responses=errors(422))
@@ -90,6 +116,32 @@ def job_events(job_id: JobId, caller: Caller, kiln: Kiln) -> Response:
 @router.post("/{job_id}/cancel", response_model=JobRead, summary="Cancel (idempotent)", responses=errors(404, 409, 422))
 def cancel_job(job_id: JobId, caller: Caller, kiln: Kiln) -> JobRead:
     return kiln.jobs.cancel(caller, job_id)
+
+
+@router.post(
+    "/{job_id}/rerun",
+    response_model=JobRead,
+    status_code=201,
+    summary="Submit a new job with this job's spec and code (any state)",
+    responses=with_links(
+        (400, 404, 409, 422),
+        links(201, "The new job, queued", get_job=JOB, job_events=JOB, job_logs=JOB, cancel_job=JOB),
+    ),
+)
+def rerun_job(job_id: JobId, caller: Caller, kiln: Kiln, body: JobRerun | None = None) -> JobRead:
+    return kiln.jobs.rerun(caller, job_id, body or JobRerun())
+
+
+@router.delete(
+    "/{job_id}",
+    status_code=204,
+    response_class=Response,
+    summary="Delete an ended job: its record, events, log, metrics, artifacts and checkpoints",
+    responses=errors(404, 409, 422),
+)
+def delete_job(job_id: JobId, caller: Caller, kiln: Kiln) -> Response:
+    JobRemoval(kiln.jobs, kiln.logs, kiln.store, kiln.backend).delete(caller, job_id)
+    return Response(status_code=204)
 
 
 @router.get(

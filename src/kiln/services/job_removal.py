@@ -1,0 +1,63 @@
+"""Deleting an ended job: its row, events and metrics, then its log, artifacts and checkpoints, so that what it
+stored stops counting against the organisation's storage quota."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+from sqlalchemy import delete, select
+
+from kiln.backends.base import Backend
+from kiln.db.models import Job, JobEvent, MetricChunk, MetricCursor, MetricPoint, MetricSeries
+from kiln.domain.states import JobState
+from kiln.errors import Conflict
+from kiln.scheduler.loop import checkpoints_prefix, outputs_prefix
+from kiln.services.identity import Principal
+from kiln.services.jobs import JobService
+from kiln.storage.logs import LogStore
+from kiln.storage.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+class JobRemoval:
+    def __init__(self, jobs: JobService, logs: LogStore, store: ObjectStore, backend: Backend | None = None) -> None:
+        self.jobs = jobs
+        self.logs = logs
+        self.store = store
+        self.backend = backend
+
+    def delete(self, principal: Principal, job_id: str) -> None:
+        """Remove an ended job and everything it left. A job that has not ended is refused (409): its attempt
+        would go on writing what is removed here."""
+        principal.require("jobs:write")
+        with self.jobs.db.transaction() as s:
+            job = self.jobs.load(s, principal, job_id, lock=True)
+            state = JobState(job.state)
+            if not state.terminal:
+                raise Conflict(f"job {job_id} is {state}; cancel it first (kiln jobs cancel {job_id})")
+            org_id = job.org_id
+            # The foreign keys cascade on both databases, but rows written through the bulk engine (SQLite
+            # without foreign keys) would not: delete every dependent row by name.
+            series = select(MetricSeries.id).where(MetricSeries.job_id == job_id).scalar_subquery()
+            s.execute(delete(MetricPoint).where(MetricPoint.series_id.in_(series)))
+            s.execute(delete(MetricChunk).where(MetricChunk.series_id.in_(series)))
+            s.execute(delete(MetricSeries).where(MetricSeries.job_id == job_id))
+            s.execute(delete(MetricCursor).where(MetricCursor.job_id == job_id))
+            s.execute(delete(JobEvent).where(JobEvent.job_id == job_id))
+            s.expunge(job)
+            s.execute(delete(Job).where(Job.id == job_id))
+        # The row is gone (the job answers 404 and its output bytes no longer count): now its files.
+        for prefix in (outputs_prefix(org_id, job_id), checkpoints_prefix(org_id, job_id)):
+            for rel, _ in self.store.list(prefix):
+                self.store.delete(f"{prefix}/{rel}")
+        local = self.store.local_path(outputs_prefix(org_id, job_id))
+        if local is not None:  # a local store keeps the emptied directories
+            shutil.rmtree(local.parent, ignore_errors=True)
+        self.logs.path(job_id).unlink(missing_ok=True)
+        if self.backend is not None:
+            try:
+                self.backend.release(job_id, keep=False)  # a failed job's work dir kept for debugging
+            except Exception:
+                log.exception("job %s: freeing its local files failed", job_id)
