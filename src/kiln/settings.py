@@ -17,6 +17,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.domain import limits
+from kiln.sdk.config import client_dir
 
 
 def _default_home() -> Path:
@@ -292,7 +293,8 @@ class ClientSettings(BaseSettings):
         None, description="Bearer token of a running job (set by Kiln in the job's environment; never logged)."
     )
     config: Path = Field(
-        default_factory=lambda: Path.home() / ".kiln" / "config",
-        description="File written by `kiln login`.",
+        default_factory=lambda: client_dir() / "config",
+        description="File written by `kiln login` (default: config in the client's state directory, "
+        "$KILN_CLIENT_DIR, else $KILN_HOME, else ~/.kiln).",
     )
     timeout: float = Field(60.0, description="HTTP timeout in seconds.")

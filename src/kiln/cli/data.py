@@ -47,7 +47,8 @@ def put(
 ) -> None:
     """Upload LOCAL_PATH as the next version of NAME. Only blobs the server lacks are sent, in parts; run the
     same command again after an interruption to send only what is left. Files unchanged since an earlier put
-    (same inode, size and times) are not read again: their hashes come from ~/.kiln/hashes.sqlite."""
+    (same inode, size and times) are not read again: their hashes come from hashes.sqlite in the client's state
+    directory ($KILN_CLIENT_DIR, else $KILN_HOME, else ~/.kiln)."""
     if not local_path.exists() and not local_path.is_symlink():
         raise typer.BadParameter(f"{local_path} does not exist", param_hint="LOCAL_PATH")
     started = time.monotonic()

@@ -3,8 +3,9 @@
 ``put_dataset`` hashes every file (SHA-256), sends the manifest, and uploads only the blobs the server lacks, in
 parts, a few at a time: through the API on a local store, straight to the store through presigned URLs on S3.
 It is resumable: the server keeps each blob's upload session and the parts it holds, and a small state file
-(``~/.kiln/uploads/``, keyed by endpoint, dataset name and manifest hash) records the draft and the parts the
-server acknowledged, so running the same ``put`` again after an interruption sends only what is left.
+(under ``uploads/`` in the client's state directory, ``kiln.sdk.config.client_dir()``; keyed by endpoint, dataset
+name and manifest hash) records the draft and the parts the server acknowledged, so running the same ``put`` again
+after an interruption sends only what is left.
 
 ``get_dataset`` downloads every file to a temporary name, checks its size and SHA-256 against the manifest, then
 renames it: the hash computed before the upload is verified again after the download (end to end).

@@ -1,5 +1,6 @@
-"""The client's cache of file hashes (``~/.kiln/hashes.sqlite``): a ``put`` of files that did not change since the
-last one does not read them again.
+"""The client's cache of file hashes (``hashes.sqlite`` in the client's state directory,
+``kiln.sdk.config.client_dir()``): a ``put`` of files that did not change since the last one does not read them
+again.
 
 A file's digests are reused only when its device, inode, size, modification and change times are all as they
 were when it was hashed, and when both times were already more than RACY_SECONDS old then: a file written in the

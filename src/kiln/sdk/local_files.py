@@ -1,6 +1,6 @@
 """The local side of dataset transfers: the files of a dataset on disk (scanned, refusing links and special files),
 their SHA-256 and the manifest hash, parts read from a file, where a downloaded file may go, and the resume file of
-an upload (``UploadState``, under ``~/.kiln/uploads/``).
+an upload (``UploadState``, under ``uploads/`` in ``kiln.sdk.config.client_dir()``).
 """
 
 from __future__ import annotations

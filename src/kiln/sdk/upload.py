@@ -23,6 +23,7 @@ import httpx
 
 from kiln.domain.schemas import DatasetVersionRead, DraftRead, PartUrl, PartUrls, UploadConfig, UploadRead
 from kiln.errors import DigestMismatch, StoreUnavailable
+from kiln.sdk.config import client_dir
 from kiln.sdk.hash_cache import HashCache, hash_cached
 from kiln.sdk.local_files import (
     FileDigests,
@@ -132,11 +133,11 @@ class UploadMixin(TransferBase):
         """Upload a file or directory as the next version of ``name`` (or return the latest version when it
         already holds exactly these files). ``on_total`` is told the bytes to send, ``progress`` each part sent.
         ``workers``: files hashed and parts in flight at once (default: PUT_WORKERS parts straight to S3,
-        DEFAULT_WORKERS otherwise). ``state_dir``: where the resume file goes (default ``~/.kiln/uploads``); the
-        hash cache (``kiln.sdk.hash_cache``) is beside it, ``hashes.sqlite``. ``rehash``: read every file again,
-        whatever the hash cache holds."""
+        DEFAULT_WORKERS otherwise). ``state_dir``: where the resume file goes (default ``uploads`` in
+        ``kiln.sdk.config.client_dir()``); the hash cache (``kiln.sdk.hash_cache``) is beside it, ``hashes.sqlite``.
+        ``rehash``: read every file again, whatever the hash cache holds."""
         files = scan_local(Path(path))
-        state_dir = state_dir or Path.home() / ".kiln" / "uploads"
+        state_dir = state_dir or client_dir() / "uploads"
         threads = max(1, workers or DEFAULT_WORKERS)
         config = self._upload_config()
         small = config.small_blob_bytes  # files smaller than this go many to a request, without a session
