@@ -142,7 +142,7 @@ def test_tampered_body_is_refused(api: Signer) -> None:
     headers = api.headers("POST", "/api/v1/jobs", body=job_body("echo signed"))
     headers["Content-Type"] = "application/json"
     response = api.send("POST", "/api/v1/jobs", headers, job_body("rm -rf ~"))
-    api.assert_401(response, "signature")
+    api.assert_401(response, "body_hash")
 
 
 def test_body_hash_header_changed_to_match_a_new_body_is_refused(api: Signer) -> None:
@@ -221,11 +221,28 @@ def test_wrong_secret_is_refused(api: Signer) -> None:
     api.assert_401(api.call("GET", "/api/v1/whoami", secret_key=api.secret_key[:-1] + "x"), "signature")
 
 
-def test_unknown_access_key_is_refused_like_a_wrong_secret(api: Signer) -> None:
+def test_an_unknown_access_key_and_a_wrong_secret_are_named_as_such(api: Signer) -> None:
+    # Access key ids are public (every request carries one): like AWS's InvalidAccessKeyId, an unknown one is said
+    # to be unknown, so a user knows to check the key id rather than the secret. Nothing is said about a secret.
     unknown = api.call("GET", "/api/v1/whoami", access_key="AKNOSUCHKEY000000000")
-    api.assert_401(unknown, "signature")
+    api.assert_401(unknown, "unknown_key")
+    assert unknown.json()["message"] == "the access key id you provided does not exist: AKNOSUCHKEY000000000"
     wrong = api.call("GET", "/api/v1/whoami", secret_key="not-the-secret")
-    assert unknown.json() == wrong.json()  # nothing tells which keys exist
+    api.assert_401(wrong, "signature")
+    message = wrong.json()["message"]
+    assert message == f"the signature does not match: the secret key does not match access key {api.access_key}"
+    assert "not-the-secret" not in wrong.text
+
+
+def test_a_stale_answer_says_how_far_the_clock_is_off(api: Signer) -> None:
+    sent = int(time.time()) - 1000
+    response = api.call("GET", "/api/v1/whoami", date=sent)
+    api.assert_401(response, "stale")
+    details = response.json()["details"]
+    assert details["request_time"] == sent and details["max_skew_seconds"] == 300
+    assert abs(details["server_time"] - time.time()) < 30
+    skew = details["server_time"] - sent
+    assert f"is {skew} s behind the server's clock ({details['server_time']}, " in response.json()["message"]
 
 
 # -- missing and malformed headers --------------------------------------------------------------------------------
@@ -277,7 +294,7 @@ def test_non_ascii_digit_date_is_refused_not_a_server_error(api: Signer) -> None
 
 def test_bad_body_hash_header_is_refused(api: Signer) -> None:
     headers = api.headers("GET", "/api/v1/whoami", content_sha256="not-a-hash")
-    api.assert_401(api.send("GET", "/api/v1/whoami", headers), "signature")
+    api.assert_401(api.send("GET", "/api/v1/whoami", headers), "malformed")
 
 
 @pytest.mark.parametrize(("method", "path"), [("GET", "/api/v1/whoami"), ("POST", "/api/v1/jobs")])

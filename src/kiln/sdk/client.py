@@ -1,7 +1,9 @@
 """``kiln.Client``: the Python SDK over the signed REST API (httpx). The CLI uses nothing else.
 
 Credentials come from the arguments, else ``KILN_ENDPOINT`` / ``KILN_ACCESS_KEY`` / ``KILN_SECRET_KEY``, else
-``KILN_JOB_TOKEN`` (set by Kiln inside a running job), else the file ``kiln login`` writes (``~/.kiln/config``).
+``KILN_JOB_TOKEN`` (set by Kiln inside a running job), else the file ``kiln login`` writes (``KILN_CONFIG``, else
+``config`` in ``kiln.sdk.config.client_dir()``: ``$KILN_CLIENT_DIR``, else ``$KILN_HOME``, else ``~/.kiln``); a
+refused request says which of them to check (``kiln.sdk.credentials``).
 Requests with an access key are signed (KILN-HMAC-SHA256); requests with a job token carry
 ``Authorization: Bearer <token>`` and no signature. Errors are raised as the same ``kiln.errors`` classes the
 server maps, e.g. ``kiln.errors.NotFound``.
@@ -40,7 +42,7 @@ from kiln.domain.schemas import (
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState
 from kiln.errors import KilnError, NotFound, Unauthenticated, error_from_body
-from kiln.sdk.config import read_config_file
+from kiln.sdk import credentials
 from kiln.sdk.datasets import DatasetsMixin
 from kiln.sdk.logs import LogLine, LogParser
 from kiln.sdk.packaging import build_bundle
@@ -67,25 +69,12 @@ class Client(TenancyMixin, DatasetsMixin):
         if job_token and (access_key or secret_key):
             raise ValueError("give either access_key and secret_key, or job_token, not both")
         settings = settings or ClientSettings()
-        saved = read_config_file(settings.config)
-        self.endpoint = (endpoint or settings.endpoint or saved.get("KILN_ENDPOINT") or "").rstrip("/")
-        key = access_key or settings.access_key or ""
-        secret = secret_key or settings.secret_key or ""
-        token = job_token or ""
-        if not token and not (key and secret) and not (access_key or secret_key):
-            # Inside a job: the job's own token comes before a `kiln login` file that may lie in the same $HOME.
-            token = settings.job_token or ""
-        if not token:
-            key = key or saved.get("KILN_ACCESS_KEY") or ""
-            secret = secret or saved.get("KILN_SECRET_KEY") or ""
-        self.access_key = "" if token else key
-        self._secret_key = "" if token else secret
-        self._job_token = token
-        if not (self.endpoint and (token or (key and secret))):
-            raise Unauthenticated(
-                "no Kiln credentials: set KILN_ENDPOINT, KILN_ACCESS_KEY and KILN_SECRET_KEY "
-                "(e.g. `set -a; . ~/.kiln/admin.env; set +a`) or run `kiln login`"
-            )
+        # Each value with where it came from, so that a refusal can say what to check (kiln.sdk.credentials).
+        self._credentials = credentials.resolve(endpoint, access_key, secret_key, job_token, settings)
+        self.endpoint = self._credentials.endpoint
+        self.access_key = self._credentials.access_key
+        self._secret_key = self._credentials.secret_key
+        self._job_token = self._credentials.job_token
         self._http = httpx.Client(base_url=self.endpoint, timeout=timeout or settings.timeout)
 
     @property
@@ -164,20 +153,31 @@ class Client(TenancyMixin, DatasetsMixin):
         headers.update(extra_headers or {})
         try:
             response = self._http.request(method, url, content=body if body is not None else content, headers=headers)
+            if method == "HEAD" and response.status_code >= 400 and response.status_code != 404:
+                # A HEAD answer has no body: ask again with GET for the server's error (a refusal reads the same).
+                url, headers = self._prepare("GET", path, params, b"", False)
+                with self._http.stream("GET", url, headers={**headers, **(extra_headers or {})}) as again:
+                    if again.status_code >= 400:
+                        response = again
+                        response.read()
         except httpx.TransportError as exc:
             raise KilnError(f"cannot reach Kiln at {self.endpoint}: {exc}") from exc
         self._raise_for(response)
         return response
 
-    @staticmethod
-    def _raise_for(response: httpx.Response) -> None:
+    def _raise_for(self, response: httpx.Response) -> None:
+        """The server's error as the same ``kiln.errors`` class, its message kept; a refused authentication
+        also says what to check (the endpoint, the key and where each came from: ``kiln.sdk.credentials``)."""
         if response.status_code < 400:
             return
         try:
             body = response.json()
         except ValueError:
             body = response.text
-        raise error_from_body(response.status_code, body)
+        error = error_from_body(response.status_code, body)
+        if isinstance(error, Unauthenticated):
+            error = self._credentials.explain(error)
+        raise error
 
     # -- identity -------------------------------------------------------------------------------------
 

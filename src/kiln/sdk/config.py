@@ -18,6 +18,13 @@ def client_dir() -> Path:
     return Path.home() / ".kiln"
 
 
+def server_home() -> Path:
+    """Where a server on this machine keeps its state, as ``kiln server`` resolves it (``$KILN_HOME``, else
+    ``~/.kiln``): its first start writes the admin key to ``admin.env`` there."""
+    value = os.environ.get("KILN_HOME", "").strip()
+    return Path(value).expanduser() if value else Path.home() / ".kiln"
+
+
 def read_config_file(path: Path) -> dict[str, str]:
     out: dict[str, str] = {}
     try:

@@ -17,7 +17,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from kiln.auth import signing
+from kiln.auth import failures, signing
 from kiln.auth.secrets import SecretBox, new_access_key_id, new_secret_key
 from kiln.db.models import AccessKey, Job, Nonce, Organization, User, utcnow
 from kiln.db.session import Database
@@ -73,7 +73,8 @@ class Credentials:
 
 
 class AuthFailure(Unauthenticated):
-    """401 with a stable, coarse reason: clients learn what class of thing failed, never which key exists.
+    """401 with a stable reason (``kiln.auth.failures``) and a message that says what to check: which access key
+    does not exist, is disabled or expired, how far the request's clock is off; never anything about a secret.
     The attributes (never sent to the client) let the audit log say whose key was tried."""
 
     def __init__(
@@ -84,8 +85,11 @@ class AuthFailure(Unauthenticated):
         key_id: str | None = None,
         org_id: str | None = None,
         user_id: str | None = None,
+        message: str | None = None,
+        facts: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__("request authentication failed", details={"reason": reason})
+        text = message or failures.MESSAGES.get(reason, "request authentication failed")
+        super().__init__(text, details={"reason": reason, **(facts or {})})
         self.reason = reason
         self.log_detail = log_detail
         self.key_id = key_id
@@ -320,34 +324,47 @@ class IdentityService:
             raise AuthFailure("malformed")
         key_id, sig = parsed
         if not signing.ACCESS_KEY_PATTERN.fullmatch(key_id):
-            raise AuthFailure("malformed", "credential is not an access key id")
+            raise AuthFailure("malformed", "credential is not an access key id", message=failures.NOT_AN_ACCESS_KEY)
         if blocking:
             key = self._key(key_id)
         else:
             key = self._cached_key(key_id)
             if key is None or time.monotonic() - key.last_used_written > LAST_USED_INTERVAL:
                 return None
-        who = {"key_id": key_id[:64]}
+        who: dict[str, Any] = {"key_id": key_id[:64]}
         if key is not None:
             who.update(org_id=key.principal.org_id, user_id=key.principal.user_id)
         now = utcnow()
         if abs(now.timestamp() - int(date)) > self.settings.clock_skew_seconds:
-            raise AuthFailure("stale", f"key {key_id}: date {date} outside the window", **who)
+            text, facts = failures.skew(int(date), int(now.timestamp()), self.settings.clock_skew_seconds)
+            raise AuthFailure(
+                "stale", f"key {key_id}: date {date} outside the window", message=text, facts=facts, **who
+            )
         if content == signing.UNSIGNED_PAYLOAD:
             if not allow_unsigned_payload:
-                raise AuthFailure("malformed", "UNSIGNED-PAYLOAD on a route that needs a body hash", **who)
-        elif not signing.SHA256_HEX.fullmatch(content) or (body_sha256 is not None and content != body_sha256):
-            raise AuthFailure("signature", f"key {key_id}: body hash mismatch", **who)
+                text = failures.UNSIGNED_NOT_HERE
+                raise AuthFailure(
+                    "malformed", "UNSIGNED-PAYLOAD on a route that needs a body hash", message=text, **who
+                )
+        elif not signing.SHA256_HEX.fullmatch(content):
+            raise AuthFailure("malformed", f"key {key_id}: bad body hash", message=failures.NOT_A_BODY_HASH, **who)
+        elif body_sha256 is not None and content != body_sha256:
+            raise AuthFailure("body_hash", f"key {key_id}: body hash mismatch", **who)
+        # Access key ids are not secret (every request carries one): an unknown one is named as such, like AWS's
+        # InvalidAccessKeyId. A key's state is told only to a caller whose signature proved they hold its secret.
         if key is None:
-            raise AuthFailure("signature", f"unknown key {key_id}", **who)
+            raise AuthFailure("unknown_key", f"unknown key {key_id}", message=failures.unknown_key(key_id), **who)
         canonical = signing.canonical_query_from_raw(query)
         expected = signing.signature(key.secret, signing.string_to_sign(method, path, canonical, date, nonce, content))
         if not signing.signatures_equal(expected, sig):
-            raise AuthFailure("signature", f"key {key_id}: signature mismatch", **who)
+            text = failures.signature_mismatch(key_id)
+            raise AuthFailure("signature", f"key {key_id}: signature mismatch", message=text, **who)
         if not key.enabled or key.user_disabled:
-            raise AuthFailure("signature", f"key {key_id}: disabled", **who)
+            text = failures.key_disabled(key_id, user=key.enabled)
+            raise AuthFailure("key_disabled", f"key {key_id}: disabled", message=text, **who)
         if key.expires_at is not None and key.expires_at <= now:
-            raise AuthFailure("signature", f"key {key_id}: expired", **who)
+            text = failures.key_expired(key_id, key.expires_at)
+            raise AuthFailure("key_expired", f"key {key_id}: expired", message=text, **who)
         if self.nonces is not None:
             if not self.nonces.use(key_id, nonce, now):
                 raise AuthFailure("replayed", f"key {key_id}: nonce reused", **who)
@@ -436,14 +453,18 @@ class IdentityService:
         """Valid while unexpired and while that attempt of the job is STARTING or RUNNING."""
         parts = token.split(".")
         if len(parts) != 5 or parts[0] != "kjt" or not parts[2].isascii() or not parts[3].isascii():
-            raise AuthFailure("malformed")
+            raise AuthFailure("malformed", message="the job token is malformed (KILN_JOB_TOKEN)")
         job_id, attempt, expiry, mac = parts[1], parts[2], parts[3], parts[4]
         if not (attempt.isdigit() and expiry.isdigit()):
-            raise AuthFailure("malformed")
+            raise AuthFailure("malformed", message="the job token is malformed (KILN_JOB_TOKEN)")
         if not hmac.compare_digest(self._token_mac(f"{job_id}.{attempt}.{expiry}"), mac):
-            raise AuthFailure("signature", f"job token for {job_id}: bad mac", key_id=f"job:{job_id}"[:64])
+            text = "the job token is not valid (KILN_JOB_TOKEN)"
+            raise AuthFailure(
+                "signature", f"job token for {job_id}: bad mac", key_id=f"job:{job_id}"[:64], message=text
+            )
         if int(expiry) < time.time():
-            raise AuthFailure("stale", f"job token for {job_id}: expired", key_id=f"job:{job_id}"[:64])
+            text = "the job token has expired (KILN_JOB_TOKEN)"
+            raise AuthFailure("stale", f"job token for {job_id}: expired", key_id=f"job:{job_id}"[:64], message=text)
         with self.db.read() as s:
             row = s.execute(
                 select(Job, User, Organization)
@@ -451,13 +472,15 @@ class IdentityService:
                 .join(Organization, Organization.id == Job.org_id)
                 .where(Job.id == job_id)
             ).first()
-        who = {"key_id": f"job:{job_id}"[:64]}
+        who: dict[str, Any] = {"key_id": f"job:{job_id}"[:64]}
         if row is None:
-            raise AuthFailure("signature", f"job token for unknown job {job_id}", **who)
+            text = "the job token is not valid (KILN_JOB_TOKEN)"
+            raise AuthFailure("signature", f"job token for unknown job {job_id}", message=text, **who)
         job, user, org = row
         who.update(org_id=org.id, user_id=user.id)
         if job.attempt != int(attempt) or job.state not in (JobState.STARTING, JobState.RUNNING):
-            raise AuthFailure("stale", f"job token for {job_id}: the attempt has ended", **who)
+            text = f"the job token is no longer valid: the attempt of {job_id} it was made for has ended"
+            raise AuthFailure("stale", f"job token for {job_id}: the attempt has ended", message=text, **who)
         return Principal(
             user_id=user.id,
             user_name=user.name,

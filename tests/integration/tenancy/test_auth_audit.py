@@ -85,8 +85,8 @@ def test_tampered_body_is_401_and_audited(world: World) -> None:
     sent = json.dumps({"spec": job_spec("echo tampered-audit-body")}).encode()
     headers = {**api.headers("POST", "/api/v1/jobs", body=signed), "Content-Type": "application/json"}
     response = api.http.request("POST", "/api/v1/jobs", headers=headers, content=sent)
-    assert_401(response, "signature")
-    assert_recorded(world, key_id, "POST", "/api/v1/jobs", "signature", world.a["member"])
+    assert_401(response, "body_hash")
+    assert_recorded(world, key_id, "POST", "/api/v1/jobs", "body_hash", world.a["member"])
     commands = [j["spec"]["command"] for j in world.admin.ok("GET", "/jobs", params={"limit": 500})["items"]]
     assert "echo tampered-audit-body" not in commands and "echo signed" not in commands
     api.close()
@@ -113,8 +113,10 @@ def test_disabled_key_is_401_and_audited(world: World) -> None:
     key_id, _, api = fresh_key(world)
     assert api.get("/whoami").status_code == 200
     world.a["admin"].api.ok("POST", f"/keys/{key_id}/disable")
-    assert_401(api.post("/jobs", {"spec": job_spec("echo from a disabled key")}), "signature")
-    assert_recorded(world, key_id, "POST", "/api/v1/jobs", "signature", world.a["member"])
+    response = api.post("/jobs", {"spec": job_spec("echo from a disabled key")})
+    assert_401(response, "key_disabled")
+    assert response.json()["message"] == f"access key {key_id} is disabled"
+    assert_recorded(world, key_id, "POST", "/api/v1/jobs", "key_disabled", world.a["member"])
     api.close()
 
 
@@ -123,8 +125,10 @@ def test_disabled_user_is_401_and_audited_and_enabled_again(world: World) -> Non
     key_id, _, api = fresh_key(world, "viewer")
     admin.ok("POST", f"/users/{world.a['viewer'].user_name}/disable")
     try:
-        assert_401(api.get("/jobs"), "signature")
-        assert_recorded(world, key_id, "GET", "/api/v1/jobs", "signature", world.a["viewer"])
+        response = api.get("/jobs")
+        assert_401(response, "key_disabled")
+        assert response.json()["message"] == f"the user of access key {key_id} is disabled"
+        assert_recorded(world, key_id, "GET", "/api/v1/jobs", "key_disabled", world.a["viewer"])
     finally:
         admin.ok("POST", f"/users/{world.a['viewer'].user_name}/enable")
     assert api.get("/jobs").status_code == 200
@@ -137,16 +141,18 @@ def test_expired_key_is_401_and_audited(world: World) -> None:
     api = Api(world.url, created["id"], created["secret_key"])
     assert api.get("/whoami").status_code == 200
     time.sleep(1.3)
-    assert_401(api.get("/whoami"), "signature")
-    assert_recorded(world, created["id"], "GET", "/api/v1/whoami", "signature", world.a["member"])
+    response = api.get("/whoami")
+    assert_401(response, "key_expired")
+    assert response.json()["message"].startswith(f"access key {created['id']} expired at 20")
+    assert_recorded(world, created["id"], "GET", "/api/v1/whoami", "key_expired", world.a["member"])
     api.close()
 
 
 def test_unknown_key_is_401_and_audited_without_an_organisation(world: World) -> None:
     key_id = new_access_key_id()
     api = Api(world.url, key_id, "no-such-secret")
-    assert_401(api.post("/jobs", {"spec": job_spec("echo who")}), "signature")
-    assert_recorded(world, key_id, "POST", "/api/v1/jobs", "signature", None)
+    assert_401(api.post("/jobs", {"spec": job_spec("echo who")}), "unknown_key")
+    assert_recorded(world, key_id, "POST", "/api/v1/jobs", "unknown_key", None)
     api.close()
 
 
