@@ -140,9 +140,10 @@ def test_script_reports_a_refusal(script: Path, shared_server: KilnServer) -> No
     assert result.returncode == 22
     assert status_of(result) == 401
     body = json.loads(result.stdout)
+    key = shared_server.credentials()["KILN_ACCESS_KEY"]
     assert body == {
         "code": "unauthenticated",
-        "message": "request authentication failed",
+        "message": f"the signature does not match: the secret key does not match access key {key}",
         "details": {"reason": "signature"},
     }
 
