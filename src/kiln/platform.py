@@ -48,7 +48,7 @@ class Platform:
         settings.home.mkdir(parents=True, exist_ok=True)
         os.chmod(settings.home, 0o700)
         settings.run_dir.mkdir(parents=True, exist_ok=True)
-        self._lock = self._take_home_lock(settings.run_dir / "server.lock")
+        self._lock = self._take_home_lock(settings.run_dir / "server.lock", settings.endpoint)
         self.db = Database(settings.resolved_database_url)
         migrate.upgrade(self.db.engine)
         key = (
@@ -121,14 +121,25 @@ class Platform:
             self._reconciler.wake(job_id)
 
     @staticmethod
-    def _take_home_lock(path: Path) -> IO[str]:
-        """One server per $KILN_HOME: its jobs and leases belong to exactly one reconciler."""
+    def _take_home_lock(path: Path, endpoint: str) -> IO[str]:
+        """One server per $KILN_HOME: its jobs and leases belong to exactly one reconciler. The holder writes its
+        pid and address into the lock file, so that a second server can say which one holds it."""
         fh = open(path, "a+")  # noqa: SIM115 - held open for the server's lifetime
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            fh.seek(0)
+            holder = " ".join(fh.read(200).split())
             fh.close()
-            raise KilnError(f"another Kiln server is running with KILN_HOME={path.parent.parent}") from None
+            home = path.parent.parent
+            raise KilnError(
+                f"another Kiln server{f' (pid {holder})' if holder else ''} is running with KILN_HOME={home}; "
+                "stop it, or set KILN_HOME (or pass --home) to another directory for this one"
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}, {endpoint}\n")
+        fh.flush()
         return fh
 
     def start(self) -> Credentials | None:

@@ -25,20 +25,34 @@ log = logging.getLogger("kiln.server")
 API_PREFIX = "/api/v1"
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def start_platform(settings: Settings) -> Platform:
+    """Build every part of a server and start its background work; on the first start, the admin's credentials
+    are written to ``$KILN_HOME/admin.env``."""
+    platform = Platform(settings)
+    try:
+        creds = platform.start()
+    except BaseException:
+        platform.close()
+        raise
+    if creds is not None:
+        log.warning(
+            "first start: admin credentials written to %s (source it: `set -a; . %s; set +a`)",
+            settings.home / "admin.env",
+            settings.home / "admin.env",
+        )
+    return platform
+
+
+def create_app(settings: Settings | None = None, platform: Platform | None = None) -> FastAPI:
+    """The application. ``kiln server`` starts the ``platform`` before it serves (so that a failure is said
+    before uvicorn runs); without one, the application's lifespan starts it. Either way the lifespan's end closes
+    it."""
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        platform = Platform(settings)
-        app.state.platform = platform
-        creds = platform.start()
-        if creds is not None:
-            log.warning(
-                "first start: admin credentials written to %s (source it: `set -a; . %s; set +a`)",
-                settings.home / "admin.env",
-                settings.home / "admin.env",
-            )
+        running = platform or start_platform(settings)
+        app.state.platform = running
         # Everything loaded so far lives as long as the server: take it out of the collector's sight, so that
         # the garbage collections that requests trigger scan only what requests allocate.
         gc.collect()
@@ -46,11 +60,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Request work in threads is short (a query, a nonce insert): a few threads do it with less contention
         # and far better tail latency than many. Nothing waits in a thread (log following is async).
         to_thread.current_default_thread_limiter().total_tokens = settings.worker_threads
-        log.info("Kiln %s ready on %s (home %s)", __version__, settings.endpoint, settings.home)
         try:
             yield
         finally:
-            platform.close()
+            running.close()
 
     app = FastAPI(
         title="Kiln",

@@ -1,13 +1,28 @@
-"""Run the API server (what ``kiln server`` and ``python -m kiln.api.serve`` do)."""
+"""Run the API server (what ``kiln server`` and ``python -m kiln.api.serve`` do).
+
+The order matters to someone whose start fails: first the listening socket (a port in use is said before
+anything is written into ``$KILN_HOME``), then the platform (home, lock, database, backend, admin key), and only
+then uvicorn, which says "ready" once it accepts connections. A failure is one line (``StartupError``); with
+``debug`` its traceback comes first.
+"""
 
 from __future__ import annotations
 
 import logging
+import socket
+import sys
+import traceback
 
 import uvicorn
+from pydantic import ValidationError
 
-from kiln.api.app import create_app
+from kiln import __version__
+from kiln.api.app import create_app, start_platform
+from kiln.api.startup import EXIT_INTERRUPTED, EXIT_USAGE, StartupError, explain, listen_socket, settings_problems
+from kiln.platform import Platform
 from kiln.settings import Settings
+
+log = logging.getLogger("kiln.server")
 
 
 def configure_logging(level: str = "INFO") -> None:
@@ -19,18 +34,70 @@ def configure_logging(level: str = "INFO") -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def serve(settings: Settings | None = None, log_level: str = "INFO") -> None:
-    settings = settings or Settings()
+class _Server(uvicorn.Server):
+    """uvicorn, saying "ready" once its listener accepts connections (not when the application has started)."""
+
+    def __init__(self, config: uvicorn.Config, settings: Settings) -> None:
+        super().__init__(config)
+        self.settings = settings
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            log.info("Kiln %s ready on %s (home %s)", __version__, self.settings.endpoint, self.settings.home)
+
+
+def serve(settings: Settings, log_level: str = "INFO", debug: bool = False) -> None:
+    """Start and serve until stopped. Raises ``StartupError`` (one line; the traceback is printed first when
+    ``debug``) when the server cannot start."""
     configure_logging(log_level)
-    uvicorn.run(
-        create_app(settings),
+    platform: Platform | None = None
+    try:
+        sock = listen_socket(settings.host, settings.port)
+        try:
+            platform = start_platform(settings)
+        except BaseException:
+            sock.close()
+            raise
+    except KeyboardInterrupt:
+        if platform is not None:
+            platform.close()
+        raise StartupError("interrupted while starting", EXIT_INTERRUPTED) from None
+    except Exception as exc:
+        if debug:
+            traceback.print_exception(exc)
+        raise explain(exc, settings) from exc
+    config = uvicorn.Config(
+        create_app(settings, platform),
         host=settings.host,
         port=settings.port,
         log_level=log_level.lower(),
         access_log=False,
         timeout_graceful_shutdown=5,
     )
+    server = _Server(config, settings)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        if not server.started:  # the application's lifespan, which closes the platform, never ran
+            platform.close()
+    if not server.started:
+        raise StartupError("the server could not start (see the log above)")
+
+
+def main() -> None:
+    """``python -m kiln.api.serve``: the server with its settings from the environment only."""
+    try:
+        try:
+            settings = Settings()
+        except ValidationError as exc:
+            raise StartupError(f"invalid settings: {settings_problems(exc)}", EXIT_USAGE) from None
+        serve(settings)
+    except StartupError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        sys.exit(exc.exit_code)
 
 
 if __name__ == "__main__":
-    serve()
+    main()

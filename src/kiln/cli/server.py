@@ -16,22 +16,33 @@ def server(
     host: Annotated[str | None, typer.Option(help="Address to bind [default: $KILN_HOST or 127.0.0.1].")] = None,
     port: Annotated[int | None, typer.Option(help="Port to bind [default: $KILN_PORT or 8080].")] = None,
     home: Annotated[Path | None, typer.Option(help="State directory [default: $KILN_HOME or ~/.kiln].")] = None,
-    log_level: Annotated[str, typer.Option(help="critical, error, warning, info or debug.")] = "info",
+    log_level: Annotated[
+        str | None, typer.Option(help="critical, error, warning, info or debug [default: info; debug with --debug].")
+    ] = None,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Log at debug level, and print the traceback of an error at start.")
+    ] = False,
 ) -> None:
-    """Start the Kiln server (settings from KILN_* environment variables; these options override them)."""
+    """Start the Kiln server (settings from KILN_* environment variables; these options override them).
+
+    A server that cannot start says why in one line (`error: ...`) and exits 1, or 2 for invalid settings."""
     from pydantic import ValidationError
 
+    from kiln.api.startup import StartupError, settings_problems
     from kiln.settings import Settings
 
-    if log_level.lower() not in LOG_LEVELS:
+    level = (log_level or ("debug" if debug else "info")).lower()
+    if level not in LOG_LEVELS:
         raise typer.BadParameter(f"must be one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
     overrides = {"host": host, "port": port, "home": str(home) if home is not None else None}
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        fail(f"invalid settings: {problems}", EXIT_USAGE)
+        fail(f"invalid settings: {settings_problems(exc)}", EXIT_USAGE)
 
     from kiln.api.serve import serve  # heavy (uvicorn, the app): only here
 
-    serve(settings, log_level.upper())
+    try:
+        serve(settings, level.upper(), debug=debug)
+    except StartupError as exc:
+        fail(exc.message, exc.exit_code)
