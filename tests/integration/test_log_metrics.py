@@ -135,3 +135,14 @@ def test_jobs_without_log_metrics_are_not_read(world: Any) -> None:
     world.logs.append(job, "O", ["step=1 loss=0.5"])
     assert world.extractor().run_once() == 0
     assert not (world.jobs_dir / job / "metrics").exists()
+
+
+def test_the_specs_include_and_exclude_choose_the_names_of_a_pods_log(world: Any) -> None:
+    plain = world.job("job-names")
+    chosen = world.job("job-chosen", metrics={"include": ["loss", "seed"], "exclude": ["val_*"]})
+    line = "rank=1 world_size=2 seed=7 step=1 loss=0.5 val_loss=0.6 lr=0.1"
+    for job in (plain, chosen):
+        world.logs.append(job, "O@worker1", [line])
+    world.extractor().run_once()
+    assert world.spool(plain, "log-a1-worker1.jsonl") == [(1, {"loss": 0.5, "val_loss": 0.6, "lr": 0.1})]
+    assert world.spool(chosen, "log-a1-worker1.jsonl") == [(1, {"seed": 7.0, "loss": 0.5})]

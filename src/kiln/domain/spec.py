@@ -10,7 +10,7 @@ import re
 import shlex
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kiln.domain import limits
 from kiln.domain.distributed import DistributedSpec
@@ -185,6 +185,16 @@ class MetricPattern(_Strict):
         return self
 
 
+def _name_pattern(value: str) -> str:
+    if not value.strip() or any(ord(c) < 32 or c == "\x7f" for c in value):
+        raise ValueError(f"{value!r} is not a metric name or pattern (e.g. loss, val_*, train/*)")
+    return value
+
+
+MetricNamePattern = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_name_pattern)]
+"""A metric name, or a shell-style pattern of names (``val_*``), as ``metrics.include``/``exclude`` list them."""
+
+
 class MetricsSpec(_Strict):
     """How Kiln collects the job's metrics without code changes (``kiln.log`` in the job always works)."""
 
@@ -193,6 +203,18 @@ class MetricsSpec(_Strict):
     )
     patterns: list[MetricPattern] = Field(
         default_factory=list, max_length=limits.MAX_METRIC_PATTERNS, description="Custom extractors."
+    )
+    include: list[MetricNamePattern] = Field(
+        default_factory=list,
+        max_length=limits.MAX_METRIC_PATTERNS,
+        description="Names to take from the log, shell-style patterns (loss, val_*): only these when given, the "
+        "well-known non-metrics (rank, world_size, pid, seed, ...) too where they match. Default: every name but "
+        "those.",
+    )
+    exclude: list[MetricNamePattern] = Field(
+        default_factory=list,
+        max_length=limits.MAX_METRIC_PATTERNS,
+        description="Names never taken from the log, shell-style patterns (lr, debug/*).",
     )
     tensorboard: bool = Field(
         True, description="Ingest TensorBoard scalars written under the TensorBoard dir.", strict=True

@@ -191,7 +191,7 @@ def _tbreader() -> Any:
 
 class Metrics:
     """The shim's metrics threads for one attempt, from ``cfg["metrics"]``:
-    ``{"dir", "builtin", "patterns", "tensorboard_dir", "system", "system_interval"}``."""
+    ``{"dir", "builtin", "patterns", "include", "exclude", "tensorboard_dir", "system", "system_interval"}``."""
 
     def __init__(self, cfg: dict, tree: Callable[[], list[int]], log_offset: int) -> None:
         mc = cfg["metrics"]
@@ -260,7 +260,13 @@ class Metrics:
     def _run_log(self) -> None:
         mc = self.mc
         spool = self.spool("log")
-        extractor = Extractor(bool(mc.get("builtin", True)), mc.get("patterns") or (), on_event=spool.event)
+        extractor = Extractor(
+            bool(mc.get("builtin", True)),
+            mc.get("patterns") or (),
+            on_event=spool.event,
+            include=mc.get("include") or (),
+            exclude=mc.get("exclude") or (),
+        )
         tail = self.tail = LogTail(
             self.cfg["log_path"], self.log_offset, self.cfg.get("log_tag") or "", extractor, spool
         )

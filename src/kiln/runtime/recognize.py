@@ -6,6 +6,7 @@ Standard library only, like ``extract`` (which loads it; see there).
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import re
 import time
@@ -45,6 +46,16 @@ _HINT_BYTES = re.compile(rb"[=:]|(?i:step|epoch|iter)")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 STEP_PRIORITY = {"global_step": 0, "step": 1, "iteration": 2, "iter": 3, "epoch": 4}
+# Numbers a training script prints that say who or which run it is, not how training goes: a DDP script's
+# `rank=0 world_size=2`, a process id, a seed. Each is a constant of its process; as metrics they would only add a
+# flat line per worker. Built-in recognition leaves them out unless the spec's ``metrics.include`` names them.
+NOT_METRICS = frozenset(
+    {"rank", "global_rank", "local_rank", "node_rank", "group_rank", "world_size", "local_world_size", "pid", "seed"}
+)
+# A second step marker on a line is a metric only when it is the epoch (``Epoch [3/10], Step [100/600]``: step 100,
+# epoch 3), as W&B and TensorBoard users log it to plot against; a second counter (``iter 50`` of an epoch next to
+# ``global_step 250``) is a position, not a measurement.
+SECONDARY_METRIC_MARKERS = frozenset({"epoch"})
 
 
 def _key_name(key: str) -> str:
@@ -95,21 +106,56 @@ def _recognize_plain(text: str) -> tuple[int | None, dict[str, float | str]]:
         return None, metrics
     markers.sort()
     for _, value, _, name in markers[1:]:
-        if name != markers[0][3]:
+        if name != markers[0][3] and name in SECONDARY_METRIC_MARKERS:
             metrics.setdefault(name, float(value))
     return markers[0][1], metrics
 
 
-def recognize(text: str) -> tuple[int | None, dict[str, float | str]]:
+def recognize(text: str, skip: frozenset[str] = NOT_METRICS) -> tuple[int | None, dict[str, float | str]]:
     """Built-in recognition of one progress line: (step marker or None, metrics).
 
     ``key=value`` / ``key: value`` pairs whose key looks like an identifier (or two words, ``Train Loss: 0.5``,
     with a colon) and whose value is a number token on its own; step/epoch/iteration markers give the step.
-    A line with both a step and an epoch keeps the epoch as a metric.
+    A line with both a step and an epoch keeps the epoch as a metric. Names in ``skip`` (by default the
+    well-known non-metrics: ``rank``, ``world_size``, ``pid``, ``seed``, ...) are left out.
     """
-    if _PLAIN_LINE.fullmatch(text):
-        return _recognize_plain(text)
-    return _recognize_scan(text)
+    step, metrics = _recognize_plain(text) if _PLAIN_LINE.fullmatch(text) else _recognize_scan(text)
+    if skip and not skip.isdisjoint(metrics):
+        metrics = {name: value for name, value in metrics.items() if name not in skip}
+    return step, metrics
+
+
+class NameFilter:
+    """Which names extraction from the log keeps: the spec's ``metrics.include`` and ``metrics.exclude``, lists of
+    shell-style patterns (``loss``, ``val_*``, ``train/*``) matched without regard to case. With ``include``, only
+    the names it matches are kept (the well-known non-metrics too, where it names them); without it, every name
+    but the well-known non-metrics. ``exclude`` then drops what it matches."""
+
+    def __init__(self, include: Iterable[str] = (), exclude: Iterable[str] = ()) -> None:
+        self.include = tuple(str(p).lower() for p in include or ())
+        self.exclude = tuple(str(p).lower() for p in exclude or ())
+        # What built-in recognition leaves out before the patterns are looked at.
+        self.skip = NOT_METRICS - {n for n in NOT_METRICS if self._matches(n, self.include)}
+        self.active = bool(self.include or self.exclude)
+        self.cache: dict[str, bool] = {}
+
+    @staticmethod
+    def _matches(name: str, patterns: tuple[str, ...]) -> bool:
+        return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+    def keeps(self, name: str) -> bool:
+        kept = self.cache.get(name)
+        if kept is None:
+            lower = name.lower()
+            kept = (not self.include or self._matches(lower, self.include)) and not self._matches(lower, self.exclude)
+            if len(self.cache) < 10_000:  # a job printing ever new names must not grow this without end
+                self.cache[name] = kept
+        return kept
+
+    def apply(self, metrics: dict[str, Value]) -> dict[str, Value]:
+        if not self.active or not metrics:
+            return metrics
+        return {name: value for name, value in metrics.items() if self.keeps(name)}
 
 
 def _recognize_scan(text: str) -> tuple[int | None, dict[str, float | str]]:
@@ -145,7 +191,7 @@ def _recognize_scan(text: str) -> tuple[int | None, dict[str, float | str]]:
         markers.sort()
         step = markers[0][1]
         for _, value, _, _, name in markers[1:]:
-            if name != markers[0][4]:
+            if name != markers[0][4] and name in SECONDARY_METRIC_MARKERS:
                 metrics.setdefault(name, float(value))
     return step, metrics
 
@@ -195,8 +241,11 @@ class Extractor:
         builtin: bool = True,
         patterns: Iterable[dict] = (),
         on_event: Callable[[str, str], None] | None = None,
+        include: Iterable[str] = (),
+        exclude: Iterable[str] = (),
     ) -> None:
         self.builtin = builtin
+        self.names = NameFilter(include, exclude)
         self.on_event = on_event or (lambda reason, message: None)
         self.patterns: list[Pattern] = []
         for i, spec in enumerate(patterns or ()):
@@ -225,11 +274,12 @@ class Extractor:
         out: list[Point] = []
         if self.builtin:
             try:
-                step, metrics = recognize(text)
+                step, found = recognize(text, self.names.skip)
             except Exception:  # never let one odd line stop extraction
-                step, metrics = None, {}
+                step, found = None, {}
             if step is not None:
                 stream.step = step
+            metrics = self.names.apply(found)
             if metrics:
                 out.append((t, stream.step, metrics))
         if self.patterns:
@@ -299,6 +349,7 @@ class Extractor:
                         )
                     else:
                         metrics[group] = clean_value(number)
+                metrics = self.names.apply(metrics)
                 if metrics:
                     out.append((t, step, metrics))
         except Exception as exc:  # a pattern that fails at run time is switched off, once

@@ -3,9 +3,10 @@
 On the local executor each attempt's shim reads the job's log and spools the points it recognises
 (``kiln.runtime.extract``). A pod has no shim, but its output reaches Kiln's own log store (the Kubernetes
 controller streams it there, tagged per member like the shim's lines), so the server runs the same extractor over
-that file: built-in recognition and the spec's ``metrics.patterns``, no change to the job. The points go to the
-same spool files (``log-a<attempt>-<member>.jsonl`` in the job's metrics directory) that the ingester already
-reads, so storage, queries and exactly-once ingestion are shared with every other source.
+that file: built-in recognition and the spec's ``metrics.patterns``, keeping the names ``metrics.include`` and
+``metrics.exclude`` let through, no change to the job. The points go to the same spool files
+(``log-a<attempt>-<member>.jsonl`` in the job's metrics directory) that the ingester already reads, so storage,
+queries and exactly-once ingestion are shared with every other source.
 
 Where extraction stands is kept in ``metrics/logtail.json`` (attempt, byte offset), written after the points
 before it are spooled: a server that stops resumes there (a crash between the two repeats at most one pass's
@@ -19,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -55,12 +56,14 @@ class MemberTail(LogTail):
     """A log tail that serves every member of the job: each (stdout/stderr) line goes to its member's extractor
     and spool (``O@worker1`` → worker1; an untagged line → worker0)."""
 
-    def __init__(self, path: str, offset: int, directory: str, attempt: int, builtin: bool, patterns: list) -> None:
-        super().__init__(path, offset, "", Extractor(builtin, patterns), Spool(os.devnull, "", "log"))
+    def __init__(self, path: str, offset: int, directory: str, attempt: int, metrics: dict[str, Any]) -> None:
+        self.builtin = bool(metrics.get("builtin", True))
+        self.patterns = list(metrics.get("patterns") or [])
+        self.include = list(metrics.get("include") or [])  # the names kept (spec: metrics.include / exclude)
+        self.exclude = list(metrics.get("exclude") or [])
+        super().__init__(path, offset, "", self.new_extractor(), Spool(os.devnull, "", "log"))
         self.directory = directory
         self.attempt = attempt
-        self.builtin = builtin
-        self.patterns = patterns
         self.members: dict[bytes, tuple[Extractor, Spool]] = {}
         self.job_attempt = attempt  # the job's attempt now (the tail's own may still be reading an earlier one)
 
@@ -69,8 +72,11 @@ class MemberTail(LogTail):
         if found is None:
             name = tag.decode("ascii", "replace") or "worker0"
             spool = Spool(spool_path(self.directory, "log", self.attempt, name), name, "log")
-            found = self.members[tag] = (Extractor(self.builtin, self.patterns, on_event=spool.event), spool)
+            found = self.members[tag] = (self.new_extractor(spool.event), spool)
         return found
+
+    def new_extractor(self, on_event: Callable[[str, str], None] | None = None) -> Extractor:
+        return Extractor(self.builtin, self.patterns, on_event, include=self.include, exclude=self.exclude)
 
     def line(self, raw: bytes) -> None:
         parts = raw.split(b" ", 2)
@@ -199,8 +205,7 @@ class LogMetrics:
             offset,
             str(directory),
             at,
-            bool(metrics.get("builtin", True)),
-            list(metrics.get("patterns") or []),
+            metrics,
         )
         return _State(tail, bool(saved.get("done")) and at == attempt)
 

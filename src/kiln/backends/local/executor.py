@@ -232,6 +232,8 @@ class LocalBackend(Backend):
             "dir": str(dirs["metrics"]),
             "builtin": wanted.builtin,
             "patterns": [p.model_dump() for p in wanted.patterns],
+            "include": wanted.include,
+            "exclude": wanted.exclude,
             "tensorboard_dir": str(dirs["tensorboard"]) if wanted.tensorboard else None,
             "system": wanted.system,
             "system_interval": wanted.system_interval,
