@@ -1,13 +1,14 @@
-"""``kiln jobs``: list, show, events, why, cancel and download."""
+"""``kiln jobs``: list, show, events, why, cancel, rerun, delete and download."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from kiln.cli.common import Output, OutputFormat, connect, emit_json, emit_list, info, out
+from kiln.cli.common import EXIT_USAGE, Output, OutputFormat, connect, emit_json, emit_list, fail, info, out
 from kiln.cli.output import (
     display_path,
     events_table,
@@ -83,6 +84,43 @@ def cancel(job_id: JobArg, output: Output = OutputFormat.table) -> None:
         info(f"job {job.id} {job.state}")
     else:
         info(f"cancelling job {job.id} ({job.state}); see `kiln jobs show {job.id}`")
+
+
+@app.command()
+def rerun(
+    job_id: JobArg,
+    name: Annotated[str | None, typer.Option(help="Display name (default: the job's).")] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", help="Stream the logs; exit 0 if the job succeeds, 1 if not, 130 cancelled.")
+    ] = False,
+) -> None:
+    """Submit a new job with a job's spec and code (in any state); prints the new job's id first, as run does."""
+    from kiln.cli.run import follow_to_end
+
+    with connect() as client:
+        job = client.rerun(job_id, name=name)
+        sys.stdout.write(job.id + "\n")
+        sys.stdout.flush()
+        info(f"submitted job {job.id} ({job.name}), a rerun of {job_id}: {job.state}")
+        if not follow:
+            info(f"follow it with: kiln logs -f {job.id}")
+            return
+        follow_to_end(client, job.id)
+
+
+@app.command()
+def delete(
+    job_id: JobArg,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Delete an ended job with its events, log, metrics, artifacts and checkpoints (frees their storage)."""
+    if not yes:
+        if not sys.stdin.isatty():
+            fail(f"deleting job {job_id} cannot be undone; pass --yes to confirm", EXIT_USAGE)
+        typer.confirm(f"Delete job {job_id} with its outputs, log and metrics? This cannot be undone", abort=True)
+    with connect() as client:
+        client.delete_job(job_id)
+    info(f"deleted job {job_id}")
 
 
 @app.command()

@@ -4,46 +4,109 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
 from kiln.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, connect, fail, info
 from kiln.cli.logs import follow_logs
 from kiln.cli.output import plural, transfer_progress
-from kiln.cli.spec import Overrides, SpecError, build_spec, parse_pairs
+from kiln.cli.spec import INPUT_FORMAT, Overrides, SpecError, build_spec, parse_input, parse_pairs
 from kiln.domain.states import JobState
 
 if TYPE_CHECKING:
-    from kiln.domain.schemas import JobRead
+    from kiln.domain.schemas import JobDryRun, JobRead
+    from kiln.domain.spec import JobSpec
     from kiln.sdk.client import Client
+    from kiln.sdk.code_manifest import Changes
+    from kiln.sdk.packaging import Bundle
 
 RUN_HELP = (
-    "Submit a job: package --dir (honouring .gitignore and .kilnignore), upload it and run COMMAND.\n\n"
+    "Submit a job: package --dir (honouring .gitignore and .kilnignore; directories `kiln jobs download` wrote "
+    "are left out), have the server check the job, upload the code if the server lacks it, and run COMMAND.\n\n"
     "The job id is the first line on stdout (JOB=$(kiln run ... | head -1)); everything else goes to stderr. "
     "Flags override the values of the -f file; --env and --label merge with its maps.\n\n"
     "Options come first: everything from the first argument on (or after --) is the command. A single argument "
-    "with spaces or shell characters runs through /bin/sh -c, e.g. kiln run -- 'python a.py && python b.py'."
+    "with spaces or shell characters runs through /bin/sh -c, e.g. kiln run -- 'python a.py && python b.py'.\n\n"
+    "Exit codes: 2 when the spec is invalid or the server refuses it (nothing is uploaded then); with --follow, "
+    "0 if the job succeeds, 1 if not, 130 if it is cancelled."
 )
 
 
-def upload_code(client: Client, directory: Path) -> str:
-    """Bundle ``directory``, upload it with a progress bar on stderr, return its sha256."""
+def pack_code(directory: Path) -> Bundle:
+    """Bundle ``directory`` (nothing is sent yet) and say on stderr what was packed, what was left out because a
+    job download wrote it, and what is new or changed since the last run from that directory."""
     from kiln.domain.quantities import format_memory
-    from kiln.sdk.client import DEFAULT_MAX_CODE_BYTES
-    from kiln.sdk.packaging import build_bundle
+    from kiln.sdk.code_manifest import compare
+    from kiln.sdk.packaging import DEFAULT_MAX_CODE_BYTES, build_bundle
 
     bundle = build_bundle(directory, DEFAULT_MAX_CODE_BYTES)
+    for skipped in bundle.skipped:
+        info(skipped.describe())
+    info(
+        f"packed {plural(bundle.files, 'file')} ({format_memory(bundle.unpacked_bytes)}) from {directory} "
+        f"into a {format_memory(bundle.size)} bundle"
+    )
+    changes = compare(directory, bundle.digests)
+    if not changes.first:
+        info(describe_changes(changes, directory))
+    return bundle
+
+
+def describe_changes(changes: Changes, directory: Path) -> str:
+    parts = [
+        f"{len(names)} {label} ({_names(names)})"
+        for label, names in (("new", changes.new), ("changed", changes.changed), ("removed", changes.removed))
+        if names
+    ]
+    if not parts:
+        return f"unchanged since the last run from {directory}"
+    return f"since the last run from {directory}: " + ", ".join(parts)
+
+
+def _names(names: list[str], shown: int = 8) -> str:
+    text = ", ".join(names[:shown])
+    return text + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def check_and_upload(client: Client, spec: JobSpec, bundle: Bundle | None, dry_run: bool) -> JobDryRun:
+    """The server's dry run of the submit; then, unless ``dry_run``, the bundle's upload if the server lacks
+    it. A spec the server refuses exits 2 with its message, before anything was uploaded."""
+    from kiln.errors import BadRequest, InvalidInput, RuntimeUnavailable
+
     try:
-        info(
-            f"packaged {plural(bundle.files, 'file')} ({format_memory(bundle.unpacked_bytes)}) from {directory} "
-            f"into a {format_memory(bundle.size)} bundle"
-        )
+        checked = client.dry_run(spec, bundle.sha256 if bundle else None)
+    except (InvalidInput, BadRequest, RuntimeUnavailable) as exc:
+        fail(f"the server refused the job: {exc.message}", EXIT_USAGE)
+    if bundle is None or dry_run:
+        return checked
+    if checked.code_stored:
+        info(f"code bundle {bundle.sha256[:12]} is on the server already")
+    else:
         with transfer_progress("uploading code", bundle.size) as progress:
             client.upload_blob(bundle.path, bundle.sha256, progress)
-    finally:
-        bundle.path.unlink(missing_ok=True)
-    return bundle.sha256
+        info(f"uploaded code bundle {bundle.sha256[:12]}")
+    return checked
+
+
+def print_dry_run(checked: JobDryRun, bundle: Bundle | None) -> None:
+    import yaml
+
+    sys.stdout.write(yaml.safe_dump(checked.spec.model_dump(mode="json", exclude_none=True), sort_keys=False))
+    sys.stdout.flush()
+    code = ""
+    if bundle is not None:
+        held = "the server holds it already" if checked.code_stored else "a run would upload it"
+        code = f"; code bundle {bundle.sha256[:12]}: {held}"
+    info(f"dry run: the server accepts job {checked.name!r}; nothing was uploaded or created{code}")
+
+
+def follow_to_end(client: Client, job_id: str) -> NoReturn:
+    """Stream the job's log until it ends, say how it ended, and exit with what that means."""
+    follow_logs(client, job_id)
+    final = client.wait(job_id)
+    info(describe_end(final))
+    raise typer.Exit(final_exit_code(final))
 
 
 def final_exit_code(job: JobRead) -> int:
@@ -91,12 +154,30 @@ def run(
     label: Annotated[list[str] | None, typer.Option("--label", "-l", help="KEY=VALUE, repeatable.")] = None,
     timeout: Annotated[str | None, typer.Option(help="Wall-clock limit per run, e.g. 90s, 10m, 1h30m.")] = None,
     max_restarts: Annotated[int | None, typer.Option(help="Retries of a failed run.")] = None,
+    inputs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--input",
+            "-i",
+            metavar=INPUT_FORMAT,
+            help="A dataset the job reads, repeatable: at /data/NAME (or PATH), the latest version unless @VERSION, "
+            "staged unless :mount. Added to the -f file's inputs (replacing one of the same dataset).",
+        ),
+    ] = None,
     directory: Annotated[Path, typer.Option("--dir", exists=True, file_okay=False, help="The code to upload.")] = (
         Path(".")
     ),
     no_code: Annotated[bool, typer.Option("--no-code", help="Upload no code; run in an empty directory.")] = False,
     follow: Annotated[
         bool, typer.Option("--follow", help="Stream the logs; exit 0 if the job succeeds, 1 if not, 130 cancelled.")
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Have the server check the job as a submit would and print the spec it would get (inputs pinned); "
+            "upload and create nothing.",
+        ),
     ] = False,
 ) -> None:
     try:
@@ -115,21 +196,33 @@ def run(
             max_restarts=max_restarts,
             priority=priority,
             gpu_type=gpu_type,
+            inputs=[parse_input(text) for text in inputs or []],
         )
         spec = build_spec(file, flags)
     except SpecError as exc:
         fail(str(exc), EXIT_USAGE)
+    if dry_run and follow:
+        fail("--dry-run creates no job to --follow; give one of them", EXIT_USAGE)
+
+    from kiln.sdk.code_manifest import remember
 
     with connect() as client:
-        sha = None if no_code else upload_code(client, directory)
-        job = client.submit(spec, sha)
+        bundle = None if no_code else pack_code(directory)
+        try:
+            checked = check_and_upload(client, spec, bundle, dry_run)
+            if dry_run:
+                print_dry_run(checked, bundle)
+                return
+            job = client.submit(spec, bundle.sha256 if bundle else None)
+        finally:
+            if bundle is not None:
+                bundle.path.unlink(missing_ok=True)
+        if bundle is not None:
+            remember(directory, bundle.digests)
         sys.stdout.write(job.id + "\n")
         sys.stdout.flush()
         info(f"submitted job {job.id} ({job.name}, {spec.runtime.label}): {job.state}")
         if not follow:
             info(f"follow it with: kiln logs -f {job.id}")
             return
-        follow_logs(client, job.id)
-        final = client.wait(job.id)
-        info(describe_end(final))
-        raise typer.Exit(final_exit_code(final))
+        follow_to_end(client, job.id)

@@ -44,6 +44,7 @@ class Overrides:
     max_restarts: int | None = None
     priority: str | None = None
     gpu_type: str | None = None
+    inputs: list[dict[str, str]] = field(default_factory=list)
 
 
 def parse_pairs(values: list[str] | None, flag: str) -> dict[str, str]:
@@ -71,6 +72,41 @@ def parse_runtime(text: str) -> dict[str, str]:
     if not framework or (sep and not version):
         raise SpecError(f"--runtime expects FRAMEWORK or FRAMEWORK==VERSION, got {text!r}")
     return {"framework": framework, "version": version} if version else {"framework": framework}
+
+
+INPUT_FORMAT = "NAME[@VERSION][:PATH][:mount]"
+INPUT_MODES = ("stage", "mount")
+
+
+def parse_input(text: str) -> dict[str, str]:
+    """``--input mnist@3:/data/digits:mount`` → an InputSpec mapping (the dataset's own rules are the spec's)."""
+    dataset, *rest = text.split(":")
+    item = {"dataset": dataset.strip()}
+    problem = "" if item["dataset"] else "no dataset name"
+    for part in rest:
+        if part in INPUT_MODES and "mode" not in item:
+            item["mode"] = part
+        elif part and part not in INPUT_MODES and "path" not in item and "mode" not in item:
+            item["path"] = part
+        else:
+            problem = f"unexpected {part!r}" if part else "an empty part"
+            break
+    if problem:
+        raise SpecError(f"--input expects {INPUT_FORMAT}, e.g. mnist@3 or imagenet:mount; got {text!r} ({problem})")
+    return item
+
+
+def _dataset_name(item: Any) -> str | None:
+    dataset = item.get("dataset") if isinstance(item, dict) else None
+    return dataset.split("@", 1)[0] if isinstance(dataset, str) else None
+
+
+def merge_inputs(current: Any, extra: list[dict[str, str]]) -> Any:
+    """The file's inputs with the flags' added; a flag naming a dataset the file has replaces that entry."""
+    if not isinstance(current, list):
+        return list(extra) if current is None else current  # anything else is reported by validation
+    named = {_dataset_name(item) for item in extra}
+    return [item for item in current if _dataset_name(item) not in named] + list(extra)
 
 
 def load_spec_file(path: Path) -> dict[str, Any]:
@@ -135,6 +171,8 @@ def apply_overrides(data: dict[str, Any], flags: Overrides) -> dict[str, Any]:
         if extra:
             current = data.get(key) or {}
             data[key] = {**current, **extra} if isinstance(current, dict) else current
+    if flags.inputs:
+        data["inputs"] = merge_inputs(data.get("inputs"), flags.inputs)
     if flags.timeout is not None:
         data["timeout"] = flags.timeout
     if flags.max_restarts is not None:

@@ -45,15 +45,16 @@ from kiln.errors import KilnError, NotFound, Unauthenticated, error_from_body
 from kiln.sdk import credentials
 from kiln.sdk.datasets import DatasetsMixin
 from kiln.sdk.logs import LogLine, LogParser
-from kiln.sdk.packaging import build_bundle
+from kiln.sdk.download_marks import mark_download
+from kiln.sdk.job_actions import JobActionsMixin
+from kiln.sdk.packaging import DEFAULT_MAX_CODE_BYTES, build_bundle
 from kiln.sdk.tenancy import TenancyMixin
 from kiln.settings import ClientSettings
 
 Progress = Callable[[int], None]
-DEFAULT_MAX_CODE_BYTES = 256 * 1024 * 1024
 
 
-class Client(TenancyMixin, DatasetsMixin):
+class Client(JobActionsMixin, TenancyMixin, DatasetsMixin):
     """A connection to one Kiln server: signed with an access key, or carrying a running job's token."""
 
     def __init__(
@@ -233,11 +234,6 @@ class Client(TenancyMixin, DatasetsMixin):
         body = JobSubmit(spec=spec, code_sha256=code_sha256).model_dump(mode="json", exclude_none=True)
         return JobRead.model_validate(self.request("POST", "/jobs", json_body=body).json())
 
-    def run(self, spec: JobSpec | dict[str, Any], code_dir: Path | None = None) -> JobRead:
-        """Package and upload ``code_dir`` (if given) and submit the job."""
-        sha = self.upload_code(code_dir) if code_dir is not None else None
-        return self.submit(spec, sha)
-
     def get_job(self, job_id: str) -> JobRead:
         return JobRead.model_validate(self.request("GET", f"/jobs/{job_id}").json())
 
@@ -350,6 +346,7 @@ class Client(TenancyMixin, DatasetsMixin):
                         progress(len(chunk))
             tmp.replace(target)
             written.append(target)
+        mark_download(dest, job_id, written)  # so that `kiln run` here does not pack them as code
         return written
 
     # -- runtimes -------------------------------------------------------------------------------------
