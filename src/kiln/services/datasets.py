@@ -89,6 +89,21 @@ class ResolvedDataset:
     files: list[DatasetFile]
 
 
+def describe_versions(numbers: list[int], most: int = 10) -> str:
+    """Version numbers for people: ``1, 2, 3``; runs of four or more as ``1-12``; past ``most`` pieces the first
+    and last few, ``1-40, 42, …, 97, 99``."""
+    pieces: list[str] = []
+    start = 0
+    for i in range(1, len(numbers) + 1):
+        if i == len(numbers) or numbers[i] != numbers[i - 1] + 1:
+            run = numbers[start:i]
+            pieces += [f"{run[0]}-{run[-1]}"] if len(run) >= 4 else [str(n) for n in run]
+            start = i
+    if len(pieces) > most:
+        pieces = [*pieces[: most // 2], "…", *pieces[-(most // 2) :]]
+    return ", ".join(pieces)
+
+
 def _chunks(items: list[str]) -> Iterable[list[str]]:
     for i in range(0, len(items), _CHUNK):
         yield items[i : i + _CHUNK]
@@ -123,9 +138,30 @@ class DatasetService(UploadService):
         else:
             row = s.scalar(query.where(DatasetVersion.version == version))
         if row is None:
-            what = f"{ds.name}@{version}" if version is not None else f"{ds.name} (no version yet)"
-            raise NotFound(f"dataset {what} not found")
+            raise DatasetService._no_version(s, ds, version)
         return row
+
+    @staticmethod
+    def _no_version(s: Session, ds: Dataset, version: int | None) -> NotFound:
+        """The dataset exists but not this version: which ones it has (``details``: the dataset, the version asked
+        for and the latest, for programs)."""
+        numbers = [
+            n
+            for n in s.scalars(
+                select(DatasetVersion.version)
+                .where(DatasetVersion.dataset_id == ds.id, DatasetVersion.state == "ready")
+                .order_by(DatasetVersion.version)
+            )
+            if n is not None
+        ]
+        latest = numbers[-1] if numbers else None
+        details = {"dataset": ds.name, "version": version, "latest": latest}
+        if not numbers:
+            return NotFound(f"dataset {ds.name} has no version yet (none has been committed)", details=details)
+        return NotFound(
+            f"dataset {ds.name} has no version {version}; it has {describe_versions(numbers)} (latest {latest})",
+            details=details,
+        )
 
     @staticmethod
     def _version_read(name: str, v: DatasetVersion) -> DatasetVersionRead:
@@ -173,7 +209,7 @@ class DatasetService(UploadService):
                 .order_by(DatasetVersion.version)
             ).all()
             if not rows:
-                raise NotFound(f"dataset {name!r} not found")
+                raise self._no_version(s, ds, None)
             return [self._version_read(name, v) for v in rows]
 
     def manifest(self, principal: Principal, name: str, version: int | None) -> DatasetManifest:
@@ -353,10 +389,10 @@ class DatasetService(UploadService):
             if version is not None:
                 doomed = [v for v in ready if v.version == version]
                 if not doomed:
-                    raise NotFound(f"dataset {name}@{version} not found")
+                    raise self._no_version(s, ds, version)
             else:
                 if not ready:
-                    raise NotFound(f"dataset {name!r} not found")
+                    raise self._no_version(s, ds, None)
                 doomed = list(s.scalars(select(DatasetVersion).where(DatasetVersion.dataset_id == ds.id)))
             numbers = sorted(v.version for v in doomed if v.version is not None)
             latest = ready[-1].version if ready else None

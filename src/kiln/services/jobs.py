@@ -253,11 +253,16 @@ class JobService:
         for index, item in enumerate(spec.inputs):
             try:
                 name, version = self.resolve_dataset(principal.org_id, item.dataset)
-            except NotFound:
+            except NotFound as exc:
+                # With details the dataset exists but not that version, and the message says which ones do.
+                why = exc.message
+                if not exc.details:
+                    why = (
+                        f"no dataset {item.dataset.partition('@')[0]!r} in organisation {principal.org_name} "
+                        "(upload it with `kiln data put PATH NAME`)"
+                    )
                 raise InvalidInput(
-                    f"inputs[{index}].dataset: no dataset {item.dataset!r} in organisation {principal.org_name} "
-                    "(upload it with `kiln data put PATH NAME`)",
-                    details={"field": f"spec.inputs[{index}].dataset"},
+                    f"inputs[{index}].dataset: {why}", details={"field": f"spec.inputs[{index}].dataset"}
                 ) from None
             pinned.append(item.model_copy(update={"dataset": f"{name}@{version}"}))
         return spec.model_copy(update={"inputs": pinned})
