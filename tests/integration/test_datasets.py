@@ -456,8 +456,11 @@ def test_the_small_blobs_route_checks_everything_before_it_writes(kiln: KilnServ
     assert data_objects(kiln, me.org_id) == []
     # Over the storage quota: 403 with the numbers, nothing written.
     client.set_quota(me.org_id, category="total", storage=2500)
-    with pytest.raises(Forbidden, match=r"quota: storage 0 \+ 3000 bytes"):
+    with pytest.raises(
+        Forbidden, match=r"quota: storage 0 B in use \+ 2.9 KiB would exceed the limit of 2.4 KiB"
+    ) as over:
         client.request("POST", url, content=blobs_body([a, b]), extra_headers=headers)
+    assert over.value.details == {"used": 0, "adding": 3000, "limit": 2500}
     assert data_objects(kiln, me.org_id) == []
     client.set_quota(me.org_id, category="total", storage=10_000)
     # The same content twice in one body is stored once; a blob already held is not written again.
@@ -662,7 +665,7 @@ def test_the_storage_quota_refuses_a_put_with_the_numbers_and_writes_nothing(kil
     client.put_dataset(make_tree(tmp_path / "small", {"s.bin": os.urandom(MiB)}), "small", state_dir=tmp_path / "s")
     client.set_quota(me.org_id, category="total", storage=3 * MiB)
     src = make_tree(tmp_path / "big", {"b.bin": os.urandom(5 * MiB)})
-    with pytest.raises(Forbidden, match=r"quota: storage 1048576 \+ 5242880 bytes would exceed the limit of 3145728"):
+    with pytest.raises(Forbidden, match=r"quota: storage 1 MiB in use \+ 5 MiB would exceed the limit of 3 MiB \(org "):
         client.put_dataset(src, "big", state_dir=tmp_path / "s")
     assert [d.name for d in client.datasets()] == ["small"]
     total = next(c for c in client.quota().categories if c.category == "total")

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from kiln.db.models import Blob, DataBlob, DataUpload, Job, Organization, Quota, utcnow
 from kiln.db.session import Database
+from kiln.domain.quantities import format_bytes
 from kiln.domain.quota import CATEGORIES, FIELDS, TOTAL, Limits, OrgUsage, blocked_by, never_fits
 from kiln.domain.schemas import QuotaCategory, QuotaFields, QuotaReport, QuotaSet
 from kiln.domain.states import JobState
@@ -173,6 +174,7 @@ class QuotaService:
         used = storage_used(s, org_id)
         if used + adding > total.storage:
             raise Forbidden(
-                f"quota: storage {used} + {adding} bytes would exceed the limit of {total.storage} bytes "
-                f"(org {org_name})"
+                f"quota: storage {format_bytes(used)} in use + {format_bytes(adding)} would exceed the limit of "
+                f"{format_bytes(total.storage)} (org {org_name})",
+                details={"used": used, "adding": adding, "limit": total.storage},  # exact, in bytes
             )
