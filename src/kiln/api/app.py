@@ -13,6 +13,7 @@ from fastapi.routing import APIRoute, APIRouter
 from starlette.routing import Route, compile_path
 
 from kiln import __version__
+from kiln.api import docs
 from kiln.api.auth import SignatureMiddleware
 from kiln.api.errors import RouteMethods, install_error_handlers
 from kiln.api.prometheus import RequestMetricsMiddleware
@@ -68,9 +69,10 @@ def create_app(settings: Settings | None = None, platform: Platform | None = Non
     app = FastAPI(
         title="Kiln",
         version=__version__,
-        description="Self-hosted deep-learning platform. Every /api/v1 request is signed (docs/signing.md).",
+        description="Self-hosted deep-learning platform. Every /api/v1 request is signed (docs/signing.md); "
+        "the page at /api/v1/docs signs its requests with an access key you enter there.",
         openapi_url=f"{API_PREFIX}/openapi.json",
-        docs_url=f"{API_PREFIX}/docs",
+        docs_url=None,  # kiln.api.docs serves the page, from the package and able to sign requests
         redoc_url=None,
         lifespan=lifespan,
         # Operation ids are the route functions' names (get_job, open_upload): the links between operations in the
@@ -80,7 +82,7 @@ def create_app(settings: Settings | None = None, platform: Platform | None = Non
     install_error_handlers(app)
     app.add_middleware(SignatureMiddleware)
     app.add_middleware(RequestMetricsMiddleware)  # outermost: times refused requests too
-    mounted: list[tuple[str, APIRouter]] = [("", system.health), ("", prometheus_router)]
+    mounted: list[tuple[str, APIRouter]] = [("", system.health), ("", prometheus_router), ("", docs.router)]
     modules = (system, blobs, datasets, jobs, scheduling, runtimes, metrics)
     api_routers = [module.router for module in modules] + list(tenancy.routers)
     mounted += [(API_PREFIX, router) for router in api_routers]
