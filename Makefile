@@ -32,7 +32,7 @@ run: install sandbox-tools
 # PostgreSQL is part of this kind of machine; start it if it is installed but stopped.
 services:
 	@if command -v pg_isready >/dev/null 2>&1 && ! pg_isready -q -h 127.0.0.1 -p 5432; then \
-		echo "starting PostgreSQL"; \
+		echo "starting PostgreSQL on 127.0.0.1:5432 (the database tests run on it as well as on SQLite)"; \
 		pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql | head -1) main start || true; \
 	fi
 	@command -v pg_isready >/dev/null 2>&1 && pg_isready -h 127.0.0.1 -p 5432 || \
@@ -43,7 +43,7 @@ MOUNT_PACKAGES := fuse3 rclone s3fs
 mount-tools:
 	@if ! command -v rclone >/dev/null 2>&1 || ! command -v s3fs >/dev/null 2>&1 || ! command -v fusermount3 >/dev/null 2>&1; then \
 		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-			echo "installing $(MOUNT_PACKAGES)"; \
+			echo "installing $(MOUNT_PACKAGES) with apt-get (FUSE mounts of mode: mount inputs; the mount tests use them)"; \
 			export DEBIAN_FRONTEND=noninteractive; \
 			apt-get install -y -q --no-install-recommends $(MOUNT_PACKAGES) >/dev/null 2>&1 || \
 				{ apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(MOUNT_PACKAGES) >/dev/null; }; \
@@ -57,7 +57,7 @@ mount-tools:
 sandbox-tools:
 	@if ! command -v bwrap >/dev/null 2>&1; then \
 		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-			echo "installing bubblewrap"; \
+			echo "installing bubblewrap with apt-get (the job sandbox; without it the server refuses jobs)"; \
 			export DEBIAN_FRONTEND=noninteractive; \
 			apt-get install -y -q --no-install-recommends bubblewrap >/dev/null 2>&1 || \
 				{ apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends bubblewrap >/dev/null; }; \
