@@ -97,6 +97,8 @@ def main() -> None:
     except StartupError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         sys.exit(exc.exit_code)
+    except KeyboardInterrupt:  # stopped with Ctrl-C: uvicorn has shut down cleanly and passed the signal on
+        sys.exit(EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":
