@@ -143,3 +143,13 @@ def test_ready_is_said_once_the_port_accepts_connections(shared_server: KilnServ
     log = shared_server.log_path.read_text(errors="replace")
     ready = log.index(f"ready on {shared_server.url}")
     assert log.index("Application startup complete") < ready
+
+
+def test_help_names_the_variables_behind_each_option_and_debug(tmp_path):
+    """The defaults were in [brackets], which the help's rich markup took for tags and dropped."""
+    result = kiln_server(tmp_path, "--help")
+    assert result.returncode == 0
+    help_text = " ".join(result.stdout.split())
+    for default in ("$KILN_HOST, else 127.0.0.1", "$KILN_PORT, else 8080", "$KILN_HOME, else ~/.kiln"):
+        assert default in help_text
+    assert "--debug" in help_text and "traceback" in help_text

@@ -13,11 +13,11 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
 def server(
-    host: Annotated[str | None, typer.Option(help="Address to bind [default: $KILN_HOST or 127.0.0.1].")] = None,
-    port: Annotated[int | None, typer.Option(help="Port to bind [default: $KILN_PORT or 8080].")] = None,
-    home: Annotated[Path | None, typer.Option(help="State directory [default: $KILN_HOME or ~/.kiln].")] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind (default: $KILN_HOST, else 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to bind (default: $KILN_PORT, else 8080).")] = None,
+    home: Annotated[Path | None, typer.Option(help="State directory (default: $KILN_HOME, else ~/.kiln).")] = None,
     log_level: Annotated[
-        str | None, typer.Option(help="critical, error, warning, info or debug [default: info; debug with --debug].")
+        str | None, typer.Option(help="critical, error, warning, info or debug (default: info; debug with --debug).")
     ] = None,
     debug: Annotated[
         bool, typer.Option("--debug", help="Log at debug level, and print the traceback of an error at start.")
