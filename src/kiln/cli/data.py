@@ -75,8 +75,8 @@ def put(
     )
 
 
-@app.command("ls")
-def ls(
+@app.command("list")
+def list_datasets(
     name: Annotated[str | None, typer.Argument(help="A dataset: list its versions.")] = None,
     output: Output = OutputFormat.table,
 ) -> None:

@@ -15,6 +15,7 @@ import typer
 
 from kiln import __version__
 from kiln.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, print_error
+from kiln.cli.verbs import tidy
 from kiln.errors import Forbidden, KilnError
 
 
@@ -85,6 +86,7 @@ def build_app(only: str | None = None) -> typer.Typer:
     for name, register in COMMANDS.items():
         if only is None or name == only:
             register(app)
+    tidy(app)  # `list` and `ls` in every collection; help text rewrapped into paragraphs
     return app
 
 

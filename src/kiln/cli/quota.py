@@ -10,13 +10,16 @@ import typer
 from kiln.cli.common import EXIT_USAGE, Output, OutputFormat, connect, emit_json, fail
 from kiln.cli.output import quota_table
 from kiln.cli.parsing import parse_quota_limit
+from kiln.cli.verbs import OrgOrCommandGroup
 
 if TYPE_CHECKING:
     from kiln.domain.schemas import QuotaReport
 
 app = typer.Typer(
-    help="Quotas: what an organisation's jobs may hold at once (GPUs, CPUs, memory, count) and store. "
-    "Without a command: show the limits and use of an organisation.",
+    cls=OrgOrCommandGroup,
+    help="Quotas: what an organisation's jobs may hold at once (GPUs, CPUs, memory, count) and store.\n\n"
+    "`kiln quota [ORG]` shows the limits and use of ORG (default: your organisation; platform admins may name "
+    "any), e.g. `kiln quota acme`; `kiln quota set ORG ...` changes them.",
     invoke_without_command=True,
 )
 
@@ -38,7 +41,10 @@ def _show(report: QuotaReport, output: OutputFormat) -> None:
 @app.callback()
 def show(
     ctx: typer.Context,
-    org: Annotated[str | None, typer.Option("--org", help="Organisation id or name (default: yours).")] = None,
+    org: Annotated[
+        str | None,
+        typer.Option("--org", help="Organisation id or name (default: yours); or name it first: kiln quota ORG."),
+    ] = None,
     output: Output = OutputFormat.table,
 ) -> None:
     """Show the quota of an organisation: per category, each field's use and limit."""
