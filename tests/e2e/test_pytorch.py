@@ -25,7 +25,7 @@ def _kiln(server, tmp_path: Path, *args: str, cwd: Path | None = None, timeout: 
 
 def test_pytorch_runtime_trains_and_saves_a_model(make_server, tmp_path: Path) -> None:
     server = make_server()
-    install = _kiln(server, tmp_path, "runtimes", "install", "pytorch")
+    install = _kiln(server, tmp_path, "runtimes", "install", "pytorch", timeout=900)  # waits for the build
     assert install.returncode == 0, install.stderr
     deadline = time.monotonic() + 900
     while True:

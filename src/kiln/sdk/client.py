@@ -8,7 +8,8 @@ Requests with an access key are signed (KILN-HMAC-SHA256); requests with a job t
 ``Authorization: Bearer <token>`` and no signature. Errors are raised as the same ``kiln.errors`` classes the
 server maps, e.g. ``kiln.errors.NotFound``.
 
-The organisation, user, key, quota and audit methods live in ``kiln.sdk.tenancy.TenancyMixin``.
+The organisation, user, key, quota and audit methods live in ``kiln.sdk.tenancy.TenancyMixin``; the runtime
+catalog's in ``kiln.sdk.runtimes.RuntimesMixin``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from kiln.domain.schemas import (
     MetricSeriesSummary,
     MetricsIngested,
     MetricsSummary,
-    RuntimeRead,
     WhoAmI,
     WhyRead,
 )
@@ -48,13 +48,14 @@ from kiln.sdk.logs import LogLine, LogParser
 from kiln.sdk.download_marks import mark_download
 from kiln.sdk.job_actions import JobActionsMixin
 from kiln.sdk.packaging import DEFAULT_MAX_CODE_BYTES, build_bundle
+from kiln.sdk.runtimes import RuntimesMixin
 from kiln.sdk.tenancy import TenancyMixin
 from kiln.settings import ClientSettings
 
 Progress = Callable[[int], None]
 
 
-class Client(JobActionsMixin, TenancyMixin, DatasetsMixin):
+class Client(JobActionsMixin, TenancyMixin, DatasetsMixin, RuntimesMixin):
     """A connection to one Kiln server: signed with an access key, or carrying a running job's token."""
 
     def __init__(
@@ -348,15 +349,6 @@ class Client(JobActionsMixin, TenancyMixin, DatasetsMixin):
             written.append(target)
         mark_download(dest, job_id, written)  # so that `kiln run` here does not pack them as code
         return written
-
-    # -- runtimes -------------------------------------------------------------------------------------
-
-    def runtimes(self) -> list[RuntimeRead]:
-        return [RuntimeRead.model_validate(r) for r in self.request("GET", "/runtimes").json()["items"]]
-
-    def install_runtime(self, framework: str, version: str | None = None) -> RuntimeRead:
-        r = self.request("POST", f"/runtimes/{framework}/install", params={"version": version})
-        return RuntimeRead.model_validate(r.json())
 
     # -- metrics --------------------------------------------------------------------------------------
 

@@ -144,6 +144,9 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ],
     ("GET", "/api/v1/runtimes"): [Case("self", cross=OWN_OK)],
     ("POST", "/api/v1/runtimes/{framework}/install"): [Case("platform", cross=frozenset({403}))],
+    # The catalog is the platform's, not an organisation's; {name} is bound to a dataset's name: no such runtime.
+    ("GET", "/api/v1/runtimes/{name}"): [Case("self", cross=frozenset({404}))],
+    ("GET", "/api/v1/runtimes/{name}/log"): [Case("self", cross=frozenset({404}))],
     ("GET", "/api/v1/orgs"): [Case("self", cross=OWN_OK)],
     ("POST", "/api/v1/orgs"): [Case("platform", body={"name": "intruder-org"}, cross=frozenset({403}))],
     ("GET", "/api/v1/orgs/{org}"): [Case("scoped", reader="member")],
