@@ -153,3 +153,10 @@ def test_help_names_the_variables_behind_each_option_and_debug(tmp_path):
     for default in ("$KILN_HOST, else 127.0.0.1", "$KILN_PORT, else 8080", "$KILN_HOME, else ~/.kiln"):
         assert default in help_text
     assert "--debug" in help_text and "traceback" in help_text
+
+
+def test_a_missing_file_a_setting_names_is_said_by_that_setting(tmp_path):
+    missing = tmp_path / "catalog.yaml"
+    result = kiln_server(tmp_path, KILN_RUNTIME_CATALOG=str(missing))
+    assert result.returncode == 1
+    assert one_error_line(result) == f"error: cannot use KILN_RUNTIME_CATALOG={missing}: No such file or directory"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import socket
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -143,15 +144,19 @@ def _safe_url(url: str) -> str:
 
 def _os_problem(exc: OSError, settings: Settings) -> str:
     reason = exc.strerror or str(exc)
-    where = f": {exc.filename}" if exc.filename else ""
+    if not exc.filename:
+        return f"the server could not start: {reason}{DEBUG_HINT}"
+    path = Path(str(exc.filename))
+    for name, value in settings:  # a file a setting names (KILN_RUNTIME_CATALOG, KILN_RUNTIMES_DIR, ...)
+        if name != "home" and isinstance(value, Path) and value == path:
+            return f"cannot use KILN_{name.upper()}={value}: {reason}"
     home = settings.home
-    filename = str(exc.filename or "")
-    if filename and (filename == str(home) or filename.startswith(f"{home}/") or str(home).startswith(filename)):
+    if path.is_relative_to(home) or home.is_relative_to(path):  # the home, something in it, or a parent
         return (
-            f"cannot use KILN_HOME={home}: {reason}{where}; set KILN_HOME (or pass --home) to a directory this "
-            "user can create and write"
+            f"cannot use KILN_HOME={home}: {reason}: {path}; set KILN_HOME (or pass --home) to a directory this user "
+            "can create and write"
         )
-    return f"the server could not start: {reason}{where}{DEBUG_HINT}"
+    return f"the server could not start: {reason}: {path}{DEBUG_HINT}"
 
 
 def _first_line(exc: Any) -> str:
