@@ -122,7 +122,7 @@ def _failed(client: Client, runtime: RuntimeDetail) -> None:
 
 @app.command()
 def install(
-    framework: Annotated[str, typer.Argument(help="e.g. pytorch, sklearn, python.")],
+    framework: Annotated[str, typer.Argument(help="e.g. pytorch, tensorflow, jax, xgboost, sklearn, python.")],
     version: Annotated[str | None, typer.Option("--version", "-v", help="Default: the catalog's default.")] = None,
     wait: Annotated[
         bool,

@@ -138,5 +138,40 @@ DEFAULT_CATALOG = Catalog(
             default=True,
             description="scikit-learn 1.9 with NumPy and SciPy.",
         ),
+        # Official images where the project publishes one (python, pytorch, tensorflow); kiln/<framework>:<version>
+        # (built from the same packages) where it does not. The local executor's virtualenvs are CPU builds where
+        # the framework ships one (tensorflow-cpu; jax without a CUDA plugin).
+        CatalogEntry(
+            "tensorflow",
+            "2.21",
+            ("tensorflow-cpu>=2.21,<2.22",),
+            "tensorflow/tensorflow:2.21.0",
+            default=True,
+            description="TensorFlow 2.21 (CPU build) with Keras 3.",
+        ),
+        CatalogEntry(
+            "jax",
+            "0.10",
+            ("jax>=0.10,<0.11",),
+            "kiln/jax:0.10",
+            default=True,
+            description="JAX 0.10 with jaxlib (CPU).",
+        ),
+        CatalogEntry(
+            "xgboost",
+            "3.2",
+            ("xgboost>=3.2,<3.3", "scikit-learn"),
+            "kiln/xgboost:3.2",
+            default=True,
+            description="XGBoost 3.2 with scikit-learn (its XGBClassifier and XGBRegressor need it).",
+        ),
+        CatalogEntry(
+            "lightgbm",
+            "4.7",
+            ("lightgbm>=4.7,<4.8", "scikit-learn"),
+            "kiln/lightgbm:4.7",
+            default=True,
+            description="LightGBM 4.7 with scikit-learn (its LGBMClassifier and LGBMRegressor need it).",
+        ),
     ]
 )

@@ -59,7 +59,7 @@ def test_check_only_looks_at_frameworks() -> None:
 def test_default_catalog_resolves_the_default_runtime() -> None:
     entry = DEFAULT_CATALOG.resolve(RuntimeSpec().framework or "")
     assert (entry.framework, entry.name) == ("python", "python-3")
-    assert DEFAULT_CATALOG.frameworks() == ["python", "pytorch", "sklearn"]
+    assert DEFAULT_CATALOG.frameworks() == ["jax", "lightgbm", "python", "pytorch", "sklearn", "tensorflow", "xgboost"]
 
 
 def test_catalog_file_adds_and_replaces_entries() -> None:
