@@ -35,7 +35,7 @@ class JobActionsMixin(ClientTransport):
         raises what the submit would raise, else returns the spec as the job would get it (inputs pinned) and
         whether the server holds the code bundle ``code_sha256`` already."""
         body = submit_body(spec, code_sha256)
-        return JobDryRun.model_validate(self.request("POST", "/jobs/dry-run", json_body=body).json())
+        return JobDryRun.model_validate(self.request("POST", "/jobs:dry-run", json_body=body).json())
 
     def run(
         self,

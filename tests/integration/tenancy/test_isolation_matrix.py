@@ -104,7 +104,7 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ("GET", "/api/v1/jobs/{job_id}/why"): [Case("scoped", reader="member")],
     ("POST", "/api/v1/jobs/{job_id}/cancel"): [Case("scoped", owner="admin")],
     # A dry run creates nothing; naming another organisation's bundle says it is not stored (as for none).
-    ("POST", "/api/v1/jobs/dry-run"): [
+    ("POST", "/api/v1/jobs:dry-run"): [
         Case("self", body={"spec": job_spec("true")}, cross=OWN_OK),
         Case("scoped", body={"spec": job_spec("true"), "code_sha256": "{sha256}"}, cross=OWN_OK, owner="admin"),
     ],

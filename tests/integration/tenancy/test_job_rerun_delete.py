@@ -73,12 +73,12 @@ def test_a_dry_run_checks_everything_and_creates_nothing(world) -> None:  # type
     jobs_before = member.ok("GET", "/jobs")["items"]
 
     spec = job_spec("true", name="dry", inputs=[{"dataset": "dry-digits"}], resources={"cpus": 0.5})
-    answer = member.ok("POST", "/jobs/dry-run", json_body={"spec": spec, "code_sha256": sha})
+    answer = member.ok("POST", "/jobs:dry-run", json_body={"spec": spec, "code_sha256": sha})
     assert answer["spec"]["inputs"][0]["dataset"] == "dry-digits@1"  # pinned, as the job would get it
     assert (answer["name"], answer["code_sha256"], answer["code_stored"]) == ("dry", sha, True)
     missing = "0" * 64
-    assert member.ok("POST", "/jobs/dry-run", json_body={"spec": spec, "code_sha256": missing})["code_stored"] is False
-    assert member.ok("POST", "/jobs/dry-run", json_body={"spec": job_spec("true")})["code_stored"] is None
+    assert member.ok("POST", "/jobs:dry-run", json_body={"spec": spec, "code_sha256": missing})["code_stored"] is False
+    assert member.ok("POST", "/jobs:dry-run", json_body={"spec": job_spec("true")})["code_stored"] is None
 
     refusals = [
         ({"resources": {"cpus": 1000}}, 422, "resources: the job"),
@@ -87,17 +87,17 @@ def test_a_dry_run_checks_everything_and_creates_nothing(world) -> None:  # type
         ({"priority": "high"}, 403, "priority: high is above"),
     ]
     for extra, status, message in refusals:
-        response = member.post("/jobs/dry-run", {"spec": {**job_spec("true"), **extra}})
+        response = member.post("/jobs:dry-run", {"spec": {**job_spec("true"), **extra}})
         assert response.status_code == status, response.text
         assert message in response.json()["message"]
     # The same refusal as a submit's: a quota the job can never fit.
     admin.ok("PUT", f"/orgs/{acme.id}/quota", json_body={"category": "train", "cpus": 1})
     try:
-        response = member.post("/jobs/dry-run", {"spec": job_spec("true", resources={"cpus": 1.5})})
+        response = member.post("/jobs:dry-run", {"spec": job_spec("true", resources={"cpus": 1.5})})
         assert response.status_code == 403 and response.json()["message"].startswith("quota: the job asks cpus 1.5")
     finally:
         admin.ok("PUT", f"/orgs/{acme.id}/quota", json_body={"category": "train", "cpus": None})
-    viewer = acme["viewer"].api.post("/jobs/dry-run", {"spec": job_spec("true")})
+    viewer = acme["viewer"].api.post("/jobs:dry-run", {"spec": job_spec("true")})
     assert viewer.status_code == 403, viewer.text
 
     assert member.ok("GET", "/jobs")["items"] == jobs_before  # no job, so no event either

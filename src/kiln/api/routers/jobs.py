@@ -64,7 +64,7 @@ def submit_job(body: JobSubmit, caller: Caller, kiln: Kiln) -> JobRead:
 
 
 @router.post(
-    "/dry-run",
+    ":dry-run",
     response_model=JobDryRun,
     summary="Check a job as a submit would (spec, runtime, inputs, resources, quota, permissions); create nothing",
     description="A server-side dry run: the same checks and errors as POST /jobs, nothing created. The answer "
@@ -73,8 +73,9 @@ def submit_job(body: JobSubmit, caller: Caller, kiln: Kiln) -> JobRead:
     responses=errors(400, 422),
 )
 def dry_run_job(body: JobSubmit, caller: Caller, kiln: Kiln) -> JobDryRun:
-    # Its own path, not POST /jobs?dry_run=true: the audit names a request by its route, and a dry run must not
-    # read as a submit there.
+    # Its own route, not POST /jobs?dry_run=true: the audit names a request by its route, and a dry run must not
+    # read as a submit there. A custom method on the collection (/jobs:dry-run, as Google's API design guide
+    # writes them) rather than /jobs/dry-run, a path that GET and DELETE /jobs/{job_id} would match as well.
     return kiln.jobs.dry_run(caller, body)
 
 
