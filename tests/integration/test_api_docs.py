@@ -114,16 +114,16 @@ NODE_CLIENT = r"""
 // Loads the signing script as the docs page does (from the server), then sends Swagger UI-shaped requests
 // through its interceptor with Node's fetch, and prints what the server answered.
 const vm = require("vm");
-const [base, accessKey, secretKey] = process.argv.slice(2);
+const [base, accessKey, secretKey, dryRun] = process.argv.slice(2);
 const credentials = { accessKey, secretKey };
 const json = JSON.stringify({ spec: { command: "echo 'é ✓ 😀'", runtime: { python: "/usr/bin/python3" } } });
 const cases = [
   { name: "get", method: "GET", url: "/api/v1/whoami" },
   { name: "query", method: "GET", url: "/api/v1/jobs?state=RUNNING&limit=5&state=QUEUED&note=a b+c~d/é*&flag" },
   { name: "escaped-path", method: "GET", url: "/api/v1/jobs/job%20x" },
-  { name: "post", method: "POST", url: "/api/v1/jobs/dry-run", body: json },
-  { name: "blob-body", method: "POST", url: base + "/api/v1/jobs/dry-run", body: new Blob([json]) },
-  { name: "tampered", method: "POST", url: "/api/v1/jobs/dry-run", body: json, tamper: true },
+  { name: "post", method: "POST", url: dryRun, body: json },
+  { name: "blob-body", method: "POST", url: base + dryRun, body: new Blob([json]) },
+  { name: "tampered", method: "POST", url: dryRun, body: json, tamper: true },
   { name: "public", method: "GET", url: "/api/v1/openapi.json" },
 ];
 (async () => {
@@ -152,8 +152,15 @@ def test_the_signing_script_signs_requests_the_server_accepts(shared_server, tmp
     script = tmp_path / "client.js"
     script.write_text(NODE_CLIENT)
     creds = shared_server.credentials()
+    # The job dry run (a POST with a JSON body that creates nothing), wherever the document puts it.
+    document = httpx.get(shared_server.url + "/api/v1/openapi.json", timeout=30).json()
+    dry_run = next(
+        path
+        for path, operations in document["paths"].items()
+        if operations.get("post", {}).get("operationId") == "dry_run_job"
+    )
     run = subprocess.run(
-        [node, str(script), shared_server.url, creds["KILN_ACCESS_KEY"], creds["KILN_SECRET_KEY"]],
+        [node, str(script), shared_server.url, creds["KILN_ACCESS_KEY"], creds["KILN_SECRET_KEY"], dry_run],
         capture_output=True,
         text=True,
         timeout=120,
