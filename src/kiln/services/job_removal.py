@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable
+from pathlib import Path
 
 from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
 
 from kiln.backends.base import Backend
 from kiln.db.models import Job, JobEvent, MetricChunk, MetricCursor, MetricPoint, MetricSeries
@@ -22,21 +25,39 @@ log = logging.getLogger(__name__)
 
 
 class JobRemoval:
-    def __init__(self, jobs: JobService, logs: LogStore, store: ObjectStore, backend: Backend | None = None) -> None:
+    def __init__(
+        self,
+        jobs: JobService,
+        logs: LogStore,
+        store: ObjectStore,
+        backend: Backend | None = None,
+        *,
+        jobs_dir: Path | None = None,
+        drain_metrics: Callable[[], object] | None = None,
+    ) -> None:
+        """``jobs_dir``: where the local executor keeps jobs' files (their metric spools under ``<id>/metrics``);
+        ``drain_metrics``: one pass of the metrics ingester, which waits for a pass under way."""
         self.jobs = jobs
         self.logs = logs
         self.store = store
         self.backend = backend
+        self.jobs_dir = jobs_dir
+        self.drain_metrics = drain_metrics
 
     def delete(self, principal: Principal, job_id: str) -> None:
         """Remove an ended job and everything it left. A job that has not ended is refused (409): its attempt
         would go on writing what is removed here."""
         principal.require("jobs:write")
+        with self.jobs.db.read() as s:
+            self._check_ended(s, principal, job_id)
+        # A job that ended moments ago may still have metric points on their way in: its spool goes first, then
+        # a pass of the ingester waits out one under way, so that no point arrives for rows deleted below.
+        if self.jobs_dir is not None:
+            shutil.rmtree(self.jobs_dir / job_id / "metrics", ignore_errors=True)
+        if self.drain_metrics is not None:
+            self.drain_metrics()
         with self.jobs.db.transaction() as s:
-            job = self.jobs.load(s, principal, job_id, lock=True)
-            state = JobState(job.state)
-            if not state.terminal:
-                raise Conflict(f"job {job_id} is {state}; cancel it first (kiln jobs cancel {job_id})")
+            job = self._check_ended(s, principal, job_id, lock=True)
             org_id = job.org_id
             # The foreign keys cascade on both databases, but rows written through the bulk engine (SQLite
             # without foreign keys) would not: delete every dependent row by name.
@@ -61,3 +82,10 @@ class JobRemoval:
                 self.backend.release(job_id, keep=False)  # a failed job's work dir kept for debugging
             except Exception:
                 log.exception("job %s: freeing its local files failed", job_id)
+
+    def _check_ended(self, s: Session, principal: Principal, job_id: str, *, lock: bool = False) -> Job:
+        job = self.jobs.load(s, principal, job_id, lock=lock)
+        state = JobState(job.state)
+        if not state.terminal:
+            raise Conflict(f"job {job_id} is {state}; cancel it first (kiln jobs cancel {job_id})")
+        return job

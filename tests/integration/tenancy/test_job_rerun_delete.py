@@ -4,15 +4,18 @@ tenancy rules: another organisation's job is 404, a viewer is 403, and every cha
 
 from __future__ import annotations
 
-import sqlite3
+import secrets
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import sqlalchemy
 
 from kiln.sdk.client import Client
+from tests.conftest import _pg_connect, postgres_available
 from tests.kilnserver import KilnServer
 from tests.tenancy_helpers import Api, Tenant, close_all, create_tenant, job_spec, tar_gz
 
@@ -24,18 +27,43 @@ WRITES = (
 SLEEPER = [PY, "-c", "import time; time.sleep(120)"]
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KilnServer, Api, Tenant, Tenant]]:
-    server = KilnServer(tmp_path_factory.mktemp("verbs") / "home", cpus="2").start()
+@dataclass
+class World:
+    server: KilnServer
+    database_url: str
+    admin: Api
+    acme: Tenant
+    beta: Tenant
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """One server per database for the module (deleting cascades differently on each)."""
+    home = tmp_path_factory.mktemp("verbs") / "home"
+    pg_name = ""
+    if request.param == "sqlite":
+        url = f"sqlite:///{home / 'kiln.db'}"
+    else:
+        problem = postgres_available()
+        if problem:
+            pytest.skip(problem)
+        pg_name = f"kiln_test_{secrets.token_hex(6)}"
+        with _pg_connect() as conn:
+            conn.execute(f'CREATE DATABASE "{pg_name}"')
+        url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{pg_name}"
+    server = KilnServer(home, url if pg_name else None, cpus="2").start()
     admin = Api.admin(server)
     acme = create_tenant(admin, "verbs-acme")
     beta = create_tenant(admin, "verbs-beta", ("admin", "member"))
     try:
-        yield server, admin, acme, beta
+        yield World(server, url, admin, acme, beta)
     finally:
         close_all(acme, beta)
         admin.close()
         server.stop()
+        if pg_name:
+            with _pg_connect() as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
 
 
 def upload_code(api: Api, text: bytes) -> str:
@@ -50,17 +78,24 @@ def storage_used(api: Api) -> int:
     return int(next(c for c in report["categories"] if c["category"] == "total")["used"]["storage"])
 
 
-def rows(server: KilnServer, table: str, job_id: str) -> int:
-    with sqlite3.connect(server.home / "kiln.db") as db:
-        return int(db.execute(f"SELECT count(*) FROM {table} WHERE job_id = ?", (job_id,)).fetchone()[0])
+def rows(database_url: str, table: str, job_id: str) -> int:
+    """The job's rows in ``table``, read from the server's database directly."""
+    column = "id" if table == "jobs" else "job_id"
+    engine = sqlalchemy.create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            query = sqlalchemy.text(f"SELECT count(*) FROM {table} WHERE {column} = :job_id")
+            return int(conn.execute(query, {"job_id": job_id}).scalar_one())
+    finally:
+        engine.dispose()
 
 
 def audited(admin: Api, action: str, job_id: str) -> list[dict[str, Any]]:
     return admin.audit_until(lambda records: any(job_id in r["resource"] for r in records), action=action, org=None)
 
 
-def test_a_dry_run_checks_everything_and_creates_nothing(world) -> None:  # type: ignore[no-untyped-def]
-    server, admin, acme, _ = world
+def test_a_dry_run_checks_everything_and_creates_nothing(world: World) -> None:
+    server, admin, acme = world.server, world.admin, world.acme
     member = acme["member"].api
     creds = acme["member"]
     client = Client(server.url, creds.key_id, creds.secret)
@@ -106,8 +141,8 @@ def test_a_dry_run_checks_everything_and_creates_nothing(world) -> None:  # type
     assert [r for r in records if r["action"] == "dry_run_job"]
 
 
-def test_rerun_submits_the_same_spec_and_code_as_a_new_job(world) -> None:  # type: ignore[no-untyped-def]
-    _, admin, acme, beta = world
+def test_rerun_submits_the_same_spec_and_code_as_a_new_job(world: World) -> None:
+    admin, acme, beta = world.admin, world.acme, world.beta
     member = acme["member"].api
     sha = upload_code(member, b"rerun code\n")
     first = member.ok(
@@ -144,8 +179,8 @@ def test_rerun_submits_the_same_spec_and_code_as_a_new_job(world) -> None:  # ty
         member.post(f"/jobs/{job['id']}/cancel")
 
 
-def test_delete_removes_an_ended_job_and_frees_its_storage(world) -> None:  # type: ignore[no-untyped-def]
-    server, admin, acme, beta = world
+def test_delete_removes_an_ended_job_and_frees_its_storage(world: World) -> None:
+    server, admin, acme, beta = world.server, world.admin, world.acme, world.beta
     member = acme["member"].api
     sha = upload_code(member, b"delete code\n")
     job = member.ok("POST", "/jobs", json_body={"spec": job_spec([PY, "-c", WRITES]), "code_sha256": sha})
@@ -158,7 +193,7 @@ def test_delete_removes_an_ended_job_and_frees_its_storage(world) -> None:  # ty
     assert member.ok("GET", f"/jobs/{job_id}/artifacts")["items"] == [{"path": "model.bin", "size": 1_000_000}]
     log_file = server.home / "logs" / f"{job_id}.log"
     outputs = list((server.home / "store").glob(f"orgs/*/jobs/{job_id}"))
-    assert log_file.is_file() and outputs and rows(server, "metric_series", job_id)
+    assert log_file.is_file() and outputs and rows(world.database_url, "metric_series", job_id)
     used = storage_used(member)
 
     # Not while it runs; not another organisation's; not a viewer's to delete.
@@ -183,7 +218,5 @@ def test_delete_removes_an_ended_job_and_frees_its_storage(world) -> None:  # ty
     assert storage_used(member) == used - 1_000_000  # the code bundle stays: other jobs may share it
     assert not log_file.exists() and not any(p.exists() for p in outputs)
     for table in ("jobs", "job_events", "metric_series", "metric_cursors"):
-        column = "id" if table == "jobs" else "job_id"
-        with sqlite3.connect(server.home / "kiln.db") as db:
-            assert db.execute(f"SELECT count(*) FROM {table} WHERE {column} = ?", (job_id,)).fetchone()[0] == 0
+        assert rows(world.database_url, table, job_id) == 0, table
     assert audited(admin, "delete_job", job_id)

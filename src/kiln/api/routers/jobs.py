@@ -141,7 +141,15 @@ def rerun_job(job_id: JobId, caller: Caller, kiln: Kiln, body: JobRerun | None =
     responses=errors(404, 409, 422),
 )
 def delete_job(job_id: JobId, caller: Caller, kiln: Kiln) -> Response:
-    JobRemoval(kiln.jobs, kiln.logs, kiln.store, kiln.backend).delete(caller, job_id)
+    removal = JobRemoval(
+        kiln.jobs,
+        kiln.logs,
+        kiln.store,
+        kiln.backend,
+        jobs_dir=kiln.settings.jobs_dir,
+        drain_metrics=kiln.metrics_ingester.ingest_now,
+    )
+    removal.delete(caller, job_id)
     return Response(status_code=204)
 
 
