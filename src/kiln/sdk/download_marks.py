@@ -47,6 +47,8 @@ def read_mark(directory: Path) -> Mark | None:
 def mark_download(dest: Path, job_id: str, written: list[Path]) -> None:
     """Record in ``dest`` that a download of ``job_id`` wrote ``written`` there (added to what earlier downloads
     wrote). Best effort: a destination that cannot take the marker does not fail the download."""
+    if not written:
+        return  # nothing came: the directory is not (yet) a download's
     root = dest.resolve()
     earlier = read_mark(dest)
     files = set(earlier.files) if earlier else set()

@@ -94,3 +94,10 @@ def test_changes_since_the_last_run_from_a_directory(tmp_path: Path) -> None:
     assert compare(tmp_path, {"a.py": "1"}, base).first  # another directory has its own manifest
     saved = json.loads(manifest_path(code, base).read_text())
     assert saved["directory"] == str(code.resolve())
+
+
+def test_a_download_that_wrote_nothing_marks_nothing(tmp_path: Path) -> None:
+    root = write(tmp_path / "proj", {"train.py": "", "out/notes.txt": ""})
+    mark_download(root / "out", "job-empty", [])
+    assert read_mark(root / "out") is None
+    assert [p.as_posix() for p in collect_files(root)] == ["out/notes.txt", "train.py"]
