@@ -15,7 +15,8 @@ from kiln.cli.spec import INPUT_FORMAT, Overrides, SpecError, build_spec, parse_
 from kiln.domain.states import JobState
 
 if TYPE_CHECKING:
-    from kiln.domain.schemas import JobDryRun, JobRead
+    from kiln.domain.job_requests import JobDryRun
+    from kiln.domain.schemas import JobRead
     from kiln.domain.spec import JobSpec
     from kiln.sdk.client import Client
     from kiln.sdk.code_manifest import Changes

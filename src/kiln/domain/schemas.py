@@ -42,32 +42,6 @@ class JobSubmit(BaseModel):
     )
 
 
-class JobDryRun(BaseModel):
-    """What a submit of the same body would create, after every check a submit makes; nothing was created."""
-
-    spec: JobSpec = Field(description="The spec as the job would get it: each input's version pinned.")
-    name: str
-    code_sha256: str | None = None
-    code_stored: bool | None = Field(
-        None, description="Whether the server holds the code bundle already (upload it if not); None: no code."
-    )
-
-
-class JobRerun(BaseModel):
-    model_config = REQUEST
-
-    name: str | None = Field(
-        None, min_length=1, max_length=limits.MAX_NAME_LENGTH, description="Display name (default: the job's)."
-    )
-
-    @field_validator("name")
-    @classmethod
-    def _printable(cls, value: str | None) -> str | None:
-        if value is not None and (not value.strip() or any(ord(c) < 32 for c in value)):
-            raise ValueError("must be printable text")
-        return value
-
-
 class AllocationSlot(BaseModel):
     """Where one gang member (worker or parameter server) runs."""
 

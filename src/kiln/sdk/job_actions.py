@@ -8,7 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kiln.domain.schemas import JobDryRun, JobRead, JobSubmit
+from kiln.domain.job_requests import JobDryRun
+from kiln.domain.schemas import JobRead, JobSubmit
 from kiln.domain.spec import JobSpec
 from kiln.sdk.packaging import DEFAULT_MAX_CODE_BYTES, build_bundle
 from kiln.sdk.transport import ClientTransport

@@ -14,7 +14,8 @@ from kiln.db.models import Blob, Job, JobEvent, Organization, utcnow
 from kiln.db.session import Database
 from kiln.domain.catalog import Catalog
 from kiln.domain.ids import new_id
-from kiln.domain.schemas import EventRead, JobDryRun, JobList, JobRead, JobRerun, JobSubmit
+from kiln.domain.job_requests import JobDryRun, JobRerun
+from kiln.domain.schemas import EventRead, JobList, JobRead, JobSubmit
 from kiln.domain.spec import PRIORITIES, JobSpec
 from kiln.domain.states import JobState, Reason
 from kiln.errors import Conflict, Forbidden, InvalidInput, NotFound

@@ -16,16 +16,8 @@ from kiln.api.params import FilePath, JobId
 from kiln.api.responses import REDIRECT, errors, links, raw_body, with_links
 from kiln.auth import signing
 from kiln.domain import limits
-from kiln.domain.schemas import (
-    ArtifactList,
-    ArtifactRead,
-    EventList,
-    JobDryRun,
-    JobList,
-    JobRead,
-    JobRerun,
-    JobSubmit,
-)
+from kiln.domain.job_requests import JobDryRun, JobRerun
+from kiln.domain.schemas import ArtifactList, ArtifactRead, EventList, JobList, JobRead, JobSubmit
 from kiln.domain.states import JobState
 from kiln.errors import PayloadTooLarge
 from kiln.services.job_removal import JobRemoval
