@@ -153,13 +153,14 @@ def install(
             _print_log(client, runtime.name, follow=True)
         runtime = _wait(client, runtime, ours)
         build = runtime.build
-        failed = (build is not None and build.id == ours and build.state == "failed") or runtime.status == "failed"
-        if failed and not follow:
+        ours_failed = build is not None and build.id == ours and build.state == "failed"
+        ok = runtime.status == "installed" and not ours_failed
+        if ours_failed and not follow:
             _failed(client, runtime)
     if output is OutputFormat.json:
         emit_json(runtime.model_dump(mode="json"))
-    if failed:
-        message = build.message if build is not None and build.message else runtime.message
+    if not ok:
+        message = build.message if ours_failed and build is not None else runtime.message or runtime.status
         fail(f"runtime {runtime.name} failed to build: {message}")
     if output is not OutputFormat.json:
         took = ""
