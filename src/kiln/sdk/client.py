@@ -44,9 +44,9 @@ from kiln.domain.states import JobState
 from kiln.errors import KilnError, NotFound, Unauthenticated, error_from_body
 from kiln.sdk import credentials
 from kiln.sdk.datasets import DatasetsMixin
-from kiln.sdk.logs import LogLine, LogParser
 from kiln.sdk.download_marks import mark_download
 from kiln.sdk.job_actions import JobActionsMixin
+from kiln.sdk.logs import LogLine, LogParser
 from kiln.sdk.packaging import DEFAULT_MAX_CODE_BYTES, build_bundle
 from kiln.sdk.runtimes import RuntimesMixin
 from kiln.sdk.tenancy import TenancyMixin
