@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+from rich.console import Console
+
 from kiln.cli import output
 from kiln.domain.schemas import JobRead
 from kiln.domain.spec import JobSpec
@@ -25,7 +28,9 @@ def job(job_id: str, state: str, reason: str, message: str) -> JobRead:
     )
 
 
-def test_a_waiting_job_shows_why_it_waits() -> None:
+def test_a_waiting_job_shows_why_it_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A wide console of its own: the shared one's width depends on COLUMNS when kiln.cli.common was first imported.
+    monkeypatch.setattr(output, "out", Console(width=200, highlight=False))
     held = job("job-held", "QUEUED", "Submitted", "quota: cpus 1 of 1 in use (org acme, category train)")
     fresh = job("job-fresh", "QUEUED", "Submitted", "")
     failed = job("job-failed", "FAILED", "Error", "exit code 3")
