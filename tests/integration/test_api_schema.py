@@ -46,9 +46,13 @@ from schemathesis.generation.stateful.state_machine import APIStateMachine, Step
 from kiln.api.app import create_app
 from kiln.api.auth import STREAMED_UPLOAD
 from kiln.auth import signing
+from kiln.domain.catalog import DEFAULT_CATALOG
 from kiln.errors import KilnError
 from tests.integration.conftest import pytest_collection_modifyitems
 from tests.kilnserver import KilnServer
+
+# Every catalog framework but the bare one: a fuzzed install of these would build gigabytes of wheels.
+HEAVY_FRAMEWORKS = frozenset(DEFAULT_CATALOG.frameworks()) - {"python"}
 
 RAW_SCHEMA = create_app().openapi()
 CONFIG = schemathesis.Config.from_dict(
@@ -189,7 +193,7 @@ class Guard:
                 params["job_id"] = "job-00000000000000000"
             if label == "GET /api/v1/jobs/{job_id}/logs" and params.get("job_id") == self.blocker and case.query:
                 case.query.pop("follow", None)  # it would stream for as long as the blocker runs
-            if label.endswith("/runtimes/{framework}/install") and params.get("framework") in ("pytorch", "sklearn"):
+            if label.endswith("/runtimes/{framework}/install") and params.get("framework") in HEAVY_FRAMEWORKS:
                 params["framework"] = "python"  # a bare virtualenv, not gigabytes of wheels
         if label == "POST /api/v1/jobs":
             self._lift_tiny_cpus(case.body)

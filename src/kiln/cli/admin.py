@@ -41,15 +41,15 @@ def recover_key(
     user: Annotated[
         str | None,
         typer.Option(
-            help="The platform admin to give the key [default: the first one, normally admin]. A new name creates "
+            help="The platform admin to give the key (default: the first one, normally admin). A new name creates "
             "a new platform admin; a disabled one is enabled again."
         ),
     ] = None,
-    home: Annotated[Path | None, typer.Option(help="State directory [default: $KILN_HOME or ~/.kiln].")] = None,
+    home: Annotated[Path | None, typer.Option(help="State directory (default: $KILN_HOME, else ~/.kiln).")] = None,
     env_file: Annotated[
         str | None,
         typer.Option(
-            help="Where to write the credentials, mode 0600 [default: $KILN_HOME/recovery.env]; - prints them."
+            help="Where to write the credentials, mode 0600 (default: $KILN_HOME/recovery.env); - prints them."
         ),
     ] = None,
     expires: Annotated[

@@ -78,7 +78,7 @@ class Preparation(_shimio.AttemptFiles, _proctree.ProcessTree):
             fcntl.flock(lock, fcntl.LOCK_EX)
             if os.path.exists(ready):
                 return
-            self.say(f"building runtime {spec['name']} (first use): {' '.join(spec['packages']) or 'no packages'}")
+            self.say(f"building runtime {spec['name']}: {' '.join(spec['packages']) or 'no packages'}")
             shutil.rmtree(venv, ignore_errors=True)
             # Built outside the sandbox and shared by every organisation's jobs: with the operator's environment
             # and the catalog's, never the job's own variables (a job's PIP_INDEX_URL must not reach it).

@@ -160,3 +160,18 @@ def test_quota_takes_an_organisation_as_its_first_word(monkeypatch: pytest.Monke
     assert twice.exit_code == 2 and "name the organisation once" in twice.output
     missing = runner.invoke(build_app(), ["quota", "set", "acme"])  # still the subcommand, still checked
     assert missing.exit_code == 2
+
+
+def test_bracketed_text_in_option_help_is_shown(root: TyperGroup) -> None:
+    """``[default: ...]`` in an option's help is rich markup to the help renderer, which drops it as an unknown tag
+    (`kiln admin recover-key --help` lost where its defaults come from)."""
+    runner = CliRunner()
+    app = build_app()
+    problems = []
+    for path, command in walk(root):
+        for param in getattr(command, "params", []):
+            for bracketed in re.findall(r"\[[^\]]+\]", getattr(param, "help", None) or ""):
+                result = runner.invoke(app, [*path, "--help"], env={"COLUMNS": str(WIDTH)})
+                if bracketed not in " ".join(result.output.split()):
+                    problems.append(f"kiln {' '.join(path)} {param.name}: {bracketed}")
+    assert not problems, problems
