@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 KILN_HOST ?= 127.0.0.1
 KILN_PORT ?= 8080
 
-.PHONY: run install dev test lint typecheck unit bench clean services mount-tools sandbox-tools
+.PHONY: run install dev test lint typecheck unit bench clean services mount-tools sandbox-tools node-tools
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Kiln needs Python >= 3.11"'
@@ -66,6 +66,19 @@ sandbox-tools:
 		fi; \
 	fi
 
+# Node.js runs the API docs page's signing script in its tests (Debian's package, where the machine has none).
+node-tools:
+	@if ! command -v node >/dev/null 2>&1; then \
+		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+			echo "installing nodejs with apt-get (the API docs page's signing script is tested with it)"; \
+			export DEBIAN_FRONTEND=noninteractive; \
+			apt-get install -y -q --no-install-recommends nodejs >/dev/null 2>&1 || \
+				{ apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends nodejs >/dev/null; }; \
+		else \
+			echo "WARNING: install Node.js (as root: apt-get install nodejs); the API docs tests need it"; \
+		fi; \
+	fi
+
 lint: dev
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
@@ -74,7 +87,7 @@ typecheck: dev
 	$(BIN)/mypy
 
 # Two workers (pytest-xdist), a test file at a time each: the suite is mostly waiting on real servers and jobs.
-test: dev services mount-tools sandbox-tools lint typecheck
+test: dev services mount-tools sandbox-tools node-tools lint typecheck
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 unit: dev

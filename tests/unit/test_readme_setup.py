@@ -27,6 +27,8 @@ def test_the_quick_start_names_every_system_package_make_installs():
     assert "bubblewrap" in _target("sandbox-tools") and "sandbox-tools" in _target("run")
     assert "apt-get install bubblewrap" in QUICK_START
     assert "pip install -e '.[dev]'" in QUICK_START.replace("-e\n", "-e ")
+    assert "nodejs" in _target("node-tools") and "node-tools" in _target("test")
+    assert "apt-get install nodejs" in QUICK_START
 
 
 def test_the_quick_start_says_make_test_uses_postgresql_on_its_port():

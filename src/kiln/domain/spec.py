@@ -77,7 +77,7 @@ class RuntimeSpec(_Strict):
     environment: a Python interpreter on the machine (``{python: /path/to/python}``) or, on container
     backends, an image (``{image: repo/name:tag}``)."""
 
-    framework: Text | None = Field(None, description="Catalog runtime: `kiln runtimes list`.")
+    framework: Text | None = Field(None, description="A catalog framework (`kiln runtimes list`).")
     version: Text | None = Field(None, description="Catalog version; default: the catalog's default.")
     python: Text | None = Field(None, description="A Python executable to run with (custom runtime).")
     image: Text | None = Field(None, description="A container image (container backends only).")
