@@ -38,10 +38,10 @@ from kiln.scheduler.inputs import allocation_of, gather, redact
 from kiln.scheduler.passes import Plan, Seen
 from kiln.scheduler.policy import Decision
 from kiln.scheduler.starter import Starter
-from kiln.services.blobs import blob_key
 from kiln.services.lifecycle import record, transition
 from kiln.services.quotas import Admission
 from kiln.settings import Settings
+from kiln.storage.keys import blob_key, checkpoints_prefix, outputs_prefix
 from kiln.storage.logs import LogStore
 
 log = logging.getLogger(__name__)
@@ -73,14 +73,6 @@ def set_waiting(s: Session, job: Job, why: str) -> None:
     job.message = why
     if before != why.split(":", 1)[0]:
         record(s, job, "Waiting", why)
-
-
-def outputs_prefix(org_id: str, job_id: str) -> str:
-    return f"orgs/{org_id}/jobs/{job_id}/outputs"
-
-
-def checkpoints_prefix(org_id: str, job_id: str) -> str:
-    return f"orgs/{org_id}/jobs/{job_id}/checkpoints"
 
 
 class Reconciler:

@@ -17,11 +17,8 @@ from kiln.services.identity import Principal
 from kiln.services.quotas import QuotaService
 from kiln.settings import Settings
 from kiln.storage.archive import validate_archive
+from kiln.storage.keys import blob_key
 from kiln.storage.store import ObjectStore
-
-
-def blob_key(org_id: str, sha256: str) -> str:
-    return f"orgs/{org_id}/blobs/{sha256}.tar.gz"
 
 
 class BlobService:

@@ -13,7 +13,7 @@ from kiln.backends.base import Backend
 from kiln.db.models import Job
 from kiln.db.session import Database
 from kiln.domain.states import JobState
-from kiln.scheduler.loop import checkpoints_prefix
+from kiln.storage.keys import checkpoints_prefix
 
 log = logging.getLogger(__name__)
 

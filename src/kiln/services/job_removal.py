@@ -15,9 +15,9 @@ from kiln.backends.base import Backend
 from kiln.db.models import Job, JobEvent, MetricChunk, MetricCursor, MetricPoint, MetricSeries
 from kiln.domain.states import JobState
 from kiln.errors import Conflict
-from kiln.scheduler.loop import checkpoints_prefix, outputs_prefix
 from kiln.services.identity import Principal
 from kiln.services.jobs import JobService
+from kiln.storage.keys import checkpoints_prefix, outputs_prefix
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore
 

@@ -20,11 +20,10 @@ from starlette.concurrency import run_in_threadpool
 from kiln.domain.schemas import ArtifactRead
 from kiln.domain.states import JobState
 from kiln.errors import Conflict, DigestMismatch, NotFound
-from kiln.scheduler.loop import checkpoints_prefix, outputs_prefix
-from kiln.services.blobs import blob_key
 from kiln.services.identity import Principal
 from kiln.services.jobs import JobService
 from kiln.services.quotas import QuotaService
+from kiln.storage.keys import blob_key, checkpoints_prefix, outputs_prefix
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore, safe_key
 

@@ -1,0 +1,20 @@
+"""Where a job's and an organisation's bytes live in the object store: the one place that names the keys, used by
+the reconciler (collecting outputs, syncing checkpoints, fetching code) and the services that list, serve and
+delete them."""
+
+from __future__ import annotations
+
+
+def blob_key(org_id: str, sha256: str) -> str:
+    """A code archive uploaded by ``kiln run``, by its content hash."""
+    return f"orgs/{org_id}/blobs/{sha256}.tar.gz"
+
+
+def outputs_prefix(org_id: str, job_id: str) -> str:
+    """Everything a job's attempts wrote to ``$KILN_OUTPUT_DIR``."""
+    return f"orgs/{org_id}/jobs/{job_id}/outputs"
+
+
+def checkpoints_prefix(org_id: str, job_id: str) -> str:
+    """A job's checkpoints, kept across its attempts."""
+    return f"orgs/{org_id}/jobs/{job_id}/checkpoints"
