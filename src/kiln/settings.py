@@ -16,8 +16,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from kiln.auth.credfile import client_dir
 from kiln.domain import limits
-from kiln.sdk.config import client_dir
 
 
 def _default_home() -> Path:

@@ -18,6 +18,7 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from kiln.auth import failures, signing
+from kiln.auth.credfile import write_config_file
 from kiln.auth.secrets import SecretBox, new_access_key_id, new_secret_key
 from kiln.db.models import AccessKey, Job, Nonce, Organization, User, utcnow
 from kiln.db.session import Database
@@ -25,7 +26,6 @@ from kiln.domain import policy
 from kiln.domain.ids import new_id
 from kiln.domain.states import JobState
 from kiln.errors import Forbidden, Unauthenticated
-from kiln.sdk.config import write_config_file
 from kiln.settings import Settings
 
 log = logging.getLogger(__name__)
