@@ -198,6 +198,19 @@ class OfflineAction(Base):
     announced_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
+class TaskLease(Base):
+    """Which server runs a background task of one scope (kiln.services.task_leases): one row per scope. ``token``
+    is the fencing token, one higher whenever the lease changes hands or is taken back after it expired."""
+
+    __tablename__ = "task_leases"
+
+    scope: Mapped[str] = mapped_column(String(96), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(128))
+    token: Mapped[int] = mapped_column(BigInteger, default=1)
+    acquired_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column()
+
+
 class JobEvent(Base):
     __tablename__ = "job_events"
 
