@@ -1,4 +1,4 @@
-"""Scheduling decisions per second: the pure policy (kiln.scheduler.policy.decide) against a FIFO baseline.
+"""Scheduling decisions per second: the pure policy (kiln.domain.placement.policy.decide) against a FIFO baseline.
 
     .venv/bin/python benchmarks/scheduler_decisions.py [--jobs 10000] [--orgs 100] [--reps 5] [--json PATH]
 
@@ -42,8 +42,9 @@ sys.path.insert(0, str(REPO))
 from report import finish, print_table  # noqa: E402
 from scheduler_loop import section_handoff, section_loop  # noqa: E402
 
+from kiln.domain.placement.policy import decide  # noqa: E402
+from kiln.domain.placement.types import PRIORITY, Decision, Node, Pending, Running, WorkerAlloc  # noqa: E402
 from kiln.domain.quota import Limits, OrgUsage, blocked_by  # noqa: E402
-from kiln.scheduler.policy import PRIORITY, Decision, Node, Pending, Running, WorkerAlloc, decide  # noqa: E402
 
 GI = 1024**3
 NOW = 2_000_000_000.0

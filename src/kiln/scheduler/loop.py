@@ -31,15 +31,15 @@ from sqlalchemy.orm import Session
 from kiln.backends.base import AttemptStatus, Backend, Launch, Phase, ResolvedInput, Slot
 from kiln.db.models import Job, JobEvent, utcnow
 from kiln.db.session import Database
+from kiln.domain.placement.types import Decision
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState, Reason
 from kiln.errors import InvalidInput
-from kiln.scheduler.inputs import allocation_of, gather, redact
 from kiln.scheduler.passes import Plan, Seen
-from kiln.scheduler.policy import Decision
 from kiln.scheduler.starter import Starter
 from kiln.services.lifecycle import record, transition
 from kiln.services.quotas import Admission
+from kiln.services.scheduler_inputs import allocation_of, gather, redact
 from kiln.settings import Settings
 from kiln.storage.keys import blob_key, checkpoints_prefix, outputs_prefix
 from kiln.storage.logs import LogStore
@@ -343,7 +343,7 @@ class Reconciler:
     # -- scheduling -----------------------------------------------------------------------------------
 
     def _plan(self, released: Collection[str]) -> Plan:
-        """Decide (scheduler.policy) on a snapshot read without the write lock, or take the next placements of
+        """Decide (domain.placement) on a snapshot read without the write lock, or take the next placements of
         the last decision while it is fresh (a decision over a long queue costs more than the starts; each start
         re-checks state and quota). ``released``: jobs whose attempts this pass saw end (their allocations count as
         free)."""

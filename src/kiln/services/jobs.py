@@ -19,10 +19,10 @@ from kiln.domain.schemas import EventRead, JobList, JobRead, JobSubmit
 from kiln.domain.spec import PRIORITIES, JobSpec
 from kiln.domain.states import JobState, Reason
 from kiln.errors import Conflict, Forbidden, InvalidInput, NotFound
-from kiln.scheduler.inputs import never_fits, node_of
 from kiln.services.identity import Principal
 from kiln.services.lifecycle import record, transition
 from kiln.services.quotas import QuotaService
+from kiln.services.scheduler_inputs import never_fits, node_of
 
 # The quota category of training jobs; serving and dev environments will use "serve" and "dev".
 CATEGORY = "train"

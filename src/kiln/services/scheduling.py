@@ -1,5 +1,5 @@
 """``why``: where a job stands in the scheduler's eyes. It runs the same decision the loop runs, on the same
-inputs (``scheduler.inputs.gather``), so the answer is what the scheduler would do now.
+inputs (``services.scheduler_inputs.gather``), so the answer is what the scheduler would do now.
 
 Tenancy: a waiting job may be held back by other organisations' jobs; those are counted, never named, and
 their ids are taken out of the messages shown to anyone outside their organisation.
@@ -16,9 +16,9 @@ from kiln.db.models import Job, utcnow
 from kiln.db.session import Database
 from kiln.domain.schemas import WhyAhead, WhyRead
 from kiln.domain.states import JobState
-from kiln.scheduler.inputs import JOB_ID, gather, redact
 from kiln.services.identity import Principal
 from kiln.services.jobs import JobService
+from kiln.services.scheduler_inputs import JOB_ID, gather, redact
 from kiln.settings import Settings
 
 PRIORITY_NAMES = {0: "low", 1: "normal", 2: "high"}

@@ -1,5 +1,7 @@
-"""What the decision function is given, read from the database in one place: the loop decides with it and
-``kiln jobs why`` explains with it, so the two can never disagree about what holds a job."""
+"""What the decision function (kiln.domain.placement) is given, read from the database in one place: the
+reconciler (kiln.scheduler.loop) decides with it, ``kiln jobs why`` (services/scheduling.py) explains with it and
+a submit (services/jobs.py) refuses a job that could never fit with it, so they can never disagree about what
+holds a job."""
 
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ from sqlalchemy.orm import Session
 
 from kiln.backends.base import Backend, Inventory, Slot
 from kiln.db.models import Job, Organization
+from kiln.domain.placement.policy import decide
+from kiln.domain.placement.types import Decision, Node, Pending, Running, WorkerAlloc
 from kiln.domain.quota import Limits, OrgUsage
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState
-from kiln.scheduler.policy import Decision, Node, Pending, Running, WorkerAlloc, decide
 from kiln.services.quotas import load_limits, load_usage
 
 JOB_ID = re.compile(r"\bjob-[0-9a-z]{16}\b")

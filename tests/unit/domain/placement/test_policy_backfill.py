@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from kiln.domain.placement.policy import decide
+from kiln.domain.placement.types import Running
 from kiln.domain.quota import Limits, OrgUsage
-from kiln.scheduler.policy import Running, decide
 
 from .policy_helpers import NOW, check_waits, job, kinds, node, placed, running
 

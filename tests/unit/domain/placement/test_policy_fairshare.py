@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from kiln.scheduler.fairshare import fair_order
-from kiln.scheduler.policy import Decision, decide
+from kiln.domain.placement.fairshare import fair_order
+from kiln.domain.placement.policy import decide
+from kiln.domain.placement.types import Decision
 
 from .policy_helpers import GI, NOW, check_waits, job, node, placed, running
 

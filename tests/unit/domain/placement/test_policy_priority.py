@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import random
 
+from kiln.domain.placement.policy import decide
+from kiln.domain.placement.types import Decision
 from kiln.domain.quota import Limits, OrgUsage
-from kiln.scheduler.policy import Decision, decide
 
 from .policy_helpers import NOW, check_waits, job, kinds, node, placed, running
 

@@ -6,8 +6,9 @@ import random
 
 import pytest
 
+from kiln.domain.placement.policy import decide
+from kiln.domain.placement.types import PRIORITY, Node, Pending, Running, WorkerAlloc
 from kiln.domain.quota import Limits
-from kiln.scheduler.policy import PRIORITY, Node, Pending, Running, WorkerAlloc, decide
 
 from .policy_helpers import GI, NOW, check_waits
 

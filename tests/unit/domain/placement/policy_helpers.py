@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.scheduler.policy import PRIORITY, Decision, Node, Pending, Running, WorkerAlloc
+from kiln.domain.placement.types import PRIORITY, Decision, Node, Pending, Running, WorkerAlloc
 
 GI = 1024**3
 NOW = 1_000_000.0

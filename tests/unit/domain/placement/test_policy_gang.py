@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from kiln.scheduler.policy import WorkerAlloc, decide
+from kiln.domain.placement.policy import decide
+from kiln.domain.placement.types import WorkerAlloc
 
 from .policy_helpers import NOW, check_waits, job, node, placed, running
 

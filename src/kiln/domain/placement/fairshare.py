@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from kiln.scheduler.policy import Pending, Running
+from kiln.domain.placement.types import Pending, Running
 
 MIN_WEIGHT = 1e-9  # a weight of 0 (or less) puts the organisation last, not nowhere
 

@@ -27,13 +27,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from kiln.domain.quota import Limits, OrgUsage
-from kiln.domain.quota import blocked_by as quota_blocked_by
-from kiln.domain.quota import never_fits as quota_never_fits
-from kiln.scheduler.fairshare import fair_order
-from kiln.scheduler.packing import (
+from kiln.domain.placement.fairshare import fair_order
+from kiln.domain.placement.packing import (
     AVAIL,
     EASY,
     EPS,
@@ -53,94 +50,24 @@ from kiln.scheduler.packing import (
     never_fits,
     shape_of,
 )
+from kiln.domain.placement.types import (
+    Decision,
+    Node,
+    Pending,
+    Placement,
+    Running,
+    Wait,
+    WorkerAlloc,
+    priority_name,
+)
+from kiln.domain.quota import Limits, OrgUsage
+from kiln.domain.quota import blocked_by as quota_blocked_by
+from kiln.domain.quota import never_fits as quota_never_fits
 
-PRIORITY = {"low": 0, "normal": 1, "high": 2}
-PRIORITY_NAMES = {value: name for name, value in PRIORITY.items()}
 AHEAD = 5  # at most this many job ids in Wait.ahead
 
 # bits of what a job shape is already known not to fit (the views only shrink during a decision)
 F_AVAIL, F_EASY, F_SOON, F_FREE = 1, 2, 4, 8
-
-
-def priority_name(priority: int) -> str:
-    return PRIORITY_NAMES.get(priority, str(priority))
-
-
-@dataclass(frozen=True)
-class Node:
-    """One machine (the local executor has one; Kubernetes many)."""
-
-    name: str
-    cpus: float
-    memory: int  # bytes
-    gpus: tuple[int, ...] = ()  # device indices
-    gpu_types: Mapping[int, str] = field(default_factory=dict)  # index -> model, e.g. "H200"
-    labels: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class WorkerAlloc:
-    node: str
-    cpus: float
-    memory: int | None
-    gpus: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Pending:
-    """A QUEUED (or restarting) job."""
-
-    job_id: str
-    org_id: str
-    org_name: str
-    category: str  # train|serve|dev (quota category)
-    priority: int  # PRIORITY value
-    submitted: float  # epoch seconds; FIFO order within (priority, org)
-    workers: int = 1  # gang size: all placed at once or none
-    cpus: float = 1.0  # per worker
-    memory: int | None = None  # per worker
-    gpus: int = 0  # per worker
-    gpu_type: str | None = None
-    node_selector: Mapping[str, str] = field(default_factory=dict)
-    timeout: float | None = None  # the job's wall-clock limit (for backfill: it surely ends by then)
-
-
-@dataclass(frozen=True)
-class Running:
-    """A STARTING/RUNNING job holding resources."""
-
-    job_id: str
-    org_id: str
-    category: str
-    priority: int
-    workers: tuple[WorkerAlloc, ...]
-    started: float
-    deadline: float | None = None  # when its timeout kills it, if it has one
-    preempting: bool = False  # a preemption was already requested; its resources free soon
-
-
-@dataclass(frozen=True)
-class Wait:
-    kind: str  # quota | capacity | gang | priority | reservation | preempting (| selector | fairshare: unused)
-    message: str  # starts with "<kind>: "
-    position: int  # 1-based among the waiting jobs in scheduling order
-    ahead: tuple[str, ...] = ()  # up to 5 job ids that hold it back
-
-
-@dataclass(frozen=True)
-class Placement:
-    job_id: str
-    workers: tuple[WorkerAlloc, ...]
-
-
-@dataclass
-class Decision:
-    placements: list[Placement] = field(default_factory=list)
-    preemptions: dict[str, str] = field(default_factory=dict)  # victim job id -> reason
-    waiting: dict[str, Wait] = field(default_factory=dict)
-    unschedulable: dict[str, str] = field(default_factory=dict)  # job id -> why it can never run here
-    reservation: str | None = None  # the first job (in scheduling order) holding earmarked resources
-    reserved: list[str] = field(default_factory=list)  # every job holding earmarked resources, in order
 
 
 def givers(back: Mapping[int, Res], released: Sequence[tuple[str, int, WorkerAlloc]]) -> list[str]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from kiln.domain.placement.policy import decide
+from kiln.domain.placement.types import Node, WorkerAlloc
 from kiln.domain.quota import Limits
-from kiln.scheduler.policy import Node, WorkerAlloc, decide
 
 from .policy_helpers import GI, NOW, check_waits, job, node, placed, running
 

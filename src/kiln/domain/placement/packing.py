@@ -17,12 +17,9 @@ view's layers that has any, so that as little as possible is earmarked or borrow
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
+from kiln.domain.placement.types import Node, Pending, WorkerAlloc
 from kiln.domain.quantities import format_memory
-
-if TYPE_CHECKING:
-    from kiln.scheduler.policy import Node, Pending, WorkerAlloc
 
 EPS = 1e-9
 AVAIL, EASY, SOON, HELD = 0, 1, 2, 3

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from kiln.domain.placement.policy import decide
 from kiln.domain.quota import Limits, OrgUsage
-from kiln.scheduler.policy import decide
 
 from .policy_helpers import NOW, check_waits, job, kinds, node, placed, running
 
