@@ -20,7 +20,7 @@ from kiln.domain.spec import PRIORITIES, JobSpec
 from kiln.domain.states import JobState, Reason
 from kiln.errors import Conflict, Forbidden, InvalidInput, NotFound
 from kiln.services.identity import Principal
-from kiln.services.lifecycle import record, transition
+from kiln.services.lifecycle import create_job, record, transition
 from kiln.services.quotas import QuotaService
 from kiln.services.scheduler_inputs import never_fits, node_of
 
@@ -218,9 +218,6 @@ class JobService:
                 name=spec.display_name,
                 spec=spec.model_dump(mode="json"),
                 code_sha256=code_sha256,
-                state=JobState.QUEUED,
-                reason=Reason.SUBMITTED,
-                message="",
                 cpus=cpus,
                 memory=memory,
                 gpus=gpus,
@@ -228,18 +225,8 @@ class JobService:
                 priority=spec.priority_value,
                 workers=spec.gang_size,
                 backend=self.backend_name,
-                created_at=now,
-                updated_at=now,
             )
-            event = JobEvent(
-                job_id=job.id,
-                time=now,
-                from_state=None,
-                to_state=JobState.QUEUED,
-                reason=Reason.SUBMITTED,
-                message=note,
-            )
-            s.add_all([job, event])
+            create_job(s, job, note, now=now)
             s.flush()  # one flush for both rows (the job's first: the event refers to it); fills the defaults
             read = to_read(job)
         self.wake()

@@ -1,4 +1,6 @@
-"""The one way a job's state changes: ``transition`` checks the FROM→TO table, stamps times, writes an event."""
+"""The one way a job's state changes: ``create_job`` puts a new job in its first state, ``transition`` moves it
+(checking the FROM→TO table), both stamping times and writing the job's event; ``record`` notes what changes no
+state."""
 
 from __future__ import annotations
 
@@ -7,8 +9,30 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from kiln.db.models import Job, JobEvent, utcnow
-from kiln.domain.states import TRANSITIONS, JobState
+from kiln.domain.states import TRANSITIONS, JobState, Reason
 from kiln.errors import IllegalTransition
+
+# Where every job starts: in the queue, placed by the reconciler (its first event has no FROM state).
+INITIAL_STATE = JobState.QUEUED
+
+
+def create_job(session: Session, job: Job, message: str, *, now: datetime | None = None) -> JobEvent:
+    """Enter ``job`` (a new row) in the state machine: QUEUED, reason Submitted, created now, with its first event
+    (``message`` says by whom). Adds both to ``session``; the caller's transaction commits them. A row that has a
+    state already is not new: IllegalTransition."""
+    if job.state is not None:
+        raise IllegalTransition(f"job {job.id}: already {job.state}; only a new job is created")
+    now = now or utcnow()
+    job.state = INITIAL_STATE
+    job.reason = Reason.SUBMITTED
+    job.message = ""
+    job.created_at = now
+    job.updated_at = now
+    event = JobEvent(
+        job_id=job.id, time=now, from_state=None, to_state=INITIAL_STATE, reason=Reason.SUBMITTED, message=message
+    )
+    session.add_all([job, event])
+    return event
 
 
 def transition(
