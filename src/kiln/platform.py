@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 from typing import IO
 
-from kiln.api.prometheus import ServerMetrics
 from kiln.auth.ratelimit import RateLimiter
 from kiln.auth.secrets import SecretBox, load_or_create_server_key
 from kiln.backends.base import Backend
@@ -35,6 +34,7 @@ from kiln.services.quotas import QuotaService
 from kiln.services.recovery import announce_offline_actions
 from kiln.services.runtimes import RuntimeService
 from kiln.services.scheduling import SchedulingService
+from kiln.services.stats import ServerMetrics
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore
