@@ -3,33 +3,25 @@ quota limits (``unlimited``, ``128G``). Errors are ValueErrors whose message say
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime, timedelta
 
+from kiln.domain import durations
 from kiln.sdk.tenancy import QUOTA_FIELDS, quota_value
 
-_UNIT_SECONDS = {"w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1}
-_DURATION = re.compile(r"^(?:\d+(?:\.\d+)?[wdhms])+$")
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([wdhms])")
-_NUMBER = re.compile(r"^\d+(?:\.\d+)?$")
 UNLIMITED = frozenset({"unlimited", "none", "null"})
 
-DURATION_HINT = "use e.g. 45s, 90m, 12h, 30d, 2w or 1d12h"
+DURATION_HINT = durations.EXAMPLES
 TIME_HINT = f"a duration ago ({DURATION_HINT}) or an ISO-8601 time such as 2026-01-31T09:00 or 2026-01-31T09:00Z"
 
 
 def parse_duration(text: str) -> timedelta:
-    """``45s``, ``90m``, ``12h``, ``30d``, ``2w``, combinations like ``1d12h``; a plain number is seconds."""
-    compact = text.strip().lower().replace(" ", "")
-    if _NUMBER.match(compact):
-        seconds = float(compact)
-    elif _DURATION.match(compact):
-        seconds = sum(float(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION_PART.findall(compact))
-    else:
-        raise ValueError(f"not a duration: {text!r} ({DURATION_HINT})")
-    if seconds <= 0:
-        raise ValueError(f"not a positive duration: {text!r}")
-    return timedelta(seconds=seconds)
+    """The one grammar of ``kiln.domain.durations``: ``45s``, ``90m``, ``12h``, ``30d``, ``2w``, combinations like
+    ``1d12h``; a plain number is seconds."""
+    seconds = durations.parse_duration(text)
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        raise durations.DurationError(f"{text!r} is out of range for a duration") from None
 
 
 def parse_datetime(text: str) -> datetime:
@@ -49,7 +41,7 @@ def parse_time(text: str, now: datetime | None = None) -> datetime:
         return now
     try:
         return now - parse_duration(text)
-    except ValueError:
+    except (ValueError, OverflowError):  # before the year 1: not a time either
         pass
     try:
         return parse_datetime(text)

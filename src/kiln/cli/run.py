@@ -153,7 +153,9 @@ def run(
     python: Annotated[str | None, typer.Option(help="Run with this Python executable (on the server).")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE, repeatable.")] = None,
     label: Annotated[list[str] | None, typer.Option("--label", "-l", help="KEY=VALUE, repeatable.")] = None,
-    timeout: Annotated[str | None, typer.Option(help="Wall-clock limit per run, e.g. 90s, 10m, 1h30m.")] = None,
+    timeout: Annotated[
+        str | None, typer.Option(help="Wall-clock limit per run, seconds or e.g. 90s, 15m, 2h, 1d, 1h30m.")
+    ] = None,
     max_restarts: Annotated[int | None, typer.Option(help="Retries of a failed run.")] = None,
     inputs: Annotated[
         list[str] | None,

@@ -13,35 +13,14 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kiln.domain import limits
+from kiln.domain.dataset_refs import parse_ref
 from kiln.domain.distributed import DistributedSpec
+from kiln.domain.durations import parse_duration
 from kiln.domain.quantities import parse_memory
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.\-/]{0,61}[A-Za-z0-9])?$")
-_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$")
 RESERVED_ENV_PREFIX = "KILN_"
-
-
-def parse_duration(value: str | int | float) -> float:
-    """Seconds in ``90``, ``"90s"``, ``"10m"``, ``"1h30m"``."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a duration: {value!r}")
-    if isinstance(value, int | float):
-        try:
-            seconds = float(value)
-        except OverflowError:
-            raise ValueError(f"not a duration: {value} is out of range") from None
-    else:
-        if len(value) > limits.MAX_QUANTITY_LENGTH:
-            raise ValueError(f"not a duration: longer than {limits.MAX_QUANTITY_LENGTH} characters")
-        match = _DURATION.match(value)
-        if not match or not value.strip() or not any(match.groups()):
-            raise ValueError(f"not a duration: {value!r} (use e.g. 90, 90s, 10m, 1h30m)")
-        hours, minutes, secs = (float(g) if g else 0.0 for g in match.groups())
-        seconds = hours * 3600 + minutes * 60 + secs
-    if not seconds > 0:  # NaN too
-        raise ValueError("must be positive")
-    return seconds
 
 
 # A command: one shell string, or an argv list. Every part is bounded (the OpenAPI schema shows the maxima).
@@ -239,10 +218,6 @@ class MetricsSpec(_Strict):
         return value
 
 
-DATASET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
-MAX_VERSION = limits.MAX_DATASET_VERSION
-
-
 def input_env_name(dataset: str) -> str:
     """``KILN_INPUT_<NAME>``: the dataset name upper-cased, every other character an underscore."""
     name = dataset.split("@", 1)[0]
@@ -254,7 +229,7 @@ class InputSpec(_Strict):
 
     dataset: str = Field(
         max_length=limits.MAX_DATASET_REF_LENGTH,
-        description="NAME or NAME@VERSION; without a version, the latest at submit (then pinned).",
+        description="NAME, NAME@VERSION or NAME@latest; without a version, the latest at submit (then pinned).",
     )
     path: str | None = Field(
         None, max_length=limits.MAX_PATH_LENGTH, description="Where the job sees it; default /data/NAME."
@@ -264,11 +239,7 @@ class InputSpec(_Strict):
     @field_validator("dataset")
     @classmethod
     def _dataset(cls, value: str) -> str:
-        name, _, version = value.partition("@")
-        if not DATASET_NAME.match(name) or ".." in name:
-            raise ValueError(f"{value!r}: a dataset name is lowercase letters, digits and . _ - (at most 100)")
-        if version and (not version.isascii() or not version.isdigit() or not 1 <= int(version) <= MAX_VERSION):
-            raise ValueError(f"{value!r}: the version after @ is a number from 1 to {MAX_VERSION}")
+        parse_ref(value)  # the server's rules, the SDK's and the CLI's: one parser
         return value
 
     @field_validator("path")
@@ -316,7 +287,8 @@ class JobSpec(_Strict):
         None,
         gt=0,
         le=limits.MAX_DURATION_SECONDS,
-        description="Wall-clock limit per run, seconds or e.g. '1h30m' (at most a year); the run fails above it.",
+        description="Wall-clock limit per run, seconds or e.g. '90s', '15m', '2h', '1d', '1h30m' (at most a year); the "
+        "run fails above it.",
         strict=True,
     )
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=limits.MAX_LABELS)
@@ -385,11 +357,7 @@ class JobSpec(_Strict):
     @field_validator("timeout", mode="before")
     @classmethod
     def _timeout(cls, value: Any) -> Any:
-        if value is None:
-            return None
-        if isinstance(value, str | int | float):
-            return parse_duration(value)
-        raise ValueError(f"not a duration: {value!r}")
+        return None if value is None else parse_duration(value)
 
     @model_validator(mode="after")
     def _distinct_inputs(self) -> JobSpec:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
+from kiln.domain import dataset_refs
 from kiln.domain.schemas import DatasetManifest, DatasetRemoved, DatasetSummary, DatasetVersionRead
 from kiln.errors import BadRequest
 from kiln.sdk.download import DownloadMixin
@@ -62,14 +63,12 @@ __all__ = [
 
 
 def parse_ref(ref: str) -> tuple[str, int | None]:
-    name, at, version = ref.partition("@")
-    if not name:
-        raise BadRequest(f"dataset reference {ref!r}: NAME or NAME@VERSION")
-    if not at:
-        return name, None
-    if not version.isdigit() or int(version) < 1:
-        raise BadRequest(f"dataset reference {ref!r}: the version after @ is a number ≥ 1")
-    return name, int(version)
+    """``NAME``, ``NAME@latest`` or ``NAME@VERSION`` → (name, version or None). The server's own parser
+    (``kiln.domain.dataset_refs``): a reference the server refuses raises the same BadRequest here, unsent."""
+    try:
+        return dataset_refs.parse_ref(ref)
+    except dataset_refs.DatasetRefError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 class DatasetsMixin(UploadMixin, DownloadMixin):
@@ -92,5 +91,7 @@ class DatasetsMixin(UploadMixin, DownloadMixin):
     def remove_dataset(self, ref: str) -> DatasetRemoved:
         """``NAME@VERSION``: that version; ``NAME``: every version. Blobs no other version uses are deleted."""
         name, version = parse_ref(ref)
-        path = f"/datasets/{quote(name, safe='')}" + (f"/versions/{version}" if version else "")
+        # NAME@latest is not NAME (every version): the server refuses it, as any version that is not a number.
+        versioned = "@" in ref
+        path = f"/datasets/{quote(name, safe='')}" + (f"/versions/{version or 'latest'}" if versioned else "")
         return DatasetRemoved.model_validate(self.request("DELETE", path).json())

@@ -21,8 +21,9 @@ from urllib.parse import quote
 
 import httpx
 
+from kiln.domain import dataset_refs
 from kiln.domain.schemas import DatasetVersionRead, DraftRead, PartUrl, PartUrls, UploadConfig, UploadRead
-from kiln.errors import DigestMismatch, StoreUnavailable
+from kiln.errors import BadRequest, DigestMismatch, StoreUnavailable
 from kiln.sdk.config import client_dir
 from kiln.sdk.hash_cache import HashCache, hash_cached
 from kiln.sdk.local_files import (
@@ -136,6 +137,10 @@ class UploadMixin(TransferBase):
         DEFAULT_WORKERS otherwise). ``state_dir``: where the resume file goes (default ``uploads`` in
         ``kiln.sdk.config.client_dir()``); the hash cache (``kiln.sdk.hash_cache``) is beside it, ``hashes.sqlite``.
         ``rehash``: read every file again, whatever the hash cache holds."""
+        try:  # what the server would refuse once every file is hashed: refused now, with its message
+            dataset_refs.check_name(name)
+        except dataset_refs.DatasetRefError as exc:
+            raise BadRequest(str(exc)) from None
         files = scan_local(Path(path))
         state_dir = state_dir or client_dir() / "uploads"
         threads = max(1, workers or DEFAULT_WORKERS)

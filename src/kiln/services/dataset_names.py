@@ -1,7 +1,7 @@
 """What a dataset may be called and hold, and where its bytes live: dataset names and ``NAME[@VERSION]``
-references, file paths inside a version, manifests (validation and their hash) and the content-addressed store key
-of a blob (``orgs/<org>/data/sha256/<aa>/<sha256>``). Used by ``kiln.services.datasets`` and
-``kiln.services.uploads``.
+references (the grammar is ``kiln.domain.dataset_refs``; here its errors are BadRequest), file paths inside a
+version, manifests (validation and their hash) and the content-addressed store key of a blob
+(``orgs/<org>/data/sha256/<aa>/<sha256>``). Used by ``kiln.services.datasets`` and ``kiln.services.uploads``.
 """
 
 from __future__ import annotations
@@ -10,41 +10,30 @@ import bisect
 import hashlib
 import re
 
+from kiln.domain import dataset_refs
+from kiln.domain.dataset_refs import PERCENT_ENCODED
 from kiln.domain.schemas import DatasetFileEntry
 from kiln.errors import BadRequest
 
-NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")
-PERCENT_ENCODED = re.compile(r"%[0-9A-Fa-f]{2}")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 MAX_PATH = 1024
 
 
 def validate_name(name: str) -> str:
-    """A dataset name: lowercase letters, digits and ``- _ .``, at most 100, no ``..``, nothing percent-encoded."""
-    if PERCENT_ENCODED.search(name) or "%" in name:
-        raise BadRequest(f"dataset name {name!r}: percent-encoded characters are not allowed")
-    if "/" in name or "\\" in name or "\x00" in name:
-        raise BadRequest(f"dataset name {name!r}: '/', '\\' and NUL are not allowed")
-    if ".." in name:
-        raise BadRequest(f"dataset name {name!r}: '..' is not allowed")
-    if not NAME.fullmatch(name):
-        raise BadRequest(
-            f"dataset name {name!r}: use lowercase letters, digits and . _ - (at most 100, starting with a letter "
-            "or digit)"
-        )
-    return name
+    """A dataset name (``kiln.domain.dataset_refs``); BadRequest naming the rule it breaks."""
+    try:
+        return dataset_refs.check_name(name)
+    except dataset_refs.DatasetRefError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 def parse_ref(ref: str) -> tuple[str, int | None]:
-    """``NAME`` or ``NAME@VERSION`` → (name, version or None)."""
-    name, at, version = ref.partition("@")
-    validate_name(name)
-    if not at:
-        return name, None
-    if not version.isdigit() or int(version) < 1 or len(version) > 9:
-        raise BadRequest(f"dataset reference {ref!r}: the version after @ is a number ≥ 1")
-    return name, int(version)
+    """``NAME``, ``NAME@latest`` or ``NAME@VERSION`` → (name, version or None); BadRequest when it is none."""
+    try:
+        return dataset_refs.parse_ref(ref)
+    except dataset_refs.DatasetRefError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 def validate_path(path: str) -> str:

@@ -139,15 +139,30 @@ def test_gpus_out_of_range_are_rejected(gpus: int) -> None:
 
 @pytest.mark.parametrize(
     ("value", "seconds"),
-    [("1h30m", 5400.0), ("90", 90.0), ("90s", 90.0), ("10m", 600.0), ("2h", 7200.0), (45, 45.0), (1.5, 1.5)],
+    [
+        ("1h30m", 5400.0),
+        ("90", 90.0),
+        ("90s", 90.0),
+        ("10m", 600.0),
+        ("2h", 7200.0),
+        ("1d", 86400.0),
+        ("1w", 604800.0),
+        (45, 45.0),
+        (1.5, 1.5),
+    ],
 )
 def test_timeout_accepts_seconds_and_durations(value: Any, seconds: float) -> None:
     assert JobSpec.model_validate({"command": "true", "timeout": value}).timeout == seconds
 
 
-@pytest.mark.parametrize("bad", ["", "soon", "1d", "h", "-5", 0, -3, "0s", True])
+@pytest.mark.parametrize("bad", ["", "soon", "1x", "1y", "h", "-5", 0, -3, "0s", True, "400d"])
 def test_bad_timeouts_are_rejected(bad: Any) -> None:
     assert locs({"command": "true", "timeout": bad}) == [("timeout",)]
+
+
+def test_a_bad_timeout_says_what_a_duration_is() -> None:
+    [error] = errors_of({"command": "true", "timeout": "1x"})
+    assert error["msg"] == "Value error, '1x' is not a duration (e.g. 90s, 15m, 2h, 1d, 1h30m)"
 
 
 def test_parse_duration_directly() -> None:

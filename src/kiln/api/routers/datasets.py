@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from kiln.api.deps import Caller, Kiln
 from kiln.api.params import DatasetName, DraftId, FilePath, PartNumber, UploadId, Version
 from kiln.api.responses import REDIRECT, errors, links, raw_body
-from kiln.domain import limits
+from kiln.domain import dataset_refs
 from kiln.domain.schemas import (
     DatasetManifest,
     DatasetRemoved,
@@ -44,11 +44,10 @@ VERSION = {"name": "$response.body#/name", "version": "$response.body#/version"}
 
 
 def _version(value: str) -> int | None:
-    if value == "latest":
-        return None
-    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= limits.MAX_DATASET_VERSION:
-        raise BadRequest(f"version {value!r}: a number from 1 to {limits.MAX_DATASET_VERSION}, or 'latest'")
-    return int(value)
+    try:
+        return dataset_refs.parse_version(value)
+    except dataset_refs.DatasetRefError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 @router.get("/datasets", summary="The organisation's datasets: name, latest version, size, last update")
