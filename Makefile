@@ -82,6 +82,7 @@ node-tools:
 lint: dev
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/lint-imports --no-cache  # the layers and no cycles: [tool.importlinter] in pyproject.toml
 
 typecheck: dev
 	$(BIN)/mypy
