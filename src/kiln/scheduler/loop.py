@@ -28,13 +28,14 @@ from typing import Any, cast
 from sqlalchemy import String, Table, Text, bindparam, column, func, insert, or_, select, update, values
 from sqlalchemy.orm import Session
 
-from kiln.backends.base import AttemptStatus, Backend, Launch, Phase, ResolvedInput, Slot
+from kiln.backends.base import Backend, Launch, Phase, ResolvedInput, Slot
 from kiln.db.models import Job, JobEvent, utcnow
 from kiln.db.session import Database
 from kiln.domain.placement.types import Decision
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState, Reason
 from kiln.errors import InvalidInput
+from kiln.scheduler.outcome import STARTED_BEFORE_END, JobView, Observed, Outcome, decide
 from kiln.scheduler.passes import Plan, Seen
 from kiln.scheduler.starter import Starter
 from kiln.services.lifecycle import record, transition
@@ -62,8 +63,6 @@ LEFTOVER_SECONDS = 2.0  # placements older than this are decided again rather th
 OPEN_STATES = [JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING]
 ACTIVE_STATES = [JobState.STARTING, JobState.RUNNING]
 WAITING_STATES = (JobState.QUEUED, JobState.RESTARTING)
-# Failures that a retry cannot fix: the spec itself is wrong.
-PERMANENT_REASONS = {Reason.COMMAND_NOT_FOUND, Reason.RUNTIME_ERROR, Reason.CODE_ERROR, Reason.INPUT_ERROR}
 
 
 def set_waiting(s: Session, job: Job, why: str) -> None:
@@ -280,65 +279,41 @@ class Reconciler:
         return seen
 
     def _apply(self, s: Session, row: Job | None, seen: Seen) -> None:
-        """Write what was seen of one attempt, if the row is still that attempt's and this server's."""
+        """Write what was seen of one attempt, if the row is still that attempt's and this server's: the outcome
+        ``scheduler.outcome.decide`` gives, carried out through ``transition``."""
         if row is None or row.attempt != seen.job.attempt or row.lease_owner != self.owner:
             return  # already handled elsewhere, or another server took the job: an attempt's end is applied once
         if not JobState(row.state).active:
             return
         if seen.handle_changed:
             row.handle = seen.handle
-        status = seen.status
-        if status is None:
+        if seen.status is None:
             return
-        if status.phase is Phase.RUNNING:
-            if row.state == JobState.STARTING:
-                transition(s, row, JobState.RUNNING, Reason.STARTED, "the command is running")
-            return
-        self._end_attempt(s, row, seen, status)
-
-    def _end_attempt(self, s: Session, row: Job, seen: Seen, status: AttemptStatus) -> None:
-        copy_error = seen.copy_error
-        row.exit_code = status.exit_code
-        row.output_bytes = seen.copied_bytes or row.output_bytes
-        if row.state == JobState.STARTING and status.running_at is not None:
-            transition(s, row, JobState.RUNNING, Reason.STARTED, "the command started")
-        if row.cancel_requested or status.reason == Reason.CANCELLED:
-            transition(s, row, JobState.CANCELLED, Reason.CANCELLED, (status.message or "cancelled") + copy_error)
-            seen.keep_files = False
-            return
-        completed = status.phase is Phase.EXITED and status.reason == Reason.COMPLETED and status.exit_code == 0
-        warned_at = seen.handle.get("preempt_sent_at")
-        if completed and warned_at and status.finished_at and status.finished_at.timestamp() >= warned_at:
-            completed = False  # it exited 0 after the notice: it stopped to be preempted, not because it was done
-        if row.preempt_reason and not completed:
-            # Stopped for a higher-priority job (whatever its exit code after the notice): back to the
-            # queue without spending a restart; $KILN_CHECKPOINT_DIR is kept for the next attempt.
-            message = f"{row.preempt_reason}; queued again (restarts used: {row.restarts})" + copy_error
-            row.preempt_reason = None
-            transition(s, row, JobState.QUEUED, Reason.PREEMPTED, message)
-            return
-        if completed:
-            message = f"exit code 0; {seen.copied} output file(s) kept" + copy_error
-            transition(s, row, JobState.SUCCEEDED, Reason.COMPLETED, message)
-            seen.keep_files = False
-            return
+        observed = Observed(seen.status, seen.handle.get("preempt_sent_at"), seen.copied, seen.copy_error)
         spec = JobSpec.model_validate(row.spec)
-        reason = status.reason or Reason.ERROR
-        message = status.message or f"exit code {status.exit_code}"
-        restartable = (
-            row.restarts < spec.max_restarts
-            and reason not in PERMANENT_REASONS
-            and (not spec.restart_on_exit_codes or status.exit_code in spec.restart_on_exit_codes)
-        )
-        if restartable:
+        backoff = self.settings.restart_backoff_seconds
+        outcome = decide(JobView.of(row), spec, observed, now=utcnow(), restart_backoff_seconds=backoff)
+        if outcome is not None:
+            self._end_attempt(s, row, seen, outcome)
+
+    @staticmethod
+    def _end_attempt(s: Session, row: Job, seen: Seen, outcome: Outcome) -> None:
+        """Carry out one attempt's outcome in the pass's transaction; what it leaves for after the commit (the
+        job's log line, freeing its files) goes on ``seen``."""
+        if outcome.ended:
+            row.exit_code = outcome.exit_code
+            row.output_bytes = seen.copied_bytes or row.output_bytes
+        if outcome.started:
+            transition(s, row, JobState.RUNNING, Reason.STARTED, STARTED_BEFORE_END)
+        if outcome.clear_preemption:
+            row.preempt_reason = None
+        if outcome.restart:
             row.restarts += 1
-            row.not_before = utcnow() + timedelta(seconds=self.settings.restart_backoff_seconds)
-            text = f"{reason}: {message}; restart {row.restarts} of {spec.max_restarts}"
-            transition(s, row, JobState.RESTARTING, Reason.RESTART, text + copy_error)
-            seen.notes.append(f"attempt {seen.job.attempt} failed ({reason}); restarting")
-        else:
-            transition(s, row, JobState.FAILED, reason, message + copy_error)
-            seen.keep_files = True  # for debugging, KILN_WORK_RETENTION_SECONDS
+            row.not_before = outcome.not_before
+        transition(s, row, outcome.state, outcome.reason, outcome.message)
+        if outcome.note:
+            seen.notes.append(outcome.note)
+        seen.keep_files = outcome.release
 
     # -- scheduling -----------------------------------------------------------------------------------
 
