@@ -36,7 +36,7 @@ services:
 		pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql | head -1) main start || true; \
 	fi
 	@command -v pg_isready >/dev/null 2>&1 && pg_isready -h 127.0.0.1 -p 5432 || \
-		echo "WARNING: PostgreSQL is not reachable on 127.0.0.1:5432; its tests will be reported as skipped"
+		echo "WARNING: PostgreSQL is not reachable on 127.0.0.1:5432; its tests will FAIL (KILN_TEST_WITHOUT=postgresql skips them)"
 
 # FUSE and the tools that mount `mode: mount` inputs (Debian's packages): the mount tests use them.
 MOUNT_PACKAGES := fuse3 rclone s3fs

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.components import ENV, OPTED_OUT, check_opt_outs, require
 from tests.kilnserver import KilnServer
 
 PG_ADMIN_URL = os.environ.get("KILN_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -38,9 +39,7 @@ def postgres_available() -> str | None:
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
-    problem = postgres_available()
-    if problem:
-        pytest.skip(problem)
+    require("postgresql", postgres_available())
     name = f"kiln_test_{secrets.token_hex(6)}"
     with _pg_connect() as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
@@ -89,7 +88,37 @@ def python_runtime() -> dict[str, str]:
     return {"python": sys.executable}
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    check_opt_outs()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("needs"):
+        for component in mark.args:
+            require(component)
+
+
+def _reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    return longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]
-    if _pg_problem:
-        terminalreporter.write_sep("!", "PostgreSQL tests were SKIPPED", red=True)
-        terminalreporter.write_line(_pg_problem[0])
+    """Say, last, which tests did not run for a missing component: skipped where opted out, failed otherwise."""
+    skipped: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = _reason(report)
+        if OPTED_OUT in reason:
+            component = reason.rsplit(OPTED_OUT, 1)[1].rstrip(")")
+            skipped[component] = skipped.get(component, 0) + 1
+    failed = sum(
+        f"run without the tests that need it: {ENV}=" in _reason(report)
+        for key in ("failed", "error")
+        for report in terminalreporter.stats.get(key, [])
+    )
+    for component, count in sorted(skipped.items()):
+        tests = "1 test" if count == 1 else f"{count} tests"
+        terminalreporter.write_sep("!", f"{tests} needing {component} SKIPPED ({ENV})", yellow=True)
+    if failed:
+        tests = "1 test" if failed == 1 else f"{failed} tests"
+        terminalreporter.write_sep("!", f"{tests} FAILED for a missing component (see their messages)", red=True)

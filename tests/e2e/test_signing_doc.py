@@ -9,7 +9,6 @@ import io
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -24,10 +23,7 @@ from tests.kilnserver import REPO, KilnServer
 DOC = REPO / "docs" / "signing.md"
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)(?P<info>[^\n]*)\n(?P<body>.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 
-needs_tools = pytest.mark.skipif(
-    not all(shutil.which(tool) for tool in ("bash", "curl", "openssl", "sha256sum")),
-    reason="needs bash, curl, openssl and sha256sum on PATH",
-)
+needs_tools = pytest.mark.needs("shell-tools")
 
 
 def blocks() -> dict[str, str]:

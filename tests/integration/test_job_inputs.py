@@ -114,7 +114,7 @@ except OSError as exc:
 """
 
 
-@pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="this kernel or container has no FUSE device (/dev/fuse)")
+@pytest.mark.needs("fuse")
 def test_jobs_read_a_mounted_dataset_and_write_an_artifact(server: KilnServer, tmp_path: Path) -> None:
     client = server.client()
     digest = _tree(tmp_path / "digits")
@@ -148,7 +148,7 @@ def test_jobs_read_a_mounted_dataset_and_write_an_artifact(server: KilnServer, t
     assert not list((server.home / "jobs" / job.id).rglob("mount-secret.json"))
 
 
-@pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="this kernel or container has no FUSE device (/dev/fuse)")
+@pytest.mark.needs("fuse")
 def test_each_member_of_a_gang_mounts_its_inputs(make_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     server = make_server(cpus="2")
     client = server.client()

@@ -7,7 +7,6 @@ import errno
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,19 +23,10 @@ from kiln.runtime import stage
 from kiln.runtime.stage import StageError
 from tests.s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
 
-pytestmark = pytest.mark.skipif(
-    not os.path.exists("/dev/fuse"), reason="this kernel or container has no FUSE device (/dev/fuse)"
-)
+pytestmark = pytest.mark.needs("fuse")
 
 ORG_PREFIX = "orgs/org1/data/sha256"
 FILES = {"a.txt": b"alpha\n", "sub/b.bin": os.urandom(300_000), "sub/deeper/c.csv": b"x,y\n1,2\n"}
-
-
-@pytest.fixture(autouse=True)
-def _tools() -> None:
-    missing = [t for t in ("rclone", "s3fs", "fusermount3") if shutil.which(t) is None]
-    if missing:
-        pytest.fail(f"{', '.join(missing)} not installed: `make test` installs them (Debian: rclone s3fs fuse3)")
 
 
 def sha(data: bytes) -> str:

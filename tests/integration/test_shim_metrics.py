@@ -173,8 +173,8 @@ def test_system_metrics_are_sampled(run) -> None:
     assert not (Path(attempt.config["metrics"]["dir"]) / "log-a1-worker0.jsonl").exists()
 
 
+@pytest.mark.needs("tensorboard")
 def test_tensorboard_scalars_are_followed(run, tmp_path: Path) -> None:
-    pytest.importorskip("tensorboard")
     tb = tmp_path / "tb"
     script = (
         "import sys, time\n"

@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy
 
 from kiln.sdk.client import Client
+from tests.components import require
 from tests.conftest import _pg_connect, postgres_available
 from tests.kilnserver import KilnServer
 from tests.tenancy_helpers import Api, Tenant, close_all, create_tenant, job_spec, tar_gz
@@ -44,9 +45,7 @@ def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     if request.param == "sqlite":
         url = f"sqlite:///{home / 'kiln.db'}"
     else:
-        problem = postgres_available()
-        if problem:
-            pytest.skip(problem)
+        require("postgresql", postgres_available())
         pg_name = f"kiln_test_{secrets.token_hex(6)}"
         with _pg_connect() as conn:
             conn.execute(f'CREATE DATABASE "{pg_name}"')

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from kiln.backends.kubernetes.settings import KubernetesSettings
+from tests.components import require
 from tests.unit.kubernetes.conftest import VERSIONS, validate_strict
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -22,8 +23,7 @@ _cache: dict[str, list[dict[str, Any]]] = {}
 
 def with_component(name: str, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """The base plus one component, as an overlay that uses it would render."""
-    if KUBECTL is None:
-        pytest.skip("kubectl is not installed (it renders kustomize offline)")
+    require("kubectl")
     if name not in _cache:
         tree = tmp_path_factory.mktemp(f"deploy-{name}") / "kubernetes"
         shutil.copytree(ROOT / "deploy/kubernetes", tree)

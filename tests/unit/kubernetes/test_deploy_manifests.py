@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.components import require
 from tests.unit.kubernetes.conftest import VERSIONS, validate_strict
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -21,8 +22,7 @@ _cache: dict[str, list[dict[str, Any]]] = {}
 
 
 def kustomize(overlay: str) -> list[dict[str, Any]]:
-    if KUBECTL is None:
-        pytest.skip("kubectl is not installed (it renders kustomize offline)")
+    require("kubectl")
     if overlay not in _cache:
         done = subprocess.run(
             [KUBECTL, "kustomize", str(ROOT / "deploy/kubernetes/overlays" / overlay)],
