@@ -47,6 +47,7 @@ def env(server: KilnServer, tmp_path: Path) -> dict[str, str]:
     return {**base_env(tmp_path), **server.credentials(), "KILN_ENDPOINT": server.url}
 
 
+@pytest.mark.timeout(360)  # the install 180 s, then two commands of 60 s at most
 def test_install_shows_the_build_until_it_ends_and_the_api_has_its_state_and_log(server, env):
     client = server.client()
     with pytest.raises(NotFound, match="never built"):
@@ -89,6 +90,7 @@ def test_no_wait_returns_at_once_and_follow_prints_the_log_as_it_grows(server, e
     assert server.client().runtime("bare2-1").build.state == "succeeded"  # type: ignore[union-attr]
 
 
+@pytest.mark.timeout(660)  # two failed installs of 300 s at most
 def test_a_failed_build_exits_1_with_the_end_of_its_log(server, env):
     result = kiln(env, "runtimes", "install", "broken", timeout=300)
     assert result.returncode == 1, (result.stdout, result.stderr)

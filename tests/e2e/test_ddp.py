@@ -30,6 +30,8 @@ def _install_pytorch(client) -> None:  # type: ignore[no-untyped-def]
         time.sleep(2)
 
 
+# What it waits for, at most: the runtime's build 900 s and the job 600 s (1500 s), and two minutes for the rest.
+@pytest.mark.timeout(1620)
 def test_ddp_ranks_end_with_equal_parameters(make_server, tmp_path: Path) -> None:
     client = make_server(cpus="2").client()
     _install_pytorch(client)

@@ -22,9 +22,12 @@ from tests.kilnserver import REPO, TEST_RUNTIMES, free_port
 pytestmark = pytest.mark.slow
 
 
+# What it waits for, at most: the clone 120 s, `make run` until the server answers 600 s, the run 600 s, the show
+# 60 s, the download 120 s and the score 60 s (1560 s), and two minutes for the rest.
+@pytest.mark.timeout(1680)
 def test_quick_start_from_a_fresh_clone(tmp_path: Path) -> None:
     clone = tmp_path / "kiln"
-    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120)
     home = tmp_path / "kiln-home"
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_") and k != "VIRTUAL_ENV"}
@@ -68,13 +71,22 @@ def test_quick_start_from_a_fresh_clone(tmp_path: Path) -> None:
         assert "saved model with test accuracy" in run.stdout
 
         show = subprocess.run(
-            [kiln, "jobs", "show", job_id, "--output", "json"], env=cli_env, capture_output=True, text=True, check=True
+            [kiln, "jobs", "show", job_id, "--output", "json"],
+            env=cli_env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
         )
         assert json.loads(show.stdout)["state"] == "SUCCEEDED"
 
         out = tmp_path / "out"
         subprocess.run(
-            [kiln, "jobs", "download", job_id, "--dest", str(out)], env=cli_env, check=True, capture_output=True
+            [kiln, "jobs", "download", job_id, "--dest", str(out)],
+            env=cli_env,
+            check=True,
+            capture_output=True,
+            timeout=120,
         )
         metrics = json.loads((out / "metrics.json").read_text())
         assert metrics["accuracy"] > 0.9
@@ -85,7 +97,7 @@ def test_quick_start_from_a_fresh_clone(tmp_path: Path) -> None:
         )
         python = TEST_RUNTIMES / "sklearn-1.9" / "bin" / "python"
         score = subprocess.run(
-            [str(python), "-c", check, str(out / "model.pkl")], capture_output=True, text=True, check=True
+            [str(python), "-c", check, str(out / "model.pkl")], capture_output=True, text=True, check=True, timeout=60
         )
         assert float(score.stdout) > 0.9
     finally:
