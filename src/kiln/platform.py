@@ -10,9 +10,10 @@ from typing import IO
 
 from kiln.auth.ratelimit import RateLimiter
 from kiln.auth.secrets import SecretBox, load_or_create_server_key
-from kiln.backends.base import Backend
-from kiln.backends.local.executor import LocalBackend
-from kiln.backends.local.runtimes import RuntimeManager
+from kiln.backends import registry
+from kiln.backends.base import Backend, BackendDeps
+from kiln.backends.capabilities import ExtractsMetrics, JobFiles, RuntimeBuilder, SpecValidator
+from kiln.backends.local.runtime_builder import host_runtime_builder
 from kiln.db import migrate
 from kiln.db.session import Database
 from kiln.domain.catalog import DEFAULT_CATALOG, load_catalog_file
@@ -35,6 +36,8 @@ from kiln.services.recovery import announce_offline_actions
 from kiln.services.runtimes import RuntimeService
 from kiln.services.scheduling import SchedulingService
 from kiln.services.stats import ServerMetrics
+from kiln.services.task_leases import TaskLeases
+from kiln.services.tasks import Task, TaskRunner
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore
@@ -63,7 +66,6 @@ class Platform:
         if settings.runtime_catalog is not None:
             path = settings.runtime_catalog
             self.catalog = DEFAULT_CATALOG.extended(load_catalog_file(path.read_text(), str(path)))
-        self.runtime_manager = RuntimeManager(self.catalog, settings.resolved_runtimes_dir)
         self._reconciler: Reconciler | None = None
         self.identity = IdentityService(self.db, self.box, settings, key)
         self.accounts = AccountService(self.db, self.box, self.identity)
@@ -75,20 +77,28 @@ class Platform:
             self.db, self.backend, self.logs, settings, mint_token=self.identity.mint_job_token
         )
         self._reconciler = self.reconciler
-        self.reconciler.housekeeping.extend([self.identity.purge_nonces, self.audit.purge, self.backend.sweep])
         self.jobs = JobService(
-            self.db, self.catalog, self.backend.nodes, self._wake, self.backend.validate, self.quotas
+            self.db,
+            self.catalog,
+            self.backend.nodes,
+            self._wake,
+            self.backend.validate if isinstance(self.backend, SpecValidator) else None,
+            self.quotas,
         )
         self.scheduling = SchedulingService(self.db, self.backend, settings, self.jobs)
         self.blobs = BlobService(self.db, self.store, settings, self.quotas)
         self.outputs = OutputService(self.jobs, self.logs, self.store, self.blobs.tmp_dir, self.quotas)
-        self.runtimes = RuntimeService(self.runtime_manager)
+        self.runtimes = RuntimeService(
+            self.backend
+            if isinstance(self.backend, RuntimeBuilder)
+            else host_runtime_builder(self.catalog, settings.resolved_runtimes_dir)
+        )
         self.datasets = DatasetService(self.db, self.store, settings, self.quotas)
         # Metrics: the store both ingestion paths write through, the thread that tails the jobs' spool files,
         # the queries, and the server's own numbers for /metrics (the reconciler feeds the admission latency).
         self.metrics_store = MetricsStore(self.db)
         self.metrics_ingester = MetricsIngester(self.db, self.metrics_store, settings.jobs_dir)
-        shimless = [] if self.backend.extracts_log_metrics else [self.backend.name]
+        shimless = [] if isinstance(self.backend, ExtractsMetrics) else [self.backend.name]
         self.log_metrics = LogMetrics(self.db, self.logs, settings.jobs_dir, shimless)
         self.metrics = MetricsService(self.db, self.jobs, self.metrics_store)
         self.prometheus = ServerMetrics(self.db, lambda: self.metrics_store.points_ingested)
@@ -98,23 +108,31 @@ class Platform:
         self.jobs.backend_name = self.backend.name
         self.reconciler.resolve_inputs = input_resolver(self.datasets)
         self.checkpoints = CheckpointSync(self.db, self.backend, settings.checkpoint_sync_seconds)
+        # Every piece of background work is a task of one runner, which /readyz and /metrics report.
+        self.tasks = TaskRunner(TaskLeases(self.db, settings.resolved_instance_id), settings.lease_seconds)
+        for task in self._background_tasks():
+            self.tasks.add(task)
+        self.prometheus.report_tasks(self.tasks.status)
+
+    def _background_tasks(self) -> list[Task]:
+        nonces = self.identity.nonces
+        tasks = [
+            self.reconciler.task(),
+            self.metrics_ingester.task(),
+            self.log_metrics.task(),
+            self.checkpoints.task(),
+            nonces.task() if nonces is not None else None,
+            # Rows of the (maybe shared) database: one server at a time purges them. A machine's own files: each.
+            Task.of("purge-nonces", self.identity.purge_nonces, 60, lease_scope="purge-nonces"),
+            Task.of("purge-audit", self.audit.purge, 600, lease_scope="purge-audit"),
+            Task.of("backend-sweep", self.backend.sweep, 60) if isinstance(self.backend, JobFiles) else None,
+        ]
+        return [task for task in tasks if task is not None]
 
     def _backend(self) -> Backend:
-        if self.settings.backend == "kubernetes":
-            from kiln.backends.kubernetes.backend import KubernetesBackend
-            from kiln.backends.kubernetes.settings import KubernetesSettings
-
-            kube = KubernetesSettings()
-            return KubernetesBackend(
-                kube.api_client(),
-                kube.to_config(checkpoint_sync_seconds=self.settings.checkpoint_sync_seconds),
-                endpoint=self.settings.endpoint,
-                logs=self.logs,
-                state_dir=self.settings.home / "kubernetes",
-                image_pull_grace=kube.image_pull_grace,
-                wake=self._wake,
-            )
-        return LocalBackend(self.settings, self.store, self.logs, self.runtime_manager, wake=self._wake)
+        """The backend KILN_BACKEND names, from the registry (one that cannot be loaded is named, with why)."""
+        deps = BackendDeps(self.settings, self.store, self.logs, self.catalog, wake=self._wake)
+        return registry.create(self.settings.backend, deps)
 
     def _wake(self, job_id: str | None = None) -> None:
         if self._reconciler is not None:
@@ -145,17 +163,11 @@ class Platform:
     def start(self) -> Credentials | None:
         announce_offline_actions(self.db)  # what `kiln admin` did while no server ran, logged once
         creds = self.identity.bootstrap() if self.settings.bootstrap else None
-        self.reconciler.start()
-        self.metrics_ingester.start()
-        self.log_metrics.start()
-        self.checkpoints.start()
+        self.tasks.start()
         return creds
 
     def close(self) -> None:
-        self.reconciler.stop()
-        self.checkpoints.stop()
-        self.log_metrics.stop()
-        self.metrics_ingester.stop()
+        self.tasks.stop()
         self.backend.close()
         self.db.dispose()
         self._lock.close()

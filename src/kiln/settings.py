@@ -11,7 +11,7 @@ import os
 import socket
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,6 +22,44 @@ from kiln.domain import limits
 
 def _default_home() -> Path:
     return Path.home() / ".kiln"
+
+
+class KubernetesSettings(BaseSettings):
+    """Settings of the Kubernetes backend (``settings.kubernetes``): ``KILN_KUBERNETES_*`` environment variables,
+    maps and lists as JSON. A sub-tree with a prefix of its own, so that the variables keep their names."""
+
+    model_config = SettingsConfigDict(env_prefix="KILN_KUBERNETES_", extra="ignore")
+
+    namespace: str = Field("kiln", description="Namespace of the jobs' objects.")
+    init_image: str = Field("python:3.11-slim", description="Image of the init container that fetches code/data.")
+    gpu_type_label: str = Field("nvidia.com/gpu.product", description="Node label that resources.gpu_type selects.")
+    gpu_types: dict[str, str] = Field(
+        default_factory=dict, description='gpu_type → label value, e.g. {"H200": "NVIDIA-H200"}; else as given.'
+    )
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Tolerations of every job pod.")
+    image_pull_secrets: list[str] = Field(default_factory=list, description="Secrets for pulling job images.")
+    ttl_seconds_after_finished: int | None = Field(3600, description="Finished Jobs are deleted after this.")
+    gang_scheduler: Literal["kueue", "volcano"] | None = Field(None, description="Queue jobs with Kueue/Volcano.")
+    queue: str | None = Field(None, description="Kueue LocalQueue or Volcano Queue (with gang_scheduler).")
+    priority_classes: dict[str, str] = Field(
+        default_factory=dict, description='Spec priority → PriorityClass, e.g. {"high": "kiln-high"}.'
+    )
+    rendezvous_port: int = Field(29500, description="Port of every gang member (MASTER_PORT, TF, JAX).")
+    cluster_domain: str | None = Field(None, description="e.g. cluster.local; None: names end in .svc.")
+    kubernetes_version: str = Field("1.29", description="The cluster's version (successPolicy from 1.31).")
+    termination_grace_seconds: int = Field(30, description="SIGTERM → SIGKILL grace of job pods.")
+    service_account: str | None = Field(None, description="Service account of job pods; None: no API token.")
+    upload_timeout: int = Field(
+        600, ge=1, description="Seconds a pod waits, once its command ended, for its outputs to reach the store."
+    )
+
+    # How the server reaches the API server: in-cluster (its service account) by default, else a kubeconfig, or
+    # an explicit URL (and bearer token).
+    api_url: str | None = Field(None, description="API server URL, e.g. https://10.0.0.1:6443 (default: in-cluster).")
+    token: SecretStr | None = Field(None, description="Bearer token for api_url (never logged).")
+    verify_ssl: bool = Field(True, description="Verify the API server's certificate (with api_url).")
+    kubeconfig: str | None = Field(None, description="A kubeconfig file, when not running in the cluster.")
+    image_pull_grace: float = Field(60.0, ge=0, description="Seconds an image pull may fail before the job does.")
 
 
 class Settings(BaseSettings):
@@ -159,6 +197,10 @@ class Settings(BaseSettings):
         "local",
         description="Where jobs run: processes on this machine, or a Kubernetes cluster (settings KILN_KUBERNETES_*, "
         "docs/kubernetes.md).",
+    )
+    # Read from its own KILN_KUBERNETES_* variables (an invalid one is named by its variable at start).
+    kubernetes: KubernetesSettings = Field(
+        default_factory=KubernetesSettings, description="Settings of the Kubernetes backend (KILN_KUBERNETES_*)."
     )
 
     # Scheduling

@@ -160,3 +160,14 @@ def test_a_missing_file_a_setting_names_is_said_by_that_setting(tmp_path):
     result = kiln_server(tmp_path, KILN_RUNTIME_CATALOG=str(missing))
     assert result.returncode == 1
     assert one_error_line(result) == f"error: cannot use KILN_RUNTIME_CATALOG={missing}: No such file or directory"
+
+
+def test_a_backend_that_cannot_load_is_named_with_why(tmp_path):
+    broken = tmp_path / "site" / "kubernetes"  # a client that fails to import, ahead of the installed one
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('the kubernetes client is broken on this machine')\n")
+    result = kiln_server(tmp_path, KILN_BACKEND="kubernetes", PYTHONPATH=str(tmp_path / "site"))
+    assert result.returncode == 1
+    assert one_error_line(result) == (
+        "error: KILN_BACKEND=kubernetes: cannot load: ImportError: the kubernetes client is broken on this machine"
+    )

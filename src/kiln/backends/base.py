@@ -2,18 +2,27 @@
 
 Contract for all methods: return fast (never wait for a job to finish); ``cancel`` is idempotent; raise
 ``BackendError(retryable=True)`` for "not yet, try again" and ``BackendError(retryable=False)`` for failures that
-no retry fixes. Optional capabilities are mixins checked with ``isinstance``.
+no retry fixes. Optional capabilities are the mixins of :mod:`kiln.backends.capabilities`, which a backend
+declares by inheriting them and callers check with ``isinstance``; backends are found by name in
+:mod:`kiln.backends.registry` and built with :meth:`Backend.from_settings`.
 """
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 from kiln.domain.spec import JobSpec
+
+if TYPE_CHECKING:
+    from kiln.domain.catalog import Catalog
+    from kiln.settings import Settings
+    from kiln.storage.logs import LogStore
+    from kiln.storage.store import ObjectStore
 
 
 @dataclass(frozen=True)
@@ -96,13 +105,26 @@ class AttemptStatus:
     finished_at: datetime | None = None
 
 
+@dataclass(frozen=True)
+class BackendDeps:
+    """What the server gives a backend it builds from settings (:meth:`Backend.from_settings`)."""
+
+    settings: Settings
+    store: ObjectStore
+    logs: LogStore
+    catalog: Catalog
+    wake: Callable[[str | None], None] | None = None  # wake the reconciler for a job (None: every job)
+
+
 class Backend(abc.ABC):
     """An executor of job attempts."""
 
     name: str = "abstract"
-    # Whether the backend's attempts extract metrics from their own output (the local executor's shim does). When
-    # False, the server extracts them from the job's log in its log store (kiln.services.log_metrics).
-    extracts_log_metrics: bool = True
+
+    @classmethod
+    def from_settings(cls, deps: BackendDeps) -> Self:
+        """The backend as the server's settings configure it (what the registry calls)."""
+        raise NotImplementedError(f"{cls.__name__} cannot be built from settings: it is not a registered backend")
 
     @abc.abstractmethod
     def inventory(self) -> Inventory:
@@ -129,36 +151,9 @@ class Backend(abc.ABC):
     def cancel(self, handle: dict[str, Any], grace_seconds: float) -> None:
         """Ask the attempt to stop (SIGTERM, then SIGKILL after the grace period). Idempotent."""
 
-    def preempt(self, handle: dict[str, Any], reason: str, grace_seconds: float) -> None:
-        """Ask the attempt to stop because a higher-priority job needs its resources: warn it (the file named by
-        $KILN_NOTICE_FILE, where the backend has one), SIGTERM, SIGKILL after the grace. Idempotent. Backends
-        without a notice channel just cancel."""
-        self.cancel(handle, grace_seconds)
-
-    def sync_checkpoints(self, job_id: str, dest_prefix: str) -> tuple[int, int]:
-        """Copy what changed in the job's $KILN_CHECKPOINT_DIR since the last call into the store under
-        ``dest_prefix`` (while it runs, and when an attempt ends), so checkpoints survive the machine. Returns
-        (files, bytes) copied. Backends whose jobs write checkpoints to the store themselves copy nothing."""
-        return 0, 0
-
-    @abc.abstractmethod
-    def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
-        """Copy what the attempt wrote to $KILN_OUTPUT_DIR into the artifact store. Idempotent.
-        Returns (files, bytes)."""
-
     @abc.abstractmethod
     def cleanup(self, handle: dict[str, Any]) -> None:
         """Release what the attempt left behind (processes of a lost attempt, scratch files)."""
 
-    def release(self, job_id: str, keep: bool) -> None:  # noqa: B027 - optional hook
-        """The job has ended and its outputs and checkpoints are in the store: free its local files, now or
-        (``keep``: it failed) once the platform's retention for debugging has passed."""
-
-    def sweep(self) -> None:  # noqa: B027 - optional hook
-        """Housekeeping (about once a minute): free what ``release`` kept once its retention has passed."""
-
-    def validate(self, spec: JobSpec) -> None:  # noqa: B027 - optional hook
-        """Refuse at submit (InvalidInput) what this backend can never run, e.g. an image on a process executor."""
-
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Stop background threads."""
+    def close(self) -> None:  # noqa: B027 - a lifecycle hook, not a capability: most backends hold threads
+        """Stop background threads (nothing to stop by default)."""

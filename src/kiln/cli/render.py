@@ -38,7 +38,7 @@ def render(
     """Print the manifests one attempt of a job would create (YAML documents); no server needed."""
     from kiln.backends.kubernetes.render import RenderInput, to_yaml
     from kiln.backends.kubernetes.render import render as render_manifests
-    from kiln.backends.kubernetes.settings import KubernetesSettings
+    from kiln.backends.kubernetes.settings import KubernetesSettings, kube_config
 
     try:
         spec = build_spec(file, Overrides())
@@ -46,7 +46,7 @@ def render(
         fail(str(exc), EXIT_USAGE)
     try:
         settings = KubernetesSettings()
-        cfg = settings.to_config(**({"namespace": namespace} if namespace else {}))
+        cfg = kube_config(settings, **({"namespace": namespace} if namespace else {}))
     except ValueError as exc:
         fail(f"kubernetes settings: {exc}", EXIT_USAGE)
     job = RenderInput(

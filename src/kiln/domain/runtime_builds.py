@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
@@ -10,6 +11,20 @@ from pydantic import BaseModel, Field
 from kiln.domain.schemas import RuntimeRead
 
 BuildState = Literal["running", "succeeded", "failed"]
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """What the files of one build say about it (as the backend that ran it read them back)."""
+
+    id: str
+    state: BuildState
+    phase: str
+    message: str | None
+    started_at: float
+    finished_at: float | None
+    log_bytes: int
+
 
 # The phases of a build, in order, as the ``phase`` field names them.
 PHASE_STARTING = "starting"

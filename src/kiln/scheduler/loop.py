@@ -29,6 +29,7 @@ from sqlalchemy import String, Table, Text, bindparam, column, func, insert, or_
 from sqlalchemy.orm import Session
 
 from kiln.backends.base import Backend, Launch, Phase, ResolvedInput, Slot
+from kiln.backends.capabilities import CheckpointSyncer, JobFiles, OutputCollector, Preemptible
 from kiln.db.models import Job, JobEvent, utcnow
 from kiln.db.session import Database
 from kiln.domain.placement.types import Decision
@@ -41,6 +42,7 @@ from kiln.scheduler.starter import Starter
 from kiln.services.lifecycle import record, transition
 from kiln.services.quotas import Admission
 from kiln.services.scheduler_inputs import allocation_of, gather, redact
+from kiln.services.tasks import Task, TaskContext, TaskRunner
 from kiln.settings import Settings
 from kiln.storage.keys import blob_key, checkpoints_prefix, outputs_prefix
 from kiln.storage.logs import LogStore
@@ -93,11 +95,8 @@ class Reconciler:
         self._dirty: set[str] = set()  # jobs whose attempts reported a change since the last pass
         self._dirty_lock = threading.Lock()
         self._next_sweep = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._runner: TaskRunner | None = None  # start()'s own, when no platform runs the task
         self._first_pass = True
-        self.housekeeping: list[Any] = []  # callables run about once a minute
-        self._next_housekeeping = 0.0
         self.last_decision: Decision | None = None
         self._leftover: list[tuple[Any, tuple[Slot, ...]]] = []  # placements decided but not started yet
         self._leftover_names: dict[str, str] = {}
@@ -111,7 +110,7 @@ class Reconciler:
         # preempted or restarting) to STARTING: read for all of the pass's jobs in one query.
         self.on_admitted: Callable[[float], None] | None = None
 
-    # -- thread ---------------------------------------------------------------------------------------
+    # -- the background task --------------------------------------------------------------------------
 
     def wake(self, job_id: str | None = None) -> None:
         """Run a pass now. With a job id, that job's attempt changed (the shim said so) and is observed."""
@@ -120,26 +119,24 @@ class Reconciler:
                 self._dirty.add(job_id)
         self._wake.set()
 
+    def task(self) -> Task:
+        """The reconcile loop as a background task (kiln.services.tasks): a pass every ``reconcile_interval``, or
+        at once when woken. No lease scope: every server runs it, and it leases the jobs themselves row by row."""
+        return Task("reconciler", self._pass, self.settings.reconcile_interval, wake=self._wake)
+
+    def _pass(self, ctx: TaskContext) -> None:
+        # A pass that left placements or preemptions sets the wake-up itself: the next pass follows at once.
+        self.run_once(full=not ctx.woken)
+
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="kiln-reconciler", daemon=True)
-        self._thread.start()
+        """Run the task on a runner of its own (a server runs it on the platform's runner instead)."""
+        self._runner = TaskRunner()
+        self._runner.add(self.task())
+        self._runner.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        woken = False
-        while not self._stop.is_set():
-            self._wake.clear()
-            try:
-                self.run_once(full=not woken)
-            except Exception:
-                log.exception("reconcile pass failed; retrying")
-                self._stop.wait(1.0)
-            woken = self._wake.wait(self.settings.reconcile_interval)
+        if self._runner is not None:
+            self._runner.stop()
 
     # -- one pass -------------------------------------------------------------------------------------
 
@@ -161,13 +158,6 @@ class Reconciler:
         self.starter.start(self._write(seen, plan, full=full, first=first))
         if self._leftover:
             self._wake.set()  # more were placed than one pass starts: go again at once
-        if time.monotonic() >= self._next_housekeeping:
-            self._next_housekeeping = time.monotonic() + 60
-            for task in self.housekeeping:
-                try:
-                    task()
-                except Exception:
-                    log.exception("housekeeping task failed")
 
     def _schedule(self) -> bool:
         """A scheduling pass alone (no observing): decide, write, start this pass's share of the placements. True
@@ -251,7 +241,10 @@ class Reconciler:
             seen.handle_changed = True
         elif job.preempt_reason and not handle.get("preempt_sent"):
             sent_at = time.time()  # before the notice: an exit 0 after it is the job obeying the notice
-            self.backend.preempt(handle, job.preempt_reason, self.settings.preemption_grace_seconds)
+            if isinstance(self.backend, Preemptible):
+                self.backend.preempt(handle, job.preempt_reason, self.settings.preemption_grace_seconds)
+            else:  # no notice channel, no reason of its own: a cancel with the preemption's grace
+                self.backend.cancel(handle, self.settings.preemption_grace_seconds)
             handle["preempt_sent"] = True
             handle["preempt_sent_at"] = sent_at
             seen.handle_changed = True
@@ -264,13 +257,16 @@ class Reconciler:
                 seen.status = status
             return seen
         seen.status = status
+        backend = self.backend
         try:
-            seen.copied, seen.copied_bytes = self.backend.collect_outputs(handle, outputs_prefix(job.org_id, job.id))
+            if isinstance(backend, OutputCollector):
+                seen.copied, seen.copied_bytes = backend.collect_outputs(handle, outputs_prefix(job.org_id, job.id))
         except Exception as exc:  # keep the job's outcome even when its outputs cannot be kept
             seen.copy_error = f"; collecting outputs failed: {type(exc).__name__}: {exc}"
             log.warning("job %s: collecting outputs failed: %s", job.id, exc)
         try:
-            self.backend.sync_checkpoints(job.id, checkpoints_prefix(job.org_id, job.id))
+            if isinstance(backend, CheckpointSyncer):
+                backend.sync_checkpoints(job.id, checkpoints_prefix(job.org_id, job.id))
         except Exception as exc:
             seen.copy_error += f"; keeping checkpoints in the store failed: {type(exc).__name__}: {exc}"
             log.warning("job %s: keeping checkpoints failed: %s", job.id, exc)
@@ -396,7 +392,8 @@ class Reconciler:
         for x in seen:
             for note in x.notes:
                 self.logs.append_system(x.job.id, note)
-            if x.keep_files is not None:  # its outputs and checkpoints are in the store, its end committed
+            # Its outputs and checkpoints are in the store, its end committed: its local files may go.
+            if x.keep_files is not None and isinstance(self.backend, JobFiles):
                 try:
                     self.backend.release(x.job.id, x.keep_files)
                 except Exception:

@@ -12,6 +12,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from kiln.backends.base import Backend
+from kiln.backends.capabilities import JobFiles
 from kiln.db.models import Job, JobEvent, MetricChunk, MetricCursor, MetricPoint, MetricSeries
 from kiln.domain.states import JobState
 from kiln.errors import Conflict
@@ -77,7 +78,7 @@ class JobRemoval:
         if local is not None:  # a local store keeps the emptied directories
             shutil.rmtree(local.parent, ignore_errors=True)
         self.logs.path(job_id).unlink(missing_ok=True)
-        if self.backend is not None:
+        if isinstance(self.backend, JobFiles):
             try:
                 self.backend.release(job_id, keep=False)  # a failed job's work dir kept for debugging
             except Exception:

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from kiln.backends.local.executor import SHIM_PATH
-from kiln.backends.local.runtime_builds import BuildInfo, RuntimeBuilds, read_whole_lines
-from kiln.backends.local.runtimes import RuntimeManager
+from kiln.backends.capabilities import RuntimeBuilder
 from kiln.domain.catalog import CatalogEntry
-from kiln.domain.runtime_builds import RuntimeBuildRead, RuntimeDetail
+from kiln.domain.runtime_builds import BuildInfo, RuntimeBuildRead, RuntimeDetail
 from kiln.domain.schemas import RuntimeRead
 from kiln.errors import InvalidInput, NotFound
 from kiln.services.identity import Principal
@@ -21,15 +19,14 @@ def _time(seconds: float | None) -> datetime | None:
 
 
 class RuntimeService:
-    def __init__(self, manager: RuntimeManager) -> None:
-        self.manager = manager
-        self.builds = RuntimeBuilds(manager.root, SHIM_PATH)
+    def __init__(self, builder: RuntimeBuilder) -> None:
+        self.builder = builder
 
     def _state(self, entry: CatalogEntry) -> tuple[str, BuildInfo | None, str | None]:
         """(status, latest API build, message) of ``entry``."""
-        lock_held = self.manager.is_building(entry)
-        build = self.builds.latest(entry, lock_held)
-        if self.manager.is_installed(entry):
+        lock_held = self.builder.runtime_building(entry)
+        build = self.builder.latest_runtime_build(entry, lock_held)
+        if self.builder.runtime_installed(entry):
             return "installed", build, entry.description
         if build is not None and build.state == "running":
             return "installing", build, build.message or f"build {build.phase}"
@@ -48,7 +45,7 @@ class RuntimeService:
             default=entry.default,
             packages=list(entry.packages),
             status=status,
-            path=str(self.manager.venv_path(entry)) if status == "installed" else None,
+            path=str(self.builder.runtime_path(entry)) if status == "installed" else None,
             message=message,
         )
 
@@ -61,7 +58,7 @@ class RuntimeService:
             default=entry.default,
             packages=list(entry.packages),
             status=status,
-            path=str(self.manager.venv_path(entry)) if status == "installed" else None,
+            path=str(self.builder.runtime_path(entry)) if status == "installed" else None,
             message=message,
             image=entry.image,
             description=entry.description,
@@ -80,18 +77,18 @@ class RuntimeService:
 
     def _entry(self, name: str) -> CatalogEntry:
         """The entry named ``name`` (``pytorch-2.13``), or a framework's default (``pytorch``)."""
-        for entry in self.manager.catalog.entries:
+        for entry in self.builder.runtime_catalog.entries:
             if entry.name == name:
                 return entry
         try:
-            return self.manager.catalog.resolve(name)
+            return self.builder.runtime_catalog.resolve(name)
         except InvalidInput:
-            known = ", ".join(e.name for e in self.manager.catalog.entries)
+            known = ", ".join(e.name for e in self.builder.runtime_catalog.entries)
             raise NotFound(f"no runtime {name!r} in the catalog; known: {known}") from None
 
     def list(self, principal: Principal) -> list[RuntimeRead]:
         principal.require("runtimes:read")
-        return [self._read(e) for e in self.manager.catalog.entries]
+        return [self._read(e) for e in self.builder.runtime_catalog.entries]
 
     def get(self, principal: Principal, name: str) -> RuntimeDetail:
         principal.require("runtimes:read")
@@ -101,22 +98,21 @@ class RuntimeService:
         """(whole lines of the latest API build's log from ``offset``, next offset, whether that build has ended)."""
         principal.require("runtimes:read")
         entry = self._entry(name)
-        build_id = self.builds.latest_id(entry)
+        build_id = self.builder.latest_runtime_build_id(entry)
         if build_id is None:
             raise NotFound(
                 f"runtime {entry.name} has no build log: it was never built with `kiln runtimes install` "
                 "(a build by a job's first use logs into that job's log)"
             )
-        ended = self.builds.read(entry, build_id, False).state != "running"
-        data, next_offset = read_whole_lines(self.builds.log_path(entry, build_id), offset, limit)
+        ended = self.builder.read_runtime_build(entry, build_id).state != "running"
+        data, next_offset = self.builder.read_runtime_build_log(entry, build_id, offset, limit)
         return data, next_offset, ended and not data
 
     def install(self, principal: Principal, framework: str, version: str | None) -> RuntimeDetail:
         """Build a runtime in the background with the same supervisor jobs use, then smoke-test it. A build a job
         started first is waited for (the runtime's lock), then tested."""
         principal.require("runtimes:install")
-        entry = self.manager.catalog.resolve(framework, version)
-        if not self.manager.is_installed(entry):
-            venv_python = str(self.manager.venv_path(entry) / "bin" / "python")
-            self.builds.start(entry, self.manager.build_spec(entry), venv_python)
+        entry = self.builder.runtime_catalog.resolve(framework, version)
+        if not self.builder.runtime_installed(entry):
+            self.builder.start_runtime_build(entry)
         return self._detail(entry)

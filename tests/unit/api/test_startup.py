@@ -10,7 +10,6 @@ import pytest
 from pydantic import ValidationError
 
 from kiln.api.startup import EXIT_ERROR, EXIT_USAGE, StartupError, explain, listen_socket
-from kiln.backends.kubernetes.settings import KubernetesSettings
 from kiln.errors import KilnError
 from kiln.settings import Settings
 
@@ -31,7 +30,7 @@ def test_a_home_this_user_may_not_write_names_kiln_home(settings):
 def test_invalid_backend_settings_name_their_own_variables(monkeypatch, settings):
     monkeypatch.setenv("KILN_KUBERNETES_IMAGE_PULL_GRACE", "soon")
     with pytest.raises(ValidationError) as caught:
-        KubernetesSettings()
+        Settings(home=settings.home)  # the backend's settings are a branch of the one tree
     error = explain(caught.value, settings)
     assert error.exit_code == EXIT_USAGE
     assert error.message.startswith("invalid settings: KILN_KUBERNETES_IMAGE_PULL_GRACE: ")

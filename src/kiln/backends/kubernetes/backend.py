@@ -18,11 +18,12 @@
 - Logs: a thread per pod follows ``pods/log`` (with timestamps) into Kiln's :class:`LogStore`, as lines tagged
   with the member (``O@worker1``) for gangs, so logs outlive the pods; a restarted controller resumes where it
   was without duplicating lines (:class:`~kiln.backends.kubernetes.podlogs.PodLogs`, which the backend owns).
-- ``collect_outputs``/``sync_checkpoints`` copy nothing, and need not: a pod's ``$KILN_OUTPUT_DIR`` and
-  checkpoints live in emptyDirs the server cannot reach; the pod's ``kiln-sync`` sidecar (``podsync.py``)
-  uploads them through the Kiln API with the job token — checkpoints every ``checkpoint_sync_seconds``, outputs
-  and the last checkpoints before the job's container exits — and the init container restores the stored
-  checkpoints into the next attempt's pods (``podfetch.py``). See docs/kubernetes.md.
+- It has no ``collect_outputs``/``sync_checkpoints`` (it declares neither capability), and needs none: a pod's
+  ``$KILN_OUTPUT_DIR`` and checkpoints live in emptyDirs the server cannot reach; the pod's ``kiln-sync`` sidecar
+  (``podsync.py``) uploads them through the Kiln API with the job token — checkpoints every
+  ``checkpoint_sync_seconds``, outputs and the last checkpoints before the job's container exits — and the init
+  container restores the stored checkpoints into the next attempt's pods (``podfetch.py``). See
+  docs/kubernetes.md.
 - ``nodes``: the cluster's nodes (allocatable cpu, memory, ``nvidia.com/gpu``, labels), listed at most every
   ``node_refresh`` seconds.
 """
@@ -37,9 +38,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from kiln.backends.base import AttemptStatus, Backend, Inventory, Launch, Phase
+# At import, not first use: a machine without a working client cannot load this backend, and the registry says so.
+from kubernetes import client
+
+from kiln.backends.base import AttemptStatus, Backend, BackendDeps, Inventory, Launch, Phase
+from kiln.backends.capabilities import Preemptible, SpecValidator
 from kiln.backends.kubernetes.gang import new_ssh_keypair
 from kiln.backends.kubernetes.inputs import KubeConfig, RenderInput
 from kiln.backends.kubernetes.kubeapi import KubeObjects
@@ -53,6 +58,7 @@ from kiln.backends.kubernetes.names import (
 )
 from kiln.backends.kubernetes.podlogs import TERMINAL, PodLogs, iter_lines
 from kiln.backends.kubernetes.render import GPU_RESOURCE, render
+from kiln.backends.kubernetes.settings import api_client, kube_config
 from kiln.backends.kubernetes.status import status_from
 from kiln.domain.spec import JobSpec
 from kiln.errors import BackendError, InvalidInput
@@ -93,9 +99,25 @@ class _Attempt:
     ended: bool = False  # its Jobs were deleted because the attempt ended (the rest of a gang)
 
 
-class KubernetesBackend(Backend):
+class KubernetesBackend(Backend, SpecValidator, Preemptible):
+    """Not :class:`~kiln.backends.capabilities.ExtractsMetrics` (no shim in a pod: the server extracts metrics
+    from the logs it streams in), nor an output or checkpoint collector (the pods' sidecars upload them)."""
+
     name = "kubernetes"
-    extracts_log_metrics = False  # no shim in a pod: the server extracts metrics from the logs it streams in
+
+    @classmethod
+    def from_settings(cls, deps: BackendDeps) -> Self:
+        settings = deps.settings
+        kube = settings.kubernetes
+        return cls(
+            api_client(kube),
+            kube_config(kube, checkpoint_sync_seconds=settings.checkpoint_sync_seconds),
+            endpoint=settings.endpoint,
+            logs=deps.logs,
+            state_dir=settings.home / "kubernetes",
+            image_pull_grace=kube.image_pull_grace,
+            wake=deps.wake,
+        )
 
     def __init__(
         self,
@@ -111,8 +133,6 @@ class KubernetesBackend(Backend):
         wake: Callable[[str | None], None] | None = None,
         fallback_nodes: list[Inventory] | None = None,
     ) -> None:
-        from kubernetes import client
-
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.batch = client.BatchV1Api(api_client)
@@ -380,14 +400,6 @@ class KubernetesBackend(Backend):
         if attempt.stopping is None:
             attempt.stopping = ("Preempted", reason)
         self._delete_jobs(attempt)
-
-    def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
-        """Nothing to copy: the pod's sync sidecar has uploaded its outputs through the API before it ended."""
-        return 0, 0
-
-    def sync_checkpoints(self, job_id: str, dest_prefix: str) -> tuple[int, int]:
-        """Nothing to copy: the pods' sync sidecars upload changed checkpoints themselves, on the same interval."""
-        return 0, 0
 
     def cleanup(self, handle: dict[str, Any]) -> None:
         """Delete every object of the attempt (by its labels), whatever owns it."""

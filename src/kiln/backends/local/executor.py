@@ -33,15 +33,25 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import psutil
 
-from kiln.backends.base import AttemptStatus, Backend, Inventory, Launch, Phase
+from kiln.backends.base import AttemptStatus, Backend, BackendDeps, Inventory, Launch, Phase
+from kiln.backends.capabilities import (
+    CheckpointSyncer,
+    ExtractsMetrics,
+    JobFiles,
+    OutputCollector,
+    Preemptible,
+    SpecValidator,
+)
 from kiln.backends.local import jobfiles
 from kiln.backends.local.attemptdir import gang_layout, member_dirs, read_json, write_json_atomic
 from kiln.backends.local.gang import MemberStatus, aggregate
 from kiln.backends.local.inventory import local_inventory
+from kiln.backends.local.runtime_builder import SHIM_PATH, LocalRuntimeBuilder
+from kiln.backends.local.runtime_builds import RuntimeBuilds
 from kiln.backends.local.runtimes import ResolvedRuntime, RuntimeManager
 from kiln.backends.local.sandbox import JOB_USER, attempt_box, detect, prepare_dirs
 from kiln.backends.local.shimconfig import MountConfig, input_config, job_env, job_pylib, mount_config, write_secret
@@ -57,7 +67,6 @@ from kiln.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
-SHIM_PATH = Path(shim_module.__file__).resolve()
 MAX_UNIX_SOCKET_PATH = 100
 
 
@@ -65,8 +74,22 @@ def _ts(value: float | None) -> datetime | None:
     return datetime.fromtimestamp(value, UTC) if value else None
 
 
-class LocalBackend(Backend):
+class LocalBackend(
+    Backend,
+    SpecValidator,
+    Preemptible,
+    OutputCollector,
+    CheckpointSyncer,
+    JobFiles,
+    ExtractsMetrics,  # each attempt's shim extracts them
+    LocalRuntimeBuilder,
+):
     name = "local"
+
+    @classmethod
+    def from_settings(cls, deps: BackendDeps) -> Self:
+        runtimes = RuntimeManager(deps.catalog, deps.settings.resolved_runtimes_dir)
+        return cls(deps.settings, deps.store, deps.logs, runtimes, wake=deps.wake)
 
     def __init__(
         self,
@@ -80,6 +103,7 @@ class LocalBackend(Backend):
         self.store = store
         self.logs = logs
         self.runtimes = runtimes
+        self.runtime_builds = RuntimeBuilds(runtimes.root, SHIM_PATH)
         self.jobs_dir = settings.jobs_dir
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.pylib = job_pylib(settings.home / "pylib")

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,26 +28,13 @@ from kiln.domain.runtime_builds import (
     PHASE_TESTING,
     PHASE_VENV,
     PHASE_WAITING,
-    BuildState,
+    BuildInfo,
 )
 from kiln.runtime.logline import parse_line
 
 KEEP_BUILDS = 5  # per runtime: older build directories (and their logs) are removed when a new build starts
 TAIL_BYTES = 256 * 1024  # how much of a log's end is read to find its phase and last line
 SMOKE_TEST = "import sys; print('runtime ok:', sys.version)"
-
-
-@dataclass(frozen=True)
-class BuildInfo:
-    """What the files of one build say about it."""
-
-    id: str
-    state: BuildState
-    phase: str
-    message: str | None
-    started_at: float
-    finished_at: float | None
-    log_bytes: int
 
 
 def read_whole_lines(path: Path, offset: int, limit: int) -> tuple[bytes, int]:

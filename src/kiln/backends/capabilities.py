@@ -1,0 +1,135 @@
+"""What a backend may do beyond the contract of :class:`kiln.backends.base.Backend`: one mixin per optional
+capability. A backend declares a capability by inheriting its mixin, and callers check it with ``isinstance``
+(``isinstance(backend, Preemptible)``); a backend without it is never asked. There are no no-op defaults: what a
+backend does not declare, it does not do.
+
+The same contract applies as for the base class: return fast, be idempotent where it says so, raise
+``BackendError(retryable=True)`` for "not yet".
+"""
+
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+from typing import Any
+
+from kiln.domain.catalog import Catalog, CatalogEntry
+from kiln.domain.runtime_builds import BuildInfo
+from kiln.domain.spec import JobSpec
+
+
+class SpecValidator(abc.ABC):
+    """Refuses at submit what the backend can never run."""
+
+    @abc.abstractmethod
+    def validate(self, spec: JobSpec) -> None:
+        """Raise InvalidInput for what this backend can never run, e.g. an image on a process executor."""
+
+
+class Preemptible(abc.ABC):
+    """Stops an attempt for a higher-priority job differently from a cancel (a notice, a reason of its own).
+    The scheduler cancels the attempts of a backend without it."""
+
+    @abc.abstractmethod
+    def preempt(self, handle: dict[str, Any], reason: str, grace_seconds: float) -> None:
+        """Ask the attempt to stop because a higher-priority job needs its resources: warn it (the file named by
+        $KILN_NOTICE_FILE, where the backend has one), SIGTERM, SIGKILL after the grace. Idempotent. The attempt
+        then ends with the reason ``Preempted``."""
+
+
+class OutputCollector(abc.ABC):
+    """The server copies an attempt's outputs into the store (a backend whose jobs upload their outputs
+    themselves, as Kubernetes pods do, does not have it)."""
+
+    @abc.abstractmethod
+    def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
+        """Copy what the attempt wrote to $KILN_OUTPUT_DIR into the artifact store under ``dest_prefix``.
+        Idempotent. Returns (files, bytes)."""
+
+
+class CheckpointSyncer(abc.ABC):
+    """The server copies a job's checkpoints into the store, while it runs and when each attempt ends (a
+    backend whose jobs upload their checkpoints themselves does not have it)."""
+
+    @abc.abstractmethod
+    def sync_checkpoints(self, job_id: str, dest_prefix: str) -> tuple[int, int]:
+        """Copy what changed in the job's $KILN_CHECKPOINT_DIR since the last call into the store under
+        ``dest_prefix``, so checkpoints survive the machine and reach the next attempt. Returns (files, bytes)."""
+
+
+class JobFiles(abc.ABC):
+    """Keeps files of a job on the server's machine (work dir, outputs, checkpoints) that outlive its attempts."""
+
+    @abc.abstractmethod
+    def release(self, job_id: str, keep: bool) -> None:
+        """The job has ended and its outputs and checkpoints are in the store: free its local files, now or
+        (``keep``: it failed) once the platform's retention for debugging has passed."""
+
+    @abc.abstractmethod
+    def sweep(self) -> None:
+        """Housekeeping (about once a minute): free what ``release`` kept once its retention has passed."""
+
+
+class ExtractsMetrics(abc.ABC):  # noqa: B024 - a marker: the capability is a property of the attempts
+    """The backend's attempts extract metrics from their own output (the local executor's shim does). Without
+    it the server extracts them from the job's log in its log store (:mod:`kiln.services.log_metrics`)."""
+
+
+class RuntimeBuilder(abc.ABC):
+    """Installs catalog runtimes (virtualenvs) where its jobs run, ahead of a job's first use
+    (``kiln runtimes install``), and says how each build went."""
+
+    @property
+    @abc.abstractmethod
+    def runtime_catalog(self) -> Catalog:
+        """The catalog the runtimes come from."""
+
+    @abc.abstractmethod
+    def runtime_path(self, entry: CatalogEntry) -> Path:
+        """Where the runtime's virtualenv is (or will be)."""
+
+    @abc.abstractmethod
+    def runtime_installed(self, entry: CatalogEntry) -> bool:
+        """Whether the runtime is built and ready."""
+
+    @abc.abstractmethod
+    def runtime_building(self, entry: CatalogEntry) -> bool:
+        """Whether a build of the runtime holds its lock now (started by a job or through the API)."""
+
+    @abc.abstractmethod
+    def latest_runtime_build(self, entry: CatalogEntry, lock_held: bool) -> BuildInfo | None:
+        """The latest build started through the API; ``lock_held``: whether a build holds the runtime's lock."""
+
+    @abc.abstractmethod
+    def latest_runtime_build_id(self, entry: CatalogEntry) -> str | None:
+        """The id of the latest build started through the API, if any."""
+
+    @abc.abstractmethod
+    def read_runtime_build(self, entry: CatalogEntry, build_id: str) -> BuildInfo:
+        """What the files of one build say about it."""
+
+    @abc.abstractmethod
+    def read_runtime_build_log(self, entry: CatalogEntry, build_id: str, offset: int, limit: int) -> tuple[bytes, int]:
+        """Whole lines of the build's log from ``offset`` (at most ``limit`` bytes unless one line is longer), and
+        the next offset."""
+
+    @abc.abstractmethod
+    def start_runtime_build(self, entry: CatalogEntry) -> None:
+        """Build the runtime in the background (a build already running through the API is left to run)."""
+
+
+CAPABILITIES: tuple[type[abc.ABC], ...] = (
+    SpecValidator,
+    Preemptible,
+    OutputCollector,
+    CheckpointSyncer,
+    JobFiles,
+    ExtractsMetrics,
+    RuntimeBuilder,
+)
+
+
+def declared(backend: object) -> frozenset[str]:
+    """The names of the capabilities ``backend`` (an instance or a class) declares, e.g. {"Preemptible"}."""
+    cls = backend if isinstance(backend, type) else type(backend)
+    return frozenset(c.__name__ for c in CAPABILITIES if issubclass(cls, c))
