@@ -1,10 +1,16 @@
-"""The backend contract (kiln.backends.base), checked the same way on every backend: the local executor (real
-processes) and the Kubernetes controller (against the FAKE API server of tests/fakes/kube_api.py, whose pods a
-driver moves as a kubelet would)."""
+"""The backend contract (kiln.backends.base and the capabilities of kiln.backends.capabilities), one suite for every
+registered backend: the local executor (real processes in its sandbox) and the Kubernetes controller (against the
+FAKE API server of tests/fakes/kube_api.py, whose pods a driver moves as a kubelet would).
+
+Each backend's declared capabilities are asserted explicitly (``DECLARED``); a test of a capability runs on the
+backends that declare it and is left out, by parametrization, for those that do not: a backend without
+``Preemptible`` is never asked to preempt, one without ``OutputCollector`` never to collect outputs."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -13,7 +19,14 @@ from typing import Any, Protocol
 
 import pytest
 
+from kiln.backends import registry
 from kiln.backends.base import AttemptStatus, Backend, Launch, Phase
+from kiln.backends.capabilities import (
+    CheckpointSyncer,
+    OutputCollector,
+    Preemptible,
+    declared,
+)
 from kiln.backends.kubernetes.backend import KubernetesBackend
 from kiln.backends.kubernetes.render import KubeConfig, main_job_name
 from kiln.backends.local.executor import LocalBackend
@@ -27,56 +40,161 @@ from tests.fakes.kube_api import FakeKubeAPI
 
 ORG = "org-1"
 
+# What each backend declares, by design. A change here is a change of the contract: say why in the commit.
+DECLARED = {
+    "local": {
+        "SpecValidator",
+        "Preemptible",
+        "OutputCollector",
+        "CheckpointSyncer",
+        "JobFiles",
+        "ExtractsMetrics",
+        "RuntimeBuilder",
+    },
+    "kubernetes": {"SpecValidator", "Preemptible"},
+}
+
+# The local job: appends its attempt to a checkpoint, writes an output, then waits for the test's word (the
+# file ``go`` in its work dir, holding the exit code) or a preemption (it records the notice it was given, then
+# exits 0 on SIGTERM, as a job that checkpoints and obeys does).
+LOCAL_JOB = """
+import os, signal, sys, time
+ck, out = os.environ["KILN_CHECKPOINT_DIR"], os.environ["KILN_OUTPUT_DIR"]
+with open(os.path.join(ck, "attempts.txt"), "a") as f:
+    f.write(os.environ["KILN_ATTEMPT"] + "\\n")
+with open(os.path.join(out, "result.txt"), "w") as f:
+    f.write("attempt " + os.environ["KILN_ATTEMPT"])
+def obey(*_):
+    notice = os.environ["KILN_NOTICE_FILE"]
+    with open("obeyed", "w") as f:
+        f.write(open(notice).read() if os.path.exists(notice) else "no notice")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, obey)
+open("ready", "w").close()
+while not os.path.exists("go"):
+    time.sleep(0.05)
+sys.exit(int(open("go").read()))
+"""
+
 
 class Harness(Protocol):
+    name: str
     backend: Backend
+    lost_reason: str  # the reason of an attempt whose process/pod vanished
+    never_started_reason: str  # the reason of an attempt a crash kept from starting
 
-    def launch(self, job_id: str, exit_code: int, seconds: float) -> Launch: ...
+    def launch(self, job_id: str, attempt: int = 1) -> Launch: ...
 
     def drive(self, launch: Launch, exit_code: int) -> None:
         """What the outside world does for the attempt to run and end with ``exit_code``."""
 
+    def running(self, launch: Launch) -> None:
+        """What the outside world does for the attempt to run (no-op where it runs by itself)."""
+
     def runs(self, launch: Launch) -> int:
         """How many executions of the attempt exist (supervisors, Jobs)."""
 
+    def vanish(self, launch: Launch) -> None:
+        """The attempt's process or pod disappears without a trace of how it ended."""
+
+    def restarted(self) -> Backend:
+        """A new backend on the same state, as a server that restarted builds it."""
+
 
 class LocalHarness:
-    def __init__(self, home: Path) -> None:
-        settings = Settings(home=home, instance_id="contract", cpus=1)
-        runtimes = RuntimeManager(DEFAULT_CATALOG, home / "runtimes")
-        self.backend = LocalBackend(settings, ObjectStore(str(home / "store")), LogStore(home / "logs"), runtimes)
+    name = "local"
+    lost_reason = "ShimLost"
+    never_started_reason = "ShimLost"
 
-    def launch(self, job_id: str, exit_code: int, seconds: float) -> Launch:
-        code = f"import sys, time; time.sleep({seconds}); sys.exit({exit_code})"
-        spec = JobSpec.model_validate({"command": ["python", "-c", code], "runtime": {"python": sys.executable}})
-        return Launch(job_id, ORG, 1, spec, cpus=1, memory=None, gpus=(), code_key=None)
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.settings = Settings(home=home, instance_id="contract", cpus=1)
+        self.store = ObjectStore(str(home / "store"))
+        self.backends: list[LocalBackend] = []
+        self.backend = self.restarted()
+
+    def restarted(self) -> LocalBackend:
+        runtimes = RuntimeManager(DEFAULT_CATALOG, self.home / "runtimes")
+        backend = LocalBackend(self.settings, self.store, LogStore(self.home / "logs"), runtimes)
+        self.backends.append(backend)
+        return backend
+
+    def launch(self, job_id: str, attempt: int = 1) -> Launch:
+        spec = JobSpec.model_validate({"command": ["python", "-c", LOCAL_JOB], "runtime": {"python": sys.executable}})
+        return Launch(job_id, ORG, attempt, spec, cpus=1, memory=None, gpus=(), code_key=None)
+
+    def work(self, launch: Launch) -> Path:
+        return self.settings.jobs_dir / launch.job_id / "work"
+
+    def running(self, launch: Launch) -> None:
+        """Waits until the job is past its set-up (its checkpoint and output written, SIGTERM handled)."""
+        ready = self.work(launch) / "ready"
+        deadline = time.monotonic() + 20
+        while not ready.exists():
+            assert time.monotonic() < deadline, f"job {launch.job_id} never got ready"
+            time.sleep(0.05)
 
     def drive(self, launch: Launch, exit_code: int) -> None:
-        pass  # the process runs and exits by itself
+        self.running(launch)
+        (self.work(launch) / "go").write_text(str(exit_code))
+
+    def _pid(self, launch: Launch) -> int:
+        attempt_dir = Path(self.backend.handle_for(launch.job_id, launch.attempt)["dir"])
+        return int(json.loads((attempt_dir / "shim.pid").read_text())["pid"])
 
     def runs(self, launch: Launch) -> int:
-        attempt_dir = Path(self.backend.handle_for(launch.job_id, launch.attempt)["dir"])
-        return 1 if json.loads((attempt_dir / "shim.pid").read_text()).get("pid") else 0
+        return 1 if self._pid(launch) else 0
+
+    def vanish(self, launch: Launch) -> None:
+        os.killpg(self._pid(launch), signal.SIGKILL)  # the shim leads its session: it and its job, at once
+
+    def close(self) -> None:
+        for backend in self.backends:
+            backend.close()
+        for work in self.settings.jobs_dir.glob("*/work"):  # a job a failed test left waiting ends now
+            (work / "go").write_text("0")
+
+
+def read(store: ObjectStore, key: str) -> bytes:
+    with store.open(key) as fh:
+        return fh.read()
 
 
 class KubernetesHarness:
+    name = "kubernetes"
+    lost_reason = "NodeLost"
+    never_started_reason = "JobMissing"
+
     def __init__(self, fake: FakeKubeAPI, home: Path) -> None:
         self.fake = fake
-        self.backend = KubernetesBackend(
-            fake.api_client(),
+        self.home = home
+        self.backends: list[KubernetesBackend] = []
+        self.backend = self.restarted()
+
+    def restarted(self) -> KubernetesBackend:
+        backend = KubernetesBackend(
+            self.fake.api_client(),
             KubeConfig(namespace="kiln"),
             endpoint="http://kiln:8080",
-            logs=LogStore(home / "logs"),
-            state_dir=home / "state",
+            logs=LogStore(self.home / "logs"),
+            state_dir=self.home / "state",
             watch_timeout=2,
         )
+        self.backends.append(backend)
+        return backend
 
-    def launch(self, job_id: str, exit_code: int, seconds: float) -> Launch:
+    def launch(self, job_id: str, attempt: int = 1) -> Launch:
         spec = JobSpec.model_validate({"command": "python train.py", "runtime": {"image": "python:3.11-slim"}})
-        return Launch(job_id, ORG, 1, spec, cpus=1, memory=None, gpus=(), code_key=None, job_token="tok")
+        return Launch(job_id, ORG, attempt, spec, cpus=1, memory=None, gpus=(), code_key=None, job_token="tok")
+
+    def _pod(self, launch: Launch) -> str:
+        return self.fake.pod(main_job_name(launch.job_id, launch.attempt, False))
+
+    def running(self, launch: Launch) -> None:
+        self.fake.set_running(self._pod(launch))
 
     def drive(self, launch: Launch, exit_code: int) -> None:
-        pod = self.fake.pod(main_job_name(launch.job_id, launch.attempt, False))
+        pod = self._pod(launch)
         self.fake.set_running(pod)
         time.sleep(0.2)
         self.fake.set_terminated(pod, exit_code)
@@ -84,22 +202,47 @@ class KubernetesHarness:
     def runs(self, launch: Launch) -> int:
         return len(self.fake.jobs(f"kiln.io/job={launch.job_id},kiln.io/attempt={launch.attempt}"))
 
+    def vanish(self, launch: Launch) -> None:
+        self.fake.delete_pod(self._pod(launch))
 
-@pytest.fixture(params=["local", "kubernetes"])
-def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
-    if request.param == "local":
+    def close(self) -> None:
+        for backend in self.backends:
+            backend.close()
+
+
+def _harness(name: str, tmp_path: Path) -> Iterator[Harness]:
+    if name == "local":
         local = LocalHarness(tmp_path / "home")
-        yield local
-        local.backend.close()
+        try:
+            yield local
+        finally:
+            local.close()
         return
     with FakeKubeAPI() as fake:
         kube = KubernetesHarness(fake, tmp_path / "home")
-        yield kube
-        kube.backend.close()
+        try:
+            yield kube
+        finally:
+            kube.close()
+
+
+@pytest.fixture(params=sorted(DECLARED))
+def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
+    yield from _harness(request.param, tmp_path)
+
+
+def declaring(capability: type) -> list[Any]:
+    """The backends that declare ``capability``, as the parameters of a test of it."""
+    return [name for name in sorted(DECLARED) if capability.__name__ in DECLARED[name]]
+
+
+@pytest.fixture
+def capable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
+    yield from _harness(request.param, tmp_path)
 
 
 def wait_status(backend: Backend, handle: dict[str, Any], done: Callable[[AttemptStatus], bool]) -> AttemptStatus:
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 20
     while True:
         status = backend.poll(handle)
         if done(status):
@@ -112,8 +255,24 @@ def ended(status: AttemptStatus) -> bool:
     return status.phase in (Phase.EXITED, Phase.LOST)
 
 
+def is_running(status: AttemptStatus) -> bool:
+    return status.phase is Phase.RUNNING
+
+
+def test_every_registered_backend_loads_and_declares_its_capabilities() -> None:
+    found = {info.name: info for info in registry.listing()}
+    assert set(found) == set(DECLARED)  # every registered backend is in this suite
+    for name, info in found.items():
+        assert info.loaded, info.error
+        assert set(info.capabilities) == DECLARED[name], name
+
+
+def test_the_backend_declares_what_the_suite_expects(harness: Harness) -> None:
+    assert set(declared(harness.backend)) == DECLARED[harness.name]
+
+
 def test_start_is_idempotent_and_the_handle_is_json(harness: Harness) -> None:
-    launch = harness.launch("job-idem", 0, 0.5)
+    launch = harness.launch("job-idem")
     handle = harness.backend.start(launch)
     assert harness.backend.start(launch) == handle  # after a crash the scheduler may call it again
     assert handle == harness.backend.handle_for("job-idem", 1)
@@ -124,10 +283,13 @@ def test_start_is_idempotent_and_the_handle_is_json(harness: Harness) -> None:
 
 
 @pytest.mark.parametrize("code", [0, 3])
-def test_an_attempt_ends_with_its_exit_code(harness: Harness, code: int) -> None:
-    launch = harness.launch(f"job-exit-{code}", code, 0.2)
+def test_an_attempt_runs_then_ends_with_its_exit_code(harness: Harness, code: int) -> None:
+    launch = harness.launch(f"job-exit-{code}")
     handle = harness.backend.start(launch)
     assert harness.backend.poll(handle).phase in (Phase.STARTING, Phase.RUNNING)
+    harness.running(launch)
+    running = wait_status(harness.backend, handle, is_running)
+    assert running.running_at is not None
     harness.drive(launch, code)
     status = wait_status(harness.backend, handle, ended)
     assert status.phase is Phase.EXITED and status.exit_code == code
@@ -137,11 +299,10 @@ def test_an_attempt_ends_with_its_exit_code(harness: Harness, code: int) -> None
 
 
 def test_cancel_is_idempotent(harness: Harness) -> None:
-    launch = harness.launch("job-cancel", 0, 60)
+    launch = harness.launch("job-cancel")
     handle = harness.backend.start(launch)
-    if isinstance(harness, KubernetesHarness):
-        harness.fake.set_running(harness.fake.pod(main_job_name("job-cancel", 1, False)))
-    wait_status(harness.backend, handle, lambda s: s.phase is Phase.RUNNING)
+    harness.running(launch)
+    wait_status(harness.backend, handle, is_running)
     harness.backend.cancel(handle, 1.0)
     harness.backend.cancel(handle, 1.0)
     status = wait_status(harness.backend, handle, ended)
@@ -149,3 +310,102 @@ def test_cancel_is_idempotent(harness: Harness) -> None:
     harness.backend.cancel(handle, 1.0)  # after the end too
     harness.backend.cleanup(handle)
     harness.backend.cleanup(handle)
+
+
+def test_a_vanished_attempt_is_lost_with_the_reason(harness: Harness) -> None:
+    launch = harness.launch("job-gone")
+    handle = harness.backend.start(launch)
+    harness.running(launch)
+    wait_status(harness.backend, handle, is_running)
+    harness.vanish(launch)
+    status = wait_status(harness.backend, handle, ended)
+    assert (status.phase, status.reason) == (Phase.LOST, harness.lost_reason)
+    assert status.message
+    harness.backend.cleanup(handle)
+    assert harness.backend.poll(handle).phase is Phase.LOST
+
+
+def test_a_restarted_server_reattaches_to_an_attempt_it_started(harness: Harness) -> None:
+    """The server started the attempt and died before it saw it run: a new backend on the same state finds it
+    by ``handle_for`` (the handle the database holds may be from before ``start``), and starting it again
+    (the scheduler may) starts nothing new."""
+    launch = harness.launch("job-crash")
+    harness.backend.start(launch)
+    harness.backend.close()
+    again = harness.restarted()
+    handle = again.handle_for("job-crash", 1)
+    harness.running(launch)
+    wait_status(again, handle, is_running)
+    assert again.start(launch) == handle
+    assert harness.runs(launch) == 1
+    harness.drive(launch, 0)
+    status = wait_status(again, handle, ended)
+    assert (status.phase, status.exit_code, status.reason) == (Phase.EXITED, 0, "Completed")
+
+
+def test_a_restarted_server_sees_an_attempt_it_never_started_as_lost(harness: Harness) -> None:
+    """The server committed the attempt (its handle, from ``handle_for``) and died before ``start``: polling it
+    says so, at once and for good, so that the reconciler ends that attempt instead of waiting for it."""
+    harness.backend.close()
+    again = harness.restarted()
+    handle = again.handle_for("job-never", 1)
+    status = wait_status(again, handle, ended)
+    assert (status.phase, status.reason) == (Phase.LOST, harness.never_started_reason)
+    again.cleanup(handle)
+    assert wait_status(again, handle, ended).phase is Phase.LOST
+
+
+@pytest.mark.parametrize("capable", declaring(Preemptible), indirect=True)
+def test_preemption_warns_then_stops_the_attempt(capable: Harness) -> None:
+    backend = capable.backend
+    assert isinstance(backend, Preemptible)
+    launch = capable.launch("job-preempt")
+    handle = backend.start(launch)
+    capable.running(launch)
+    wait_status(backend, handle, is_running)
+    backend.preempt(handle, "job-high needs the GPU", 5.0)
+    backend.preempt(handle, "job-high needs the GPU", 5.0)  # idempotent
+    status = wait_status(backend, handle, ended)
+    assert status.reason == "Preempted"
+    assert "job-high needs the GPU" in status.message
+    if isinstance(capable, LocalHarness):  # the notice came before the signal, and the job could read it
+        obeyed = json.loads((capable.work(launch) / "obeyed").read_text())
+        assert obeyed == {"reason": "Preempted", "message": "job-high needs the GPU", "grace_seconds": 5.0}
+
+
+@pytest.mark.parametrize("capable", declaring(OutputCollector), indirect=True)
+def test_outputs_are_collected_into_the_store(capable: Harness) -> None:
+    backend = capable.backend
+    assert isinstance(backend, OutputCollector)
+    launch = capable.launch("job-out")
+    handle = backend.start(launch)
+    capable.drive(launch, 0)
+    wait_status(backend, handle, ended)
+    files, size = backend.collect_outputs(handle, "outputs/job-out")
+    assert (files, size) == (1, len("attempt 1"))
+    assert backend.collect_outputs(handle, "outputs/job-out") == (files, size)  # idempotent
+    assert isinstance(capable, LocalHarness)
+    assert read(capable.store, "outputs/job-out/result.txt") == b"attempt 1"
+
+
+@pytest.mark.parametrize("capable", declaring(CheckpointSyncer), indirect=True)
+def test_checkpoints_are_kept_across_attempts_and_in_the_store(capable: Harness) -> None:
+    backend = capable.backend
+    assert isinstance(backend, CheckpointSyncer) and isinstance(capable, LocalHarness)
+    first = capable.launch("job-ck", attempt=1)
+    handle = backend.start(first)
+    capable.running(first)
+    assert backend.sync_checkpoints("job-ck", "checkpoints/job-ck")[0] == 1  # while it runs
+    assert read(capable.store, "checkpoints/job-ck/attempts.txt") == b"1\n"
+    assert backend.sync_checkpoints("job-ck", "checkpoints/job-ck") == (0, 0)  # only what changed
+    capable.drive(first, 3)
+    wait_status(backend, handle, ended)
+    (capable.work(first) / "go").unlink()
+    (capable.work(first) / "ready").unlink()
+    second = capable.launch("job-ck", attempt=2)
+    handle = backend.start(second)
+    capable.running(second)
+    capable.drive(second, 0)
+    assert wait_status(backend, handle, ended).exit_code == 0
+    backend.sync_checkpoints("job-ck", "checkpoints/job-ck")
+    assert read(capable.store, "checkpoints/job-ck/attempts.txt") == b"1\n2\n"  # the second saw the first's
