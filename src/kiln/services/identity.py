@@ -26,6 +26,7 @@ from kiln.domain import policy
 from kiln.domain.ids import new_id
 from kiln.domain.states import JobState
 from kiln.errors import Forbidden, Unauthenticated
+from kiln.services.tasks import Task, TaskContext
 from kiln.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -137,8 +138,17 @@ class MemoryNonceStore:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._scheduled = False  # a server's task runner flushes (task()); alone, a thread of its own does
         self._load()
         db.on_dispose(self.close)
+
+    def task(self) -> Task:
+        """The write-behind as a background task of the server's runner, instead of a thread of its own."""
+        self._scheduled = True
+        return Task("nonce-flush", self._flush_task, self.flush_interval)
+
+    def _flush_task(self, ctx: TaskContext) -> None:
+        self.flush()
 
     def _load(self) -> None:
         cutoff = time.time() - self.retention
@@ -168,7 +178,7 @@ class MemoryNonceStore:
             self._remember(key, seen_at)
             self._pending.append({"key_id": key_id, "nonce": nonce, "seen_at": now})
             self._prune(seen_at - self.retention)
-        if self._thread is None:
+        if self._thread is None and not self._scheduled:
             self._start()
         return True
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from kiln.runtime.extract import (
     log_time,
     spool_path,
 )
+from kiln.services.tasks import Task, TaskContext
 from kiln.storage.logs import LogStore
 
 log = logging.getLogger(__name__)
@@ -138,30 +138,22 @@ class LogMetrics:
         self.backends = sorted(set(backends))
         self.interval = interval
         self._tails: dict[str, _State] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
+    def task(self) -> Task | None:
+        """A pass every ``interval`` (None when no backend needs one); ``stop`` flushes what the tails hold."""
         if not self.backends:
-            return
-        self._thread = threading.Thread(target=self._run, name="kiln-log-metrics", daemon=True)
-        self._thread.start()
+            return None
+        return Task("log-metrics", self._task_pass, self.interval, first_delay=self.interval, stop=self.stop)
+
+    def _task_pass(self, ctx: TaskContext) -> None:
+        self.run_once()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        """Keep what the open tails read so far (the task's last step, once its thread ended)."""
         for job_id, state in self._tails.items():
             if not state.done:
                 state.tail.flush()
                 self._save(state, job_id)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.run_once()
-            except Exception:
-                log.exception("log metrics pass failed; retrying")
 
     def run_once(self) -> int:
         """One pass over the jobs; returns the bytes of log read."""

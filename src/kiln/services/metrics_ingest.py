@@ -1,4 +1,4 @@
-"""Metrics ingestion: the background thread that tails the spool files of jobs
+"""Metrics ingestion: the background task that tails the spool files of jobs
 (``$KILN_HOME/jobs/<job_id>/metrics/*.jsonl``) and hands what it reads to the writer. The spool-line parser is
 ``metrics_parse``, the writer ``metrics_store`` (both re-exported here).
 
@@ -28,6 +28,7 @@ from kiln.db.session import Database
 from kiln.domain.states import TERMINAL_STATES, JobState
 from kiln.services.metrics_parse import Parsed, Row, complete_lines, parse_lines
 from kiln.services.metrics_store import CHUNK, CursorUpdate, MetricsStore, _FileState
+from kiln.services.tasks import Task, TaskContext
 
 __all__ = [
     "CHUNK",
@@ -58,8 +59,8 @@ class _Job:
 
 
 class MetricsIngester:
-    """The background thread: every ``interval`` seconds, drain the spool files of running jobs and of jobs that
-    ended (or stopped running) until their files are fully consumed."""
+    """The background task (``task()``): every ``interval`` seconds, drain the spool files of running jobs and of
+    jobs that ended (or stopped running) until their files are fully consumed."""
 
     def __init__(
         self,
@@ -83,30 +84,17 @@ class MetricsIngester:
         self._done: dict[str, float] = {}  # ended and drained (monotonic time): not looked at again
         self._running: set[str] = set()
         self._since: Any = None  # ended jobs are looked for from here on
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._pass_lock = threading.Lock()
         self.passes = 0
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="kiln-metrics-ingest", daemon=True)
-        self._thread.start()
+    def task(self) -> Task:
+        """A pass every ``interval``; every server runs it (the spool files are on its machine)."""
+        return Task("metrics-ingest", self._task_pass, self.interval, join_timeout=30)
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            stored = 0
-            try:
-                stored = self.ingest_now()
-            except Exception:
-                log.exception("metrics ingestion pass failed; retrying")
-            # A pass that found a backlog is followed at once by the next: what was written while it ran is
-            # waiting already (a job logging fast would otherwise wait an interval per pass).
-            self._stop.wait(BUSY_WAIT if stored >= BUSY_POINTS else self.interval)
+    def _task_pass(self, ctx: TaskContext) -> float | None:
+        # A pass that found a backlog is followed at once by the next: what was written while it ran is
+        # waiting already (a job logging fast would otherwise wait an interval per pass).
+        return BUSY_WAIT if self.ingest_now() >= BUSY_POINTS else None
 
     # -- one pass -------------------------------------------------------------------------------------
 

@@ -17,9 +17,28 @@ health = APIRouter(tags=["health"])
 router = APIRouter(tags=["identity"])
 
 
+class TaskReport(BaseModel):
+    """One background task of this server (times in ISO 8601, UTC)."""
+
+    name: str
+    running: bool
+    interval_seconds: float
+    lease_scope: str | None = Field(None, description="Set: one server at a time runs the task.")
+    holds_lease: bool | None = Field(None, description="Whether this server held the lease at its last try.")
+    runs: int
+    errors: int
+    last_run: str | None = None
+    last_duration_seconds: float | None = None
+    last_run_ok: bool | None = None
+    last_error: str | None = Field(None, description="The type and message of the latest run that failed.")
+    last_error_at: str | None = None
+    next_run: str | None = None
+
+
 class Readiness(BaseModel):
     status: str = "ready"
     message: str | None = Field(None, description="What is wrong, when the server is not ready.")
+    tasks: list[TaskReport] = Field(default_factory=list, description="The server's background tasks.")
 
 
 @health.get("/healthz", summary="The process is up")
@@ -44,9 +63,10 @@ async def readyz(kiln: Kiln) -> JSONResponse:
         return None
 
     problem = await run_in_threadpool(check)
+    tasks = [task.as_dict() for task in kiln.tasks.status()]
     if problem:
-        return JSONResponse({"status": "unavailable", "message": problem}, status_code=503)
-    return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "unavailable", "message": problem, "tasks": tasks}, status_code=503)
+    return JSONResponse({"status": "ready", "tasks": tasks})
 
 
 @router.get(
