@@ -52,6 +52,7 @@ def test_there_are_components() -> None:
 
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("component", COMPONENTS)
+@pytest.mark.needs("kubernetes-validate")
 def test_component_validates_strictly(component: str, version: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     validate_strict(with_component(component, tmp_path_factory), version)
 

@@ -41,6 +41,7 @@ def test_there_are_overlays() -> None:
 
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.needs("kubernetes-validate")
 def test_overlay_validates_strictly(overlay: str, version: str) -> None:
     validate_strict(kustomize(overlay), version)
 

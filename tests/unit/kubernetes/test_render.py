@@ -114,6 +114,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.needs("kubernetes-validate")
 def test_every_manifest_validates_strictly(case: str, config: str, version: str) -> None:
     cfg = KubeConfig(**CONFIGS[config], kubernetes_version=version)
     for owner in (None, UID):
@@ -123,11 +124,13 @@ def test_every_manifest_validates_strictly(case: str, config: str, version: str)
         assert list(yaml.safe_load_all(to_yaml(objects))) == objects
 
 
+@pytest.mark.needs("kubernetes-validate")
 def test_the_versions_are_the_oldest_supported_and_the_newest_known() -> None:
     assert OLDEST == "1.29"
     assert tuple(int(p) for p in NEWEST.split(".")) >= (1, 31)
 
 
+@pytest.mark.needs("kubernetes-validate")
 def test_the_validator_is_strict() -> None:
     objects = rendered(spec())
     objects[-1]["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
@@ -411,6 +414,7 @@ def test_refusals() -> None:
         rendered(spec(node_selector={"zone": "not a label value"}))
 
 
+@pytest.mark.needs("kubernetes-validate")
 def test_per_index_env_files_spill_into_more_configmaps() -> None:
     big = spec(runtime={"image": "tf:1"}, distributed={"framework": "tensorflow", "workers": 200, "ps": 20})
     objects = rendered(big)
@@ -424,6 +428,7 @@ def test_per_index_env_files_spill_into_more_configmaps() -> None:
     validate_strict(objects, NEWEST)
 
 
+@pytest.mark.needs("kubernetes-validate")
 def test_names_are_deterministic_valid_dns_labels() -> None:
     assert base_name(JOB, 1) == f"kiln-{JOB}-a1"
     odd = base_name("Job_With Spaces/and-UPPER-case-and-a-very-long-tail-beyond-limits", 12)
@@ -455,6 +460,7 @@ def test_names_are_deterministic_valid_dns_labels() -> None:
     )
 
 
+@pytest.mark.needs("kubernetes-validate")
 def test_cli_prints_the_manifests(tmp_path: Any) -> None:
     from kiln.cli.main import app
 
