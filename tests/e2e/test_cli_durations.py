@@ -1,9 +1,10 @@
 """Durations and dataset references from a user's side, against a real server: ``timeout: 1d`` in a kiln.yaml
-submits (it was refused while ``--since 1d`` worked), a bad timeout is an error naming the field, and the CLI
-refuses a dataset reference with the server's own message."""
+submits (it was refused while ``--since 1d`` worked), a bad timeout is an error naming the field, the CLI refuses a
+dataset reference with the server's own message, and an input at ``NAME@latest`` is pinned at submit."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,16 @@ def test_the_cli_refuses_a_dataset_reference_with_the_servers_message(env, share
     result = kiln(env, "run", "--python", PY, "--no-code", "--input", "Bad_Name@2", "--", PY, "-V")
     assert result.returncode == 2
     assert f"inputs[0].dataset: {server.value.message}" in result.stderr, result.stderr
+
+
+def test_a_job_input_at_latest_is_pinned_at_submit(env, shared_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    client = shared_server.client()
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("alpha\n")
+    name = f"latest-{uuid.uuid4().hex[:8]}"
+    client.put_dataset(tmp_path / "d", name)
+    result = kiln(env, "run", "--python", PY, "--no-code", "--input", f"{name}@latest", "--follow", "--", PY, "-V")
+    assert result.returncode == 0, result.stderr
+    job = job_json(env, result.stdout.splitlines()[0])
+    assert job["state"] == "SUCCEEDED"
+    assert job["spec"]["inputs"][0]["dataset"] == f"{name}@1"
