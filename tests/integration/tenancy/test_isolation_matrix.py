@@ -473,8 +473,10 @@ def snapshot(admin: Api, a: Tenant, a_reader: Api, sha: str) -> dict[str, Any]:
 # -- the test ----------------------------------------------------------------------------------------------------
 
 
-def test_no_route_crosses_organisations(make_server) -> None:  # type: ignore[no-untyped-def]
-    server = make_server(cpus="8")
+def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Its own runtimes directory: the shared test cache changes while another test builds a runtime in it, and the
+    # snapshot below would take that for a change made by a refused request.
+    server = make_server(cpus="8", runtimes_dir=str(tmp_path / "runtimes"))
     admin = Api.admin(server)
     a = create_tenant(admin, "tenant-alpha", ("admin", "member", "viewer"))
     b = create_tenant(admin, "tenant-bravo", ("admin", "member"))
