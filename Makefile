@@ -89,7 +89,7 @@ typecheck: dev
 
 # Two workers (pytest-xdist), a test file at a time each: the suite is mostly waiting on real servers and jobs.
 test: dev services mount-tools sandbox-tools node-tools lint typecheck
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
 
 unit: dev
 	$(BIN)/python -m pytest -q tests/unit

@@ -122,3 +122,23 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: igno
     if failed:
         tests = "1 test" if failed == 1 else f"{failed} tests"
         terminalreporter.write_sep("!", f"{tests} FAILED for a missing component (see their messages)", red=True)
+
+
+# The files that take minutes (a runtime built, a repository cloned, schemathesis over every route) start first: with
+# pytest-xdist's --dist loadfile a worker takes files in collection order, and one of these collected last kept
+# one CPU busy for minutes after the other had run out of work.
+SLOW_FIRST = (
+    "tests/e2e/test_quickstart.py",
+    "tests/e2e/test_pytorch.py",
+    "tests/e2e/test_ddp.py",
+    "tests/integration/test_api_schema.py",
+    "tests/e2e/test_cli_runtimes.py",
+    "tests/integration/tenancy/test_isolation_matrix.py",
+    "tests/integration/test_catalog_index.py",
+)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(SLOW_FIRST)))  # stable: the rest keep order
