@@ -45,3 +45,30 @@ def test_a_kiln_error_is_its_message_and_anything_else_points_at_debug(settings)
 def test_a_port_out_of_range_is_refused_before_binding():
     with pytest.raises(StartupError, match="KILN_PORT=0 is not a port number"):
         listen_socket("127.0.0.1", 0)
+
+
+def test_connections_accepted_on_the_listening_socket_do_not_wait_for_delayed_acks():
+    """asyncio turns Nagle off (TCP_NODELAY) on accepted connections only when the listening socket says it is TCP:
+    a socket made with protocol 0 left every response waiting ~40 ms on the client's delayed ACK."""
+    import asyncio
+    import socket
+
+    from kiln.api.startup import listen_socket
+    from tests.kilnserver import free_port
+
+    async def accepted_nodelay() -> int:
+        sock = listen_socket("127.0.0.1", free_port())
+        seen: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            seen.set_result(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(handle, sock=sock)
+        async with server:
+            _, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
+            value = await asyncio.wait_for(seen, 10)
+            writer.close()
+        return value
+
+    assert asyncio.run(accepted_nodelay()) != 0
