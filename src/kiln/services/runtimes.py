@@ -38,6 +38,9 @@ class RuntimeService:
 
     def _read(self, entry: CatalogEntry) -> RuntimeRead:
         status, _, message = self._state(entry)
+        return self._summary(entry, status, message)
+
+    def _summary(self, entry: CatalogEntry, status: str, message: str | None) -> RuntimeRead:
         return RuntimeRead(
             name=entry.name,
             framework=entry.framework,
@@ -50,16 +53,10 @@ class RuntimeService:
         )
 
     def _detail(self, entry: CatalogEntry) -> RuntimeDetail:
+        """The summary of ``_read`` with the image, description and latest build: one reading of the state."""
         status, build, message = self._state(entry)
         return RuntimeDetail(
-            name=entry.name,
-            framework=entry.framework,
-            version=entry.version,
-            default=entry.default,
-            packages=list(entry.packages),
-            status=status,
-            path=str(self.builder.runtime_path(entry)) if status == "installed" else None,
-            message=message,
+            **self._summary(entry, status, message).model_dump(),
             image=entry.image,
             description=entry.description,
             build=None
