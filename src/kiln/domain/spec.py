@@ -35,6 +35,25 @@ LabelValue = Annotated[str, Field(max_length=limits.MAX_LABEL_VALUE_LENGTH)]
 Priority = Literal["low", "normal", "high"]
 PRIORITIES: dict[str, int] = {"low": 0, "normal": 1, "high": 2}
 
+# A job's parameters (a tuning study's trials get theirs from the sampler): names as in Python, values plain.
+ParamName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+ParamValue = Annotated[bool, Field(strict=True)] | int | float | Annotated[str, Field(max_length=limits.MAX_ARG_LENGTH)]
+MAX_PARAMS = 64
+
+
+def param_env_name(name: str) -> str:
+    """The environment variable that holds parameter ``name`` in the job: ``KILN_PARAM_<NAME>``."""
+    return f"KILN_PARAM_{name.upper()}"
+
+
+def format_param(value: bool | int | float | str) -> str:
+    """A parameter as text: the command line's and ``KILN_PARAM_*``'s form (``true``/``false`` for booleans)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
 
 def command_argv(command: Command) -> list[str]:
     """A string runs through ``/bin/sh -c`` (pipes, globs, ``&&`` work); a list is executed as given."""
@@ -307,6 +326,12 @@ class JobSpec(_Strict):
     inputs: list[InputSpec] = Field(
         default_factory=list, max_length=limits.MAX_INPUTS, description="Datasets the job reads."
     )
+    params: dict[ParamName, ParamValue] = Field(
+        default_factory=dict,
+        max_length=MAX_PARAMS,
+        description="Parameters (a tuning study's trials get them from its sampler): in the job as "
+        "KILN_PARAM_<NAME> and in the JSON file $KILN_PARAMS_FILE.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -358,6 +383,21 @@ class JobSpec(_Strict):
     @classmethod
     def _timeout(cls, value: Any) -> Any:
         return None if value is None else parse_duration(value)
+
+    @field_validator("params")
+    @classmethod
+    def _params(cls, value: dict[str, Any]) -> dict[str, Any]:
+        seen: dict[str, str] = {}
+        for key, val in value.items():
+            env = param_env_name(key)
+            if env in seen:
+                raise ValueError(f"{seen[env]!r} and {key!r} would share {env}")
+            seen[env] = key
+            if isinstance(val, float) and val != val:
+                raise ValueError(f"{key!r}: not a number")
+            if isinstance(val, str) and "\x00" in val:
+                raise ValueError(f"{key!r}: value must not contain NUL")
+        return value
 
     @model_validator(mode="after")
     def _distinct_inputs(self) -> JobSpec:

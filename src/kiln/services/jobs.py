@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Select, bindparam, select
@@ -117,6 +118,21 @@ def event_read(event: JobEvent) -> EventRead:
     )
 
 
+def request_cancel(s: Session, job: Job, message: str) -> bool:
+    """Cancel ``job`` in the caller's transaction: at once where no attempt runs (QUEUED, RESTARTING), else by
+    asking the reconciler to stop its attempt. False where it has ended already (nothing to do)."""
+    state = JobState(job.state)
+    if state.terminal:
+        return False
+    if state in (JobState.QUEUED, JobState.RESTARTING):
+        transition(s, job, JobState.CANCELLED, Reason.CANCELLED, message)
+    elif not job.cancel_requested:
+        job.cancel_requested = True
+        job.updated_at = utcnow()
+        record(s, job, Reason.CANCEL_REQUESTED, message.replace("cancelled", "cancel requested", 1))
+    return True
+
+
 class JobService:
     def __init__(
         self,
@@ -203,7 +219,6 @@ class JobService:
             self._check_priority(s, principal, spec.priority)
 
     def _create(self, principal: Principal, spec: JobSpec, code_sha256: str | None, note: str) -> JobRead:
-        cpus, gpus, memory = _totals(spec)
         now = utcnow()
         with self.db.transaction() as s:  # one transaction: the checks that read, the job and its event
             self._check_admission(s, principal, spec)
@@ -211,26 +226,55 @@ class JobService:
                 raise InvalidInput(
                     f"code_sha256: no uploaded bundle {code_sha256}; upload it with PUT /api/v1/blobs/{{sha256}}"
                 )
-            job = Job(
-                id=new_id("job"),
-                org_id=principal.org_id,
-                user_id=principal.user_id,
-                name=spec.display_name,
-                spec=spec.model_dump(mode="json"),
-                code_sha256=code_sha256,
-                cpus=cpus,
-                memory=memory,
-                gpus=gpus,
-                category=CATEGORY,
-                priority=spec.priority_value,
-                workers=spec.gang_size,
-                backend=self.backend_name,
-            )
-            create_job(s, job, note, now=now)
+            job = self.new_job(s, principal.org_id, principal.user_id, spec, code_sha256, note, now=now)
             s.flush()  # one flush for both rows (the job's first: the event refers to it); fills the defaults
             read = to_read(job)
         self.wake()
         return read
+
+    def new_job(
+        self,
+        s: Session,
+        org_id: str,
+        user_id: str,
+        spec: JobSpec,
+        code_sha256: str | None,
+        note: str,
+        *,
+        now: datetime | None = None,
+    ) -> Job:
+        """A new QUEUED job row and its first event in the caller's transaction ``s``, for a spec that passed
+        the submit checks (a submit, a rerun, a tuning study's trial). The caller wakes the reconciler."""
+        cpus, gpus, memory = _totals(spec)
+        job = Job(
+            id=new_id("job"),
+            org_id=org_id,
+            user_id=user_id,
+            name=spec.display_name,
+            spec=spec.model_dump(mode="json"),
+            code_sha256=code_sha256,
+            cpus=cpus,
+            memory=memory,
+            gpus=gpus,
+            category=CATEGORY,
+            priority=spec.priority_value,
+            workers=spec.gang_size,
+            backend=self.backend_name,
+        )
+        create_job(s, job, note, now=now)
+        return job
+
+    def check_submit(self, principal: Principal, spec: JobSpec, code_sha256: str | None) -> JobSpec:
+        """Every check a submit of ``spec`` makes (its inputs pinned in what is returned), creating nothing: a
+        tuning study checks its trial spec so."""
+        spec = self._checked_spec(principal, spec)
+        with self.db.read() as s:
+            self._check_admission(s, principal, spec)
+            if code_sha256 and s.get(Blob, (principal.org_id, code_sha256)) is None:
+                raise InvalidInput(
+                    f"code_sha256: no uploaded bundle {code_sha256}; upload it with PUT /api/v1/blobs/{{sha256}}"
+                )
+        return spec
 
     def _pin_inputs(self, principal: Principal, spec: JobSpec) -> JobSpec:
         """Each input's version as it is now (the latest, where none is given), written into the job's spec so
@@ -332,16 +376,9 @@ class JobService:
         with self.db.transaction() as s:
             job = self.load(s, principal, job_id, lock=True)
             state = JobState(job.state)
-            if state is JobState.CANCELLED:
-                return to_read(job)
-            if state.terminal:
+            if state.terminal and state is not JobState.CANCELLED:
                 raise Conflict(f"job {job_id} already ended ({state}); nothing to cancel")
-            if state in (JobState.QUEUED, JobState.RESTARTING):
-                transition(s, job, JobState.CANCELLED, Reason.CANCELLED, f"cancelled by {principal.user_name}")
-            elif not job.cancel_requested:
-                job.cancel_requested = True
-                job.updated_at = utcnow()
-                record(s, job, Reason.CANCEL_REQUESTED, f"cancel requested by {principal.user_name}")
+            request_cancel(s, job, f"cancelled by {principal.user_name}")
             read = to_read(job)
         self.wake(job_id)  # its attempt must be stopped: observe it at once
         return read

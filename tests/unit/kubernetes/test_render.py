@@ -424,7 +424,7 @@ def test_per_index_env_files_spill_into_more_configmaps() -> None:
         assert sum(len(k) + len(v.encode()) for k, v in cm["data"].items()) < 1024**2
     projected = objects[-1]["spec"]["template"]["spec"]["volumes"][0]["projected"]["sources"]
     assert [s["configMap"]["name"] for s in projected] == [cm["metadata"]["name"] for cm in maps]
-    assert len(files_of(objects)) == 4 + 1 + 220  # scripts and the SDK, gang.env, one file per member
+    assert len(files_of(objects)) == 5 + 1 + 220  # scripts, the SDK, params.json, gang.env, one per member
     validate_strict(objects, NEWEST)
 
 

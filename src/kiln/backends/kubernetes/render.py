@@ -71,7 +71,7 @@ from kiln.backends.kubernetes.names import (
     main_job_name,
     user_labels,
 )
-from kiln.domain.spec import JobSpec, command_argv, input_env_name
+from kiln.domain.spec import JobSpec, command_argv, format_param, input_env_name, param_env_name
 from kiln.errors import InvalidInput
 
 ANNOTATION_LABELS = "kiln.io/labels"  # the user's labels as given (JSON), when any had to be renamed
@@ -82,6 +82,7 @@ VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
 GPU_RESOURCE = "nvidia.com/gpu"
 TOKEN_PLACEHOLDER = "REPLACE-WITH-THE-JOB-TOKEN"
 
+PARAMS_FILE = "params.json"
 CONFIGMAP_BYTES = 900_000  # one ConfigMap holds at most 1 MiB; the env files spill into more
 _MIN_SUCCESS_POLICY = (1, 31)  # Job successPolicy: beta and on by default from Kubernetes 1.31
 
@@ -184,6 +185,8 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
         **{name: Path(__file__).with_name(name).read_text(encoding="utf-8") for name in ("podfetch.py", "podsync.py")},
         # The metrics SDK (standard library only), which the entrypoint makes importable as `kiln`.
         "kiln_sdk.py": (Path(__file__).parents[2] / "runtime" / "metrics_sdk.py").read_text(encoding="utf-8"),
+        # The job's parameters ($KILN_PARAMS_FILE; a tuning study's trials get them from its sampler).
+        PARAMS_FILE: json.dumps(spec.params, sort_keys=True),
     }
     if dist is not None:
         shared, member_files, hostfile = gang_env(job, cfg)
@@ -273,6 +276,8 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
         "KILN_WORKER_INDEX": "0",
         "KILN_SYNC_TIMEOUT": str(cfg.upload_timeout),
         "KILN_NUM_WORKERS": str(dist.workers if dist else 1),
+        "KILN_PARAMS_FILE": f"{CONF_DIR}/{PARAMS_FILE}",
+        **{param_env_name(k): format_param(v) for k, v in spec.params.items()},
     }
     for item in spec.inputs:
         static_env[input_env_name(item.dataset)] = item.where

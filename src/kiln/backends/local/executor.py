@@ -46,7 +46,7 @@ from kiln.backends.capabilities import (
     Preemptible,
     SpecValidator,
 )
-from kiln.backends.local import jobfiles
+from kiln.backends.local import jobfiles, shimconfig
 from kiln.backends.local.attemptdir import gang_layout, member_dirs, read_json, write_json_atomic
 from kiln.backends.local.gang import MemberStatus, aggregate
 from kiln.backends.local.inventory import local_inventory
@@ -277,6 +277,8 @@ class LocalBackend(
                     "secret_file": str(attempt_dir / mount_module.SECRET_FILE),
                 }
         notice = attempt_dir / "notice"
+        # The job's parameters as one JSON file ($KILN_PARAMS_FILE), beside the notice file the job reads too.
+        (attempt_dir / shimconfig.PARAMS_FILE).write_text(json.dumps(launch.spec.params, sort_keys=True))
         if launch.spec.distributed is not None:
             return self._start_gang(launch, handle, base, resolved, dirs, notice, mounts)
         config = {

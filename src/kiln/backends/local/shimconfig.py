@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 import kiln as kiln_package
 from kiln.backends.base import Launch, ResolvedInput
+from kiln.domain.spec import format_param, param_env_name
 from kiln.errors import BackendError
 from kiln.runtime.fusetools import AWS_ENV
 from kiln.settings import Settings
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 # Passed through from the server's environment; nothing else is (the server's own secrets stay out of jobs).
 PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR")
 STAGE_URL_SECONDS = 6 * 3600
+PARAMS_FILE = "params.json"  # in the attempt's directory, beside the notice file
 
 
 class MountConfig(NamedTuple):
@@ -71,6 +73,8 @@ def job_env(
             "KILN_TENSORBOARD_DIR": str(dirs["tensorboard"]),
             "KILN_WORKER_INDEX": "0",
             "KILN_NUM_WORKERS": "1",
+            "KILN_PARAMS_FILE": str(notice.parent / PARAMS_FILE),
+            **{param_env_name(k): format_param(v) for k, v in launch.spec.params.items()},
         }
     )
     if launch.job_token:
