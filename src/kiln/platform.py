@@ -38,6 +38,8 @@ from kiln.services.scheduling import SchedulingService
 from kiln.services.stats import ServerMetrics
 from kiln.services.task_leases import TaskLeases
 from kiln.services.tasks import Task, TaskRunner
+from kiln.services.tuning import StudyService
+from kiln.services.tuning_driver import StudyDriver
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore
@@ -107,6 +109,9 @@ class Platform:
         self.jobs.resolve_dataset = dataset_pinner(self.datasets)
         self.jobs.backend_name = self.backend.name
         self.reconciler.resolve_inputs = input_resolver(self.datasets)
+        # Tuning studies: the use cases, and the task that runs their trials as jobs.
+        self.study_driver = StudyDriver(self.db, self.jobs, settings.home, self.metrics_ingester.ingest_now)
+        self.studies = StudyService(self.db, self.jobs, self.study_driver.wake)
         self.checkpoints = CheckpointSync(self.db, self.backend, settings.checkpoint_sync_seconds)
         # Every piece of background work is a task of one runner, which /readyz and /metrics report.
         self.tasks = TaskRunner(TaskLeases(self.db, settings.resolved_instance_id), settings.lease_seconds)
@@ -121,6 +126,7 @@ class Platform:
             self.metrics_ingester.task(),
             self.log_metrics.task(),
             self.checkpoints.task(),
+            self.study_driver.task(),
             nonces.task() if nonces is not None else None,
             # Rows of the (maybe shared) database: one server at a time purges them. A machine's own files: each.
             Task.of("purge-nonces", self.identity.purge_nonces, 60, lease_scope="purge-nonces"),

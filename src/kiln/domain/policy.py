@@ -16,8 +16,10 @@ class Role(StrEnum):
     VIEWER = "viewer"
 
 
-READ = frozenset({"jobs:read", "blobs:read", "runtimes:read", "orgs:read", "quota:read", "keys:read"})
-MEMBER = READ | {"jobs:write", "jobs:report", "blobs:write", "keys:self"}
+READ = frozenset(
+    {"jobs:read", "studies:read", "blobs:read", "runtimes:read", "orgs:read", "quota:read", "keys:read"}
+)
+MEMBER = READ | {"jobs:write", "studies:write", "jobs:report", "blobs:write", "keys:self"}
 ADMIN = MEMBER | {"users:read", "users:manage", "keys:manage", "audit:read"}
 PLATFORM = ADMIN | {"orgs:manage", "quota:set", "runtimes:install"}
 JOB_TOKEN = frozenset({"jobs:read", "jobs:report"})

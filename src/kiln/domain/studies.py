@@ -210,7 +210,7 @@ class StudySpec(_Strict):
         return self.name or self.trial.name or f"tune {self.objective.metric}"
 
 
-# ---- a trial's job spec --------------------------------------------------------------------------------------------
+# ---- a trial's job spec
 
 _PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -248,7 +248,7 @@ def trial_spec(study: StudySpec, study_id: str, number: int, params: dict[str, P
     return JobSpec.model_validate({**base.model_dump(mode="json"), **update})
 
 
-# ---- states and API shapes ------------------------------------------------------------------------------------------
+# ---- states and API shapes
 
 
 class StudyState(StrEnum):
@@ -281,6 +281,7 @@ class StudyReason(StrEnum):
     TIME_BUDGET = "TimeBudgetReached"
     TOO_MANY_FAILURES = "TooManyFailedTrials"
     NO_RESULT = "NoTrialSucceeded"
+    INVALID_TRIAL = "InvalidTrialSpec"
     TRIAL_STARTED = "TrialStarted"
     TRIAL_SUCCEEDED = "TrialSucceeded"
     TRIAL_PRUNED = "TrialPruned"
@@ -294,7 +295,9 @@ class StudySubmit(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     spec: StudySpec
-    code_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="The uploaded code bundle.")
+    code_sha256: str | None = Field(
+        None, max_length=64, pattern=r"^[0-9a-f]{64}$", description="The uploaded code bundle."
+    )
 
 
 class TrialRead(BaseModel):
