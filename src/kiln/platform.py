@@ -112,6 +112,7 @@ class Platform:
         # Tuning studies: the use cases, and the task that runs their trials as jobs.
         self.study_driver = StudyDriver(self.db, self.jobs, settings.home, self.metrics_ingester.ingest_now)
         self.studies = StudyService(self.db, self.jobs, self.study_driver.wake)
+        self.metrics_ingester.on_ingested = self.study_driver.wake
         self.checkpoints = CheckpointSync(self.db, self.backend, settings.checkpoint_sync_seconds)
         # Every piece of background work is a task of one runner, which /readyz and /metrics report.
         self.tasks = TaskRunner(TaskLeases(self.db, settings.resolved_instance_id), settings.lease_seconds)

@@ -12,7 +12,7 @@ from tests.e2e.test_cli_tenancy import data, new_key, ok, refused
 
 def test_every_collection_lists_with_list_and_ls(shared_server, tmp_path):
     admin = {**base_env(tmp_path), **shared_server.credentials(), "KILN_ENDPOINT": shared_server.url}
-    for collection in ("jobs", "data", "runtimes", "orgs", "users", "keys"):
+    for collection in ("jobs", "studies", "data", "runtimes", "orgs", "users", "keys"):
         by_list = data(admin, collection, "list")
         by_ls = data(admin, collection, "ls")
         assert isinstance(by_list, list) and by_ls == by_list, collection

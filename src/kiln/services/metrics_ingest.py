@@ -16,6 +16,7 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -77,6 +78,7 @@ class MetricsIngester:
         self.jobs_dir = jobs_dir
         self.interval = interval
         self.max_bytes_per_file = max_bytes_per_file
+        self.on_ingested: Callable[[], None] | None = None  # called after a pass that stored points
         self.batch_points = batch_points
         self._files: dict[tuple[str, str], _FileState] = {}
         self._known_jobs: set[str] = set()  # jobs whose cursors were loaded
@@ -94,7 +96,10 @@ class MetricsIngester:
     def _task_pass(self, ctx: TaskContext) -> float | None:
         # A pass that found a backlog is followed at once by the next: what was written while it ran is
         # waiting already (a job logging fast would otherwise wait an interval per pass).
-        return BUSY_WAIT if self.ingest_now() >= BUSY_POINTS else None
+        stored = self.ingest_now()
+        if stored and self.on_ingested is not None:
+            self.on_ingested()  # e.g. the studies task: a pruner judges a trial's new point at once
+        return BUSY_WAIT if stored >= BUSY_POINTS else None
 
     # -- one pass -------------------------------------------------------------------------------------
 

@@ -584,3 +584,12 @@ def test_entrypoint_passes_sigterm_to_the_whole_tree_and_skips_finish(tmp_path: 
     assert time.monotonic() - started < 10
     assert proc.returncode != 0 and b"never" not in out
     assert not (tmp_path / "kiln_output_dir" / "finish").exists()
+
+
+def test_a_jobs_params_reach_its_pod_as_variables_and_a_file() -> None:
+    objects = rendered(spec(params={"lr": 0.01, "act": "relu", "deep": True}))
+    pod = objects[-1]["spec"]["template"]["spec"]
+    env = env_of(pod["containers"][0])
+    assert (env["KILN_PARAM_LR"], env["KILN_PARAM_ACT"], env["KILN_PARAM_DEEP"]) == ("0.01", "relu", "true")
+    assert env["KILN_PARAMS_FILE"] == "/etc/kiln/params.json"
+    assert json.loads(files_of(objects)["params.json"]) == {"act": "relu", "deep": True, "lr": 0.01}
