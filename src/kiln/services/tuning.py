@@ -318,11 +318,13 @@ class StudyService:
 
 
 def _in_trial(exc: KilnError) -> KilnError:
-    """An error of the trial spec's checks, named as the study's field (``trial.resources: …``)."""
+    """An error of the trial spec's own fields, named as the study's field (``trial.resources: …``); the others
+    (a quota, a priority, the code bundle: not fields of the trial spec) as a job submit gives them."""
+    if not isinstance(exc, InvalidInput) or exc.message.startswith("code_sha256:"):
+        return exc
     details = exc.details
     if isinstance(details, dict) and isinstance(details.get("field"), str):
-        field = details["field"]
-        details = {**details, "field": "spec.trial." + field.removeprefix("spec.")}
-    elif isinstance(exc, InvalidInput):
+        details = {**details, "field": "spec.trial." + details["field"].removeprefix("spec.")}
+    else:
         details = {"field": "spec.trial"}
-    return type(exc)(f"trial.{exc.message}", details=details)
+    return InvalidInput(f"trial.{exc.message}", details=details)

@@ -26,6 +26,7 @@ import json
 import re
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -72,6 +73,12 @@ class Case:
 
 
 OWN_OK = frozenset({200, 201, 204, 403})
+STUDY_SPEC = {
+    "trial": job_spec("true"),
+    "parameters": {"x": {"type": "int", "low": 1, "high": 2}},
+    "objective": {"metric": "x", "direction": "maximize"},
+    "max_trials": 1,
+}
 JOB = (("job_id", ("finished", "running", "queued")),)
 
 # Every route of the API. A route missing here fails the test (see test body).
@@ -142,6 +149,25 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
         Case("scoped", query=(("jobs", "{job_id}"),), reader="member"),
         Case("scoped", query=(("jobs", "{job_id}"), ("names", "loss"), ("format", "csv")), reader="member"),
     ],
+    # Tuning studies: another organisation's study reads and stops like a missing one; its bundle cannot be named.
+    ("POST", "/api/v1/studies"): [
+        Case("self", body={"spec": STUDY_SPEC}, cross=OWN_OK),
+        Case(
+            "scoped",
+            body={"spec": STUDY_SPEC, "code_sha256": "{sha256}"},
+            cross=frozenset({403, 404, 422}),
+            owner="admin",
+        ),
+    ],
+    ("GET", "/api/v1/studies"): [
+        Case("self", cross=OWN_OK),
+        Case("scoped", query=(("before", "{study_id}"),), cross=frozenset({200})),
+    ],
+    ("GET", "/api/v1/studies/{study_id}"): [Case("scoped", reader="member")],
+    ("GET", "/api/v1/studies/{study_id}/trials"): [Case("scoped", reader="member")],
+    ("GET", "/api/v1/studies/{study_id}/best"): [Case("scoped")],  # no trial succeeded: A's reader gets 404 too
+    ("GET", "/api/v1/studies/{study_id}/events"): [Case("scoped", reader="member")],
+    ("POST", "/api/v1/studies/{study_id}/stop"): [Case("scoped", owner="admin", last=True)],
     ("GET", "/api/v1/runtimes"): [Case("self", cross=OWN_OK)],
     ("POST", "/api/v1/runtimes/{framework}/install"): [Case("platform", cross=frozenset({403}))],
     # The catalog is the platform's, not an organisation's; {name} is bound to a dataset's name: no such runtime.
@@ -456,6 +482,10 @@ def snapshot(admin: Api, a: Tenant, a_reader: Api, sha: str) -> dict[str, Any]:
         "datasets": [
             (d, a_reader.ok("GET", f"/datasets/{d['name']}")) for d in a_reader.ok("GET", "/datasets")["items"]
         ],
+        "studies": sorted(
+            (x["id"], x["state"], x["trials"]["total"], json.dumps(x["spec"], sort_keys=True))
+            for x in a_reader.ok("GET", "/studies")["items"]
+        ),
     }
     for job in jobs:
         out[job["id"]] = {
@@ -520,6 +550,13 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
             "POST", "/uploads", json_body={"sha256": hashlib.sha256(pending).hexdigest(), "size": len(pending)}
         )
         data_client.close()
+        # A study: its one trial waits on the quota behind the running job, so the study stays RUNNING.
+        study = member.ok("POST", "/studies", json_body={"spec": {**STUDY_SPEC, "name": f"alpha-study-{tag}"}})
+        deadline = time.monotonic() + 30
+        while not (trials := member.ok("GET", f"/studies/{study['id']}/trials")["items"]):
+            assert time.monotonic() < deadline, "the study never started its trial"
+            time.sleep(0.05)
+        member.wait_message(trials[0]["job_id"], "quota: count 1 of 1 in use")
         bogus_bundle, bogus_sha = tar_gz({"train.py": b"print('nobody uploaded this')\n"})
         choices = {
             "job_id": [Choice(name, job["id"], new_id("job")) for name, job in _jobs(finished, running, queued)],
@@ -537,9 +574,10 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
             "draft_id": [Choice("draft", draft["id"], new_id("dsv"))],
             "upload_id": [Choice("upload", upload["id"], new_id("up"))],
             "number": [Choice("part", "1", "2")],
+            "study_id": [Choice("study", study["id"], new_id("study"))],
         }
         sensitive = {a.id, a.name, sha, log_marker, artifact_marker, artifact}
-        sensitive |= {dataset, data_sha, draft["id"], upload["id"]}
+        sensitive |= {dataset, data_sha, draft["id"], upload["id"], study["id"], study["name"]}
         sensitive |= {job["id"] for job in (finished, running, queued)}
         for account in a.accounts.values():
             sensitive |= {account.user_id, account.user_name, account.key_id, account.secret}
