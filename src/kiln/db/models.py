@@ -454,3 +454,59 @@ class TuningEvent(Base):
     reason: Mapped[str] = mapped_column(String(64))
     trial: Mapped[int | None] = mapped_column(Integer, default=None)
     message: Mapped[str] = mapped_column(Text, default="")
+
+
+class Service(Base):
+    """A model service (kiln.domain.serving): its spec, the model version its current revision serves, and
+    how many replicas it wants now (autoscaling moves it between the spec's min and max)."""
+
+    __tablename__ = "services"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    org_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"))
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    code_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
+    state: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str | None] = mapped_column(Text, default=None)
+    model_name: Mapped[str] = mapped_column(String(100))
+    model_version: Mapped[int] = mapped_column(Integer)
+    revision: Mapped[int] = mapped_column(Integer, default=1)
+    desired_replicas: Mapped[int] = mapped_column(Integer)
+    last_request_at: Mapped[datetime | None] = mapped_column(default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ux_services_org_name", "org_id", "name", unique=True),)
+
+
+class ServiceReplica(Base):
+    """One replica of a service: the job that runs it (category ``serve``), the revision and model version it
+    serves, and where it stands for the router."""
+
+    __tablename__ = "service_replicas"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    service_id: Mapped[str] = mapped_column(ForeignKey("services.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), default=None, index=True)
+    revision: Mapped[int] = mapped_column(Integer)
+    model_version: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    ready_at: Mapped[datetime | None] = mapped_column(default=None)
+    ended_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class ServiceKey(Base):
+    """A service-scoped token (``kst.<id>.<secret>``): it may predict on its service and do nothing else. Only
+    the secret's SHA-256 is kept."""
+
+    __tablename__ = "service_tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    service_id: Mapped[str] = mapped_column(ForeignKey("services.id", ondelete="CASCADE"), index=True)
+    secret_sha256: Mapped[str] = mapped_column(String(64))
+    created_by: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
