@@ -49,6 +49,7 @@ from kiln.sdk.job_actions import JobActionsMixin
 from kiln.sdk.logs import LogLine, LogParser
 from kiln.sdk.packaging import DEFAULT_MAX_CODE_BYTES, build_bundle
 from kiln.sdk.runtimes import RuntimesMixin
+from kiln.sdk.services import ServicesMixin
 from kiln.sdk.studies import StudiesMixin
 from kiln.sdk.tenancy import TenancyMixin
 from kiln.settings import ClientSettings
@@ -56,7 +57,7 @@ from kiln.settings import ClientSettings
 Progress = Callable[[int], None]
 
 
-class Client(JobActionsMixin, TenancyMixin, DatasetsMixin, RuntimesMixin, StudiesMixin):
+class Client(JobActionsMixin, TenancyMixin, DatasetsMixin, RuntimesMixin, StudiesMixin, ServicesMixin):
     """A connection to one Kiln server: signed with an access key, or carrying a running job's token."""
 
     def __init__(
