@@ -35,6 +35,9 @@ from kiln.services.quotas import QuotaService
 from kiln.services.recovery import announce_offline_actions
 from kiln.services.runtimes import RuntimeService
 from kiln.services.scheduling import SchedulingService
+from kiln.services.serving import ServingService
+from kiln.services.serving_control import ServingControl, spool_writer
+from kiln.services.serving_router import Router
 from kiln.services.stats import ServerMetrics
 from kiln.services.task_leases import TaskLeases
 from kiln.services.tasks import Task, TaskRunner
@@ -113,6 +116,20 @@ class Platform:
         self.study_driver = StudyDriver(self.db, self.jobs, settings.home, self.metrics_ingester.ingest_now)
         self.studies = StudyService(self.db, self.jobs, self.study_driver.wake)
         self.metrics_ingester.on_ingested = self.study_driver.wake
+        # Model services: the router (in this process) forwards predicts to the replicas the serving task runs.
+        self.router = Router()
+        self.serving_control = ServingControl(
+            self.db, self.jobs, self.router, self.logs, settings.jobs_dir, spool_writer(self.metrics_store)
+        )
+        self.serving = ServingService(
+            self.db,
+            self.jobs,
+            lambda org_id, ref: self.models.resolve(org_id, ref),
+            self.serving_control.wake,
+            self.router.in_flight,
+            settings.endpoint,
+        )
+        self.router.on_cold_start = self.serving.cold_start
         self.checkpoints = CheckpointSync(self.db, self.backend, settings.checkpoint_sync_seconds)
         # Every piece of background work is a task of one runner, which /readyz and /metrics report.
         self.tasks = TaskRunner(TaskLeases(self.db, settings.resolved_instance_id), settings.lease_seconds)
@@ -128,6 +145,7 @@ class Platform:
             self.log_metrics.task(),
             self.checkpoints.task(),
             self.study_driver.task(),
+            self.serving_control.task(),
             nonces.task() if nonces is not None else None,
             # Rows of the (maybe shared) database: one server at a time purges them. A machine's own files: each.
             Task.of("purge-nonces", self.identity.purge_nonces, 60, lease_scope="purge-nonces"),

@@ -18,7 +18,18 @@ from kiln.api.auth import SignatureMiddleware
 from kiln.api.errors import RouteMethods, install_error_handlers
 from kiln.api.prometheus import RequestMetricsMiddleware
 from kiln.api.prometheus import router as prometheus_router
-from kiln.api.routers import blobs, datasets, jobs, metrics, runtimes, scheduling, studies, system, tenancy
+from kiln.api.routers import (
+    blobs,
+    datasets,
+    jobs,
+    metrics,
+    runtimes,
+    scheduling,
+    services,
+    studies,
+    system,
+    tenancy,
+)
 from kiln.platform import Platform
 from kiln.settings import Settings
 
@@ -83,7 +94,7 @@ def create_app(settings: Settings | None = None, platform: Platform | None = Non
     app.add_middleware(SignatureMiddleware)
     app.add_middleware(RequestMetricsMiddleware)  # outermost: times refused requests too
     mounted: list[tuple[str, APIRouter]] = [("", system.health), ("", prometheus_router), ("", docs.router)]
-    modules = (system, blobs, datasets, jobs, studies, scheduling, runtimes, metrics)
+    modules = (system, blobs, datasets, jobs, studies, services, scheduling, runtimes, metrics)
     api_routers = [module.router for module in modules] + list(tenancy.routers)
     mounted += [(API_PREFIX, router) for router in api_routers]
     for prefix, router in mounted:

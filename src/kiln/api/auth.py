@@ -124,6 +124,9 @@ class SignatureMiddleware:
         auth = headers.get("authorization", "")
         method = scope["method"]
         path = scope.get("path", "")
+        if auth.startswith("Bearer kst."):  # a service token: it may predict on its service, nothing else
+            principal = await run_in_threadpool(platform.serving.authenticate_token, auth[7:].strip())  # type: ignore[attr-defined]
+            return principal, _capped(receive, MAX_SIGNED_BODY)
         if auth.startswith("Bearer "):
             principal = await run_in_threadpool(identity.authenticate_job_token, auth[7:].strip())
             # The body is not read here (nothing signs it), so the routes that read it whole (logs, metrics, parts)

@@ -45,7 +45,10 @@ def _location(loc: tuple[object, ...]) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(KilnError)
     async def _kiln_error(_request: Request, exc: KilnError) -> JSONResponse:
-        return JSONResponse(exc.to_body(), status_code=exc.status)
+        headers = None
+        if exc.status == 503 and isinstance(exc.details, dict) and "retry_after" in exc.details:
+            headers = {"Retry-After": str(exc.details["retry_after"])}  # e.g. a service with no ready replica
+        return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:

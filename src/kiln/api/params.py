@@ -13,6 +13,7 @@ from kiln.domain import limits
 
 JobId = Annotated[str, Path(max_length=limits.MAX_ID_LENGTH, description="A job id, e.g. job-01jd5y3c2k7q4m9x2a")]
 StudyId = Annotated[str, Path(max_length=limits.MAX_ID_LENGTH, description="A study id, e.g. study-01jd5y3c2k7q4m9x2a")]
+ServiceName = Annotated[str, Path(max_length=63, description="A service's name, e.g. digits")]
 UploadId = Annotated[str, Path(max_length=limits.MAX_ID_LENGTH, description="An upload session's id")]
 DraftId = Annotated[str, Path(max_length=limits.MAX_ID_LENGTH, description="A dataset draft's id")]
 KeyId = Annotated[str, Path(max_length=limits.MAX_ID_LENGTH, description="An access key id")]

@@ -17,12 +17,30 @@ class Role(StrEnum):
 
 
 READ = frozenset(
-    {"jobs:read", "studies:read", "blobs:read", "runtimes:read", "orgs:read", "quota:read", "keys:read"}
+    {
+        "jobs:read",
+        "studies:read",
+        "services:read",
+        "blobs:read",
+        "runtimes:read",
+        "orgs:read",
+        "quota:read",
+        "keys:read",
+    }
 )
-MEMBER = READ | {"jobs:write", "studies:write", "jobs:report", "blobs:write", "keys:self"}
+MEMBER = READ | {
+    "jobs:write",
+    "studies:write",
+    "services:write",
+    "services:predict",
+    "jobs:report",
+    "blobs:write",
+    "keys:self",
+}
 ADMIN = MEMBER | {"users:read", "users:manage", "keys:manage", "audit:read"}
 PLATFORM = ADMIN | {"orgs:manage", "quota:set", "runtimes:install"}
 JOB_TOKEN = frozenset({"jobs:read", "jobs:report"})
+SERVICE_TOKEN = frozenset({"services:predict"})  # an application calling one service, nothing else
 
 ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
     Role.VIEWER: READ,

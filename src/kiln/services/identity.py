@@ -48,9 +48,12 @@ class Principal:
     role: str
     platform_admin: bool
     job_id: str | None = None  # set for job tokens: the only job this caller may touch
+    service_id: str | None = None  # set for service tokens: the only service this caller may predict on
 
     @property
     def permissions(self) -> frozenset[str]:
+        if self.service_id:
+            return policy.SERVICE_TOKEN
         return policy.JOB_TOKEN if self.job_id else policy.permissions(self.role, self.platform_admin)
 
     def can(self, permission: str) -> bool:
@@ -63,6 +66,8 @@ class Principal:
     def describe(self) -> str:
         if self.job_id:
             return f"the token of job {self.job_id}"
+        if self.service_id:
+            return "a service token"
         return "a platform admin" if self.platform_admin else f"role {self.role} in org {self.org_name}"
 
 

@@ -210,11 +210,11 @@ class JobService:
             raise InvalidInput(f"resources: the job {impossible}", details={"field": "spec.resources"})
         return spec
 
-    def _check_admission(self, s: Session, principal: Principal, spec: JobSpec) -> None:
+    def _check_admission(self, s: Session, principal: Principal, spec: JobSpec, category: str = CATEGORY) -> None:
         """The organisation's side: a quota the job can ever fit, and the priority it may use."""
         if self.quotas is not None:
             cpus, gpus, memory = _totals(spec)
-            self.quotas.check_submit(principal, CATEGORY, gpus, cpus, memory, session=s)
+            self.quotas.check_submit(principal, category, gpus, cpus, memory, session=s)
         if spec.priority != "normal" and not principal.platform_admin:
             self._check_priority(s, principal, spec.priority)
 
@@ -242,6 +242,7 @@ class JobService:
         note: str,
         *,
         now: datetime | None = None,
+        category: str = CATEGORY,
     ) -> Job:
         """A new QUEUED job row and its first event in the caller's transaction ``s``, for a spec that passed
         the submit checks (a submit, a rerun, a tuning study's trial). The caller wakes the reconciler."""
@@ -256,7 +257,7 @@ class JobService:
             cpus=cpus,
             memory=memory,
             gpus=gpus,
-            category=CATEGORY,
+            category=category,
             priority=spec.priority_value,
             workers=spec.gang_size,
             backend=self.backend_name,
@@ -264,12 +265,14 @@ class JobService:
         create_job(s, job, note, now=now)
         return job
 
-    def check_submit(self, principal: Principal, spec: JobSpec, code_sha256: str | None) -> JobSpec:
+    def check_submit(
+        self, principal: Principal, spec: JobSpec, code_sha256: str | None, *, category: str = CATEGORY
+    ) -> JobSpec:
         """Every check a submit of ``spec`` makes (its inputs pinned in what is returned), creating nothing: a
-        tuning study checks its trial spec so."""
+        tuning study checks its trial spec so, a service its replica's (quota category ``serve``)."""
         spec = self._checked_spec(principal, spec)
         with self.db.read() as s:
-            self._check_admission(s, principal, spec)
+            self._check_admission(s, principal, spec, category)
             if code_sha256 and s.get(Blob, (principal.org_id, code_sha256)) is None:
                 raise InvalidInput(
                     f"code_sha256: no uploaded bundle {code_sha256}; upload it with PUT /api/v1/blobs/{{sha256}}"

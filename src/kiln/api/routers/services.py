@@ -1,0 +1,127 @@
+"""Model services: deploy, read, list, update (roll out a model version, scale), delete, tokens, logs, render for
+Kubernetes, and predict — forwarded by Kiln's router to a ready replica."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from kiln.api.deps import Caller, Kiln, caller_of, model_response, platform_of
+from kiln.api.params import ServiceName
+from kiln.api.responses import errors
+from kiln.domain import limits
+from kiln.domain.serving import (
+    PredictRequest,
+    PredictResponse,
+    ServiceList,
+    ServiceRead,
+    ServiceSubmit,
+    ServiceToken,
+    ServiceUpdate,
+)
+from kiln.services.serving_router import outputs_of
+
+router = APIRouter(prefix="/services", tags=["services"], responses=errors(403))
+PREDICT_SCHEMA = PredictRequest.model_json_schema()
+ROUTE_TTL = 1.0  # seconds a predict's (caller organisation, name) → service lookup is reused
+
+
+@router.post(
+    "", response_model=ServiceRead, status_code=201, summary="Deploy a model service", responses=errors(409, 422)
+)
+def create_service(body: ServiceSubmit, caller: Caller, kiln: Kiln) -> ServiceRead:
+    return kiln.serving.create(caller, body)
+
+
+@router.get("", response_model=ServiceList, summary="List services")
+def list_services(caller: Caller, kiln: Kiln) -> ServiceList:
+    return ServiceList(items=kiln.serving.list_services(caller))
+
+
+@router.get("/{name}", response_model=ServiceRead, responses=errors(404, 422))
+def get_service(name: ServiceName, caller: Caller, kiln: Kiln) -> Response:
+    return model_response(kiln.serving.get(caller, name))
+
+
+@router.patch(
+    "/{name}",
+    response_model=ServiceRead,
+    summary="Roll out another model version or spec (one replica at a time), or scale",
+    responses=errors(404, 422),
+)
+def update_service(name: ServiceName, body: ServiceUpdate, caller: Caller, kiln: Kiln) -> ServiceRead:
+    return kiln.serving.update(caller, name, body)
+
+
+@router.delete(
+    "/{name}", status_code=204, response_class=Response, summary="Delete (its replicas stop)", responses=errors(404)
+)
+def delete_service(name: ServiceName, caller: Caller, kiln: Kiln) -> Response:
+    kiln.serving.delete(caller, name)
+    return Response(status_code=204)
+
+
+@router.post(
+    "/{name}/tokens",
+    response_model=ServiceToken,
+    status_code=201,
+    summary="A token that may predict on this service and do nothing else (its secret is shown once)",
+    responses=errors(404, 422),
+)
+def create_service_token(name: ServiceName, caller: Caller, kiln: Kiln) -> ServiceToken:
+    return kiln.serving.create_token(caller, name)
+
+
+@router.get(
+    "/{name}/logs",
+    summary="A replica's log lines (the newest replica's by default)",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **errors(404, 422)},
+)
+def service_logs(
+    name: ServiceName,
+    caller: Caller,
+    kiln: Kiln,
+    replica: Annotated[str | None, Query(max_length=limits.MAX_ID_LENGTH, description="A replica id")] = None,
+    offset: Annotated[int, Query(ge=0, le=limits.MAX_INT64)] = 0,
+) -> Response:
+    job_id = kiln.serving.replica_job(caller, name, replica)
+    data, next_offset, ended = kiln.outputs.read_log(caller, job_id, offset, limits.MAX_LOG_READ_BYTES)
+    headers = {"X-Kiln-Next-Offset": str(next_offset), "X-Kiln-Job-Ended": "true" if ended else "false"}
+    return Response(data, media_type="text/plain", headers=headers)
+
+
+@router.post(
+    "/{name}/predict",
+    response_model=PredictResponse,
+    summary="Predict: forwarded to a ready replica (least outstanding requests; one retry if it dies)",
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": PREDICT_SCHEMA}}}},
+    responses=errors(404, 422, 502, 503),
+)
+async def predict(name: ServiceName, request: Request) -> Response:
+    caller, kiln = caller_of(request), platform_of(request)
+    caller.require("services:predict")  # before the cache: a viewer's request never reuses a member's lookup
+    key = (caller.org_id, caller.service_id, name)
+    cached = _routes.get(key)
+    if cached is None or cached[2] < time.monotonic():
+        service_id, timeout = await run_in_threadpool(kiln.serving.route, caller, name)
+        _routes[key] = (service_id, timeout, time.monotonic() + ROUTE_TTL)
+        if len(_routes) > 10_000:
+            _routes.clear()
+    else:
+        service_id, timeout = cached[0], cached[1]
+    body = await request.body()
+    answer = await kiln.router.predict(service_id, body, timeout)
+    if answer.status != 200:  # the replica's own answer (a 422 naming the field, a predict error)
+        return Response(answer.body, status_code=answer.status, media_type="application/json")
+    data = outputs_of(answer)
+    data["model"] = answer.model
+    return Response(json.dumps(data, separators=(",", ":")), media_type="application/json")
+
+
+_routes: dict[tuple[str, str | None, str], tuple[str, float, float]] = {}

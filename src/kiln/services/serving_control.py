@@ -1,0 +1,405 @@
+"""The ``serving`` task: keeps every service's replicas as its spec and load want them.
+
+Each run, for each service:
+
+1. **Observe** its replicas. A replica is a job of quota category ``serve`` (placed by the scheduler, run by the
+   backend's shim, with its log and metrics). Once its job runs and its state file (port and secret, written by
+   ``kiln.runtime.serve`` after the model loaded) answers ``/healthz``, it is READY and the router sends it
+   requests; a replica whose job ended is FAILED (the loader's error, from its job's log, in its message) and the
+   router forgets it.
+2. **Scale**: with ``autoscale``, the wanted count follows the requests in flight (``target_concurrency`` per
+   replica, between min and max; to zero after ``idle_seconds`` without requests when min is 0).
+3. **Converge**: start replicas up to the wanted count; a new revision (another model version or spec) is rolled
+   out one replica at a time — a new replica is READY before an old one drains (maxSurge 1, maxUnavailable 0); a
+   draining replica gets no new requests and its job is cancelled once its last request ended. Replicas that keep
+   failing before they ever get ready are started again with a growing back-off, and the service is DEGRADED.
+4. **Record** what the router forwarded per replica (requests, errors, latency percentiles, batch sizes) as metric
+   points of the replica's job, in the metrics store.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy import select
+
+from kiln.db.models import Job, Service, ServiceReplica, utcnow
+from kiln.db.session import Database
+from kiln.domain.ids import new_id
+from kiln.domain.serving import ReplicaState, ServiceSpec, ServiceState
+from kiln.domain.states import JobState
+from kiln.services.jobs import JobService, request_cancel
+from kiln.services.metrics_parse import parse_lines
+from kiln.services.serving import ACTIVE_REPLICAS, CATEGORY, replica_spec
+from kiln.services.serving_router import Endpoint, Router
+from kiln.services.tasks import Task, TaskContext
+from kiln.storage.logs import LogStore
+
+log = logging.getLogger(__name__)
+
+INTERVAL = 0.5
+STATE_FILE = ".kiln-replica.json"
+MAX_BACKOFF = 60.0
+SCALE_DOWN_WINDOW = 30.0
+
+
+@dataclass
+class _Replica:
+    row: ServiceReplica
+    job: Job | None
+
+
+class ServingControl:
+    def __init__(
+        self,
+        db: Database,
+        jobs: JobService,
+        router: Router,
+        logs: LogStore,
+        jobs_dir: Path,
+        record_metrics: Callable[[str, bytes], object] | None = None,
+    ) -> None:
+        self.db = db
+        self.jobs = jobs
+        self.router = router
+        self.logs = logs
+        self.jobs_dir = jobs_dir
+        self.record_metrics = record_metrics  # (job id, spool lines) → stored in the metrics store
+        self._task = Task("serving", self.run_once, INTERVAL)
+        self._failures: dict[str, tuple[int, float]] = {}  # service id → (failures in a row, not before)
+        self._load_samples: dict[str, list[tuple[float, int]]] = {}  # service id → (time, requests in flight)
+        self._started = time.monotonic()
+
+    def task(self) -> Task:
+        return self._task
+
+    def wake(self) -> None:
+        self._task.wake.set()
+
+    def run_once(self, ctx: TaskContext) -> None:
+        with self.db.read() as s:
+            ids = list(s.scalars(select(Service.id)))
+        for service_id in ids:
+            if ctx.stopping.is_set():
+                return
+            self._drive(service_id)
+
+    def _load(self, service_id: str) -> tuple[Service, list[_Replica]] | None:
+        with self.db.read() as s:
+            service = s.get(Service, service_id)
+            if service is None:
+                return None
+            rows = s.execute(
+                select(ServiceReplica, Job)
+                .outerjoin(Job, Job.id == ServiceReplica.job_id)
+                .where(
+                    ServiceReplica.service_id == service_id,
+                    ServiceReplica.state.in_([str(x) for x in ACTIVE_REPLICAS]),
+                )
+                .order_by(ServiceReplica.created_at)
+            ).tuples()
+            replicas = [_Replica(r, j) for r, j in rows]
+            s.expunge_all()
+        return service, replicas
+
+    def _drive(self, service_id: str) -> None:
+        loaded = self._load(service_id)
+        if loaded is None:
+            return
+        service, replicas = loaded
+        self._observe(service, replicas)
+        self._record(service)
+        loaded = self._load(service_id)
+        assert loaded is not None
+        service, replicas = loaded
+        if service.state == ServiceState.DELETING:
+            self._delete(service, replicas)
+            return
+        self._autoscale(service, replicas)
+        self._converge(service, replicas)
+        self._update_state(service_id)
+
+    # ---- 1. observe
+
+    def _observe(self, service: Service, replicas: list[_Replica]) -> None:
+        for replica in replicas:
+            row, job = replica.row, replica.job
+            if job is None or JobState(job.state).terminal:
+                why = self._failure(job) if job is not None else "its job was deleted"
+                ended = ReplicaState.STOPPED if row.state == ReplicaState.DRAINING else ReplicaState.FAILED
+                self._set(row.id, ended, why)
+                self.router.remove(service.id, row.id)
+                if ended is ReplicaState.FAILED and row.ready_at is None:
+                    count, _ = self._failures.get(service.id, (0, 0.0))
+                    delay = min(MAX_BACKOFF, 2.0**count)
+                    self._failures[service.id] = (count + 1, time.monotonic() + delay)
+                continue
+            if row.state == ReplicaState.STARTING and job.state == JobState.RUNNING:
+                endpoint = self._probe(service, row, job)
+                if endpoint is not None:
+                    self.router.add(service.id, endpoint)
+                    self._set(row.id, ReplicaState.READY, f"serving {endpoint.model} on port {endpoint.port}")
+                    self._failures.pop(service.id, None)
+            elif row.state == ReplicaState.READY:
+                self._ensure_routed(service, row, job)
+
+    def _state_file(self, job_id: str) -> dict[str, Any] | None:
+        try:
+            data = json.loads((self.jobs_dir / job_id / "work" / STATE_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and isinstance(data.get("port"), int) else None
+
+    def _probe(self, service: Service, row: ServiceReplica, job: Job) -> Endpoint | None:
+        state = self._state_file(job.id)
+        if state is None:
+            return None
+        endpoint = Endpoint(
+            row.id, job.id, state["port"], str(state.get("secret", "")), f"{service.model_name}@{row.model_version}"
+        )
+        try:
+            answer = httpx.get(
+                f"http://127.0.0.1:{endpoint.port}/healthz",
+                headers={"Authorization": f"Bearer {endpoint.secret}"},
+                timeout=2.0,
+                trust_env=False,
+            )
+        except httpx.HTTPError:
+            return None
+        return endpoint if answer.status_code == 200 else None
+
+    def _ensure_routed(self, service: Service, row: ServiceReplica, job: Job) -> None:
+        """After a server restart the router knows no replica: a READY one is probed and routed again."""
+        if row.id in self.router.ready(service.id):
+            return
+        endpoint = self._probe(service, row, job)
+        if endpoint is not None:
+            self.router.add(service.id, endpoint)
+
+    def _failure(self, job: Job) -> str:
+        """Why a replica's job ended: the replica server's own last words (a model that did not load), else
+        the job's message."""
+        try:
+            tail = self.logs.path(job.id).read_bytes()[-8192:].decode("utf-8", "replace").splitlines()
+        except OSError:
+            tail = []
+        for line in reversed(tail):
+            if "kiln serve:" in line:
+                return line[line.index("kiln serve:") :][:1000]
+        return f"its job {job.state.lower()}: {job.reason}: {job.message}"[:1000]
+
+    def _set(self, replica_id: str, state: ReplicaState, message: str) -> None:
+        with self.db.transaction() as s:
+            row = s.get(ServiceReplica, replica_id)
+            if row is None:
+                return
+            row.state = state
+            row.message = message
+            if state is ReplicaState.READY:
+                row.ready_at = utcnow()
+            if state in (ReplicaState.FAILED, ReplicaState.STOPPED):
+                row.ended_at = utcnow()
+
+    # ---- 2. scale
+
+    def _autoscale(self, service: Service, replicas: list[_Replica]) -> None:
+        """Replicas for the requests in flight: the peak of the last SCALE_DOWN_WINDOW seconds (a lull does
+        not drop replicas a burst will need again); zero only after idle_seconds without a request."""
+        scale = ServiceSpec.model_validate(service.spec).autoscale
+        if scale is None:
+            return
+        now = time.monotonic()
+        samples = self._load_samples.setdefault(service.id, [])
+        samples.append((now, self.router.in_flight(service.id)))
+        samples[:] = [(t, n) for t, n in samples if now - t <= SCALE_DOWN_WINDOW]
+        peak = max(n for _, n in samples)
+        last = self.router.last_request.get(service.id)
+        idle = last is None or now - last > scale.idle_seconds
+        want = math.ceil(peak / scale.target_concurrency) if peak else (0 if idle else 1)
+        want = max(scale.min, min(scale.max, want))
+        if want != service.desired_replicas:
+            with self.db.transaction() as s:
+                row = s.get(Service, service.id)
+                if row is not None and row.state != ServiceState.DELETING:
+                    row.desired_replicas = want
+            service.desired_replicas = want
+
+    # ---- 3. converge
+
+    def _converge(self, service: Service, replicas: list[_Replica]) -> None:
+        desired = service.desired_replicas
+        current = [r for r in replicas if r.row.revision == service.revision and r.row.state != ReplicaState.DRAINING]
+        old = [r for r in replicas if r.row.revision != service.revision and r.row.state != ReplicaState.DRAINING]
+        draining = [r for r in replicas if r.row.state == ReplicaState.DRAINING]
+        count, not_before = self._failures.get(service.id, (0, 0.0))
+        may_start = time.monotonic() >= not_before
+        if not old:
+            if len(current) < desired and may_start:
+                for _ in range(desired - len(current) if count == 0 else 1):
+                    self._start(service)
+            elif len(current) > desired:
+                extra = sorted(current, key=lambda r: (r.row.state == ReplicaState.READY, r.row.created_at))
+                for replica in extra[: len(current) - desired]:
+                    self._drain(service, replica)
+        else:  # a rolling update: one new replica at a time, an old one drained for each new one ready
+            starting = [r for r in current if r.row.state == ReplicaState.STARTING]
+            ready_new = [r for r in current if r.row.state == ReplicaState.READY]
+            if len(current) < desired and not starting and may_start:
+                self._start(service)
+            for replica in [r for r in old if r.row.state == ReplicaState.STARTING]:
+                self._drain(service, replica)  # never got ready: nothing to keep
+            ready_old = [r for r in old if r.row.state == ReplicaState.READY]
+            surplus = len(ready_new) + len(ready_old) - desired
+            for replica in sorted(ready_old, key=lambda r: r.row.created_at)[: max(0, surplus)]:
+                self._drain(service, replica)
+        for replica in draining:
+            if self.router.in_flight(service.id, replica.row.id) == 0:
+                self._stop(service, replica)
+
+    def _start(self, service: Service) -> None:
+        spec = ServiceSpec.model_validate(service.spec)
+        replica_id = new_id("rep")
+        job_spec = replica_spec(spec, service.id, replica_id, service.model_name, service.model_version)
+        with self.db.transaction() as s:
+            job = self.jobs.new_job(
+                s,
+                service.org_id,
+                service.user_id,
+                job_spec,
+                service.code_sha256,
+                f"replica {replica_id} of service {service.name} (revision {service.revision})",
+                category=CATEGORY,
+            )
+            s.flush()
+            s.add(
+                ServiceReplica(
+                    id=replica_id,
+                    service_id=service.id,
+                    job_id=job.id,
+                    revision=service.revision,
+                    model_version=service.model_version,
+                    state=ReplicaState.STARTING,
+                    message="",
+                    created_at=utcnow(),
+                )
+            )
+        self.jobs.wake()
+
+    def _drain(self, service: Service, replica: _Replica) -> None:
+        self.router.drain(service.id, replica.row.id)
+        self._set(replica.row.id, ReplicaState.DRAINING, "draining: no new requests")
+        replica.row.state = ReplicaState.DRAINING
+        if self.router.in_flight(service.id, replica.row.id) == 0:
+            self._stop(service, replica)
+
+    def _stop(self, service: Service, replica: _Replica) -> None:
+        self.router.remove(service.id, replica.row.id)
+        with self.db.transaction() as s:
+            row = s.get(ServiceReplica, replica.row.id)
+            job = s.get(Job, replica.row.job_id) if replica.row.job_id else None
+            if row is not None:
+                row.state = ReplicaState.STOPPED
+                row.ended_at = utcnow()
+                row.message = row.message or "stopped"
+            if job is not None:
+                request_cancel(s, job, f"cancelled: replica {replica.row.id} of service {service.name} stopped")
+        self.jobs.wake()
+
+    def _delete(self, service: Service, replicas: list[_Replica]) -> None:
+        for replica in replicas:
+            self._stop(service, replica)
+        self.router.forget(service.id)
+        self._failures.pop(service.id, None)
+        with self.db.transaction() as s:
+            row = s.get(Service, service.id)
+            if row is not None:
+                s.delete(row)
+
+    # ---- the service's state
+
+    def _update_state(self, service_id: str) -> None:
+        loaded = self._load(service_id)
+        if loaded is None:
+            return
+        service, replicas = loaded
+        current = [r for r in replicas if r.row.revision == service.revision]
+        old = [r for r in replicas if r.row.revision != service.revision and r.row.state != ReplicaState.DRAINING]
+        ready = sum(r.row.state == ReplicaState.READY for r in current)
+        count, _ = self._failures.get(service_id, (0, 0.0))
+        message = ""
+        if service.desired_replicas == 0 and not replicas:
+            state = ServiceState.IDLE
+        elif old:
+            state = ServiceState.UPDATING
+            message = f"rolling out revision {service.revision}: {ready} of {service.desired_replicas} new ready"
+        elif ready >= service.desired_replicas:
+            state = ServiceState.READY
+        elif count:
+            state = ServiceState.DEGRADED
+            message = self._last_failure(service_id)
+        else:
+            state = ServiceState.DEPLOYING
+        if state != service.state or (message and message != service.message):
+            with self.db.transaction() as s:
+                row = s.get(Service, service_id)
+                if row is not None and row.state != ServiceState.DELETING:
+                    row.state = state
+                    row.message = message
+                    row.updated_at = utcnow()
+
+    def _last_failure(self, service_id: str) -> str:
+        with self.db.read() as s:
+            row = s.scalars(
+                select(ServiceReplica)
+                .where(ServiceReplica.service_id == service_id, ServiceReplica.state == ReplicaState.FAILED)
+                .order_by(ServiceReplica.ended_at.desc())
+                .limit(1)
+            ).first()
+            return f"replica {row.id} failed: {row.message}" if row is not None else ""
+
+    # ---- 4. record
+
+    def _record(self, service: Service) -> None:
+        if self.record_metrics is None:
+            return
+        for replica_id, (requests, errors, latencies, batches) in self.router.take_stats(service.id).items():
+            if not requests:
+                continue
+            job_id = next((e["job_id"] for e in self._replica_jobs(service.id) if e["id"] == replica_id), None)
+            if job_id is None:
+                continue
+            ordered = sorted(latencies)
+            metrics: dict[str, float] = {
+                "requests": float(requests),
+                "errors": float(errors),
+                "latency_p50_ms": 1000 * ordered[len(ordered) // 2] if ordered else 0.0,
+                "latency_p99_ms": 1000 * ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else 0.0,
+            }
+            if batches:
+                metrics["batch_size"] = sum(batches) / len(batches)
+            line = {"t": time.time(), "s": int(time.monotonic() - self._started), "w": "router", "m": metrics}
+            self.record_metrics(job_id, (json.dumps(line) + "\n").encode())
+
+    def _replica_jobs(self, service_id: str) -> list[dict[str, Any]]:
+        with self.db.read() as s:
+            return [
+                {"id": r.id, "job_id": r.job_id}
+                for r in s.scalars(select(ServiceReplica).where(ServiceReplica.service_id == service_id))
+            ]
+
+
+def spool_writer(store: Any) -> Callable[[str, bytes], object]:
+    """Write spool-format lines for a job into the metrics store (the replica's request metrics)."""
+
+    def write(job_id: str, lines: bytes) -> object:
+        return store.write([(job_id, parse_lines(lines), False)])
+
+    return write

@@ -1,0 +1,257 @@
+"""Kiln's request router for model services: forwards a predict to a ready replica of the service.
+
+The serving task (kiln.services.serving_control) tells the router which replicas are ready (``add``), which
+drain (``drain``: no new requests) and which are gone (``remove``). A request goes to the ready replica with the
+fewest requests in flight (least outstanding requests; ties to the one used longest ago). A replica that fails
+mid-request (connection refused or reset, or it answers 502/503) is marked suspect and the request is sent once
+more to another replica; a request with no ready replica waits for one up to the service's request timeout
+(a cold start from zero replicas), then gets 503 with ``Retry-After``.
+
+The router keeps per replica what it forwarded (requests, errors, latencies, batch sizes) for the serving task to
+record into the metrics store, and process-wide aggregates for ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from kiln.errors import KilnError
+
+RETRY_AFTER_SECONDS = 5
+
+
+class NoReplica(KilnError):
+    code = "no_replica"
+    status = 503
+
+
+class PredictFailed(KilnError):
+    code = "predict_error"
+    status = 502
+
+
+@dataclass
+class Endpoint:
+    replica_id: str
+    job_id: str
+    port: int
+    secret: str
+    model: str  # NAME@VERSION it serves
+    draining: bool = False
+    in_flight: int = 0
+    last_used: float = 0.0
+    suspect_until: float = 0.0
+    # What was forwarded since the serving task last took it (take_stats).
+    requests: int = 0
+    errors: int = 0
+    latencies: list[float] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Answer:
+    status: int
+    body: bytes
+    model: str
+    replica_id: str
+    batch_size: int | None
+
+
+class Router:
+    def __init__(self, on_cold_start: Callable[[str], None] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._services: dict[str, dict[str, Endpoint]] = {}  # service id → replica id → endpoint
+        self._changed: dict[str, asyncio.Event] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: httpx.AsyncClient | None = None
+        self.on_cold_start = on_cold_start  # service id: it has no ready replica and a request waits
+        self.last_request: dict[str, float] = {}  # service id → monotonic time of its last request
+        # Process-wide aggregates (Prometheus: no tenant labels).
+        self.total_requests = 0
+        self.total_errors = 0
+        self.latency_observer: Callable[[float], None] | None = None
+        self.batch_observer: Callable[[int], None] | None = None
+
+    # ---- what the serving task tells the router
+
+    def add(self, service_id: str, endpoint: Endpoint) -> None:
+        with self._lock:
+            replicas = self._services.setdefault(service_id, {})
+            known = replicas.get(endpoint.replica_id)
+            if known is not None and (known.port, known.secret) == (endpoint.port, endpoint.secret):
+                known.draining = endpoint.draining
+                return
+            replicas[endpoint.replica_id] = endpoint
+        self._notify(service_id)
+
+    def drain(self, service_id: str, replica_id: str) -> None:
+        with self._lock:
+            endpoint = self._services.get(service_id, {}).get(replica_id)
+            if endpoint is not None:
+                endpoint.draining = True
+
+    def remove(self, service_id: str, replica_id: str) -> None:
+        with self._lock:
+            self._services.get(service_id, {}).pop(replica_id, None)
+
+    def forget(self, service_id: str) -> None:
+        with self._lock:
+            self._services.pop(service_id, None)
+            self.last_request.pop(service_id, None)
+
+    def in_flight(self, service_id: str, replica_id: str | None = None) -> int:
+        with self._lock:
+            replicas = self._services.get(service_id, {})
+            if replica_id is not None:
+                endpoint = replicas.get(replica_id)
+                return endpoint.in_flight if endpoint is not None else 0
+            return sum(e.in_flight for e in replicas.values())
+
+    def ready(self, service_id: str) -> list[str]:
+        with self._lock:
+            return [r for r, e in self._services.get(service_id, {}).items() if not e.draining]
+
+    def take_stats(self, service_id: str) -> dict[str, tuple[int, int, list[float], list[int]]]:
+        """Per replica (requests, errors, latencies in seconds, batch sizes) since the last call."""
+        out = {}
+        with self._lock:
+            for replica_id, e in self._services.get(service_id, {}).items():
+                out[replica_id] = (e.requests, e.errors, e.latencies, e.batch_sizes)
+                e.requests, e.errors, e.latencies, e.batch_sizes = 0, 0, [], []
+        return out
+
+    # ---- forwarding
+
+    def _notify(self, service_id: str) -> None:
+        loop, event = self._loop, self._changed.get(service_id)
+        if loop is not None and event is not None:
+            loop.call_soon_threadsafe(event.set)
+
+    def _pick(self, service_id: str, avoid: set[str]) -> Endpoint | None:
+        now = time.monotonic()
+        with self._lock:
+            candidates = [
+                e
+                for e in self._services.get(service_id, {}).values()
+                if not e.draining and e.replica_id not in avoid and e.suspect_until <= now
+            ]
+            if not candidates:
+                return None
+            best = min(candidates, key=lambda e: (e.in_flight, e.last_used))
+            best.in_flight += 1
+            best.last_used = now
+            return best
+
+    async def _wait_for_replica(self, service_id: str, avoid: set[str], deadline: float) -> Endpoint:
+        self._loop = asyncio.get_running_loop()
+        event = self._changed.setdefault(service_id, asyncio.Event())
+        woken = False
+        while True:
+            endpoint = self._pick(service_id, avoid)
+            if endpoint is not None:
+                return endpoint
+            if not woken and self.on_cold_start is not None:
+                self.on_cold_start(service_id)  # scale from zero, or at least look at the replicas now
+                woken = True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise NoReplica(
+                    "no ready replica of this service answered in time; retry later",
+                    details={"retry_after": RETRY_AFTER_SECONDS},
+                )
+            event.clear()
+            try:
+                await asyncio.wait_for(event.wait(), timeout=min(left, 0.25))
+            except TimeoutError:
+                pass
+
+    async def predict(self, service_id: str, body: bytes, timeout: float) -> Answer:
+        """Forward a predict body; one retry on another replica when the first one fails mid-request."""
+        self.last_request[service_id] = time.monotonic()
+        deadline = time.monotonic() + timeout
+        tried: set[str] = set()
+        last_error = ""
+        for _ in range(2):
+            endpoint = await self._wait_for_replica(service_id, tried, deadline)
+            tried.add(endpoint.replica_id)
+            started = time.monotonic()
+            try:
+                answer = await self._send(endpoint, body, max(0.1, deadline - started))
+            except httpx.TransportError as exc:
+                last_error = f"replica {endpoint.replica_id}: {type(exc).__name__}"
+                self._done(endpoint, started, error=True, suspect=True)
+                continue
+            if answer.status in (502, 503):  # the replica is going away: another one may answer
+                last_error = f"replica {endpoint.replica_id} answered {answer.status}"
+                self._done(endpoint, started, error=True, suspect=True)
+                continue
+            self._done(endpoint, started, error=answer.status >= 500, batch=answer.batch_size)
+            return answer
+        self.total_errors += 1
+        raise PredictFailed(f"the replicas failed to answer ({last_error}); retry later")
+
+    async def _send(self, endpoint: Endpoint, body: bytes, timeout: float) -> Answer:
+        if self._client is None:
+            limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+            self._client = httpx.AsyncClient(limits=limits, trust_env=False)
+        response = await self._client.post(
+            f"http://127.0.0.1:{endpoint.port}/predict",
+            content=body,
+            headers={"Authorization": f"Bearer {endpoint.secret}", "Content-Type": "application/json"},
+            timeout=timeout,
+        )
+        batch = response.headers.get("x-kiln-batch-size")
+        return Answer(
+            response.status_code,
+            response.content,
+            endpoint.model,
+            endpoint.replica_id,
+            int(batch) if batch and batch.isdigit() else None,
+        )
+
+    def _done(
+        self,
+        endpoint: Endpoint,
+        started: float,
+        *,
+        error: bool = False,
+        suspect: bool = False,
+        batch: int | None = None,
+    ) -> None:
+        elapsed = time.monotonic() - started
+        with self._lock:
+            endpoint.in_flight -= 1
+            endpoint.requests += 1
+            endpoint.errors += int(error)
+            if len(endpoint.latencies) < 100_000:
+                endpoint.latencies.append(elapsed)
+            if batch is not None and len(endpoint.batch_sizes) < 100_000:
+                endpoint.batch_sizes.append(batch)
+            if suspect:
+                endpoint.suspect_until = time.monotonic() + 2.0
+        self.total_requests += 1
+        self.total_errors += int(error)
+        if self.latency_observer is not None:
+            self.latency_observer(elapsed)
+        if batch is not None and self.batch_observer is not None:
+            self.batch_observer(batch)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+
+def outputs_of(answer: Answer) -> Any:
+    """The replica's JSON answer, or a PredictFailed naming what it sent."""
+    try:
+        return json.loads(answer.body)
+    except ValueError:
+        raise PredictFailed(f"replica {answer.replica_id} answered something that is not JSON") from None
