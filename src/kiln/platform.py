@@ -130,6 +130,8 @@ class Platform:
             settings.endpoint,
         )
         self.router.on_cold_start = self.serving.cold_start
+        self.router.latency_observer = self.prometheus.predict_latency.observe
+        self.router.batch_observer = self.prometheus.predict_batch.observe
         self.checkpoints = CheckpointSync(self.db, self.backend, settings.checkpoint_sync_seconds)
         # Every piece of background work is a task of one runner, which /readyz and /metrics report.
         self.tasks = TaskRunner(TaskLeases(self.db, settings.resolved_instance_id), settings.lease_seconds)

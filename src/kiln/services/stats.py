@@ -110,6 +110,20 @@ class ServerMetrics:
             buckets=ADMISSION_BUCKETS,
             registry=self.registry,
         )
+        # Model services' predicts, over all services (no tenant labels on this unauthenticated endpoint; a
+        # service's own numbers are in the metrics store, as points of its replicas' jobs).
+        self.predict_latency = Histogram(
+            "kiln_predict_duration_seconds",
+            "Predict requests the router forwarded: from the router to the replica's answer.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.predict_batch = Histogram(
+            "kiln_predict_batch_size",
+            "Sizes of the batches replicas answered forwarded predicts in.",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096),
+            registry=self.registry,
+        )
         self.registry.register(_DatabaseCollector(db, points_ingested))
 
     def report_tasks(self, status: Callable[[], list[TaskStatus]]) -> None:
