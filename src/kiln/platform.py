@@ -25,11 +25,12 @@ from kiln.services.blobs import BlobService
 from kiln.services.checkpoints import CheckpointSync
 from kiln.services.datasets import DatasetService
 from kiln.services.identity import Credentials, IdentityService
-from kiln.services.inputs import dataset_pinner, input_resolver
+from kiln.services.inputs import dataset_pinner, input_resolver, model_pinner
 from kiln.services.jobs import JobService
 from kiln.services.log_metrics import LogMetrics
 from kiln.services.metrics import MetricsService
 from kiln.services.metrics_ingest import MetricsIngester, MetricsStore
+from kiln.services.models import ModelRegistry
 from kiln.services.outputs import OutputService
 from kiln.services.quotas import QuotaService
 from kiln.services.recovery import announce_offline_actions
@@ -111,7 +112,9 @@ class Platform:
         # Datasets a job reads: pinned at submit, resolved to files when an attempt starts.
         self.jobs.resolve_dataset = dataset_pinner(self.datasets)
         self.jobs.backend_name = self.backend.name
-        self.reconciler.resolve_inputs = input_resolver(self.datasets)
+        self.models = ModelRegistry(self.db, self.store, settings, self.quotas)  # models a job reads, too
+        self.jobs.pin_model = model_pinner(self.models)
+        self.reconciler.resolve_inputs = input_resolver(self.datasets, self.models)
         # Tuning studies: the use cases, and the task that runs their trials as jobs.
         self.study_driver = StudyDriver(self.db, self.jobs, settings.home, self.metrics_ingester.ingest_now)
         self.studies = StudyService(self.db, self.jobs, self.study_driver.wake)

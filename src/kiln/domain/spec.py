@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kiln.domain import limits
+from kiln.domain import models as model_refs
 from kiln.domain.dataset_refs import parse_ref
 from kiln.domain.distributed import DistributedSpec
 from kiln.domain.durations import parse_duration
@@ -244,22 +245,51 @@ def input_env_name(dataset: str) -> str:
 
 
 class InputSpec(_Strict):
-    """A dataset version the job reads: staged (or mounted) read-only at ``path`` before the command runs."""
+    """A dataset version, or a registered model's version, the job reads: staged (or mounted) read-only at
+    ``path`` before the command runs. Exactly one of ``dataset`` and ``model``."""
 
-    dataset: str = Field(
+    dataset: str | None = Field(
+        None,
         max_length=limits.MAX_DATASET_REF_LENGTH,
         description="NAME, NAME@VERSION or NAME@latest; without a version, the latest at submit (then pinned).",
     )
+    model: str | None = Field(
+        None,
+        max_length=model_refs.MAX_MODEL_REF_LENGTH,
+        description="A registered model: NAME@VERSION, NAME@ALIAS or NAME (the latest); pinned to its version "
+        "number at submit.",
+    )
     path: str | None = Field(
-        None, max_length=limits.MAX_PATH_LENGTH, description="Where the job sees it; default /data/NAME."
+        None,
+        max_length=limits.MAX_PATH_LENGTH,
+        description="Where the job sees it; default /data/NAME (a dataset), /models/NAME (a model).",
     )
     mode: Literal["stage", "mount"] = Field("stage", description="Copy into a local cache, or mount (FUSE).")
 
     @field_validator("dataset")
     @classmethod
-    def _dataset(cls, value: str) -> str:
-        parse_ref(value)  # the server's rules, the SDK's and the CLI's: one parser
+    def _dataset(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_ref(value)  # the server's rules, the SDK's and the CLI's: one parser
         return value
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, value: str | None) -> str | None:
+        if value is not None:
+            model_refs.parse_ref(value)
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> InputSpec:
+        if (self.dataset is None) == (self.model is None):
+            raise ValueError("give exactly one of dataset (NAME@VERSION) and model (NAME@VERSION|ALIAS)")
+        return self
+
+    @property
+    def ref(self) -> str:
+        """The dataset's or the model's reference, as given (or pinned)."""
+        return self.dataset if self.dataset is not None else self.model or ""
 
     @field_validator("path")
     @classmethod
@@ -273,11 +303,11 @@ class InputSpec(_Strict):
 
     @property
     def name(self) -> str:
-        return self.dataset.split("@", 1)[0]
+        return self.ref.split("@", 1)[0]
 
     @property
     def where(self) -> str:
-        return self.path or f"/data/{self.name}"
+        return self.path or (f"/data/{self.name}" if self.dataset is not None else f"/models/{self.name}")
 
 
 class JobSpec(_Strict):
@@ -324,7 +354,7 @@ class JobSpec(_Strict):
     )
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Metric collection from logs etc.")
     inputs: list[InputSpec] = Field(
-        default_factory=list, max_length=limits.MAX_INPUTS, description="Datasets the job reads."
+        default_factory=list, max_length=limits.MAX_INPUTS, description="Datasets and models the job reads."
     )
     params: dict[ParamName, ParamValue] = Field(
         default_factory=dict,
@@ -404,13 +434,13 @@ class JobSpec(_Strict):
         seen_env: dict[str, str] = {}
         seen_path: set[str] = set()
         for item in self.inputs:
-            env = input_env_name(item.dataset)
+            env = input_env_name(item.ref)
             if env in seen_env:
-                raise ValueError(f"inputs: {item.dataset!r} and {seen_env[env]!r} would share {env}")
-            seen_env[env] = item.dataset
+                raise ValueError(f"inputs: {item.ref!r} and {seen_env[env]!r} would share {env}")
+            seen_env[env] = item.ref
             where = "/".join(p for p in item.where.split("/") if p)
             if where in seen_path:
-                raise ValueError(f"inputs: two datasets at the same path {item.where!r}")
+                raise ValueError(f"inputs: two inputs at the same path {item.where!r}")
             seen_path.add(where)
         return self
 

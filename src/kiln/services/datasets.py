@@ -37,7 +37,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kiln.db.models import DataBlob, Dataset, DatasetVersion, Job, utcnow
+from kiln.db.models import DataBlob, Dataset, DatasetVersion, Job, ModelFile, utcnow
 from kiln.db.models import (
     DatasetFile as FileRow,
 )
@@ -410,6 +410,10 @@ class DatasetService(UploadService):
             still: set[str] = set()
             for chunk in _chunks(sorted(shas)):
                 still.update(s.scalars(select(FileRow.sha256).where(FileRow.org_id == org, FileRow.sha256.in_(chunk))))
+                # A registered model's files live in the same blobs (kiln.services.models): theirs stay too.
+                still.update(
+                    s.scalars(select(ModelFile.sha256).where(ModelFile.org_id == org, ModelFile.sha256.in_(chunk)))
+                )
             orphans = sorted(shas - still)
             freed = 0
             for chunk in _chunks(orphans):

@@ -17,7 +17,7 @@ from kiln.domain.catalog import Catalog
 from kiln.domain.ids import new_id
 from kiln.domain.job_requests import JobDryRun, JobRerun
 from kiln.domain.schemas import EventRead, JobList, JobRead, JobSubmit
-from kiln.domain.spec import PRIORITIES, JobSpec
+from kiln.domain.spec import PRIORITIES, InputSpec, JobSpec
 from kiln.domain.states import JobState, Reason
 from kiln.errors import Conflict, Forbidden, InvalidInput, NotFound
 from kiln.services.identity import Principal
@@ -151,6 +151,8 @@ class JobService:
         self.backend_name = "local"  # the server's backend: its reconciler places the job
         # (org id, NAME or NAME@VERSION) → (name, version) of a ready dataset version, or NotFound.
         self.resolve_dataset: Callable[[str, str], tuple[str, int]] | None = None
+        # (org id, index, a model input) → the input pinned to a version number (kiln.services.inputs), or a 422.
+        self.pin_model: Callable[[str, int, InputSpec], InputSpec] | None = None
         self.wake = wake
 
     def load(self, s: Session, principal: Principal, job_id: str, *, lock: bool = False) -> Job:
@@ -286,14 +288,19 @@ class JobService:
             raise InvalidInput("inputs: this server keeps no datasets", details={"field": "spec.inputs"})
         pinned = []
         for index, item in enumerate(spec.inputs):
+            if item.model is not None:  # a registered model's version
+                if self.pin_model is None:
+                    raise InvalidInput("inputs: this server keeps no models", details={"field": "spec.inputs"})
+                pinned.append(self.pin_model(principal.org_id, index, item))
+                continue
             try:
-                name, version = self.resolve_dataset(principal.org_id, item.dataset)
+                name, version = self.resolve_dataset(principal.org_id, item.ref)
             except NotFound as exc:
                 # With details the dataset exists but not that version, and the message says which ones do.
                 why = exc.message
                 if not exc.details:
                     why = (
-                        f"no dataset {item.dataset.partition('@')[0]!r} in organisation {principal.org_name} "
+                        f"no dataset {item.name!r} in organisation {principal.org_name} "
                         "(upload it with `kiln data put PATH NAME`)"
                     )
                 raise InvalidInput(
