@@ -24,6 +24,7 @@ from urllib.parse import quote
 from kiln.domain.serving import (
     PredictRequest,
     PredictResponse,
+    ReplicaState,
     ServiceList,
     ServiceRead,
     ServiceSpec,
@@ -44,6 +45,8 @@ Progress = Callable[[int], None]
 # What ``wait_service`` stops at besides the state it waits for: a replica failed (e.g. its model did not load),
 # or the service is going away. Neither turns into the wanted state without a change from someone.
 GIVE_UP_STATES = (ServiceState.DEGRADED, ServiceState.DELETING)
+# Replicas that run or are about to: what a settled service has exactly its wanted number of, all of its revision.
+LIVE_REPLICAS = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.DRAINING)
 SERVICE_TOKEN_PREFIX = "kst."
 PREDICT_SUFFIX = "/predict"
 SERVICES_PATH = "/api/v1/services/"
@@ -85,6 +88,23 @@ def parse_logs(text: str) -> list[LogLine]:
     """The stored log lines of a replica's job (``<time> <O|E|K> <text>``, as ``/jobs/{id}/logs`` serves them)."""
     parser = LogParser()
     return [parser.parse(line) for line in text.split("\n") if line]
+
+
+def settled(service: ServiceRead, wanted: ServiceState, revision: int | None = None) -> bool:
+    """Whether ``service`` is where ``wait_service`` waits for it: in ``wanted``, at ``revision`` or later, and
+    for READY (IDLE) with exactly its desired replicas live and ready (none), every one of that revision. A rolling
+    update's old replicas still draining, or a scale-down's, keep it unsettled. The replica checks apply only
+    where the server lists the replicas."""
+    if service.state is not wanted or (revision is not None and service.revision < revision):
+        return False
+    live = [r for r in service.replicas if r.state in LIVE_REPLICAS]
+    if not service.replicas or wanted not in (ServiceState.READY, ServiceState.IDLE):
+        return True
+    if revision is not None and any(r.revision < revision for r in live):
+        return False
+    if wanted is ServiceState.IDLE:
+        return not live
+    return len(live) == service.desired_replicas and all(r.state is ReplicaState.READY for r in live)
 
 
 def _path(name: str) -> str:
@@ -188,11 +208,13 @@ class ServicesMixin(ClientTransport):
         is shown this once. Send it as ``Authorization: Bearer <token>``, or use ``ServiceClient``."""
         return ServiceToken.model_validate(self.request("POST", f"{_path(name)}/tokens").json())
 
-    def render_service(self, spec: ServiceSpec | dict[str, Any]) -> list[dict[str, Any]]:
+    def render_service(
+        self, spec: ServiceSpec | dict[str, Any], code_sha256: str | None = None
+    ) -> list[dict[str, Any]]:
         """The Kubernetes objects this spec becomes (a Deployment, a Service, and a HorizontalPodAutoscaler with
-        ``autoscale``), as the server renders them with its model registry and runtime catalog. Nothing is
-        created."""
-        data = self.request("POST", "/services:render", json_body=service_body(spec)).json()
+        ``autoscale``), as the server renders them with its model registry and runtime catalog; ``code_sha256``:
+        the bundle a custom predictor's pods would fetch. Nothing is created."""
+        data = self.request("POST", "/services:render", json_body=service_body(spec, code_sha256)).json()
         manifests: list[dict[str, Any]] = data["manifests"]
         return manifests
 
@@ -215,18 +237,20 @@ class ServicesMixin(ClientTransport):
         timeout: float | None = 600.0,
         poll: float = 1.0,
         *,
+        revision: int | None = None,
         give_up_on: Collection[ServiceState | str] = GIVE_UP_STATES,
     ) -> ServiceRead:
-        """Block until the service is in ``state`` (default READY: every wanted replica ready) and return it. It
-        also returns once the service is in one of ``give_up_on`` (default DEGRADED, DELETING: a replica failed,
-        e.g. its model did not load — the replicas' ``message`` says why), so check ``.state``. TimeoutError after
-        ``timeout`` seconds (None: no limit)."""
+        """Block until the service is in ``state`` (default READY: its desired replicas all ready, none other
+        running or draining) and return it; with ``revision`` (``update_service``'s answer's) until every replica
+        is of that revision, i.e. the rolling update is done. It also returns once the service is in one of
+        ``give_up_on`` (default DEGRADED, DELETING: a replica failed, e.g. its model did not load — the replicas'
+        ``message`` says why), so check ``.state``. TimeoutError after ``timeout`` seconds (None: no limit)."""
         wanted = ServiceState(state)
         stop = {ServiceState(s) for s in give_up_on} - {wanted}
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             service = self.get_service(name)
-            if service.state is wanted or service.state in stop:
+            if settled(service, wanted, revision) or service.state in stop:
                 return service
             if deadline is not None and time.monotonic() > deadline:
                 ready = f"{service.ready_replicas}/{service.desired_replicas} replicas ready"

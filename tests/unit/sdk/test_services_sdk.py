@@ -17,7 +17,7 @@ from kiln.auth import signing
 from kiln.domain.serving import ServiceRead, ServiceState
 from kiln.errors import InvalidInput, NotFound, Unavailable
 from kiln.sdk.client import Client
-from kiln.sdk.services import ServiceClient, Services, ServicesMixin, predict_url, service_body
+from kiln.sdk.services import ServiceClient, Services, ServicesMixin, predict_url, service_body, settled
 
 NOW = "2026-12-02T09:00:00Z"
 SPEC: dict[str, Any] = {
@@ -267,6 +267,42 @@ def test_wait_returns_at_the_wanted_state_or_at_a_failed_replica_and_times_out_o
     assert scripted.wait_service("digits", ServiceState.IDLE, poll=0, give_up_on=()).state is ServiceState.IDLE
     with pytest.raises(TimeoutError, match=r"still DEPLOYING after 0s \(0/2 replicas ready\)"):
         ScriptedServices(["DEPLOYING"]).wait_service("digits", timeout=0, poll=0)
+
+
+def replica(state: str, revision: int = 1) -> dict[str, Any]:
+    return {
+        "id": f"rep-{state}-{revision}",
+        "revision": revision,
+        "state": state,
+        "model_version": 3,
+        "created_at": NOW,
+    }
+
+
+@pytest.mark.parametrize(
+    ("state", "at", "replicas", "wanted", "revision", "expected"),
+    [
+        ("READY", 1, [replica("READY"), replica("READY")], "READY", None, True),
+        ("READY", 1, [], "READY", None, True),  # no replicas listed: the server's word
+        # A rolling update to revision 2: an old replica still draining, or any old one left, is not done.
+        ("READY", 2, [replica("READY", 2), replica("READY", 2), replica("DRAINING", 1)], "READY", 2, False),
+        ("READY", 2, [replica("READY", 2), replica("READY", 1)], "READY", 2, False),
+        ("READY", 2, [replica("READY", 2), replica("READY", 2), replica("STOPPED", 1)], "READY", 2, True),
+        ("READY", 1, [replica("READY"), replica("READY")], "READY", 2, False),  # the update not yet recorded
+        # A scale-down to 2 with a third replica still draining; a scale-up with one still starting.
+        ("READY", 1, [replica("READY"), replica("READY"), replica("DRAINING")], "READY", None, False),
+        ("READY", 1, [replica("READY"), replica("STARTING")], "READY", None, False),
+        ("READY", 1, [replica("READY"), replica("READY"), replica("FAILED")], "READY", None, True),
+        ("IDLE", 1, [replica("DRAINING")], "IDLE", None, False),
+        ("IDLE", 1, [replica("STOPPED"), replica("STOPPED")], "IDLE", None, True),
+        ("DEPLOYING", 1, [replica("STARTING")], "READY", None, False),
+    ],
+)
+def test_a_service_is_settled_in_its_state_with_its_replicas_of_its_revision(
+    state: str, at: int, replicas: list[dict[str, Any]], wanted: str, revision: int | None, expected: bool
+) -> None:
+    service = ServiceRead.model_validate(service_json(state, replicas=replicas, revision=at))
+    assert settled(service, ServiceState(wanted), revision) is expected
 
 
 def test_client_services_is_the_same_calls_under_shorter_names() -> None:
