@@ -23,6 +23,7 @@ from kiln.api.routers import (
     datasets,
     jobs,
     metrics,
+    models,
     runtimes,
     scheduling,
     services,
@@ -94,7 +95,7 @@ def create_app(settings: Settings | None = None, platform: Platform | None = Non
     app.add_middleware(SignatureMiddleware)
     app.add_middleware(RequestMetricsMiddleware)  # outermost: times refused requests too
     mounted: list[tuple[str, APIRouter]] = [("", system.health), ("", prometheus_router), ("", docs.router)]
-    modules = (system, blobs, datasets, jobs, studies, services, scheduling, runtimes, metrics)
+    modules = (system, blobs, datasets, models, jobs, studies, services, scheduling, runtimes, metrics)
     api_routers = [module.router for module in modules] + list(tenancy.routers)
     mounted += [(API_PREFIX, router) for router in api_routers]
     for prefix, router in mounted:
