@@ -47,6 +47,7 @@ from kiln.sdk.datasets import DatasetsMixin
 from kiln.sdk.download_marks import mark_download
 from kiln.sdk.job_actions import JobActionsMixin
 from kiln.sdk.logs import LogLine, LogParser
+from kiln.sdk.models import ModelsMixin
 from kiln.sdk.packaging import DEFAULT_MAX_CODE_BYTES, build_bundle
 from kiln.sdk.runtimes import RuntimesMixin
 from kiln.sdk.services import ServicesMixin
@@ -57,7 +58,7 @@ from kiln.settings import ClientSettings
 Progress = Callable[[int], None]
 
 
-class Client(JobActionsMixin, TenancyMixin, DatasetsMixin, RuntimesMixin, StudiesMixin, ServicesMixin):
+class Client(JobActionsMixin, TenancyMixin, DatasetsMixin, ModelsMixin, RuntimesMixin, StudiesMixin, ServicesMixin):
     """A connection to one Kiln server: signed with an access key, or carrying a running job's token."""
 
     def __init__(
