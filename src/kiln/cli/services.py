@@ -391,6 +391,9 @@ def list_services(output: Output = OutputFormat.table) -> None:
     """List your organisation's services."""
     with connect() as client:
         services = client.list_services()
+    if output is OutputFormat.json:  # as the API writes it: a custom predictor's `class` by that name
+        emit_json([service.model_dump(mode="json", by_alias=True) for service in services])
+        return
     emit_list(services, output, services_table, "no services")
 
 

@@ -19,7 +19,14 @@ from kiln.cli import services as render
 from kiln.cli.main import build_app
 from kiln.cli.services import load_service_spec, read_predict_data
 from kiln.cli.spec import SpecError
-from kiln.domain.serving import PredictRequest, PredictResponse, ReplicaRead, ServiceRead, ServiceSpec
+from kiln.domain.serving import (
+    PredictorSpec,
+    PredictRequest,
+    PredictResponse,
+    ReplicaRead,
+    ServiceRead,
+    ServiceSpec,
+)
 
 NOW = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
 SERVICE_YAML = """\
@@ -267,6 +274,12 @@ class StandIn:
         self.calls.append(("update", (name, model)))
         return service("UPDATING", revision=2)
 
+    def list_services(self) -> list[ServiceRead]:
+        self.calls.append(("list", None))
+        custom = service()
+        custom.spec.predictor = PredictorSpec.model_validate({"type": "custom", "class": "predictor:Model"})
+        return [custom]
+
     def predict(self, name: str, inputs: list[Any], parameters: dict[str, Any]) -> PredictResponse:
         self.calls.append(("predict", (name, inputs, parameters)))
         return PredictResponse(outputs=[7] * len(inputs), model="digits@3")
@@ -335,3 +348,12 @@ def test_kiln_services_update_waits_for_the_new_revision(stand_in: StandIn) -> N
     assert "rolling out digits@4 to service digits (revision 2)" in result.output
     refused = invoke("services", "update", "digits", "--model", "digits")
     assert refused.exit_code == 2 and "--model: 'digits': expected NAME@VERSION" in refused.output
+
+
+def test_kiln_services_list_writes_json_as_the_api_does_and_a_table_otherwise(stand_in: StandIn) -> None:
+    listed = invoke("services", "ls", "-o", "json")
+    assert listed.exit_code == 0, listed.output
+    assert json.loads(listed.stdout)[0]["spec"]["predictor"]["class"] == "predictor:Model"
+    table = invoke("services", "list")
+    row = next(line for line in table.stdout.splitlines() if line.startswith("digits"))
+    assert row.split()[:6] == ["digits", "READY", "digits@3", "2/2", "custom", "predictor:Model"]
