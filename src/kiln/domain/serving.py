@@ -149,6 +149,28 @@ class ServiceSpec(_Strict):
         return self.autoscale.max if self.autoscale is not None else self.replicas
 
 
+MODEL_DIR = "/model"  # where a replica finds its model version's files
+
+
+def replica_params(spec: ServiceSpec, model: tuple[str, int]) -> dict[str, Any]:
+    """A replica's configuration (its job's ``params``, read from ``$KILN_PARAMS_FILE`` by kiln.runtime.serve),
+    the same flat scalar keys on every backend; keys without a value are left out."""
+    predictor, batching = spec.predictor, spec.batching
+    schema = predictor.input_schema
+    params: dict[str, Any] = {
+        "model_dir": MODEL_DIR,
+        "model": f"{model[0]}@{model[1]}",
+        "predictor": predictor.type,
+        "class": predictor.class_,
+        "file": predictor.file,
+        "method": predictor.method,
+        "input_schema": schema.model_dump_json() if schema is not None else None,
+        "max_batch_size": batching.max_batch_size if batching is not None else 1,
+        "max_latency_ms": batching.max_latency_ms if batching is not None else 0.0,
+    }
+    return {k: v for k, v in params.items() if v is not None}
+
+
 class ServiceState(StrEnum):
     DEPLOYING = "DEPLOYING"  # no replica ready yet
     READY = "READY"  # every wanted replica is ready
@@ -232,6 +254,12 @@ class ServiceToken(BaseModel):
     service: str
     token: str | None = Field(None, description="Shown once, at creation: send it as 'Authorization: Bearer …'.")
     created_at: datetime
+
+
+class ServiceManifests(BaseModel):
+    """What a service spec renders to on Kubernetes: Secret, ConfigMap, Deployment, Service (+ HPA)."""
+
+    manifests: list[dict[str, Any]]
 
 
 class PredictRequest(BaseModel):

@@ -7,7 +7,6 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Callable
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -16,6 +15,7 @@ from kiln.db.models import Job, Organization, Service, ServiceKey, ServiceReplic
 from kiln.db.session import Database
 from kiln.domain.ids import new_id
 from kiln.domain.serving import (
+    MODEL_DIR,
     ReplicaRead,
     ReplicaState,
     ServiceRead,
@@ -24,6 +24,7 @@ from kiln.domain.serving import (
     ServiceSubmit,
     ServiceToken,
     ServiceUpdate,
+    replica_params,
 )
 from kiln.domain.spec import JobSpec
 from kiln.errors import Conflict, InvalidInput, KilnError, NotFound
@@ -52,21 +53,7 @@ def replica_read(replica: ServiceReplica, job_state: str | None, in_flight: int)
 
 def replica_spec(spec: ServiceSpec, service_id: str, replica_id: str, model: str, version: int) -> JobSpec:
     """The job a replica runs: ``kiln.runtime.serve`` over the model version staged at /model."""
-    predictor = spec.predictor
-    params: dict[str, Any] = {
-        "model_dir": "/model",
-        "model": f"{model}@{version}",
-        "predictor": predictor.type,
-        "method": predictor.method,
-        "max_batch_size": spec.batching.max_batch_size if spec.batching else 1,
-        "max_latency_ms": spec.batching.max_latency_ms if spec.batching else 0.0,
-    }
-    if predictor.class_:
-        params["class"] = predictor.class_
-    if predictor.file:
-        params["file"] = predictor.file
-    if predictor.input_schema is not None:
-        params["input_schema"] = predictor.input_schema.model_dump_json()
+    params = replica_params(spec, (model, version))
     return JobSpec.model_validate(
         {
             "name": f"{spec.name}-replica"[:128],
@@ -76,7 +63,7 @@ def replica_spec(spec: ServiceSpec, service_id: str, replica_id: str, model: str
             "env": spec.env,
             "labels": {**spec.labels, "kiln-service": service_id, "kiln-replica": replica_id},
             "params": params,
-            "inputs": [{"model": f"{model}@{version}", "path": "/model"}],
+            "inputs": [{"model": f"{model}@{version}", "path": MODEL_DIR}],
             "metrics": {"builtin": False, "system": True},
         }
     )
@@ -319,6 +306,12 @@ class ServingService:
             platform_admin=False,
             service_id=service.id,
         )
+
+    def id_for(self, principal: Principal, name: str) -> str:
+        """The id of the caller's service ``name``, or a new one for a service not deployed yet (a preview)."""
+        with self.db.read() as s:
+            existing = s.scalar(select(Service.id).where(Service.org_id == principal.org_id, Service.name == name))
+        return str(existing) if existing is not None else new_id("svc")
 
     def replica_job(self, principal: Principal, name: str, replica_id: str | None) -> str:
         """The job of a replica of the service (the newest one without ``replica_id``), for its log."""

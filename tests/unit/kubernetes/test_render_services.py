@@ -298,7 +298,6 @@ def test_the_replicas_environment_and_params_file() -> None:
         "model_dir": "/model",
         "predictor": "custom",
         "class": "predictor:Model",
-        "file": None,
         "method": "predict",
         "input_schema": '{"shape":[null,3],"dtype":"float64"}',
         "max_batch_size": 4,
@@ -307,16 +306,13 @@ def test_the_replicas_environment_and_params_file() -> None:
     }
     assert params == replica_params(spec, ("digits", 3))
     # Every value is a scalar (a JSON-encoded schema, not an object), as in a local replica's job params.
-    assert all(v is None or isinstance(v, str | int | float) for v in params.values())
+    assert all(isinstance(v, str | int | float) for v in params.values())
     assert replica_params(service(), ("digits", 3)) | {"model": "x"} == {
         "model_dir": "/model",
         "predictor": "sklearn",
-        "class": None,
-        "file": None,
         "method": "predict",
-        "input_schema": None,
         "max_batch_size": 1,
-        "max_latency_ms": 0,
+        "max_latency_ms": 0.0,
         "model": "x",
     }
     # $KILN_PARAMS_FILE is that file, as the projected volume lays it out at /etc/kiln.

@@ -19,6 +19,7 @@ from kiln.domain.serving import (
     PredictRequest,
     PredictResponse,
     ServiceList,
+    ServiceManifests,
     ServiceRead,
     ServiceSubmit,
     ServiceToken,
@@ -36,6 +37,33 @@ ROUTE_TTL = 1.0  # seconds a predict's (caller organisation, name) → service l
 )
 def create_service(body: ServiceSubmit, caller: Caller, kiln: Kiln) -> ServiceRead:
     return kiln.serving.create(caller, body)
+
+
+@router.post(
+    ":render",
+    response_model=ServiceManifests,
+    summary="The Kubernetes objects a service spec renders to (Deployment, Service, HPA...); creates nothing",
+    responses=errors(404, 422),
+)
+def render_service(body: ServiceSubmit, caller: Caller, kiln: Kiln) -> ServiceManifests:
+    from kiln.backends.kubernetes.serving import render_service as render
+    from kiln.backends.kubernetes.settings import kube_config
+
+    caller.require("services:read")
+    model = kiln.models.resolve(caller.org_id, body.spec.model)
+    service_id = kiln.serving.id_for(caller, body.spec.name)
+    cfg = kube_config(kiln.settings.kubernetes)
+    manifests = render(
+        service_id,
+        caller.org_id,
+        body.spec,
+        model,
+        cfg,
+        kiln.catalog,
+        kiln.settings.endpoint,
+        code_sha256=body.code_sha256,
+    )
+    return ServiceManifests(manifests=manifests)
 
 
 @router.get("", response_model=ServiceList, summary="List services")

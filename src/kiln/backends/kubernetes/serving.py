@@ -76,7 +76,7 @@ from kiln.backends.kubernetes.render import (
     _quantity_cpu,
 )
 from kiln.domain.catalog import Catalog
-from kiln.domain.serving import ServiceSpec
+from kiln.domain.serving import MODEL_DIR, ServiceSpec, replica_params
 from kiln.errors import InvalidInput
 
 LABEL_SERVICE = "kiln.io/service"
@@ -84,7 +84,6 @@ LABEL_SERVICE_NAME = "kiln.io/service-name"
 LABEL_REVISION = "kiln.io/revision"
 ANNOTATION_MODEL = "kiln.io/model"
 REPLICA_PORT = 8080
-MODEL_DIR = "/model"  # where the replica finds the version's files, as on the local executor
 MODEL_STAGING = "/kiln/model"  # the same emptyDir, where the init container writes it
 PYLIB = f"{CONF_DIR}/pylib"
 DRAIN_SECONDS = 5  # preStop: time for the Service's endpoints to drop a stopping replica
@@ -148,23 +147,6 @@ def service_url(service_id: str, cfg: KubeConfig) -> str:
     """Where Kiln's router reaches the replicas: the ClusterIP Service's name in the namespace."""
     suffix = f"svc.{cfg.cluster_domain}" if cfg.cluster_domain else "svc"
     return f"http://{service_base(service_id)}.{cfg.namespace}.{suffix}:{REPLICA_PORT}"
-
-
-def replica_params(spec: ServiceSpec, model: tuple[str, int]) -> dict[str, Any]:
-    """The replica's configuration (``$KILN_PARAMS_FILE``): the same flat keys as the local executor's replicas."""
-    predictor, batching = spec.predictor, spec.batching
-    schema = predictor.input_schema
-    return {
-        "model_dir": MODEL_DIR,
-        "predictor": predictor.type,
-        "class": predictor.class_,
-        "file": predictor.file,
-        "method": predictor.method,
-        "input_schema": json.dumps(schema.model_dump(), separators=(",", ":")) if schema is not None else None,
-        "max_batch_size": batching.max_batch_size if batching is not None else 1,
-        "max_latency_ms": batching.max_latency_ms if batching is not None else 0,
-        "model": f"{model[0]}@{model[1]}",
-    }
 
 
 def _image(spec: ServiceSpec, catalog: Catalog) -> str:
