@@ -455,7 +455,8 @@ def logs(
     name: ServiceArg,
     replica: Annotated[str | None, typer.Option("--replica", help="Only this replica's (its id in show).")] = None,
 ) -> None:
-    """The log of the service's replicas: what their predictors printed, and Kiln's lines about them."""
+    """A replica's log (the newest replica's unless --replica names one): what its predictor printed, and Kiln's
+    lines about it."""
     with connect() as client:
         lines = client.service_logs(name, replica)
     for line in lines:
@@ -497,8 +498,9 @@ def render(
     file: Annotated[Path, typer.Option("--file", "-f", dir_okay=False, help="The service spec (service.yaml).")],
     code_sha256: Annotated[str | None, typer.Option(help="A custom predictor's code bundle.")] = None,
 ) -> None:
-    """Print the Kubernetes objects a service spec becomes (YAML): a Deployment, a Service, and with autoscale a
-    HorizontalPodAutoscaler. The server renders them (it resolves the model version); nothing is created."""
+    """Print the Kubernetes objects a service spec becomes (YAML): a Secret, a ConfigMap, a Deployment, a Service,
+    and with autoscale a HorizontalPodAutoscaler. The server renders them (it resolves the model version); nothing
+    is created."""
     from kiln.backends.kubernetes.render import to_yaml
     from kiln.errors import BadRequest, InvalidInput
 

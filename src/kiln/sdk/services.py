@@ -211,9 +211,9 @@ class ServicesMixin(ClientTransport):
     def render_service(
         self, spec: ServiceSpec | dict[str, Any], code_sha256: str | None = None
     ) -> list[dict[str, Any]]:
-        """The Kubernetes objects this spec becomes (a Deployment, a Service, and a HorizontalPodAutoscaler with
-        ``autoscale``), as the server renders them with its model registry and runtime catalog; ``code_sha256``:
-        the bundle a custom predictor's pods would fetch. Nothing is created."""
+        """The Kubernetes objects this spec becomes (a Secret, a ConfigMap, a Deployment, a Service, and a
+        HorizontalPodAutoscaler with ``autoscale``), as the server renders them with its model registry and
+        runtime catalog; ``code_sha256``: the bundle a custom predictor's pods would fetch. Nothing is created."""
         data = self.request("POST", "/services:render", json_body=service_body(spec, code_sha256)).json()
         manifests: list[dict[str, Any]] = data["manifests"]
         return manifests
@@ -225,9 +225,10 @@ class ServicesMixin(ClientTransport):
         response = self.request("POST", f"{_path(name)}/predict", json_body=predict_body(inputs, parameters))
         return PredictResponse.model_validate(response.json())
 
-    def service_logs(self, name: str, replica: str | None = None) -> list[LogLine]:
-        """The log of the service's replicas (of one, with ``replica``: its id as ``get_service`` lists it)."""
-        response = self.request("GET", f"{_path(name)}/logs", params={"replica": replica})
+    def service_logs(self, name: str, replica: str | None = None, offset: int = 0) -> list[LogLine]:
+        """A replica's log (its job's) from byte ``offset``: the newest replica's, or with ``replica`` that one's
+        (its id as ``get_service`` lists it)."""
+        response = self.request("GET", f"{_path(name)}/logs", params={"replica": replica, "offset": offset or None})
         return parse_logs(response.text)
 
     def wait_service(
