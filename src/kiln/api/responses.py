@@ -17,6 +17,8 @@ DESCRIPTIONS = {
     413: "The body, or a size it declares, is over a platform maximum (docs/storage.md lists them).",
     422: "Invalid input: details lists each field with what is wrong with it.",
     429: "Too many requests from this access key; Retry-After says in how many seconds to try again.",
+    502: "What the request was forwarded to failed to answer (a service's replicas, even after one retry).",
+    503: "Nothing can answer now (a service with no ready replica); Retry-After says in how many seconds to retry.",
 }
 # What every signed route (/api/v1) may answer whatever it does: before any route runs, the middleware refuses
 # requests without a valid signature (401), bodies over 16 MiB (413) and callers over their rate (429).
@@ -29,7 +31,7 @@ def errors(*statuses: int, signed: bool = True) -> dict[int | str, dict[str, Any
     out: dict[int | str, dict[str, Any]] = {}
     for status in sorted({*statuses, *(SIGNED if signed else ())}):
         entry: dict[str, Any] = {"model": ErrorBody, "description": DESCRIPTIONS[status]}
-        if status == 429:
+        if status in (429, 503):
             entry["headers"] = _RETRY_AFTER
         out[status] = entry
     return out
