@@ -10,7 +10,9 @@ Its config is the job's params, read from the JSON file ``$KILN_PARAMS_FILE`` (f
 
 It loads the model, listens on a free loopback port, and only then writes ``{"port", "secret", "pid"}`` to
 ``$KILN_WORK_DIR/.kiln-replica.json`` (atomically, mode 0600), which is how Kiln's router finds it. Every request
-must carry ``Authorization: Bearer <secret>`` (other jobs share the loopback):
+must carry ``Authorization: Bearer <secret>`` (other jobs share the loopback). A Kubernetes pod, which a Service
+reaches on a fixed port with a secret from a Secret, sets ``KILN_REPLICA_HOST``, ``KILN_REPLICA_PORT`` and
+``KILN_REPLICA_SECRET`` instead (kiln.backends.kubernetes.serving).
 
 - ``GET /healthz`` → 200 ``{"ready": true}`` (503 ``{"ready": false}`` once draining);
 - ``POST /predict`` ``{"inputs": [...], "parameters": {...}}`` → 200 ``{"outputs": [...]}`` with the header
@@ -133,6 +135,15 @@ def read_config(environ: Mapping[str, str]) -> ServeConfig:
         raise ValueError(f"params ({path}): {exc}") from None
 
 
+def listen_address(environ: Mapping[str, str]) -> tuple[str, int]:
+    """Where to listen: a free loopback port, or ``$KILN_REPLICA_HOST``/``$KILN_REPLICA_PORT`` where set."""
+    host = environ.get("KILN_REPLICA_HOST") or "127.0.0.1"
+    port = environ.get("KILN_REPLICA_PORT") or "0"
+    if not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"KILN_REPLICA_PORT: a port number from 0 to 65535, got {port!r}")
+    return host, int(port)
+
+
 def write_state(directory: Path, state: dict[str, Any]) -> Path:
     """``state`` as ``directory/.kiln-replica.json``, readable by this user only, appearing whole or not at all."""
     path = directory / STATE_FILE
@@ -155,12 +166,20 @@ class ReplicaServer(ThreadingHTTPServer):
     block_on_close = False
     request_queue_size = 256  # a burst of new connections from the router must not be dropped (SYN retries: 1 s)
 
-    def __init__(self, predictor: Predictor, schema: InputSchema | None, batcher: Batcher, model: str) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        secret: str,
+        predictor: Predictor,
+        schema: InputSchema | None,
+        batcher: Batcher,
+        model: str,
+    ) -> None:
         self.predictor = predictor
         self.schema = schema
         self.batcher = batcher
         self.model = model
-        self.secret = secrets.token_urlsafe(32)
+        self.secret = secret
         self.expected = f"Bearer {self.secret}".encode()
         self.cond = threading.Condition()
         self.in_flight = 0
@@ -168,12 +187,12 @@ class ReplicaServer(ThreadingHTTPServer):
         self.answered = 0
         self.failed = 0
         self.error_logged = False
-        super().__init__(("127.0.0.1", 0), ReplicaHandler)
+        super().__init__(address, ReplicaHandler)
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind looks the host's name up (getfqdn): a DNS query a sandbox may wait on.
         socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = "127.0.0.1", self.server_address[1]
+        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
 
     @property
     def port(self) -> int:
@@ -331,6 +350,7 @@ def _exit_now(signum: int, frame: object) -> None:
 def main() -> int:
     try:
         config = read_config(os.environ)
+        address = listen_address(os.environ)
     except ValueError as exc:
         print(f"kiln serve: {exc}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
@@ -358,7 +378,13 @@ def main() -> int:
     batcher = Batcher(
         predictor.predict, config.max_batch_size, config.max_latency_ms, keyed_by_parameters=predictor.takes_parameters
     )
-    server = ReplicaServer(predictor, config.input_schema or predictor.input_schema, batcher, config.model)
+    secret = os.environ.get("KILN_REPLICA_SECRET") or secrets.token_urlsafe(32)
+    schema = config.input_schema or predictor.input_schema
+    try:
+        server = ReplicaServer(address, secret, predictor, schema, batcher, config.model)
+    except OSError as exc:
+        print(f"kiln serve: cannot listen on {address[0]} port {address[1]}: {exc}", file=sys.stderr, flush=True)
+        return 1
     batcher.start()
     threading.Thread(target=server.serve_forever, name="kiln-serve", daemon=True).start()
     state_dir = Path(os.environ.get("KILN_WORK_DIR") or os.getcwd())

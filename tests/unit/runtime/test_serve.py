@@ -57,7 +57,7 @@ class Model:
 class Replica:
     """One ``python -m kiln.runtime.serve`` with the custom predictor above, started in ``root/work``."""
 
-    def __init__(self, root: Path, scale: str | None = "2", **params: Any) -> None:
+    def __init__(self, root: Path, scale: str | None = "2", env: dict[str, str] | None = None, **params: Any) -> None:
         self.work = root / "work"
         self.work.mkdir(parents=True)
         (self.work / "predictor.py").write_text(PREDICTOR)
@@ -69,12 +69,12 @@ class Replica:
         config.update(params)
         params_file = root / "params.json"
         params_file.write_text(json.dumps(config))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
-        env.update(KILN_PARAMS_FILE=str(params_file), KILN_WORK_DIR=str(self.work), PYTHONPATH=SRC)
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+        environ.update(KILN_PARAMS_FILE=str(params_file), KILN_WORK_DIR=str(self.work), PYTHONPATH=SRC, **(env or {}))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kiln.runtime.serve"],
             cwd=self.work,
-            env=env,
+            env=environ,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -106,8 +106,8 @@ class Replica:
 def make_replica(tmp_path: Path):  # type: ignore[no-untyped-def]
     replicas: list[Replica] = []
 
-    def factory(scale: str | None = "2", **params: Any) -> Replica:
-        replica = Replica(tmp_path / f"r{len(replicas)}", scale, **params)
+    def factory(scale: str | None = "2", env: dict[str, str] | None = None, **params: Any) -> Replica:
+        replica = Replica(tmp_path / f"r{len(replicas)}", scale, env, **params)
         replicas.append(replica)
         return replica
 
@@ -144,6 +144,21 @@ def test_every_request_needs_the_secret(make_replica) -> None:
     with replica.client() as client:
         assert client.get("/nowhere").status_code == 404
         assert client.get("/predict").status_code == 405
+
+
+def test_a_pod_gives_the_replica_its_port_and_secret(make_replica) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    replica = make_replica(env={"KILN_REPLICA_PORT": str(port), "KILN_REPLICA_SECRET": "the-pod-secret"})
+    assert (replica.state["port"], replica.state["secret"]) == (port, "the-pod-secret")
+    with replica.client("the-pod-secret") as client:
+        assert client.post("/predict", json={"inputs": [[1, 0, 0]]}).json() == {"outputs": [[2.0]]}
+    bad = make_replica(env={"KILN_REPLICA_PORT": "http"})
+    assert bad.stop() == (
+        serve.EXIT_CONFIG,
+        "kiln serve: KILN_REPLICA_PORT: a port number from 0 to 65535, got 'http'\n",
+    )
 
 
 def test_predict_answers_one_output_per_instance(make_replica) -> None:
