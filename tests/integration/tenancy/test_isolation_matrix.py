@@ -80,6 +80,7 @@ STUDY_SPEC = {
     "max_trials": 1,
 }
 JOB = (("job_id", ("finished", "running", "queued")),)
+FINISHED = (("job_id", ("finished",)),)
 
 # Every route of the API. A route missing here fails the test (see test body).
 ROUTES: dict[tuple[str, str], list[Case]] = {
@@ -215,6 +216,20 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ("GET", "/api/v1/datasets/{name}/versions/{version}/files/{path}"): [Case("scoped", reader="member")],
     ("DELETE", "/api/v1/datasets/{name}/versions/{version}"): [Case("scoped", owner="admin")],
     ("DELETE", "/api/v1/datasets/{name}"): [Case("scoped", owner="admin", last=True)],
+    # Models: another organisation's model reads, is aliased and removed exactly like a missing one; a version
+    # cannot be registered from its job. (Mutating controls in this order: a version registered, the alias moved
+    # and removed, version 1 removed, then the model.)
+    ("GET", "/api/v1/models"): [Case("self", cross=OWN_OK)],
+    ("GET", "/api/v1/models/{model}"): [Case("scoped", reader="member")],
+    ("GET", "/api/v1/models/{model}/versions"): [Case("scoped", reader="member")],
+    ("GET", "/api/v1/models/{model}/versions/{version}"): [Case("scoped", reader="member")],
+    ("POST", "/api/v1/models/{model}/versions"): [
+        Case("scoped", body={"job_id": "{job_id}", "path": "{path}"}, owner="admin", only=FINISHED)
+    ],
+    ("PUT", "/api/v1/models/{model}/aliases/{alias}"): [Case("scoped", body={"version": 1}, owner="admin")],
+    ("DELETE", "/api/v1/models/{model}/aliases/{alias}"): [Case("scoped", owner="admin")],
+    ("DELETE", "/api/v1/models/{model}/versions/{version}"): [Case("scoped", owner="admin")],
+    ("DELETE", "/api/v1/models/{model}"): [Case("scoped", owner="admin", last=True)],
     ("GET", "/api/v1/uploads/config"): [Case("self", cross=OWN_OK)],
     ("POST", "/api/v1/uploads"): [Case("self", body={"sha256": X_SHA, "size": 1}, cross=OWN_OK)],
     ("POST", "/api/v1/uploads/blobs"): [Case("self", body=SMALL_BLOBS, cross=OWN_OK)],
@@ -482,6 +497,7 @@ def snapshot(admin: Api, a: Tenant, a_reader: Api, sha: str) -> dict[str, Any]:
         "datasets": [
             (d, a_reader.ok("GET", f"/datasets/{d['name']}")) for d in a_reader.ok("GET", "/datasets")["items"]
         ],
+        "models": [(m, a_reader.ok("GET", f"/models/{m['name']}")) for m in a_reader.ok("GET", "/models")["items"]],
         "studies": sorted(
             (x["id"], x["state"], x["trials"]["total"], json.dumps(x["spec"], sort_keys=True))
             for x in a_reader.ok("GET", "/studies")["items"]
@@ -550,6 +566,10 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
             "POST", "/uploads", json_body={"sha256": hashlib.sha256(pending).hexdigest(), "size": len(pending)}
         )
         data_client.close()
+        # A model: a version registered from the finished job's artifact, and an alias naming it.
+        model, alias = f"alpha-model-{tag}", f"champion-{tag}"
+        member.ok("POST", f"/models/{model}/versions", json_body={"job_id": finished["id"], "path": artifact})
+        member.ok("PUT", f"/models/{model}/aliases/{alias}", json_body={"version": 1})
         # A study: its one trial waits on the quota behind the running job, so the study stays RUNNING.
         study = member.ok("POST", "/studies", json_body={"spec": {**STUDY_SPEC, "name": f"alpha-study-{tag}"}})
         deadline = time.monotonic() + 30
@@ -575,9 +595,11 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
             "upload_id": [Choice("upload", upload["id"], new_id("up"))],
             "number": [Choice("part", "1", "2")],
             "study_id": [Choice("study", study["id"], new_id("study"))],
+            "model": [Choice("model", model, "no-such-model")],
+            "alias": [Choice("alias", alias, "no-such-alias")],
         }
         sensitive = {a.id, a.name, sha, log_marker, artifact_marker, artifact}
-        sensitive |= {dataset, data_sha, draft["id"], upload["id"], study["id"], study["name"]}
+        sensitive |= {dataset, data_sha, draft["id"], upload["id"], study["id"], study["name"], model, alias}
         sensitive |= {job["id"] for job in (finished, running, queued)}
         for account in a.accounts.values():
             sensitive |= {account.user_id, account.user_name, account.key_id, account.secret}
