@@ -112,7 +112,7 @@ class Platform:
         # Datasets a job reads: pinned at submit, resolved to files when an attempt starts.
         self.jobs.resolve_dataset = dataset_pinner(self.datasets)
         self.jobs.backend_name = self.backend.name
-        self.models = ModelRegistry(self.db, self.store, settings, self.quotas)  # models a job reads, too
+        self.models = ModelRegistry(self.db, self.store, settings, self.quotas, self.metrics_ingester.ingest_now)
         self.jobs.pin_model = model_pinner(self.models)
         self.reconciler.resolve_inputs = input_resolver(self.datasets, self.models)
         # Tuning studies: the use cases, and the task that runs their trials as jobs.

@@ -15,7 +15,7 @@ reads it. Version numbers are never given twice while the model exists.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import delete, func, select
@@ -96,8 +96,18 @@ def parse_version(text: str) -> int | str | None:
 class ModelRegistry:
     """Registered models of every organisation: register, read, alias, resolve and remove."""
 
-    def __init__(self, db: Database, store: ObjectStore, settings: Settings, quotas: QuotaService | None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        store: ObjectStore,
+        settings: Settings,
+        quotas: QuotaService | None,
+        ingest_metrics: Callable[[], object] | None = None,
+    ) -> None:
         self.db = db
+        # Stores the metrics jobs have spooled so far: a version registered the moment its job ended gets the
+        # job's final values in its lineage, not the ones of the ingester's previous pass.
+        self.ingest_metrics = ingest_metrics
         self.store = store
         self.settings = settings
         self.quotas = quotas
@@ -286,6 +296,8 @@ class ModelRegistry:
         principal.require("models:write")
         check_name(name)
         org = principal.org_id
+        if self.ingest_metrics is not None:
+            self.ingest_metrics()
         with self.db.read() as s:
             job = s.scalar(select(Job).where(Job.id == body.job_id, Job.org_id == org))
             if job is None:  # the same answer for another organisation's job as for a missing one
