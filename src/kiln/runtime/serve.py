@@ -357,10 +357,13 @@ def main() -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _exit_now)
     dtype = config.input_schema.dtype if config.input_schema is not None else "float32"
+    model_dir = config.model_dir
+    if not os.path.exists(model_dir):
+        # The local executor stages an input at its path inside the work dir (the replica's cwd): /model → ./model.
+        local = os.path.join(os.getcwd(), model_dir.lstrip("/"))
+        model_dir = local if os.path.exists(local) else model_dir
     try:
-        predictor = load_predictor(
-            config.predictor, config.model_dir, config.file, config.class_path, config.method, dtype
-        )
+        predictor = load_predictor(config.predictor, model_dir, config.file, config.class_path, config.method, dtype)
     except Exception as exc:
         traceback.print_exc()
         where = config.model_dir + (f"/{config.file}" if config.file else "")
