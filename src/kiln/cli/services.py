@@ -274,12 +274,20 @@ def service_detail(service: ServiceRead) -> None:
     )
 
 
-def describe_failure(service: ServiceRead) -> str:
-    """Why a service is not serving as wanted: its state and message, then each failed replica's message."""
+def describe_failure(service: ServiceRead, revision: int | None = None) -> str:
+    """Why a service is not serving as wanted: its state and message, then each failed replica's message (those
+    of ``revision`` or later, if given) that the service's message does not already name."""
     text = f"service {service.name} {service.state}"
     if service.message:
         text += f": {service.message}"
-    failed = [r for r in service.replicas if r.state is ReplicaState.FAILED and r.message]
+    failed = [
+        r
+        for r in service.replicas
+        if r.state is ReplicaState.FAILED
+        and r.message
+        and (revision is None or r.revision >= revision)
+        and r.id not in (service.message or "")
+    ]
     for replica in failed:
         text += f"\n  replica {replica.id} ({replica.job_id or 'no job'}): {replica.message}"
     return text
@@ -289,8 +297,11 @@ def describe_failure(service: ServiceRead) -> str:
 
 
 def wait_live(client: Client, service: ServiceRead, timeout: float, revision: int | None = None) -> NoReturn:
-    """Wait until the service settles (READY, or IDLE at zero replicas), print its replicas, exit 0; exit 1 with
-    each failed replica's message if it turns DEGRADED, 1 on timeout, 130 on Ctrl-C (the service goes on)."""
+    """Wait until the service settles (READY, or IDLE at zero replicas; with ``revision``, every replica of it),
+    print its replicas, exit 0; exit 1 with each failed replica's error if it turns DEGRADED or a replica of the
+    new revision fails before it was ready, 1 on timeout, 130 on Ctrl-C (the service goes on)."""
+    from kiln.sdk.services import settled
+
     wanted = ServiceState.IDLE if service.desired_replicas == 0 else ServiceState.READY
     try:
         final = client.wait_service(service.name, wanted, timeout, revision=revision)
@@ -301,8 +312,10 @@ def wait_live(client: Client, service: ServiceRead, timeout: float, revision: in
         fail(str(exc))
     if final.replicas:
         replicas_table(final)
-    if final.state is not wanted:
-        fail(describe_failure(final))
+    if not settled(final, wanted, revision):
+        if revision is not None and final.state is ServiceState.UPDATING:
+            info("the old replicas keep answering while Kiln starts the new one again (with a growing back-off)")
+        fail(describe_failure(final, revision))
     info(f"service {final.name} {final.state}: {final.model_name}@{final.model_version}, {replicas_wanted(final)}")
     raise typer.Exit(0)
 
@@ -421,7 +434,8 @@ def update(
     timeout: Timeout = 600.0,
 ) -> None:
     """Roll out another model version, one replica at a time: a new replica is ready before an old one drains, so
-    no request is lost. A new replica that fails stops the rollout (the service turns DEGRADED)."""
+    no request is lost. A new replica that fails (its model does not load) is started again with a growing
+    back-off while the old ones keep answering; --wait then exits 1 with its error."""
     from kiln.domain.serving import parse_model_ref
 
     try:

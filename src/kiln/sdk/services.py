@@ -24,6 +24,7 @@ from urllib.parse import quote
 from kiln.domain.serving import (
     PredictRequest,
     PredictResponse,
+    ReplicaRead,
     ReplicaState,
     ServiceList,
     ServiceRead,
@@ -88,6 +89,15 @@ def parse_logs(text: str) -> list[LogLine]:
     """The stored log lines of a replica's job (``<time> <O|E|K> <text>``, as ``/jobs/{id}/logs`` serves them)."""
     parser = LogParser()
     return [parser.parse(line) for line in text.split("\n") if line]
+
+
+def failed_rollout(service: ServiceRead, revision: int) -> list[ReplicaRead]:
+    """The replicas of ``revision`` (or later) that failed before they were ever ready: during a rolling update
+    the service stays UPDATING (its old replicas answer) while such a replica is started again with a growing
+    back-off, so this, not the service's state, says that the new version does not come up (e.g. does not load)."""
+    return [
+        r for r in service.replicas if r.revision >= revision and r.state is ReplicaState.FAILED and r.ready_at is None
+    ]
 
 
 def settled(service: ServiceRead, wanted: ServiceState, revision: int | None = None) -> bool:
@@ -245,13 +255,17 @@ class ServicesMixin(ClientTransport):
         running or draining) and return it; with ``revision`` (``update_service``'s answer's) until every replica
         is of that revision, i.e. the rolling update is done. It also returns once the service is in one of
         ``give_up_on`` (default DEGRADED, DELETING: a replica failed, e.g. its model did not load — the replicas'
-        ``message`` says why), so check ``.state``. TimeoutError after ``timeout`` seconds (None: no limit)."""
+        ``message`` says why) or, with ``revision``, once a replica of that revision failed before it was ever
+        ready (``failed_rollout``); so check ``settled(...)`` or ``.state``. TimeoutError after ``timeout`` seconds
+        (None: no limit)."""
         wanted = ServiceState(state)
         stop = {ServiceState(s) for s in give_up_on} - {wanted}
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             service = self.get_service(name)
             if settled(service, wanted, revision) or service.state in stop:
+                return service
+            if revision is not None and failed_rollout(service, revision):
                 return service
             if deadline is not None and time.monotonic() > deadline:
                 ready = f"{service.ready_replicas}/{service.desired_replicas} replicas ready"

@@ -341,11 +341,23 @@ def test_kiln_serve_uploads_a_custom_predictors_code_and_wait_fails_on_a_replica
 
 
 def test_kiln_services_update_waits_for_the_new_revision(stand_in: StandIn) -> None:
-    stand_in.waited = service("READY", [replica(1, "READY", revision=2, model_version=4)], revision=2)
+    new = [replica(n, "READY", revision=2, model_version=4) for n in (3, 4)]
+    stand_in.waited = service("READY", [replica(1, "STOPPED"), replica(2, "STOPPED"), *new], revision=2)
     result = invoke("services", "update", "digits", "--model", "digits@4", "--wait")
     assert result.exit_code == 0, result.output
     assert stand_in.calls == [("update", ("digits", "digits@4")), ("wait", ("digits", "READY", 2))]
     assert "rolling out digits@4 to service digits (revision 2)" in result.output
+    stand_in.waited = service(
+        "UPDATING",
+        [replica(1, "READY"), replica(2, "FAILED", revision=2, model_version=4, message="cannot load model: EOF")],
+        revision=2,
+        message="rolling out revision 2: 0 of 2 new ready",
+    )
+    failed = invoke("services", "update", "digits", "--model", "digits@4", "--wait")
+    assert failed.exit_code == 1, failed.output
+    assert "service digits UPDATING: rolling out revision 2: 0 of 2 new ready" in failed.output
+    assert "replica rep-2 (job-2): cannot load model: EOF" in failed.output
+    assert "the old replicas keep answering" in failed.output
     refused = invoke("services", "update", "digits", "--model", "digits")
     assert refused.exit_code == 2 and "--model: 'digits': expected NAME@VERSION" in refused.output
 

@@ -17,7 +17,15 @@ from kiln.auth import signing
 from kiln.domain.serving import ServiceRead, ServiceState
 from kiln.errors import InvalidInput, NotFound, Unavailable
 from kiln.sdk.client import Client
-from kiln.sdk.services import ServiceClient, Services, ServicesMixin, predict_url, service_body, settled
+from kiln.sdk.services import (
+    ServiceClient,
+    Services,
+    ServicesMixin,
+    failed_rollout,
+    predict_url,
+    service_body,
+    settled,
+)
 
 NOW = "2026-12-02T09:00:00Z"
 SPEC: dict[str, Any] = {
@@ -245,14 +253,15 @@ def test_tokens_delete_list_and_logs(connect) -> None:
 class ScriptedServices(ServicesMixin):
     """``get_service`` answers from a script, one state per poll: ``wait_service``'s logic without a server."""
 
-    def __init__(self, states: list[str]) -> None:
+    def __init__(self, states: list[str], replicas: list[list[dict[str, Any]]] | None = None) -> None:
         self.states = states
+        self.replicas = replicas or [[] for _ in states]
         self.polls = 0
 
     def get_service(self, name: str) -> ServiceRead:
-        state = self.states[min(self.polls, len(self.states) - 1)]
+        step = min(self.polls, len(self.states) - 1)
         self.polls += 1
-        return ServiceRead.model_validate(service_json(state))
+        return ServiceRead.model_validate(service_json(self.states[step], replicas=self.replicas[step], revision=2))
 
 
 def test_wait_returns_at_the_wanted_state_or_at_a_failed_replica_and_times_out_otherwise() -> None:
@@ -303,6 +312,20 @@ def test_a_service_is_settled_in_its_state_with_its_replicas_of_its_revision(
 ) -> None:
     service = ServiceRead.model_validate(service_json(state, replicas=replicas, revision=at))
     assert settled(service, ServiceState(wanted), revision) is expected
+
+
+def test_waiting_for_a_rollout_stops_at_a_new_replica_that_failed_before_it_was_ready() -> None:
+    loading = [replica("READY", 1), replica("READY", 1), replica("STARTING", 2)]
+    broken = [replica("READY", 1), replica("READY", 1), replica("FAILED", 2) | {"message": "cannot load model"}]
+    scripted = ScriptedServices(["UPDATING", "UPDATING", "UPDATING"], [loading, broken, loading])
+    service = scripted.wait_service("digits", poll=0, revision=2)
+    assert service.state is ServiceState.UPDATING and scripted.polls == 2
+    assert [r.message for r in failed_rollout(service, 2)] == ["cannot load model"]
+    # An old revision's failure, or a new replica that was ready once (it crashed later: replaced), is no verdict.
+    crashed = replica("FAILED", 2) | {"ready_at": NOW}
+    assert failed_rollout(service.model_copy(update={"replicas": [*service.replicas[:2]]}), 2) == []
+    later = ServiceRead.model_validate(service_json("UPDATING", replicas=[replica("FAILED", 1), crashed]))
+    assert failed_rollout(later, 2) == []
 
 
 def test_client_services_is_the_same_calls_under_shorter_names() -> None:
