@@ -7,8 +7,9 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Callable
+from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from kiln.db.models import Job, Organization, Service, ServiceKey, ServiceReplica, User, utcnow
@@ -34,6 +35,7 @@ from kiln.services.jobs import JobService
 CATEGORY = "serve"  # the quota category replicas count against
 TOKEN_PREFIX = "kst"
 ACTIVE_REPLICAS = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.DRAINING)
+FAILED_SHOWN = timedelta(minutes=10)
 
 
 def replica_read(replica: ServiceReplica, job_state: str | None, in_flight: int) -> ReplicaRead:
@@ -101,10 +103,15 @@ class ServingService:
         return service
 
     def _read(self, s: Session, service: Service) -> ServiceRead:
+        # The live replicas, and those that failed in the last FAILED_SHOWN (a model that did not load shows).
+        shown = or_(
+            ServiceReplica.state.in_([str(x) for x in ACTIVE_REPLICAS]),
+            and_(ServiceReplica.state == ReplicaState.FAILED, ServiceReplica.ended_at > utcnow() - FAILED_SHOWN),
+        )
         rows = s.execute(
             select(ServiceReplica, Job.state)
             .outerjoin(Job, Job.id == ServiceReplica.job_id)
-            .where(ServiceReplica.service_id == service.id, ServiceReplica.state.in_([str(x) for x in ACTIVE_REPLICAS]))
+            .where(ServiceReplica.service_id == service.id, shown)
             .order_by(ServiceReplica.created_at)
         ).all()
         replicas = [replica_read(r, state, self.in_flight(service.id, r.id)) for r, state in rows]

@@ -340,6 +340,8 @@ class ServingControl:
         elif old:
             state = ServiceState.UPDATING
             message = f"rolling out revision {service.revision}: {ready} of {service.desired_replicas} new ready"
+            if count:
+                message += f"; {self._last_failure(service_id)}"
         elif ready >= service.desired_replicas:
             state = ServiceState.READY
         elif count:
