@@ -66,6 +66,7 @@ COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     "services": _group("services"),
     "runtimes": _group("runtimes"),
     "data": _group("data"),
+    "models": _group("models"),
     "login": _function("auth", "login"),
     "whoami": _function("auth", "whoami"),
     "orgs": _group("orgs"),
