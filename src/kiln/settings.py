@@ -137,6 +137,20 @@ class Settings(BaseSettings):
 
     worker_threads: int = Field(8, ge=1, description="Threads that run blocking request work (database calls).")
 
+    # Web console (docs/console.md)
+    session_hours: float = Field(
+        12.0,
+        gt=0,
+        le=24 * 30,
+        description="How long a console sign-in lasts; it ends sooner when its access key or user is disabled, "
+        "deleted or expires.",
+    )
+    console_dir: Path | None = Field(
+        None,
+        description="The built console the server serves at / (index.html and assets/). Default: the package's "
+        "kiln/api/console_dist, written by `make console`; without an index.html there the server is API only.",
+    )
+
     # Uploads
     max_blob_bytes: int = Field(
         512 * 1024**2, gt=0, le=limits.MAX_FILE_BYTES, description="Largest code bundle accepted by PUT /blobs (413)."

@@ -13,8 +13,9 @@ from fastapi.routing import APIRoute, APIRouter
 from starlette.routing import Route, compile_path
 
 from kiln import __version__
-from kiln.api import docs
+from kiln.api import docs, session
 from kiln.api.auth import SignatureMiddleware
+from kiln.api.console import ConsoleFallback, console_dir
 from kiln.api.errors import RouteMethods, install_error_handlers
 from kiln.api.prometheus import RequestMetricsMiddleware
 from kiln.api.prometheus import router as prometheus_router
@@ -95,12 +96,14 @@ def create_app(settings: Settings | None = None, platform: Platform | None = Non
     app.add_middleware(SignatureMiddleware)
     app.add_middleware(RequestMetricsMiddleware)  # outermost: times refused requests too
     mounted: list[tuple[str, APIRouter]] = [("", system.health), ("", prometheus_router), ("", docs.router)]
-    modules = (system, blobs, datasets, models, jobs, studies, services, scheduling, runtimes, metrics)
+    modules = (system, session, blobs, datasets, models, jobs, studies, services, scheduling, runtimes, metrics)
     api_routers = [module.router for module in modules] + list(tenancy.routers)
     mounted += [(API_PREFIX, router) for router in api_routers]
     for prefix, router in mounted:
         app.include_router(router, prefix=prefix)
     app.state.route_methods = _route_methods(app, mounted)
+    # The web console answers what no route does (kiln.api.console): a route added later still wins.
+    app.router.default = ConsoleFallback(console_dir(settings), app.router.not_found)
     return app
 
 

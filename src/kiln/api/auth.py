@@ -3,6 +3,11 @@
 A middleware rather than a per-route dependency, so that (1) no route can be added without it, (2) an unsigned
 or tampered request gets 401 before anything reads, parses or validates its body, and (3) every mutating request
 and every refused one lands in the audit trail whatever route it hit.
+
+A request is authenticated by its signature, a bearer token (a job's or a service's), or, with neither, the web
+console's session cookie (kiln.api.session): a request that carries both a signature and the cookie is judged by
+its signature alone. A cookie-authenticated request that changes something must carry the session's CSRF token
+(``X-Kiln-CSRF``), or it is refused with 403 ``csrf`` before any route runs.
 """
 
 from __future__ import annotations
@@ -15,10 +20,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kiln.api import session
 from kiln.auth import signing
 from kiln.auth.ratelimit import RateLimiter
+from kiln.auth.sessions import CSRF_HEADER
 from kiln.domain import limits
-from kiln.errors import KilnError, PayloadTooLarge, RateLimited
+from kiln.errors import Forbidden, KilnError, PayloadTooLarge, RateLimited
 from kiln.services.audit import AuditEntry
 from kiln.services.identity import AuthFailure, Principal
 
@@ -30,6 +37,19 @@ PUBLIC_PATHS = {"/api/v1/openapi.json", "/api/v1/docs", "/api/v1/docs/oauth2-red
 STREAMED_UPLOAD = re.compile(r"/api/v1/blobs/[^/]+|/api/v1/jobs/[^/]+/artifacts/.+")
 MAX_SIGNED_BODY = limits.MAX_SIGNED_BODY_BYTES
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
+# Signing in and out of the console needs no credential but the pair in the body (kiln.api.session checks,
+# rate-limits and audits it); its body is still capped.
+SESSION_OPEN = {("POST", session.SESSION_PATH), ("DELETE", session.SESSION_PATH)}
+SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}  # what a cookie-authenticated request may do without the CSRF token
+CSRF_MISSING = (
+    "this request changes something and is authenticated by the console's session cookie: it needs the header "
+    f"{CSRF_HEADER} with the session's csrf_token (from POST or GET /api/v1/session)"
+)
+CSRF_WRONG = f"the {CSRF_HEADER} header is not this session's csrf_token (GET /api/v1/session has it)"
+
+
+class CsrfRefused(Forbidden):
+    code = "csrf"
 
 
 class SignatureMiddleware:
@@ -42,12 +62,15 @@ class SignatureMiddleware:
         if scope["type"] != "http" or not path.startswith(API_PREFIX) or path in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
-        platform = scope["app"].state.platform
         method = scope["method"]
+        if (method, path) in SESSION_OPEN:
+            await self.app(scope, _capped(receive, MAX_SIGNED_BODY), send)
+            return
+        platform = scope["app"].state.platform
         client = (scope.get("client") or ("-", 0))[0]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            principal, receive = await self._authenticate(scope, receive, headers, platform)
+            principal, receive, console = await self._authenticate(scope, receive, headers, platform)
         except AuthFailure as exc:
             log.warning("401 %s %s from %s: %s %s", method, path, client, exc.reason, exc.log_detail)
             await JSONResponse(exc.to_body(), status_code=401)(scope, receive, send)
@@ -76,7 +99,15 @@ class SignatureMiddleware:
             )
             await response(scope, receive, send)
             return
-        scope.setdefault("state", {})["principal"] = principal
+        state = scope.setdefault("state", {})
+        state["principal"] = principal
+        if console is not None:
+            state["session"] = console
+            if method not in SAFE_METHODS:
+                csrf = headers.get(CSRF_HEADER.lower())
+                if not session.session_keys(scope["app"]).csrf_matches(console.token, csrf):
+                    await self._refuse_csrf(scope, receive, send, principal, client, csrf is None)
+                    return
         if method not in MUTATING:
             await self.app(scope, receive, send)
             return
@@ -117,24 +148,46 @@ class SignatureMiddleware:
             )
             await run_in_threadpool(platform.audit.record, entry)
 
+    async def _refuse_csrf(
+        self, scope: Scope, receive: Receive, send: Send, principal: Principal, client: str, missing: bool
+    ) -> None:
+        method, path = scope["method"], scope.get("path", "")
+        error = CsrfRefused(CSRF_MISSING if missing else CSRF_WRONG)
+        log.warning("403 %s %s from %s: %s csrf token", method, path, client, "no" if missing else "wrong")
+        await JSONResponse(error.to_body(), status_code=403)(scope, receive, send)
+        entry = AuditEntry(
+            action=f"{method} {path}"[:96],
+            resource=path,
+            outcome="denied",
+            status=403,
+            client=client,
+            org_id=principal.org_id,
+            user_id=principal.user_id,
+            key_id=principal.key_id,
+            detail="csrf",
+        )
+        await run_in_threadpool(scope["app"].state.platform.audit.record, entry)
+
     async def _authenticate(
         self, scope: Scope, receive: Receive, headers: dict[str, str], platform: object
-    ) -> tuple[Principal, Receive]:
+    ) -> tuple[Principal, Receive, session.ConsoleSession | None]:
         identity = platform.identity  # type: ignore[attr-defined]
         auth = headers.get("authorization", "")
         method = scope["method"]
         path = scope.get("path", "")
+        streamed = method == "PUT" and STREAMED_UPLOAD.fullmatch(path) is not None
         if auth.startswith("Bearer kst."):  # a service token: it may predict on its service, nothing else
             principal = await run_in_threadpool(platform.serving.authenticate_token, auth[7:].strip())  # type: ignore[attr-defined]
-            return principal, _capped(receive, MAX_SIGNED_BODY)
+            return principal, _capped(receive, MAX_SIGNED_BODY), None
         if auth.startswith("Bearer "):
             principal = await run_in_threadpool(identity.authenticate_job_token, auth[7:].strip())
             # The body is not read here (nothing signs it), so the routes that read it whole (logs, metrics, parts)
             # get it through the same cap as a signed body; the streamed uploads keep their own limits.
-            if method == "PUT" and STREAMED_UPLOAD.fullmatch(path) is not None:
-                return principal, receive
-            return principal, _capped(receive, MAX_SIGNED_BODY)
-        streamed = method == "PUT" and STREAMED_UPLOAD.fullmatch(path) is not None
+            return principal, receive if streamed else _capped(receive, MAX_SIGNED_BODY), None
+        token = None if auth else session.session_cookie(headers)
+        if token is not None:  # the console: no signature, its session cookie (the body is capped as a bearer's)
+            principal, console = await session.authenticate(scope["app"], token)
+            return principal, receive if streamed else _capped(receive, MAX_SIGNED_BODY), console
         body_hash: str | None = None
         if not streamed:
             body = await _read_body(receive)
@@ -153,7 +206,7 @@ class SignatureMiddleware:
         principal = identity.authenticate_nonblocking(**request)
         if principal is None:
             principal = await run_in_threadpool(identity.authenticate, **request)
-        return principal, receive
+        return principal, receive, None
 
 
 async def _read_body(receive: Receive) -> bytes:

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from kiln import __version__
 from kiln.api.app import create_app, start_platform
+from kiln.api.console import NOT_BUILT, console_built, console_dir
 from kiln.api.startup import EXIT_INTERRUPTED, EXIT_USAGE, StartupError, explain, listen_socket, settings_problems
 from kiln.platform import Platform
 from kiln.settings import Settings
@@ -45,6 +46,8 @@ class _Server(uvicorn.Server):
         await super().startup(sockets)
         if self.started:
             log.info("Kiln %s ready on %s (home %s)", __version__, self.settings.endpoint, self.settings.home)
+            if not console_built(console_dir(self.settings)):
+                log.warning("%s: serving the API only (no web console at %s/)", NOT_BUILT, self.settings.endpoint)
 
 
 def serve(settings: Settings, log_level: str = "INFO", debug: bool = False) -> None:

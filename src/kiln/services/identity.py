@@ -398,6 +398,36 @@ class IdentityService:
                 conn.execute(update(AccessKey).where(AccessKey.id == key_id).values(last_used_at=now))
         return key.principal
 
+    def authenticate_key(self, key_id: str, secret: str | None = None, *, blocking: bool = True) -> Principal | None:
+        """The caller behind access key ``key_id`` without a signed request, for the web console: its sign-in
+        (``secret`` given: it must be the key's) and each request of its session (whose token's MAC proved the
+        sign-in). Refused as a signed request would be (AuthFailure): an unknown key, a wrong secret, a disabled
+        key or user, an expired key. Not ``blocking``: None (nothing checked) when that needs the database."""
+        if not signing.ACCESS_KEY_PATTERN.fullmatch(key_id):
+            raise AuthFailure("malformed", "not an access key id", message=failures.NOT_AN_ACCESS_KEY)
+        key = self._key(key_id) if blocking else self._cached_key(key_id)
+        if not blocking and (key is None or time.monotonic() - key.last_used_written > LAST_USED_INTERVAL):
+            return None
+        who: dict[str, Any] = {"key_id": key_id}
+        if key is None:
+            raise AuthFailure("unknown_key", f"unknown key {key_id}", message=failures.unknown_key(key_id), **who)
+        who.update(org_id=key.principal.org_id, user_id=key.principal.user_id)
+        if secret is not None and not hmac.compare_digest(key.secret.encode(), secret.encode("utf-8", "replace")):
+            text = failures.signature_mismatch(key_id)
+            raise AuthFailure("signature", f"key {key_id}: wrong secret", message=text, **who)
+        if not key.enabled or key.user_disabled:
+            text = failures.key_disabled(key_id, user=key.enabled)
+            raise AuthFailure("key_disabled", f"key {key_id}: disabled", message=text, **who)
+        now = utcnow()
+        if key.expires_at is not None and key.expires_at <= now:
+            text = failures.key_expired(key_id, key.expires_at)
+            raise AuthFailure("key_expired", f"key {key_id}: expired", message=text, **who)
+        if time.monotonic() - key.last_used_written > LAST_USED_INTERVAL:  # only when blocking (above)
+            key.last_used_written = time.monotonic()
+            with self.db.engine.begin() as conn:
+                conn.execute(update(AccessKey).where(AccessKey.id == key_id).values(last_used_at=now))
+        return key.principal
+
     def _cached_key(self, key_id: str) -> _CachedKey | None:
         """The cached key if it is fresh, else None (no database access)."""
         cached = self._cache.get(key_id)  # a single dict read: atomic, no lock needed
