@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 KILN_HOST ?= 127.0.0.1
 KILN_PORT ?= 8080
 
-.PHONY: run install dev test lint typecheck unit bench clean services mount-tools sandbox-tools node-tools
+.PHONY: run install dev test lint typecheck unit bench clean services mount-tools sandbox-tools node-tools \
+	console console-tools
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Kiln needs Python >= 3.11"'
@@ -22,11 +23,11 @@ $(VENV)/.dev-installed: $(VENV)/.installed
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@touch $@
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed console
 
 dev: $(VENV)/.dev-installed
 
-run: install sandbox-tools
+run: install sandbox-tools console
 	KILN_HOST=$(KILN_HOST) KILN_PORT=$(KILN_PORT) $(BIN)/kiln server
 
 # PostgreSQL is part of this kind of machine; start it if it is installed but stopped.
@@ -79,6 +80,44 @@ node-tools:
 		fi; \
 	fi
 
+# The web console: console/ (Vite, its lockfile committed) built into the package, src/kiln/api/console_dist, which
+# the server serves at / (docs/console.md). `npm ci` when the lockfile changed, `npm run build` when anything in
+# console/ did. Node.js and npm from the machine, else Debian's packages. Without console/ the server is API only.
+CONSOLE_DIST := src/kiln/api/console_dist
+CONSOLE_STAMP := $(CONSOLE_DIST)/.built
+CONSOLE_DEPS := console/node_modules/.installed
+CONSOLE_SOURCES := $(shell find console -path console/node_modules -prune -o -type f -print 2>/dev/null)
+
+console:
+	@if [ -f console/package.json ]; then \
+		$(MAKE) --no-print-directory $(CONSOLE_STAMP); \
+	else \
+		echo "console/package.json not found: the web console is not built (the server runs API only)"; \
+	fi
+
+$(CONSOLE_DEPS): console/package.json console/package-lock.json | console-tools
+	cd console && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+$(CONSOLE_STAMP): $(CONSOLE_DEPS) $(CONSOLE_SOURCES)
+	@echo "building the web console with Node.js $$(node --version) into $(CONSOLE_DIST)"
+	cd console && npm run build
+	@test -f $(CONSOLE_DIST)/index.html || { echo "npm run build wrote no $(CONSOLE_DIST)/index.html"; exit 1; }
+	@touch $@
+
+console-tools:
+	@if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then \
+		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+			echo "installing nodejs and npm with apt-get (they build the web console, console/)"; \
+			export DEBIAN_FRONTEND=noninteractive; \
+			apt-get install -y -q --no-install-recommends nodejs npm >/dev/null 2>&1 || \
+				{ apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends nodejs npm >/dev/null; }; \
+		else \
+			echo "ERROR: install Node.js and npm (as root: apt-get install nodejs npm) to build the web console"; \
+			exit 1; \
+		fi; \
+	fi
+
 lint: dev
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
@@ -88,7 +127,7 @@ typecheck: dev
 	$(BIN)/mypy
 
 # Two workers (pytest-xdist), a test file at a time each: the suite is mostly waiting on real servers and jobs.
-test: dev services mount-tools sandbox-tools node-tools lint typecheck
+test: dev services mount-tools sandbox-tools node-tools console lint typecheck
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
 
 unit: dev
@@ -98,4 +137,4 @@ bench: install
 	$(BIN)/python benchmarks/submit_latency.py
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache $(CONSOLE_DIST) console/node_modules
