@@ -57,10 +57,20 @@ class Model:
 class Replica:
     """One ``python -m kiln.runtime.serve`` with the custom predictor above, started in ``root/work``."""
 
-    def __init__(self, root: Path, scale: str | None = "2", env: dict[str, str] | None = None, **params: Any) -> None:
+    def __init__(
+        self,
+        root: Path,
+        scale: str | None = "2",
+        env: dict[str, str] | None = None,
+        stage: str | None = None,
+        **params: Any,
+    ) -> None:
         self.work = root / "work"
         self.work.mkdir(parents=True)
         (self.work / "predictor.py").write_text(PREDICTOR)
+        if stage:  # the model as the local executor stages an input at an absolute path: inside the work dir
+            (self.work / stage).mkdir()
+            (self.work / stage / "scale.txt").write_text("3")
         model_dir = root / "model"
         model_dir.mkdir()
         if scale is not None:
@@ -106,8 +116,10 @@ class Replica:
 def make_replica(tmp_path: Path):  # type: ignore[no-untyped-def]
     replicas: list[Replica] = []
 
-    def factory(scale: str | None = "2", env: dict[str, str] | None = None, **params: Any) -> Replica:
-        replica = Replica(tmp_path / f"r{len(replicas)}", scale, env, **params)
+    def factory(
+        scale: str | None = "2", env: dict[str, str] | None = None, stage: str | None = None, **params: Any
+    ) -> Replica:
+        replica = Replica(tmp_path / f"r{len(replicas)}", scale, env, stage, **params)
         replicas.append(replica)
         return replica
 
@@ -159,6 +171,16 @@ def test_a_pod_gives_the_replica_its_port_and_secret(make_replica) -> None:
         serve.EXIT_CONFIG,
         "kiln serve: KILN_REPLICA_PORT: a port number from 0 to 65535, got 'http'\n",
     )
+
+
+def test_an_absolute_model_dir_is_found_under_the_work_dir_where_the_local_executor_stages_it(make_replica) -> None:
+    staged = f"kiln-test-staged-model-{os.getpid()}"
+    assert not Path("/", staged).exists()
+    missing = make_replica(scale=None, model_dir=f"/{staged}")
+    assert missing.ready_line == ""  # nothing at /<staged> nor under the work dir: the load error names the path
+    assert f"from /{staged}: FileNotFoundError" in missing.stop()[1]
+    replica = make_replica(scale=None, model_dir=f"/{staged}", stage=staged)
+    assert replica.predict([[1, 2, 3]]).json() == {"outputs": [[18.0]]}
 
 
 def test_predict_answers_one_output_per_instance(make_replica) -> None:
@@ -364,7 +386,7 @@ def test_the_replica_reads_what_the_domain_writes() -> None:
     """kiln.runtime cannot import kiln.domain: its copy of the spec's bounds and the schema must agree with it."""
     from typing import get_args
 
-    from kiln.domain.serving import Batching, PredictorType
+    from kiln.domain.serving import Batching, PredictorType, ServiceSpec, replica_params
     from kiln.domain.serving import InputSchema as DomainSchema
 
     assert set(serve.PREDICTORS) == set(get_args(PredictorType))
@@ -376,3 +398,24 @@ def test_the_replica_reads_what_the_domain_writes() -> None:
     latency = Batching.model_fields["max_latency_ms"].metadata
     assert [m.le for m in size if hasattr(m, "le")] == [serve.MAX_BATCH_SIZE]
     assert [m.le for m in latency if hasattr(m, "le")] == [serve.MAX_LATENCY_MS]
+    spec = ServiceSpec.model_validate(
+        {
+            "name": "digits",
+            "model": "digits@production",
+            "predictor": {"type": "custom", "class": "predictor:Model", "input_schema": {"shape": [64]}},
+            "batching": {"max_batch_size": 16, "max_latency_ms": 2},
+        }
+    )
+    params = json.loads(json.dumps(replica_params(spec, ("digits", 3))))  # as $KILN_PARAMS_FILE holds them
+    assert serve.ServeConfig.from_params(params) == serve.ServeConfig(
+        predictor="custom",
+        class_path="predictor:Model",
+        input_schema=InputSchema((64,), "float32"),
+        max_batch_size=16,
+        max_latency_ms=2.0,
+        model="digits@3",
+    )
+    plain = ServiceSpec.model_validate({"name": "d", "model": "d@1", "predictor": {"type": "sklearn"}})
+    assert serve.ServeConfig.from_params(replica_params(plain, ("d", 1))) == serve.ServeConfig(
+        predictor="sklearn", model="d@1"
+    )
