@@ -292,9 +292,10 @@ def test_a_cookie_is_useless_on_a_server_with_another_key_and_no_console_means_a
     make_server: Any, postgres_url: str, tmp_path: Path
 ) -> None:
     """Two servers on one database (their keys and users shared): one with KILN_SERVER_KEY, one with its home's
-    own server.key. A session of the first is refused by the second for its MAC, before any key is read."""
+    own server.key. A session of the first is refused by the second for its MAC, before any key is read. The first
+    allows each key a burst of 4 requests: sign-ins, refused ones too, count against it."""
     key = Fernet.generate_key().decode()
-    first = make_server(postgres_url, server_key=key)
+    first = make_server(postgres_url, server_key=key, rate_limit_burst="4", rate_limit_per_second="0.01")
     empty = tmp_path / "no-console"
     empty.mkdir()
     second = make_server(postgres_url, console_dir=str(empty))
@@ -308,6 +309,11 @@ def test_a_cookie_is_useless_on_a_server_with_another_key_and_no_console_means_a
         refused = other.get("/api/v1/jobs", headers={"Cookie": f"{COOKIE}={browser.cookie}"})
         assert_401(refused, "signature")
         assert "not made by this server" in refused.json()["message"]
+        wrong = creds["KILN_SECRET_KEY"][::-1]
+        assert_401(browser.sign_in(creds["KILN_ACCESS_KEY"], wrong), "signature")  # the 3rd request of the key
+        assert browser.get("/api/v1/session").status_code == 200  # the 4th
+        limited = browser.sign_in(creds["KILN_ACCESS_KEY"], creds["KILN_SECRET_KEY"])
+        assert limited.status_code == 429 and int(limited.headers["Retry-After"]) >= 1, limited.text
 
         root = other.get("/")
         assert root.status_code == 404 and "console not built: run `make console`" in root.json()["message"]

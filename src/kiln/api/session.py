@@ -142,7 +142,7 @@ async def _audit(platform: Platform, entry: AuditEntry) -> None:
     summary="Sign in to the console",
     description="Checks an access key pair and sets the console's session cookie (HttpOnly, SameSite=Strict). "
     "Needs no signature: the pair is the credential.",
-    responses=errors(422),
+    responses=errors(400, 422),  # 400: a body that is not JSON
 )
 async def sign_in(body: SessionCreate, request: Request) -> Response:
     platform = platform_of(request)
