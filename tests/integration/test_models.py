@@ -111,6 +111,10 @@ def test_a_jobs_outputs_become_versions_that_a_job_reads_as_inputs(server: KilnS
     assert data_blobs(server) == before + 2
 
     assert client.set_alias("digits", "production", 2).version == 2
+    got = client.request("GET", "/models/tree/versions/latest/files/weights.bin")
+    assert got.content == weights and got.headers["X-Kiln-SHA256"] == sha
+    with pytest.raises(NotFound, match=r"model tree@1 has no file 'nope\.bin'"):
+        client.request("GET", "/models/tree/versions/1/files/nope.bin")
     assert client.model_version("digits@production").version == 2
     shown = client.get_model("digits")
     assert (shown.latest_version, shown.aliases, [v.version for v in shown.items]) == (2, {"production": 2}, [2, 1])

@@ -262,6 +262,26 @@ class ModelRegistry:
             v = self._version(s, model, wanted)
             return self._version_read(s, name, v, self._aliases(s, model.id))
 
+    def file(self, principal: Principal, name: str, ref: str, path: str) -> tuple[str, ModelFileRead]:
+        """(store key of its blob, entry) of one file of a version (by number, alias or ``latest``)."""
+        principal.require("models:read")
+        check_name(name)
+        wanted = parse_version(ref)
+        with self.db.read() as s:
+            v = self._version(s, self._model(s, principal.org_id, name), wanted)
+            row = s.get(ModelFile, (v.id, path))
+            if row is None:
+                raise NotFound(f"model {name}@{v.version} has no file {path!r}")
+            return data_key(principal.org_id, row.sha256), ModelFileRead(
+                path=row.path, size=row.size, sha256=row.sha256
+            )
+
+    def presigned_get(self, key: str, path: str) -> str | None:
+        """A short-lived URL reading the blob straight from the store, when the store gives one (S3)."""
+        if not (self.store.is_s3 and self.settings.storage_presign):
+            return None
+        return self.store.presign_get(key, self.settings.storage_presign_seconds, path.rsplit("/", 1)[-1])
+
     def resolve(self, org_id: str, ref: str) -> tuple[str, int]:
         """``NAME@VERSION``, ``NAME@ALIAS``, ``NAME@latest`` or ``NAME`` of organisation ``org_id`` → (name,
         version number). For the serving control plane and the submit-time pinner; BadRequest for a malformed

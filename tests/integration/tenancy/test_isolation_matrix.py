@@ -230,6 +230,8 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ("GET", "/api/v1/models/{model}"): [Case("scoped", reader="member")],
     ("GET", "/api/v1/models/{model}/versions"): [Case("scoped", reader="member")],
     ("GET", "/api/v1/models/{model}/versions/{version}"): [Case("scoped", reader="member")],
+    # The version's file is named like the artifact it was copied from: one {path} binding serves all three.
+    ("GET", "/api/v1/models/{model}/versions/{version}/files/{path}"): [Case("scoped", reader="member")],
     ("POST", "/api/v1/models/{model}/versions"): [
         Case("scoped", body={"job_id": "{job_id}", "path": "{path}"}, owner="admin", only=FINISHED)
     ],

@@ -1,14 +1,16 @@
-"""The model registry: register a version from a job's outputs, read models and versions (by number, alias or
-``latest``), move aliases, remove versions and models (use cases: kiln.services.models)."""
+"""The model registry: register a version from a job's outputs, read models, versions (by number, alias or
+``latest``) and their files, move aliases, remove versions and models (use cases: kiln.services.models)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 from fastapi import APIRouter, Path
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
 from kiln.api.deps import Caller, Kiln
-from kiln.api.responses import errors, links
+from kiln.api.params import FilePath
+from kiln.api.responses import REDIRECT, errors, links
 from kiln.domain import models as refs
 from kiln.domain.models import (
     AliasRead,
@@ -104,6 +106,25 @@ def model_versions(model: ModelName, caller: Caller, kiln: Kiln) -> ModelVersion
 )
 def get_model_version(model: ModelName, version: VersionRef, caller: Caller, kiln: Kiln) -> ModelVersionRead:
     return kiln.models.version(caller, model, version)
+
+
+@router.get(
+    "/{model}/versions/{version}/files/{path:path}",
+    summary="A file's bytes: streamed, or a 307 redirect to a short-lived store URL (S3)",
+    response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {}}}, **REDIRECT, **errors(400, 404, 422)},
+)
+def model_file(model: ModelName, version: VersionRef, path: FilePath, caller: Caller, kiln: Kiln) -> Response:
+    key, entry = kiln.models.file(caller, model, version, path)
+    headers = {"X-Kiln-SHA256": entry.sha256, "X-Kiln-Size": str(entry.size)}
+    url = kiln.models.presigned_get(key, entry.path)
+    if url is not None:
+        return RedirectResponse(url, status_code=307, headers=headers)
+    kiln.store.size(key)  # 404/503 now, before the response starts
+    headers["Content-Length"] = str(entry.size)
+    return StreamingResponse(
+        kiln.store.iter_bytes(key, 4 * 1024 * 1024), media_type="application/octet-stream", headers=headers
+    )
 
 
 @router.delete(
