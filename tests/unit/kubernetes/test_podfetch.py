@@ -119,3 +119,47 @@ def test_a_restored_checkpoint_of_the_wrong_size_fails_the_pod(tmp_path: Path) -
         assert not (tmp_path / "run" / podfetch.SYNC_STATE).exists()  # nothing recorded as synced
     finally:
         server.shutdown()
+
+
+def test_a_model_input_is_staged_from_its_pinned_version(tmp_path: Path) -> None:
+    """A job's ``inputs: [{model: NAME@VERSION}]`` on Kubernetes: the render lists it in KILN_INPUTS as a model,
+    and the fetcher stages the version's files (checked) where the job reads it."""
+    from kiln.backends.kubernetes.inputs import KubeConfig, RenderInput
+    from kiln.backends.kubernetes.render import render
+    from kiln.domain.spec import JobSpec
+
+    spec = JobSpec.model_validate({"command": "true", "inputs": [{"model": "digits@2", "path": "/model"}]})
+    objects = render(RenderInput("job-1", "org-1", 1, spec, token=TOKEN), KubeConfig())
+    (job,) = [o for o in objects if o["kind"] == "Job"]
+    pod = job["spec"]["template"]["spec"]
+    fetch = next(c for c in pod["initContainers"] if c["name"] == "kiln-fetch")
+    listed = json.loads(next(e["value"] for e in fetch["env"] if e["name"] == "KILN_INPUTS"))
+    main = next(c for c in pod["containers"] if c["name"] == "job")
+    assert [{k: v for k, v in i.items() if k != "dir"} for i in listed] == [{"model": "digits@2"}]
+    assert {"name": "KILN_INPUT_DIGITS", "value": "/model"} in main["env"]
+
+    data = b"weights"
+    seen: list[tuple[str, str | None]] = []
+    manifest = {"files": [{"path": "model.pt", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}]}
+    server = _serve(
+        {
+            "/api/v1/models/digits/versions/2": (200, {}, json.dumps(manifest).encode()),
+            "/api/v1/models/digits/versions/2/files/model.pt": (200, {}, data),
+        },
+        seen,
+    )
+    env = {
+        "KILN_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
+        "KILN_JOB_TOKEN": TOKEN,
+        "KILN_JOB_ID": "job-1",
+        "KILN_INPUTS": json.dumps([{"model": "digits@2", "dir": str(tmp_path / "in0")}]),
+        "PATH": "/usr/bin:/bin",
+    }
+    try:
+        done = subprocess.run([sys.executable, podfetch.__file__], env=env, capture_output=True, timeout=60)
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "in0" / "model.pt").read_bytes() == data
+    assert b"model digits@2" in done.stdout
+    assert all(auth == f"Bearer {TOKEN}" for _, auth in seen) and len(seen) == 2

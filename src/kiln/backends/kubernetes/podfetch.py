@@ -1,4 +1,4 @@
-"""The init container's program: fetch an attempt's code bundle, staged datasets and the job's checkpoints.
+"""The init container's program: fetch an attempt's code bundle, staged inputs and the job's checkpoints.
 
 It is shipped to the pod as a file of the attempt's ConfigMap and run as ``python3 /etc/kiln/podfetch.py`` in the
 init image (setting ``init_image``), so it uses the standard library only and never imports ``kiln``.
@@ -10,7 +10,8 @@ KILN_JOB_TOKEN           the attempt's job token (``Authorization: Bearer``), fr
 KILN_JOB_ID              the job
 KILN_CODE_SHA256         the code bundle's digest; empty: the job has no code bundle
 KILN_WORK_DIR            where the bundle is unpacked
-KILN_INPUTS              JSON ``[{"dataset": "NAME@VERSION", "dir": "/kiln/inputs/0"}, ...]``
+KILN_INPUTS              JSON ``[{"dataset": "NAME@VERSION", "dir": "/kiln/inputs/0"}, ...]``; a model version
+                         the same with ``"model": "NAME@VERSION"`` (pinned at submit: a number)
 KILN_CHECKPOINT_DIR      where the job's stored checkpoints are restored; unset: none are
 KILN_RUN_DIR             the pod's shared run directory: the sync state (:data:`SYNC_STATE`) is kept there
 =======================  =============================================================================
@@ -20,6 +21,8 @@ The bundle comes from ``GET /api/v1/jobs/{id}/code`` (a gzipped tar); its SHA-25
 A dataset version's manifest comes from ``GET /api/v1/datasets/{name}/versions/{version}``, each file from
 ``.../files/{path}``; the server may answer a file with a redirect to a presigned store URL, which is followed
 *without* the bearer token (the store would refuse a second credential, and it must never see the token).
+A model version is staged alike from ``GET /api/v1/models/{name}/versions/{version}`` (its ``files``) and
+``.../files/{path}`` (:func:`fetch_model`; a service replica's init container, ``podmodel.py``, uses it too).
 Every file's size and SHA-256 are checked against the manifest. The checkpoints a previous attempt left in the
 store (``GET /api/v1/jobs/{id}/checkpoints``, then each file, sizes checked) are restored into
 ``KILN_CHECKPOINT_DIR``, so a restarted or preempted job resumes as on the local executor; they are recorded in
@@ -156,6 +159,27 @@ def fetch_dataset(endpoint: str, token: str, ref: str, dest: str) -> int:
     return total
 
 
+def fetch_model(endpoint: str, token: str, ref: str, dest: str) -> tuple[int, int]:
+    """Every file of model version ``ref`` (``NAME@VERSION``) into ``dest``; (files, bytes)."""
+    name, _, version = ref.partition("@")
+    if not name or not version.isdigit():
+        raise SystemExit(f"kiln-fetch: model {ref!r}: expected NAME@VERSION with a version number")
+    base = f"{endpoint}/api/v1/models/{urllib.parse.quote(name, safe='')}/versions/{version}"
+    with _get(base, token) as response:
+        manifest = json.load(response)
+    files = manifest.get("files")
+    if not isinstance(files, list):
+        raise SystemExit(f"kiln-fetch: {base}: the answer lists no files")
+    total = 0
+    for item in files:
+        target = _inside(dest, item["path"])
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        url = f"{base}/files/{urllib.parse.quote(item['path'])}"
+        _download(url, token, target, item.get("sha256"), item.get("size"))
+        total += int(item.get("size", 0))
+    return len(files), total
+
+
 def restore_checkpoints(endpoint: str, token: str, job_id: str, dest: str, run_dir: str) -> tuple[int, int]:
     """The job's stored checkpoints into ``dest`` (sizes checked), recorded as synced; (files, bytes)."""
     with _get(job_url(endpoint, job_id, "checkpoints"), token) as response:
@@ -196,6 +220,10 @@ def main() -> int:
             print(f"kiln-fetch: code {sha256[:12]} unpacked into {work_dir}", flush=True)
         for item in inputs:
             os.makedirs(item["dir"], exist_ok=True)
+            if item.get("model"):
+                _, size = fetch_model(endpoint, token, item["model"], item["dir"])
+                print(f"kiln-fetch: model {item['model']} ({size} bytes) staged", flush=True)
+                continue
             size = fetch_dataset(endpoint, token, item["dataset"], item["dir"])
             print(f"kiln-fetch: dataset {item['dataset']} ({size} bytes) staged", flush=True)
     except SystemExit as exc:

@@ -15,42 +15,21 @@ KILN_WORK_DIR            where the bundle is unpacked (the replica's working dir
 =======================  =============================================================================
 
 The version's manifest comes from ``GET /api/v1/models/{name}/versions/{version}`` (its ``files``: path, size,
-SHA-256 each), every file from ``.../versions/{version}/files/{path}``, exactly as ``podfetch.py`` stages a
-dataset version: a redirect to a presigned store URL is followed *without* the token, and every file's size and
-SHA-256 are checked. Any failure exits non-zero with one line on stderr, so the pod never starts a replica on a
-partial model.
+SHA-256 each), every file from ``.../versions/{version}/files/{path}`` (``podfetch.fetch_model``, which also stages
+a job's model inputs), as ``podfetch.py`` stages a dataset version: a redirect to a presigned store URL is
+followed *without* the token, and every file's size and SHA-256 are checked. Any failure exits non-zero with one
+line on stderr, so the pod never starts a replica on a partial model.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tarfile
-import urllib.parse
 
 import podfetch  # shipped beside this file
 
-
-def fetch_model(endpoint: str, token: str, ref: str, dest: str) -> tuple[int, int]:
-    """Every file of model version ``ref`` (``NAME@VERSION``) into ``dest``; (files, bytes)."""
-    name, _, version = ref.partition("@")
-    if not name or not version.isdigit():
-        raise SystemExit(f"kiln-fetch: KILN_MODEL={ref!r}: expected NAME@VERSION with a version number")
-    base = f"{endpoint}/api/v1/models/{urllib.parse.quote(name, safe='')}/versions/{version}"
-    with podfetch._get(base, token) as response:
-        manifest = json.load(response)
-    files = manifest.get("files")
-    if not isinstance(files, list):
-        raise SystemExit(f"kiln-fetch: {base}: the answer lists no files")
-    total = 0
-    for item in files:
-        target = podfetch._inside(dest, item["path"])
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        url = f"{base}/files/{urllib.parse.quote(item['path'])}"
-        podfetch._download(url, token, target, item.get("sha256"), item.get("size"))
-        total += int(item.get("size", 0))
-    return len(files), total
+fetch_model = podfetch.fetch_model
 
 
 def main() -> int:
@@ -61,6 +40,10 @@ def main() -> int:
     if not (endpoint and token and model):
         print("kiln-fetch: KILN_ENDPOINT, KILN_JOB_TOKEN and KILN_MODEL are needed to stage a model", file=sys.stderr)
         return 2
+    name, _, version = model.partition("@")
+    if not name or not version.isdigit():  # the render pins the version number: never an alias here
+        print(f"kiln-fetch: KILN_MODEL={model!r}: expected NAME@VERSION with a version number", file=sys.stderr)
+        return 1
     model_dir = env.get("KILN_MODEL_DIR", "/kiln/model")
     sha256 = env.get("KILN_CODE_SHA256", "")
     try:

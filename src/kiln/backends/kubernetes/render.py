@@ -280,7 +280,7 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
         **{param_env_name(k): format_param(v) for k, v in spec.params.items()},
     }
     for item in spec.inputs:
-        static_env[input_env_name(item.dataset)] = item.where
+        static_env[input_env_name(item.ref)] = item.where
 
     volumes: list[dict[str, Any]] = [
         {
@@ -316,7 +316,8 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
         volumes.append({"name": f"kiln-input-{i}", "emptyDir": {}})
         mounts.append({"name": f"kiln-input-{i}", "mountPath": item.where, "readOnly": True})
         init_mounts.append({"name": f"kiln-input-{i}", "mountPath": f"{INPUTS_STAGING}/{i}"})
-        fetch_inputs.append({"dataset": item.dataset, "dir": f"{INPUTS_STAGING}/{i}"})
+        source = {"dataset": item.dataset} if item.dataset is not None else {"model": item.model}
+        fetch_inputs.append({**source, "dir": f"{INPUTS_STAGING}/{i}"})
     if res.gpus or dist is not None:  # NCCL and data loaders need more than the runtime's 64 MiB /dev/shm
         volumes.append({"name": "kiln-shm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "kiln-shm", "mountPath": "/dev/shm"})
