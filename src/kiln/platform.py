@@ -122,7 +122,13 @@ class Platform:
         # Model services: the router (in this process) forwards predicts to the replicas the serving task runs.
         self.router = Router()
         self.serving_control = ServingControl(
-            self.db, self.jobs, self.router, self.logs, settings.jobs_dir, spool_writer(self.metrics_store)
+            self.db,
+            self.jobs,
+            self.router,
+            self.logs,
+            settings.jobs_dir,
+            spool_writer(self.metrics_store),
+            self.backend,
         )
         self.serving = ServingService(
             self.db,

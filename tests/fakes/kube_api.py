@@ -2,8 +2,12 @@
 calls through the official ``kubernetes`` client. It is not Kubernetes and checks little: no schema validation,
 no admission, no RBAC, no scheduler or kubelet. What it does implement:
 
-- create / get / list / delete (one, or a collection by label selector) / patch (JSON merge patch) of
-  namespaced secrets, configmaps, services, pods and ``batch/v1`` jobs, and a list of nodes;
+- create / get / list / delete (one, or a collection by label selector) / patch (JSON merge patch) / replace
+  (``PUT``, ``409 Conflict`` on a stale ``resourceVersion``) of namespaced secrets, configmaps, services, pods,
+  ``batch/v1`` jobs, ``apps/v1`` deployments and ``autoscaling/v2`` horizontalpodautoscalers, and a list of nodes;
+  a Secret's ``stringData`` is stored base64-encoded in ``data``, as the API server does;
+- a Deployment's ``metadata.generation`` (1 at create, +1 whenever its ``spec`` changes) and a status that only a
+  test hook sets (:meth:`FakeKubeAPI.set_deployment_ready`): no pods are made for it, no rollout happens;
 - ``409 AlreadyExists`` on a duplicate create, ``404 NotFound`` on a missing object;
 - a global ``resourceVersion`` counter; WATCH (``?watch=true&resourceVersion=N``) as a chunked stream of JSON
   lines ``{"type": "ADDED|MODIFIED|DELETED", "object": ...}``, and an ``ERROR`` event with a 410 ``Expired``
@@ -19,6 +23,8 @@ no admission, no RBAC, no scheduler or kubelet. What it does implement:
 
 from __future__ import annotations
 
+import base64
+import builtins
 import copy
 import json
 import threading
@@ -38,6 +44,8 @@ KINDS = {  # URL plural → kind
     "pods": "Pod",
     "jobs": "Job",
     "nodes": "Node",
+    "deployments": "Deployment",
+    "horizontalpodautoscalers": "HorizontalPodAutoscaler",
 }
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 
@@ -85,6 +93,16 @@ def _merge(target: Any, patch: Any) -> Any:
         else:
             out[key] = _merge(out.get(key), value)
     return out
+
+
+def _written(kind: str, body: Obj) -> Obj:
+    """What the API server stores of a written object: a Secret's ``stringData`` goes into ``data``, base64."""
+    obj = copy.deepcopy(body)
+    if kind == "Secret" and "stringData" in obj:
+        data = obj.setdefault("data", {})
+        for key, value in obj.pop("stringData").items():
+            data[key] = base64.b64encode(str(value).encode()).decode()
+    return obj
 
 
 class ApiError(Exception):
@@ -190,14 +208,15 @@ class FakeKubeAPI:
                 raise ApiError(422, "Invalid", "metadata.name: Required value")
             if (kind, namespace, name) in self.objects:
                 raise ApiError(409, "AlreadyExists", f'{kind.lower()}s "{name}" already exists')
-            obj = copy.deepcopy(body)
-            if kind == "Secret" and "stringData" in obj:
-                obj.setdefault("data", {}).update(obj.pop("stringData"))  # not base64: the fake keeps text
+            obj = _written(kind, body)
             meta = obj["metadata"]
             meta["namespace"] = namespace
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = now_iso()
             obj.setdefault("kind", kind)
+            if kind == "Deployment":
+                meta["generation"] = 1
+                obj["status"] = {}
             obj = self._store(kind, obj, "ADDED")
             if kind == "Job":
                 obj.setdefault("status", {})
@@ -308,6 +327,30 @@ class FakeKubeAPI:
                 pass
         return listed
 
+    def replace(self, kind: str, namespace: str, name: str, body: Obj) -> Obj:
+        """PUT: the object becomes ``body`` (its uid, creation time and status kept; a Deployment's generation
+        grows when its spec changed); ``409 Conflict`` if ``body`` names a resourceVersion that is not the
+        current one."""
+        with self.cond:
+            obj = self.objects.get((kind, namespace, name))
+            if obj is None:
+                raise ApiError(404, "NotFound", f'{kind.lower()}s "{name}" not found')
+            version = (body.get("metadata") or {}).get("resourceVersion")
+            if version and version != obj["metadata"]["resourceVersion"]:
+                raise ApiError(409, "Conflict", f'the object has been modified; {kind.lower()}s "{name}"')
+            new = _written(kind, body)
+            meta = new.setdefault("metadata", {})
+            for key in ("uid", "creationTimestamp", "generation"):
+                if key in obj["metadata"]:
+                    meta[key] = obj["metadata"][key]
+            meta["namespace"], meta["name"] = namespace, name
+            new.setdefault("kind", kind)
+            if "status" in obj:
+                new["status"] = obj["status"]
+            if kind == "Deployment" and new.get("spec") != obj.get("spec"):
+                meta["generation"] = int(obj["metadata"].get("generation", 1)) + 1
+            return copy.deepcopy(self._store(kind, new, "MODIFIED"))
+
     def patch(self, kind: str, namespace: str, name: str, body: Any) -> Obj:
         with self.cond:
             obj = self.objects.get((kind, namespace, name))
@@ -317,6 +360,8 @@ class FakeKubeAPI:
                 raise ApiError(415, "UnsupportedMediaType", "the fake supports merge patches only")
             merged = _merge(obj, body)
             merged["metadata"]["uid"] = obj["metadata"]["uid"]
+            if kind == "Deployment" and merged.get("spec") != obj.get("spec"):
+                merged["metadata"]["generation"] = int(obj["metadata"].get("generation", 1)) + 1
             return copy.deepcopy(self._store(kind, merged, "MODIFIED"))
 
     # -- test hooks ---------------------------------------------------------------------------------
@@ -327,7 +372,7 @@ class FakeKubeAPI:
         allocatable = {"cpu": cpu, "memory": memory, "pods": "110"}
         if gpus:
             allocatable["nvidia.com/gpu"] = str(gpus)
-        node = {
+        node: Obj = {
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
@@ -337,11 +382,26 @@ class FakeKubeAPI:
             node["metadata"]["uid"] = str(uuid.uuid4())
             self._store("Node", node, "ADDED")
 
-    def pods(self, selector: str | None = None, namespace: str = "kiln") -> list[Obj]:
-        return list(self.list("Pod", namespace, selector)["items"])
+    def set_deployment_ready(self, name: str, ready: int, namespace: str = "kiln") -> None:
+        """What a Deployment's controller reports once it has seen the current spec (``observedGeneration``):
+        all of ``spec.replicas`` run the current pod template, ``ready`` of them ready."""
+        with self.cond:
+            deployment = self.objects[("Deployment", namespace, name)]
+            replicas = int((deployment.get("spec") or {}).get("replicas", 1))
+            deployment["status"] = {
+                "observedGeneration": deployment["metadata"]["generation"],
+                "replicas": replicas,
+                "updatedReplicas": replicas,
+                "readyReplicas": ready,
+                "availableReplicas": ready,
+            }
+            self._store("Deployment", deployment, "MODIFIED")
 
-    def jobs(self, selector: str | None = None, namespace: str = "kiln") -> list[Obj]:
-        return list(self.list("Job", namespace, selector)["items"])
+    def pods(self, selector: str | None = None, namespace: str = "kiln") -> builtins.list[Obj]:
+        return builtins.list(self.list("Pod", namespace, selector)["items"])
+
+    def jobs(self, selector: str | None = None, namespace: str = "kiln") -> builtins.list[Obj]:
+        return builtins.list(self.list("Job", namespace, selector)["items"])
 
     def pod(self, job_name: str, index: int = 0, namespace: str = "kiln") -> str:
         """The name of the pod of ``job_name`` at completion index ``index`` (0 for a non-indexed Job)."""
@@ -593,6 +653,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_json(200, self.api.delete_collection(kind, ns or "", query.get("labelSelector")))
             elif method == "PATCH" and name:
                 self._send_json(200, self.api.patch(kind, ns or "", name, self._body()))
+            elif method == "PUT" and name:
+                self._send_json(200, self.api.replace(kind, ns or "", name, self._body()))
             else:
                 raise ApiError(405, "MethodNotAllowed", f"{method} {self.path}")
         except ApiError as exc:
@@ -611,6 +673,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_PATCH(self) -> None:
         self._handle("PATCH")
+
+    def do_PUT(self) -> None:
+        self._handle("PUT")
 
     # -- streams ------------------------------------------------------------------------------------
 

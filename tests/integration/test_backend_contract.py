@@ -51,7 +51,7 @@ DECLARED = {
         "ExtractsMetrics",
         "RuntimeBuilder",
     },
-    "kubernetes": {"SpecValidator", "Preemptible"},
+    "kubernetes": {"SpecValidator", "Preemptible", "ServiceDeployer"},
 }
 
 # The local job: appends its attempt to a checkpoint, writes an output, then waits for the test's word (the

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import abc
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kiln.domain.catalog import Catalog, CatalogEntry
 from kiln.domain.runtime_builds import BuildInfo
+from kiln.domain.serving import ServiceSpec
 from kiln.domain.spec import JobSpec
 
 
@@ -118,6 +119,46 @@ class RuntimeBuilder(abc.ABC):
         """Build the runtime in the background (a build already running through the API is left to run)."""
 
 
+class ServiceAddress(NamedTuple):
+    """Where Kiln's router reaches a deployed service: ``POST {url}/predict`` with ``Authorization: Bearer
+    {secret}``."""
+
+    url: str
+    secret: str
+
+
+class ServiceDeployer(abc.ABC):
+    """Runs a model service's replicas itself, as one object of its own (a Kubernetes Deployment behind a
+    Service), where a backend without it runs each replica as a job. The serving task then applies the service's
+    spec to it, routes predicts to the one URL it answers with, and reads how many replicas are ready; rolling
+    updates, restarts and autoscaling (between the spec's min and max) are the backend's."""
+
+    @abc.abstractmethod
+    def apply_service(
+        self,
+        service_id: str,
+        org_id: str,
+        spec: ServiceSpec,
+        model: tuple[str, int],
+        revision: int,
+        code_sha256: str | None,
+    ) -> ServiceAddress:
+        """Create the service's objects, or replace them with what this spec renders to: a new ``revision``
+        (another model version or spec) rolls its replicas one at a time, ``spec.replicas`` scales them.
+        Idempotent: the same arguments again change nothing. ``model``: the version the spec resolved to (name,
+        number); ``code_sha256``: the code bundle of a custom predictor. Returns where the router sends predicts,
+        with the secret every request carries (the same for every revision of the service)."""
+
+    @abc.abstractmethod
+    def service_ready(self, service_id: str) -> int:
+        """How many replicas of the service's latest applied revision are ready (0 while a new revision has
+        none ready yet, or the service does not exist)."""
+
+    @abc.abstractmethod
+    def delete_service(self, service_id: str) -> None:
+        """Delete every object of the service. Idempotent: deleting what is gone deletes nothing."""
+
+
 CAPABILITIES: tuple[type[abc.ABC], ...] = (
     SpecValidator,
     Preemptible,
@@ -126,6 +167,7 @@ CAPABILITIES: tuple[type[abc.ABC], ...] = (
     JobFiles,
     ExtractsMetrics,
     RuntimeBuilder,
+    ServiceDeployer,
 )
 
 

@@ -15,6 +15,10 @@ Each run, for each service:
    failing before they ever get ready are started again with a growing back-off, and the service is DEGRADED.
 4. **Record** what the router forwarded per replica (requests, errors, latency percentiles, batch sizes) as metric
    points of the replica's job, in the metrics store.
+
+A backend that runs a service's replicas itself (a :class:`~kiln.backends.capabilities.ServiceDeployer`:
+Kubernetes) has no replica jobs: there each service is applied to it, routed and its state told by
+:class:`kiln.services.serving_deployed.DeployedServices` instead.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
+from kiln.backends.base import Backend
+from kiln.backends.capabilities import ServiceDeployer
 from kiln.db.models import Job, Service, ServiceReplica, utcnow
 from kiln.db.session import Database
 from kiln.domain.ids import new_id
@@ -39,6 +45,7 @@ from kiln.domain.states import JobState
 from kiln.services.jobs import JobService, request_cancel
 from kiln.services.metrics_parse import parse_lines
 from kiln.services.serving import ACTIVE_REPLICAS, CATEGORY, replica_spec
+from kiln.services.serving_deployed import DeployedServices
 from kiln.services.serving_router import Endpoint, Router
 from kiln.services.tasks import Task, TaskContext
 from kiln.storage.logs import LogStore
@@ -66,6 +73,7 @@ class ServingControl:
         logs: LogStore,
         jobs_dir: Path,
         record_metrics: Callable[[str, bytes], object] | None = None,
+        backend: Backend | None = None,
     ) -> None:
         self.db = db
         self.jobs = jobs
@@ -77,6 +85,10 @@ class ServingControl:
         self._failures: dict[str, tuple[int, float]] = {}  # service id → (failures in a row, not before)
         self._load_samples: dict[str, list[tuple[float, int]]] = {}  # service id → (time, requests in flight)
         self._started = time.monotonic()
+        # The backend runs the replicas itself (Kubernetes): none of the replica jobs below.
+        self._deployed = (
+            DeployedServices(db, backend, router, backend.name) if isinstance(backend, ServiceDeployer) else None
+        )
 
     def task(self) -> Task:
         return self._task
@@ -90,7 +102,10 @@ class ServingControl:
         for service_id in ids:
             if ctx.stopping.is_set():
                 return
-            self._drive(service_id)
+            if self._deployed is not None:
+                self._deployed.drive(service_id)
+            else:
+                self._drive(service_id)
 
     def _load(self, service_id: str) -> tuple[Service, list[_Replica]] | None:
         with self.db.read() as s:

@@ -7,6 +7,10 @@ mid-request (connection refused or reset, or it answers 502/503) is marked suspe
 more to another replica; a request with no ready replica waits for one up to the service's request timeout
 (a cold start from zero replicas), then gets 503 with ``Retry-After``.
 
+A service whose backend runs its replicas itself (a Kubernetes Deployment behind a Service) is one endpoint with
+a ``base_url``: the cluster balances between its pods, and a request that failed on it is retried once on the
+same URL (another pod answers it), where a local replica's failure marks it suspect.
+
 The router keeps per replica what it forwarded (requests, errors, latencies, batch sizes) for the serving task to
 record into the metrics store, and process-wide aggregates for ``/metrics``.
 """
@@ -45,6 +49,7 @@ class Endpoint:
     port: int
     secret: str
     model: str  # NAME@VERSION it serves
+    base_url: str | None = None  # a backend's own address for the service (Kubernetes); None: 127.0.0.1:port
     draining: bool = False
     in_flight: int = 0
     last_used: float = 0.0
@@ -86,8 +91,13 @@ class Router:
         with self._lock:
             replicas = self._services.setdefault(service_id, {})
             known = replicas.get(endpoint.replica_id)
-            if known is not None and (known.port, known.secret) == (endpoint.port, endpoint.secret):
+            if known is not None and (known.port, known.secret, known.base_url) == (
+                endpoint.port,
+                endpoint.secret,
+                endpoint.base_url,
+            ):
                 known.draining = endpoint.draining
+                known.model = endpoint.model  # a backend's endpoint rolls to another version in place
                 return
             replicas[endpoint.replica_id] = endpoint
         self._notify(service_id)
@@ -181,17 +191,18 @@ class Router:
         last_error = ""
         for _ in range(2):
             endpoint = await self._wait_for_replica(service_id, tried, deadline)
-            tried.add(endpoint.replica_id)
+            if endpoint.base_url is None:  # a backend's Service: the retry goes there too, to another pod
+                tried.add(endpoint.replica_id)
             started = time.monotonic()
             try:
                 answer = await self._send(endpoint, body, max(0.1, deadline - started))
             except httpx.TransportError as exc:
                 last_error = f"replica {endpoint.replica_id}: {type(exc).__name__}"
-                self._done(endpoint, started, error=True, suspect=True)
+                self._done(endpoint, started, error=True, suspect=endpoint.base_url is None)
                 continue
             if answer.status in (502, 503):  # the replica is going away: another one may answer
                 last_error = f"replica {endpoint.replica_id} answered {answer.status}"
-                self._done(endpoint, started, error=True, suspect=True)
+                self._done(endpoint, started, error=True, suspect=endpoint.base_url is None)
                 continue
             self._done(endpoint, started, error=answer.status >= 500, batch=answer.batch_size)
             return answer
@@ -202,8 +213,9 @@ class Router:
         if self._client is None:
             limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
             self._client = httpx.AsyncClient(limits=limits, trust_env=False)
+        base = endpoint.base_url.rstrip("/") if endpoint.base_url else f"http://127.0.0.1:{endpoint.port}"
         response = await self._client.post(
-            f"http://127.0.0.1:{endpoint.port}/predict",
+            f"{base}/predict",
             content=body,
             headers={"Authorization": f"Bearer {endpoint.secret}", "Content-Type": "application/json"},
             timeout=timeout,

@@ -26,6 +26,9 @@
   docs/kubernetes.md.
 - ``nodes``: the cluster's nodes (allocatable cpu, memory, ``nvidia.com/gpu``, labels), listed at most every
   ``node_refresh`` seconds.
+- Model services (:class:`~kiln.backends.capabilities.ServiceDeployer`): a service is a Deployment behind a
+  ClusterIP Service (+ an HPA), not jobs; :class:`~kiln.backends.kubernetes.service_objects.ServiceObjects`
+  applies, reads and deletes them.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from typing import Any, Self
 from kubernetes import client
 
 from kiln.backends.base import AttemptStatus, Backend, BackendDeps, Inventory, Launch, Phase
-from kiln.backends.capabilities import Preemptible, SpecValidator
+from kiln.backends.capabilities import Preemptible, ServiceAddress, ServiceDeployer, SpecValidator
 from kiln.backends.kubernetes.gang import new_ssh_keypair
 from kiln.backends.kubernetes.inputs import KubeConfig, RenderInput
 from kiln.backends.kubernetes.kubeapi import KubeObjects
@@ -58,8 +61,11 @@ from kiln.backends.kubernetes.names import (
 )
 from kiln.backends.kubernetes.podlogs import TERMINAL, PodLogs, iter_lines
 from kiln.backends.kubernetes.render import GPU_RESOURCE, render
+from kiln.backends.kubernetes.service_objects import ServiceObjects
 from kiln.backends.kubernetes.settings import api_client, kube_config
 from kiln.backends.kubernetes.status import status_from
+from kiln.domain.catalog import Catalog
+from kiln.domain.serving import ServiceSpec
 from kiln.domain.spec import JobSpec
 from kiln.errors import BackendError, InvalidInput
 from kiln.storage.logs import LogStore
@@ -99,7 +105,7 @@ class _Attempt:
     ended: bool = False  # its Jobs were deleted because the attempt ended (the rest of a gang)
 
 
-class KubernetesBackend(Backend, SpecValidator, Preemptible):
+class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer):
     """Not :class:`~kiln.backends.capabilities.ExtractsMetrics` (no shim in a pod: the server extracts metrics
     from the logs it streams in), nor an output or checkpoint collector (the pods' sidecars upload them)."""
 
@@ -117,6 +123,7 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible):
             state_dir=settings.home / "kubernetes",
             image_pull_grace=kube.image_pull_grace,
             wake=deps.wake,
+            catalog=deps.catalog,
         )
 
     def __init__(
@@ -132,6 +139,7 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible):
         node_refresh: float = 30.0,
         wake: Callable[[str | None], None] | None = None,
         fallback_nodes: list[Inventory] | None = None,
+        catalog: Catalog | None = None,
     ) -> None:
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
@@ -140,6 +148,7 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible):
         self.cfg = config
         self.namespace = config.namespace
         self._kube = KubeObjects(self.core, self.batch, self.custom, self.namespace)
+        self._services = ServiceObjects(api_client, self._kube, config, catalog, endpoint or "http://kiln:8080")
         self.endpoint = endpoint
         self.logs = logs
         self.image_pull_grace = image_pull_grace
@@ -408,6 +417,25 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible):
         selector = cleanup_selector(attempt.job_id, attempt.attempt)
         for kind in ("Job", "Pod", "Service", "ConfigMap", "Secret"):
             self._kube.delete_matching(kind, selector, "Background" if kind == "Job" else None)
+
+    # -- model services -------------------------------------------------------------------------------------------
+
+    def apply_service(
+        self,
+        service_id: str,
+        org_id: str,
+        spec: ServiceSpec,
+        model: tuple[str, int],
+        revision: int,
+        code_sha256: str | None,
+    ) -> ServiceAddress:
+        return self._services.apply(service_id, org_id, spec, model, revision, code_sha256)
+
+    def service_ready(self, service_id: str) -> int:
+        return self._services.ready(service_id)
+
+    def delete_service(self, service_id: str) -> None:
+        self._services.delete(service_id)
 
     # -- nodes ----------------------------------------------------------------------------------------------
 
