@@ -75,6 +75,13 @@ class Case:
 
 
 OWN_OK = frozenset({200, 201, 204, 403})
+SERVICE_SPEC = {
+    "name": "x",
+    "model": "x@1",
+    "predictor": {"type": "sklearn"},
+    "replicas": 0,
+    "runtime": {"python": sys.executable},
+}
 STUDY_SPEC = {
     "trial": job_spec("true"),
     "parameters": {"x": {"type": "int", "low": 1, "high": 2}},
@@ -226,6 +233,21 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     # Models: another organisation's model reads, is aliased and removed exactly like a missing one; a version
     # cannot be registered from its job. (Mutating controls in this order: a version registered, the alias moved
     # and removed, version 1 removed, then the model.)
+    # Model services (before the models: deleting A's service, last, lets the model it serves go too). A's
+    # service has no replica (replicas: 0): a predict by B or A's viewer is refused before any cold start.
+    ("POST", "/api/v1/services"): [
+        Case("scoped", body={"spec": {**SERVICE_SPEC, "name": "intruder-svc", "model": "{served}@1"}}, owner="admin")
+    ],
+    ("POST", "/api/v1/services:render"): [
+        Case("scoped", body={"spec": {**SERVICE_SPEC, "name": "intruder-svc", "model": "{served}@1"}}, owner="admin")
+    ],
+    ("GET", "/api/v1/services"): [Case("self", cross=OWN_OK)],
+    ("GET", "/api/v1/services/{service}"): [Case("scoped", reader="member")],
+    ("PATCH", "/api/v1/services/{service}"): [Case("scoped", body={"replicas": 0}, owner="admin")],
+    ("POST", "/api/v1/services/{service}/tokens"): [Case("scoped", owner="admin")],
+    ("GET", "/api/v1/services/{service}/logs"): [Case("scoped")],  # no replica ran: A's reader gets 404 too
+    ("POST", "/api/v1/services/{service}/predict"): [Case("scoped", body={"inputs": [[0.0]]})],
+    ("DELETE", "/api/v1/services/{service}"): [Case("scoped", owner="admin", last=True)],
     ("GET", "/api/v1/models"): [Case("self", cross=OWN_OK)],
     ("GET", "/api/v1/models/{model}"): [Case("scoped", reader="member")],
     ("GET", "/api/v1/models/{model}/versions"): [Case("scoped", reader="member")],
@@ -509,6 +531,10 @@ def snapshot(admin: Api, a: Tenant, a_reader: Api, sha: str) -> dict[str, Any]:
             (d, a_reader.ok("GET", f"/datasets/{d['name']}")) for d in a_reader.ok("GET", "/datasets")["items"]
         ],
         "models": [(m, a_reader.ok("GET", f"/models/{m['name']}")) for m in a_reader.ok("GET", "/models")["items"]],
+        "services": sorted(
+            (x["id"], x["name"], x["state"], x["desired_replicas"], x["model_version"], x["revision"])
+            for x in a_reader.ok("GET", "/services")["items"]
+        ),
         "studies": sorted(
             (x["id"], x["state"], x["trials"]["total"], json.dumps(x["spec"], sort_keys=True))
             for x in a_reader.ok("GET", "/studies")["items"]
@@ -581,6 +607,12 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
         model, alias = f"alpha-model-{tag}", f"champion-{tag}"
         member.ok("POST", f"/models/{model}/versions", json_body={"job_id": finished["id"], "path": artifact})
         member.ok("PUT", f"/models/{model}/aliases/{alias}", json_body={"version": 1})
+        # A service of another model (the model routes remove theirs), with no replica.
+        served, service = f"alpha-served-{tag}", f"alpha-svc-{tag}"
+        member.ok("POST", f"/models/{served}/versions", json_body={"job_id": finished["id"], "path": artifact})
+        svc = member.ok(
+            "POST", "/services", json_body={"spec": {**SERVICE_SPEC, "name": service, "model": f"{served}@1"}}
+        )
         # A study: its one trial waits on the quota behind the running job, so the study stays RUNNING.
         study = member.ok("POST", "/studies", json_body={"spec": {**STUDY_SPEC, "name": f"alpha-study-{tag}"}})
         deadline = time.monotonic() + 30
@@ -608,9 +640,12 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
             "study_id": [Choice("study", study["id"], new_id("study"))],
             "model": [Choice("model", model, "no-such-model")],
             "alias": [Choice("alias", alias, "no-such-alias")],
+            "served": [Choice("served-model", served, "no-such-model")],
+            "service": [Choice("service", service, "no-such-service")],
         }
         sensitive = {a.id, a.name, sha, log_marker, artifact_marker, artifact}
         sensitive |= {dataset, data_sha, draft["id"], upload["id"], study["id"], study["name"], model, alias}
+        sensitive |= {served, service, svc["id"]}
         sensitive |= {job["id"] for job in (finished, running, queued)}
         for account in a.accounts.values():
             sensitive |= {account.user_id, account.user_name, account.key_id, account.secret}

@@ -49,7 +49,7 @@ def render_service(body: ServiceSubmit, caller: Caller, kiln: Kiln) -> ServiceMa
     from kiln.backends.kubernetes.serving import render_service as render
     from kiln.backends.kubernetes.settings import kube_config
 
-    caller.require("services:read")
+    caller.require("services:write")  # what a deploy would create: for those who may deploy
     model = kiln.models.resolve(caller.org_id, body.spec.model)
     service_id = kiln.serving.id_for(caller, body.spec.name)
     cfg = kube_config(kiln.settings.kubernetes)
@@ -71,73 +71,77 @@ def list_services(caller: Caller, kiln: Kiln) -> ServiceList:
     return ServiceList(items=kiln.serving.list_services(caller))
 
 
-@router.get("/{name}", response_model=ServiceRead, responses=errors(404, 422))
-def get_service(name: ServiceName, caller: Caller, kiln: Kiln) -> Response:
-    return model_response(kiln.serving.get(caller, name))
+@router.get("/{service}", response_model=ServiceRead, responses=errors(404, 422))
+def get_service(service: ServiceName, caller: Caller, kiln: Kiln) -> Response:
+    return model_response(kiln.serving.get(caller, service))
 
 
 @router.patch(
-    "/{name}",
+    "/{service}",
     response_model=ServiceRead,
     summary="Roll out another model version or spec (one replica at a time), or scale",
     responses=errors(404, 422),
 )
-def update_service(name: ServiceName, body: ServiceUpdate, caller: Caller, kiln: Kiln) -> ServiceRead:
-    return kiln.serving.update(caller, name, body)
+def update_service(service: ServiceName, body: ServiceUpdate, caller: Caller, kiln: Kiln) -> ServiceRead:
+    return kiln.serving.update(caller, service, body)
 
 
 @router.delete(
-    "/{name}", status_code=204, response_class=Response, summary="Delete (its replicas stop)", responses=errors(404)
+    "/{service}",
+    status_code=204,
+    response_class=Response,
+    summary="Delete (its replicas stop)",
+    responses=errors(404, 422),
 )
-def delete_service(name: ServiceName, caller: Caller, kiln: Kiln) -> Response:
-    kiln.serving.delete(caller, name)
+def delete_service(service: ServiceName, caller: Caller, kiln: Kiln) -> Response:
+    kiln.serving.delete(caller, service)
     return Response(status_code=204)
 
 
 @router.post(
-    "/{name}/tokens",
+    "/{service}/tokens",
     response_model=ServiceToken,
     status_code=201,
     summary="A token that may predict on this service and do nothing else (its secret is shown once)",
     responses=errors(404, 422),
 )
-def create_service_token(name: ServiceName, caller: Caller, kiln: Kiln) -> ServiceToken:
-    return kiln.serving.create_token(caller, name)
+def create_service_token(service: ServiceName, caller: Caller, kiln: Kiln) -> ServiceToken:
+    return kiln.serving.create_token(caller, service)
 
 
 @router.get(
-    "/{name}/logs",
+    "/{service}/logs",
     summary="A replica's log lines (the newest replica's by default)",
     response_class=Response,
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **errors(404, 422)},
 )
 def service_logs(
-    name: ServiceName,
+    service: ServiceName,
     caller: Caller,
     kiln: Kiln,
     replica: Annotated[str | None, Query(max_length=limits.MAX_ID_LENGTH, description="A replica id")] = None,
     offset: Annotated[int, Query(ge=0, le=limits.MAX_INT64)] = 0,
 ) -> Response:
-    job_id = kiln.serving.replica_job(caller, name, replica)
+    job_id = kiln.serving.replica_job(caller, service, replica)
     data, next_offset, ended = kiln.outputs.read_log(caller, job_id, offset, limits.MAX_LOG_READ_BYTES)
     headers = {"X-Kiln-Next-Offset": str(next_offset), "X-Kiln-Job-Ended": "true" if ended else "false"}
     return Response(data, media_type="text/plain", headers=headers)
 
 
 @router.post(
-    "/{name}/predict",
+    "/{service}/predict",
     response_model=PredictResponse,
     summary="Predict: forwarded to a ready replica (least outstanding requests; one retry if it dies)",
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": PREDICT_SCHEMA}}}},
     responses=errors(404, 422, 502, 503),
 )
-async def predict(name: ServiceName, request: Request) -> Response:
+async def predict(service: ServiceName, request: Request) -> Response:
     caller, kiln = caller_of(request), platform_of(request)
     caller.require("services:predict")  # before the cache: a viewer's request never reuses a member's lookup
-    key = (caller.org_id, caller.service_id, name)
+    key = (caller.org_id, caller.service_id, service)
     cached = _routes.get(key)
     if cached is None or cached[2] < time.monotonic():
-        service_id, timeout = await run_in_threadpool(kiln.serving.route, caller, name)
+        service_id, timeout = await run_in_threadpool(kiln.serving.route, caller, service)
         _routes[key] = (service_id, timeout, time.monotonic() + ROUTE_TTL)
         if len(_routes) > 10_000:
             _routes.clear()
