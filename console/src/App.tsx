@@ -1,0 +1,164 @@
+import type { ComponentChildren } from "preact";
+import { useEffect, useState } from "preact/hooks";
+import { onUnauthorized, request } from "./api";
+import { Link, match, navigate, useLocation } from "./router";
+import { setSession, useAbilities, useSession } from "./session";
+import type { SessionBody } from "./types";
+import { Admin } from "./pages/Admin";
+import { DatasetDetail, Datasets } from "./pages/Datasets";
+import { JobDetail } from "./pages/JobDetail";
+import { Jobs } from "./pages/Jobs";
+import { JobSubmit } from "./pages/JobSubmit";
+import { ModelDetail, Models } from "./pages/Models";
+import { Overview } from "./pages/Overview";
+import { ServiceDetail, Services } from "./pages/Services";
+import { SignIn } from "./pages/SignIn";
+import { Studies, StudyDetail } from "./pages/Studies";
+
+const NAV: [string, string][] = [
+  ["/", "Overview"],
+  ["/jobs", "Jobs"],
+  ["/studies", "Studies"],
+  ["/models", "Models"],
+  ["/services", "Services"],
+  ["/datasets", "Datasets"],
+  ["/admin", "Admin"],
+];
+
+type Page = (params: Record<string, string>) => ComponentChildren;
+const ROUTES: [string, Page][] = [
+  ["/", () => <Overview />],
+  ["/jobs", () => <Jobs />],
+  ["/jobs/new", () => <JobSubmit />],
+  ["/jobs/:id", (p) => <JobDetail id={p.id} />],
+  ["/studies", () => <Studies />],
+  ["/studies/:id", (p) => <StudyDetail id={p.id} />],
+  ["/models", () => <Models />],
+  ["/models/:name", (p) => <ModelDetail name={p.name} />],
+  ["/services", () => <Services />],
+  ["/services/:name", (p) => <ServiceDetail name={p.name} />],
+  ["/datasets", () => <Datasets />],
+  ["/datasets/:name", (p) => <DatasetDetail name={p.name} />],
+  ["/admin", () => <Admin />],
+];
+
+function here(): string {
+  return window.location.pathname + window.location.search;
+}
+
+function signInAgain(): void {
+  setSession(null);
+  if (window.location.pathname !== "/signin") navigate(`/signin?next=${encodeURIComponent(here())}`, true);
+}
+
+export function App() {
+  const session = useSession();
+  const location = useLocation();
+  const [checked, setChecked] = useState(false);
+
+  useEffect(() => {
+    onUnauthorized(signInAgain);
+    request<SessionBody>("GET", "/session", { session: false })
+      .then((body) => setSession(body))
+      .catch(() => setSession(null))
+      .finally(() => setChecked(true));
+  }, []);
+
+  useEffect(() => {
+    if (!checked) return;
+    if (!session && location.path !== "/signin") navigate(`/signin?next=${encodeURIComponent(here())}`, true);
+  }, [checked, session, location.path]);
+
+  useEffect(() => {
+    const name = NAV.find(([href]) => (href === "/" ? location.path === "/" : location.path.startsWith(href)))?.[1];
+    document.title = name ? `${name} · Kiln` : "Kiln";
+  }, [location.path]);
+
+  if (!checked) return <p class="muted boot">Loading…</p>;
+  if (location.path === "/signin" || !session) return <SignIn />;
+
+  let page: ComponentChildren = <NotFound />;
+  for (const [pattern, render] of ROUTES) {
+    const params = match(pattern, location.path);
+    if (params) {
+      page = render(params);
+      break;
+    }
+  }
+  return (
+    <div class="shell">
+      <a class="skip" href="#main">
+        Skip to content
+      </a>
+      <Header />
+      <main id="main" class="main" tabIndex={-1}>
+        {page}
+      </main>
+    </div>
+  );
+}
+
+function Header() {
+  const session = useSession();
+  const { path } = useLocation();
+  const can = useAbilities();
+  const user = session?.user;
+  const signOut = async () => {
+    try {
+      await request("DELETE", "/session", { session: false });
+    } finally {
+      setSession(null);
+      navigate("/signin", true);
+    }
+  };
+  return (
+    <header class="topbar">
+      <Link href="/" class="brand" aria-label="Kiln overview">
+        <span class="logo" aria-hidden="true">
+          ◆
+        </span>{" "}
+        Kiln
+      </Link>
+      <nav aria-label="Main">
+        <ul>
+          {NAV.map(([href, label]) => {
+            const active = href === "/" ? path === "/" : path === href || path.startsWith(`${href}/`);
+            return (
+              <li key={href}>
+                <Link href={href} aria-current={active ? "page" : undefined} data-testid={`nav-${label.toLowerCase()}`}>
+                  {label}
+                </Link>
+              </li>
+            );
+          })}
+        </ul>
+      </nav>
+      <div class="who" data-testid="whoami">
+        <span title={user?.user_id}>{user?.user_name}</span>
+        <span class="muted"> @ {user?.org_name}</span>{" "}
+        <span class="badge tone-muted" data-testid="role">
+          {user?.platform_admin ? "platform admin" : user?.role}
+        </span>
+        {!can.write ? (
+          <span class="badge tone-wait" title="This user may read but not change anything">
+            read-only
+          </span>
+        ) : null}
+        <button type="button" class="btn btn-plain" onClick={signOut} data-testid="signout">
+          Sign out
+        </button>
+      </div>
+    </header>
+  );
+}
+
+function NotFound() {
+  return (
+    <div class="card">
+      <h1>Not found</h1>
+      <p>
+        Nothing here. <Link href="/">Back to the overview</Link>
+      </p>
+    </div>
+  );
+}

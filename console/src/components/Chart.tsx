@@ -1,0 +1,163 @@
+// One uPlot chart: several lines on a shared x (steps, or wall time in seconds), optional log scale and
+// smoothing. uPlot draws on a canvas and stays fast with tens of thousands of points; the console never hands it
+// more than the server's downsampled series (about one point per pixel of width).
+
+import { useEffect, useRef } from "preact/hooks";
+import uPlot from "uplot";
+import "uplot/dist/uPlot.min.css";
+import { num } from "../format";
+import { useWidth } from "../hooks";
+
+export interface ChartLine {
+  label: string;
+  xs: number[];
+  ys: (number | null)[];
+  /** Dots, not a line (a study's trials). */
+  dots?: boolean;
+}
+
+interface Props {
+  title: string;
+  lines: ChartLine[];
+  xTime?: boolean;
+  xLabel?: string;
+  logScale?: boolean;
+  smoothing?: number; // 0 (none) … 0.99
+  height?: number;
+  count?: number; // points in range on the server, before downsampling
+  yFormat?: (v: number) => string;
+  /** A drag selected this x range (null: reset), for a caller that reloads the range in more detail. */
+  onZoom?: (range: [number, number] | null) => void;
+  testid?: string;
+}
+
+const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#be185d", "#4d7c0f", "#a16207", "#475569"];
+export const colour = (i: number): string => PALETTE[i % PALETTE.length];
+
+/** TensorBoard's smoothing: an exponential moving average, debiased so the first points are not pulled to 0. */
+export function smooth(ys: (number | null)[], weight: number): (number | null)[] {
+  if (weight <= 0) return ys;
+  let last = 0;
+  let n = 0;
+  return ys.map((y) => {
+    if (y === null || !Number.isFinite(y)) return null;
+    last = last * weight + (1 - weight) * y;
+    n++;
+    return last / (1 - weight ** n);
+  });
+}
+
+function alpha(hex: string, a: number): string {
+  const v = parseInt(hex.slice(1), 16);
+  return `rgba(${(v >> 16) & 255},${(v >> 8) & 255},${v & 255},${a})`;
+}
+
+function build(lines: ChartLine[], logScale: boolean, smoothing: number, xLabel: string): { data: uPlot.AlignedData; series: uPlot.Series[] } {
+  const tables: uPlot.AlignedData[] = [];
+  const series: uPlot.Series[] = [{ label: xLabel }];
+  const clean = (ys: (number | null)[]) => (logScale ? ys.map((y) => (y !== null && y > 0 ? y : null)) : ys);
+  lines.forEach((line, i) => {
+    const ys = clean(line.ys);
+    const stroke = colour(i);
+    if (line.dots) {
+      tables.push([line.xs, ys]);
+      series.push({ label: line.label, stroke, fill: stroke, paths: () => null, points: { show: true, size: 7, fill: stroke } });
+    } else if (smoothing > 0) {
+      tables.push([line.xs, ys]);
+      series.push({ label: `${line.label} (raw)`, stroke: alpha(stroke, 0.25), width: 1, spanGaps: true, points: { show: false } });
+      tables.push([line.xs, smooth(ys, smoothing)]);
+      series.push({ label: line.label, stroke, width: 1.5, spanGaps: true, points: { show: false } });
+    } else {
+      tables.push([line.xs, ys]);
+      series.push({ label: line.label, stroke, width: 1.5, spanGaps: true, points: { show: false } });
+    }
+  });
+  const data = tables.length === 1 ? tables[0] : uPlot.join(tables);
+  return { data, series };
+}
+
+let firstChartMarked = false;
+
+export function Chart(props: Props) {
+  const { title, lines, xTime = false, logScale = false, smoothing = 0, height = 220, yFormat, onZoom } = props;
+  const [measure, width] = useWidth<HTMLDivElement>();
+  const host = useRef<HTMLDivElement>(null);
+  const fig = useRef<HTMLElement>(null);
+  const plot = useRef<uPlot | null>(null);
+  const shape = useRef("");
+  const zoomRef = useRef(onZoom);
+  zoomRef.current = onZoom;
+  const points = lines.reduce((n, l) => n + l.xs.length, 0);
+
+  useEffect(() => {
+    if (!host.current || width <= 0) return;
+    const { data, series } = build(lines, logScale, smoothing, props.xLabel ?? (xTime ? "time" : "x"));
+    const key = `${series.map((s) => s.label).join("|")}:${xTime}:${logScale}:${smoothing > 0}`;
+    if (plot.current && shape.current === key) {
+      plot.current.setData(data);
+      return;
+    }
+    plot.current?.destroy();
+    shape.current = key;
+    const opts: uPlot.Options = {
+      width,
+      height,
+      series,
+      scales: { x: { time: xTime }, y: logScale ? { distr: 3, log: 10 } : {} },
+      axes: [
+        { label: props.xLabel, labelSize: props.xLabel ? 18 : 0, stroke: "#555", grid: { stroke: "#eee" } },
+        {
+          stroke: "#555",
+          grid: { stroke: "#eee" },
+          values: (_u, vals) => vals.map((v) => (v === null ? "" : yFormat ? yFormat(v) : num(v))),
+          // As wide as its longest label (uPlot's default cuts "12.5 MiB" off).
+          size: (_u, values) => 14 + 7 * Math.max(3, ...(values ?? []).map((v) => String(v).length)),
+        },
+      ],
+      legend: { live: true },
+      cursor: { drag: { x: true, y: false, setScale: true } },
+      hooks: {
+        draw: [
+          () => {
+            if (fig.current) fig.current.dataset.ready = "true";
+            if (!firstChartMarked) {
+              firstChartMarked = true;
+              performance.mark("kiln:first-chart");
+            }
+          },
+        ],
+        setSelect: [
+          (u) => {
+            if (u.select.width > 2 && zoomRef.current) {
+              const lo = u.posToVal(u.select.left, "x");
+              const hi = u.posToVal(u.select.left + u.select.width, "x");
+              zoomRef.current([lo, hi]);
+            }
+          },
+        ],
+      },
+    };
+    plot.current = new uPlot(opts, data, host.current);
+    const reset = () => zoomRef.current?.(null);
+    plot.current.over.addEventListener("dblclick", reset);
+    plot.current.over.setAttribute("aria-label", `${title}: chart`);
+  }, [lines, width, height, xTime, logScale, smoothing]);
+
+  useEffect(() => () => plot.current?.destroy(), []);
+
+  return (
+    <figure ref={fig} class="chart" data-testid={props.testid ?? "chart"} data-metric={title} data-points={points} data-count={props.count ?? points}>
+      <figcaption>
+        <span class="chart-title">{title}</span>
+        {props.count !== undefined && props.count > points ? (
+          <span class="muted small"> {points.toLocaleString()} of {props.count.toLocaleString()} points</span>
+        ) : (
+          <span class="muted small"> {points.toLocaleString()} points</span>
+        )}
+      </figcaption>
+      <div ref={measure} class="chart-area">
+        <div ref={host} />
+      </div>
+    </figure>
+  );
+}

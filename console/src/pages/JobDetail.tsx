@@ -1,0 +1,284 @@
+import { useState } from "preact/hooks";
+import { filePath, post, seg, url } from "../api";
+import { ActionButton, Code, Empty, ErrorBox, KeyValues, Loading, Section, StateBadge, Tabs } from "../components/ui";
+import { bytes, commandText, cpus, since, time } from "../format";
+import { useApi } from "../hooks";
+import { Link, navigate, useLocation } from "../router";
+import { useAbilities, useSession } from "../session";
+import { isActive, type Artifact, type Items, type Job, type JobEvent, type Why } from "../types";
+import { JobLogs } from "./JobLogs";
+import { JobMetrics } from "./JobMetrics";
+
+const TABS = [
+  { id: "overview", label: "Overview" },
+  { id: "logs", label: "Logs" },
+  { id: "metrics", label: "Metrics" },
+  { id: "system", label: "System" },
+  { id: "artifacts", label: "Artifacts" },
+];
+
+export function JobDetail({ id }: { id: string }) {
+  const { query } = useLocation();
+  const tab = TABS.some((t) => t.id === query.get("tab")) ? (query.get("tab") as string) : "overview";
+  // Polled while it may still change; a finished job is read once more, then left alone.
+  const job = useApi<Job>(`/jobs/${seg(id)}`, undefined, (j) => (!j || isActive(j.state) ? 2000 : false));
+  const can = useAbilities();
+  const j = job.data;
+
+  if (!j) {
+    return (
+      <div class="stack">
+        <ErrorBox error={job.error} />
+        {!job.error ? <Loading /> : <Link href="/jobs">Back to jobs</Link>}
+      </div>
+    );
+  }
+  const cancel = async () => {
+    await post(`/jobs/${seg(j.id)}/cancel`);
+    job.reload();
+  };
+  const rerun = async () => {
+    const next = await post<Job>(`/jobs/${seg(j.id)}/rerun`, {});
+    navigate(`/jobs/${seg(next.id)}`);
+  };
+  return (
+    <div class="stack" data-testid="job-detail" data-job-id={j.id} data-state={j.state}>
+      <div class="page-head">
+        <div>
+          <h1>
+            {j.name} <StateBadge state={j.state} />
+          </h1>
+          <div class="mono muted small">{j.id}</div>
+        </div>
+        {can.write ? (
+          <div class="actions">
+            {isActive(j.state) ? (
+              <ActionButton kind="danger" onClick={cancel} disabled={j.cancel_requested} data-testid="cancel-job">
+                {j.cancel_requested ? "Cancelling…" : "Cancel job"}
+              </ActionButton>
+            ) : null}
+            <ActionButton onClick={rerun} data-testid="rerun-job">
+              Resubmit
+            </ActionButton>
+          </div>
+        ) : null}
+      </div>
+      <ErrorBox error={job.error} title="Refresh failed" />
+      <Tabs tabs={TABS} current={tab} />
+      <div role="tabpanel" aria-labelledby={`tab-${tab}`}>
+        {tab === "overview" ? <JobOverview job={j} /> : null}
+        {tab === "logs" ? <JobLogs job={j} /> : null}
+        {tab === "metrics" ? <JobMetrics job={j} system={false} /> : null}
+        {tab === "system" ? <JobMetrics job={j} system /> : null}
+        {tab === "artifacts" ? <Artifacts job={j} /> : null}
+      </div>
+    </div>
+  );
+}
+
+function JobOverview({ job }: { job: Job }) {
+  const session = useSession();
+  const waiting = job.state === "QUEUED" || job.state === "RESTARTING";
+  const events = useApi<Items<JobEvent>>(`/jobs/${seg(job.id)}/events`, undefined, isActive(job.state) ? 3000 : false);
+  const r = job.spec.resources;
+  const slots = job.allocation?.slots ?? [];
+  return (
+    <div class="stack">
+      {waiting ? <WhyWaiting job={job} /> : null}
+      <div class="two-col">
+        <Section title="Details" id="job-details">
+          <KeyValues
+            rows={[
+              ["User", job.user_id === session?.user.user_id ? session.user.user_name : job.user_id],
+              ["Submitted", time(job.created_at)],
+              ["Started", time(job.running_at ?? job.started_at)],
+              ["Finished", time(job.finished_at)],
+              ["Ran", job.running_at ? since(job.running_at, job.finished_at) : "—"],
+              ["Reason", <span data-testid="job-reason">{job.reason ?? "—"}</span>],
+              ["Message", job.message || "—"],
+              ["Exit code", job.exit_code ?? "—"],
+              ["Attempt", `${job.attempt}${job.restarts ? ` (${job.restarts} restarts)` : ""}`],
+              ["Asked", `${cpus(r.cpus)} CPU${r.memory ? `, ${bytes(r.memory)}` : ""}${r.gpus ? `, ${r.gpus} GPU` : ""}${job.spec.distributed ? ` per worker × ${job.spec.distributed.workers}` : ""}`],
+              [
+                "Placed on",
+                slots.length
+                  ? slots.map((s) => `${s.node}: ${cpus(s.cpus)} CPU${s.gpus.length ? `, GPU ${s.gpus.join(",")}` : ""}`).join("; ")
+                  : "—",
+              ],
+            ]}
+          />
+        </Section>
+        <Section title="Spec" id="job-spec">
+          <KeyValues
+            rows={[
+              ["Command", <code class="wrap">{commandText(job.spec.command)}</code>],
+              ["Runtime", [job.spec.runtime.framework, job.spec.runtime.version, job.spec.runtime.python, job.spec.runtime.image].filter(Boolean).join(" ") || "default"],
+              ["Priority", job.spec.priority],
+              ["Labels", Object.entries(job.spec.labels ?? {}).map(([k, v]) => <span class="chip" key={k}>{`${k}=${v}`}</span>)],
+            ]}
+          />
+          <details>
+            <summary>Whole spec (JSON)</summary>
+            <Code>{JSON.stringify(job.spec, null, 2)}</Code>
+          </details>
+        </Section>
+      </div>
+      <Section title="Events" id="job-events">
+        <ErrorBox error={events.error} />
+        {!events.data ? (
+          <Loading />
+        ) : (
+          <div class="table-wrap">
+            <table>
+              <thead>
+                <tr>
+                  <th scope="col">Time</th>
+                  <th scope="col">State</th>
+                  <th scope="col">Reason</th>
+                  <th scope="col">Message</th>
+                </tr>
+              </thead>
+              <tbody>
+                {events.data.items.map((e) => (
+                  <tr key={e.id} data-testid="event-row">
+                    <td class="nowrap">{time(e.time)}</td>
+                    <td class="nowrap">{e.to_state ? `${e.from_state ?? "·"} → ${e.to_state}` : ""}</td>
+                    <td>{e.reason}</td>
+                    <td>{e.message}</td>
+                  </tr>
+                ))}
+              </tbody>
+            </table>
+          </div>
+        )}
+      </Section>
+    </div>
+  );
+}
+
+/** "Why is it waiting", as the scheduler says it: the limit that holds it with the numbers, its place in line,
+ * and who is ahead. */
+function WhyWaiting({ job }: { job: Job }) {
+  const why = useApi<Why>(`/jobs/${seg(job.id)}/why`, undefined, 3000);
+  const w = why.data;
+  return (
+    <Section title="Why is it waiting?" id="why">
+      <ErrorBox error={why.error} />
+      {!w ? (
+        <Loading />
+      ) : (
+        <div class="why">
+          <p class="why-message" data-testid="why-reason" data-kind={w.kind ?? ""}>
+            {w.kind ? <span class="badge tone-wait">{w.kind}</span> : null} {w.message}
+          </p>
+          {w.position ? (
+            <p data-testid="why-position">
+              Position {w.position} of {w.queue_length} waiting, at {w.priority} priority.
+            </p>
+          ) : null}
+          {w.ahead.length ? (
+            <p>
+              Ahead of it:{" "}
+              {w.ahead.map((a, i) => (
+                <span key={i}>
+                  {i ? ", " : ""}
+                  {a.id ? <Link href={`/jobs/${seg(a.id)}`}>{a.name ?? a.id}</Link> : a.other_org ? "a job of another organisation" : a.name}
+                </span>
+              ))}
+            </p>
+          ) : null}
+        </div>
+      )}
+    </Section>
+  );
+}
+
+/** The job's artifacts and checkpoints as folders to browse; each file downloads with the session cookie. */
+function Artifacts({ job }: { job: Job }) {
+  const artifacts = useApi<Items<Artifact>>(`/jobs/${seg(job.id)}/artifacts`, undefined, isActive(job.state) ? 5000 : false);
+  const checkpoints = useApi<Items<Artifact>>(`/jobs/${seg(job.id)}/checkpoints`);
+  return (
+    <div class="stack">
+      <FileBrowser title="Artifacts" kind="artifacts" job={job} loaded={artifacts} />
+      <FileBrowser title="Checkpoints" kind="checkpoints" job={job} loaded={checkpoints} />
+    </div>
+  );
+}
+
+function FileBrowser({ title, kind, job, loaded }: { title: string; kind: string; job: Job; loaded: { data?: Items<Artifact>; error: unknown } }) {
+  const [dir, setDir] = useState("");
+  const files = loaded.data?.items ?? [];
+  const inDir = files.filter((f) => f.path.startsWith(dir));
+  const folders = new Map<string, { files: number; size: number }>();
+  const here: Artifact[] = [];
+  for (const f of inDir) {
+    const rest = f.path.slice(dir.length);
+    const slash = rest.indexOf("/");
+    if (slash < 0) here.push(f);
+    else {
+      const name = rest.slice(0, slash + 1);
+      const agg = folders.get(name) ?? { files: 0, size: 0 };
+      folders.set(name, { files: agg.files + 1, size: agg.size + f.size });
+    }
+  }
+  const crumbs = dir.split("/").filter(Boolean);
+  return (
+    <Section title={title} id={`files-${kind}`}>
+      <ErrorBox error={loaded.error} />
+      {!loaded.data ? (
+        <Loading />
+      ) : files.length === 0 ? (
+        <Empty>No {kind} {isActive(job.state) ? "yet" : ""}.</Empty>
+      ) : (
+        <>
+          <nav class="crumbs" aria-label={`${title} folder`}>
+            <button type="button" class="link" onClick={() => setDir("")}>
+              {kind}
+            </button>
+            {crumbs.map((c, i) => (
+              <span key={i}>
+                {" / "}
+                <button type="button" class="link" onClick={() => setDir(`${crumbs.slice(0, i + 1).join("/")}/`)}>
+                  {c}
+                </button>
+              </span>
+            ))}
+          </nav>
+          <div class="table-wrap">
+            <table>
+              <thead>
+                <tr>
+                  <th scope="col">Name</th>
+                  <th scope="col">Size</th>
+                </tr>
+              </thead>
+              <tbody>
+                {[...folders.entries()].map(([name, agg]) => (
+                  <tr key={name} data-testid="folder-row">
+                    <td>
+                      <button type="button" class="link" onClick={() => setDir(dir + name)}>
+                        📁 {name}
+                      </button>{" "}
+                      <span class="muted small">{agg.files} files</span>
+                    </td>
+                    <td>{bytes(agg.size)}</td>
+                  </tr>
+                ))}
+                {here.map((f) => (
+                  <tr key={f.path} data-testid="artifact-row">
+                    <td>
+                      <a href={url(`/jobs/${seg(job.id)}/${kind}/${filePath(f.path)}`)} download={f.path.split("/").pop()} data-testid="artifact-download">
+                        {f.path.slice(dir.length)}
+                      </a>
+                    </td>
+                    <td>{bytes(f.size)}</td>
+                  </tr>
+                ))}
+              </tbody>
+            </table>
+          </div>
+        </>
+      )}
+    </Section>
+  );
+}
