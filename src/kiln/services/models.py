@@ -15,7 +15,7 @@ reads it. Version numbers are never given twice while the model exists.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import delete, func, select
@@ -23,14 +23,11 @@ from sqlalchemy.orm import Session
 
 from kiln.db.models import (
     DataBlob,
-    DatasetFile,
     Job,
     Model,
     ModelAlias,
     ModelFile,
     ModelVersion,
-    Service,
-    ServiceReplica,
     utcnow,
 )
 from kiln.db.session import Database
@@ -46,23 +43,19 @@ from kiln.domain.models import (
     ModelSummary,
     ModelVersionRead,
 )
-from kiln.domain.serving import ReplicaState, ServiceState
 from kiln.domain.states import JobState
 from kiln.errors import BadRequest, Conflict, NotFound
 from kiln.services.dataset_names import data_key
 from kiln.services.datasets import DatasetFile as ResolvedFile
 from kiln.services.datasets import describe_versions
 from kiln.services.identity import Principal
+from kiln.services.model_removal import chunks, drop_orphans, refuse_pinned, refuse_served
 from kiln.services.model_sources import BlobCopier, SourceFile, held, lineage, pick_outputs
 from kiln.services.quotas import QuotaService, lock_org
 from kiln.settings import Settings
 from kiln.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
-
-PINNING_STATES = [s.value for s in JobState if not s.terminal]
-SERVING_REPLICAS = [ReplicaState.STARTING.value, ReplicaState.READY.value, ReplicaState.DRAINING.value]
-_CHUNK = 500
 
 
 @dataclass(frozen=True)
@@ -464,13 +457,13 @@ class ModelRegistry:
             else:
                 doomed = list(s.scalars(select(ModelVersion).where(ModelVersion.model_id == model.id)))
             numbers = sorted(v.version for v in doomed)
-            self._refuse_served(s, org, name, None if version is None else set(numbers))
-            self._refuse_pinned(s, org, name, set(numbers), self._numbers(s, model.id))
+            refuse_served(s, org, name, None if version is None else set(numbers))
+            refuse_pinned(s, org, name, set(numbers), self._numbers(s, model.id))
             aliases = self._aliases(s, model.id)
             dropped = sorted(a for a, n in aliases.items() if version is None or n == version)
             ids = [v.id for v in doomed]
             shas: set[str] = set()
-            for chunk in _chunks(ids):
+            for chunk in chunks(ids):
                 shas.update(s.scalars(select(ModelFile.sha256).where(ModelFile.version_id.in_(chunk))))
                 s.execute(delete(ModelFile).where(ModelFile.version_id.in_(chunk)))
                 s.execute(delete(ModelVersion).where(ModelVersion.id.in_(chunk)))
@@ -480,7 +473,7 @@ class ModelRegistry:
                 s.execute(delete(Model).where(Model.id == model.id))
             else:
                 model.updated_at = utcnow()
-            orphans, freed = self._drop_orphans(s, org, shas)
+            orphans, freed = drop_orphans(s, org, shas)
         # The rows are gone whatever happens next; the bytes follow, best effort (an object left behind by a
         # failing store is unreferenced and no longer counted against the quota).
         for sha in orphans:
@@ -489,74 +482,3 @@ class ModelRegistry:
             except Exception as exc:
                 log.warning("model %s: could not delete blob %s: %s", name, sha, exc)
         return ModelRemoved(name=name, versions=numbers, aliases=dropped, blobs_deleted=len(orphans), bytes_freed=freed)
-
-    @staticmethod
-    def _drop_orphans(s: Session, org: str, shas: set[str]) -> tuple[list[str], int]:
-        """Delete the blob records of ``shas`` that no model file and no dataset file of ``org`` references."""
-        still: set[str] = set()
-        for chunk in _chunks(sorted(shas)):
-            for table in (ModelFile, DatasetFile):
-                still.update(s.scalars(select(table.sha256).where(table.org_id == org, table.sha256.in_(chunk))))
-        orphans = sorted(shas - still)
-        freed = 0
-        for chunk in _chunks(orphans):
-            where = (DataBlob.org_id == org, DataBlob.sha256.in_(chunk))
-            freed += int(s.scalar(select(func.coalesce(func.sum(DataBlob.size), 0)).where(*where)) or 0)
-            s.execute(delete(DataBlob).where(*where))
-        return orphans, freed
-
-    @staticmethod
-    def _refuse_served(s: Session, org: str, name: str, numbers: set[int] | None) -> None:
-        """409 while a service (or a replica still serving during an update) serves the model: any version when
-        ``numbers`` is None, else one of them."""
-        served = list(
-            s.execute(
-                select(Service.name, Service.model_version).where(
-                    Service.org_id == org, Service.model_name == name, Service.state != ServiceState.DELETING.value
-                )
-            )
-        )
-        served += s.execute(
-            select(Service.name, ServiceReplica.model_version)
-            .join(Service, Service.id == ServiceReplica.service_id)
-            .where(Service.org_id == org, Service.model_name == name, ServiceReplica.state.in_(SERVING_REPLICAS))
-        ).all()
-        for service, number in served:
-            if numbers is None or number in numbers:
-                raise Conflict(
-                    f"model {name}@{number} is served by service {service}; delete the service or update it to "
-                    "another version first",
-                    details={"service": service, "version": number},
-                )
-
-    @staticmethod
-    def _refuse_pinned(s: Session, org: str, name: str, numbers: set[int], existing: list[int]) -> None:
-        """409 while a job that has not ended reads one of these versions (``spec.inputs``: ``model: NAME@V``,
-        pinned at submit)."""
-        latest = existing[-1] if existing else None
-        jobs = s.execute(select(Job.id, Job.state, Job.spec).where(Job.org_id == org, Job.state.in_(PINNING_STATES)))
-        for job_id, state, spec in jobs:
-            for ref in _model_inputs(spec):
-                ref_name, _, ref_version = ref.partition("@")
-                if ref_name != name:
-                    continue
-                pinned = int(ref_version) if ref_version.isascii() and ref_version.isdigit() else latest
-                if pinned is not None and pinned in numbers:
-                    raise Conflict(
-                        f"model {name}@{pinned} is an input of job {job_id} ({state}); remove it once the job has "
-                        "ended (or cancel the job)",
-                        details={"job_id": job_id, "version": pinned},
-                    )
-
-
-def _model_inputs(spec: object) -> Iterable[str]:
-    inputs = spec.get("inputs") if isinstance(spec, dict) else None
-    for item in inputs if isinstance(inputs, list) else []:
-        ref = item.get("model") if isinstance(item, dict) else None
-        if isinstance(ref, str):
-            yield ref
-
-
-def _chunks(items: list[str]) -> Iterable[list[str]]:
-    for i in range(0, len(items), _CHUNK):
-        yield items[i : i + _CHUNK]
