@@ -30,6 +30,7 @@ from kiln.settings import Settings
 from kiln.storage.keys import outputs_prefix
 from kiln.storage.store import ObjectStore
 from tests.helpers import seed_jobs
+from tests.s3server import S3Server
 
 WEIGHTS = b"torchscript weights " * 100
 CONFIG = b'{"layers": 2}\n'
@@ -59,8 +60,7 @@ class World:
             return int(s.scalar(select(func.count()).select_from(DataBlob)) or 0)
 
 
-@pytest.fixture
-def world(tmp_path: Path, database_url: str) -> Iterator[World]:
+def make_world(tmp_path: Path, database_url: str, store: ObjectStore) -> World:
     db = Database(database_url)
     migrate.upgrade(db.engine)
     seed_jobs(
@@ -70,24 +70,28 @@ def world(tmp_path: Path, database_url: str) -> Iterator[World]:
         {"job-done": {"state": "SUCCEEDED", "spec": SPEC}, "job-running": {"state": "RUNNING"}},
     )
     seed_jobs(db, "org-b", "usr-b", {"job-b": {"state": "SUCCEEDED"}})
-    store = ObjectStore(str(tmp_path / "store"))
     settings = Settings(home=tmp_path / "home")
     quotas = QuotaService(db)
-    member = Principal("usr-a", "ann", "org-a", "org-a", "AK1", "member", False)
     w = World(
         db,
         store,
         ModelRegistry(db, store, settings, quotas),
         DatasetService(db, store, settings, quotas),
         quotas,
-        member,
+        Principal("usr-a", "ann", "org-a", "org-a", "AK1", "member", False),
         Principal("usr-a", "ann", "org-a", "org-a", "AK2", "viewer", False),
         Principal("usr-b", "bob", "org-b", "org-b", "AK3", "member", False),
     )
     w.outputs("job-done", {"model.pt": WEIGHTS, "ckpt/model.pt": WEIGHTS, "ckpt/sub/config.json": CONFIG})
     w.outputs("job-b", {"model.pt": WEIGHTS}, org="org-b")
+    return w
+
+
+@pytest.fixture
+def world(tmp_path: Path, database_url: str) -> Iterator[World]:
+    w = make_world(tmp_path, database_url, ObjectStore(str(tmp_path / "store")))
     yield w
-    db.dispose()
+    w.db.dispose()
 
 
 def test_a_version_copies_the_jobs_files_once_and_keeps_its_lineage(world: World) -> None:
@@ -288,3 +292,24 @@ def test_files_give_the_executor_each_blobs_store_key(world: World) -> None:
         data = world.store.local_path(f.key).read_bytes()  # type: ignore[union-attr]
         assert hashlib.sha256(data).hexdigest() == f.sha256 and len(data) == f.size
     assert [f.path for f in resolved.files] == ["model.pt", "sub/config.json"]
+
+
+def test_on_an_s3_store_the_files_are_copied_through_a_temporary_download_and_removed_with_the_version(
+    tmp_path: Path,
+) -> None:
+    s3 = S3Server().start()
+    try:
+        s3.create_bucket("kiln-models")
+        store = ObjectStore(f"s3://kiln-models/{tmp_path.name}", **s3.storage_options())
+        world = make_world(tmp_path, f"sqlite:///{tmp_path / 'k.db'}", store)
+        assert world.register("tree", "ckpt") == 1
+        resolved = world.registry.files("org-a", "tree@1")
+        for f in resolved.files:
+            assert hashlib.sha256(b"".join(store.iter_bytes(f.key))).hexdigest() == f.sha256
+        assert list((tmp_path / "home" / "tmp").iterdir()) == []  # the downloads are gone
+        removed = world.registry.remove(world.member, "tree", None)
+        assert removed.blobs_deleted == 2
+        assert not any(store.exists(f.key) for f in resolved.files)
+        world.db.dispose()
+    finally:
+        s3.stop()
