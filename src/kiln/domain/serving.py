@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -21,6 +21,7 @@ from kiln.domain.spec import EnvName, EnvValue, LabelKey, LabelValue, Resources,
 SERVICE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 MODEL_REF = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._-]{0,99})@(?P<ref>[A-Za-z0-9][A-Za-z0-9._-]{0,62})$")
 MAX_REPLICAS = 64
+MAX_DIMENSION = 2**31 - 1
 PredictorType = Literal["torchscript", "torch-export", "onnx", "sklearn", "custom"]
 
 
@@ -40,7 +41,9 @@ class InputSchema(_Strict):
     """What one instance of a request's ``inputs`` must be: a nested list of numbers of this ``shape`` (per
     instance, without the batch dimension; ``null`` for any length), or, with ``dtype: string``, a string."""
 
-    shape: list[int | None] = Field(default_factory=list, max_length=8, description="Per-instance shape, e.g. [64].")
+    shape: list[Annotated[int, Field(ge=1, le=MAX_DIMENSION)] | None] = Field(
+        default_factory=list, max_length=8, description="Per-instance shape, e.g. [64]."
+    )
     dtype: Literal["float32", "float64", "int64", "string"] = "float32"
 
     @field_validator("shape")
