@@ -33,7 +33,7 @@ ROUTE_TTL = 1.0  # seconds a predict's (caller organisation, name) → service l
 
 
 @router.post(
-    "", response_model=ServiceRead, status_code=201, summary="Deploy a model service", responses=errors(409, 422)
+    "", response_model=ServiceRead, status_code=201, summary="Deploy a model service", responses=errors(400, 409, 422)
 )
 def create_service(body: ServiceSubmit, caller: Caller, kiln: Kiln) -> ServiceRead:
     return kiln.serving.create(caller, body)
@@ -43,7 +43,7 @@ def create_service(body: ServiceSubmit, caller: Caller, kiln: Kiln) -> ServiceRe
     ":render",
     response_model=ServiceManifests,
     summary="The Kubernetes objects a service spec renders to (Deployment, Service, HPA...); creates nothing",
-    responses=errors(404, 422),
+    responses=errors(400, 404, 422),
 )
 def render_service(body: ServiceSubmit, caller: Caller, kiln: Kiln) -> ServiceManifests:
     from kiln.backends.kubernetes.serving import render_service as render
@@ -80,7 +80,7 @@ def get_service(service: ServiceName, caller: Caller, kiln: Kiln) -> Response:
     "/{service}",
     response_model=ServiceRead,
     summary="Roll out another model version or spec (one replica at a time), or scale",
-    responses=errors(404, 422),
+    responses=errors(400, 404, 422),
 )
 def update_service(service: ServiceName, body: ServiceUpdate, caller: Caller, kiln: Kiln) -> ServiceRead:
     return kiln.serving.update(caller, service, body)
