@@ -62,6 +62,7 @@ from kiln.services.dataset_names import (
     validate_path,
 )
 from kiln.services.identity import Principal
+from kiln.services.input_access import require_input_read
 from kiln.services.quotas import lock_org
 from kiln.services.uploads import UploadService
 
@@ -213,11 +214,13 @@ class DatasetService(UploadService):
             return [self._version_read(name, v) for v in rows]
 
     def manifest(self, principal: Principal, name: str, version: int | None) -> DatasetManifest:
-        principal.require("blobs:read")
+        if principal.job_id is None:
+            principal.require("blobs:read")
         validate_name(name)
         with self.db.read() as s:
             ds = self._dataset(s, principal.org_id, name)
             v = self._version(s, ds, version)
+            require_input_read(s, principal, "blobs:read", "dataset", name, v.version)
             files = s.scalars(select(FileRow).where(FileRow.version_id == v.id).order_by(FileRow.path)).all()
             head = self._version_read(name, v)
             # Built from stored rows, not validated again: a version stored before a bound was tightened stays
@@ -227,12 +230,14 @@ class DatasetService(UploadService):
 
     def file(self, principal: Principal, name: str, version: int, path: str) -> tuple[str, DatasetFileEntry]:
         """(store key, entry) of one file of a ready version."""
-        principal.require("blobs:read")
+        if principal.job_id is None:
+            principal.require("blobs:read")
         validate_name(name)
         validate_path(path)
         with self.db.read() as s:
             ds = self._dataset(s, principal.org_id, name)
             v = self._version(s, ds, version)
+            require_input_read(s, principal, "blobs:read", "dataset", name, v.version)
             row = s.get(FileRow, (v.id, path))
             if row is None:
                 raise NotFound(f"dataset {name}@{version} has no file {path!r}")

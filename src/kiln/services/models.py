@@ -49,6 +49,7 @@ from kiln.services.dataset_names import data_key
 from kiln.services.datasets import DatasetFile as ResolvedFile
 from kiln.services.datasets import describe_versions
 from kiln.services.identity import Principal
+from kiln.services.input_access import require_input_read
 from kiln.services.model_removal import chunks, drop_orphans, refuse_pinned, refuse_served
 from kiln.services.model_sources import BlobCopier, SourceFile, held, lineage, pick_outputs
 from kiln.services.quotas import QuotaService, lock_org
@@ -247,21 +248,25 @@ class ModelRegistry:
 
     def version(self, principal: Principal, name: str, ref: str) -> ModelVersionRead:
         """One version by number, alias or ``latest``."""
-        principal.require("models:read")
+        if principal.job_id is None:
+            principal.require("models:read")
         check_name(name)
         wanted = parse_version(ref)
         with self.db.read() as s:
             model = self._model(s, principal.org_id, name)
             v = self._version(s, model, wanted)
+            require_input_read(s, principal, "models:read", "model", name, v.version)
             return self._version_read(s, name, v, self._aliases(s, model.id))
 
     def file(self, principal: Principal, name: str, ref: str, path: str) -> tuple[str, ModelFileRead]:
         """(store key of its blob, entry) of one file of a version (by number, alias or ``latest``)."""
-        principal.require("models:read")
+        if principal.job_id is None:
+            principal.require("models:read")
         check_name(name)
         wanted = parse_version(ref)
         with self.db.read() as s:
             v = self._version(s, self._model(s, principal.org_id, name), wanted)
+            require_input_read(s, principal, "models:read", "model", name, v.version)
             row = s.get(ModelFile, (v.id, path))
             if row is None:
                 raise NotFound(f"model {name}@{v.version} has no file {path!r}")
