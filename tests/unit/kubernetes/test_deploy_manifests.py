@@ -101,10 +101,20 @@ def test_role_is_least_privilege(overlay: str) -> None:
         ("events.k8s.io", "events"),
         ("", "secrets"),
         ("", "configmaps"),
+        ("apps", "deployments"),
+        ("autoscaling", "horizontalpodautoscalers"),
     }
     assert set(granted) <= allowed
-    # What the renderer creates, the server may create and delete.
-    for key in (("batch", "jobs"), ("", "services"), ("", "secrets"), ("", "configmaps")):
+    # What the renderers create (jobs, and model services' Deployments and autoscalers), the server may create and
+    # delete.
+    for key in (
+        ("batch", "jobs"),
+        ("", "services"),
+        ("", "secrets"),
+        ("", "configmaps"),
+        ("apps", "deployments"),
+        ("autoscaling", "horizontalpodautoscalers"),
+    ):
         assert {"create", "delete", "get", "list", "watch"} <= granted[key]
     assert granted[("", "pods/log")] == {"get"}
     assert "create" not in granted[("", "pods")] and "create" not in granted[("", "events")]
