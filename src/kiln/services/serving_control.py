@@ -81,7 +81,9 @@ class ServingControl:
         self.logs = logs
         self.jobs_dir = jobs_dir
         self.record_metrics = record_metrics  # (job id, spool lines) → stored in the metrics store
-        self._task = Task("serving", self.run_once, INTERVAL)
+        # One server at a time runs the replicas (and routes to them: its router is the one that knows them); two
+        # servers on one database would otherwise both start every replica.
+        self._task = Task("serving", self.run_once, INTERVAL, lease_scope="serving")
         self._failures: dict[str, tuple[int, float]] = {}  # service id → (failures in a row, not before)
         self._load_samples: dict[str, list[tuple[float, int]]] = {}  # service id → (time, requests in flight)
         self._started = time.monotonic()
