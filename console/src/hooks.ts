@@ -1,5 +1,5 @@
 import { useCallback, useEffect, useRef, useState } from "preact/hooks";
-import { get, type Query } from "./api";
+import { ApiError, get, type Query } from "./api";
 
 export interface Loaded<T> {
   data: T | undefined;
@@ -40,6 +40,9 @@ export function useApi<T>(path: string | null, query?: Query, poll?: Poll<T>): L
       } catch (err) {
         if (abort.signal.aborted) return;
         setError(err);
+        setLoading(false);
+        // Gone or not ours (404, 403): asking again will not change that.
+        if (err instanceof ApiError && (err.status === 404 || err.status === 403)) return;
       }
       setLoading(false);
       const ms = interval();

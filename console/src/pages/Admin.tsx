@@ -372,6 +372,13 @@ function OrgRow({ org, editable, onDone }: { org: Org; editable: boolean; onDone
 }
 
 const QUOTA_FIELDS = ["gpus", "cpus", "memory", "count", "storage"] as const;
+const QUOTA_LABELS: Record<(typeof QUOTA_FIELDS)[number], [string, string?]> = {
+  gpus: ["GPUs"],
+  cpus: ["CPUs"],
+  memory: ["Memory", "e.g. 128G"],
+  count: ["Jobs at once"],
+  storage: ["Storage", "e.g. 1T; category total only"],
+};
 
 function Quotas() {
   const can = useAbilities();
@@ -429,7 +436,7 @@ function Quotas() {
               </select>
             </Field>
             {QUOTA_FIELDS.map((f) => (
-              <Field key={f} label={f} hint={f === "memory" || f === "storage" ? "e.g. 128G" : undefined}>
+              <Field key={f} label={QUOTA_LABELS[f][0]} hint={QUOTA_LABELS[f][1]}>
                 <input value={form[f] ?? ""} onInput={(e) => setForm({ ...form, [f]: e.currentTarget.value })} style={{ width: "7em" }} />
               </Field>
             ))}

@@ -26,13 +26,13 @@ interface Filters {
   label: string;
 }
 
-function matches(job: Job, f: Filters, userNames: Map<string, string>, me: string | undefined): boolean {
+function matches(job: Job, f: Filters, userNames: Map<string, string>, me: { id: string; name: string } | undefined): boolean {
   if (f.name && !`${job.name} ${job.id}`.toLowerCase().includes(f.name.toLowerCase())) return false;
   if (f.user) {
     const want = f.user.toLowerCase();
     const id = job.user_id.toLowerCase();
-    const name = (userNames.get(job.user_id) ?? "").toLowerCase();
-    if (!(want === "me" ? job.user_id === me : id.includes(want) || name.includes(want))) return false;
+    const name = (userNames.get(job.user_id) ?? (job.user_id === me?.id ? me.name : "")).toLowerCase();
+    if (!(want === "me" ? job.user_id === me?.id : id.includes(want) || name.includes(want))) return false;
   }
   if (f.label) {
     for (const term of f.label.split(",").map((t) => t.trim()).filter(Boolean)) {
@@ -70,7 +70,7 @@ export function Jobs() {
   const users = useUserNames();
   const clientFilters = useDebounced({ user: filters.user, name: filters.name, label: filters.label }, 200);
   const visible = useMemo(
-    () => items.filter((j) => matches(j, { ...filters, ...clientFilters }, users, session?.user.user_id)),
+    () => items.filter((j) => matches(j, { ...filters, ...clientFilters }, users, session ? { id: session.user.user_id, name: session.user.user_name } : undefined)),
     [items, clientFilters.user, clientFilters.name, clientFilters.label, users],
   );
 
@@ -110,7 +110,10 @@ export function Jobs() {
   // The window of rows in view.
   const first = Math.max(0, Math.floor(scrollTop / ROW) - OVERSCAN);
   const last = Math.min(visible.length, Math.ceil((scrollTop + height) / ROW) + OVERSCAN);
-  const needMore = !done && !error && last >= visible.length - OVERSCAN && scanned < SCAN_PAGES;
+  // Near the end of what is loaded: the next page. Unfiltered, that follows the user's scrolling; with a filter
+  // here that few loaded jobs match, the view may never fill: at most SCAN_PAGES pages, then on request.
+  const clientFiltered = Boolean(clientFilters.user || clientFilters.name || clientFilters.label);
+  const needMore = !done && !error && last >= visible.length - OVERSCAN && (!clientFiltered || scanned < SCAN_PAGES);
   useEffect(() => {
     if (needMore && !loading) void loadMore();
   }, [needMore, loading, visible.length]);
@@ -162,7 +165,6 @@ export function Jobs() {
     setFilter("state", next.join(","));
   };
   const toggleSelected = (id: string) => setSelected((s) => (s.includes(id) ? s.filter((x) => x !== id) : [...s, id].slice(-50)));
-  const clientFiltered = Boolean(clientFilters.user || clientFilters.name || clientFilters.label);
 
   return (
     <div class="stack jobs-page">
@@ -200,11 +202,11 @@ export function Jobs() {
         <Field label="Name or id">
           <input type="search" value={filters.name} onInput={(e) => setFilter("name", e.currentTarget.value)} data-testid="filter-name" />
         </Field>
-        <Field label="User" hint="a name, an id, or “me”">
-          <input type="search" value={filters.user} onInput={(e) => setFilter("user", e.currentTarget.value)} data-testid="filter-user" />
+        <Field label="User">
+          <input type="search" value={filters.user} placeholder="name, id or “me”" onInput={(e) => setFilter("user", e.currentTarget.value)} data-testid="filter-user" />
         </Field>
-        <Field label="Label" hint="key=value, comma-separated">
-          <input type="search" value={filters.label} onInput={(e) => setFilter("label", e.currentTarget.value)} data-testid="filter-label" />
+        <Field label="Label">
+          <input type="search" value={filters.label} placeholder="key=value, …" onInput={(e) => setFilter("label", e.currentTarget.value)} data-testid="filter-label" />
         </Field>
       </form>
 
@@ -240,7 +242,7 @@ export function Jobs() {
         <div class="job-foot muted small" aria-live="polite" data-testid="job-count">
           {visible.length.toLocaleString()} {clientFiltered ? `matching of ${items.length.toLocaleString()} loaded` : "loaded"}
           {done ? " (all)" : loading ? ", loading more…" : ", more on scroll"}
-          {!done && !loading && scanned >= SCAN_PAGES ? (
+          {!done && !loading && clientFiltered && scanned >= SCAN_PAGES ? (
             <button type="button" class="btn btn-plain" onClick={() => setScanned(0)} data-testid="load-more">
               Search older jobs
             </button>
