@@ -90,7 +90,12 @@ export function Chart(props: Props) {
   const points = lines.reduce((n, l) => n + l.xs.length, 0);
 
   useEffect(() => {
-    if (!host.current || width <= 0) return;
+    if (!host.current || width <= 0 || lines.every((l) => l.xs.length === 0)) {
+      plot.current?.destroy();
+      plot.current = null;
+      shape.current = "";
+      return;
+    }
     const { data, series } = build(lines, logScale, smoothing, props.xLabel ?? (xTime ? "time" : "x"));
     const key = `${series.map((s) => s.label).join("|")}:${xTime}:${logScale}:${smoothing > 0}`;
     if (plot.current && shape.current === key) {
@@ -145,6 +150,7 @@ export function Chart(props: Props) {
 
   useEffect(() => () => plot.current?.destroy(), []);
 
+  const empty = lines.every((l) => l.xs.length === 0);
   return (
     <figure ref={fig} class="chart" data-testid={props.testid ?? "chart"} data-metric={title} data-points={points} data-count={props.count ?? points}>
       <figcaption>
@@ -156,7 +162,7 @@ export function Chart(props: Props) {
         )}
       </figcaption>
       <div ref={measure} class="chart-area">
-        <div ref={host} />
+        {empty ? <p class="muted empty">No points in this range.</p> : <div ref={host} />}
       </div>
     </figure>
   );

@@ -16,6 +16,10 @@ const MIN_CHART = 420; // px: the grid puts as many charts side by side as fit
 const GAP = 16;
 const MAX_COMPARE = 49; // the server compares at most 50 jobs
 
+/** step; seconds since each series began (runs compared side by side); or wall-clock time. */
+type Axis = "step" | "relative" | "time";
+const AXES: Record<Axis, string> = { step: "step", relative: "relative time", time: "wall time" };
+
 const isSystem = (s: { name: string; source: string }) => s.source === "sys" || s.name.startsWith("system/");
 
 /** Columns and each chart's width for a container this wide; the width, rounded to 50 px, is the downsample. */
@@ -32,7 +36,7 @@ function value(v: unknown): number | null {
 export function JobMetrics({ job, system }: { job: Job; system: boolean }) {
   const { query } = useLocation();
   const compare = (query.get("compare") ?? "").split(",").filter((id) => id && id !== job.id).slice(0, MAX_COMPARE);
-  const [axis, setAxis] = useState<"step" | "time">(system ? "time" : "step");
+  const [axis, setAxis] = useState<Axis>(system ? "time" : "step");
   const [smoothing, setSmoothing] = useState(0);
   const [logScale, setLogScale] = useState(false);
   const [filter, setFilter] = useState("");
@@ -54,13 +58,14 @@ export function JobMetrics({ job, system }: { job: Job; system: boolean }) {
 
   return (
     <div class="stack">
-      <div class="card chart-tools" role="toolbar" aria-label="Chart options">
+      <div class="card chart-card">
+      <div class="chart-tools" role="toolbar" aria-label="Chart options">
         {!system ? (
           <fieldset class="segmented">
             <legend>X axis</legend>
-            {(["step", "time"] as const).map((a) => (
+            {(Object.keys(AXES) as Axis[]).map((a) => (
               <label key={a} class="check">
-                <input type="radio" name="axis" value={a} checked={axis === a} onChange={() => (setAxis(a), setZoom(null))} data-testid={`axis-${a}`} /> {a}
+                <input type="radio" name="axis" value={a} checked={axis === a} onChange={() => (setAxis(a), setZoom(null))} data-testid={`axis-${a}`} /> {AXES[a]}
               </label>
             ))}
           </fieldset>
@@ -85,6 +90,7 @@ export function JobMetrics({ job, system }: { job: Job; system: boolean }) {
         ) : null}
       </div>
       {!system ? <ComparePicker job={job} compare={compare} onChange={setCompare} names={jobNames} /> : null}
+      </div>
       <ErrorBox error={summary.error} />
       <div ref={measure} class="charts" style={{ gridTemplateColumns: `repeat(${layout(width).columns}, minmax(0, 1fr))` }} data-testid="charts" data-downsample={downsample}>
         {!summary.data ? (
@@ -177,7 +183,7 @@ function ComparePicker({ job, compare, onChange, names }: { job: Job; compare: s
     setPick("");
   };
   return (
-    <form class="card compare" onSubmit={add} aria-label="Compare with other runs" data-testid="compare">
+    <form class="compare" onSubmit={add} aria-label="Compare with other runs" data-testid="compare">
       <Field label="Overlay another run" hint="a job id or name; the same metrics of each are drawn together">
         <input list="compare-jobs" value={pick} onInput={(e) => setPick(e.currentTarget.value)} data-testid="compare-input" />
       </Field>
@@ -214,7 +220,7 @@ interface ChartProps {
   several: boolean; // more than one worker: name each line after its worker
   downsample: number;
   stepRange?: { step_min: number; step_max: number };
-  axis: "step" | "time";
+  axis: Axis;
   logScale: boolean;
   smoothing: number;
   poll: number | false;
@@ -241,16 +247,19 @@ function MetricChart(p: ChartProps) {
     let stepless = true;
     for (const [jobId, list] of Object.entries(byJob)) {
       for (const s of list.filter((x) => x.name === p.name && x.kind === "scalar")) {
+        // A series without steps (system metrics) is drawn against time whatever the axis.
         const useStep = p.axis === "step" && s.points.some((pt) => pt[0] !== null);
         if (useStep) stepless = false;
         const pts = useStep ? s.points.filter((pt) => pt[0] !== null) : s.points;
+        const t0 = p.axis === "relative" && pts.length ? pts[0][1] : 0; // the first point is always kept
         const who = compare ? (p.jobNames[jobId] ?? jobId) : "";
         const label = [who, p.several ? s.worker : ""].filter(Boolean).join(" · ") || p.name;
-        lines.push({ label, xs: pts.map((pt) => (useStep ? (pt[0] as number) : pt[1])), ys: pts.map((pt) => value(pt[2])) });
+        lines.push({ label, xs: pts.map((pt) => (useStep ? (pt[0] as number) : pt[1] - t0)), ys: pts.map((pt) => value(pt[2])) });
         count += s.count;
       }
     }
-    return { lines, count, xTime: p.axis === "time" || stepless };
+    const relative = p.axis === "relative";
+    return { lines, count, xTime: !relative && (p.axis === "time" || stepless), xLabel: relative ? "seconds" : p.axis === "step" && !stepless ? "step" : "time" };
   }, [byJob, p.axis, p.jobNames, p.several]);
 
   return (
@@ -261,11 +270,11 @@ function MetricChart(p: ChartProps) {
           lines={chart.lines}
           count={chart.count}
           xTime={chart.xTime}
-          xLabel={chart.xTime ? "time" : "step"}
+          xLabel={chart.xLabel}
           logScale={p.logScale}
           smoothing={p.smoothing}
           yFormat={p.name.endsWith("bytes") ? bytes : undefined}
-          onZoom={chart.xTime ? undefined : p.onZoom}
+          onZoom={chart.xLabel === "step" ? p.onZoom : undefined}
           testid="metric-chart"
         />
       ) : (
