@@ -6,7 +6,7 @@ KILN_HOST ?= 127.0.0.1
 KILN_PORT ?= 8080
 
 .PHONY: run install dev test lint typecheck unit bench clean services mount-tools sandbox-tools node-tools \
-	console console-tools
+	console console-tools browser-tools
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Kiln needs Python >= 3.11"'
@@ -80,6 +80,22 @@ node-tools:
 		fi; \
 	fi
 
+# Chromium drives the web console in its browser tests (tests/e2e/test_console.py) through Playwright for Python (in
+# .[dev]), launched by path: Debian's package where the machine has none (and a font for its pages' text);
+# `playwright install` is not used.
+BROWSER_PACKAGES := chromium fonts-liberation
+browser-tools:
+	@if [ ! -x /usr/bin/chromium ]; then \
+		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+			echo "installing $(BROWSER_PACKAGES) with apt-get (the web console's browser tests drive Chromium)"; \
+			export DEBIAN_FRONTEND=noninteractive; \
+			apt-get install -y -q --no-install-recommends $(BROWSER_PACKAGES) >/dev/null 2>&1 || \
+				{ apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(BROWSER_PACKAGES) >/dev/null; }; \
+		else \
+			echo "WARNING: install Chromium at /usr/bin/chromium (as root: apt-get install chromium); the console's browser tests need it"; \
+		fi; \
+	fi
+
 # The web console: console/ (Vite, its lockfile committed) built into the package, src/kiln/api/console_dist, which
 # the server serves at / (docs/console.md). `npm ci` when the lockfile changed, `npm run build` when anything in
 # console/ did. Node.js and npm from the machine, else Debian's packages. Without console/ the server is API only.
@@ -127,7 +143,7 @@ typecheck: dev
 	$(BIN)/mypy
 
 # Two workers (pytest-xdist), a test file at a time each: the suite is mostly waiting on real servers and jobs.
-test: dev services mount-tools sandbox-tools node-tools console lint typecheck
+test: dev services mount-tools sandbox-tools node-tools browser-tools console lint typecheck
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
 
 unit: dev

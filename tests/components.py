@@ -40,6 +40,11 @@ COMPONENTS: dict[str, tuple[str, str]] = {
         "bash, curl, openssl and sha256sum",
         "Debian: apt-get install bash curl openssl coreutils",
     ),
+    "chromium": (
+        "Chromium (/usr/bin/chromium) with the playwright package (the web console's browser tests)",
+        "`make browser-tools` as root (Debian: apt-get install chromium); playwright: pip install -e '.[dev]' "
+        "(`make dev`; `playwright install` is not needed)",
+    ),
 }
 
 
@@ -81,6 +86,10 @@ def missing(component: str) -> str | None:
         return _missing_tools("node")
     if component == "shell-tools":
         return _missing_tools("bash", "curl", "openssl", "sha256sum")
+    if component == "chromium":
+        problems = [] if os.access("/usr/bin/chromium", os.X_OK) else ["no /usr/bin/chromium"]
+        module = _missing_module("playwright")
+        return "; ".join(problems + ([module] if module else [])) or None
     raise KeyError(f"no check for component {component!r} (known: {', '.join(COMPONENTS)})")
 
 

@@ -1,0 +1,381 @@
+"""The web console in a real browser: Debian's Chromium, headless, driven by Playwright, against a real server
+serving the console `make console` built. One server (and a second one, with another server key) and one browser
+for the module; every test signs in through the page in a fresh browser context.
+
+What only a browser can show: signing in from the keyboard, a job submitted from the form whose log lines arrive
+live and whose loss chart draws every point, cancelling it, why a job waits, a viewer who is shown no way to change
+anything (and whose forced request the server refuses), another organisation's user seeing nothing of the first's,
+CSRF from inside the page, a cookie of one server useless on another, each page's screenshot, a narrow window."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+
+from kiln.sdk.client import Client
+from tests.browser import artifacts_dir, launch
+from tests.kilnserver import KilnServer
+from tests.tenancy_helpers import Account, Api, Tenant, close_all, create_tenant, job_spec
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, BrowserContext, Page
+try:
+    from playwright.sync_api import expect, sync_playwright
+except ImportError:  # the "chromium" component fails (or, opted out, skips) every test here, saying what to install
+    pass
+
+pytestmark = pytest.mark.needs("chromium")
+
+WAIT_MS = 30_000  # the longest any page may take to show what a step waits for (a loaded 2-CPU machine)
+JOB_ID = re.compile(r"^job-")
+HOLD = "sleep 600"  # a job that runs until cancelled
+STEPS = 50
+# Prints its loss every step, then a tick every 0.3 s until cancelled: the log keeps growing while it is followed.
+TRAIN = (
+    "python -c 'import time\n"
+    f'for i in range({STEPS}): print(f"step={{i}} loss={{1 / (i + 1):.4f}}", flush=True)\n'
+    "n = 0\n"
+    "while True:\n"
+    '    print(f"tick {n}", flush=True); n += 1; time.sleep(0.3)\''
+)
+PAGES = ["overview", "jobs", "job-detail", "studies", "models", "services", "datasets", "admin"]
+# What a viewer must not be offered anywhere (each is a control that changes something).
+WRITE_CONTROLS = ", ".join(
+    f"[data-testid={t}]"
+    for t in (
+        "new-job",
+        "cancel-job",
+        "rerun-job",
+        "submit-job",
+        "stop-study",
+        "scale-service",
+        "predict-send",
+        "key-create-submit",
+        "user-create-submit",
+    )
+)
+
+
+@dataclass
+class World:
+    server: KilnServer
+    other: KilnServer  # the same software with another server key
+    browser: Browser
+    alpha: Tenant  # admin, member, viewer; a running job, a dataset, a model and a service
+    bravo: Tenant  # member, with one job of its own
+    quota: Tenant  # member, quota count 1: one job running, one waiting
+    alpha_running: str
+    alpha_dataset: str
+    alpha_service: str
+    bravo_job: str
+    quota_running: str
+    quota_waiting: str
+
+
+def _start_other(server: KilnServer, failures: list[BaseException]) -> None:
+    try:
+        server.start()
+    except BaseException as exc:  # reported by the fixture
+        failures.append(exc)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    root = tmp_path_factory.mktemp("console-e2e")
+    server = KilnServer(root / "home", cpus="8")
+    other = KilnServer(root / "other-home")
+    failures: list[BaseException] = []
+    starting = threading.Thread(target=_start_other, args=(other, failures))
+    starting.start()  # the two servers start side by side
+    tenants: list[Tenant] = []
+    admin: Api | None = None
+    try:
+        server.start()
+        starting.join()
+        if failures:
+            raise failures[0]
+        index = httpx.get(server.url + "/", timeout=10)
+        if index.status_code != 200 or "<html" not in index.text.lower():
+            pytest.fail(f"the console is not built (GET / → {index.status_code}): run `make console`", pytrace=False)
+        admin = Api.admin(server)
+        alpha = create_tenant(admin, "console-alpha")
+        bravo = create_tenant(admin, "console-bravo", ("member",))
+        quota = create_tenant(admin, "console-quota", ("member",))
+        tenants += [alpha, bravo, quota]
+        admin.ok("PUT", f"/orgs/{quota.id}/quota", json_body={"category": "train", "count": 1})
+        member = alpha["member"].api
+        running = member.submit(HOLD, name="alpha-hold", resources={"cpus": 0.1})
+        model_job = member.submit('echo weights > "$KILN_OUTPUT_DIR/model.joblib"', name="alpha-model-job")
+        bravo_job = bravo["member"].api.submit("true", name="bravo-only-job", resources={"cpus": 0.1})
+        quota_running = quota["member"].api.submit(HOLD, name="quota-hold", resources={"cpus": 0.1})
+        dataset = "alpha-dataset"
+        client = Client(server.url, alpha["member"].key_id, alpha["member"].secret)
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "data.csv").write_text("x,y\n1,2\n")
+            client.put_dataset(Path(tmp), dataset, state_dir=Path(tmp) / ".state")
+        client.close()
+        assert member.wait(model_job["id"], timeout=60)["state"] == "SUCCEEDED"
+        member.ok("POST", "/models/alpha-model/versions", json_body={"job_id": model_job["id"], "path": "model.joblib"})
+        service = "alpha-service"
+        spec = {"name": service, "model": "alpha-model@1", "predictor": {"type": "sklearn"}, "replicas": 0}
+        member.ok("POST", "/services", json_body={"spec": {**spec, "runtime": {"python": sys.executable}}})
+        quota["member"].api.wait(quota_running["id"], "RUNNING", timeout=60)
+        waiting = quota["member"].api.submit("true", name="quota-waiting", resources={"cpus": 0.1})
+        quota["member"].api.wait_message(waiting["id"], "quota:")
+        member.wait(running["id"], "RUNNING", timeout=60)
+        expect.set_options(timeout=WAIT_MS)
+        with sync_playwright() as playwright:
+            browser = launch(playwright)
+            try:
+                yield World(
+                    server,
+                    other,
+                    browser,
+                    alpha,
+                    bravo,
+                    quota,
+                    running["id"],
+                    dataset,
+                    service,
+                    bravo_job["id"],
+                    quota_running["id"],
+                    waiting["id"],
+                )
+            finally:
+                browser.close()
+    finally:
+        starting.join()
+        close_all(*tenants)
+        if admin is not None:
+            admin.close()
+        other.stop()
+        server.stop()
+
+
+@pytest.fixture
+def context(world: World) -> Iterator[BrowserContext]:
+    """A fresh browser profile (no cookie) at 1280 x 800."""
+    context = world.browser.new_context(viewport={"width": 1280, "height": 800})
+    context.set_default_timeout(WAIT_MS)
+    yield context
+    context.close()
+
+
+def sign_in(context: BrowserContext, url: str, account: Account, path: str = "/") -> Page:
+    """Open ``path`` (the console sends a signed-out browser to its sign-in page), sign in with ``account``'s key
+    pair and land back on ``path``, signed in."""
+    page = context.new_page()
+    page.goto(url + path)
+    page.get_by_label("Access key id").fill(account.key_id)
+    page.get_by_label("Secret key").fill(account.secret)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_test_id("whoami")).to_contain_text(account.user_name)
+    return page
+
+
+def fetch(page: Page, method: str, path: str, body: Any = None, csrf: str | None = "session") -> dict[str, Any]:
+    """A request from inside the page, with its cookie, as the console's own code would send it; ``csrf``:
+    "session" sends the session's token as X-Kiln-CSRF, None sends none, another string sends that."""
+    return page.evaluate(  # type: ignore[no-any-return]
+        """async ([method, path, body, csrf]) => {
+            const headers = {"Content-Type": "application/json"};
+            if (csrf === "session") {
+                headers["X-Kiln-CSRF"] = (await (await fetch("/api/v1/session")).json()).csrf_token;
+            } else if (csrf !== null) {
+                headers["X-Kiln-CSRF"] = csrf;
+            }
+            const init = {method, headers, credentials: "same-origin"};
+            if (body !== null) init.body = JSON.stringify(body);
+            const response = await fetch(path, init);
+            const text = await response.text();
+            let code = null;
+            try { code = JSON.parse(text).code ?? null; } catch (e) { /* not JSON */ }
+            return {status: response.status, code, text};
+        }""",
+        [method, path, body, csrf],
+    )
+
+
+def test_signing_in_from_the_keyboard(world: World, context: BrowserContext) -> None:
+    member = world.alpha["member"]
+    page = context.new_page()
+    page.goto(world.server.url + "/jobs")
+    expect(page).to_have_url(f"{world.server.url}/signin?next=%2Fjobs")
+    focused = "document.activeElement && document.activeElement.dataset.testid"
+    page.keyboard.press("Tab")
+    assert page.evaluate(focused) == "signin-key"
+    page.keyboard.type(member.key_id)
+    page.keyboard.press("Tab")
+    assert page.evaluate(focused) == "signin-secret"
+    page.keyboard.type("not-the-secret")
+    page.keyboard.press("Enter")
+    expect(page.get_by_test_id("signin-error")).to_be_visible()
+    page.keyboard.press("Control+A")
+    page.keyboard.type(member.secret)
+    page.keyboard.press("Enter")
+    expect(page.get_by_test_id("whoami")).to_contain_text(member.user_name)
+    expect(page).to_have_url(f"{world.server.url}/jobs")  # back where it was sent from
+    expect(page.get_by_role("heading", name="Jobs")).to_be_visible()
+
+
+def test_a_job_from_the_form_streams_its_log_charts_its_loss_and_is_cancelled(
+    world: World, context: BrowserContext
+) -> None:
+    member = world.alpha["member"]
+    page = sign_in(context, world.server.url, member, "/jobs")
+    page.get_by_test_id("new-job").click()
+    page.get_by_label("Name", exact=True).fill("console-train")
+    page.get_by_label("Command").fill(TRAIN)
+    page.get_by_label("CPUs").fill("0.25")
+    page.get_by_role("button", name="Submit", exact=True).click()
+    detail = page.get_by_test_id("job-detail")
+    expect(detail).to_have_attribute("data-job-id", JOB_ID)
+    job_id = detail.get_attribute("data-job-id")
+    assert job_id and member.api.job(job_id)["name"] == "console-train"
+
+    # The log, followed: every step's line, then ticks that keep arriving without a reload.
+    page.get_by_test_id("tab-logs").click()
+    expect(page.get_by_test_id("log-line").filter(has_text=f"step={STEPS - 1} loss=")).to_have_count(1)
+    expect(page.get_by_test_id("log-status")).to_have_attribute("data-status", "following")
+    first_tick = page.get_by_test_id("log-line").filter(has_text="tick ").first
+    expect(first_tick).to_be_visible()
+    later = int(first_tick.inner_text().split("tick ")[1]) + 3
+    expect(page.get_by_test_id("log-line").filter(has_text=f"tick {later}")).to_have_count(1)
+    expect(detail).to_have_attribute("data-state", "RUNNING")
+
+    # The loss chart: uPlot drew the series with every one of the job's points.
+    page.get_by_test_id("tab-metrics").click()
+    chart = page.locator('[data-testid=metric-chart][data-metric="loss"]')
+    expect(chart).to_have_attribute("data-points", str(STEPS))
+    expect(chart).to_have_attribute("data-ready", "true")
+    assert chart.get_attribute("data-count") == str(STEPS)
+    expect(chart.locator("canvas")).to_have_count(1)
+
+    page.get_by_role("button", name="Cancel job").click()
+    expect(detail).to_have_attribute("data-state", "CANCELLED")
+    assert member.api.job(job_id)["state"] == "CANCELLED"
+
+
+def test_a_waiting_job_says_why_on_its_page_and_in_the_queue(world: World, context: BrowserContext) -> None:
+    member = world.quota["member"]
+    page = sign_in(context, world.server.url, member, f"/jobs/{world.quota_waiting}")
+    reason = page.get_by_test_id("why-reason")
+    expect(reason).to_have_attribute("data-kind", "quota")
+    expect(reason).to_contain_text("count 1 of 1")
+    page.get_by_test_id("nav-overview").click()
+    row = page.locator(f'[data-testid=queue-row][data-job-id="{world.quota_waiting}"]')
+    expect(row.get_by_test_id("queue-reason")).to_contain_text("quota")
+
+
+def test_a_viewer_is_offered_no_change_and_a_forced_one_is_refused(world: World, context: BrowserContext) -> None:
+    viewer = world.alpha["viewer"]
+    page = sign_in(context, world.server.url, viewer, "/jobs")
+    expect(page.get_by_text("read-only")).to_be_visible()
+    expect(page.locator(f'[data-testid=job-row][data-job-id="{world.alpha_running}"]')).to_be_visible()
+    assert page.locator(WRITE_CONTROLS).count() == 0
+    for path, loaded in (
+        (f"/jobs/{world.alpha_running}", '[data-testid=job-detail][data-state="RUNNING"] [data-testid=job-details]'),
+        (f"/services/{world.alpha_service}", "[data-testid=service-detail]"),
+        ("/jobs/new", "text=This user may read but not submit jobs."),
+        ("/admin", "[data-testid=key-row]"),
+    ):
+        page.goto(world.server.url + path)
+        expect(page.locator(loaded).first).to_be_visible()
+        assert page.locator(WRITE_CONTROLS).count() == 0, path
+
+    # The server refuses what the page does not offer: the cookie and the CSRF token are good, the role is not.
+    cancel = fetch(page, "POST", f"/api/v1/jobs/{world.alpha_running}/cancel", {})
+    assert cancel["status"] == 403 and cancel["code"] != "csrf", cancel
+    submit = fetch(page, "POST", "/api/v1/jobs", {"spec": job_spec("true")})
+    assert submit["status"] == 403 and submit["code"] != "csrf", submit
+    assert world.alpha["member"].api.job(world.alpha_running)["state"] == "RUNNING"
+
+
+def test_another_organisation_sees_nothing_of_the_first(world: World, context: BrowserContext) -> None:
+    page = sign_in(context, world.server.url, world.bravo["member"], "/jobs")
+    expect(page.get_by_test_id("job-count")).to_contain_text("(all)")
+    rows = page.get_by_test_id("job-row")
+    assert [rows.nth(i).get_attribute("data-job-id") for i in range(rows.count())] == [world.bravo_job]
+    page.get_by_test_id("nav-datasets").click()
+    expect(page.get_by_role("heading", name="Datasets")).to_be_visible()
+    expect(page.locator("main .empty")).to_contain_text("No datasets")
+    expect(page.get_by_test_id("dataset-row")).to_have_count(0)
+    expect(page.get_by_text(world.alpha_dataset)).to_have_count(0)
+    page.get_by_test_id("nav-services").click()
+    expect(page.get_by_role("heading", name="Services")).to_be_visible()
+    expect(page.locator("main .empty")).to_contain_text("No services")
+    expect(page.get_by_test_id("service-row")).to_have_count(0)
+    expect(page.get_by_text(world.alpha_service)).to_have_count(0)
+    # A deep link to the first organisation's job finds nothing.
+    page.goto(f"{world.server.url}/jobs/{world.alpha_running}")
+    expect(page.get_by_test_id("error")).to_contain_text("not found", ignore_case=True)
+    expect(page.get_by_test_id("job-detail")).to_have_count(0)
+
+
+def test_changes_need_the_csrf_token_and_a_cookie_works_only_on_its_server(
+    world: World, context: BrowserContext
+) -> None:
+    page = sign_in(context, world.server.url, world.alpha["member"])
+    spec = {"spec": job_spec("true", name="csrf-check")}
+    for token in (None, "forged"):
+        refused = fetch(page, "POST", "/api/v1/jobs", spec, csrf=token)
+        assert (refused["status"], refused["code"]) == (403, "csrf"), refused
+    accepted = fetch(page, "POST", "/api/v1/jobs", spec)
+    assert accepted["status"] == 201, accepted
+
+    # The same browser, the same cookie (cookies are per host, not per port), another server key: signed out.
+    assert [c["name"] for c in context.cookies(world.other.url)] == ["kiln_session"]
+    page.goto(world.other.url + "/jobs")
+    expect(page.get_by_test_id("signin-form")).to_be_visible()
+    session = fetch(page, "GET", "/api/v1/session", csrf=None)
+    # Refused for its MAC ("signature"), not for a missing cookie: the browser did send it.
+    assert session["status"] == 401 and json.loads(session["text"])["details"]["reason"] == "signature", session
+
+
+def test_every_page_renders_and_is_kept_as_a_screenshot(world: World, context: BrowserContext) -> None:
+    admin = world.alpha["admin"]
+    page = sign_in(context, world.server.url, admin)
+    shots = artifacts_dir("console")
+    loaded = {
+        "overview": ("/", "[data-testid=quota-table]"),
+        "jobs": ("/jobs", f'[data-testid=job-row][data-job-id="{world.alpha_running}"]'),
+        "job-detail": (f"/jobs/{world.alpha_running}", "[data-testid=event-row]"),
+        "studies": ("/studies", "h1:text('Studies')"),
+        "models": ("/models", "[data-testid=model-row]"),
+        "services": ("/services", "[data-testid=service-row]"),
+        "datasets": ("/datasets", "[data-testid=dataset-row]"),
+        "admin": ("/admin", "[data-testid=key-row]"),
+    }
+    assert list(loaded) == PAGES
+    for name, (path, marker) in loaded.items():
+        page.goto(world.server.url + path)
+        expect(page.locator(marker).first).to_be_visible()
+        expect(page.locator("main [aria-busy=true]")).to_have_count(0)
+        expect(page.get_by_test_id("error")).to_have_count(0)
+        target = shots / f"{name}.png"
+        page.screenshot(path=str(target), full_page=True)
+        assert target.stat().st_size > 1000, target
+
+
+def test_the_jobs_page_fits_a_narrow_window(world: World) -> None:
+    context = world.browser.new_context(viewport={"width": 480, "height": 800})
+    context.set_default_timeout(WAIT_MS)
+    try:
+        page = sign_in(context, world.server.url, world.alpha["member"], "/jobs")
+        expect(page.locator(f'[data-testid=job-row][data-job-id="{world.alpha_running}"]')).to_be_visible()
+        assert page.evaluate("window.innerWidth") == 480
+        scroll, client = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert scroll <= client, f"the jobs page is {scroll} px wide in a {client} px window"
+        page.screenshot(path=str(artifacts_dir("console") / "jobs-480px.png"), full_page=True)
+    finally:
+        context.close()
