@@ -252,12 +252,15 @@ class MetricsService:
         sql = f"""
             WITH pts AS (
                 SELECT {x} AS x, time AS t, value AS v, {bucket} AS b FROM metric_points WHERE {base}
-            ), agg AS (
-                SELECT b, MIN(x) AS fx, MAX(x) AS lx, MIN(v) AS mn, MAX(v) AS mx FROM pts GROUP BY b
+            ), w AS (
+                SELECT x, t, v, MIN(x) OVER (PARTITION BY b) AS fx, MAX(x) OVER (PARTITION BY b) AS lx,
+                       MIN(v) OVER (PARTITION BY b) AS mn, MAX(v) OVER (PARTITION BY b) AS mx
+                FROM pts
             )
-            SELECT p.x, p.t, p.v FROM pts p JOIN agg a ON p.b = a.b
-            WHERE p.x = a.fx OR p.x = a.lx OR p.v = a.mn OR p.v = a.mx
+            SELECT x, t, v FROM w WHERE x = fx OR x = lx OR v = mn OR v = mx
         """
+        # Window functions, not a join of the points to their buckets' summary: SQLite ran that join as a nested
+        # loop (0.4 s for a 2,000-point series at 600 buckets; 0.03 s so).
         rows = s.execute(text(sql), {"sid": series.id, "lo": lo, "nb": want, "span": span, **params})
         return m4(((float(a), float(b), float(c)) for a, b, c in rows), float(lo), float(hi), want)
 
@@ -282,14 +285,13 @@ class MetricsService:
                     SELECT first_x, first_t, first_v, last_x, last_t, last_v, min_x, min_t, min_v,
                            max_x, max_t, max_v, {bucket} AS b
                     FROM metric_chunks WHERE series_id = :sid{inside}
-                ), agg AS (
-                    SELECT b, MIN(first_x) AS fx, MAX(last_x) AS lx, MIN(min_v) AS mn, MAX(max_v) AS mx
-                    FROM c GROUP BY b
+                ), w AS (
+                    SELECT c.*, MIN(first_x) OVER (PARTITION BY b) AS fx, MAX(last_x) OVER (PARTITION BY b) AS lx,
+                           MIN(min_v) OVER (PARTITION BY b) AS mn, MAX(max_v) OVER (PARTITION BY b) AS mx
+                    FROM c
                 )
-                SELECT c.first_x, c.first_t, c.first_v, c.last_x, c.last_t, c.last_v, c.min_x, c.min_t, c.min_v,
-                       c.max_x, c.max_t, c.max_v
-                FROM c JOIN agg a ON c.b = a.b
-                WHERE c.first_x = a.fx OR c.last_x = a.lx OR c.min_v = a.mn OR c.max_v = a.mx
+                SELECT first_x, first_t, first_v, last_x, last_t, last_v, min_x, min_t, min_v, max_x, max_t, max_v
+                FROM w WHERE first_x = fx OR last_x = lx OR min_v = mn OR max_v = mx
             """
             for r in s.execute(text(sql), {**params, "lo": lo, "nb": want, "span": span}):
                 candidates.extend(((r[0], r[1], r[2]), (r[3], r[4], r[5]), (r[6], r[7], r[8]), (r[9], r[10], r[11])))
