@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, bindparam, select
+from sqlalchemy import Select, and_, bindparam, or_, select
 from sqlalchemy.orm import Session
 
 from kiln.backends.base import Inventory
@@ -47,7 +47,14 @@ def _list_statement(filters: frozenset[str]) -> Select[Any]:
     if "states" in filters:
         query = query.where(Job.state.in_(bindparam("states", expanding=True)))
     if "before" in filters:
-        query = query.where(Job.id < bindparam("before"))
+        # Keyset paging on the sort key (created_at, id), not on id alone: ids made in the same instant by other
+        # processes do not follow created_at, and paging on id skipped and repeated jobs. The job named must be
+        # one the caller sees (else the page is empty, as for an id that does not exist).
+        ref = select(Job.created_at).where(Job.id == bindparam("before"))
+        if "org_id" in filters:
+            ref = ref.where(Job.org_id == bindparam("org_id"))
+        when = ref.scalar_subquery()
+        query = query.where(or_(Job.created_at < when, and_(Job.created_at == when, Job.id < bindparam("before"))))
     return query
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from kiln.db.models import Job, TuningEvent, TuningStudy, TuningTrial, utcnow
@@ -246,8 +246,14 @@ class StudyService:
             query = query.where(TuningStudy.org_id == principal.org_id)
         if states:
             query = query.where(TuningStudy.state.in_([str(x) for x in states]))
-        if before:
-            query = query.where(TuningStudy.id < before)
+        if before:  # keyset paging on the sort key; the study named must be one the caller sees
+            ref = select(TuningStudy.created_at).where(TuningStudy.id == before)
+            if not principal.platform_admin:
+                ref = ref.where(TuningStudy.org_id == principal.org_id)
+            when = ref.scalar_subquery()
+            query = query.where(
+                or_(TuningStudy.created_at < when, and_(TuningStudy.created_at == when, TuningStudy.id < before))
+            )
         with self.db.read() as s:
             studies = list(s.scalars(query))
             trials = read_trials(s, [x.id for x in studies])
