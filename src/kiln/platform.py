@@ -31,6 +31,7 @@ from kiln.services.log_metrics import LogMetrics
 from kiln.services.metrics import MetricsService
 from kiln.services.metrics_ingest import MetricsIngester, MetricsStore
 from kiln.services.models import ModelRegistry
+from kiln.services.nodes import NodeService
 from kiln.services.outputs import OutputService
 from kiln.services.quotas import QuotaService
 from kiln.services.recovery import announce_offline_actions
@@ -92,6 +93,7 @@ class Platform:
             self.quotas,
         )
         self.scheduling = SchedulingService(self.db, self.backend, settings, self.jobs)
+        self.nodes = NodeService(self.db, self.backend.nodes)
         self.blobs = BlobService(self.db, self.store, settings, self.quotas)
         self.outputs = OutputService(self.jobs, self.logs, self.store, self.blobs.tmp_dir, self.quotas)
         self.runtimes = RuntimeService(

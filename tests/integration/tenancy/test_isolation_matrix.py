@@ -183,6 +183,8 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ("GET", "/api/v1/studies/{study_id}/best"): [Case("scoped")],  # no trial succeeded: A's reader gets 404 too
     ("GET", "/api/v1/studies/{study_id}/events"): [Case("scoped", reader="member")],
     ("POST", "/api/v1/studies/{study_id}/stop"): [Case("scoped", owner="admin", last=True)],
+    # The machines: A's running job takes its share on B's view, without its id or name (the leak check).
+    ("GET", "/api/v1/nodes"): [Case("self", cross=OWN_OK)],
     ("GET", "/api/v1/runtimes"): [Case("self", cross=OWN_OK)],
     ("POST", "/api/v1/runtimes/{framework}/install"): [Case("platform", cross=frozenset({403}))],
     # The catalog is the platform's, not an organisation's; {name} is bound to a dataset's name: no such runtime.
