@@ -48,7 +48,6 @@ TRAIN = (
     "while True:\n"
     '    print(f"tick {n}", flush=True); n += 1; time.sleep(0.3)\''
 )
-PAGES = ["overview", "jobs", "job-detail", "studies", "models", "services", "datasets", "admin"]
 # What a viewer must not be offered anywhere (each is a control that changes something).
 WRITE_CONTROLS = ", ".join(
     f"[data-testid={t}]"
@@ -247,9 +246,9 @@ def test_a_job_from_the_form_streams_its_log_charts_its_loss_and_is_cancelled(
     page.get_by_test_id("tab-logs").click()
     expect(page.get_by_test_id("log-line").filter(has_text=f"step={STEPS - 1} loss=")).to_have_count(1)
     expect(page.get_by_test_id("log-status")).to_have_attribute("data-status", "following")
-    first_tick = page.get_by_test_id("log-line").filter(has_text="tick ").first
-    expect(first_tick).to_be_visible()
-    later = int(first_tick.inner_text().split("tick ")[1]) + 3
+    seen = page.get_by_test_id("log-line").filter(has_text="tick ").last
+    expect(seen).to_be_visible()
+    later = int(seen.inner_text().split("tick ")[1]) + 3  # printed about 0.9 s after the newest line shown
     expect(page.get_by_test_id("log-line").filter(has_text=f"tick {later}")).to_have_count(1)
     expect(detail).to_have_attribute("data-state", "RUNNING")
 
@@ -356,7 +355,6 @@ def test_every_page_renders_and_is_kept_as_a_screenshot(world: World, context: B
         "datasets": ("/datasets", "[data-testid=dataset-row]"),
         "admin": ("/admin", "[data-testid=key-row]"),
     }
-    assert list(loaded) == PAGES
     for name, (path, marker) in loaded.items():
         page.goto(world.server.url + path)
         expect(page.locator(marker).first).to_be_visible()
