@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
+
 from kiln.domain.schemas import ErrorBody
 
 DESCRIPTIONS = {
@@ -64,3 +66,16 @@ def raw_body(media_type: str) -> dict[str, Any]:
     bytes of that media type, which the route itself checks."""
     schema = {"type": "string", "format": "binary"}
     return {"requestBody": {"required": True, "content": {media_type: {"schema": schema}}}}
+
+
+def stored_file(store: Any, key: str, sha256: str, size: int, presigned_url: str | None) -> Response:
+    """A stored blob's bytes as a response: a 307 to ``presigned_url`` where the store gives one (S3), else
+    streamed; with its digest and size as headers either way."""
+    headers = {"X-Kiln-SHA256": sha256, "X-Kiln-Size": str(size)}
+    if presigned_url is not None:
+        return RedirectResponse(presigned_url, status_code=307, headers=headers)
+    store.size(key)  # 404/503 now, before the response starts
+    headers["Content-Length"] = str(size)
+    return StreamingResponse(
+        store.iter_bytes(key, 4 * 1024 * 1024), media_type="application/octet-stream", headers=headers
+    )

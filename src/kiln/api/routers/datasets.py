@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request
-from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from kiln.api.deps import Caller, Kiln
 from kiln.api.params import DatasetName, DraftId, FilePath, PartNumber, UploadId, Version
-from kiln.api.responses import REDIRECT, errors, links, raw_body
+from kiln.api.responses import REDIRECT, errors, links, raw_body, stored_file
 from kiln.domain import dataset_refs
 from kiln.domain.schemas import (
     DatasetManifest,
@@ -138,15 +138,7 @@ def dataset_file(name: DatasetName, version: Version, path: FilePath, caller: Ca
     if number is None:
         raise BadRequest("read files of a version by its number")
     key, entry = kiln.datasets.file(caller, name, number, path)
-    headers = {"X-Kiln-SHA256": entry.sha256, "X-Kiln-Size": str(entry.size)}
-    url = kiln.datasets.presigned_get(key, entry.path)
-    if url is not None:
-        return RedirectResponse(url, status_code=307, headers=headers)
-    kiln.store.size(key)  # 404/503 now, before the response starts
-    headers["Content-Length"] = str(entry.size)
-    return StreamingResponse(
-        kiln.store.iter_bytes(key, 4 * 1024 * 1024), media_type="application/octet-stream", headers=headers
-    )
+    return stored_file(kiln.store, key, entry.sha256, entry.size, kiln.datasets.presigned_get(key, entry.path))
 
 
 @router.get(

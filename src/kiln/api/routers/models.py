@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path
-from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from fastapi.responses import Response
 
 from kiln.api.deps import Caller, Kiln
 from kiln.api.params import FilePath
-from kiln.api.responses import REDIRECT, errors, links
+from kiln.api.responses import REDIRECT, errors, links, stored_file
 from kiln.domain import models as refs
 from kiln.domain.models import (
     AliasRead,
@@ -116,15 +116,7 @@ def get_model_version(model: ModelName, version: VersionRef, caller: Caller, kil
 )
 def model_file(model: ModelName, version: VersionRef, path: FilePath, caller: Caller, kiln: Kiln) -> Response:
     key, entry = kiln.models.file(caller, model, version, path)
-    headers = {"X-Kiln-SHA256": entry.sha256, "X-Kiln-Size": str(entry.size)}
-    url = kiln.models.presigned_get(key, entry.path)
-    if url is not None:
-        return RedirectResponse(url, status_code=307, headers=headers)
-    kiln.store.size(key)  # 404/503 now, before the response starts
-    headers["Content-Length"] = str(entry.size)
-    return StreamingResponse(
-        kiln.store.iter_bytes(key, 4 * 1024 * 1024), media_type="application/octet-stream", headers=headers
-    )
+    return stored_file(kiln.store, key, entry.sha256, entry.size, kiln.models.presigned_get(key, entry.path))
 
 
 @router.delete(
