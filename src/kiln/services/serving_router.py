@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 from kiln.errors import KilnError
+from kiln.services.replica_http import LoopbackPool, ReplicaUnreachable
 
 RETRY_AFTER_SECONDS = 5
 
@@ -77,6 +78,7 @@ class Router:
         self._changed: dict[str, asyncio.Event] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: httpx.AsyncClient | None = None
+        self._loopback = LoopbackPool()
         self.on_cold_start = on_cold_start  # service id: it has no ready replica and a request waits
         self.last_request: dict[str, float] = {}  # service id → monotonic time of its last request
         # Process-wide aggregates (Prometheus: no tenant labels).
@@ -196,7 +198,7 @@ class Router:
             started = time.monotonic()
             try:
                 answer = await self._send(endpoint, body, max(0.1, deadline - started))
-            except httpx.TransportError as exc:
+            except (httpx.TransportError, ReplicaUnreachable) as exc:
                 last_error = f"replica {endpoint.replica_id}: {type(exc).__name__}"
                 self._done(endpoint, started, error=True, suspect=endpoint.base_url is None)
                 continue
@@ -210,23 +212,21 @@ class Router:
         raise PredictFailed(f"the replicas failed to answer ({last_error}); retry later")
 
     async def _send(self, endpoint: Endpoint, body: bytes, timeout: float) -> Answer:
-        if self._client is None:
-            limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
-            self._client = httpx.AsyncClient(limits=limits, trust_env=False)
-        base = endpoint.base_url.rstrip("/") if endpoint.base_url else f"http://127.0.0.1:{endpoint.port}"
-        response = await self._client.post(
-            f"{base}/predict",
-            content=body,
-            headers={"Authorization": f"Bearer {endpoint.secret}", "Content-Type": "application/json"},
-            timeout=timeout,
-        )
-        batch = response.headers.get("x-kiln-batch-size")
+        headers = {"Authorization": f"Bearer {endpoint.secret}", "Content-Type": "application/json"}
+        if endpoint.base_url is None:  # a replica on this machine: the lean loopback client
+            status, answer_headers, content = await self._loopback.post(
+                endpoint.port, "/predict", headers, body, timeout
+            )
+        else:  # a backend's own address (a Kubernetes Service)
+            if self._client is None:
+                limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+                self._client = httpx.AsyncClient(limits=limits, trust_env=False)
+            url = f"{endpoint.base_url.rstrip('/')}/predict"
+            response = await self._client.post(url, content=body, headers=headers, timeout=timeout)
+            status, answer_headers, content = response.status_code, dict(response.headers), response.content
+        batch = answer_headers.get("x-kiln-batch-size")
         return Answer(
-            response.status_code,
-            response.content,
-            endpoint.model,
-            endpoint.replica_id,
-            int(batch) if batch and batch.isdigit() else None,
+            status, content, endpoint.model, endpoint.replica_id, int(batch) if batch and batch.isdigit() else None
         )
 
     def _done(
