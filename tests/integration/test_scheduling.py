@@ -154,9 +154,11 @@ def test_fair_share_between_two_organisations(make_server):
         ends = {j["id"]: busy["member"].api.wait(j["id"], timeout=60) for j in many}
         ends |= {j["id"]: calm["member"].api.wait(j["id"], timeout=60) for j in few}
         assert all(j["state"] == "SUCCEEDED" for j in ends.values())
-        # Strict FIFO would run all six of busy's jobs first; fair share starts calm's first one next.
-        assert _started(ends[few[0]["id"]]) < _started(ends[many[2]["id"]])
-        assert _started(ends[few[1]["id"]]) < _started(ends[many[5]["id"]])
+        # Strict FIFO would run all six of busy's jobs first; fair share starts calm's first one next. Two jobs that
+        # end in the same pass free two CPUs at once: calm's and busy's next are then placed in that one pass and
+        # share its time (<=, not <; the run this was found in had them equal to the microsecond).
+        assert _started(ends[few[0]["id"]]) <= _started(ends[many[2]["id"]])
+        assert _started(ends[few[1]["id"]]) <= _started(ends[many[5]["id"]])
     finally:
         close_all(busy, calm)
 

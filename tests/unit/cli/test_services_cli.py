@@ -78,7 +78,7 @@ def test_a_service_yaml_is_read_with_its_env_as_text_and_name_replaced(tmp_path:
             "predictor.clas: unknown field (did you mean 'predictor.class'?)",
         ),
         (("{shape: [64],", "{shap: [64],"), "predictor.input_schema.shap: unknown field (did you mean"),
-        (("shape: [64]", "shape: [0]"), "predictor.input_schema.shape: dimensions are ≥ 1"),
+        (("shape: [64]", "shape: [0]"), "predictor.input_schema.shape[0]: Input should be greater than or equal to 1"),
         (("model: digits@production", "model: digits"), "model: 'digits': expected NAME@VERSION or NAME@ALIAS"),
         (("name: digits", "name: Digits_1"), "name: 'Digits_1': lowercase letters, digits and '-'"),
         (("max_batch_size: 16", "max_batch_size: 0"), "batching.max_batch_size: Input should be greater than"),
