@@ -10,7 +10,7 @@ from sqlalchemy import select
 from kiln.backends.base import Inventory
 from kiln.db.models import Job
 from kiln.db.session import Database
-from kiln.domain.schemas import NodeGpu, NodeJob, NodeRead
+from kiln.domain.nodes import NodeGpu, NodeJob, NodeRead
 from kiln.domain.states import JobState
 from kiln.services.identity import Principal
 from kiln.services.scheduler_inputs import slots_of

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from kiln.api.deps import Caller, Kiln
 from kiln.api.responses import errors
-from kiln.domain.schemas import NodeList
+from kiln.domain.nodes import NodeList
 
 router = APIRouter(prefix="/nodes", tags=["scheduling"], responses=errors(403))
 
