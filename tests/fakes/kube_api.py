@@ -4,7 +4,8 @@ no admission, no RBAC, no scheduler or kubelet. What it does implement:
 
 - create / get / list / delete (one, or a collection by label selector) / patch (JSON merge patch) / replace
   (``PUT``, ``409 Conflict`` on a stale ``resourceVersion``) of namespaced secrets, configmaps, services, pods,
-  ``batch/v1`` jobs, ``apps/v1`` deployments and ``autoscaling/v2`` horizontalpodautoscalers, and a list of nodes;
+  ``batch/v1`` jobs, ``apps/v1`` deployments, ``autoscaling/v2`` horizontalpodautoscalers and
+  ``networking.k8s.io/v1`` networkpolicies (stored only: nothing enforces them), and a list of nodes;
   a Secret's ``stringData`` is stored base64-encoded in ``data``, as the API server does;
 - a Deployment's ``metadata.generation`` (1 at create, +1 whenever its ``spec`` changes) and a status that only a
   test hook sets (:meth:`FakeKubeAPI.set_deployment_ready`): no pods are made for it, no rollout happens;
@@ -46,6 +47,7 @@ KINDS = {  # URL plural → kind
     "nodes": "Node",
     "deployments": "Deployment",
     "horizontalpodautoscalers": "HorizontalPodAutoscaler",
+    "networkpolicies": "NetworkPolicy",
 }
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 

@@ -56,10 +56,10 @@ class Env:
         self.logs = LogStore(tmp / "logs")
         self.backends: list[KubernetesBackend] = []
 
-    def backend(self) -> KubernetesBackend:
+    def backend(self, config: KubeConfig | None = None) -> KubernetesBackend:
         backend = KubernetesBackend(
             self.fake.api_client(),
-            KubeConfig(namespace="kiln"),
+            config or KubeConfig(namespace="kiln"),
             endpoint="http://kiln:8080",
             logs=self.logs,
             state_dir=self.tmp / "state",
@@ -294,3 +294,46 @@ def test_nodes_and_validate(env: Env) -> None:
     mounted = dict(staged, inputs=[{"dataset": "mnist@1"}, {"dataset": "imagenet@2", "mode": "mount"}])
     with pytest.raises(InvalidInput, match=r"inputs\[1\]\.mode: mount is not available on the Kubernetes backend"):
         backend.validate(JobSpec.model_validate(mounted))
+
+
+def test_the_network_policy_is_applied_with_the_attempt_and_deleted_with_it(env: Env) -> None:
+    fake = env.fake
+    backend = env.backend(KubeConfig(namespace="kiln", job_egress=["deny 10.0.0.0/8"], network_host_orgs=["acme"]))
+    handle = backend.start(launch("job-net", workers=2))
+    (policy,) = fake.list("NetworkPolicy", "kiln")["items"]
+    assert policy["metadata"]["labels"]["kiln.io/job"] == "job-net"
+    assert policy["spec"]["egress"][-1]["to"][0]["ipBlock"] == {
+        "cidr": "0.0.0.0/0",
+        "except": ["10.0.0.0/8", "169.254.0.0/16"],
+    }
+    uid = fake.jobs()[0]["metadata"]["uid"]
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == uid  # patched once the Job existed: goes with it
+    created = [p for m, p in fake.requests if m == "POST"]
+    policy_at = next(i for i, p in enumerate(created) if "/apis/networking.k8s.io/v1/" in p)
+    assert policy_at < next(i for i, p in enumerate(created) if "/jobs" in p)  # before any pod exists
+    other = backend.start(launch("job-other"))  # another job's policy stays
+    backend.cancel(handle, 5)
+    backend.cleanup(handle)
+    assert [p["metadata"]["labels"]["kiln.io/job"] for p in fake.list("NetworkPolicy", "kiln")["items"]] == [
+        "job-other"
+    ]
+    backend.cleanup(handle)  # again: nothing left to delete, no error
+    backend.cleanup(other)
+    assert not fake.list("NetworkPolicy", "kiln")["items"]
+    # host: no policy (hostNetwork pods), and only where the operator allows it.
+    backend.start(launch("job-host", network="host"))
+    assert not fake.list("NetworkPolicy", "kiln")["items"]
+    (pod,) = fake.pods()
+    assert pod["spec"]["hostNetwork"] is True
+
+
+def test_validate_refuses_host_unless_the_operator_allows_it(env: Env) -> None:
+    host = JobSpec.model_validate({"command": "x", "runtime": {"image": "busybox"}, "network": "host"})
+    with pytest.raises(InvalidInput, match="KILN_NETWORK_HOST_ORGS") as info:
+        env.backend().validate(host)
+    assert info.value.details == {"field": "spec.network"}
+    env.backend(KubeConfig(namespace="kiln", network_host_orgs=["acme"])).validate(host)
+    mpi = {"command": "x", "runtime": {"image": "busybox"}, "network": "host"}
+    mpi["distributed"] = {"framework": "mpi", "workers": 2}
+    with pytest.raises(InvalidInput, match="MPI gang"):
+        env.backend(KubeConfig(namespace="kiln", network_host_orgs=["acme"])).validate(JobSpec.model_validate(mpi))

@@ -1,9 +1,9 @@
 """Model services on a Kiln server with KILN_BACKEND=kubernetes, against the FAKE Kubernetes API
 (tests/fakes/kube_api.py: no cluster exists here). A service is applied as the objects ``render_service`` renders
-(Secret, ConfigMap, Deployment, Service, and an HPA with autoscale), its state follows the Deployment's ready
-replicas (which only a test hook of the fake sets: the fake runs no pods), an update to another model version
-replaces the Deployment (a new ConfigMap, the same replica secret), a scale sets its replicas, and a delete removes
-every object.
+(Secret, ConfigMap, NetworkPolicy, Deployment, Service, and an HPA with autoscale), its state follows the
+Deployment's ready replicas (which only a test hook of the fake sets: the fake runs no pods), an update to another
+model version replaces the Deployment (a new ConfigMap, the same replica secret), a scale sets its replicas, and a
+delete removes every object.
 
 The model is trained the way a Kubernetes job's outputs reach Kiln: the job's pod (the fake's) is "running", and
 the pod's sync sidecar program (podsync.py, run here in process) uploads the output file through the API with the
@@ -35,7 +35,7 @@ from tests.fakes.kube_api import FakeKubeAPI
 from tests.helpers import wait_for
 from tests.kilnserver import KilnServer
 
-KINDS = ("Secret", "ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler")
+KINDS = ("Secret", "ConfigMap", "NetworkPolicy", "Deployment", "Service", "HorizontalPodAutoscaler")
 MODEL_BYTES = b"not a real model: no replica loads it here\n"
 
 
@@ -137,7 +137,7 @@ def test_a_service_is_applied_updated_scaled_and_deleted(client: Client, fake: F
     }
     service = client.serve(spec)
     base = service_base(service.id)
-    objects = _until(lambda: (o := _objects(fake, service.id)) and len(o) == 4 and o)
+    objects = _until(lambda: (o := _objects(fake, service.id)) and len(o) == 5 and o)
     rendered = client.render_service(spec)  # the render of the same spec, for the same service id
     assert sorted(map(_content, objects.values()), key=str) == sorted(map(_content, rendered), key=str)
     deployment = objects[("Deployment", base)]
@@ -212,7 +212,7 @@ def test_autoscale_renders_an_hpa_that_goes_when_autoscale_does(client: Client, 
     }
     service = client.serve(spec)
     base = service_base(service.id)
-    objects = _until(lambda: (o := _objects(fake, service.id)) and len(o) == 5 and o)
+    objects = _until(lambda: (o := _objects(fake, service.id)) and len(o) == 6 and o)
     rendered = {(o["kind"], o["metadata"]["name"]): o for o in client.render_service(spec)}
     hpa = objects[("HorizontalPodAutoscaler", base)]
     assert hpa["spec"] == rendered[("HorizontalPodAutoscaler", base)]["spec"]
@@ -283,7 +283,7 @@ def test_the_router_sends_predicts_to_a_backends_service_url(fail_first: int) ->
     stand_in = _StandIn(fail_first)
     try:
         router = Router()
-        router.add("svc-1", Endpoint("svc-1", "", 0, "s3cret", "digits@2", base_url=stand_in.url + "/"))
+        router.add("svc-1", Endpoint("svc-1", "", None, "s3cret", "digits@2", base_url=stand_in.url + "/"))
         answer = asyncio.run(_predict(router, [[1.0], [2.0]]))
     finally:
         stand_in.close()

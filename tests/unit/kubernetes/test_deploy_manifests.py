@@ -103,6 +103,7 @@ def test_role_is_least_privilege(overlay: str) -> None:
         ("", "configmaps"),
         ("apps", "deployments"),
         ("autoscaling", "horizontalpodautoscalers"),
+        ("networking.k8s.io", "networkpolicies"),
     }
     assert set(granted) <= allowed
     # What the renderers create (jobs, and model services' Deployments and autoscalers), the server may create and
@@ -116,6 +117,8 @@ def test_role_is_least_privilege(overlay: str) -> None:
         ("autoscaling", "horizontalpodautoscalers"),
     ):
         assert {"create", "delete", "get", "list", "watch"} <= granted[key]
+    # The jobs' and services' NetworkPolicies: created, owned (patch), replaced (update), deleted; never watched.
+    assert granted[("networking.k8s.io", "networkpolicies")] == {"get", "list", "create", "update", "patch", "delete"}
     assert granted[("", "pods/log")] == {"get"}
     assert "create" not in granted[("", "pods")] and "create" not in granted[("", "events")]
 

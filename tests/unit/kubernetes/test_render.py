@@ -172,7 +172,7 @@ def test_labels_on_every_object_and_pod_and_owner_references(case: str) -> None:
 
 def test_single_job() -> None:
     objects = rendered(spec(resources={"cpus": 2, "memory": "4G"}), code_sha256="cd" * 32)
-    assert [o["kind"] for o in objects] == ["Secret", "ConfigMap", "Job"]
+    assert [o["kind"] for o in objects] == ["Secret", "ConfigMap", "NetworkPolicy", "Job"]
     job = objects[-1]
     assert job["metadata"]["name"] == f"kiln-{JOB}-a1"
     js = job["spec"]
@@ -271,9 +271,9 @@ def test_full_single_job() -> None:
 
 def test_pytorch_gang() -> None:
     objects = rendered(spec(**CASES["pytorch-2x2"]))
-    assert [o["kind"] for o in objects] == ["Secret", "ConfigMap", "Service", "Job"]
+    assert [o["kind"] for o in objects] == ["Secret", "ConfigMap", "Service", "NetworkPolicy", "Job"]
     base = base_name(JOB, 1)
-    service, job = objects[2], objects[3]
+    service, job = objects[2], objects[4]
     assert job["metadata"]["name"] == f"{base}-worker"
     js = job["spec"]
     assert js["completionMode"] == "Indexed"
@@ -473,7 +473,7 @@ def test_cli_prints_the_manifests(tmp_path: Any) -> None:
     )
     assert result.exit_code == 0, result.output
     docs = list(yaml.safe_load_all(result.stdout))
-    assert [d["kind"] for d in docs] == ["Secret", "ConfigMap", "Service", "Job"]
+    assert [d["kind"] for d in docs] == ["Secret", "ConfigMap", "Service", "NetworkPolicy", "Job"]
     assert {d["metadata"]["namespace"] for d in docs} == {"ml"}
     assert docs[0]["stringData"]["token"] == "REPLACE-WITH-THE-JOB-TOKEN"
     validate_strict(docs, OLDEST)

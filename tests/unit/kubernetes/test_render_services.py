@@ -128,7 +128,8 @@ def test_every_manifest_validates_strictly(case: str, config: str, version: str)
 def test_objects_labels_selectors_and_owners(case: str) -> None:
     objects = rendered(service(**CASES[case]), owner_uid=UID, **_extra(case))
     autoscaled = "autoscale" in CASES[case]
-    kinds = ["Secret", "ConfigMap", "Deployment", "Service"] + (["HorizontalPodAutoscaler"] if autoscaled else [])
+    kinds = ["Secret", "ConfigMap", "NetworkPolicy", "Deployment", "Service"]
+    kinds += ["HorizontalPodAutoscaler"] if autoscaled else []
     assert [o["kind"] for o in objects] == kinds
     deployment = one(objects, "Deployment")
     template = deployment["spec"]["template"]

@@ -1,8 +1,8 @@
 """The Kubernetes backend: the controller that runs Kiln attempts as Kubernetes Jobs (official ``kubernetes`` client).
 
 - ``start`` renders the attempt (:func:`kiln.backends.kubernetes.render.render`) and creates its objects in order:
-  Secret, ConfigMap(s), Service (and Volcano PodGroup), then the main Job; ``409 AlreadyExists`` counts as
-  created, so calling it again after a controller restart never makes a second Job (names are deterministic;
+  Secret, ConfigMap(s), Service (and Volcano PodGroup), NetworkPolicy, then the main Job; ``409 AlreadyExists``
+  counts as created, so calling it again after a controller restart never makes a second Job (names are deterministic;
   the API calls are :class:`~kiln.backends.kubernetes.kubeapi.KubeObjects`).
   Once the main Job exists its uid goes onto every other object as an ownerReference (patched onto those
   created before it, set on the parameter servers' Job before it is created), so deleting that Job — or its
@@ -62,7 +62,7 @@ from kiln.backends.kubernetes.names import (
 from kiln.backends.kubernetes.podlogs import TERMINAL, PodLogs, iter_lines
 from kiln.backends.kubernetes.render import GPU_RESOURCE, render
 from kiln.backends.kubernetes.service_objects import ServiceObjects
-from kiln.backends.kubernetes.settings import api_client, kube_config
+from kiln.backends.kubernetes.settings import api_client, job_network, kube_config
 from kiln.backends.kubernetes.status import status_from
 from kiln.domain.catalog import Catalog
 from kiln.domain.serving import ServiceSpec
@@ -117,7 +117,7 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer):
         kube = settings.kubernetes
         return cls(
             api_client(kube),
-            kube_config(kube, checkpoint_sync_seconds=settings.checkpoint_sync_seconds),
+            kube_config(kube, checkpoint_sync_seconds=settings.checkpoint_sync_seconds, **job_network(settings)),
             endpoint=settings.endpoint,
             logs=deps.logs,
             state_dir=settings.home / "kubernetes",
@@ -145,9 +145,10 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer):
         self.core = client.CoreV1Api(api_client)
         self.batch = client.BatchV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
         self.cfg = config
         self.namespace = config.namespace
-        self._kube = KubeObjects(self.core, self.batch, self.custom, self.namespace)
+        self._kube = KubeObjects(self.core, self.batch, self.custom, self.namespace, self.networking)
         self._services = ServiceObjects(api_client, self._kube, config, catalog, endpoint or "http://kiln:8080")
         self.endpoint = endpoint
         self.logs = logs
@@ -301,6 +302,13 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer):
                     "mode: stage",
                     details={"field": f"spec.inputs[{index}].mode"},
                 )
+        if spec.network == "host" and not self.cfg.network_host_orgs:
+            raise InvalidInput(
+                "network: host (the node's own network: hostNetwork pods, outside every NetworkPolicy) is not "
+                "allowed on this server; the operator allows it per organisation with KILN_NETWORK_HOST_ORGS. Use "
+                "network: isolated (the outside world under the operator's egress rules) or none",
+                details={"field": "spec.network"},
+            )
         render(RenderInput("validate", "validate", 1, spec, token="x"), self.cfg)  # raises InvalidInput
 
     def handle_for(self, job_id: str, attempt: int) -> dict[str, Any]:
@@ -415,7 +423,7 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer):
         attempt = self._track(handle["job_id"], int(handle["attempt"]))
         attempt.ended = True
         selector = cleanup_selector(attempt.job_id, attempt.attempt)
-        for kind in ("Job", "Pod", "Service", "ConfigMap", "Secret"):
+        for kind in ("Job", "Pod", "Service", "NetworkPolicy", "ConfigMap", "Secret"):
             self._kube.delete_matching(kind, selector, "Background" if kind == "Job" else None)
 
     # -- model services -------------------------------------------------------------------------------------------

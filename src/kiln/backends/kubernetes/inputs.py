@@ -7,11 +7,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kiln.backends.kubernetes.names import _DNS_LABEL
+from kiln.backends.kubernetes.names import _DNS_LABEL, check_selector
+from kiln.domain.egress import EgressRule, parse_rules
 from kiln.domain.spec import JobSpec
 from kiln.errors import InvalidInput
 
 GangScheduler = Literal["kueue", "volcano"]
+# The labels of Kiln's server pods (deploy/kubernetes/base/deployment.yaml) and of the cluster's DNS pods.
+SERVER_POD_LABELS = {"app.kubernetes.io/name": "kiln", "app.kubernetes.io/component": "server"}
+DNS_POD_LABELS = {"k8s-app": "kube-dns"}
 
 
 @dataclass
@@ -37,6 +41,12 @@ class KubeConfig:
     service_account: str | None = None  # for the job's pods; None: no API token is mounted
     # What MPI members other than 0 run: an sshd that the launcher's mpirun reaches (the image must have one).
     mpi_daemon: str = "ssh-keygen -A >/dev/null; mkdir -p /run/sshd && exec /usr/sbin/sshd -D -e"
+    # The jobs' network (netpol.py): who may reach their pods, and where they may connect.
+    server_pod_labels: dict[str, str] = field(default_factory=lambda: dict(SERVER_POD_LABELS))  # Kiln's server
+    server_namespace: str | None = None  # the server pods' namespace; None: the jobs' (deploy/kubernetes)
+    dns_pod_labels: dict[str, str] = field(default_factory=lambda: dict(DNS_POD_LABELS))  # in any namespace
+    job_egress: list[str] = field(default_factory=list)  # KILN_JOB_EGRESS (kiln.domain.egress), for isolated
+    network_host_orgs: list[str] = field(default_factory=list)  # KILN_NETWORK_HOST_ORGS: who may use host
 
     def __post_init__(self) -> None:
         if not _DNS_LABEL.match(self.namespace) or len(self.namespace) > 63:
@@ -49,6 +59,24 @@ class KubeConfig:
             raise ValueError("upload_timeout must be >= 1 and checkpoint_sync_seconds >= 0")
         if not re.match(r"^\d+\.\d+", self.kubernetes_version):
             raise ValueError(f"kubernetes_version {self.kubernetes_version!r} is not MAJOR.MINOR")
+        if self.server_namespace is not None and (
+            not _DNS_LABEL.match(self.server_namespace) or len(self.server_namespace) > 63
+        ):
+            raise ValueError(f"server_namespace {self.server_namespace!r} is not a valid Kubernetes namespace name")
+        for what, labels in (("server_pod_labels", self.server_pod_labels), ("dns_pod_labels", self.dns_pod_labels)):
+            if not labels:
+                raise ValueError(f"{what} must name at least one label (an empty selector selects every pod)")
+            for key, value in labels.items():
+                try:
+                    check_selector(key, value, what)
+                except InvalidInput as exc:
+                    raise ValueError(exc.message) from None
+        parse_rules(self.job_egress)  # ValueError naming a bad rule
+
+    @property
+    def egress_rules(self) -> list[EgressRule]:
+        """:attr:`job_egress`, parsed."""
+        return parse_rules(self.job_egress)
 
     @property
     def version(self) -> tuple[int, int]:

@@ -1,5 +1,6 @@
-"""The Kubernetes API calls of the backend on Kiln's objects (Secrets, ConfigMaps, Services, Volcano PodGroups,
-Pods, Jobs), with the API's failures turned into :class:`BackendError` (retryable or not): :class:`KubeObjects`.
+"""The Kubernetes API calls of the backend on Kiln's objects (Secrets, ConfigMaps, Services, NetworkPolicies,
+Volcano PodGroups, Pods, Jobs), with the API's failures turned into :class:`BackendError` (retryable or not):
+:class:`KubeObjects`.
 
 Creating what exists (``409``) returns the existing object, so a restarted controller never makes a second one;
 deleting what is gone (``404``) counts as deleted.
@@ -19,11 +20,12 @@ Obj = dict[str, Any]
 class KubeObjects:
     """Create, patch, list and delete the objects of one namespace through the official client's APIs."""
 
-    def __init__(self, core: Any, batch: Any, custom: Any, namespace: str) -> None:
+    def __init__(self, core: Any, batch: Any, custom: Any, namespace: str, networking: Any = None) -> None:
         self.core = core
         self.batch = batch
         self.custom = custom
         self.namespace = namespace
+        self.networking = networking  # NetworkingV1Api: the attempts' NetworkPolicies
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
         from kubernetes.client.exceptions import ApiException
@@ -104,6 +106,7 @@ class KubeObjects:
             "Service": (self.core, "service"),
             "Pod": (self.core, "pod"),
             "Job": (self.batch, "job"),
+            "NetworkPolicy": (self.networking, "network_policy"),
         }[kind]
 
     def delete_matching(self, kind: str, selector: str, propagation: str | None = None) -> int:

@@ -17,6 +17,9 @@
   ConfigMap); a native sidecar (an init container with ``restartPolicy: Always``) uploads the checkpoints every
   ``checkpoint_sync_seconds`` and, when the command has ended, the outputs (``podsync.py``), while the
   entrypoint waits for it (at most ``upload_timeout`` seconds);
+- the spec's ``network``: ``isolated`` and ``none`` get a NetworkPolicy over the attempt's pods (``netpol.py``:
+  reached only by each other and Kiln's server; egress to DNS, the Kiln API, each other and, isolated, the
+  outside world under the operator's egress rules); ``host`` runs the pods with ``hostNetwork: true``;
 - ``backoffLimit: 0`` (Kiln restarts whole gangs itself: ``max_restarts``), ``activeDeadlineSeconds`` = the
   spec's timeout, ``ttlSecondsAfterFinished`` from the settings, ``restartPolicy: Never``;
 - every object carries ``app.kubernetes.io/managed-by: kiln``, ``kiln.io/job``, ``kiln.io/org``,
@@ -71,6 +74,7 @@ from kiln.backends.kubernetes.names import (
     main_job_name,
     user_labels,
 )
+from kiln.backends.kubernetes.netpol import job_network_policy
 from kiln.domain.spec import JobSpec, command_argv, format_param, input_env_name, param_env_name
 from kiln.errors import InvalidInput
 
@@ -120,7 +124,8 @@ def _node_selector(spec: JobSpec, cfg: KubeConfig) -> dict[str, str]:
 
 def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
     """The manifests of one attempt, in creation order: Secret, ConfigMap(s), Service and PodGroup (gangs
-    only), the main Job, then the parameter servers' Job (TensorFlow with ps)."""
+    only), the NetworkPolicy (not with ``network: host``), the main Job, then the parameter servers' Job
+    (TensorFlow with ps)."""
     spec = job.spec
     from kiln.domain.catalog import DEFAULT_CATALOG
 
@@ -239,6 +244,18 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
                     ),
                 },
             }
+        )
+
+    # The attempt's network (netpol.py): a NetworkPolicy before any pod exists; host: the node's network.
+    own_pods = {MANAGED_BY: "kiln", LABEL_JOB: label_value(job.job_id), LABEL_ATTEMPT: str(job.attempt)}
+    policy = job_network_policy(meta(base, "shared"), own_pods, spec.network, cfg, cfg.egress_rules)
+    if policy is not None:
+        objects.append(policy)
+    if spec.network == "host" and mpi:
+        raise InvalidInput(
+            "network: host cannot run an MPI gang on Kubernetes: its members' sshd would take the node's own SSH "
+            "port; use network: isolated",
+            details={"field": "spec.network"},
         )
 
     # The pod template, shared by the workers' and the parameter servers' Jobs.
@@ -404,6 +421,18 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
             pod["automountServiceAccountToken"] = False
         if dist is not None:
             pod["subdomain"] = base
+        if spec.network == "host":
+            pod["hostNetwork"] = True
+            pod["dnsPolicy"] = "ClusterFirstWithHostNet"  # still resolves the cluster's names (Kiln, the gang)
+            if dist is not None:  # one member per node and port: the scheduler keeps two gangs' members apart
+                container["ports"] = [
+                    {
+                        "name": "rendezvous",
+                        "containerPort": cfg.rendezvous_port,
+                        "hostPort": cfg.rendezvous_port,
+                        "protocol": "TCP",
+                    }
+                ]
         if node_selector:
             pod["nodeSelector"] = node_selector
         if tolerations:

@@ -4,10 +4,10 @@ renders, read how many replicas are ready, delete them. The Kubernetes backend's
 
 - **Apply** creates what does not exist and replaces (``PUT``, with the read ``resourceVersion``: a concurrent
   change is a retryable conflict, never overwritten) what does, in the renderer's order: Secret, ConfigMap,
-  Deployment, Service, HPA. A replace, not a merge patch: a field the new render drops (a GPU limit, a label, a
-  node selector) must go. The ConfigMap is immutable and named by its content, so an existing one is the same and
-  a changed spec or model version makes a new one, which rolls the Deployment; the old ones stay for the old pods
-  until the service is deleted. Two fields are the cluster's, not the render's: an autoscaled Deployment's
+  NetworkPolicy, Deployment, Service, HPA. A replace, not a merge patch: a field the new render drops (a GPU limit,
+  a label, a node selector) must go. The ConfigMap is immutable and named by its content, so an existing one is the
+  same and a changed spec or model version makes a new one, which rolls the Deployment; the old ones stay for the
+  old pods until the service is deleted. Two fields are the cluster's, not the render's: an autoscaled Deployment's
   ``replicas`` (the HPA's choice, carried over from the live object) and a Service's ``clusterIP``.
 - **The replica secret** is made once, on the first apply, and read back from the Secret on every later one: the
   router sends one secret for every revision, and old and new pods of a rolling update accept it alike.
@@ -45,7 +45,8 @@ from kiln.domain.serving import ServiceSpec
 from kiln.errors import BackendError
 
 Obj = dict[str, Any]
-ORDER = ("Deployment", "HorizontalPodAutoscaler", "Service", "ConfigMap", "Secret")  # deletion: the pods go first
+# Deletion: the pods go first, their NetworkPolicy after them.
+ORDER = ("Deployment", "HorizontalPodAutoscaler", "Service", "NetworkPolicy", "ConfigMap", "Secret")
 
 
 class ServiceObjects:
@@ -63,6 +64,7 @@ class ServiceObjects:
             "Service": (kube.core, "service"),
             "Deployment": (client.AppsV1Api(api_client), "deployment"),
             "HorizontalPodAutoscaler": (client.AutoscalingV2Api(api_client), "horizontal_pod_autoscaler"),
+            "NetworkPolicy": (client.NetworkingV1Api(api_client), "network_policy"),
         }
 
     # -- one object ---------------------------------------------------------------------------------------------

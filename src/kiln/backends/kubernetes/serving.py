@@ -1,7 +1,8 @@
 """Render a model service as Kubernetes manifests: a pure function, no cluster, no client library.
 
 :func:`render_service` turns the service spec that runs on the local executor, unchanged, into plain dicts in
-creation order: a Secret, the ConfigMap, a Deployment of the replicas, a ClusterIP Service in front of them and,
+creation order: a Secret, the ConfigMap, a NetworkPolicy (``netpol.py``: only Kiln's router reaches the replicas;
+their egress is an ``isolated`` job's), a Deployment of the replicas, a ClusterIP Service in front of them and,
 with ``autoscale``, a HorizontalPodAutoscaler (``autoscaling/v2``). ``POST /api/v1/services:render`` and
 ``kiln services render`` print them; docs/kubernetes.md has the job side of the same mapping.
 
@@ -67,6 +68,7 @@ from kiln.backends.kubernetes.names import (
     label_value,
     user_labels,
 )
+from kiln.backends.kubernetes.netpol import service_network_policy
 from kiln.backends.kubernetes.render import (
     ANNOTATION_LABELS,
     GPU_RESOURCE,
@@ -204,8 +206,8 @@ def render_service(
     replica_secret: str | None = None,
     owner_uid: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The manifests of a service, in creation order: Secret, ConfigMap, Deployment, Service and, with
-    ``autoscale``, the HorizontalPodAutoscaler.
+    """The manifests of a service, in creation order: Secret, ConfigMap, NetworkPolicy, Deployment, Service and,
+    with ``autoscale``, the HorizontalPodAutoscaler.
 
     ``model``: the version the spec's ``model`` resolved to (name, number). ``token``: the Bearer credential the
     init container reads the model version (and, with ``code_sha256``, job ``job_id``'s code bundle) with;
@@ -398,6 +400,10 @@ def render_service(
         pod["tolerations"] = tolerations
     if cfg.image_pull_secrets:
         pod["imagePullSecrets"] = [{"name": n} for n in cfg.image_pull_secrets]
+
+    # Before the Deployment: no replica runs without it. Requests from Kiln's router only (netpol.py).
+    policy_selector = {MANAGED_BY: "kiln", **selector}
+    objects.append(service_network_policy(meta(base, "shared"), policy_selector, REPLICA_PORT, cfg, cfg.egress_rules))
 
     template_labels = {**labels("replica"), LABEL_REVISION: str(revision)}
     deployment_spec: dict[str, Any] = {

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.backends.kubernetes.render import KubeConfig
-from kiln.settings import KubernetesSettings
+from kiln.settings import KubernetesSettings, Settings
 
-__all__ = ["KubernetesSettings", "api_client", "kube_config"]
+__all__ = ["KubernetesSettings", "api_client", "job_network", "kube_config"]
 
 CONNECTION = frozenset({"api_url", "token", "verify_ssl", "kubeconfig", "image_pull_grace"})
 
@@ -17,6 +17,15 @@ CONNECTION = frozenset({"api_url", "token", "verify_ssl", "kubeconfig", "image_p
 def kube_config(settings: KubernetesSettings, **overrides: Any) -> KubeConfig:
     """How jobs are rendered for the cluster (the settings less how the server reaches it)."""
     return KubeConfig(**{**settings.model_dump(exclude=set(CONNECTION)), **overrides})
+
+
+def job_network(settings: Settings) -> dict[str, Any]:
+    """The server-wide job network settings a :class:`KubeConfig` takes (``KILN_JOB_EGRESS``,
+    ``KILN_NETWORK_HOST_ORGS``), as :func:`kube_config` overrides."""
+    return {
+        "job_egress": [str(rule) for rule in settings.egress_rules],
+        "network_host_orgs": list(settings.network_host_org_list),
+    }
 
 
 def api_client(settings: KubernetesSettings) -> Any:
