@@ -47,3 +47,20 @@ def test_every_variable_the_deploy_manifests_and_docs_name_is_a_setting() -> Non
     named = {m.lower() for p in texts for m in re.findall(r"KILN_KUBERNETES_([A-Z_]+[A-Z])", p.read_text())}
     assert named, "no KILN_KUBERNETES_* variable found where they are documented"
     assert named <= set(KubernetesSettings.model_fields), named - set(KubernetesSettings.model_fields)
+
+
+def test_trusted_proxies_are_addresses_or_networks_and_none_by_default(monkeypatch, tmp_path):
+    from kiln.api.serve import proxy_options
+
+    default = Settings(home=tmp_path)
+    assert default.trusted_proxies == []
+    assert proxy_options(default) == {"proxy_headers": False}  # uvicorn would trust any peer on loopback
+    monkeypatch.setenv("KILN_TRUSTED_PROXIES", "127.0.0.1, 10.0.0.0/8,::1")
+    settings = Settings(home=tmp_path)
+    assert settings.trusted_proxies == ["127.0.0.1/32", "10.0.0.0/8", "::1/128"]
+    assert proxy_options(settings) == {"proxy_headers": True, "forwarded_allow_ips": settings.trusted_proxies}
+    monkeypatch.setenv("KILN_TRUSTED_PROXIES", '["192.168.1.7"]')
+    assert Settings(home=tmp_path).trusted_proxies == ["192.168.1.7/32"]
+    monkeypatch.setenv("KILN_TRUSTED_PROXIES", "127.0.0.1,proxy.example.com")
+    with pytest.raises(ValidationError, match=re.escape("'proxy.example.com' is not an IP address or a network")):
+        Settings(home=tmp_path)

@@ -17,6 +17,7 @@ from kiln.api import docs, session
 from kiln.api.auth import SignatureMiddleware
 from kiln.api.console import ConsoleFallback, console_dir
 from kiln.api.errors import RouteMethods, install_error_handlers
+from kiln.api.nul import NulGuard
 from kiln.api.prometheus import RequestMetricsMiddleware
 from kiln.api.prometheus import router as prometheus_router
 from kiln.api.routers import (
@@ -94,6 +95,7 @@ def create_app(settings: Settings | None = None, platform: Platform | None = Non
         generate_unique_id_function=_operation_id,
     )
     install_error_handlers(app)
+    app.add_middleware(NulGuard)  # inside the signature check: a NUL is refused once the caller is known
     app.add_middleware(SignatureMiddleware)
     app.add_middleware(RequestMetricsMiddleware)  # outermost: times refused requests too
     mounted: list[tuple[str, APIRouter]] = [("", system.health), ("", prometheus_router), ("", docs.router)]

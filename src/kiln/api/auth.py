@@ -35,6 +35,8 @@ API_PREFIX = "/api/v1/"
 PUBLIC_PATHS = {"/api/v1/openapi.json", "/api/v1/docs", "/api/v1/docs/oauth2-redirect"}
 # Routes whose body is streamed and hashed by the route itself (content-addressed or job-token uploads).
 STREAMED_UPLOAD = re.compile(r"/api/v1/blobs/[^/]+|/api/v1/jobs/[^/]+/artifacts/.+")
+# The one route a service token (``Bearer kst.…``) reaches; any other answers 403 before a route runs.
+SERVICE_TOKEN_ROUTE = ("POST", re.compile(r"/api/v1/services/[^/]+/predict"))
 MAX_SIGNED_BODY = limits.MAX_SIGNED_BODY_BYTES
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
 # Signing in and out of the console needs no credential but the pair in the body (kiln.api.session checks,
@@ -46,6 +48,9 @@ CSRF_MISSING = (
     f"{CSRF_HEADER} with the session's csrf_token (from POST or GET /api/v1/session)"
 )
 CSRF_WRONG = f"the {CSRF_HEADER} header is not this session's csrf_token (GET /api/v1/session has it)"
+SERVICE_TOKEN_ONLY = (
+    "a service token may not do this: it may only predict on its service (POST /api/v1/services/NAME/predict)"
+)
 
 
 class CsrfRefused(Forbidden):
@@ -99,6 +104,10 @@ class SignatureMiddleware:
             )
             await response(scope, receive, send)
             return
+        if principal.service_id is not None and not _service_token_route(method, path):
+            refused = Forbidden(SERVICE_TOKEN_ONLY)
+            await self._refuse(scope, receive, send, principal, client, refused, "service token", "service token")
+            return
         state = scope.setdefault("state", {})
         state["principal"] = principal
         if console is not None:
@@ -106,7 +115,9 @@ class SignatureMiddleware:
             if method not in SAFE_METHODS:
                 csrf = headers.get(CSRF_HEADER.lower())
                 if not session.session_keys(scope["app"]).csrf_matches(console.token, csrf):
-                    await self._refuse_csrf(scope, receive, send, principal, client, csrf is None)
+                    refusal = CsrfRefused(CSRF_MISSING if csrf is None else CSRF_WRONG)
+                    why = f"{'no' if csrf is None else 'wrong'} csrf token"
+                    await self._refuse(scope, receive, send, principal, client, refusal, why, "csrf")
                     return
         if method not in MUTATING:
             await self.app(scope, receive, send)
@@ -148,13 +159,24 @@ class SignatureMiddleware:
             )
             await run_in_threadpool(platform.audit.record, entry)
 
-    async def _refuse_csrf(
-        self, scope: Scope, receive: Receive, send: Send, principal: Principal, client: str, missing: bool
+    async def _refuse(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        principal: Principal,
+        client: str,
+        error: Forbidden,
+        why: str,
+        detail: str,
     ) -> None:
+        """403 before any route runs (a console request without its CSRF token, a service token off its route),
+        audited like a route's refusal when the request would have changed something."""
         method, path = scope["method"], scope.get("path", "")
-        error = CsrfRefused(CSRF_MISSING if missing else CSRF_WRONG)
-        log.warning("403 %s %s from %s: %s csrf token", method, path, client, "no" if missing else "wrong")
+        log.warning("403 %s %s from %s: %s", method, path, client, why)
         await JSONResponse(error.to_body(), status_code=403)(scope, receive, send)
+        if method not in MUTATING:
+            return
         entry = AuditEntry(
             action=f"{method} {path}"[:96],
             resource=path,
@@ -164,7 +186,7 @@ class SignatureMiddleware:
             org_id=principal.org_id,
             user_id=principal.user_id,
             key_id=principal.key_id,
-            detail="csrf",
+            detail=detail,
         )
         await run_in_threadpool(scope["app"].state.platform.audit.record, entry)
 
@@ -240,6 +262,10 @@ def _capped(receive: Receive, limit: int) -> Receive:
         return message
 
     return capped
+
+
+def _service_token_route(method: str, path: str) -> bool:
+    return method == SERVICE_TOKEN_ROUTE[0] and SERVICE_TOKEN_ROUTE[1].fullmatch(path) is not None
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -12,6 +12,7 @@ import logging
 import socket
 import sys
 import traceback
+from typing import Any
 
 import uvicorn
 from pydantic import ValidationError
@@ -50,6 +51,15 @@ class _Server(uvicorn.Server):
                 log.warning("%s: serving the API only (no web console at %s/)", NOT_BUILT, self.settings.endpoint)
 
 
+def proxy_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's handling of X-Forwarded-For and X-Forwarded-Proto: only from KILN_TRUSTED_PROXIES. uvicorn's own
+    default trusts any peer on loopback, so that a job on this machine could set the client address the audit log
+    records."""
+    if not settings.trusted_proxies:
+        return {"proxy_headers": False}
+    return {"proxy_headers": True, "forwarded_allow_ips": list(settings.trusted_proxies)}
+
+
 def serve(settings: Settings, log_level: str = "INFO", debug: bool = False) -> None:
     """Start and serve until stopped. Raises ``StartupError`` (one line; the traceback is printed first when
     ``debug``) when the server cannot start."""
@@ -77,6 +87,7 @@ def serve(settings: Settings, log_level: str = "INFO", debug: bool = False) -> N
         log_level=log_level.lower(),
         access_log=False,
         timeout_graceful_shutdown=5,
+        **proxy_options(settings),
     )
     server = _Server(config, settings)
     try:

@@ -196,7 +196,7 @@ async def sign_in(body: SessionCreate, request: Request) -> Response:
     summary="The console session of this browser",
     description="The signed-in caller and the CSRF token, for a request authenticated by the session cookie; 401 "
     "for any other (the console calls it when it loads).",
-    responses=errors(),
+    responses=errors(403),  # 403: a service token (kiln.api.auth)
 )
 async def get_session(request: Request) -> Response:
     principal = caller_of(request)

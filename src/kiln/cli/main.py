@@ -108,6 +108,19 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
+def _one_line(exc: ValueError) -> str:
+    """A ValueError as one line: a pydantic ValidationError as ``field: message`` for each field."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        problems = [
+            f"{'.'.join(str(p) for p in error['loc']) or 'value'}: {str(error['msg']).removeprefix('Value error, ')}"
+            for error in exc.errors()
+        ]
+        return "; ".join(problems)
+    return " ".join(str(exc).split())
+
+
 def main() -> None:
     try:
         build_app(_named(sys.argv[1:]))()
@@ -119,6 +132,9 @@ def main() -> None:
         sys.exit(EXIT_ERROR)
     except OSError as exc:  # e.g. a download destination or the config file that cannot be written
         print_error(str(exc))
+        sys.exit(EXIT_ERROR)
+    except ValueError as exc:  # an argument the SDK refused before sending anything (an empty id, say)
+        print_error(_one_line(exc))
         sys.exit(EXIT_ERROR)
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)

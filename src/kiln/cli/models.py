@@ -130,6 +130,25 @@ def model_detail(model: ModelRead) -> None:
         versions_table(model.items)
 
 
+REGISTER_OPTIONS = {"job_id": "--from-job", "path": "--path", "description": "--description"}
+
+
+def check_register(job_id: str, path: str, description: str | None) -> None:
+    """What the server would refuse in the options of ``register`` (a path outside the job's outputs, an empty
+    job id): one line naming the option, exit 2, before anything is sent."""
+    from pydantic import ValidationError
+
+    try:
+        refs.ModelRegister(job_id=job_id, path=path, description=description)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        option = REGISTER_OPTIONS.get(str(error["loc"][0]) if error["loc"] else "", "an option")
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if not message.startswith("'"):
+            message = f"{error.get('input')!r}: {message.lower()}"
+        fail(f"{option} {message}", EXIT_USAGE)
+
+
 @app.command()
 def register(
     name: NameArg,
@@ -154,6 +173,7 @@ def register(
         raise typer.BadParameter(str(exc), param_hint="NAME") from None
     if framework is not None and framework not in refs.FRAMEWORKS:
         raise typer.BadParameter(f"{framework!r}: one of {', '.join(refs.FRAMEWORKS)}", param_hint="--framework")
+    check_register(from_job, path, description)
     with connect() as client:
         version = client.register_model(name, from_job, path, framework=framework, description=description)
     if output is OutputFormat.json:

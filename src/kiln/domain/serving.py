@@ -8,6 +8,7 @@ router in the API server forwards ``POST /api/v1/services/{name}/predict`` to a 
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime
 from enum import StrEnum
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from kiln.domain import limits
 from kiln.domain.spec import EnvName, EnvValue, LabelKey, LabelValue, Resources, RuntimeSpec
+from kiln.errors import InvalidInput
 
 SERVICE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 MODEL_REF = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._-]{0,99})@(?P<ref>[A-Za-z0-9][A-Za-z0-9._-]{0,62})$")
@@ -270,8 +272,27 @@ class PredictRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    inputs: list[Any] = Field(max_length=100_000)
+    inputs: list[Any] = Field(max_length=limits.MAX_PREDICT_INPUTS)
     parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+def check_predict_inputs(body: bytes) -> None:
+    """InvalidInput (422 naming ``inputs`` and the limit) for a predict body of more than MAX_PREDICT_INPUTS
+    instances; anything else wrong with it is the replica's to say. The router forwards a body as it came: one too
+    short to hold that many instances (each takes two bytes at least, a value and a comma) is not parsed here."""
+    most = limits.MAX_PREDICT_INPUTS
+    if len(body) <= 2 * most:
+        return
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return
+    inputs = data.get("inputs") if isinstance(data, dict) else None
+    if isinstance(inputs, list) and len(inputs) > most:
+        raise InvalidInput(
+            f"inputs: at most {most} instances in one predict request, got {len(inputs)}: send them in batches",
+            details={"field": "inputs", "max": most, "count": len(inputs)},
+        )
 
 
 class PredictResponse(BaseModel):

@@ -41,7 +41,7 @@ from kiln.domain.schemas import (
 )
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState
-from kiln.errors import KilnError, NotFound, Unauthenticated, error_from_body
+from kiln.errors import BadRequest, KilnError, NotFound, Unauthenticated, error_from_body
 from kiln.sdk import credentials
 from kiln.sdk.datasets import DatasetsMixin
 from kiln.sdk.download_marks import mark_download
@@ -56,6 +56,16 @@ from kiln.sdk.tenancy import TenancyMixin
 from kiln.settings import ClientSettings
 
 Progress = Callable[[int], None]
+
+
+def _check_segments(path: str) -> None:
+    """Refuse, before anything is sent, a path with a segment that cannot be the id or name put there: empty, '.'
+    or '..' (which the URL resolves: ``kiln jobs show ../whoami`` called GET /api/v1/whoami) or holding '?' or '#'
+    (which would begin the query)."""
+    for segment in path.split("/")[1:]:
+        if segment in ("", ".", "..") or "?" in segment or "#" in segment:
+            what = "an empty id or name" if not segment else f"{segment!r} is not an id or a name"
+            raise BadRequest(f"{what} (in the request path {path})")
 
 
 class Client(JobActionsMixin, TenancyMixin, DatasetsMixin, ModelsMixin, RuntimesMixin, StudiesMixin, ServicesMixin):
@@ -120,6 +130,7 @@ class Client(JobActionsMixin, TenancyMixin, DatasetsMixin, ModelsMixin, Runtimes
             pairs.extend((key, str(v).lower() if isinstance(v, bool) else str(v)) for v in values)
         query = signing.canonical_query(pairs)
         url_path = "/api/v1" + path
+        _check_segments(url_path)
         target = url_path + (f"?{query}" if query else "")
         if self._job_token:  # a bearer token: no signature headers at all
             return target, {"Authorization": f"Bearer {self._job_token}"}

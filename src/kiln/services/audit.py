@@ -34,6 +34,11 @@ class AuditEntry:
     detail: str = ""
 
 
+def _text(value: str) -> str:
+    """``value`` as PostgreSQL can store it: a NUL (a refused request's path, say) written as ``\\u0000``."""
+    return value.replace("\x00", "\\u0000")
+
+
 def _read(row: AuditEvent) -> AuditRead:
     return AuditRead(
         id=row.id,
@@ -63,13 +68,13 @@ class AuditService:
                         time=utcnow(),
                         org_id=entry.org_id,
                         user_id=entry.user_id,
-                        key_id=(entry.key_id or "")[:64] or None,
-                        action=entry.action[:96],
-                        resource=entry.resource[:512],
+                        key_id=_text(entry.key_id or "")[:64] or None,
+                        action=_text(entry.action)[:96],
+                        resource=_text(entry.resource)[:512],
                         outcome=entry.outcome[:32],
                         status=entry.status,
-                        client=entry.client[:64],
-                        detail=entry.detail[:256],
+                        client=_text(entry.client)[:64],
+                        detail=_text(entry.detail)[:256],
                     )
                 )
         except Exception:  # the request already happened; a lost audit row is logged loudly, not raised

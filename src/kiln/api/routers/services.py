@@ -24,6 +24,7 @@ from kiln.domain.serving import (
     ServiceSubmit,
     ServiceToken,
     ServiceUpdate,
+    check_predict_inputs,
 )
 from kiln.services.serving_router import outputs_of
 
@@ -47,12 +48,12 @@ def create_service(body: ServiceSubmit, caller: Caller, kiln: Kiln) -> ServiceRe
 )
 def render_service(body: ServiceSubmit, caller: Caller, kiln: Kiln) -> ServiceManifests:
     from kiln.backends.kubernetes.serving import render_service as render
-    from kiln.backends.kubernetes.settings import kube_config
+    from kiln.backends.kubernetes.settings import job_network, kube_config
 
     caller.require("services:write")  # what a deploy would create: for those who may deploy
     model = kiln.models.resolve(caller.org_id, body.spec.model)
     service_id = kiln.serving.id_for(caller, body.spec.name)
-    cfg = kube_config(kiln.settings.kubernetes)
+    cfg = kube_config(kiln.settings.kubernetes, **job_network(kiln.settings))
     manifests = render(
         service_id,
         caller.org_id,
@@ -148,6 +149,8 @@ async def predict(service: ServiceName, request: Request) -> Response:
     else:
         service_id, timeout = cached[0], cached[1]
     body = await request.body()
+    if len(body) > 2 * limits.MAX_PREDICT_INPUTS:  # long enough to hold too many instances: parsed off the loop
+        await run_in_threadpool(check_predict_inputs, body)
     answer = await kiln.router.predict(service_id, body, timeout)
     if answer.status != 200:  # the replica's own answer (a 422 naming the field, a predict error)
         return Response(answer.body, status_code=answer.status, media_type="application/json")

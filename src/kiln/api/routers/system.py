@@ -73,7 +73,7 @@ async def readyz(kiln: Kiln) -> JSONResponse:
     "/whoami",
     response_model=WhoAmI,
     responses={
-        **errors(),
+        **errors(403),  # 403: a service token, which may only predict (kiln.api.auth)
         **links(
             200,
             "The caller",
