@@ -19,6 +19,9 @@ from kiln.sdk.config import read_config_file
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_RUNTIMES = REPO / ".cache" / "test-runtimes"
+# The interpreter the tests run with (a venv, and the installation it was made from): what their jobs name as
+# runtime.python, allowed on every test server as an operator would allow it.
+TEST_PYTHON_ROOTS = sorted({sys.prefix, sys.base_prefix})
 
 
 def free_port() -> int:
@@ -41,6 +44,7 @@ class KilnServer:
                 "KILN_RUNTIMES_DIR": str(TEST_RUNTIMES),
                 "KILN_KILL_GRACE_SECONDS": "3",
                 "KILN_RECONCILE_INTERVAL": "0.2",
+                "KILN_ALLOWED_PYTHON_ROOTS": json.dumps(TEST_PYTHON_ROOTS),
             }
         )
         if database_url:

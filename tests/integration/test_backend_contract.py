@@ -37,6 +37,7 @@ from kiln.settings import Settings
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore
 from tests.fakes.kube_api import FakeKubeAPI
+from tests.kilnserver import TEST_PYTHON_ROOTS
 
 ORG = "org-1"
 
@@ -108,7 +109,9 @@ class LocalHarness:
 
     def __init__(self, home: Path) -> None:
         self.home = home
-        self.settings = Settings(home=home, instance_id="contract", cpus=1)
+        self.settings = Settings(
+            home=home, instance_id="contract", cpus=1, allowed_python_roots=[Path(p) for p in TEST_PYTHON_ROOTS]
+        )
         self.store = ObjectStore(str(home / "store"))
         self.backends: list[LocalBackend] = []
         self.backend = self.restarted()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kiln.backends.local import sandbox
+from kiln.backends.local.python_policy import PythonPolicy
 from kiln.runtime import sandbox as runtime_sandbox
 from kiln.settings import Settings
 
@@ -35,8 +36,9 @@ def test_each_organisation_has_its_own_stable_uid() -> None:
 
 
 def test_a_venv_runtime_brings_the_python_it_was_made_from() -> None:
-    roots = sandbox.python_roots(os.path.dirname(sys.executable), sys.executable)
-    assert any(sys.executable.startswith(root + "/") for root in roots)
+    policy = PythonPolicy(roots=(os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)))
+    roots = policy.resolve(sys.executable, []).roots
+    assert os.path.realpath(sys.prefix) in roots
     base = os.path.realpath(sys.base_prefix)
     assert any(base == root or base.startswith(root + "/") for root in roots) or base.startswith("/usr")
 
@@ -66,9 +68,9 @@ def test_the_command_line_binds_tmp_first_and_never_inside_a_writable_bind() -> 
 def test_a_runtime_still_to_be_built_brings_the_python_it_will_be_made_from(tmp_path: Path) -> None:
     """The first job of a catalog runtime builds the venv in its shim: the sandbox is decided before the venv
     exists, and must already hold the interpreter the venv's python links to."""
-    venv_bin = str(tmp_path / "runtimes" / "sklearn" / "bin")
+    venv = str(tmp_path / "runtimes" / "sklearn")
     base = getattr(sys, "_base_executable", sys.executable)
-    roots = sandbox.python_roots(venv_bin, venv_bin + "/python", base)
+    roots = PythonPolicy().catalog_roots(venv, [base])
     real = os.path.realpath(base)
     assert any(real.startswith(root + "/") for root in roots) or real.startswith("/usr/"), roots
-    assert str(tmp_path / "runtimes" / "sklearn") in roots
+    assert os.path.realpath(venv) in roots

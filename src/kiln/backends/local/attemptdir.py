@@ -27,6 +27,27 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def write_private(path: Path, text: str) -> None:
+    """``path`` holding ``text``, readable by this user only from its creation (a shim's config holds the job's
+    token and environment): a file left by an earlier start is replaced, never reused with its mode."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+
+
+def private_dir(path: Path, gid: int | None = None) -> None:
+    """``path`` made (its parent must exist) for this user only: mode 0700, or with ``gid`` (the job's group,
+    that reads the attempt's notice and parameters through it) 0750 and that group."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    if gid is not None:
+        os.chown(path, -1, gid)
+    os.chmod(path, 0o750 if gid is not None else 0o700)  # also one made before, and the umask's cut of mkdir
+
+
 def free_port() -> int:
     """A port free now on the loopback interface; the member binds it moments later."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln.backends.local.python_policy import PythonPolicy, base_python
 from kiln.domain.catalog import Catalog, CatalogEntry
 from kiln.domain.spec import RuntimeSpec
 from kiln.errors import RuntimeUnavailable
@@ -21,17 +20,13 @@ BUILD_ENV_PREFIXES = ("PIP_",)
 BUILD_ENV = {"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "SSL_CERT_FILE"}
 
 
-def base_python() -> str:
-    """The real interpreter behind this one (a venv's base), used to create runtime venvs."""
-    return str(getattr(sys, "_base_executable", None) or sys.executable)
-
-
 @dataclass(frozen=True)
 class ResolvedRuntime:
     python: str  # interpreter the job's PATH and commands use
     bin_dir: str | None
     build: dict | None  # shim instructions when the venv must be built first
     label: str
+    roots: tuple[str, ...] = ()  # what the job's sandbox shows of the machine for it (python_policy.py)
 
 
 class RuntimeManager:
@@ -69,22 +64,24 @@ class RuntimeManager:
             "env": {k: v for k, v in os.environ.items() if k.startswith(BUILD_ENV_PREFIXES) or k in BUILD_ENV},
         }
 
-    def resolve(self, runtime: RuntimeSpec) -> ResolvedRuntime:
+    def resolve(self, runtime: RuntimeSpec, policy: PythonPolicy) -> ResolvedRuntime:
+        """The interpreter a job runs with: a catalog runtime's venv, or the ``runtime.python`` that ``policy``
+        allows (RuntimeUnavailable naming the field otherwise)."""
         if runtime.image:
             raise RuntimeUnavailable(
                 f"runtime.image {runtime.image!r}: the local executor runs no container images; "
                 "use a framework or a python executable, or submit to a container backend"
             )
         if runtime.python:
-            exe = shutil.which(runtime.python) if "/" not in runtime.python else runtime.python
-            if not exe or not Path(exe).exists():
-                raise RuntimeUnavailable(f"runtime.python: no such executable: {runtime.python}")
-            return ResolvedRuntime(python=exe, bin_dir=str(Path(exe).parent), build=None, label=runtime.label)
+            found = policy.resolve(runtime.python, [self.venv_path(e) for e in self.catalog.entries])
+            return ResolvedRuntime(found.python, found.bin_dir, None, runtime.label, found.roots)
         entry = self.catalog.resolve(runtime.framework or "python", runtime.version)
         venv = self.venv_path(entry)
         build = None if self.is_installed(entry) else self.build_spec(entry)
+        # Before its build, the venv is shown with the interpreter it will be made from.
+        roots = policy.catalog_roots(str(venv), [build["base_python"]] if build else [])
         return ResolvedRuntime(
-            python=str(venv / "bin" / "python"), bin_dir=str(venv / "bin"), build=build, label=entry.name
+            python=str(venv / "bin" / "python"), bin_dir=str(venv / "bin"), build=build, label=entry.name, roots=roots
         )
 
     def installed_packages(self, entry: CatalogEntry) -> dict | None:

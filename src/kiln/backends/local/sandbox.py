@@ -50,33 +50,6 @@ def org_uid(base: int, org_id: str) -> int:
     return base + int.from_bytes(digest[:4], "big") % UID_SPAN
 
 
-@functools.lru_cache(maxsize=256)
-def _cached_roots(bin_dir: str | None, pythons: tuple[str | None, ...]) -> tuple[str, ...]:
-    return tuple(python_roots(bin_dir, *pythons))
-
-
-def python_roots(bin_dir: str | None, *pythons: str | None) -> list[str]:
-    """The directories a runtime's interpreter needs: its venv, and the installation the venv was made from
-    (``pythons``: the interpreter, and the base a venv still to be built will be made from)."""
-    roots: set[str] = set()
-    candidates = [p for p in (*pythons, bin_dir and os.path.join(bin_dir, "python")) if p]
-    if bin_dir:
-        venv = os.path.dirname(os.path.abspath(bin_dir))
-        roots.add(venv)
-        try:
-            for line in Path(venv, "pyvenv.cfg").read_text().splitlines():
-                key, _, value = line.partition("=")
-                if key.strip() == "home" and value.strip():
-                    roots.add(os.path.dirname(os.path.realpath(value.strip())))
-        except OSError:
-            pass
-    for exe in candidates:
-        real = os.path.realpath(exe)
-        if os.path.exists(real):
-            roots.add(os.path.dirname(os.path.dirname(real)))
-    return _outermost(p for p in roots if p not in ("/", "") and not _covered(p, SYSTEM_DIRS))
-
-
 def _covered(path: str, tops: tuple[str, ...] | list[str]) -> bool:
     return any(path == top or path.startswith(top.rstrip("/") + "/") for top in tops)
 
@@ -159,15 +132,22 @@ def _version(bwrap: str) -> str:
     return out or "bubblewrap"
 
 
-def _policy_box(policy: SandboxPolicy, uid: int, scratch: str, chdir: str, ro: list[str], rw: list[str]) -> dict:
+def _policy_box(
+    policy: SandboxPolicy,
+    uid: int,
+    scratch: str,
+    chdir: str,
+    ro: list[str],
+    rw: list[str],
+    hidden: tuple[str, ...] = (),
+) -> dict:
     symlinks: dict[str, str] = {}
-    system: list[str] = [d for d in SYSTEM_DIRS if os.path.isdir(d)]
-    for name in SYSTEM_LINKS:
-        path = "/" + name
-        if os.path.islink(path):
-            symlinks[path] = os.readlink(path)
-        elif os.path.isdir(path):
-            system.append(path)
+    system: list[str] = []
+    for top in (*SYSTEM_DIRS, *("/" + name for name in SYSTEM_LINKS)):
+        if os.path.islink(top) and top[1:] in SYSTEM_LINKS:
+            symlinks[top] = os.readlink(top)
+        elif os.path.isdir(top):
+            system += _showing_all_but(top, hidden, symlinks)
     return {
         "bwrap": policy.bwrap,
         "setpriv": policy.setpriv,
@@ -183,6 +163,39 @@ def _policy_box(policy: SandboxPolicy, uid: int, scratch: str, chdir: str, ro: l
     }
 
 
+def _private_trees(settings: Settings) -> tuple[str, ...]:
+    """What no job may see even where it lies in a system directory: $KILN_HOME and a local object store."""
+    trees = [settings.home]
+    store = settings.resolved_storage_url
+    if "://" not in store or store.startswith("file://"):
+        trees.append(Path(store.removeprefix("file://")))
+    return tuple(os.path.realpath(t) for t in trees)
+
+
+def _showing_all_but(top: str, hidden: tuple[str, ...], symlinks: dict[str, str]) -> list[str]:
+    """``top`` as a list of binds that leaves out ``hidden`` ($KILN_HOME kept in /opt, say): ``top`` itself, or
+    its entries but the one on the way to a hidden path, that one split the same way (links among them go into
+    ``symlinks``)."""
+    inside = [h for h in hidden if h != top and h.startswith(top.rstrip("/") + "/")]
+    if any(_covered(top, [h]) for h in hidden):
+        return []
+    if not inside:
+        return [top]
+    out: list[str] = []
+    try:
+        entries = sorted(os.scandir(top), key=lambda e: e.name)
+    except OSError:
+        return []
+    for entry in entries:
+        if entry.is_symlink():
+            symlinks[entry.path] = os.readlink(entry.path)
+        elif entry.is_dir(follow_symlinks=False):
+            out += _showing_all_but(entry.path, hidden, symlinks)
+        else:
+            out.append(entry.path)
+    return out
+
+
 def attempt_box(
     policy: SandboxPolicy,
     settings: Settings,
@@ -190,27 +203,24 @@ def attempt_box(
     dirs: dict[str, Path],
     attempt_dir: Path,
     member_dir: Path,
-    runtime_bin: str | None,
-    runtime_pythons: tuple[str | None, ...],
+    runtime_roots: tuple[str, ...],
     pylib: Path | None,
     gpus: tuple[int, ...],
     memory: int | None,
 ) -> dict[str, Any] | None:
-    """The ``"sandbox"`` entry of one member's ``shim.json`` (None when jobs run unsandboxed)."""
+    """The ``"sandbox"`` entry of one member's ``shim.json`` (None when jobs run unsandboxed). Of the machine it
+    shows the system's directories, the runtime's ``runtime_roots`` (no more than its venv and installations, as
+    ``python_policy.py`` allowed them) and Kiln's package; of $KILN_HOME only this job's own directories, its
+    attempt's (read-only) and ``pylib``."""
     if not policy.sandboxed:
         return None
     uid = org_uid(settings.sandbox_uid_base, org_id)
-    # Cached once the venv exists (a runtime still to be built is looked at again next time).
-    roots = (
-        _cached_roots(runtime_bin, runtime_pythons)
-        if runtime_bin is None or os.path.exists(os.path.join(runtime_bin, "python"))
-        else tuple(python_roots(runtime_bin, *runtime_pythons))
-    )
-    ro = [*roots, str(attempt_dir)]
+    ro = [*runtime_roots, str(attempt_dir)]
     if pylib is not None:
         ro += [str(pylib), str(Path(kiln_package.__file__).resolve().parent)]
     rw = [str(dirs[name]) for name in ("work", "outputs", "checkpoints", "site", "metrics", "tensorboard", "home")]
-    box = _policy_box(policy, uid, str(member_dir / "scratch"), str(dirs["work"]), ro, rw)
+    hidden = _private_trees(settings)
+    box = _policy_box(policy, uid, str(member_dir / "scratch"), str(dirs["work"]), ro, rw, hidden)
     box["scratch_bytes"] = memory
     if gpus:
         box["dev"] = sorted(p for p in glob.glob("/dev/nvidia*") if not os.path.isdir(p))
@@ -234,6 +244,13 @@ def _machine_passwd() -> str:
         return Path("/etc/passwd").read_text()
     except OSError:
         return ""
+
+
+def job_group(policy: SandboxPolicy, org_id: str, settings: Settings) -> int | None:
+    """The group of the attempt's directory, through which the job reads its notice and parameters (the rest
+    of the job's directory is root's alone): the organisation's gid when jobs run as one, else None (the job
+    keeps the server's uid, or runs unsandboxed)."""
+    return org_uid(settings.sandbox_uid_base, org_id) if policy.kind == "root" else None
 
 
 def prepare_dirs(policy: SandboxPolicy, org_id: str, settings: Settings, dirs: dict[str, Path]) -> None:
