@@ -24,6 +24,8 @@ export interface Resources {
   cpus: number;
   memory: number | null;
   disk?: number | null;
+  pids?: number | null;
+  log?: number | null;
   gpus: number;
   gpu_type?: string | null;
 }

@@ -164,6 +164,7 @@ def test_dead_shim_fails_its_job_and_spares_the_others(shared_server):
     assert "shim" in (done.message or "")
     time.sleep(0.3)
     assert _live(job_pids) == [], "the orphaned job process must be cleaned up"
+    assert list(Path("/sys/fs/cgroup").glob(f"*/kiln/{victim.id}-*")) == []  # and its control groups removed
     assert wait_for(client, bystander.id).state == "SUCCEEDED"
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from kiln.runtime import cgroups
 from kiln.sdk.client import Client
 from tests.helpers import log_text, wait_for
 from tests.kilnserver import KilnServer
@@ -138,7 +139,7 @@ def test_what_a_job_keeps_in_dev_shm_counts_as_its_memory(server: KilnServer) ->
     assert (done.state, done.reason) == ("FAILED", "OOMKilled"), (done.message, log_text(client, job.id))
     assert "/dev/shm" in done.message
     # The tmpfs went with the attempt.
-    assert not any(str(server.home) in line for line in Path("/proc/self/mountinfo").read_text().splitlines())
+    assert not any(str(server.home / "jobs") in line for line in Path("/proc/self/mountinfo").read_text().splitlines())
 
 
 def test_a_job_past_its_disk_limit_fails_with_the_reason(server: KilnServer) -> None:
@@ -228,3 +229,92 @@ def test_an_operator_may_opt_out_of_the_sandbox(make_server) -> None:  # type: i
     assert job.state == "SUCCEEDED", job.message
     assert log_text(client, job.id) == [str(os.getuid()), "exposed"]  # the server's user, the whole filesystem
     assert "KILN_SANDBOX=none: jobs run unsandboxed" in srv.log()
+
+
+def _cgroup(controller: str) -> bool:
+    """Whether this machine gives jobs a group of ``controller`` (root, a writable hierarchy holding it)."""
+    group = cgroups.JobCgroup.create(f"probe-{os.getpid()}-{time.monotonic_ns()}", 1.0, 64)
+    try:
+        return controller in group.dirs
+    finally:
+        group.remove()
+
+
+def _leftover_groups(job_id: str) -> list[str]:
+    return [str(p) for p in Path("/sys/fs/cgroup").glob(f"*/{cgroups.ROOT_NAME}/{job_id}-*")]
+
+
+FORK_STORM = """
+import os, sys, time
+born = 0
+try:
+    for _ in range(1000):
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        born += 1
+except OSError as exc:
+    print(f"born={born} then {exc.strerror}", flush=True)
+sys.exit(1)
+"""
+
+
+def test_a_fork_storm_stops_at_the_jobs_process_limit(server: KilnServer) -> None:
+    client = server.client()
+    job = client.submit({"command": [sys.executable, "-c", FORK_STORM], "runtime": PY, "resources": {"pids": 64}})
+    done = wait_for(client, job.id, timeout=60)
+    (line,) = [text for text in log_text(client, job.id) if text.startswith("born=")]
+    assert int(line.split()[0].removeprefix("born=")) < 64, line  # the sandbox's own processes count too
+    if _cgroup("pids"):
+        assert (done.state, done.reason) == ("FAILED", "PidsLimitExceeded"), (done.message, line)
+        assert done.message.startswith("process limit exceeded: the job reached its limit of 64 processes")
+        assert _leftover_groups(job.id) == []  # removed with the attempt
+    else:  # RLIMIT_NPROC: the storm is capped all the same, but nothing tells the shim
+        assert done.state == "FAILED", done.message
+
+
+BUSY = """
+import os, resource, time
+start = time.monotonic()
+for _ in range(2):
+    if os.fork() == 0:
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            pass
+        os._exit(0)
+os.wait(); os.wait()
+used = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(f"cpu={(used.ru_utime + used.ru_stime) / (time.monotonic() - start):.3f}")
+"""
+
+
+def test_a_job_uses_no_more_cpu_than_its_cpus(server: KilnServer) -> None:
+    if not _cgroup("cpu"):
+        pytest.skip("no writable cpu control group here: cpus is not enforced (docs/sandbox.md)")
+    client = server.client()
+    job = client.submit({"command": [sys.executable, "-c", BUSY], "runtime": PY, "resources": {"cpus": 0.5}})
+    done = wait_for(client, job.id, timeout=60)
+    assert done.state == "SUCCEEDED", done.message
+    (line,) = log_text(client, job.id)
+    # Two busy loops for 3 s: CPU time over the job's own wall time, at most the quota and 10%. Less than 0.5 only
+    # where the machine was busy (two test workers on two CPUs, and under a load of 14 a job got a fifth of a CPU):
+    # the lower bound only shows the loops ran.
+    assert 0.02 <= float(line.removeprefix("cpu=")) <= 0.55, line
+
+
+def test_a_job_flooding_its_log_stops_at_the_log_limit_and_the_log_counts_as_storage(server: KilnServer) -> None:
+    client = server.client()
+
+    def storage() -> int:
+        return next(c for c in client.quota().categories if c.category == "total").used.storage or 0
+
+    before = storage()
+    job = client.submit({"command": "yes", "resources": {"log": "1M"}})
+    done = wait_for(client, job.id, timeout=60)
+    assert (done.state, done.reason) == ("FAILED", "LogLimitExceeded"), done.message
+    assert done.message.startswith("log limit exceeded: the job's log reached "), done.message
+    assert done.message.endswith("its limit of 1 MiB (1048576 bytes); the rest of its output was dropped")
+    log = (server.home / "logs" / f"{job.id}.log").read_bytes()
+    assert 1024**2 - 64 * 1024 < len(log) < 1024**2 + 4096  # the limit, give or take a read, and Kiln's last lines
+    assert b" K log limit exceeded: " in log[-4096:]  # the marker, after the job's last line
+    assert storage() - before >= 1024**2 - 64 * 1024

@@ -144,6 +144,10 @@ def job_detail(job: JobRead) -> None:
         resources += f", {format_bytes(spec.resources.memory)} memory"
     if spec.resources.disk:
         resources += f", {format_bytes(spec.resources.disk)} disk"
+    if spec.resources.pids:
+        resources += f", {spec.resources.pids} processes"
+    if spec.resources.log:
+        resources += f", {format_bytes(spec.resources.log)} log"
     if spec.resources.gpus:
         resources += f", {spec.resources.gpus} GPU"
     rows: list[tuple[str, object]] = [

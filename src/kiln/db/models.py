@@ -136,6 +136,8 @@ class Job(Base):
     # Quota category the job counts against (train jobs now; serve and dev come with services and notebooks).
     category: Mapped[str] = mapped_column(String(16), default="train", server_default="train")
     output_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # The job's log's size when its latest attempt ended (the live size of a running job's is read from its file).
+    log_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # Scheduling: priority class (0 low, 1 normal, 2 high), gang size (workers + parameter servers; cpus, memory
     # and gpus above are totals over the gang), and why a preemption was requested while it is under way.
     priority: Mapped[int] = mapped_column(Integer, default=1, server_default="1")

@@ -206,6 +206,7 @@ class Metrics:
         self.deadline = float("inf")  # when stopping: the drain ends here (monotonic)
         self.threads: list[threading.Thread] = []
         self.tail: LogTail | None = None
+        self.say: Callable[[str], None] | None = None  # a line in the job's log (the shim's), for what it must know
 
     def spool(self, src: str) -> Spool:
         return Spool(spool_path(self.dir, src, self.attempt, self.member), self.member, src)
@@ -320,17 +321,21 @@ class Metrics:
         if not os.path.isabs(root):
             root = os.path.join(self.cfg.get("work_dir") or ".", root)
         spool = self.spool("tb")
-        follower = tbreader.DirectoryFollower(root)
+        budget = self.mc.get("tensorboard_bytes")  # what the shim (root, outside the job's limits) decodes at most
+        follower = tbreader.DirectoryFollower(root, budget if isinstance(budget, int) else None)
         reported: set[str] = set()
         try:
             while True:
                 final = self.stop_event.is_set()
                 for wall_time, step, name, value in follower.poll(rescan=True, deadline=self.deadline):
                     spool.add(wall_time, step, {name: value})
-                for path, problem in follower.problems():
-                    if path not in reported:
+                for path, problem in [*follower.problems(), ("", follower.limit_note)]:
+                    if problem and path not in reported:
                         reported.add(path)
-                        spool.event("MetricsExtractionError", f"TensorBoard file {path}: {problem}")
+                        message = f"TensorBoard file {path}: {problem}" if path else problem
+                        spool.event("MetricsExtractionError", message)
+                        if self.say is not None and (not path or problem.startswith("stopped")):
+                            self.say(f"metrics: {message} (KILN_JOB_TENSORBOARD_BYTES)")
                 spool.flush()
                 if final:
                     break

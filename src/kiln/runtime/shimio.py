@@ -90,6 +90,8 @@ class AttemptFiles:
     notify_sock: socket.socket | None
     cancel_reason: str
     stop_info: tuple[str, str, float] | None
+    log_over = False  # the job's output was dropped at its log limit (since its step started: shimlimits.py)
+    log_reached = 0  # the log's size when that first happened
 
     def notify(self, event: str) -> None:
         if not self.notify_path:
@@ -104,7 +106,11 @@ class AttemptFiles:
             pass  # the server may be down; it re-reads our files when it comes back
 
     def log(self, stream: str, data: bytes) -> None:
-        self.write_log(format_line(stream + self.stream_tag, data))
+        line = format_line(stream + self.stream_tag, data)
+        if stream != "K":  # the job's output; the shim's own lines are always written
+            line = self.fit_log(line)
+        if line:
+            self.write_log(line)
 
     def log_lines(self, stream: str, lines: list[bytes]) -> None:
         """Several lines of one read, with one timestamp and one write."""
@@ -112,7 +118,31 @@ class AttemptFiles:
             self.log(stream, lines[0])
             return
         head = timestamp(time.time()).encode() + b" " + (stream + self.stream_tag).encode() + b" "
-        self.write_log(b"".join(head + line.rstrip(b"\n") + b"\n" for line in lines))
+        data = b"".join(head + line.rstrip(b"\n") + b"\n" for line in lines)
+        if stream != "K":
+            data = self.fit_log(data)
+        if data:
+            self.write_log(data)
+
+    def fit_log(self, data: bytes) -> bytes:
+        """The whole lines of ``data`` (the job's output) that fit under the job's log limit (``log_limit``, all
+        its attempts and members together: the file's size is what counts); what does not is dropped and
+        ``log_over`` says so."""
+        limit = self.cfg.get("log_limit")
+        if not limit:
+            return data
+        try:
+            size = os.fstat(self.log_fd).st_size
+        except OSError:
+            return data
+        room = int(limit) - size
+        if len(data) <= room:
+            return data
+        cut = data.rfind(b"\n", 0, room) + 1 if room > 0 else 0
+        if not self.log_reached:
+            self.log_reached = size + cut
+        self.log_over = True
+        return data[:cut]
 
     def write_log(self, data: bytes) -> None:
         try:

@@ -18,6 +18,12 @@ A record still being written at the end of a growing file is left for the next r
 fails its checksum is skipped; a length that fails its checksum ends the file (nothing after it can be framed).
 Data checksums are computed only for records that give scalars: crc32c in pure Python is slow, and big records
 (images) are skipped anyway.
+
+The shim reads a job's files as root, outside the job's CPU limit, so what it decodes is bounded: records over
+``MAX_DECODED_RECORD`` are skipped without being decoded (a scalar event is a few dozen bytes), and a
+``DirectoryFollower`` given ``max_bytes`` stops reading once its files' records add up to it (each file at most
+half of it; ``record_cost``: small records count ``MIN_RECORD_COST``), and says so. Pure-Python decoding costs
+up to about half a second of CPU per MiB of crafted records.
 """
 
 from __future__ import annotations
@@ -30,7 +36,12 @@ import time
 from collections.abc import Iterator
 
 MAX_RECORD = 256 * 1024 * 1024
+MAX_DECODED_RECORD = 1024 * 1024  # bigger records (images, graphs, audio) are skipped without being decoded
+MIN_RECORD_COST = 64  # what the smallest record counts against a budget (its framing costs as much)
+MAX_FILES = 1000  # event files followed under one directory
+MAX_SCAN_ENTRIES = 20_000  # directory entries one scan looks at
 _CRC_TABLE: list[int] = []
+_HEADER_CRCS: dict[bytes, int] = {}  # a file's records mostly share a few lengths: their header checksums, cached
 
 
 def crc32c(data: bytes | memoryview) -> int:
@@ -50,6 +61,23 @@ def crc32c(data: bytes | memoryview) -> int:
 def masked_crc(data: bytes | memoryview) -> int:
     crc = crc32c(data)
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _header_crc(header: bytes) -> int:
+    crc = _HEADER_CRCS.get(header)
+    if crc is None:
+        if len(_HEADER_CRCS) >= 4096:
+            _HEADER_CRCS.clear()
+        crc = _HEADER_CRCS[header] = masked_crc(header)
+    return crc
+
+
+def record_cost(length: int) -> int:
+    """What a record of ``length`` data bytes counts against a reading budget: its framing and data when it is
+    decoded, at least ``MIN_RECORD_COST``; only that when it is too big to be."""
+    if length > MAX_DECODED_RECORD:
+        return MIN_RECORD_COST
+    return max(MIN_RECORD_COST, length + 16)
 
 
 # -- protobuf wire format -------------------------------------------------------------------------------------
@@ -301,7 +329,7 @@ def open_beneath(root: str, path: str) -> int:
 class EventFileReader:
     """Follows one growing event file: each ``read()`` returns the scalars of the records completed since."""
 
-    def __init__(self, path: str, root: str | None = None) -> None:
+    def __init__(self, path: str, root: str | None = None, max_bytes: float = math.inf) -> None:
         self.path = path
         self.root = root or os.path.dirname(path)
         self.offset = 0
@@ -309,35 +337,54 @@ class EventFileReader:
         self.broken = ""  # why the file cannot be read further (a length failed its checksum)
         self.corrupt = 0  # records skipped because their data failed its checksum
         self.problem = ""  # the latest problem, for one event per file
+        self.limit = max_bytes  # the most this file's records may cost in all (``record_cost``)
+        self.spent = 0  # what they cost so far
 
-    def read(self, max_bytes: int = 16 * 1024 * 1024) -> list[tuple[float, int, str, float]]:
+    def read(
+        self, max_bytes: int = 16 * 1024 * 1024, allowance: float = math.inf
+    ) -> list[tuple[float, int, str, float]]:
+        """The scalars of the records completed since the last read, from at most ``max_bytes`` of the file,
+        taking at most ``allowance`` of the budget (``record_cost`` each; ``spent`` adds up)."""
         out: list[tuple[float, int, str, float]] = []
         if self.broken:
+            return out
+        allowance = min(allowance, self.limit - self.spent)
+        if allowance < MIN_RECORD_COST:
+            if self.spent >= self.limit - MIN_RECORD_COST and not self.problem.startswith("stopped"):
+                self.problem = (
+                    f"stopped after {self.spent / 1048576:.1f} MiB of records, the most one file is read for "
+                    "metrics; the rest is skipped"
+                )
             return out
         try:
             with os.fdopen(open_beneath(self.root, self.path), "rb") as fh:
                 fh.seek(self.offset)
                 data = fh.read(max_bytes)
+                size = os.fstat(fh.fileno()).st_size
         except OSError:
             return out
         view = memoryview(data)
-        pos = 0
+        pos = spent = 0
         while len(view) - pos >= 12:
             header = view[pos : pos + 8]
             length = int.from_bytes(header, "little")
-            if int.from_bytes(view[pos + 8 : pos + 12], "little") != masked_crc(header) or length > MAX_RECORD:
+            if int.from_bytes(view[pos + 8 : pos + 12], "little") != _header_crc(bytes(header)) or length > MAX_RECORD:
                 self.broken = self.problem = f"corrupt record length at byte {self.offset + pos}; the rest is skipped"
                 break
+            cost = record_cost(length)
+            if spent + cost > allowance:
+                break  # the budget is spent: the rest waits (for ever, unless the budget grows)
             end = pos + 12 + length + 4
+            if length > MAX_DECODED_RECORD:
+                # Skipped without being decoded (it cannot be a scalar), once it is all written.
+                if end <= len(view) or size >= self.offset + end:
+                    pos = end
+                    spent += cost
+                    continue
+                break
             if end > len(view):
-                if length + 16 > max_bytes and pos == 0:
-                    # A record bigger than one read: skip it without decoding (it cannot be a scalar).
-                    try:
-                        if os.path.getsize(self.path) >= self.offset + end:
-                            pos = end
-                    except OSError:
-                        pass
-                break  # still being written: the next read gets it
+                break  # still being written, or beyond this read: the next read gets it
+            spent += cost
             record = view[pos + 12 : pos + 12 + length]
             crc = int.from_bytes(view[pos + 12 + length : end], "little")
             pos = end
@@ -354,6 +401,7 @@ class EventFileReader:
                     continue
                 out.extend((wall_time, step, tag, value) for tag, value in scalars)
         self.offset += pos
+        self.spent += spent
         return out
 
     def _corrupt(self) -> None:
@@ -364,35 +412,59 @@ class EventFileReader:
 class DirectoryFollower:
     """Every ``events.out.tfevents.*`` file under a directory (recursively), read as it grows. Scalars from a
     file in a subdirectory are named ``<subdir>/<tag>`` (as TensorBoard shows runs): Keras writes ``train/`` and
-    ``validation/`` with the same tags."""
+    ``validation/`` with the same tags.
 
-    def __init__(self, root: str) -> None:
+    ``max_bytes``: what all the files' records may cost in all (``record_cost``), each file at most half of it;
+    once it is spent nothing more is read and ``limit_note`` says so."""
+
+    def __init__(self, root: str, max_bytes: float | None = None) -> None:
         self.root = root
         self.readers: dict[str, EventFileReader] = {}
         self.last_scan = 0.0
         self.reported: dict[str, str] = {}
+        self.max_bytes = math.inf if max_bytes is None else max_bytes
+        self.limit_note = ""  # why the files are no longer (all) read
+
+    @property
+    def spent(self) -> int:
+        return sum(reader.spent for reader in self.readers.values())
 
     def scan(self) -> None:
+        seen = 0
         for dirpath, dirnames, filenames in os.walk(self.root):
             dirnames.sort()
+            seen += len(dirnames) + len(filenames)
             for name in sorted(filenames):
                 if name.startswith("events.out.tfevents.") and not name.endswith(".tmp"):
                     path = os.path.join(dirpath, name)
-                    if path not in self.readers:
-                        self.readers[path] = EventFileReader(path, self.root)
+                    if path not in self.readers and len(self.readers) < MAX_FILES:
+                        self.readers[path] = EventFileReader(path, self.root, self.max_bytes / 2)
+            if seen > MAX_SCAN_ENTRIES or len(self.readers) >= MAX_FILES:
+                break  # the files found first are followed; the rest of a huge tree is left alone
         self.last_scan = time.monotonic()
 
     def poll(self, rescan: bool = True, deadline: float = float("inf")) -> list[tuple[float, int, str, float]]:
         if rescan:
             self.scan()
         out: list[tuple[float, int, str, float]] = []
+        spent = self.spent
         for path, reader in self.readers.items():
             if time.monotonic() > deadline:
                 break
+            left = self.max_bytes - spent
+            if left < MIN_RECORD_COST:
+                if not self.limit_note:
+                    self.limit_note = (
+                        f"TensorBoard event files: {spent / 1048576:.1f} MiB of records read for metrics, the most an "
+                        "attempt reads; the rest is not read"
+                    )
+                break
             rel = os.path.relpath(os.path.dirname(path), self.root)
             prefix = "" if rel in (".", "") else rel.replace(os.sep, "/") + "/"
-            for wall_time, step, tag, value in reader.read():
+            before = reader.spent
+            for wall_time, step, tag, value in reader.read(allowance=left):
                 out.append((wall_time, step, (prefix + tag)[:200], value))
+            spent += reader.spent - before
         return out
 
     def problems(self) -> list[tuple[str, str]]:

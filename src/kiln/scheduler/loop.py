@@ -257,6 +257,7 @@ class Reconciler:
                 seen.status = status
             return seen
         seen.status = status
+        seen.log_bytes = self.logs.size(job.id)  # counted in the organisation's storage (services/quotas.py)
         backend = self.backend
         try:
             if isinstance(backend, OutputCollector):
@@ -299,6 +300,7 @@ class Reconciler:
         if outcome.ended:
             row.exit_code = outcome.exit_code
             row.output_bytes = seen.copied_bytes or row.output_bytes
+            row.log_bytes = max(row.log_bytes or 0, seen.log_bytes)
         if outcome.started:
             transition(s, row, JobState.RUNNING, Reason.STARTED, STARTED_BEFORE_END)
         if outcome.clear_preemption:

@@ -20,8 +20,10 @@ from kiln.backends.base import AttemptStatus, Phase
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState, Reason
 
-# Failures that a retry cannot fix: the spec itself is wrong.
-PERMANENT_REASONS = frozenset({Reason.COMMAND_NOT_FOUND, Reason.RUNTIME_ERROR, Reason.CODE_ERROR, Reason.INPUT_ERROR})
+# Failures that a retry cannot fix: the spec itself is wrong, or the job's log is full (its limit is per job).
+PERMANENT_REASONS = frozenset(
+    {Reason.COMMAND_NOT_FOUND, Reason.RUNTIME_ERROR, Reason.CODE_ERROR, Reason.INPUT_ERROR, Reason.LOG_LIMIT_EXCEEDED}
+)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ class Seen:
     status: AttemptStatus | None = None  # None: nothing to write (still starting, or running as recorded)
     copied: int = 0
     copied_bytes: int = 0
+    log_bytes: int = 0  # the job's log's size once the attempt ended
     copy_error: str = ""
     notes: list[str] = field(default_factory=list)  # lines for the job's log, once committed
     keep_files: bool | None = None  # the job ended: free its local files (False), or keep them a while (True)

@@ -21,6 +21,7 @@ from kiln.domain.states import JobState
 from kiln.errors import Forbidden, InvalidInput
 from kiln.services.accounts import find_org
 from kiln.services.identity import Principal
+from kiln.storage.logs import LogStore
 
 ACTIVE = [JobState.STARTING, JobState.RUNNING]
 
@@ -59,14 +60,20 @@ def lock_org(s: Session, org_id: str) -> None:
         s.execute(select(Organization.id).where(Organization.id == org_id).with_for_update())
 
 
-def storage_used(s: Session, org_id: str) -> int:
-    """Bytes the organisation stores: code bundles, job outputs, dataset blobs (each stored once however many
-    versions share it) and the full size of every open dataset upload (reserved when it is opened)."""
+def storage_used(s: Session, org_id: str, logs: LogStore | None = None) -> int:
+    """Bytes the organisation stores: code bundles, job outputs, job logs, dataset blobs (each stored once however
+    many versions share it) and the full size of every open dataset upload (reserved when it is opened). A log
+    counts its size when the job's latest attempt ended; with ``logs``, a running job's counts its size now (a
+    look at the files of the organisation's running jobs only)."""
     blobs = s.scalar(select(func.coalesce(func.sum(Blob.size), 0)).where(Blob.org_id == org_id)) or 0
     outputs = s.scalar(select(func.coalesce(func.sum(Job.output_bytes), 0)).where(Job.org_id == org_id)) or 0
+    logged = s.scalar(select(func.coalesce(func.sum(Job.log_bytes), 0)).where(Job.org_id == org_id)) or 0
     data = s.scalar(select(func.coalesce(func.sum(DataBlob.size), 0)).where(DataBlob.org_id == org_id)) or 0
     uploads = s.scalar(select(func.coalesce(func.sum(DataUpload.size), 0)).where(DataUpload.org_id == org_id)) or 0
-    return int(blobs) + int(outputs) + int(data) + int(uploads)
+    if logs is not None:
+        running = select(Job.id, Job.log_bytes).where(Job.org_id == org_id, Job.state.in_(ACTIVE))
+        logged += sum(max(0, logs.size(job_id) - (recorded or 0)) for job_id, recorded in s.execute(running))
+    return int(blobs) + int(outputs) + int(logged) + int(data) + int(uploads)
 
 
 class Admission:
@@ -98,8 +105,9 @@ class Admission:
 
 
 class QuotaService:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, logs: LogStore | None = None) -> None:
         self.db = db
+        self.logs = logs  # the job logs, whose running jobs' sizes count in storage_used
 
     def set(self, principal: Principal, org_ref: str, body: QuotaSet) -> QuotaReport:
         principal.require("quota:set")
@@ -129,7 +137,7 @@ class QuotaService:
                 used = usage.of(category)
                 used_fields = {name: getattr(used, name) for name in FIELDS}
                 if category == TOTAL:
-                    used_fields["storage"] = storage_used(s, org.id)
+                    used_fields["storage"] = storage_used(s, org.id, self.logs)
                 categories.append(
                     QuotaCategory(
                         category=category,
@@ -171,7 +179,7 @@ class QuotaService:
         total = load_limits(s, [org_id]).get(org_id, {}).get(TOTAL)
         if total is None or total.storage is None:
             return
-        used = storage_used(s, org_id)
+        used = storage_used(s, org_id, self.logs)
         if used + adding > total.storage:
             raise Forbidden(
                 f"quota: storage {format_bytes(used)} in use + {format_bytes(adding)} would exceed the limit of "

@@ -38,3 +38,10 @@ def test_disk_flag_sets_the_jobs_disk_limit(tmp_path: Path) -> None:
     assert (spec.resources.disk, spec.resources.memory) == (50 * 1024**3, 1024**3)
     with pytest.raises(SpecError, match="disk"):
         build_spec(None, Overrides(command=["true"], disk="lots"))
+
+
+def test_pids_and_log_limit_flags_set_the_jobs_limits() -> None:
+    spec = build_spec(None, Overrides(command=["yes"], pids=64, log="100M"))
+    assert (spec.resources.pids, spec.resources.log) == (64, 100 * 1024**2)
+    with pytest.raises(SpecError, match="pids"):
+        build_spec(None, Overrides(command=["true"], pids=2))  # the sandbox's own processes need more

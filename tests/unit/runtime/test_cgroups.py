@@ -1,0 +1,102 @@
+"""The attempt's control groups (runtime/cgroups.py): where the hierarchies are, the wrapper that puts a step's first
+process into them before it execs, the RLIMIT_NPROC fallback, and (where this machine lets root make them) a real
+group holding a fork storm at its limit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from kiln.runtime import cgroups, sandbox
+
+
+def test_hierarchies_prefer_v1_and_read_v2_controllers(tmp_path: Path) -> None:
+    unified = tmp_path / "unified"
+    unified.mkdir()
+    (unified / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "30 25 0:26 / /sys/fs/cgroup/pids rw,nosuid - cgroup cgroup rw,pids\n"
+        "31 25 0:27 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid - cgroup cgroup rw,cpu,cpuacct\n"
+        f"32 25 0:28 / {unified} rw,nosuid - cgroup2 cgroup2 rw\n"
+        "33 25 0:29 / /proc rw - proc proc rw\n"
+    )
+    assert cgroups.hierarchies(str(mountinfo)) == {
+        "pids": ("/sys/fs/cgroup/pids", 1),
+        "cpu": ("/sys/fs/cgroup/cpu,cpuacct", 1),
+        "cpuacct": ("/sys/fs/cgroup/cpu,cpuacct", 1),
+    }
+    mountinfo.write_text(f"32 25 0:28 / {unified} rw,nosuid - cgroup2 cgroup2 rw\n")
+    assert cgroups.hierarchies(str(mountinfo)) == {"pids": (str(unified), 2), "cpu": (str(unified), 2)}
+    assert cgroups.group_name("job-1", 2, "worker/0 x") == "job-1-2-worker_0_x"
+
+
+def test_the_wrapper_joins_first_then_becomes_the_command_as_started(tmp_path: Path) -> None:
+    """It writes its own pid into each group and execs the command (the same process): SIGPIPE and SIGXFSZ are not
+    left ignored, and the C locale the interpreter coerced is not passed on."""
+    for name in ("a", "b"):  # each group's cgroup.procs: plain files here
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "cgroup.procs").write_text("")
+    group = cgroups.JobCgroup("g", {"pids": str(tmp_path / "a"), "cpu": str(tmp_path / "b")})
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}  # no locale at all: the interpreter coerces C
+    script = "echo pid=$$; env; grep SigIgn /proc/self/status"
+    out = subprocess.run(group.join_argv(["/bin/sh", "-c", script], env), env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    pid = lines[0].removeprefix("pid=")
+    assert [(tmp_path / n / "cgroup.procs").read_text() for n in ("a", "b")] == [pid, pid]
+    assert not any(line.startswith("LC_CTYPE=") for line in lines)
+    ignored = int(next(line for line in lines if line.startswith("SigIgn:")).split()[1], 16)
+    assert ignored & (1 << 12 | 1 << 24) == 0  # SIGPIPE (13), SIGXFSZ (25)
+    kept = subprocess.run(
+        group.join_argv(["env"], {**env, "LC_CTYPE": "C"}), env={**env, "LC_CTYPE": "C"}, capture_output=True, text=True
+    )
+    assert "LC_CTYPE=C" in kept.stdout.splitlines()
+    missing = subprocess.run(group.join_argv(["no-such-command-x"], env), env=env, capture_output=True, text=True)
+    assert (missing.returncode, missing.stderr) == (127, "kiln: command not found: no-such-command-x\n")
+    (tmp_path / "a" / "cgroup.procs").unlink()
+    refused = subprocess.run(group.join_argv(["true"], env), env=env, capture_output=True, text=True)
+    assert refused.returncode == 125 and "cannot join the job's control group" in refused.stderr
+    assert cgroups.JobCgroup("none").join_argv(["true"], env) == ["true"]  # no groups: the command as it is
+
+
+def test_without_a_pids_group_the_sandbox_sets_rlimit_nproc() -> None:
+    box = {"bwrap": "/usr/bin/bwrap", "prlimit": "/usr/bin/prlimit", "scratch": "/s", "chdir": "/w"}
+    argv = sandbox.wrap(box, ["train"], "/t", (), 1000, rlimit_nproc=64)
+    assert argv[-5:] == ["/usr/bin/prlimit", "--fsize=1000", "--nproc=64", "--", "train"]
+    assert "--nproc=64" not in sandbox.wrap(box, ["train"], "/t", (), 1000)
+
+
+def _real_group(pids: int, cpus: float | None) -> cgroups.JobCgroup:
+    group = cgroups.JobCgroup.create(f"unit-{uuid.uuid4().hex[:12]}", cpus, pids)
+    if "pids" not in group.dirs:
+        group.remove()
+        pytest.skip("no writable pids control group here (not root, or /sys/fs/cgroup read-only)")
+    return group
+
+
+def test_a_real_group_holds_a_fork_storm_at_its_limit_and_is_removed_with_it() -> None:
+    group = _real_group(24, None)
+    storm = (
+        "import os, time\nborn = 0\ntry:\n    for _ in range(200):\n        if os.fork() == 0:\n"
+        "            time.sleep(30)\n            os._exit(0)\n        born += 1\nexcept OSError:\n    pass\n"
+        "print(born, flush=True)\ntime.sleep(30)\n"
+    )
+    proc = subprocess.Popen(
+        group.join_argv([sys.executable, "-c", storm], dict(os.environ)), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        born = int(proc.stdout.readline())
+        assert born < 24  # the wrapper (now the storm) is one of the 24
+        assert group.pids_refused() >= 1 and (group.pids_peak() or group.pids_current() or 0) <= 24
+        assert proc.pid in group.pids()
+    finally:
+        assert group.remove() == []  # kills what is in it, then removes it
+        proc.wait(10)
+    assert not any(os.path.exists(p) for p in (*group.paths(), *cgroups.existing(group.name).paths()))

@@ -1,0 +1,60 @@
+"""What the shim (root, outside the job's CPU limit) spends on a job's TensorBoard files is bounded: a crafted event
+file of small scalar records, the costliest kind to decode, is read up to the budget and no further, and says so;
+records too big to be scalars are skipped without being decoded or counted (records are framed by hand here, so
+these tests need no tensorboard package)."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from kiln.runtime import tbreader
+
+MiB = 1024 * 1024
+
+
+def record(data: bytes) -> bytes:
+    header = struct.pack("<Q", len(data))
+    return header + struct.pack("<I", tbreader.masked_crc(header)) + data + struct.pack("<I", tbreader.masked_crc(data))
+
+
+def scalar(tag: bytes, value: float, step: int) -> bytes:
+    """An Event holding one simple_value (what torch's add_scalar writes)."""
+    item = b"\x0a" + bytes([len(tag)]) + tag + b"\x15" + struct.pack("<f", value)
+    summary = b"\x0a" + bytes([len(item)]) + item
+    return b"\x09" + struct.pack("<d", 1000.0) + b"\x10" + bytes([step]) + b"\x2a" + bytes([len(summary)]) + summary
+
+
+def test_a_crafted_event_file_is_read_up_to_the_budget_and_no_further(tmp_path: Path) -> None:
+    one = record(scalar(b"loss", 0.5, 1))
+    chunk = one * (MiB // len(one))
+    path = tmp_path / "events.out.tfevents.1"
+    with open(path, "wb") as fh:
+        for _ in range(16):  # 16 MiB of the costliest records to decode
+            fh.write(chunk)
+    follower = tbreader.DirectoryFollower(str(tmp_path), max_bytes=MiB)
+    points = sum(len(follower.poll()) for _ in range(20))
+    # One file gets at most half the budget; a record counts at least MIN_RECORD_COST.
+    assert follower.spent <= MiB // 2 and points == follower.spent // tbreader.MIN_RECORD_COST
+    ((path_seen, problem),) = follower.problems()
+    assert path_seen == str(path) and problem.startswith("stopped after 0.5 MiB of records")
+    reader = follower.readers[str(path)]
+    assert reader.offset < MiB  # the other 15 MiB were never read
+    # A second file takes the other half, then nothing more is read at all, and the follower says so.
+    (tmp_path / "run2").mkdir()
+    (tmp_path / "run2" / "events.out.tfevents.2").write_bytes(chunk * 2)
+    more = [p for _ in range(20) for p in follower.poll()]
+    assert more and follower.spent <= MiB and {name for *_, name, _ in more} == {"run2/loss"}
+    assert "the most an attempt reads" in follower.limit_note
+    assert follower.poll() == []
+
+
+def test_records_too_big_to_be_scalars_are_skipped_undecoded_and_uncounted(tmp_path: Path) -> None:
+    data = b"\x10\x01" * MiB  # 2 MiB of tiny fields: costly to decode, and no scalar can be that big
+    header = struct.pack("<Q", len(data))
+    big = header + struct.pack("<I", tbreader.masked_crc(header)) + data + b"\0\0\0\0"  # its data's CRC unchecked
+    path = tmp_path / "events.out.tfevents.1"
+    path.write_bytes(big + record(scalar(b"acc", 0.25, 2)))
+    follower = tbreader.DirectoryFollower(str(tmp_path), max_bytes=4096)
+    assert follower.poll() == [(1000.0, 2, "acc", 0.25)]
+    assert follower.spent == 2 * tbreader.MIN_RECORD_COST
