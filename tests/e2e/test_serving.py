@@ -19,6 +19,8 @@ the tenancy test's callers). The tests share the service ``digits``: each first 
 from __future__ import annotations
 
 import json
+import os
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -203,6 +205,18 @@ def serve_process(server: KilnServer, job_id: str) -> psutil.Process:
     raise AssertionError(f"no replica process under the shim of job {job_id}")
 
 
+def inet_sockets(pid: int) -> set[str]:
+    """The TCP and UDP sockets a process holds (inodes), as the tables of its own network namespace list them."""
+    links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    held = {link[len("socket:[") : -1] for link in links if link.startswith("socket:[")}
+    listed: set[str] = set()
+    for table in ("tcp", "tcp6", "udp", "udp6"):
+        path = Path(f"/proc/{pid}/net/{table}")
+        if path.exists():
+            listed |= {line.split()[9] for line in path.read_text().splitlines()[1:] if line.strip()}
+    return held & listed
+
+
 # -- predictions ----------------------------------------------------------------------------------------------------
 
 
@@ -218,6 +232,24 @@ def test_sklearn_service_predicts_what_the_model_predicts(world: World, sklearn_
     # Either replica answers the same: one instance at a time, so that both get some.
     singles = [client.predict(SERVICE, [x]).outputs[0] for x in sklearn_model.expected["inputs"][:8]]
     assert singles == sklearn_model.expected["outputs"][:8]
+
+
+@pytest.mark.timeout(600)
+def test_replicas_listen_on_a_socket_in_their_work_dir_and_open_no_port(world: World, sklearn_model: Model) -> None:
+    """The router reaches a replica through its Unix socket (the job's network namespace is its own): the replica
+    holds no TCP or UDP socket, and its state file names the socket, no port."""
+    client = world.client()
+    service = ready(client, 2)
+    for replica in live(service):
+        assert replica.job_id is not None
+        assert replica.message == "serving digits@1 on its socket .kiln-replica.sock", replica.message
+        work = world.server.home / "jobs" / replica.job_id / "work"
+        state = json.loads((work / ".kiln-replica.json").read_text())
+        assert sorted(state) == ["pid", "secret", "socket"] and state["socket"] == ".kiln-replica.sock"
+        assert stat.S_ISSOCK((work / state["socket"]).lstat().st_mode)
+        assert inet_sockets(serve_process(world.server, replica.job_id).pid) == set()
+    answer = client.predict(SERVICE, sklearn_model.expected["inputs"][:2])  # through a socket: no other way
+    assert answer.outputs == sklearn_model.expected["outputs"][:2]
 
 
 @pytest.mark.timeout(600)

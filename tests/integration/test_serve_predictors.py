@@ -85,8 +85,10 @@ class _Replica:
         if not ready:
             raise AssertionError(f"the replica exited with {self.proc.wait(30)}: {self.proc.communicate()[1]}")
         state = json.loads((root / serve.STATE_FILE).read_text())
+        self.dir_fd = os.open(root, os.O_PATH | os.O_DIRECTORY)  # a short name for its Unix socket's directory
         self.client = httpx.Client(
-            base_url=f"http://127.0.0.1:{state['port']}",
+            base_url="http://replica",
+            transport=httpx.HTTPTransport(uds=f"/proc/self/fd/{self.dir_fd}/{state['socket']}"),
             headers={"Authorization": f"Bearer {state['secret']}"},
             timeout=120,
         )
@@ -96,6 +98,7 @@ class _Replica:
 
     def stop(self) -> int:
         self.client.close()
+        os.close(self.dir_fd)
         self.proc.send_signal(signal.SIGTERM)
         self.proc.communicate(timeout=60)
         return self.proc.returncode

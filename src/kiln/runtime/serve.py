@@ -8,11 +8,14 @@ Its config is the job's params, read from the JSON file ``$KILN_PARAMS_FILE`` (f
      "input_schema": "{\\"shape\\": [64], \\"dtype\\": \\"float32\\"}", "max_batch_size": 1, "max_latency_ms": 0,
      "model": "digits@3"}
 
-It loads the model, listens on a free loopback port, and only then writes ``{"port", "secret", "pid"}`` to
-``$KILN_WORK_DIR/.kiln-replica.json`` (atomically, mode 0600), which is how Kiln's router finds it. Every request
-must carry ``Authorization: Bearer <secret>`` (other jobs share the loopback). A Kubernetes pod, which a Service
-reaches on a fixed port with a secret from a Secret, sets ``KILN_REPLICA_HOST``, ``KILN_REPLICA_PORT`` and
-``KILN_REPLICA_SECRET`` instead (kiln.backends.kubernetes.serving).
+It loads the model, listens on a Unix socket in the current directory (the job's work dir on the local executor),
+named ``$KILN_REPLICA_SOCKET`` or ``.kiln-replica.sock``, mode 0600, and only then writes ``{"socket", "secret",
+"pid"}`` to ``$KILN_WORK_DIR/.kiln-replica.json`` (atomically, mode 0600), which is how Kiln's router finds it: it
+connects to the socket's file in the job's work dir, from outside the job's network namespace, and no other job can
+reach it (no TCP port is open). The socket is bound by its relative name, so a work dir's path of any length fits.
+Every request must carry ``Authorization: Bearer <secret>``. A Kubernetes pod, which a Service reaches on a fixed
+port with a secret from a Secret, sets ``KILN_REPLICA_HOST``, ``KILN_REPLICA_PORT`` and ``KILN_REPLICA_SECRET``
+instead (kiln.backends.kubernetes.serving): then it listens on TCP and the state file holds ``"port"``.
 
 - ``GET /healthz`` → 200 ``{"ready": true}`` (503 ``{"ready": false}`` once draining);
 - ``POST /predict`` ``{"inputs": [...], "parameters": {...}}`` → 200 ``{"outputs": [...]}`` with the header
@@ -31,7 +34,9 @@ import os
 import re
 import secrets
 import signal
+import socket
 import socketserver
+import stat
 import sys
 import threading
 import traceback
@@ -39,13 +44,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from kiln.runtime.serve_batch import Batcher
 from kiln.runtime.serve_predictors import Predictor, load_predictor
 from kiln.runtime.serve_schema import InputSchema, InvalidInput
 
 STATE_FILE = ".kiln-replica.json"
+SOCKET_FILE = ".kiln-replica.sock"
+MAX_SOCKET_NAME = 100  # bytes: a relative name for bind() must fit sun_path (108 with its NUL)
 EXIT_CONFIG = 2
 EXIT_LOAD = 3
 PREDICTORS = ("torchscript", "torch-export", "onnx", "sklearn", "custom")
@@ -135,13 +142,28 @@ def read_config(environ: Mapping[str, str]) -> ServeConfig:
         raise ValueError(f"params ({path}): {exc}") from None
 
 
-def listen_address(environ: Mapping[str, str]) -> tuple[str, int]:
-    """Where to listen: a free loopback port, or ``$KILN_REPLICA_HOST``/``$KILN_REPLICA_PORT`` where set."""
-    host = environ.get("KILN_REPLICA_HOST") or "127.0.0.1"
-    port = environ.get("KILN_REPLICA_PORT") or "0"
-    if not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"KILN_REPLICA_PORT: a port number from 0 to 65535, got {port!r}")
-    return host, int(port)
+def listen_address(environ: Mapping[str, str]) -> str | tuple[str, int]:
+    """Where to listen: TCP ``($KILN_REPLICA_HOST or 127.0.0.1, $KILN_REPLICA_PORT or 0)`` where either is set (a
+    Kubernetes pod), else the name of a Unix socket in the current directory: ``$KILN_REPLICA_SOCKET`` or
+    :data:`SOCKET_FILE` (the local executor)."""
+    name = environ.get("KILN_REPLICA_SOCKET")
+    host = environ.get("KILN_REPLICA_HOST")
+    port = environ.get("KILN_REPLICA_PORT")
+    if host or port:
+        if name:
+            raise ValueError(
+                "KILN_REPLICA_SOCKET is set with KILN_REPLICA_HOST or KILN_REPLICA_PORT: set one or the other"
+            )
+        port = port or "0"
+        if not port.isdigit() or int(port) > 65535:
+            raise ValueError(f"KILN_REPLICA_PORT: a port number from 0 to 65535, got {port!r}")
+        return host or "127.0.0.1", int(port)
+    name = name or SOCKET_FILE
+    if "/" in name or name in (".", "..") or len(name.encode("utf-8", "surrogateescape")) > MAX_SOCKET_NAME:
+        raise ValueError(
+            f"KILN_REPLICA_SOCKET: a file name in the work dir (no '/', at most {MAX_SOCKET_NAME} bytes), got {name!r}"
+        )
+    return name
 
 
 def write_state(directory: Path, state: dict[str, Any]) -> Path:
@@ -168,7 +190,7 @@ class ReplicaServer(ThreadingHTTPServer):
 
     def __init__(
         self,
-        address: tuple[str, int],
+        address: str | tuple[str, int],
         secret: str,
         predictor: Predictor,
         schema: InputSchema | None,
@@ -187,7 +209,10 @@ class ReplicaServer(ThreadingHTTPServer):
         self.answered = 0
         self.failed = 0
         self.error_logged = False
-        super().__init__(address, ReplicaHandler)
+        super().__init__(cast(Any, address), self.handler())
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        return ReplicaHandler
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind looks the host's name up (getfqdn): a DNS query a sandbox may wait on.
@@ -197,6 +222,13 @@ class ReplicaServer(ThreadingHTTPServer):
     @property
     def port(self) -> int:
         return int(self.server_address[1])
+
+    def where(self) -> str:
+        return f"port {self.port}"
+
+    def state(self) -> dict[str, Any]:
+        """Where Kiln finds this replica (the state file's ``port`` or ``socket``)."""
+        return {"port": self.port}
 
     def begin(self) -> None:
         with self.cond:
@@ -226,6 +258,51 @@ class ReplicaServer(ThreadingHTTPServer):
             self.error_logged = True
             traceback.print_exception(exc, file=sys.stderr)
             print(f"kiln serve: predict failed (further failures are counted, not shown): {exc}", file=sys.stderr)
+
+
+class UnixReplicaServer(ReplicaServer):
+    """The replica's server on a Unix socket: ``address`` is its file's name in the current directory (bound by
+    that relative name, so the directory's path may be of any length), created mode 0600, removed on close."""
+
+    address_family = socket.AF_UNIX
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        return UnixReplicaHandler
+
+    def server_bind(self) -> None:
+        name = str(self.server_address)
+        try:  # a socket an earlier run in this work dir left (killed): bind() would find the name taken
+            if stat.S_ISSOCK(os.lstat(name).st_mode):
+                os.unlink(name)
+        except FileNotFoundError:
+            pass
+        mask = os.umask(0o177)  # created 0600 (no moment with a wider mode): only this uid (and root) connects
+        try:
+            self.socket.bind(name)
+        finally:
+            os.umask(mask)
+        self.bound: os.stat_result | None = os.stat(name)
+        self.server_name, self.server_port = name, 0
+
+    @property
+    def port(self) -> int:
+        return 0
+
+    def where(self) -> str:
+        return f"socket {self.server_address}"
+
+    def state(self) -> dict[str, Any]:
+        return {"socket": str(self.server_address)}
+
+    def server_close(self) -> None:
+        super().server_close()
+        bound, self.bound = getattr(self, "bound", None), None
+        name = str(self.server_address)
+        try:  # ours only: not a socket another replica bound at the same name since
+            if bound is not None and os.path.samestat(os.lstat(name), bound):
+                os.unlink(name)
+        except FileNotFoundError:
+            pass
 
 
 class ReplicaHandler(BaseHTTPRequestHandler):
@@ -343,6 +420,10 @@ class ReplicaHandler(BaseHTTPRequestHandler):
         return status
 
 
+class UnixReplicaHandler(ReplicaHandler):
+    disable_nagle_algorithm = False  # TCP_NODELAY is TCP's: setsockopt fails on a Unix socket
+
+
 def _exit_now(signum: int, frame: object) -> None:
     raise SystemExit(0)  # stopped while the model loads: nothing is served yet
 
@@ -384,15 +465,19 @@ def main() -> int:
     secret = os.environ.get("KILN_REPLICA_SECRET") or secrets.token_urlsafe(32)
     schema = config.input_schema or predictor.input_schema
     try:
-        server = ReplicaServer(address, secret, predictor, schema, batcher, config.model)
+        if isinstance(address, str):
+            server: ReplicaServer = UnixReplicaServer(address, secret, predictor, schema, batcher, config.model)
+        else:
+            server = ReplicaServer(address, secret, predictor, schema, batcher, config.model)
     except OSError as exc:
-        print(f"kiln serve: cannot listen on {address[0]} port {address[1]}: {exc}", file=sys.stderr, flush=True)
+        where = f"socket {address}" if isinstance(address, str) else f"{address[0]} port {address[1]}"
+        print(f"kiln serve: cannot listen on {where}: {exc}", file=sys.stderr, flush=True)
         return 1
     batcher.start()
     threading.Thread(target=server.serve_forever, name="kiln-serve", daemon=True).start()
     state_dir = Path(os.environ.get("KILN_WORK_DIR") or os.getcwd())
-    state = write_state(state_dir, {"port": server.port, "secret": server.secret, "pid": os.getpid()})
-    print(f"serving {config.model} on port {server.port}", flush=True)
+    state = write_state(state_dir, {**server.state(), "secret": server.secret, "pid": os.getpid()})
+    print(f"serving {config.model} on {server.where()}", flush=True)
     signal.sigwait(stop_signals)
     server.shutdown()  # no new connections accepted
     server.server_close()

@@ -3,10 +3,11 @@
 Each run, for each service:
 
 1. **Observe** its replicas. A replica is a job of quota category ``serve`` (placed by the scheduler, run by the
-   backend's shim, with its log and metrics). Once its job runs and its state file (port and secret, written by
-   ``kiln.runtime.serve`` after the model loaded) answers ``/healthz``, it is READY and the router sends it
-   requests; a replica whose job ended is FAILED (the loader's error, from its job's log, in its message) and the
-   router forgets it.
+   backend's shim, with its log and metrics). Once its job runs and its state file (its Unix socket's name in the
+   job's work dir and its secret, written by ``kiln.runtime.serve`` after the model loaded) names a socket that
+   answers ``/healthz``, it is READY and the router sends it requests over that socket (the job has its own network
+   namespace: no port of its is reachable from here, nor open to other jobs); a replica whose job ended is FAILED
+   (the loader's error, from its job's log, in its message) and the router forgets it.
 2. **Scale**: with ``autoscale``, the wanted count follows the requests in flight (``target_concurrency`` per
    replica, between min and max; to zero after ``idle_seconds`` without requests when min is 0).
 3. **Converge**: start replicas up to the wanted count; a new revision (another model version or spec) is rolled
@@ -26,13 +27,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 from sqlalchemy import select
 
 from kiln.backends.base import Backend
@@ -44,6 +45,7 @@ from kiln.domain.serving import ReplicaState, ServiceSpec, ServiceState
 from kiln.domain.states import JobState
 from kiln.services.jobs import JobService, request_cancel
 from kiln.services.metrics_parse import parse_lines
+from kiln.services.replica_http import healthy
 from kiln.services.serving import ACTIVE_REPLICAS, CATEGORY, replica_spec
 from kiln.services.serving_deployed import DeployedServices
 from kiln.services.serving_router import Endpoint, Router
@@ -163,7 +165,8 @@ class ServingControl:
                 endpoint = self._probe(service, row, job)
                 if endpoint is not None:
                     self.router.add(service.id, endpoint)
-                    self._set(row.id, ReplicaState.READY, f"serving {endpoint.model} on port {endpoint.port}")
+                    where = os.path.basename(endpoint.socket or "")
+                    self._set(row.id, ReplicaState.READY, f"serving {endpoint.model} on its socket {where}")
                     self._failures.pop(service.id, None)
             elif row.state == ReplicaState.READY:
                 self._ensure_routed(service, row, job)
@@ -173,25 +176,22 @@ class ServingControl:
             data = json.loads((self.jobs_dir / job_id / "work" / STATE_FILE).read_text())
         except (OSError, ValueError):
             return None
-        return data if isinstance(data, dict) and isinstance(data.get("port"), int) else None
+        if not isinstance(data, dict):
+            return None
+        name = data.get("socket")  # a file name in the work dir: the job wrote it, so nothing that leaves the dir
+        if not isinstance(name, str) or not name or "/" in name or "\x00" in name or name in (".", ".."):
+            return None
+        return data
 
     def _probe(self, service: Service, row: ServiceReplica, job: Job) -> Endpoint | None:
         state = self._state_file(job.id)
         if state is None:
             return None
+        path = str(self.jobs_dir / job.id / "work" / state["socket"])
         endpoint = Endpoint(
-            row.id, job.id, state["port"], str(state.get("secret", "")), f"{service.model_name}@{row.model_version}"
+            row.id, job.id, path, str(state.get("secret", "")), f"{service.model_name}@{row.model_version}"
         )
-        try:
-            answer = httpx.get(
-                f"http://127.0.0.1:{endpoint.port}/healthz",
-                headers={"Authorization": f"Bearer {endpoint.secret}"},
-                timeout=2.0,
-                trust_env=False,
-            )
-        except httpx.HTTPError:
-            return None
-        return endpoint if answer.status_code == 200 else None
+        return endpoint if healthy(path, endpoint.secret, timeout=2.0) else None
 
     def _ensure_routed(self, service: Service, row: ServiceReplica, job: Job) -> None:
         """After a server restart the router knows no replica: a READY one is probed and routed again."""

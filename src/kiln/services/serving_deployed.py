@@ -89,7 +89,9 @@ class DeployedServices:
         ready = applied.ready
         applied.settled = applied.settled or ready >= wanted
         if ready > 0 or (applied.serving and not applied.settled):
-            endpoint = Endpoint(service.id, "", 0, applied.address.secret, applied.model, base_url=applied.address.url)
+            endpoint = Endpoint(
+                service.id, "", None, applied.address.secret, applied.model, base_url=applied.address.url
+            )
             self.router.add(service.id, endpoint)
             applied.serving = True
         else:

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from kiln.errors import KilnError
-from kiln.services.replica_http import LoopbackPool, ReplicaUnreachable
+from kiln.services.replica_http import ReplicaPool, ReplicaUnreachable
 
 RETRY_AFTER_SECONDS = 5
 
@@ -45,12 +45,15 @@ class PredictFailed(KilnError):
 
 @dataclass
 class Endpoint:
+    """A replica on this machine (``socket``: the path of its Unix socket, ``<jobs dir>/<job id>/work/<name>``)
+    or a backend's own address for the service (``base_url``: a Kubernetes Service); one of the two."""
+
     replica_id: str
     job_id: str
-    port: int
+    socket: str | None
     secret: str
     model: str  # NAME@VERSION it serves
-    base_url: str | None = None  # a backend's own address for the service (Kubernetes); None: 127.0.0.1:port
+    base_url: str | None = None
     draining: bool = False
     in_flight: int = 0
     last_used: float = 0.0
@@ -60,6 +63,10 @@ class Endpoint:
     errors: int = 0
     latencies: list[float] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if (self.socket is None) == (self.base_url is None):
+            raise ValueError(f"replica {self.replica_id}: a socket or a base URL, one of the two")
 
 
 @dataclass
@@ -78,7 +85,7 @@ class Router:
         self._changed: dict[str, asyncio.Event] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: httpx.AsyncClient | None = None
-        self._loopback = LoopbackPool()
+        self._local = ReplicaPool()
         self.on_cold_start = on_cold_start  # service id: it has no ready replica and a request waits
         self.last_request: dict[str, float] = {}  # service id → monotonic time of its last request
         # Process-wide aggregates (Prometheus: no tenant labels).
@@ -93,8 +100,8 @@ class Router:
         with self._lock:
             replicas = self._services.setdefault(service_id, {})
             known = replicas.get(endpoint.replica_id)
-            if known is not None and (known.port, known.secret, known.base_url) == (
-                endpoint.port,
+            if known is not None and (known.socket, known.secret, known.base_url) == (
+                endpoint.socket,
                 endpoint.secret,
                 endpoint.base_url,
             ):
@@ -213,11 +220,12 @@ class Router:
 
     async def _send(self, endpoint: Endpoint, body: bytes, timeout: float) -> Answer:
         headers = {"Authorization": f"Bearer {endpoint.secret}", "Content-Type": "application/json"}
-        if endpoint.base_url is None:  # a replica on this machine: the lean loopback client
-            status, answer_headers, content = await self._loopback.post(
-                endpoint.port, "/predict", headers, body, timeout
+        if endpoint.socket is not None:  # a replica on this machine: the lean client, over its Unix socket
+            status, answer_headers, content = await self._local.post(
+                endpoint.socket, "/predict", headers, body, timeout
             )
         else:  # a backend's own address (a Kubernetes Service)
+            assert endpoint.base_url is not None
             if self._client is None:
                 limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
                 self._client = httpx.AsyncClient(limits=limits, trust_env=False)

@@ -1,10 +1,13 @@
-"""The replica server (``python -m kiln.runtime.serve``) as a real process: its ready file, the secret, predict,
-batching across concurrent requests, 422s naming the instance, a failing predictor, a model that does not load,
-and a drain on SIGTERM. The predictor is a custom class written into the replica's work dir (no framework needed);
-the built-in predictors are checked against real models in tests/integration/test_serve_predictors.py."""
+"""The replica server (``python -m kiln.runtime.serve``) as a real process: its ready file, its Unix socket (no TCP
+port), the secret, predict, batching across concurrent requests, 422s naming the instance, a failing predictor, a
+model that does not load, and a drain on SIGTERM; Kiln's side of the socket (the router's kept-alive connections and
+the health probe), with a work dir's path longer than a socket address holds. The predictor is a custom class
+written into the replica's work dir (no framework needed); the built-in predictors are checked against real models
+in tests/integration/test_serve_predictors.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -20,11 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from kiln.runtime import serve, serve_schema
 from kiln.runtime.serve_predictors import model_path
 from kiln.runtime.serve_schema import InputSchema, InvalidInput
+from kiln.services.replica_http import ReplicaPool, ReplicaUnreachable, healthy
+from kiln.services.serving_router import Endpoint, PredictFailed, Router
 
 SRC = str(Path(serve.__file__).resolve().parents[2])
 
@@ -66,13 +72,13 @@ class Replica:
         **params: Any,
     ) -> None:
         self.work = root / "work"
-        self.work.mkdir(parents=True)
+        self.work.mkdir(parents=True, exist_ok=True)
         (self.work / "predictor.py").write_text(PREDICTOR)
         if stage:  # the model as the local executor stages an input at an absolute path: inside the work dir
             (self.work / stage).mkdir()
             (self.work / stage / "scale.txt").write_text("3")
         model_dir = root / "model"
-        model_dir.mkdir()
+        model_dir.mkdir(exist_ok=True)
         if scale is not None:
             (model_dir / "scale.txt").write_text(scale)
         config = {"model_dir": str(model_dir), "predictor": "custom", "class": "predictor:Model", "model": "sum@1"}
@@ -92,14 +98,25 @@ class Replica:
         self.ready_line = self.proc.stdout.readline() if self.proc.stdout else ""  # "" once it has exited
         self.state_file = self.work / serve.STATE_FILE
         self.state: dict[str, Any] = json.loads(self.state_file.read_text()) if self.ready_line else {}
+        # The work dir by a short name: its path may be longer than a socket address holds (108 bytes).
+        self.dir_fd = os.open(self.work, os.O_PATH | os.O_DIRECTORY)
 
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.state['port']}"
+    def socket_path(self) -> Path:
+        """The socket as Kiln's server names it: ``<jobs dir>/<job id>/work/<name>``."""
+        return self.work / self.state["socket"]
+
+    def transport(self) -> httpx.HTTPTransport | None:
+        if "socket" not in self.state:
+            return None
+        return httpx.HTTPTransport(uds=f"/proc/self/fd/{self.dir_fd}/{self.state['socket']}")
 
     def client(self, secret: str | None = None) -> httpx.Client:
+        """A client with the secret (or ``secret``; "": no Authorization header), over the socket or the port."""
         token = self.state["secret"] if secret is None else secret
-        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        url = "http://replica" if "socket" in self.state else f"http://127.0.0.1:{self.state['port']}"
+        return httpx.Client(base_url=url, transport=self.transport(), headers=headers, timeout=60)
 
     def predict(self, inputs: Any, **body: Any) -> httpx.Response:
         with self.client() as client:
@@ -117,9 +134,13 @@ def make_replica(tmp_path: Path):  # type: ignore[no-untyped-def]
     replicas: list[Replica] = []
 
     def factory(
-        scale: str | None = "2", env: dict[str, str] | None = None, stage: str | None = None, **params: Any
+        scale: str | None = "2",
+        env: dict[str, str] | None = None,
+        stage: str | None = None,
+        where: str | None = None,  # its root under tmp_path (a replica started again in the same work dir)
+        **params: Any,
     ) -> Replica:
-        replica = Replica(tmp_path / f"r{len(replicas)}", scale, env, stage, **params)
+        replica = Replica(tmp_path / (where or f"r{len(replicas)}"), scale, env, stage, **params)
         replicas.append(replica)
         return replica
 
@@ -128,25 +149,58 @@ def make_replica(tmp_path: Path):  # type: ignore[no-untyped-def]
         if replica.proc.poll() is None:
             replica.proc.kill()
             replica.proc.communicate(timeout=30)
+        os.close(replica.dir_fd)
 
 
 def test_the_ready_file_appears_after_the_model_loaded_and_only_its_user_can_read_it(make_replica) -> None:
     replica = make_replica()
-    assert replica.ready_line == f"serving sum@1 on port {replica.state['port']}\n"
+    assert replica.ready_line == f"serving sum@1 on socket {serve.SOCKET_FILE}\n"
     assert stat.S_IMODE(replica.state_file.stat().st_mode) == 0o600
+    assert sorted(replica.state) == ["pid", "secret", "socket"]  # no port: the local way is the socket
+    assert replica.state["socket"] == serve.SOCKET_FILE
     assert replica.state["pid"] == replica.proc.pid
     assert len(replica.state["secret"]) >= 32
-    assert [p.name for p in replica.work.iterdir() if p.name.startswith(".")] == [serve.STATE_FILE]  # no tmp left
+    dotted = sorted(p.name for p in replica.work.iterdir() if p.name.startswith("."))
+    assert dotted == sorted([serve.STATE_FILE, serve.SOCKET_FILE])  # no tmp left
+    mode = replica.socket_path.lstat().st_mode
+    assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
     with replica.client() as client:
         health = client.get("/healthz")
     assert health.status_code == 200 and health.json() == {"ready": True}
     assert replica.stop() == (0, "")
-    assert not replica.state_file.exists()
+    assert not replica.state_file.exists() and not replica.socket_path.exists()
+
+
+def test_a_replica_started_the_local_way_opens_no_tcp_or_udp_port(make_replica) -> None:
+    replica = make_replica()
+    process = psutil.Process(replica.proc.pid)
+    assert process.net_connections(kind="inet") == []
+    listening = [c.laddr for c in process.net_connections(kind="unix")]
+    assert serve.SOCKET_FILE in listening, listening  # bound by its name relative to the work dir
+    assert replica.predict([[1, 2, 3]]).json() == {"outputs": [[12.0]]}
+
+
+def test_the_socket_name_comes_from_the_environment_and_a_stale_socket_is_replaced(make_replica, tmp_path) -> None:
+    work = tmp_path / "again" / "work"
+    work.mkdir(parents=True)
+    with socket.socket(socket.AF_UNIX) as stale:  # a killed replica's, left behind: nothing listens on it
+        stale.bind(str(work / "replica.sock"))
+    replica = make_replica(env={"KILN_REPLICA_SOCKET": "replica.sock"}, where="again")
+    assert replica.state["socket"] == "replica.sock"
+    assert replica.predict([[1, 0, 0]]).json() == {"outputs": [[2.0]]}
+    for env, said in [
+        ({"KILN_REPLICA_SOCKET": "../elsewhere.sock"}, "KILN_REPLICA_SOCKET: a file name in the work dir"),
+        ({"KILN_REPLICA_SOCKET": "x" * 101}, "KILN_REPLICA_SOCKET: a file name in the work dir"),
+        ({"KILN_REPLICA_SOCKET": "r.sock", "KILN_REPLICA_PORT": "0"}, "set one or the other"),
+    ]:
+        bad = make_replica(env=env)
+        code, err = bad.stop()
+        assert (code, err.startswith("kiln serve: ")) == (serve.EXIT_CONFIG, True) and said in err, err
 
 
 def test_every_request_needs_the_secret(make_replica) -> None:
     replica = make_replica()
-    with httpx.Client(base_url=replica.url) as bare:
+    with replica.client("") as bare:
         assert bare.get("/healthz").status_code == 401
         refused = bare.post("/predict", json={"inputs": [[1, 2, 3]]})
     assert refused.status_code == 401 and refused.json()["code"] == "unauthorized"
@@ -164,6 +218,8 @@ def test_a_pod_gives_the_replica_its_port_and_secret(make_replica) -> None:
         port = probe.getsockname()[1]
     replica = make_replica(env={"KILN_REPLICA_PORT": str(port), "KILN_REPLICA_SECRET": "the-pod-secret"})
     assert (replica.state["port"], replica.state["secret"]) == (port, "the-pod-secret")
+    assert "socket" not in replica.state and not (replica.work / serve.SOCKET_FILE).exists()
+    assert replica.ready_line == f"serving sum@1 on port {port}\n"
     with replica.client("the-pod-secret") as client:
         assert client.post("/predict", json={"inputs": [[1, 0, 0]]}).json() == {"outputs": [[2.0]]}
     bad = make_replica(env={"KILN_REPLICA_PORT": "http"})
@@ -280,9 +336,8 @@ def test_sigterm_stops_accepting_answers_the_request_in_flight_and_exits_0(make_
     with open(replica.work / "entered"):  # returns once predict has opened it: the request is in flight
         pass
     replica.proc.send_signal(signal.SIGTERM)
-    port = replica.state["port"]
     deadline = time.monotonic() + 30
-    while _accepts(port):  # the listening socket closes first...
+    while _accepts(replica):  # the listening socket closes first...
         assert time.monotonic() < deadline, "the replica still accepts connections 30 s after SIGTERM"
         time.sleep(0.05)
     with open(replica.work / "gate", "w") as gate:  # ...then predict may finish
@@ -294,12 +349,90 @@ def test_sigterm_stops_accepting_answers_the_request_in_flight_and_exits_0(make_
     assert replica.proc.wait(30) == 0
 
 
-def _accepts(port: int) -> bool:
+def _accepts(replica: Replica) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5):
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(5)
+            sock.connect(f"/proc/self/fd/{replica.dir_fd}/{replica.state['socket']}")
             return True
     except OSError:
         return False
+
+
+# -- Kiln's side of the socket: the router and the health probe --------------------------------------------------
+
+
+def _body(*inputs: list[float]) -> bytes:
+    return json.dumps({"inputs": list(inputs)}).encode()
+
+
+def test_the_router_predicts_through_the_socket_of_a_work_dir_longer_than_a_socket_address(make_replica) -> None:
+    replica = make_replica(where="j" * 70 + "/" + "w" * 70)  # <jobs dir>/<job id>/work/.kiln-replica.sock: long
+    path = str(replica.socket_path)
+    assert len(path.encode()) > 108
+    with socket.socket(socket.AF_UNIX) as plain, pytest.raises(OSError):
+        plain.connect(path)  # the path itself does not fit a socket address
+    assert healthy(path, replica.state["secret"])
+    assert not healthy(path, "not-the-secret") and not healthy(path + "-gone", replica.state["secret"])
+    router = Router()
+    router.add("svc", Endpoint("rep-1", "job-1", path, replica.state["secret"], "sum@1"))
+
+    async def predict() -> list[Any]:
+        return [await router.predict("svc", _body([i, 0, 0]), 30) for i in range(3)]
+
+    answers = asyncio.run(predict())
+    assert [(a.status, json.loads(a.body), a.replica_id, a.batch_size) for a in answers] == [
+        (200, {"outputs": [[2.0 * i]]}, "rep-1", 1) for i in range(3)
+    ]
+    assert len(router._local._idle[path]) == 1  # one kept-alive connection served the three
+    assert router.take_stats("svc")["rep-1"][:2] == (3, 0)
+
+
+def test_a_kept_alive_connection_the_replica_closed_is_replaced_silently(make_replica) -> None:
+    env = {"KILN_REPLICA_SECRET": "s" * 32}
+    headers = {"Authorization": f"Bearer {'s' * 32}", "Content-Type": "application/json"}
+    pool = ReplicaPool()
+
+    async def run() -> None:
+        first = make_replica(env=env, where="r")
+        path = str(first.socket_path)
+        status, _, body = await pool.post(path, "/predict", headers, _body([1, 0, 0]), 30)
+        assert (status, json.loads(body)) == (200, {"outputs": [[2.0]]})
+        assert first.stop()[0] == 0  # its connections close with it; another replica takes the same socket
+        second = make_replica(env=env, where="r")
+        assert second.socket_path == first.socket_path and len(pool._idle[path]) == 1
+        status, _, body = await pool.post(path, "/predict", headers, _body([2, 0, 0]), 30)
+        assert (status, json.loads(body)) == (200, {"outputs": [[4.0]]})
+        assert second.stop()[0] == 0
+        with pytest.raises(ReplicaUnreachable, match="FileNotFoundError"):  # no replica at all: not silent
+            await pool.post(path, "/predict", headers, _body([3, 0, 0]), 30)
+
+    asyncio.run(run())
+
+
+def test_a_replica_that_fails_sends_the_request_to_another_and_a_link_is_no_socket(make_replica, tmp_path) -> None:
+    replica = make_replica()
+    secret = replica.state["secret"]
+    link = tmp_path / "link.sock"  # what a job could put in its work dir: a link to another socket of the machine
+    link.symlink_to(replica.socket_path)
+    assert not healthy(str(link), secret)
+    router = Router()
+    router.add("svc", Endpoint("linked", "job-1", str(link), secret, "sum@1"))
+    router.add("svc", Endpoint("real", "job-2", str(replica.socket_path), secret, "sum@1"))
+
+    async def run() -> None:
+        answer = await router.predict("svc", _body([1, 1, 1]), 30)  # "linked" is picked first, and refused
+        assert (answer.status, answer.replica_id, json.loads(answer.body)) == (200, "real", {"outputs": [[6.0]]})
+        stats = router.take_stats("svc")
+        assert (stats["linked"][:2], stats["real"][:2]) == ((1, 1), (1, 0))
+        assert replica.stop()[0] == 0  # its kept-alive connection closes: an error now, not a silent retry
+        router.add("svc", Endpoint("other", "job-3", str(replica.socket_path) + "-gone", secret, "sum@1"))
+        with pytest.raises(PredictFailed, match="replicas failed to answer"):
+            await router.predict("svc", _body([1, 1, 1]), 3)
+
+    asyncio.run(run())
+    with pytest.raises(ValueError, match="one of the two"):
+        Endpoint("both", "job-4", str(link), secret, "sum@1", base_url="http://elsewhere")
 
 
 # -- the pieces, in process ---------------------------------------------------------------------------------
