@@ -53,17 +53,19 @@ mount-tools:
 		fi; \
 	fi
 
-# bubblewrap sandboxes jobs on the local executor (setpriv and prlimit come with util-linux); without it the
-# server refuses jobs unless KILN_SANDBOX=none.
+# bubblewrap sandboxes jobs on the local executor (setpriv, prlimit and nsenter come with util-linux); passt's pasta
+# connects each job's own network namespace to the outside world and nftables holds its egress rules. Without
+# them the server refuses jobs (network: isolated/none) unless KILN_SANDBOX=none.
+SANDBOX_PACKAGES := bubblewrap passt nftables
 sandbox-tools:
-	@if ! command -v bwrap >/dev/null 2>&1; then \
+	@if ! command -v bwrap >/dev/null 2>&1 || ! command -v pasta >/dev/null 2>&1 || ! command -v nft >/dev/null 2>&1; then \
 		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-			echo "installing bubblewrap with apt-get (the job sandbox; without it the server refuses jobs)"; \
+			echo "installing $(SANDBOX_PACKAGES) with apt-get (the job sandbox and its network; without them the server refuses jobs)"; \
 			export DEBIAN_FRONTEND=noninteractive; \
-			apt-get install -y -q --no-install-recommends bubblewrap >/dev/null 2>&1 || \
-				{ apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends bubblewrap >/dev/null; }; \
+			apt-get install -y -q --no-install-recommends $(SANDBOX_PACKAGES) >/dev/null 2>&1 || \
+				{ apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(SANDBOX_PACKAGES) >/dev/null; }; \
 		else \
-			echo "WARNING: install bubblewrap (as root: apt-get install bubblewrap); jobs are refused without it"; \
+			echo "WARNING: install $(SANDBOX_PACKAGES) (as root: apt-get install $(SANDBOX_PACKAGES)); jobs are refused without them"; \
 		fi; \
 	fi
 

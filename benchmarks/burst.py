@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,7 @@ from tests.kilnserver import KilnServer  # noqa: E402
 from kiln.errors import Conflict  # noqa: E402
 
 PY = sys.executable  # a resolved interpreter: `python3` on PATH may be a slow pyenv shim
+PY_ROOTS = f"{sys.prefix}:{sys.base_prefix}"  # where it lives: the server must allow it as runtime.python
 SHIM_MARK = "kiln/runtime/shim.py"
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 TARGET_JOBS_PER_S = 20.0
@@ -320,7 +322,9 @@ def section_burst(args: argparse.Namespace, tmp: Path, results: dict[str, Any], 
 def section_sandbox(args: argparse.Namespace, tmp: Path, results: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     interval = args.reconcile_interval
     servers = {
-        mode: KilnServer(tmp / f"sandbox-{mode}", reconcile_interval=interval, sandbox=mode)
+        mode: KilnServer(
+            tmp / f"sandbox-{mode}", reconcile_interval=interval, sandbox=mode, allowed_python_roots=PY_ROOTS
+        )
         for mode in ("bwrap", "none")
     }
     print(f"\nsandbox: submit→RUNNING, {args.samples} single jobs each, KILN_SANDBOX=bwrap and none interleaved")
@@ -355,6 +359,97 @@ def section_sandbox(args: argparse.Namespace, tmp: Path, results: dict[str, Any]
         )
 
 
+# A download by a job from a local HTTP server the operator allows (KILN_JOB_EGRESS), through the job's network
+# namespace and pasta's forwarded port, against the same download by the same script outside any sandbox.
+DOWNLOAD = r"""
+import sys, time, urllib.request
+t0 = time.perf_counter()
+total = 0
+with urllib.request.urlopen(sys.argv[1], timeout=60) as answer:
+    while chunk := answer.read(1 << 20):
+        total += len(chunk)
+print(f"DOWNLOADED {total} {time.perf_counter() - t0:.4f}", flush=True)
+"""
+
+
+def _blob_server(size: int) -> Any:
+    import http.server
+
+    block = b"\0" * (1 << 20)
+
+    class Blob(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            left = size
+            while left > 0:
+                self.wfile.write(block[: min(left, len(block))])
+                left -= len(block)
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Blob)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def _downloaded(line: str, size: int) -> float:
+    _, total, seconds = line.split()
+    if int(total) != size:
+        raise RuntimeError(f"downloaded {total} bytes of {size}")
+    return size / float(seconds)
+
+
+def section_download(args: argparse.Namespace, tmp: Path, results: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    size = args.download_mib << 20
+    blob = _blob_server(size)
+    url = f"http://127.0.0.1:{blob.server_address[1]}/blob"
+    server = KilnServer(
+        tmp / "download",
+        reconcile_interval=args.reconcile_interval,
+        allowed_python_roots=PY_ROOTS,
+        job_egress=f"allow 127.0.0.1:{blob.server_address[1]}",
+    )
+    print(f"\ndownload: {args.download_mib} MiB from a local HTTP server, in a job (network: isolated) vs outside")
+    inside: list[float] = []
+    outside: list[float] = []
+    try:
+        server.start()
+        with server.client() as client:
+            for _ in range(args.download_rounds):
+                out = subprocess.run([PY, "-c", DOWNLOAD, url], capture_output=True, text=True, timeout=300)
+                outside.append(_downloaded(out.stdout.strip().splitlines()[-1], size))
+                job = client.submit({"command": [PY, "-c", DOWNLOAD, url], "runtime": {"python": PY}})
+                done = client.wait(job.id, timeout=300)
+                lines = [line.text for line in client.stream_logs(job.id, follow=False)]
+                found = [line for line in lines if "DOWNLOADED" in line]
+                if str(done.state) != "SUCCEEDED" or not found:
+                    raise RuntimeError(f"download job {job.id} {done.state}: {done.message} {lines[-3:]}")
+                inside.append(_downloaded(found[-1][found[-1].index("DOWNLOADED") :], size))
+    finally:
+        stop_all([server])
+        blob.shutdown()
+    a, b = statistics.median(inside), statistics.median(outside)
+    results["download"] = {"inside_Bps": inside, "outside_Bps": outside}
+    print(f"  in a job {a / 2**20:.0f} MiB/s, outside {b / 2**20:.0f} MiB/s (medians of {len(inside)})")
+    rows.append(row("download outside any sandbox", b / 2**20, None, None, "(info)", None, "MiB/s"))
+    rows.append(
+        row(
+            "download in a job via pasta (network: isolated)",
+            a / 2**20,
+            b / 2**20,
+            a / b,
+            "≥ 0.8x",
+            a / b >= 0.8,
+            "MiB/s",
+        )
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=100, help="jobs in the burst (and baseline processes)")
@@ -363,7 +458,9 @@ def main() -> int:
     parser.add_argument("--parallel", type=int, default=2, help="baseline processes at a time (default: 2)")
     parser.add_argument("--samples", type=int, default=20, help="submit→RUNNING samples per sandbox setting")
     parser.add_argument("--reconcile-interval", default="0.5", help="KILN_RECONCILE_INTERVAL (default: 0.5)")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["burst", "sandbox"])
+    parser.add_argument("--download-mib", type=int, default=1024, help="size of the download (default: 1 GiB)")
+    parser.add_argument("--download-rounds", type=int, default=3, help="downloads inside and outside each")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["burst", "sandbox", "download"])
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     started = time.monotonic()
@@ -374,6 +471,8 @@ def main() -> int:
             section_burst(args, Path(tmp), results, rows)
         if "sandbox" not in args.skip:
             section_sandbox(args, Path(tmp), results, rows)
+        if "download" not in args.skip:
+            section_download(args, Path(tmp), results, rows)
     print_table(rows, metric_width=44)
     print(
         f"burst baseline = the same processes spawned {args.parallel} at a time by this script; "

@@ -76,7 +76,7 @@ class Platform:
         self._reconciler: Reconciler | None = None
         self.identity = IdentityService(self.db, self.box, settings, key)
         self.accounts = AccountService(self.db, self.box, self.identity)
-        self.quotas = QuotaService(self.db)
+        self.quotas = QuotaService(self.db, self.logs)
         self.audit = AuditService(self.db, settings.audit_retention_days)
         self.rate_limiter = RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
         self.backend = self._backend()
@@ -91,6 +91,7 @@ class Platform:
             self._wake,
             self.backend.validate if isinstance(self.backend, SpecValidator) else None,
             self.quotas,
+            network_host_orgs=tuple(settings.network_host_org_list),
         )
         self.scheduling = SchedulingService(self.db, self.backend, settings, self.jobs)
         self.nodes = NodeService(self.db, self.backend.nodes)

@@ -11,13 +11,17 @@ import os
 import socket
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from kiln.auth.credfile import client_dir
 from kiln.domain import limits
+
+
+def _split_rules(text: str) -> list[str]:
+    return [r.strip() for r in text.replace("\n", ";").split(";") if r.strip()]
 
 
 def _default_home() -> Path:
@@ -51,6 +55,19 @@ class KubernetesSettings(BaseSettings):
     service_account: str | None = Field(None, description="Service account of job pods; None: no API token.")
     upload_timeout: int = Field(
         600, ge=1, description="Seconds a pod waits, once its command ended, for its outputs to reach the store."
+    )
+    # The jobs' NetworkPolicies (network: isolated/none): who Kiln's server pods are, and the cluster's DNS pods.
+    server_pod_labels: dict[str, str] = Field(
+        default_factory=lambda: {"app.kubernetes.io/name": "kiln", "app.kubernetes.io/component": "server"},
+        description="Labels of Kiln's server pods (deploy/kubernetes): the only pods besides a job's own that may "
+        "connect to it, and the Kiln API it may always reach.",
+    )
+    server_namespace: str | None = Field(
+        None, description="Namespace of Kiln's server pods; None: the jobs' namespace (as deploy/kubernetes has it)."
+    )
+    dns_pod_labels: dict[str, str] = Field(
+        default_factory=lambda: {"k8s-app": "kube-dns"},
+        description="Labels of the cluster's DNS pods (any namespace), which jobs may query on port 53.",
     )
 
     # How the server reaches the API server: in-cluster (its service account) by default, else a kubeconfig, or
@@ -180,6 +197,35 @@ class Settings(BaseSettings):
     )
     bootstrap: bool = Field(True, description="Create the admin organisation, user and key on first start.")
 
+    # Interpreters a job may name (runtime.python, `kiln run --python`) on the local executor: the catalog's runtimes,
+    # the system's under /usr, and these directories (an installation or virtualenvs the operator put there). Never
+    # anything in $KILN_HOME, whatever is listed (backends/local/python_policy.py).
+    allowed_python_roots: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="Directories whose interpreters runtime.python may name besides /usr and the catalog's "
+        "runtimes, as a JSON list or separated by ':' (e.g. /opt/python:/srv/venvs); default: none.",
+    )
+
+    @field_validator("allowed_python_roots", mode="before")
+    @classmethod
+    def _python_roots(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                import json
+
+                return json.loads(text)
+            return [part.strip() for part in text.split(os.pathsep) if part.strip()]
+        return value
+
+    @field_validator("allowed_python_roots")
+    @classmethod
+    def _absolute_roots(cls, value: list[Path]) -> list[Path]:
+        relative = [str(p) for p in value if not p.is_absolute()]
+        if relative:
+            raise ValueError(f"allowed python roots must be absolute paths, not {', '.join(relative)}")
+        return [Path(os.path.normpath(p)) for p in value]
+
     # Job sandbox (local executor)
     sandbox: Literal["bwrap", "none"] = Field(
         "bwrap",
@@ -205,6 +251,32 @@ class Settings(BaseSettings):
         ge=0,
         description="How long a failed job's work dir is kept for debugging (a succeeded or cancelled job's is "
         "removed once its outputs are in the store).",
+    )
+
+    # Job limits (local executor)
+    job_pids_default: int = Field(
+        4096,
+        ge=limits.MIN_PIDS,
+        le=limits.MAX_PIDS,
+        description="Processes and threads a job (each worker) may have at once when its spec sets no "
+        "resources.pids: a pids control group per attempt where the machine has one (else RLIMIT_NPROC of the "
+        "job's uid); past it forks fail and the job ends PidsLimitExceeded.",
+    )
+    job_log_default: int = Field(
+        1024**3,
+        gt=0,
+        le=limits.MAX_RESOURCE_BYTES,
+        description="Bytes a job's log may hold (all its attempts and workers) when its spec sets no "
+        "resources.log (bytes, or a quantity such as 1G); past it the output is dropped and the job ends "
+        "LogLimitExceeded. Logs count in the organisation's storage.",
+    )
+    job_tensorboard_bytes: int = Field(
+        32 * 1024**2,
+        ge=0,
+        le=limits.MAX_RESOURCE_BYTES,
+        description="Bytes of TensorBoard event records the job's supervisor decodes for metrics per attempt (each "
+        "file at most half of it; records over 1 MiB are skipped undecoded), bounding what a crafted event file "
+        "costs it; past it the files are no longer read and the job's log says so (bytes, or e.g. 64M).",
     )
 
     backend: Literal["local", "kubernetes"] = Field(
@@ -255,7 +327,75 @@ class Settings(BaseSettings):
         "unset, /metrics is open (it only shows aggregate numbers, no tenant labels).",
     )
 
-    @field_validator("job_disk_default", mode="before")
+    # Job network
+    job_egress: str = Field(
+        "",
+        description="Where jobs with network: isolated may connect, as rules separated by ';' or newlines: "
+        "'allow CIDR[:PORT[-PORT]]' or 'deny CIDR[:PORT[-PORT]]', the first that matches decides, what none "
+        "matches is allowed; the machine itself and link-local addresses (metadata services) are always denied "
+        "unless an allow rule names them; 'allow 127.0.0.1:PORT' forwards a port of the job's loopback to the "
+        "machine's (a local mirror or proxy). E.g. 'deny 10.0.0.0/8; allow 127.0.0.1:3128'.",
+    )
+    network_host_orgs: str = Field(
+        "",
+        description="Organisations (names or ids, comma-separated) whose jobs may ask for network: host, the "
+        "machine's own network; everyone else's are refused.",
+    )
+
+    @field_validator("job_egress")
+    @classmethod
+    def _egress_rules(cls, value: str) -> str:
+        from kiln.domain.egress import parse_rules
+
+        parse_rules(_split_rules(value))  # a bad rule stops the server at start, named
+        return value
+
+    @property
+    def egress_rules(self) -> list[Any]:
+        """KILN_JOB_EGRESS parsed (kiln.domain.egress.EgressRule)."""
+        from kiln.domain.egress import parse_rules
+
+        return list(parse_rules(_split_rules(self.job_egress)))
+
+    @property
+    def network_host_org_list(self) -> list[str]:
+        return [o.strip() for o in self.network_host_orgs.split(",") if o.strip()]
+
+    # Proxies
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Addresses or networks (CIDR) of the reverse proxies in front of the server, comma-separated "
+        "or a JSON list, e.g. 127.0.0.1,10.0.0.0/8: only a request whose direct peer is one of them has its "
+        "X-Forwarded-For (the client's address, as the audit log records it) and X-Forwarded-Proto honoured; "
+        "default: none, from anyone.",
+    )
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _proxy_list(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                import json
+
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxy_networks(cls, value: list[str]) -> list[str]:
+        import ipaddress
+
+        networks = []
+        for item in value:
+            try:
+                networks.append(str(ipaddress.ip_network(item.strip(), strict=False)))
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IP address or a network such as 10.0.0.0/8") from None
+        return networks
+
+    @field_validator("job_disk_default", "job_log_default", "job_tensorboard_bytes", mode="before")
     @classmethod
     def _disk_quantity(cls, value: object) -> object:
         if isinstance(value, str) and value.strip() and not value.strip().isdigit():

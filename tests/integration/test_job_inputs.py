@@ -144,7 +144,7 @@ def test_jobs_read_a_mounted_dataset_and_write_an_artifact(server: KilnServer, t
     assert "mounted read-only with rclone, nothing downloaded" in kiln_lines[0]
     # Nothing was staged, and nothing stays mounted once the job has ended.
     assert not (server.home / "cache" / "data" / "blobs").exists()
-    assert not any(str(server.home) in line for line in Path("/proc/self/mountinfo").read_text().splitlines())
+    assert not any(str(server.home / "jobs") in line for line in Path("/proc/self/mountinfo").read_text().splitlines())
     assert not list((server.home / "jobs" / job.id).rglob("mount-secret.json"))
 
 
@@ -174,7 +174,7 @@ def test_each_member_of_a_gang_mounts_its_inputs(make_server, tmp_path: Path) ->
     ]
     mounted = [ln for ln in client.stream_logs(job.id, follow=False) if "mounted read-only with rclone" in ln.text]
     assert len(mounted) == 2  # one mount per member
-    assert not any(str(server.home) in line for line in Path("/proc/self/mountinfo").read_text().splitlines())
+    assert not any(str(server.home / "jobs") in line for line in Path("/proc/self/mountinfo").read_text().splitlines())
 
 
 def test_a_missing_dataset_is_refused_at_submit(server: KilnServer) -> None:

@@ -24,8 +24,10 @@ def test_the_quick_start_names_every_system_package_make_installs():
     assert mount_packages and "$(MOUNT_PACKAGES)" in _target("mount-tools")
     assert "mount-tools" in _target("test")
     assert f"apt-get install {mount_packages.group(1).strip()}" in QUICK_START
-    assert "bubblewrap" in _target("sandbox-tools") and "sandbox-tools" in _target("run")
-    assert "apt-get install bubblewrap" in QUICK_START
+    sandbox_packages = re.search(r"^SANDBOX_PACKAGES := (.+)$", MAKEFILE, re.MULTILINE)
+    assert sandbox_packages and "$(SANDBOX_PACKAGES)" in _target("sandbox-tools")
+    assert "sandbox-tools" in _target("run") and "sandbox-tools" in _target("test")
+    assert f"apt-get install {sandbox_packages.group(1).strip()}" in QUICK_START
     assert "pip install -e '.[dev]'" in QUICK_START.replace("-e\n", "-e ")
     assert "nodejs" in _target("node-tools") and "node-tools" in _target("test")
     assert "apt-get install nodejs" in QUICK_START
@@ -38,7 +40,7 @@ def test_the_quick_start_says_make_test_uses_postgresql_on_its_port():
 
 def test_the_makefile_says_what_it_installs_and_why():
     assert 'echo "installing $(MOUNT_PACKAGES) with apt-get (' in _target("mount-tools")
-    assert 'echo "installing bubblewrap with apt-get (' in _target("sandbox-tools")
+    assert 'echo "installing $(SANDBOX_PACKAGES) with apt-get (' in _target("sandbox-tools")
     assert 'echo "starting PostgreSQL on 127.0.0.1:5432' in _target("services")
 
 

@@ -142,6 +142,12 @@ def run(
     disk: Annotated[
         str | None, typer.Option(help="Disk the job may fill: work dir, outputs, checkpoints, home (e.g. 50G).")
     ] = None,
+    pids: Annotated[
+        int | None, typer.Option(help="Most processes and threads the job may have at once (default 4096).")
+    ] = None,
+    log_limit: Annotated[
+        str | None, typer.Option("--log-limit", help="Most bytes the job's log may hold, e.g. 100M (default 1G).")
+    ] = None,
     gpus: Annotated[int | None, typer.Option(help="Whole GPUs to reserve.")] = None,
     gpu_type: Annotated[str | None, typer.Option(help="Only GPUs of this model, e.g. H200.")] = None,
     priority: Annotated[
@@ -151,6 +157,13 @@ def run(
         str | None, typer.Option(help="Catalog runtime: FRAMEWORK or FRAMEWORK==VERSION (kiln runtimes list).")
     ] = None,
     python: Annotated[str | None, typer.Option(help="Run with this Python executable (on the server).")] = None,
+    network: Annotated[
+        str | None,
+        typer.Option(
+            help="isolated (default: the outside world under the operator's rules, and the Kiln API), none (the "
+            "Kiln API only) or host (the machine's network, where the operator allows it)."
+        ),
+    ] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE, repeatable.")] = None,
     label: Annotated[list[str] | None, typer.Option("--label", "-l", help="KEY=VALUE, repeatable.")] = None,
     timeout: Annotated[
@@ -190,6 +203,8 @@ def run(
             cpus=cpus,
             memory=memory,
             disk=disk,
+            pids=pids,
+            log=log_limit,
             gpus=gpus,
             runtime=runtime,
             python=python,
@@ -200,6 +215,7 @@ def run(
             priority=priority,
             gpu_type=gpu_type,
             inputs=[parse_input(text) for text in inputs or []],
+            network=network,
         )
         spec = build_spec(file, flags)
     except SpecError as exc:

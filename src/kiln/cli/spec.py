@@ -35,6 +35,8 @@ class Overrides:
     cpus: float | None = None
     memory: str | None = None
     disk: str | None = None
+    pids: int | None = None
+    log: str | None = None
     gpus: int | None = None
     runtime: str | None = None
     python: str | None = None
@@ -45,6 +47,7 @@ class Overrides:
     priority: str | None = None
     gpu_type: str | None = None
     inputs: list[dict[str, str]] = field(default_factory=list)
+    network: str | None = None
 
 
 def parse_pairs(values: list[str] | None, flag: str) -> dict[str, str]:
@@ -152,6 +155,8 @@ def apply_overrides(data: dict[str, Any], flags: Overrides) -> dict[str, Any]:
         "cpus": flags.cpus,
         "memory": flags.memory,
         "disk": flags.disk,
+        "pids": flags.pids,
+        "log": flags.log,
         "gpus": flags.gpus,
         "gpu_type": flags.gpu_type,
     }
@@ -179,6 +184,8 @@ def apply_overrides(data: dict[str, Any], flags: Overrides) -> dict[str, Any]:
         data["max_restarts"] = flags.max_restarts
     if flags.priority is not None:
         data["priority"] = flags.priority
+    if flags.network is not None:
+        data["network"] = flags.network
     return data
 
 

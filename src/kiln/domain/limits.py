@@ -86,12 +86,18 @@ MAX_EXIT_CODES = 255
 """Exit codes in restart_on_exit_codes (each 1 to 255)."""
 MAX_INPUTS = 32
 """Datasets one job reads."""
+MAX_PREDICT_INPUTS = 100_000
+"""Instances in one predict request (docs/serving.md)."""
 MAX_METRIC_PATTERNS = 50
 MAX_REGEX_LENGTH = 4000
 MAX_CPUS = 4096
 """CPU cores of one worker."""
 MAX_GPUS = 64
 """GPUs of one worker."""
+MIN_PIDS = 16
+MAX_PIDS = 4_194_304
+"""Processes (and threads) of one worker: at least MIN_PIDS (its sandbox's own take a few), at most Linux's
+largest pid_max."""
 MAX_RESOURCE_BYTES = PiB
 """Memory, or disk, of one worker (1 PiB). Times the largest gang, still far below MAX_INT64."""
 MAX_QUANTITY_LENGTH = 32

@@ -100,9 +100,17 @@ class RuntimeSpec(_Strict):
 
 
 class Resources(_Strict):
-    """What one worker of the job is allocated. ``memory`` and ``disk`` are also limits: the job fails above them."""
+    """What one worker of the job is allocated. ``memory``, ``disk``, ``pids`` and ``log`` are also limits: the job
+    fails above them; ``cpus`` is a quota it cannot exceed (local executor: docs/sandbox.md)."""
 
-    cpus: float = Field(1.0, gt=0, le=limits.MAX_CPUS, description="CPU cores reserved.", strict=True)
+    cpus: float = Field(
+        1.0,
+        gt=0,
+        le=limits.MAX_CPUS,
+        description="CPU cores reserved; on the local executor also a CPU quota (a cgroup's), where the machine "
+        "allows one, that the job's processes together cannot exceed.",
+        strict=True,
+    )
     memory: int | None = Field(
         None,
         gt=0,
@@ -117,6 +125,23 @@ class Resources(_Strict):
         description="Most bytes the job's work dir, outputs, checkpoints, site packages and home may hold, e.g. "
         "20G (at most 1 PiB; its /tmp counts as memory); bytes in responses. None: the platform's default "
         "(KILN_JOB_DISK_DEFAULT).",
+        strict=True,
+    )
+    pids: int | None = Field(
+        None,
+        ge=limits.MIN_PIDS,
+        le=limits.MAX_PIDS,
+        description="Most processes and threads the job may have at once (per worker, 16 to 4194304); a fork past "
+        "it fails and the job ends PidsLimitExceeded. None: the platform's default (KILN_JOB_PIDS_DEFAULT, 4096).",
+        strict=True,
+    )
+    log: int | None = Field(
+        None,
+        gt=0,
+        le=limits.MAX_RESOURCE_BYTES,
+        description="Most bytes the job's log may hold, all attempts and workers together, e.g. 100M (at most "
+        "1 PiB); past it the output is dropped and the job ends LogLimitExceeded; bytes in responses. None: the "
+        "platform's default (KILN_JOB_LOG_DEFAULT, 1 GiB). The log counts in the organisation's storage.",
         strict=True,
     )
     gpus: int = Field(
@@ -135,7 +160,7 @@ class Resources(_Strict):
             raise ValueError("gpu_type needs gpus ≥ 1")
         return self
 
-    @field_validator("memory", "disk", mode="before")
+    @field_validator("memory", "disk", "log", mode="before")
     @classmethod
     def _memory(cls, value: Any) -> Any:
         if value is None:
@@ -310,6 +335,9 @@ class InputSpec(_Strict):
         return self.path or (f"/data/{self.name}" if self.dataset is not None else f"/models/{self.name}")
 
 
+NetworkMode = Literal["isolated", "none", "host"]
+
+
 class JobSpec(_Strict):
     """A training job, as submitted and as written in ``kiln.yaml``."""
 
@@ -353,6 +381,14 @@ class JobSpec(_Strict):
         None, description="Several workers started together (a gang); resources are per worker."
     )
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Metric collection from logs etc.")
+    network: NetworkMode = Field(
+        "isolated",
+        description="The job's network: isolated (its own network namespace; the outside world through a "
+        "user-mode stack under the operator's egress rules, the Kiln API forwarded, nothing of the machine's "
+        "loopback or addresses), none (its own loopback and the Kiln API only) or host (the machine's network; "
+        "refused unless the operator allows it for the organisation). A distributed job's workers on one "
+        "machine share one namespace.",
+    )
     inputs: list[InputSpec] = Field(
         default_factory=list, max_length=limits.MAX_INPUTS, description="Datasets and models the job reads."
     )

@@ -19,10 +19,11 @@ step, so nothing the job left there can steer where bubblewrap mounts the next s
 
 Inside, the job sees the system's read-only ``/usr`` and ``/etc``, its runtime, its own directories at their
 usual paths and nothing else of the machine's files; its own pid namespace (it cannot see or signal other
-processes, and every process it leaves is killed when its command exits); the network is shared (the members of
-a distributed job talk over it). When the server runs as root, bubblewrap sets the sandbox up as root and the
-job runs as the organisation's uid with no capabilities (``setpriv``); otherwise bubblewrap uses a user namespace
-and the job keeps the server's uid outside it.
+processes, and every process it leaves is killed when its command exits); its own SysV IPC (shared memory,
+semaphores, message queues: invisible to other jobs, gone when the step ends); and, when the executor gives it
+one, its attempt's own network namespace (``netns.py``: the shim starts each step in it). When the server runs
+as root, bubblewrap sets the sandbox up as root and the job runs as the organisation's uid with no capabilities
+(``setpriv``); otherwise bubblewrap uses a user namespace and the job keeps the server's uid outside it.
 """
 
 from __future__ import annotations
@@ -40,15 +41,24 @@ SIGXFSZ_EXIT = 128 + 25  # a process killed for writing a file beyond RLIMIT_FSI
 
 
 def wrap(
-    box: dict, argv: list[str], tmp: str, extra_ro: tuple[str, ...] = (), rlimit_fsize: int | None = None
+    box: dict,
+    argv: list[str],
+    tmp: str,
+    extra_ro: tuple[str, ...] = (),
+    rlimit_fsize: int | None = None,
+    rlimit_nproc: int | None = None,
+    env_after: dict[str, str] | None = None,
 ) -> list[str]:
     """``argv`` run inside the sandbox described by ``box``, with ``tmp`` as its /tmp; ``extra_ro`` are more
     paths to show read-only (the trees of the inputs staged for this attempt). ``rlimit_fsize``: the largest
-    file the job may write."""
+    file the job may write; ``rlimit_nproc``: the most processes its uid may have (RLIMIT_NPROC).
+    ``env_after``: the job's variables that must not reach what runs before it drops privileges
+    (:func:`deferred_env`), set by ``env`` once it has, right before the command."""
     out = [
         box["bwrap"],
         "--die-with-parent",
         "--unshare-pid",
+        "--unshare-ipc",  # SysV shared memory, semaphores and message queues of its own, gone with it
         "--unshare-uts",
         "--unshare-cgroup-try",
         "--proc",
@@ -93,9 +103,45 @@ def wrap(
             "--no-new-privs",
             "--",
         ]
-    if rlimit_fsize and box.get("prlimit"):
-        inner += [box["prlimit"], f"--fsize={int(rlimit_fsize)}", "--"]
+    rlimits = [f"--fsize={int(rlimit_fsize)}"] if rlimit_fsize else []
+    if rlimit_nproc:  # the process limit where no pids control group holds the job (it counts the whole uid)
+        rlimits.append(f"--nproc={int(rlimit_nproc)}")
+    if rlimits and box.get("prlimit"):
+        inner += [box["prlimit"], *rlimits, "--"]
+    if env_after:
+        inner += [ENV, "--", *(f"{k}={v}" for k, v in sorted(env_after.items()))]
     return [*out, "--", *inner, *argv]
+
+
+# What the dynamic loader and the C library read from the environment at every program's start (glibc's list of
+# variables it ignores in setuid programs, and its tunables). A job's spec may set them, but the programs that
+# build its sandbox run as root (bubblewrap, setpriv; as the server's user without root): there LD_PRELOAD=a .so
+# of the job's would run the job's code outside the sandbox. They are held back and set only after the job's
+# privileges are dropped.
+LOADER_VARIABLES = frozenset(
+    {
+        "GCONV_PATH",
+        "GETCONF_DIR",
+        "GLIBC_TUNABLES",
+        "HOSTALIASES",
+        "LOCALDOMAIN",
+        "LOCPATH",
+        "MALLOC_TRACE",
+        "NIS_PATH",
+        "NLSPATH",
+        "RESOLV_HOST_CONF",
+        "RES_OPTIONS",
+        "TMPDIR",
+        "TZDIR",
+    }
+)
+ENV = "/usr/bin/env"
+
+
+def deferred_env(env: dict[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that only the job's own processes may see (:data:`LOADER_VARIABLES`, ``LD_*``,
+    ``MALLOC_*``)."""
+    return {k: v for k, v in env.items() if k in LOADER_VARIABLES or k.startswith(("LD_", "MALLOC_"))}
 
 
 def _parents(path: str, made: set[str]) -> list[str]:
@@ -241,3 +287,61 @@ def chown_tree(top: str, uid: int, gid: int) -> None:
                 os.lchown(os.path.join(dirpath, name), uid, gid)
             except OSError:
                 pass
+
+
+# -- SysV shared memory -------------------------------------------------------------------------------------
+
+CLONE_NEWIPC = 0x08000000
+
+
+def sysv_shm_bytes(pids: list[int]) -> int:
+    """Bytes resident in the SysV shared memory segments of the IPC namespaces ``pids`` run in (each namespace
+    once; the shim's own, the machine's, never). A job's step has an IPC namespace of its own, so what it keeps
+    there is its memory: counted against its limit, gone when the step ends. Read by moving the calling thread
+    into each namespace for one read of ``/proc/sysvipc/shm``, which lists the reader's namespace."""
+    libc = _libc()
+    if libc is None or not pids:
+        return 0
+    try:
+        own = os.open("/proc/thread-self/ns/ipc", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    total = 0
+    try:
+        seen = {os.fstat(own).st_ino}
+        for pid in pids:
+            try:
+                fd = os.open(f"/proc/{pid}/ns/ipc", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                ino = os.fstat(fd).st_ino
+                if ino in seen or libc.setns(fd, CLONE_NEWIPC) != 0:
+                    continue
+                seen.add(ino)
+                try:
+                    with open("/proc/sysvipc/shm") as fh:
+                        total += _shm_rss(fh.read())
+                finally:
+                    libc.setns(own, CLONE_NEWIPC)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(own)
+    return total
+
+
+def _shm_rss(table: str) -> int:
+    lines = table.splitlines()
+    if not lines:
+        return 0
+    header = lines[0].split()
+    column = header.index("rss") if "rss" in header else -1
+    if column < 0:
+        return 0
+    total = 0
+    for line in lines[1:]:
+        fields = line.split()
+        if len(fields) > column and fields[column].isdigit():
+            total += int(fields[column])
+    return total

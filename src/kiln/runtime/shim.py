@@ -40,6 +40,7 @@ script; what other code imports from ``kiln.runtime.shim`` is re-exported here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -52,15 +53,17 @@ import time
 from typing import Any
 
 if __package__:
-    from kiln.runtime import proctree, sandbox, shimbox, shimio, shimprep
+    from kiln.runtime import netns, proctree, sandbox, shimbox, shimio, shimlimits, shimprep
 else:  # run as a script with -I: its own directory is not on sys.path
     _here = os.path.dirname(os.path.abspath(__file__))
     if _here not in sys.path:
         sys.path.append(_here)
+    import netns  # type: ignore[no-redef]
     import proctree  # type: ignore[no-redef]
     import sandbox  # type: ignore[no-redef]
     import shimbox  # type: ignore[no-redef]
     import shimio  # type: ignore[no-redef]
+    import shimlimits  # type: ignore[no-redef]
     import shimprep  # type: ignore[no-redef]
 
 # The pieces in the modules next to this one, used here and imported from here by other modules and the tests.
@@ -84,7 +87,7 @@ POLL_SECONDS = 0.25
 DISK_POLL_SECONDS = 2.0  # at least; a scan that takes long is spaced out further (see pump)
 
 
-class Shim(shimprep.Preparation, shimbox.SandboxLimits):
+class Shim(shimprep.Preparation, shimbox.SandboxLimits, shimlimits.JobLimits):
     def __init__(self, attempt_dir: str) -> None:
         self.dir = attempt_dir
         with open(os.path.join(attempt_dir, "shim.json")) as fh:
@@ -162,20 +165,35 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits):
             tmp = os.path.join(self.box["scratch"], f"tmp-{self.steps}")
             os.mkdir(tmp)
             os.chmod(tmp, 0o1777)
-            argv = sandbox.wrap(self.box, argv, tmp, self.input_paths, self.cfg.get("disk_limit"))
+            deferred = sandbox.deferred_env(envs[0])  # never seen by what runs as root (LD_PRELOAD, ...)
+            envs = [{k: v for k, v in e.items() if k not in deferred} for e in envs]
+            argv = sandbox.wrap(
+                self.box,
+                argv,
+                tmp,
+                self.input_paths,
+                self.cfg.get("disk_limit"),
+                rlimit_nproc=self.nproc_fallback(),
+                env_after=deferred,
+            )
+        # The job's steps start in the attempt's control groups (shimlimits.py); a catalog runtime, built for every
+        # organisation, does not.
+        argv = self.step_argv(argv, envs[0], grouped=name != "runtime")
+        net = self.job_network() if self.sandboxed else None  # raises NetworkError when it could not be made
         self.kill_note = ""
         try:
             for proc_env in envs:
-                child = subprocess.Popen(
-                    argv,
-                    cwd=self.cfg["work_dir"],
-                    env=proc_env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    process_group=0,
-                    close_fds=True,
-                )
+                with net.entered() if net is not None else contextlib.nullcontext():
+                    child = subprocess.Popen(
+                        argv,
+                        cwd=self.cfg["work_dir"],
+                        env=proc_env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        process_group=0,
+                        close_fds=True,
+                    )
                 self.child_index[child.pid] = len(self.children)
                 self.children.append(child)
         except OSError as exc:
@@ -210,6 +228,8 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits):
         if code < 0:
             code = 128 - code
         self.children, self.child_index = [], {}
+        if not reason:
+            reason = self.job_limit_after_step()
         if not reason and code:
             reason = self.limit_after_exit(code)
         if reason:
@@ -277,7 +297,8 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits):
         try:
             while pipes or self.running():
                 now = time.monotonic()
-                timers = [t for t in (next_check, next_disk, deadline, exited_at and exited_at + 0.5) if t]
+                due = None if reason else self.limits_due()
+                timers = [t for t in (next_check, next_disk, due, deadline, exited_at and exited_at + 0.5) if t]
                 if not pipes:
                     timers.append(now + 0.05)
                 wait = max(0.0, min(timers) - now) if timers else None
@@ -324,6 +345,12 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits):
                         )
                         self.kill_tree(grace)
                         continue
+                hit = self.job_limit_reached(now)  # the log limit at once, the process limit every 0.25 s
+                if hit:
+                    self.say(f"{self.job_limit_message(hit)}; killing")
+                    reason = hit
+                    self.kill_tree(0.0)
+                    continue
                 if next_check is not None and now >= next_check:
                     next_check = now + POLL_SECONDS
                     if self.memory_exceeded(limit):
@@ -372,6 +399,11 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits):
             self.kill_tree(1.0)
             message = f"disk full: the job's output could not be written to its log ({exc})"
             outcome = {"exit_code": None, "reason": "DiskFull", "message": message}
+        except netns.NetworkError as exc:
+            self.kill_tree(1.0)
+            outcome = {"exit_code": None, "reason": "NetworkError", "message": f"the job's network: {exc}"}
+            with contextlib.suppress(Exception):
+                self.say(outcome["message"])
         except Exception as exc:  # the shim must always leave an exit record
             self.kill_tree(1.0)
             reason = "CodeError" if "tar" in type(exc).__module__ else "Error"
@@ -385,6 +417,14 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits):
         outcome["finished_at"] = time.time()
         try:
             self.teardown_sandbox()
+        except Exception:
+            pass
+        try:
+            self.teardown_network()
+        except Exception:
+            pass
+        try:
+            self.teardown_cgroup()
         except Exception:
             pass
         self.release_inputs()
@@ -406,6 +446,7 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits):
         self.say(f"attempt {cfg['attempt']} starting")
         os.makedirs(cfg["work_dir"], exist_ok=True)
         self.setup_sandbox()
+        self.setup_network()
         if cfg.get("runtime_build"):
             self.build_runtime(cfg["runtime_build"])
         too_big = self.extract_code()
@@ -445,6 +486,8 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits):
             "Timeout": f"timed out after {cfg.get('timeout')}s{killed}",
             "OOMKilled": self.limit_message("OOMKilled"),
             "DiskLimitExceeded": self.limit_message("DiskLimitExceeded"),
+            "PidsLimitExceeded": self.job_limit_message("PidsLimitExceeded"),
+            "LogLimitExceeded": self.job_limit_message("LogLimitExceeded"),
             "Cancelled": self.cancel_reason + killed,
         }
         if reason and reason == self.stopped_as:
@@ -505,6 +548,7 @@ def launcher() -> int:
     import tarfile  # noqa: F401
 
     sandbox._libc()  # the C library for the scratch tmpfs's mount(2), loaded once for every forked shim
+    netns._libc()  # and for the job's network namespace (unshare, setns)
     try:  # the metrics threads' modules (a shim imports them only when its attempt collects metrics)
         import threading  # noqa: F401
 

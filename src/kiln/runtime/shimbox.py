@@ -9,13 +9,17 @@ command line and the measuring are in ``sandbox.py``.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 
 if __package__:
-    from kiln.runtime import proctree, sandbox
+    from kiln.runtime import netns, proctree, sandbox
 else:  # loaded by the shim run as a script: its directory is on sys.path
+    import netns  # type: ignore[no-redef]
     import proctree  # type: ignore[no-redef]
     import sandbox  # type: ignore[no-redef]
+
+NetworkError = netns.NetworkError
 
 
 class SandboxLimits:
@@ -27,16 +31,64 @@ class SandboxLimits:
     limit_note: str
     tree: Callable[[], list[int]]
     say: Callable[[str], None]
+    dir: str
+    net: netns.JobNetwork | None = None
+    _net_thread: threading.Thread | None = None
+    _net_error: BaseException | None = None
+
+    # -- the job's network (netns.py) -------------------------------------------------------------------------
+
+    def setup_network(self) -> None:
+        """Join (or make) the attempt's network namespace, in the background while the attempt prepares."""
+        cfg = self.cfg.get("network")
+        if not cfg or not self.box:
+            return
+        self.net = netns.JobNetwork(cfg)
+        self._net_thread = threading.Thread(target=self._join_network, name="kiln-network", daemon=True)
+        self._net_thread.start()
+
+    def _join_network(self) -> None:
+        assert self.net is not None
+        try:
+            self.net.acquire(self.net_holder)
+        except BaseException as exc:
+            self._net_error = exc
+
+    @property
+    def net_holder(self) -> str:
+        return os.path.basename(os.path.normpath(self.dir))
+
+    def job_network(self) -> netns.JobNetwork | None:
+        """The namespace the job's steps start in, once made (raises NetworkError when it could not be)."""
+        if self._net_thread is not None:
+            self._net_thread.join()
+            self._net_thread = None
+        if self._net_error is not None:
+            raise NetworkError(str(self._net_error))
+        return self.net
+
+    def teardown_network(self) -> None:
+        if self.net is None:
+            return
+        if self._net_thread is not None:
+            self._net_thread.join()
+        self.net.release(self.net_holder)
+        self.net = None
 
     def memory_exceeded(self, limit: int) -> bool:
-        """The job's processes' memory plus what it keeps in its /dev/shm and /tmp (a tmpfs) above ``limit``."""
-        rss = sum(proctree.unshared_rss_bytes(p) for p in self.tree())
+        """The job's processes' memory plus what it keeps in its /dev/shm and /tmp (a tmpfs) and in the SysV
+        shared memory of its own IPC namespace, above ``limit``."""
+        pids = self.tree()
+        rss = sum(proctree.unshared_rss_bytes(p) for p in pids)
         held = sandbox.tmpfs_used(self.box["scratch"]) if self.scratch_tmpfs and self.box else 0
-        if rss + held <= limit:
+        sysv = sandbox.sysv_shm_bytes(pids) if self.box else 0
+        if rss + held + sysv <= limit:
             return False
-        self.limit_note = f"{sandbox.human(rss + held)} in use > limit {sandbox.human(limit)}"
+        self.limit_note = f"{sandbox.human(rss + held + sysv)} in use > limit {sandbox.human(limit)}"
         if held:
             self.limit_note += f" ({sandbox.human(held)} of it in /dev/shm and /tmp)"
+        if sysv:
+            self.limit_note += f" ({sandbox.human(sysv)} of it in SysV shared memory)"
         return True
 
     def disk_exceeded(self, limit: int, reached: bool = False) -> bool:

@@ -149,8 +149,10 @@ class JobService:
         wake: Callable[..., None],
         validate: Callable[[JobSpec], None] | None = None,
         quotas: QuotaService | None = None,
+        network_host_orgs: tuple[str, ...] = (),
     ) -> None:
         self.validate = validate
+        self.network_host_orgs = network_host_orgs  # organisations (names or ids) allowed network: host
         self.quotas = quotas
         self.db = db
         self.catalog = catalog
@@ -210,6 +212,13 @@ class JobService:
         """The checks of a submit that need no transaction; the spec with its inputs pinned."""
         principal.require("jobs:write")
         self.catalog.check(spec.runtime)
+        if spec.network == "host" and not {principal.org_id, principal.org_name} & set(self.network_host_orgs):
+            raise Forbidden(
+                f"network: host (the machine's own network) is not allowed for organisation {principal.org_name}; "
+                "use network: isolated (the default) or none, or ask the operator to add the organisation to "
+                "KILN_NETWORK_HOST_ORGS",
+                details={"field": "spec.network"},
+            )
         if self.validate is not None:
             self.validate(spec)
         if spec.inputs:

@@ -46,19 +46,29 @@ from kiln.backends.capabilities import (
     Preemptible,
     SpecValidator,
 )
-from kiln.backends.local import jobfiles, shimconfig
-from kiln.backends.local.attemptdir import gang_layout, member_dirs, read_json, write_json_atomic
+from kiln.backends.local import jobfiles, joblimits, shimconfig
+from kiln.backends.local import network as job_network
+from kiln.backends.local.attemptdir import (
+    gang_layout,
+    member_dirs,
+    private_dir,
+    read_json,
+    write_json_atomic,
+    write_private,
+)
 from kiln.backends.local.gang import MemberStatus, aggregate
 from kiln.backends.local.inventory import local_inventory
+from kiln.backends.local.python_policy import PythonPolicy
 from kiln.backends.local.runtime_builder import SHIM_PATH, LocalRuntimeBuilder
 from kiln.backends.local.runtime_builds import RuntimeBuilds
 from kiln.backends.local.runtimes import ResolvedRuntime, RuntimeManager
-from kiln.backends.local.sandbox import JOB_USER, attempt_box, detect, prepare_dirs
+from kiln.backends.local.sandbox import JOB_USER, attempt_box, detect, job_group, prepare_dirs
 from kiln.backends.local.shimconfig import MountConfig, input_config, job_env, job_pylib, mount_config, write_secret
 from kiln.domain.distributed import Member, gang_members, hostfile_text, member_env
 from kiln.domain.spec import JobSpec, command_argv
 from kiln.errors import BackendError, InvalidInput, KilnError
 from kiln.runtime import mount as mount_module
+from kiln.runtime import netns as runtime_netns
 from kiln.runtime import sandbox as runtime_sandbox
 from kiln.runtime import shim as shim_module
 from kiln.settings import Settings
@@ -106,6 +116,9 @@ class LocalBackend(
         self.runtime_builds = RuntimeBuilds(runtimes.root, SHIM_PATH)
         self.jobs_dir = settings.jobs_dir
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.jobs_dir)
+        # Which interpreters runtime.python may name, and what of the machine a job's sandbox shows for one.
+        self.python_policy = PythonPolicy.from_settings(settings, store.root if store.is_local else None)
         self.pylib = job_pylib(settings.home / "pylib")
         self._inventory = local_inventory(settings)
         self.sandbox = detect(settings)
@@ -115,6 +128,12 @@ class LocalBackend(
             log.info("job sandbox: %s", self.sandbox.detail)
         else:
             log.warning("job sandbox: %s", self.sandbox.detail)
+        self.networking = job_network.detect(settings, self.sandbox.sandboxed)
+        if self.networking.available or not self.sandbox.sandboxed:
+            log.info("job network: %s", self.networking.detail)
+        else:
+            log.error("job network: %s", self.networking.problem("isolated"))
+        self.spare_networks = job_network.SparePool(self.networking, settings)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._launcher: subprocess.Popen[bytes] | None = None
         self._launcher_buf = b""
@@ -164,6 +183,7 @@ class LocalBackend(
                 self._wake(job_id if isinstance(job_id, str) else None)
 
     def close(self) -> None:
+        self.spare_networks.close()
         with self._launcher_lock:
             self._stop_launcher()
         if self._sock is not None:
@@ -182,10 +202,12 @@ class LocalBackend(
     def validate(self, spec: JobSpec) -> None:
         if self.sandbox.problem:
             raise InvalidInput(self.sandbox.problem)
+        if self.sandbox.sandboxed and (why := self.networking.problem(spec.network)):
+            raise InvalidInput(f"network: {spec.network}: {why}", details={"field": "spec.network"})
         try:
-            self.runtimes.resolve(spec.runtime)
+            self.runtimes.resolve(spec.runtime, self.python_policy)
         except KilnError as exc:
-            raise InvalidInput(exc.message) from exc
+            raise InvalidInput(exc.message, details=exc.details) from exc
         for index, item in enumerate(spec.inputs):
             if item.mode == "mount":
                 why = self._mount_problem()
@@ -223,7 +245,7 @@ class LocalBackend(
         if (attempt_dir / "shim.pid").exists():
             return handle  # started before a crash: never start an attempt twice
         try:
-            resolved = self.runtimes.resolve(launch.spec.runtime)
+            resolved = self.runtimes.resolve(launch.spec.runtime, self.python_policy)
         except KilnError as exc:
             raise BackendError(exc.message, retryable=False) from exc
         job_dir = self.job_dir(launch.job_id)
@@ -232,7 +254,12 @@ class LocalBackend(
         wanted = launch.spec.metrics
         if wanted.tensorboard_dir:
             dirs["tensorboard"] = dirs["work"] / wanted.tensorboard_dir
-        for path in (*dirs.values(), attempt_dir):
+        # The job's directory is root's alone (the job reaches its own directories through the sandbox's binds);
+        # the attempt's is shown to the job read-only, for its notice and parameters: its group's, not the world's.
+        for path in (job_dir, attempt_dir.parent):
+            private_dir(path)
+        private_dir(attempt_dir, job_group(self.sandbox, launch.org_id, self.settings))
+        for path in dirs.values():
             path.mkdir(parents=True, exist_ok=True)
         prepare_dirs(self.sandbox, launch.org_id, self.settings, dirs)
         archive = self._code_archive(launch, job_dir)
@@ -251,6 +278,10 @@ class LocalBackend(
             "runtime_build": resolved.build,
             "disk_limit": launch.spec.resources.disk or self.settings.job_disk_default,
             "disk_paths": [str(p) for p in dirs.values()],
+            "log_limit": launch.spec.resources.log or self.settings.job_log_default,
+            "network": job_network.attempt_network(
+                self.networking, self.settings, launch.spec.network, launch.job_id, launch.attempt
+            ),
         }
         base["metrics"] = {
             "dir": str(dirs["metrics"]),
@@ -261,6 +292,7 @@ class LocalBackend(
             "tensorboard_dir": str(dirs["tensorboard"]) if wanted.tensorboard else None,
             "system": wanted.system,
             "system_interval": wanted.system_interval,
+            "tensorboard_bytes": self.settings.job_tensorboard_bytes,
         }
         mounts: MountConfig | None = None
         if launch.inputs:
@@ -276,6 +308,9 @@ class LocalBackend(
                     "dir": str(attempt_dir / "mount"),
                     "secret_file": str(attempt_dir / mount_module.SECRET_FILE),
                 }
+        network = base["network"]
+        if isinstance(network, dict):
+            self.spare_networks.take(network)  # made ahead: its shims find it ready
         notice = attempt_dir / "notice"
         # The job's parameters as one JSON file ($KILN_PARAMS_FILE), beside the notice file the job reads too.
         (attempt_dir / shimconfig.PARAMS_FILE).write_text(json.dumps(launch.spec.params, sort_keys=True))
@@ -286,6 +321,9 @@ class LocalBackend(
             "env": self._env(launch, resolved, dirs, notice, launch.cpus, launch.gpus),
             "memory_limit": launch.memory,
             "sandbox": self._box(launch, resolved, dirs, attempt_dir, attempt_dir, launch.gpus, launch.memory),
+            "cgroup": joblimits.cgroup_config(
+                self.settings, launch.spec, launch.job_id, launch.attempt, attempt_dir, attempt_dir, launch.cpus
+            ),
         }
         self._launch_member(attempt_dir, config, mounts)
         return handle
@@ -327,6 +365,9 @@ class LocalBackend(
                 "memory_limit": slot.memory,
                 "sandbox": self._box(launch, resolved, dirs, attempt_dir, member_dir, slot.gpus, slot.memory),
                 "log_tag": f"{member.role}{member.index}",
+                "cgroup": joblimits.cgroup_config(
+                    self.settings, launch.spec, launch.job_id, launch.attempt, attempt_dir, member_dir, slot.cpus
+                ),
             }
             if len(procs) > 1:
                 config["procs"] = procs
@@ -343,6 +384,8 @@ class LocalBackend(
         gpus: tuple[int, ...],
     ) -> dict[str, str]:
         env = job_env(launch, self.pylib, resolved.bin_dir, dirs, notice, cpus, gpus)
+        if self.networking.available and launch.spec.network != "host" and "KILN_ENDPOINT" in env:
+            env["KILN_ENDPOINT"] = job_network.job_endpoint(self.settings)  # its forwarded loopback port
         if self.sandbox.sandboxed:  # the server's home and temporary dir are not in the sandbox
             env.pop("TMPDIR", None)
             env["HOME"] = str(dirs["home"])
@@ -359,7 +402,9 @@ class LocalBackend(
         gpus: tuple[int, ...],
         memory: int | None,
     ) -> dict[str, Any] | None:
-        member_dir.mkdir(parents=True, exist_ok=True)
+        if member_dir != attempt_dir:  # a gang member's: its config and scratch, nothing the job reads by path
+            for path in (member_dir.parent, member_dir):
+                private_dir(path)
         return attempt_box(
             self.sandbox,
             self.settings,
@@ -367,8 +412,7 @@ class LocalBackend(
             dirs,
             attempt_dir,
             member_dir,
-            resolved.bin_dir,
-            (resolved.python, resolved.build["base_python"] if resolved.build else None),
+            resolved.roots,
             self.pylib,
             gpus,
             memory,
@@ -378,7 +422,8 @@ class LocalBackend(
         member_dir.mkdir(parents=True, exist_ok=True)
         if mounts is not None:  # the member that mounts (or joins the mount) deletes it
             write_secret(Path(config["mount"]["secret_file"]), mounts.secret)
-        (member_dir / "shim.json").write_text(json.dumps(config))
+        # The job's token and environment: root's alone (the shim reads it before the job's steps drop to its uid).
+        write_private(member_dir / "shim.json", json.dumps(config))
         pid = self._spawn_shim(member_dir)
         try:
             created = psutil.Process(pid).create_time()
@@ -398,7 +443,8 @@ class LocalBackend(
                     log.warning("shim launcher failed (%s); restarting it", exc)
                     self._stop_launcher()
         try:
-            with open(attempt_dir / "shim.log", "ab") as shim_log:
+            fd = os.open(attempt_dir / "shim.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+            with open(fd, "ab") as shim_log:
                 proc = subprocess.Popen(
                     [sys.executable, "-I", "-S", str(SHIM_PATH), str(attempt_dir)],
                     stdin=subprocess.DEVNULL,
@@ -594,3 +640,5 @@ class LocalBackend(
         for _, _, member_dir in member_dirs(handle):  # a sandboxed member's /dev/shm and /tmp
             runtime_sandbox.unmount_scratch(str(member_dir / "scratch"))
         mount_module.cleanup(str(attempt_dir / "mount"), str(attempt_dir / mount_module.SECRET_FILE))
+        joblimits.cleanup(handle)  # the members' control groups, with whatever escaped the sessions
+        runtime_netns.cleanup(str(job_network.network_dir(self.settings, handle["job_id"], handle["attempt"])))

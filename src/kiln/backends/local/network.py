@@ -1,0 +1,271 @@
+"""What the local executor's jobs may reach on the network, and whether this machine can give them a network of
+their own.
+
+Every sandboxed attempt gets its own network namespace (``runtime/netns.py`` makes it, shared by a gang's members
+on this machine), so a job never shares the machine's loopback, its listening services (databases, caches,
+brokers, another job's port) or its other addresses:
+
+- ``network: isolated`` (the default): the outside world through ``pasta`` (passt's user-mode stack, chosen over
+  slirp4netns because it forwards a loopback port by splicing sockets, at memory speed, and exits by itself when
+  the namespace goes away), under the operator's egress rules (``KILN_JOB_EGRESS``, :mod:`kiln.domain.egress`)
+  loaded as nftables rules into the job's own namespace; the machine's addresses are copied into the namespace
+  (there they name the job itself), the gateway is not mapped to the machine's loopback, and of the machine's
+  loopback only the Kiln API's port (the job's token reaches the API as ``http://127.0.0.1:PORT``) and the
+  ports the operator allows are forwarded.
+- ``network: none``: loopback and the Kiln API only.
+- ``network: host``: the machine's network, refused unless the organisation is in ``KILN_NETWORK_HOST_ORGS``.
+
+With ``KILN_SANDBOX=none`` (the operator's opt-out of all isolation) jobs share the machine's network.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import shutil
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from kiln.domain.egress import EgressRule, effective_rules
+from kiln.runtime import netns
+from kiln.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Networking:
+    """Which job networks this machine can give (found once, when the server starts)."""
+
+    available: bool
+    detail: str  # what the server logs at start (and, when not available, why)
+    pasta: str | None = None
+    nft: str | None = None
+
+    def problem(self, mode: str) -> str | None:
+        """Why a job asking for ``mode`` is refused here, or None."""
+        if mode == "host" or self.available:
+            return None
+        return (
+            f"this server cannot give jobs a network of their own ({self.detail}); install passt and nftables "
+            "(apt-get install passt nftables), or ask for network: host where the operator allows it"
+        )
+
+
+def detect(settings: Settings, sandboxed: bool) -> Networking:
+    """Whether a job's namespace can be made and connected here: one is made and removed at start."""
+    if not sandboxed:
+        return Networking(False, "jobs are not sandboxed (KILN_SANDBOX=none): they share the machine's network")
+    pasta, nft = _which("pasta"), _which("nft")
+    if pasta is None:
+        return Networking(False, "pasta (passt) is not installed")
+    if nft is None:
+        return Networking(False, "nft (nftables) is not installed")
+    with tempfile.TemporaryDirectory(prefix="kiln-net-probe-") as top:
+        cfg = {"mode": "isolated", "dir": top, "pasta": pasta, "nft": nft, "forward": [], "rules": nft_script([])}
+        try:
+            net = netns.JobNetwork(cfg)
+            net.acquire("probe")
+            net.release("probe")
+        except (netns.NetworkError, OSError) as exc:
+            netns.cleanup(top)
+            return Networking(False, f"a job's network namespace cannot be made here: {exc}")
+    return Networking(
+        True,
+        "each job has a network namespace of its own (pasta for the outside world under KILN_JOB_EGRESS, the "
+        "Kiln API forwarded; nothing of the machine's loopback or addresses)",
+        pasta,
+        nft,
+    )
+
+
+def _which(tool: str) -> str | None:
+    """``tool`` on PATH, else where Debian puts it (nft is in /usr/sbin, which a non-login PATH may lack)."""
+    found = shutil.which(tool)
+    if found is None:
+        found = next((p for p in (f"/usr/sbin/{tool}", f"/sbin/{tool}", f"/usr/bin/{tool}") if Path(p).exists()), None)
+    return found
+
+
+def attempt_network(
+    networking: Networking, settings: Settings, mode: str, job_id: str, attempt: int
+) -> dict[str, Any] | None:
+    """The ``"network"`` entry of each member's ``shim.json`` (None: the machine's network)."""
+    if mode == "host" or not networking.available:
+        return None
+    rules = settings.egress_rules
+    forward = sorted({settings.port, *_loopback_ports(rules)}) if mode == "isolated" else [settings.port]
+    return {
+        "mode": mode,
+        "dir": str(network_dir(settings, job_id, attempt)),
+        "pasta": networking.pasta,
+        "nft": networking.nft,
+        "forward": forward,
+        "rules": nft_script(rules, machine_addresses()) if mode == "isolated" else "",
+    }
+
+
+def network_dir(settings: Settings, job_id: str, attempt: int) -> Path:
+    return settings.run_dir / "net" / f"{job_id}-{attempt}"
+
+
+def job_endpoint(settings: Settings) -> str:
+    """The Kiln API as a job in a namespace of its own reaches it: its forwarded loopback port."""
+    return f"http://127.0.0.1:{settings.port}"
+
+
+def _loopback_ports(rules: list[EgressRule]) -> list[int]:
+    """The machine's loopback ports the operator allows jobs (``allow 127.0.0.1:3128``): forwarded from the
+    job's own loopback (a range is capped at 256 ports)."""
+    ports: set[int] = set()
+    for rule in rules:
+        if rule.action == "allow" and rule.network.is_loopback and rule.ports is not None:
+            lo, hi = rule.ports
+            ports.update(range(lo, min(hi, lo + 255) + 1))
+    return sorted(ports)
+
+
+def machine_addresses() -> list[str]:
+    """This machine's own addresses other than loopback (a job must not reach its services through them)."""
+    found: set[str] = set()
+    for addrs in psutil.net_if_addrs().values():
+        for addr in addrs:
+            text = addr.address.split("%")[0]
+            try:
+                ip = ipaddress.ip_address(text)
+            except ValueError:
+                continue  # a MAC address
+            if not ip.is_loopback and not ip.is_link_local:
+                found.add(str(ip))
+    return sorted(found, key=lambda a: (":" in a, a))
+
+
+def nft_script(rules: list[EgressRule], machine: list[str] | None = None) -> str:
+    """The job's egress as nftables rules for its own namespace: its loopback, then the machine's addresses
+    denied, then the operator's rules in order, then link-local denied; anything else leaves through pasta."""
+    lines = [
+        "table inet kiln {",
+        "  chain egress {",
+        "    type filter hook output priority 0; policy accept;",
+        '    oif "lo" accept',
+    ]
+    for address in machine or []:
+        family = "ip6" if ":" in address else "ip"
+        lines.append(f"    {family} daddr {address} reject with icmpx type admin-prohibited")
+    for rule in effective_rules(rules):
+        if rule.network.is_loopback:
+            continue  # the job's loopback is its own; the allowed loopback ports are forwarded by pasta
+        match = _match(rule.network, rule.ports)
+        if rule.action == "deny" and rule.network.version == 6 and rule.network.is_link_local and not rule.ports:
+            match += " meta l4proto { tcp, udp }"  # IPv6 link-local carries neighbour discovery: only connections
+        lines.append(f"    {match} {_verdict(rule.action)}")
+    lines += ["  }", "}", ""]
+    return "\n".join(lines)
+
+
+def _match(network: Any, ports: tuple[int, int] | None) -> str:
+    family = "ip6" if network.version == 6 else "ip"
+    text = f"{family} daddr {network}"
+    if ports is not None:
+        lo, hi = ports
+        text += f" meta l4proto {{ tcp, udp }} th dport {lo if lo == hi else f'{lo}-{hi}'}"
+    return text
+
+
+def _verdict(action: str) -> str:
+    return "accept" if action == "allow" else "reject with icmpx type admin-prohibited"
+
+
+class SparePool:
+    """Networks made ahead of need: the namespace, pasta and the rules of ``network: isolated`` take tens of
+    milliseconds to set up, which a job would otherwise wait for between STARTING and RUNNING. ``size`` spares are
+    kept in ``<run dir>/net/spare-*``; starting an attempt moves one to the attempt's network directory (a rename:
+    the namespace and pasta come along), where its shims find it made; a thread makes the next. An attempt that
+    finds none makes its own (its shim does), so a burst is never held up by the pool."""
+
+    def __init__(self, networking: Networking, settings: Settings, size: int = 2) -> None:
+        self.networking = networking
+        self.settings = settings
+        self.size = size
+        self.top = settings.run_dir / "net"
+        self._ready: list[Path] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        for stale in self.top.glob("spare-*") if self.top.is_dir() else ():  # a previous server's
+            netns.cleanup(str(stale))
+        if networking.available and size > 0:
+            self._thread = threading.Thread(target=self._fill, name="kiln-network-spares", daemon=True)
+            self._thread.start()
+
+    def take(self, config: dict[str, Any]) -> bool:
+        """Move a spare to ``config["dir"]`` when it fits (isolated, the rules it was made with)."""
+        if config.get("mode") != "isolated":
+            return False
+        with self._lock:
+            while self._ready:
+                spare = self._ready.pop()
+                self._wake.set()
+                if json.loads((spare / "config.json").read_text()) != _fits(config):
+                    netns.cleanup(str(spare))  # the rules changed since it was made
+                    continue
+                target = Path(config["dir"])
+                target.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    spare.rename(target)
+                except OSError:
+                    netns.cleanup(str(spare))
+                    return False
+                return True
+        return False
+
+    def _fill(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                wanted = self.size - len(self._ready)
+            if wanted <= 0:
+                self._wake.wait(5.0)
+                self._wake.clear()
+                continue
+            spare = self.top / f"spare-{uuid.uuid4().hex[:12]}"
+            config = attempt_network(self.networking, self.settings, "isolated", "spare", 0)
+            assert config is not None
+            config["dir"] = str(spare)
+            try:
+                net = netns.JobNetwork(config)
+                net.acquire("spare")
+                net.close()
+                (spare / "users" / "spare").unlink()
+                (spare / "config.json").write_text(json.dumps(_fits(config)))
+            except (netns.NetworkError, OSError) as exc:
+                log.warning("job network: a spare network could not be made (%s); attempts make their own", exc)
+                netns.cleanup(str(spare))
+                self._stop.wait(30.0)
+                continue
+            with self._lock:
+                if self._stop.is_set():
+                    netns.cleanup(str(spare))
+                    return
+                self._ready.append(spare)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        with self._lock:
+            for spare in self._ready:
+                netns.cleanup(str(spare))
+            self._ready = []
+
+
+def _fits(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: config.get(k) for k in ("mode", "pasta", "nft", "forward", "rules")}

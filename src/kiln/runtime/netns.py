@@ -1,0 +1,300 @@
+"""A job's own network: a network namespace per attempt, shared by its members, joined by every sandboxed step.
+
+Standard library only, like the shim that loads it (``kiln.runtime.netns`` in the package, or a plain module from
+this file's directory when the shim runs as a script). The executor decides what the network holds
+(``backends/local/network.py``) and passes it in ``shim.json`` as ``"network"``::
+
+    {"mode": "isolated" | "none",
+     "dir": "<run dir>/net/<job>-<attempt>",       root only: lock, ns (the namespace, bind-mounted), users/,
+                                                  pasta.pid, pasta.log
+     "pasta": "/usr/bin/pasta",
+     "forward": [8080, ...],                      the job's loopback ports forwarded to the machine's loopback:
+                                                  the Kiln API, and what the operator allows (KILN_JOB_EGRESS)
+     "nft": "/usr/sbin/nft" | null, "rules": "<an nft script>" | ""}
+
+- ``isolated``: the namespace has its loopback and one interface connected to the outside world by ``pasta``
+  (passt's user-mode stack: the job's connections leave as the machine's own sockets), with the machine's
+  addresses copied in (so they name the job itself, never the machine), the gateway not mapped to the machine's
+  loopback, no inbound port, and only ``forward`` of the machine's loopback reachable. The nft script (the
+  operator's egress rules, the machine's other addresses and link-local metadata denied) is loaded into the
+  namespace's own netfilter, which the job cannot change: it has no capabilities.
+- ``none``: loopback only, and ``forward``.
+
+The first member to start creates the namespace (``unshare`` in a thread of its own, bind-mounted on ``ns`` so it
+outlives that thread), starts pasta and loads the rules; the others join it (one namespace per gang on one
+machine: its workers rendezvous over their loopback); the last to leave removes it, and pasta, watching the file,
+exits with it. A shim that died leaves it to the executor's cleanup (:func:`cleanup`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+
+CLONE_NEWNET = 0x40000000
+MS_BIND = 4096
+MNT_DETACH = 2
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+READY_SECONDS = 10.0  # the longest pasta may take to connect the namespace
+
+_LIBC: list = []
+
+
+class NetworkError(Exception):
+    """The job's network could not be made (the reason names the step and what the tool said)."""
+
+
+def _libc():  # type: ignore[no-untyped-def]
+    if not _LIBC:
+        import ctypes
+
+        _LIBC.append(ctypes.CDLL(None, use_errno=True))
+    return _LIBC[0]
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        import ctypes
+
+        err = ctypes.get_errno()
+        raise NetworkError(f"{what}: {os.strerror(err)}")
+
+
+def setns(fd: int) -> None:
+    """Move the calling thread (only it) into the network namespace ``fd`` refers to."""
+    _check(_libc().setns(fd, CLONE_NEWNET), "setns")
+
+
+def _loopback_up() -> None:
+    """Bring ``lo`` up in the calling thread's namespace (an ioctl: no ``ip`` process)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        req = struct.pack("16sh", b"lo", 0)
+        flags = struct.unpack("16sh", fcntl.ioctl(sock.fileno(), SIOCGIFFLAGS, req))[1]
+        fcntl.ioctl(sock.fileno(), SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | IFF_UP))
+
+
+class JobNetwork:
+    """One attempt's network namespace, as one member's shim uses it."""
+
+    def __init__(self, cfg: dict) -> None:
+        self.cfg = cfg
+        self.mode = cfg.get("mode", "isolated")
+        self.dir = cfg["dir"]
+        self.ns_path = os.path.join(self.dir, "ns")
+        self.fd = -1  # the job's namespace, while held
+        self.host_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        self._enter_lock = threading.Lock()
+        self.pasta: subprocess.Popen | None = None
+
+    def close(self) -> None:
+        """Let go of the descriptors (the namespace stays: its file and its users decide)."""
+        for fd in (self.fd, self.host_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self.host_fd = -1
+
+    # -- holding it ---------------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        fd = os.open(os.path.join(self.dir, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def acquire(self, holder: str) -> None:
+        """Join the attempt's namespace, making it first if no member has (raises NetworkError)."""
+        with self._locked():
+            users = os.path.join(self.dir, "users")
+            os.makedirs(users, mode=0o700, exist_ok=True)
+            if not os.path.ismount(self.ns_path):
+                self._create()
+            self.fd = os.open(self.ns_path, os.O_RDONLY | os.O_CLOEXEC)
+            with open(os.path.join(users, holder), "w"):
+                pass
+
+    def release(self, holder: str) -> None:
+        """Leave it; the last member removes it (and pasta exits with it)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        with self._locked():
+            users = os.path.join(self.dir, "users")
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(users, holder))
+            try:
+                left = os.listdir(users)
+            except FileNotFoundError:
+                left = []
+            if not left:
+                cleanup(self.dir)
+
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[None]:
+        """The calling thread in the job's namespace for the block (a process started there is the job's)."""
+        with self._enter_lock:
+            setns(self.fd)
+            try:
+                yield
+            finally:
+                setns(self.host_fd)
+
+    # -- making it ----------------------------------------------------------------------------------------------
+
+    def _create(self) -> None:
+        open(self.ns_path, "w").close()
+        made: list = []
+        thread = threading.Thread(target=self._unshare, args=(made,), name="kiln-netns", daemon=True)
+        thread.start()
+        thread.join()
+        failed = [m for m in made if isinstance(m, BaseException)]
+        if failed:
+            remove(self.dir)
+            raise NetworkError(f"cannot make the job's network namespace: {failed[0]}")
+        try:
+            self._connect()  # pasta, while nft loads the rules
+            for nft in made:
+                try:
+                    _, err = nft.communicate((self.cfg.get("rules") or "").encode(), timeout=20)
+                except subprocess.TimeoutExpired:
+                    nft.kill()
+                    raise NetworkError("cannot load the egress rules: nft did not finish") from None
+                if nft.returncode != 0:
+                    raise NetworkError(f"cannot load the egress rules: {err.decode(errors='replace').strip()}")
+        except BaseException:
+            remove(self.dir)
+            raise
+
+    def _unshare(self, made: list) -> None:
+        """In a thread of its own (unshare moves only the calling thread): a new namespace, kept by a bind mount;
+        the egress rules are loaded by an nft started from here, in it."""
+        try:
+            _check(_libc().unshare(CLONE_NEWNET), "unshare")
+            _loopback_up()
+            source = f"/proc/self/task/{threading.get_native_id()}/ns/net".encode()
+            _check(_libc().mount(source, self.ns_path.encode(), None, MS_BIND, None), "mount")
+            script = self.cfg.get("rules") or ""
+            if self.mode == "isolated" and script:
+                nft = self.cfg.get("nft")
+                if not nft:
+                    raise NetworkError("the egress rules need nft (apt-get install nftables)")
+                proc = subprocess.Popen(
+                    [nft, "-f", "-"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    close_fds=True,
+                )
+                made.append(proc)  # given the script by _create
+        except BaseException as exc:
+            made.append(exc)
+        finally:
+            with contextlib.suppress(Exception):
+                setns(self.host_fd)
+
+    def _connect(self) -> None:
+        """pasta started on the namespace: the job's way out, and the forwarded loopback ports."""
+        forward = ",".join(str(int(p)) for p in self.cfg.get("forward") or []) or "none"
+        pid_file = os.path.join(self.dir, "pasta.pid")
+        argv = [
+            self.cfg["pasta"],
+            "--foreground",
+            "--quiet",
+            "--runas",
+            "0:0",  # to join a namespace of the machine's user namespace; it drops its capabilities then
+            "--tcp-ports",
+            "none",
+            "--udp-ports",
+            "none",
+            "--tcp-ns",
+            forward,
+            "--udp-ns",
+            "none",
+            "--pid",
+            pid_file,
+            "--log-file",
+            os.path.join(self.dir, "pasta.log"),
+            "--netns",
+            self.ns_path,
+        ]
+        if self.mode == "isolated":
+            argv[1:1] = ["--config-net", "--no-map-gw"]
+        else:  # the interface stays unconfigured: no address, no route, only the forwarded ports
+            argv[1:1] = ["--no-udp", "--no-icmp", "--no-dhcp", "--no-ndp", "--no-dhcpv6", "--no-ra"]
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # not the job's, not killed with its process group
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise NetworkError(f"cannot start pasta ({self.cfg['pasta']}): {exc.strerror}") from exc
+        deadline = time.monotonic() + READY_SECONDS
+        while True:  # pasta writes its pid once the namespace is connected
+            try:
+                with open(pid_file) as fh:
+                    if fh.read().strip():
+                        break
+            except FileNotFoundError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                said = proc.stderr.read().decode(errors="replace") if proc.stderr and proc.poll() is not None else ""
+                said = " ".join(line for line in said.splitlines() if "syslog" not in line).strip()
+                with contextlib.suppress(OSError):
+                    proc.kill()
+                raise NetworkError(f"pasta did not connect the job's network: {said or 'no answer'}")
+            time.sleep(0.001)
+        if proc.stderr:
+            proc.stderr.close()
+        self.pasta = proc  # it is the namespace's now: it exits when the namespace's file is removed
+
+
+def remove(top: str) -> None:
+    """The namespace's file unmounted and removed (pasta exits when it sees that; it is stopped here as well)."""
+    ns_path = os.path.join(top, "ns")
+    if os.path.ismount(ns_path):
+        _libc().umount2(ns_path.encode(), MNT_DETACH)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(ns_path)
+    pid_file = os.path.join(top, "pasta.pid")
+    try:
+        with open(pid_file) as fh:
+            pid = int(fh.read().strip() or 0)
+    except (OSError, ValueError):
+        pid = 0
+    if pid > 0 and _is_pasta(pid):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(pid_file)
+
+
+def _is_pasta(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip().startswith(("pasta", "passt"))
+    except OSError:
+        return False
+
+
+def cleanup(top: str) -> None:
+    """What a dead shim left of its attempt's network (the executor's cleanup)."""
+    if os.path.isdir(top):
+        remove(top)
+        import shutil
+
+        shutil.rmtree(top, ignore_errors=True)
