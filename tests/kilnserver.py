@@ -113,7 +113,13 @@ class KilnServer:
         """SIGTERM every shim still running under this home (each cancels its job), SIGKILL them after a few
         seconds, then unmount what a killed one left mounted (its /dev/shm and /tmp)."""
         shims: list[psutil.Process] = []
-        for pid_file in self.home.glob("jobs/*/attempts/**/shim.pid"):
+        # Each attempt's and each member's shim.pid, named: a recursive glob walked into the scratch dirs the shims
+        # were removing meanwhile and failed on a directory gone between listing and reading.
+        pid_files = [
+            *self.home.glob("jobs/*/attempts/*/shim.pid"),
+            *self.home.glob("jobs/*/attempts/*/members/*/shim.pid"),
+        ]
+        for pid_file in pid_files:
             try:
                 info = json.loads(pid_file.read_text())
                 proc = psutil.Process(int(info["pid"]))

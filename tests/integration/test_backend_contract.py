@@ -139,7 +139,7 @@ class LocalHarness:
 
     def drive(self, launch: Launch, exit_code: int) -> None:
         self.running(launch)
-        (self.work(launch) / "go").write_text(str(exit_code))
+        _go(self.work(launch), exit_code)
 
     def _pid(self, launch: Launch) -> int:
         attempt_dir = Path(self.backend.handle_for(launch.job_id, launch.attempt)["dir"])
@@ -155,7 +155,14 @@ class LocalHarness:
         for backend in self.backends:
             backend.close()
         for work in self.settings.jobs_dir.glob("*/work"):  # a job a failed test left waiting ends now
-            (work / "go").write_text("0")
+            _go(work, 0)
+
+
+def _go(work: Path, exit_code: int) -> None:
+    """The job's signal to exit, whole when it appears: a job that polls for ``go`` and found it created but
+    still empty read int("") and ended with exit code 1 (seen under load)."""
+    (work / "go.tmp").write_text(str(exit_code))
+    (work / "go.tmp").rename(work / "go")
 
 
 def read(store: ObjectStore, key: str) -> bytes:

@@ -191,9 +191,11 @@ def test_gpu_type_and_node_selector_that_match_run(make_server):
 
 
 def test_why_names_preemption_while_the_victim_uses_its_grace(make_server):
-    server = make_server(cpus="2", preemption_grace_seconds="3")
+    # The grace is the window in which the test reads /why: at 3 s a loaded machine (a load of 12 on two CPUs) had
+    # killed the victim and started the high job before the reads, and /why rightly said STARTING.
+    server = make_server(cpus="2", preemption_grace_seconds="12")
     admin = _admin(server)
-    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(90)"
     low = admin.submit(["python", "-c", stubborn], resources={"cpus": 2}, priority="low")
     admin.wait(low["id"], "RUNNING")
     high = admin.submit("true", resources={"cpus": 2}, priority="high")
