@@ -5,8 +5,8 @@ BIN := $(VENV)/bin
 KILN_HOST ?= 127.0.0.1
 KILN_PORT ?= 8080
 
-.PHONY: run install dev test lint typecheck unit bench clean services mount-tools sandbox-tools node-tools \
-	console console-tools browser-tools
+.PHONY: run install dev test lint typecheck unit bench bench-smoke clean services mount-tools sandbox-tools \
+	node-tools console console-tools browser-tools
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Kiln needs Python >= 3.11"'
@@ -101,13 +101,19 @@ browser-tools:
 # The web console: console/ (Vite, its lockfile committed) built into the package, src/kiln/api/console_dist, which
 # the server serves at / (docs/console.md). `npm ci` when the lockfile changed, `npm run build` when anything in
 # console/ did. Node.js and npm from the machine, else Debian's packages. Without console/ the server is API only.
+# Its API types are generated from the server's OpenAPI document (console/scripts/api-types.mjs, with this venv's
+# Python) first, on every run: the file changes only when the document does, and then the console is rebuilt, so a
+# field renamed in the server's schemas fails `make console` where the console reads it.
 CONSOLE_DIST := src/kiln/api/console_dist
 CONSOLE_STAMP := $(CONSOLE_DIST)/.built
 CONSOLE_DEPS := console/node_modules/.installed
 CONSOLE_SOURCES := $(shell find console -path console/node_modules -prune -o -type f -print 2>/dev/null)
+CONSOLE_ENV := KILN_PYTHON=$(abspath $(BIN)/python)
 
-console:
+console: $(VENV)/.installed
 	@if [ -f console/package.json ]; then \
+		$(MAKE) --no-print-directory $(CONSOLE_DEPS) && \
+		(cd console && $(CONSOLE_ENV) npm run --silent api-types) && \
 		$(MAKE) --no-print-directory $(CONSOLE_STAMP); \
 	else \
 		echo "console/package.json not found: the web console is not built (the server runs API only)"; \
@@ -119,7 +125,7 @@ $(CONSOLE_DEPS): console/package.json console/package-lock.json | console-tools
 
 $(CONSOLE_STAMP): $(CONSOLE_DEPS) $(CONSOLE_SOURCES)
 	@echo "building the web console with Node.js $$(node --version) into $(CONSOLE_DIST)"
-	cd console && npm run build
+	cd console && $(CONSOLE_ENV) npm run build
 	@test -f $(CONSOLE_DIST)/index.html || { echo "npm run build wrote no $(CONSOLE_DIST)/index.html"; exit 1; }
 	@touch $@
 
@@ -144,15 +150,21 @@ lint: dev
 typecheck: dev
 	$(BIN)/mypy
 
-# Two workers (pytest-xdist), a test file at a time each: the suite is mostly waiting on real servers and jobs.
+# Two workers (pytest-xdist), a test file at a time each (the long files' tests one by one), the longest first
+# (tests/conftest.py): the suite is mostly waiting on real servers and jobs.
 test: dev services mount-tools sandbox-tools node-tools browser-tools console lint typecheck
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --durations=25
 
 unit: dev
 	$(BIN)/python -m pytest -q tests/unit
 
 bench: install
 	$(BIN)/python benchmarks/submit_latency.py
+
+# Every benchmark at its smallest size (--smoke), run to its results table; figures not judged. `make test` runs the
+# same module (tests/e2e/test_benchmarks_smoke.py) with the rest of the suite.
+bench-smoke: dev sandbox-tools mount-tools browser-tools console
+	$(BIN)/python -m pytest -q -n 2 --durations=0 tests/e2e/test_benchmarks_smoke.py
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache $(CONSOLE_DIST) console/node_modules

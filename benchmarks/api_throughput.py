@@ -44,7 +44,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from report import finish, print_table, summary  # noqa: E402
+from report import finish, parse_args, print_table, summary  # noqa: E402
 
 PY = sys.executable  # a resolved interpreter: `python3` on PATH may be a slow pyenv shim
 HOST = "127.0.0.1"
@@ -213,9 +213,15 @@ async def load(spec: dict[str, Any]) -> dict[str, Any]:
         signed_live += 1  # pool used up (or its dates too old): signed inside the timed phase (reported)
         return sign_one()
 
-    server = psutil.Process(spec["server_pid"])
+    # ``ports``/``server_pids`` (benchmarks/failover.py): the connections spread over several servers, round robin,
+    # and their CPU summed; else the one ``port``/``server_pid``.
+    ports = spec.get("ports") or [spec["port"]]
+    servers = [psutil.Process(pid) for pid in spec.get("server_pids") or [spec["server_pid"]]]
     me = psutil.Process()
-    conns = [await asyncio.open_connection(HOST, spec["port"]) for _ in range(spec["concurrency"])]
+    conns = [
+        (await asyncio.open_connection(HOST, ports[i % len(ports)]), ports[i % len(ports)])
+        for i in range(spec["concurrency"])
+    ]
     start = time.perf_counter()
     warm_end = start + spec["warmup"]
     end = warm_end + spec["duration"]
@@ -227,12 +233,13 @@ async def load(spec: dict[str, Any]) -> dict[str, Any]:
 
     async def sampler() -> None:
         await asyncio.sleep(max(0.0, warm_end - time.perf_counter()))
-        marks["t0"], marks["srv0"], marks["me0"] = time.perf_counter(), server.cpu_times(), me.cpu_times()
+        marks["t0"], marks["srv0"], marks["me0"] = time.perf_counter(), [x.cpu_times() for x in servers], me.cpu_times()
         await asyncio.sleep(max(0.0, end - time.perf_counter()))
-        marks["t1"], marks["srv1"], marks["me1"] = time.perf_counter(), server.cpu_times(), me.cpu_times()
+        marks["t1"], marks["srv1"], marks["me1"] = time.perf_counter(), [x.cpu_times() for x in servers], me.cpu_times()
 
-    async def worker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def worker(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], port: int) -> None:
         nonlocal body_bytes, conn_errors
+        reader, writer = conn
         perf = time.perf_counter
         while True:
             t0 = perf()
@@ -244,7 +251,7 @@ async def load(spec: dict[str, Any]) -> dict[str, Any]:
             except (asyncio.IncompleteReadError, ConnectionError, ValueError):
                 conn_errors += 1
                 writer.close()
-                reader, writer = await asyncio.open_connection(HOST, spec["port"])
+                reader, writer = await asyncio.open_connection(HOST, port)
                 continue
             t1 = perf()
             if warm_end <= t1 < end:
@@ -253,9 +260,9 @@ async def load(spec: dict[str, Any]) -> dict[str, Any]:
                 body_bytes += length
         writer.close()
 
-    await asyncio.gather(sampler(), *(worker(r, w) for r, w in conns))
+    await asyncio.gather(sampler(), *(worker(conn, port) for conn, port in conns))
     window = marks["t1"] - marks["t0"]
-    server_cpu = cpu_seconds(marks["srv0"], marks["srv1"])
+    server_cpu = sum(cpu_seconds(a, b) for a, b in zip(marks["srv0"], marks["srv1"], strict=True))
     ok = statuses.get(200, 0)
     return {
         "window_s": window,
@@ -269,6 +276,9 @@ async def load(spec: dict[str, Any]) -> dict[str, Any]:
         "server_cpu_s": server_cpu,
         "server_cpu_ms_per_req": 1000 * server_cpu / ok if ok else None,
         "server_cpu_percent": 100 * server_cpu / window,
+        "server_cpu_percent_each": [
+            100 * cpu_seconds(a, b) / window for a, b in zip(marks["srv0"], marks["srv1"], strict=True)
+        ],
         "client_cpu_percent": 100 * cpu_seconds(marks["me0"], marks["me1"]) / window,
         "pool": spec["pool"] if spec["sign"] else 0,
         "pool_build_s": pool_s,
@@ -504,7 +514,10 @@ def main() -> int:
     parser.add_argument("--py-spy", metavar="PATH", help="py-spy binary: also profile one Kiln phase with it")
     parser.add_argument("--profile-dir", type=Path, help="where py-spy's collapsed stacks go (default: temp dir)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
-    args = parser.parse_args()
+    args = parse_args(
+        parser,
+        {"duration": 0.5, "warmup": 0.2, "concurrency": [2], "breakdown_duration": 0.3, "jobs": 2, "pool_rps": 400},
+    )
 
     from tests.kilnserver import KilnServer
 

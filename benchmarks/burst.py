@@ -40,7 +40,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from report import finish, print_table, summary  # noqa: E402
+from report import finish, parse_args, print_table, summary  # noqa: E402
 from tests.kilnserver import KilnServer  # noqa: E402
 
 from kiln.errors import Conflict  # noqa: E402
@@ -462,7 +462,7 @@ def main() -> int:
     parser.add_argument("--download-rounds", type=int, default=3, help="downloads inside and outside each")
     parser.add_argument("--skip", nargs="*", default=[], choices=["burst", "sandbox", "download"])
     parser.add_argument("--json", type=Path, help="also write the figures here")
-    args = parser.parse_args()
+    args = parse_args(parser, {"jobs": 4, "threads": 2, "samples": 2, "download_mib": 4, "download_rounds": 1})
     started = time.monotonic()
     results: dict[str, Any] = {"python": PY, "jobs": args.jobs, "threads": args.threads, "cpus": os.cpu_count()}
     rows: list[dict[str, Any]] = []

@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from playwright.sync_api import Browser, BrowserContext, sync_playwright  # noqa: E402
-from report import finish, print_table  # noqa: E402
+from report import finish, parse_args, print_table  # noqa: E402
 from tests.browser import launch  # noqa: E402
 from tests.helpers import seed_jobs  # noqa: E402
 from tests.kilnserver import KilnServer  # noqa: E402
@@ -327,7 +327,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--screens", type=int, default=40, help="scroll steps of 2,000 px in the jobs list")
     parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    args = parse_args(parser, {"points": 2000, "metrics": 2, "jobs": 500, "runs": 1, "screens": 1})
     started = time.monotonic()
     results: dict[str, Any] = {"args": vars(args) | {"json": str(args.json)}}
     with tempfile.TemporaryDirectory() as tmp:

@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
 
-from report import finish, print_table  # noqa: E402
+from report import finish, parse_args, print_table  # noqa: E402
 from s3bench import MB, kiln_on_s3, random_file  # noqa: E402
 from tests.kilnserver import KilnServer  # noqa: E402
 from tests.s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Server  # noqa: E402
@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=500, help="Small files of the many-files pair (0: skip it).")
     parser.add_argument("--file-kb", type=int, default=100, help="Size of each small file in kB (10^3 bytes).")
     parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    args = parse_args(parser, {"mb": 1, "runs": 1, "files": 5, "file_kb": 1})
     started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="kiln-ds-bench-"))
     try:

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
 
-from report import finish, print_table  # noqa: E402
+from report import finish, parse_args, print_table  # noqa: E402
 from s3bench import MB, kiln_on_s3, random_file  # noqa: E402
 from tests.kilnserver import KilnServer  # noqa: E402
 from tests.s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Server  # noqa: E402
@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=20, help="Files in the dataset.")
     parser.add_argument("--runs", type=int, default=3, help="Runs of each mode (the best one counts).")
     parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    args = parse_args(parser, {"mb": 1, "files": 2, "runs": 1})
     started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="kiln-inputs-bench-"))
     try:

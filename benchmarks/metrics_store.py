@@ -6,7 +6,9 @@
 ``downsample``  one series of 1,000,000 points (ingested the same way), queried with downsample=1000 through
                 ``MetricsService.query``: the wall time of the query, and that first/last/min/max survived.
 
-    .venv/bin/python benchmarks/metrics_store.py [--points 1000000] [--postgres URL]
+    .venv/bin/python benchmarks/metrics_store.py [--points 1000000] [--postgres URL] [--json PATH]
+
+Nothing is asserted: the figures are printed (first/last/min/max kept is checked and shown PASS/FAIL).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from report import finish, parse_args, print_table  # noqa: E402
 from tests.helpers import seed_jobs  # noqa: E402
 
 from kiln.db import migrate  # noqa: E402
@@ -69,8 +74,9 @@ def ingest(url: str, home: Path, steps: int) -> dict[str, float]:
 
 def downsample(url: str, home: Path, n: int) -> dict[str, object]:
     db = setup(url, ["job-long"])
+    spike = n * 7 // 9  # one outlier (777,777 of 1,000,000) that a downsample must keep
     lines = [
-        json.dumps({"t": 1.7e9 + i * 0.01, "s": i, "m": {"loss": math.sin(i / 20000) + (5.0 if i == 777_777 else 0)}})
+        json.dumps({"t": 1.7e9 + i * 0.01, "s": i, "m": {"loss": math.sin(i / 20000) + (5.0 if i == spike else 0)}})
         + "\n"
         for i in range(n)
     ]
@@ -98,7 +104,7 @@ def downsample(url: str, home: Path, n: int) -> dict[str, object]:
         "query_seconds": [round(t, 3) for t in times],
         "returned": len(series.points),
         "first_last_kept": steps[0] == 0 and steps[-1] == n - 1,
-        "spike_kept": 777_777 in steps and max(values) > 5.0,
+        "spike_kept": spike in steps and max(values) > 5.0,
     }
 
 
@@ -114,13 +120,40 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=1_000_000)
     parser.add_argument("--steps", type=int, default=2500, help="lines per worker file in the ingest benchmark")
     parser.add_argument("--postgres", default=None)
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parse_args(parser, {"points": 10_000, "steps": 50})
+    started = time.monotonic()
+    database = "PostgreSQL" if args.postgres else "SQLite"
     with tempfile.TemporaryDirectory() as tmp:
         url = args.postgres or f"sqlite:///{tmp}/ingest.db"
-        print("ingest", ingest(url, Path(tmp) / "jobs-a", args.steps), flush=True)
+        ingested = ingest(url, Path(tmp) / "jobs-a", args.steps)
+        print("ingest", ingested, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         url = args.postgres or f"sqlite:///{tmp}/long.db"
-        print("downsample", downsample(url, Path(tmp) / "jobs-b", args.points), flush=True)
+        queried = downsample(url, Path(tmp) / "jobs-b", args.points)
+        print("downsample", queried, flush=True)
+    kept = bool(queried["first_last_kept"] and queried["spike_kept"])
+    series = f"ingest, one {args.points:,}-point series"
+    rows = [
+        _row(f"ingest, 4 jobs x 8 workers, {database}", ingested["points_per_s"], "info", None, "points/s"),
+        _row(series, queried["ingest_points_per_s"], "info", None, "points/s"),
+        _row("downsample=1000 query, best of 3", queried["query_seconds_best"], "info", None, "s"),
+        _row("first, last and the spike kept", queried["returned"], "all kept", kept, "points"),
+    ]
+    print_table(rows, metric_width=48, digits={"points/s": 0, "s": 3, "points": 0})
+    finish({"ingest": ingested, "downsample": queried, "database": database}, rows, started, args.json)
+
+
+def _row(metric: str, value: object, target: str, ok: bool | None, unit: str) -> dict[str, object]:
+    return {
+        "metric": metric,
+        "value": value,
+        "baseline": None,
+        "ratio": None,
+        "target": target,
+        "pass": ok,
+        "unit": unit,
+    }
 
 
 if __name__ == "__main__":

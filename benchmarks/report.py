@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+
+def parse_args(parser: argparse.ArgumentParser, smallest: dict[str, Any]) -> argparse.Namespace:
+    """The arguments, with ``--smoke`` added: every size at its smallest (``smallest``: argument name → value),
+    for ``make bench-smoke``, which checks only that a benchmark runs to its results table (timings not judged)."""
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="smallest sizes, to check that it runs to its table (make bench-smoke); the figures mean nothing",
+    )
+    args = parser.parse_args()
+    if args.smoke:
+        for name, value in smallest.items():
+            setattr(args, name, value)
+        print("smoke run: " + ", ".join(f"{k}={v}" for k, v in smallest.items()) + " (figures not meaningful)")
+    return args
 
 
 def pct(values: list[float], q: float) -> float:

@@ -39,7 +39,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from report import finish, print_table  # noqa: E402
+from report import finish, parse_args, print_table  # noqa: E402
 from scheduler_loop import section_handoff, section_loop  # noqa: E402
 
 from kiln.domain.placement.policy import decide  # noqa: E402
@@ -55,14 +55,14 @@ TARGET = 1000.0  # pending jobs decided per second
 
 
 def local_nodes() -> list[Node]:
-    return [Node("local", 64, 512 * GI, tuple(range(8)), {i: "H200" for i in range(8)})]
+    return [Node("local", 64_000, 512 * GI, tuple(range(8)), {i: "H200" for i in range(8)})]
 
 
 def cluster_nodes() -> list[Node]:
     return [
         Node(
             f"gpu-{i:02d}",
-            112,
+            112_000,
             2048 * GI,
             tuple(range(8)),
             {g: "H200" for g in range(8)},
@@ -77,15 +77,15 @@ def make_running(nodes: list[Node], rng: random.Random, fill: float, preempting:
     running: list[Running] = []
     for node in nodes:
         free = list(node.gpus)
-        cpus = node.cpus
+        millicores = node.millicores
         while len(free) > len(node.gpus) * (1 - fill):
             n = min(rng.choice((1, 1, 2, 4)), len(free))
             gpus, free = tuple(free[:n]), free[n:]
-            c = min(cpus, 4.0 * n)
-            cpus -= c
+            c = min(millicores, 4000 * n)
+            millicores -= c
             running.append(_running(len(running), node.name, c, 16 * GI * n, gpus, rng))
         for _ in range(2):
-            running.append(_running(len(running), node.name, 2.0, 4 * GI, (), rng))
+            running.append(_running(len(running), node.name, 2000, 4 * GI, (), rng))
     for r in rng.sample(range(len(running)), min(preempting, len(running))):
         old = running[r]
         running[r] = Running(
@@ -94,13 +94,13 @@ def make_running(nodes: list[Node], rng: random.Random, fill: float, preempting:
     return running
 
 
-def _running(i: int, node: str, cpus: float, memory: int, gpus: tuple[int, ...], rng: random.Random) -> Running:
+def _running(i: int, node: str, millicores: int, memory: int, gpus: tuple[int, ...], rng: random.Random) -> Running:
     return Running(
         f"run-{i}",
         f"org-{rng.randrange(100)}",
         "train",
         rng.choice((0, 0, 1, 1, 1, 2)),
-        (WorkerAlloc(node, cpus, memory, gpus),),
+        (WorkerAlloc(node, millicores, memory, gpus),),
         NOW - rng.uniform(10, 36000),
         NOW + rng.uniform(60, 7200) if rng.random() < 0.5 else None,
     )
@@ -113,11 +113,12 @@ def make_pending(n_jobs: int, n_orgs: int, rng: random.Random) -> list[Pending]:
     jobs = []
     for i, org in enumerate(orgs):
         roll = rng.random()
-        workers, gpus, cpus, gpu_type = 1, 0, float(rng.choice((1, 2, 4))), None
+        # CPUs in millicores, as the policy counts them (kiln.domain.placement.types)
+        workers, gpus, millicores, gpu_type = 1, 0, rng.choice((1000, 2000, 4000)), None
         if roll < 0.05:  # gangs
-            workers, gpus, cpus = rng.choice((2, 4, 8)), rng.choice((1, 2, 8)), 8.0
+            workers, gpus, millicores = rng.choice((2, 4, 8)), rng.choice((1, 2, 8)), 8000
         elif roll < 0.45:  # GPU jobs
-            gpus, cpus = rng.choice((1, 1, 1, 2, 4, 8)), 8.0
+            gpus, millicores = rng.choice((1, 1, 1, 2, 4, 8)), 8000
             gpu_type = "H200" if rng.random() < 0.3 else None
         jobs.append(
             Pending(
@@ -128,7 +129,7 @@ def make_pending(n_jobs: int, n_orgs: int, rng: random.Random) -> list[Pending]:
                 priority=rng.choices(list(PRIORITY.values()), weights=(2, 6, 1))[0],
                 submitted=NOW - n_jobs + i + rng.random(),
                 workers=workers,
-                cpus=cpus,
+                millicores=millicores,
                 memory=rng.choice((None, 8 * GI, 32 * GI)),
                 gpus=gpus,
                 gpu_type=gpu_type,
@@ -144,10 +145,10 @@ def make_quotas(n_orgs: int, rng: random.Random) -> tuple[dict[str, dict[str, Li
     usage: dict[str, OrgUsage] = {}
     for org in range(0, n_orgs, 3):
         org_id = f"org-{org}"
-        limits[org_id] = {"train": Limits(gpus=16, cpus=256), "total": Limits(gpus=24, count=50)}
+        limits[org_id] = {"train": Limits(gpus=16, millicores=256_000), "total": Limits(gpus=24, count=50)}
         used = OrgUsage()
         for _ in range(rng.randrange(4)):
-            used.add("train", 2, 16, 32 * GI)
+            used.add("train", 2, 16_000, 32 * GI)
         usage[org_id] = used
     return limits, usage
 
@@ -165,12 +166,12 @@ def fifo_first_fit(
     """What the FIFO placement of Kiln core did, on several nodes: sort by submit time; per job the never-fits
     and quota checks, then first fit per worker (a gang all or nothing); the first job that does not fit holds
     the queue and every job after it gets its "queued: position N" line. Returns how many it placed."""
-    free = {n.name: [n.cpus, n.memory, set(n.gpus)] for n in nodes}
+    free = {n.name: [n.millicores, n.memory, set(n.gpus)] for n in nodes}
     for r in running:
         for w in r.workers:
             slot = free.get(w.node)
             if slot is not None:
-                slot[0] -= w.cpus
+                slot[0] -= w.millicores
                 slot[1] -= w.memory or 0
                 slot[2].difference_update(w.gpus)
     used = {
@@ -181,11 +182,13 @@ def fifo_first_fit(
     blocked: str | None = None
     position = 0
     for job in sorted(pending, key=lambda j: (j.submitted, j.job_id)):
-        if not any(n.cpus >= job.cpus and n.memory >= (job.memory or 0) and len(n.gpus) >= job.gpus for n in nodes):
+        if not any(
+            n.millicores >= job.millicores and n.memory >= (job.memory or 0) and len(n.gpus) >= job.gpus for n in nodes
+        ):
             waiting[job.job_id] = "never fits"
             continue
         org_limits = limits.get(job.org_id)
-        total = (job.gpus * job.workers, job.cpus * job.workers, (job.memory or 0) * job.workers)
+        total = (job.gpus * job.workers, job.millicores * job.workers, (job.memory or 0) * job.workers)
         if org_limits:
             why = blocked_by(job.org_name, job.category, org_limits, used.setdefault(job.org_id, OrgUsage()), *total)
             if why:
@@ -198,9 +201,9 @@ def fifo_first_fit(
         taken = []
         for _ in range(job.workers):
             for name, slot in free.items():
-                if slot[0] >= job.cpus and slot[1] >= (job.memory or 0) and len(slot[2]) >= job.gpus:
+                if slot[0] >= job.millicores and slot[1] >= (job.memory or 0) and len(slot[2]) >= job.gpus:
                     gpus = sorted(slot[2])[: job.gpus]
-                    slot[0] -= job.cpus
+                    slot[0] -= job.millicores
                     slot[1] -= job.memory or 0
                     slot[2].difference_update(gpus)
                     taken.append((name, gpus))
@@ -209,7 +212,7 @@ def fifo_first_fit(
                 break
         if len(taken) < job.workers:
             for name, gpus in taken:  # all or nothing
-                free[name][0] += job.cpus
+                free[name][0] += job.millicores
                 free[name][1] += job.memory or 0
                 free[name][2].update(gpus)
             waiting[job.job_id] = "capacity: ..."
@@ -331,7 +334,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--postgres", metavar="URL", help="also run the loop section on PostgreSQL (a new database)")
     parser.add_argument("--handoffs", type=int, default=10, help="job exits measured by the handoff section")
-    args = parser.parse_args()
+    args = parse_args(parser, {"jobs": 200, "orgs": 5, "reps": 1, "handoffs": 2})
     started = time.monotonic()
     results: dict[str, Any] = {
         "python": sys.executable,

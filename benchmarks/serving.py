@@ -16,7 +16,8 @@ layers, a few steps: ``digits-wide``), both registered as TorchScript models. Ev
                Baseline: the same model file called in process by the runtime's own Python, as the replica calls it
                (``torch.tensor`` of the batch, the model under ``no_grad``, ``tolist``), from 1 and 16 threads,
                ``OMP_NUM_THREADS=1``. ``--rounds`` rounds; added = Kiln - in process, the medians of the rounds'
-               p50 and p99. Target: p50 added ≤ 2 ms at c=1.
+               p50 and p99. Targets: p50 added ≤ 2 ms at c=1; through Kiln at c=16, the median of the rounds' p99
+               ≤ 5x the median of their p50.
 2. batching    ``digits-wide@1`` served twice by 1 replica, without batching and with ``{max_batch_size: 32,
                max_latency_ms: 5}``; the same load at concurrency 32 for ``--duration`` seconds against each, one at a
                time, ``--rounds`` rounds in alternating order; the mean batch size from ``/metrics``. Target: the
@@ -53,7 +54,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
 
 from api_throughput import cpu_seconds, read_response  # noqa: E402
-from report import finish, print_table, summary  # noqa: E402
+from report import finish, parse_args, print_table, summary  # noqa: E402
 from tests.kilnserver import TEST_RUNTIMES, KilnServer  # noqa: E402
 
 from kiln.domain.serving import ServiceState  # noqa: E402
@@ -304,7 +305,9 @@ def main() -> int:
     parser.add_argument("--cold-starts", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3, help="Interleaved rounds of the latency and batching phases.")
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    args = parse_args(
+        parser, {"latency_duration": 0.3, "duration": 1.0, "warmup": 0.5, "width": 64, "cold_starts": 1, "rounds": 1}
+    )
     started = time.monotonic()
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
 
@@ -402,12 +405,21 @@ def table(results: dict[str, Any]) -> list[dict[str, Any]]:
             added = kiln - base
             target, ok = ("≤ +2 ms", added <= 0.002) if (c, q) == (1, "p50") else ("info", None)
             rows.append(row(f"predict {q} c={c} (added {1000 * added:+.2f} ms)", kiln, base, target, ok, "ms"))
+    # The tail against the median through Kiln at c=16: what a client waits beyond its usual wait (issue 26).
+    tail = results["latency"][16]["kiln"]
+    p99, p50 = (statistics.median(p["latency"][q] for p in tail) for q in ("p99", "p50"))
+    spread = row("predict p99 vs p50 c=16, through Kiln", p99, p50, "≤ 5.00x", None, "ms")
+    spread["pass"] = spread["ratio"] is not None and spread["ratio"] <= 5.0
+    rows.append(spread)
     on = [p["rps"] for p in results["batching"]["batch-on"]]
     off = [p["rps"] for p in results["batching"]["batch-off"]]
-    ratio = statistics.median(a / b for a, b in zip(on, off, strict=True))
+    # A round in which batching-off answered nothing within the window (a loaded machine, a tiny --smoke window) has no
+    # ratio: it is left out, and with no round left the row fails rather than dividing by zero.
+    ratios = [a / b for a, b in zip(on, off, strict=True) if b > 0]
+    ratio = statistics.median(ratios) if ratios else None
     batching = row("throughput c=32, batching on vs off", statistics.median(on), statistics.median(off), "", None, "")
     batching.update(ratio=ratio, target="≥ 2.00x", unit="req/s")
-    batching["pass"] = ratio >= 2.0
+    batching["pass"] = ratio is not None and ratio >= 2.0
     rows.append(batching)
     cold, imp = (
         statistics.median(results["cold_start"]["kiln_s"]),

@@ -35,7 +35,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from report import finish, print_table, summary  # noqa: E402
+from report import finish, parse_args, print_table, summary  # noqa: E402
 from tests.kilnserver import KilnServer  # noqa: E402
 
 from kiln.errors import Conflict  # noqa: E402
@@ -325,7 +325,7 @@ def main() -> int:
     parser.add_argument("--reconcile-interval", default="0.5", help="KILN_RECONCILE_INTERVAL (default: 0.5)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["isolated", "burst", "rss"])
     parser.add_argument("--json", type=Path, help="also write the figures here")
-    args = parser.parse_args()
+    args = parse_args(parser, {"jobs": 3, "rss_jobs": 2})
     n = args.jobs
     started = time.monotonic()
     results: dict[str, Any] = {

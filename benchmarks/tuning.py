@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
 
-from report import finish, print_table, summary  # noqa: E402
+from report import finish, parse_args, print_table, summary  # noqa: E402
 from tests.kilnserver import KilnServer  # noqa: E402
 
 from kiln.domain.studies import StudySpec, TrialRead, TrialState, substitute  # noqa: E402
@@ -106,6 +106,17 @@ class StudyRun:
     def epochs_to(self, target: float, ideal: bool = False) -> int | None:
         moment = self.reached_at(target)
         return None if moment is None else sum(t.epochs_by(moment, ideal) for t in self.trials)
+
+    def past_verdict(self) -> int:
+        """Epochs pruned trials reported after the step the pruner stopped them at (issue 26's target: ≤ 5% of all
+        trial-epochs; each is training the pruner had already given up on)."""
+        return sum(
+            1
+            for t in self.trials
+            if t.state == TrialState.PRUNED and t.pruned_step is not None
+            for step, _, _ in t.points
+            if step > t.pruned_step
+        )
 
     def reactions(self) -> list[tuple[float, float]]:
         """Per pruned trial whose job was stopped: (the report the pruner judged → the trial marked PRUNED, that →
@@ -303,6 +314,13 @@ def efficiency_rows(seeds: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
         ok = not missed and tuned_sum <= ran_sum / 3
         rows.append(row(label, tuned_sum, ran_sum, "≤ 0.33x", ok, "epochs"))
         rows.append(row("  the same, pruned at the step judged", ideal_sum, ran_sum, "(info)", None, "epochs"))
+    if seeds:
+        past = sum(fig["tpe_asha"]["past_verdict"] for fig in seeds.values())
+        spent = sum(fig["tpe_asha"]["epochs"] for fig in seeds.values())
+        share = past / spent if spent else 0.0
+        label = f"epochs run past the pruner's verdict ({past} of {spent})"
+        past_row = row(label, 100 * share, None, "≤ 5%", share <= 0.05, "%")
+        rows.append(past_row)
     if reactions:
         decide, stop = summary([d for d, _ in reactions]), summary([k for _, k in reactions])
         rows.append(row("pruned: judged report → PRUNED, p50", decide["p50"], None, "(info)", None, "ms"))
@@ -333,7 +351,7 @@ def main() -> int:
     parser.add_argument("--cpus", default="2", help="KILN_CPUS (default 2: the two parallel trials fill it).")
     parser.add_argument("--reconcile-interval", default="0.5", help="KILN_RECONCILE_INTERVAL (default 0.5).")
     parser.add_argument("--json", type=Path, help="Also write every figure here.")
-    args = parser.parse_args()
+    args = parse_args(parser, {"seeds": [0], "trials": 2, "tuned_trials": 2, "epochs": 2, "copies": 1, "plain_jobs": 1})
     started = time.monotonic()
 
     base = StudySpec.model_validate(yaml.safe_load((EXAMPLE / "study.yaml").read_text()))
@@ -386,6 +404,7 @@ def main() -> int:
                         "trials": len(tuned_run.trials),
                         "pruned": sum(t.state == TrialState.PRUNED for t in tuned_run.trials),
                         "reactions_s": tuned_run.reactions(),
+                        "past_verdict": tuned_run.past_verdict(),
                     },
                     "studies": [random_run.study_id, tuned_run.study_id],
                 }

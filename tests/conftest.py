@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _pytest.nodeid import NodeId
 
 from tests.components import ENV, OPTED_OUT, check_opt_outs, require
 from tests.kilnserver import KilnServer
@@ -124,25 +125,57 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: igno
         terminalreporter.write_sep("!", f"{tests} FAILED for a missing component (see their messages)", red=True)
 
 
-# The files that take minutes (a runtime built, a repository cloned, schemathesis over every route) start first: with
-# pytest-xdist's --dist loadfile a worker takes files in collection order, and one of these collected last kept
-# one CPU busy for minutes after the other had run out of work.
-SLOW_FIRST = (
+# -- how make test spreads the suite over its two workers (pytest-xdist --dist loadgroup --no-loadscope-reorder) --
+
+# Files whose tests are long and share nothing (each starts its own servers): each of their tests is a unit of
+# work of its own, so that two workers share them. Every other file is one unit: its module-scoped servers start once.
+SPLIT_FILES = frozenset({"tests/e2e/test_benchmarks_smoke.py", "tests/integration/test_crash_safety.py"})
+# The longest units first, longest first (make test's durations): a worker that draws one of them near the end of
+# the run runs it alone while the other waits. xdist's default order (--loadscope-reorder: the units with the most
+# tests first) put the one-test files, the long end-to-end ones, last whatever the collection order said, so the
+# order here only holds with --no-loadscope-reorder (the Makefile's).
+LONGEST_FIRST = (
+    "tests/integration/test_api_schema.py",
     "tests/e2e/test_quickstart.py",
+    "tests/e2e/test_benchmarks_smoke.py",
+    "tests/integration/test_crash_safety.py",
+    "tests/integration/test_chaos.py",
     "tests/e2e/test_pytorch.py",
     "tests/e2e/test_ddp.py",
     "tests/e2e/test_serving.py",
     "tests/e2e/test_tuning_digits.py",
     "tests/integration/test_studies_semantics.py",
     "tests/e2e/test_console.py",
-    "tests/integration/test_api_schema.py",
+    "tests/integration/tenancy/test_quota.py",
     "tests/e2e/test_cli_runtimes.py",
     "tests/integration/tenancy/test_isolation_matrix.py",
     "tests/integration/test_catalog_index.py",
+    "tests/integration/test_local_executor.py",
+    "tests/integration/test_metrics_store.py",
+    "tests/e2e/test_cli_tenancy.py",
+    "tests/integration/test_reconcile_batch.py",
+    "tests/integration/test_lifecycle.py",
+    "tests/integration/test_console_session.py",
+    "tests/integration/test_datasets.py",
+    "tests/e2e/test_cli.py",
 )
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {path: i for i, path in enumerate(SLOW_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(SLOW_FIRST)))  # stable: the rest keep order
+def _file_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(trylast=True)  # after tests/integration/conftest.py gives schemathesis' items their ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_file_of(item), len(rank)))  # stable: within a file, as written
+    if not getattr(config.option, "loadgroup", False):  # a pytest-xdist worker of --dist loadgroup
+        return
+    for item in items:
+        path = _file_of(item)
+        # The unit of work: the text after the node id's last "@" (where it follows any "]"). pytest-xdist 3.8
+        # appends its xdist_group marks there by setting Item._nodeid, which pytest 9 no longer reads (the node id
+        # is built from Item._id): with --dist loadgroup every test was its own unit, and a file's module-scoped
+        # servers started on both workers. So the unit is written into the id here.
+        group = item.nodeid.translate(str.maketrans("[]@", "()_")) if path in SPLIT_FILES else path
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")  # type: ignore[attr-defined]

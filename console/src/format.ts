@@ -58,15 +58,37 @@ export function time(iso: string | number | null | undefined): string {
   return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
 }
 
-/** "2G", "512Mi", "1.5GB", "1073741824" → bytes; null for empty; NaN when it cannot be read. */
+// The server's grammar for sizes (kiln.domain.quantities.parse_memory), character for character, so that a size
+// typed here means what the same text means in a kiln.yaml or on the CLI: 2G, 2GB and 2Gi are all 2·1024³ bytes
+// (as users mean it, and docker); k, m, g, t with an optional i and an optional b, in any case; a plain number is
+// bytes. Its \s is Python's (what str.isspace() calls space), its \d any Unicode decimal digit (float() reads them).
+// tests/e2e/test_console.py checks this against parse_memory over a table of texts.
+const SPACE = "[\\t\\n\\v\\f\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]";
+const QUANTITY = new RegExp(`^${SPACE}*(\\p{Nd}+(?:\\.\\p{Nd}+)?)${SPACE}*([kmgt]i?)?b?${SPACE}*$`, "iu");
+const POWERS: Record<string, number> = { k: 1, m: 2, g: 3, t: 4 };
+const BLANK = new RegExp(`^${SPACE}*$`, "u");
+const DIGIT = /\p{Nd}/u;
+
+/** A decimal digit's value: Unicode encodes every set of decimal digits as one run, 0 to 9, so a digit is its
+ * distance from the start of the runs of digits around it, modulo 10. */
+function digitValue(char: string): string {
+  const code = char.codePointAt(0)!;
+  if (code < 128) return char;
+  let start = code;
+  while (DIGIT.test(String.fromCodePoint(start - 1))) start--;
+  return String((code - start) % 10);
+}
+
+/** "2G", "512Mi", "1.5GB", "1073741824" → bytes, as the server reads them; null for empty; NaN when the server
+ * would refuse the text as a quantity (or it is out of range). */
 export function parseBytes(text: string): number | null {
-  const t = text.trim();
-  if (!t) return null;
-  const m = /^(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?)b?$/i.exec(t);
+  if (BLANK.test(text)) return null;
+  const m = QUANTITY.exec(text);
   if (!m) return NaN;
-  const power = "kmgtp".indexOf(m[2].toLowerCase()) + 1;
-  const base = m[3] || power === 0 ? 1024 : 1000;
-  return Math.round(Number(m[1]) * base ** power);
+  const number = Number(m[1].replace(/\p{Nd}/gu, digitValue));
+  const unit = m[2] ? m[2][0].toLowerCase() : "";
+  const bytes = Math.trunc(number * 1024 ** (POWERS[unit] ?? 0));
+  return Number.isFinite(bytes) ? bytes : NaN;
 }
 
 export function commandText(command: string | string[]): string {

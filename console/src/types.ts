@@ -1,279 +1,70 @@
-// The shapes the console reads from /api/v1 (kiln.domain.schemas on the server; /api/v1/openapi.json has them
-// all). Only the fields the console uses are listed; the server may send more.
+// The shapes the console reads from /api/v1, named after the server's own schemas: src/generated/api.ts is
+// generated from the server's OpenAPI document at build time (scripts/api-types.mjs, run by `npm run build` before
+// `tsc`), so a field renamed or removed on the server fails the console's build where the console reads it.
+// Nothing here restates a field; only what the document cannot say is written by hand, each saying why.
 
-export type JobState = "QUEUED" | "STARTING" | "RUNNING" | "RESTARTING" | "SUCCEEDED" | "FAILED" | "CANCELLED";
-export const JOB_STATES: JobState[] = ["QUEUED", "STARTING", "RUNNING", "RESTARTING", "SUCCEEDED", "FAILED", "CANCELLED"];
+import type { components, paths } from "./generated/api";
+
+type Schemas = components["schemas"];
+
+/** What the server sends: every field of a response model, nested ones too (FastAPI serialises them all, defaults
+ * included), though the document marks a field with a default as optional because a request may leave it out. */
+export type Sent<T> = T extends (infer U)[] ? Sent<U>[] : T extends object ? { [K in keyof T]-?: Sent<T[K]> } : T;
+
+/** The JSON a GET of ``path`` answers with 200, as sent. */
+export type Answer<P extends keyof paths> = paths[P] extends { get: { responses: { 200: { content: { "application/json": infer T } } } } }
+  ? Sent<T>
+  : never;
+
+export type JobState = Schemas["JobState"];
+/** Every state, in the order of a job's life; `satisfies` and `AllOf` keep it equal to the server's enum. */
+const states = ["QUEUED", "STARTING", "RUNNING", "RESTARTING", "SUCCEEDED", "FAILED", "CANCELLED"] as const satisfies readonly JobState[];
+type AllOf<Union, List extends readonly unknown[]> = [Exclude<Union, List[number]>] extends [never] ? List : never;
+export const JOB_STATES: AllOf<JobState, typeof states> = states;
 export const ACTIVE_STATES: JobState[] = ["QUEUED", "STARTING", "RUNNING", "RESTARTING"];
 export const isActive = (state: string): boolean => (ACTIVE_STATES as string[]).includes(state);
 
-export interface User {
-  user_id: string;
-  user_name: string;
-  org_id: string;
-  org_name: string;
-  role: "admin" | "member" | "viewer" | string;
-  platform_admin: boolean;
-}
+export type User = Sent<Schemas["WhoAmI"]>;
+export type SessionBody = Sent<Schemas["SessionRead"]>;
 
-export interface SessionBody {
-  user: User;
-  csrf_token: string;
-}
+export type Resources = Sent<Schemas["Resources"]>;
+export type JobSpec = Sent<Schemas["JobSpec"]>;
+/** What the submit form sends: the request schema itself (fields with defaults may be left out). */
+export type JobSpecInput = Schemas["JobSpec"];
+export type AllocationSlot = Sent<Schemas["AllocationSlot"]>;
+export type Job = Sent<Schemas["JobRead"]>;
+export type JobEvent = Sent<Schemas["EventRead"]>;
+export type Why = Sent<Schemas["WhyRead"]>;
 
-export interface Resources {
-  cpus: number;
-  memory: number | null;
-  disk?: number | null;
-  pids?: number | null;
-  log?: number | null;
-  gpus: number;
-  gpu_type?: string | null;
-}
+export type QuotaFields = Sent<Schemas["QuotaFields"]>;
+export type QuotaReport = Sent<Schemas["QuotaReport"]>;
 
-export interface JobSpec {
-  name?: string | null;
-  command: string | string[];
-  runtime: { framework?: string | null; version?: string | null; python?: string | null; image?: string | null };
-  resources: Resources;
-  labels: Record<string, string>;
-  priority: string;
-  distributed?: { framework: string; workers: number; procs_per_worker: number; ps: number } | null;
-  [key: string]: unknown;
-}
-
-export interface AllocationSlot {
-  node: string;
-  cpus: number;
-  memory: number | null;
-  gpus: number[];
-}
-
-export interface Job {
-  id: string;
-  name: string;
-  org_id: string;
-  user_id: string;
-  state: JobState;
-  reason?: string | null;
-  message?: string | null;
-  spec: JobSpec;
-  attempt: number;
-  restarts: number;
-  exit_code?: number | null;
-  cancel_requested: boolean;
-  allocation?: { cpus: number; memory: number | null; gpus: number[]; slots: AllocationSlot[] } | null;
-  created_at: string;
-  updated_at: string;
-  started_at?: string | null;
-  running_at?: string | null;
-  finished_at?: string | null;
-}
-
-export interface JobEvent {
-  id: number;
-  time: string;
-  from_state?: string | null;
-  to_state?: string | null;
-  reason: string;
-  message: string;
-}
-
-export interface Why {
-  job_id: string;
-  state: JobState;
-  waiting: boolean;
-  kind?: string | null;
-  message: string;
-  position?: number | null;
-  queue_length: number;
-  priority: string;
-  ahead: { id?: string | null; name?: string | null; other_org: boolean }[];
-}
-
-export interface QuotaFields {
-  gpus: number | null;
-  cpus: number | null;
-  memory: number | null;
-  count: number | null;
-  storage: number | null;
-}
-
-export interface QuotaReport {
-  org_id: string;
-  org_name: string;
-  categories: { category: string; limits: QuotaFields; used: QuotaFields }[];
-}
-
-export interface SeriesSummary {
-  name: string;
-  worker: string;
-  kind: "scalar" | "text";
-  source: string;
-  count: number;
-  first_step?: number | null;
-  last_step?: number | null;
-  last_time?: number | null;
-  last_value?: number | string | null;
-  min?: number | null;
-  max?: number | null;
-}
-
+export type SeriesSummary = Sent<Schemas["MetricSeriesSummary"]>;
+/** [step, time, value]: the document says only "lists of numbers, strings or nulls" (a tuple has no JSON Schema
+ * the generator reads back as one); kiln.domain.metrics writes them in this order. */
 export type Point = [number | null, number, number | string | null];
+export type SeriesData = Omit<Sent<Schemas["MetricSeriesData"]>, "points"> & { points: Point[] };
+export type MetricsSummary = Answer<"/api/v1/jobs/{job_id}/metrics/summary">;
 
-export interface SeriesData {
-  name: string;
-  worker: string;
-  kind: "scalar" | "text";
-  source: string;
-  axis: "step" | "time";
-  count: number;
-  points: Point[];
-}
+export type Artifact = Sent<Schemas["ArtifactRead"]>;
+export type Runtime = Sent<Schemas["RuntimeRead"]>;
 
-export interface Artifact {
-  path: string;
-  size: number;
-}
+export type NodeGpu = Sent<Schemas["NodeGpu"]>;
+export type NodeJob = Sent<Schemas["NodeJob"]>;
+export type InventoryNode = Sent<Schemas["NodeRead"]>;
 
-export interface Runtime {
-  name: string;
-  framework: string;
-  version: string;
-  default: boolean;
-  status: string;
-  message?: string | null;
-}
+export type Study = Sent<Schemas["StudyRead"]>;
+export type Trial = Sent<Schemas["TrialRead"]>;
 
-// What the inventory route answers (see nodes.ts for how an older server without it is read instead).
-export interface NodeGpu {
-  index: number;
-  name?: string | null;
-  job_id?: string | null;
-  job_name?: string | null;
-  other_org?: boolean;
-}
+export type Replica = Sent<Schemas["ReplicaRead"]>;
+export type Service = Sent<Schemas["ServiceRead"]>;
 
-export interface NodeJob {
-  id?: string | null;
-  name?: string | null;
-  cpus: number;
-  memory?: number | null;
-  gpus: number[];
-  other_org?: boolean;
-}
+export type ModelSummary = Sent<Schemas["ModelSummary"]>;
+export type ModelRead = Sent<Schemas["ModelRead"]>;
+export type ModelVersion = Sent<Schemas["ModelVersionRead"]>;
 
-export interface InventoryNode {
-  name: string;
-  cpus?: number | null;
-  memory?: number | null;
-  labels?: Record<string, string>;
-  gpus: NodeGpu[];
-  allocated?: { cpus: number; memory?: number | null; gpus?: number } | null;
-  jobs: NodeJob[];
-}
-
-export interface Study {
-  id: string;
-  name: string;
-  user_id: string;
-  state: string;
-  reason?: string | null;
-  message?: string | null;
-  spec: {
-    objective: { metric: string; direction: "minimize" | "maximize"; aggregate?: string };
-    parameters: Record<string, { type: string; low?: number | null; high?: number | null; log?: boolean; choices?: unknown[] | null }>;
-    algorithm: string;
-    max_trials: number;
-    parallelism: number;
-    early_stopping?: unknown;
-  };
-  planned_trials: number;
-  trials: { total: number; running: number; succeeded: number; pruned: number; failed: number; cancelled: number };
-  best?: Trial | null;
-  created_at: string;
-  finished_at?: string | null;
-}
-
-export interface Trial {
-  study_id: string;
-  number: number;
-  job_id?: string | null;
-  state: string;
-  job_state?: string | null;
-  params: Record<string, boolean | number | string>;
-  value?: number | null;
-  last_step?: number | null;
-  last_value?: number | null;
-  pruned_step?: number | null;
-  message: string;
-  created_at: string;
-  finished_at?: string | null;
-  duration_seconds?: number | null;
-}
-
-export interface Replica {
-  id: string;
-  job_id?: string | null;
-  job_state?: string | null;
-  revision: number;
-  state: string;
-  model_version: number;
-  in_flight: number;
-  message: string;
-  created_at: string;
-  ready_at?: string | null;
-}
-
-export interface Service {
-  id: string;
-  name: string;
-  user_id: string;
-  state: string;
-  message?: string | null;
-  spec: { model: string; predictor: { type: string }; replicas: number; autoscale?: unknown; resources: Resources };
-  model_name: string;
-  model_version: number;
-  revision: number;
-  desired_replicas: number;
-  ready_replicas: number;
-  replicas: Replica[];
-  endpoint: string;
-  created_at: string;
-  updated_at: string;
-}
-
-export interface ModelSummary {
-  name: string;
-  latest_version?: number | null;
-  versions: number;
-  aliases: Record<string, number>;
-  size: number;
-  created_at: string;
-  updated_at: string;
-}
-
-export interface ModelVersion {
-  name: string;
-  version: number;
-  framework: string;
-  description?: string | null;
-  source_path: string;
-  file_count: number;
-  size: number;
-  files: { path: string; size: number }[];
-  aliases: string[];
-  lineage: {
-    job_id: string;
-    job_name?: string | null;
-    job_state?: string | null;
-    metrics: Record<string, number>;
-    study_id?: string | null;
-    trial?: number | null;
-  };
-  created_by: string;
-  created_at: string;
-}
-
+/** GET /datasets and GET /datasets/{name} declare no response model on the server (the document says only "an
+ * object"), so these two are written by hand from kiln.services.datasets; the versions themselves are generated. */
 export interface DatasetSummary {
   name: string;
   latest_version: number;
@@ -282,61 +73,20 @@ export interface DatasetSummary {
   size: number;
   updated_at: string;
 }
+export type DatasetVersion = Sent<Schemas["DatasetVersionRead"]>;
+export type DatasetManifest = Sent<Schemas["DatasetManifest"]>;
 
-export interface DatasetVersion {
-  name: string;
-  version: number;
-  files: number;
-  size: number;
-  manifest_sha256: string;
-  created_at: string;
-}
+export type Org = Sent<Schemas["OrgRead"]>;
+export type Priority = Org["max_priority"];
+const priorities = ["low", "normal", "high"] as const satisfies readonly Priority[];
+export const PRIORITIES: AllOf<Priority, typeof priorities> = priorities;
+export type UserRow = Sent<Schemas["UserRead"]>;
+export type Key = Sent<Schemas["KeyRead"]> & { secret_key?: string };
+export type KeyCreated = Sent<Schemas["KeyCreated"]>;
+export type AuditRecord = Sent<Schemas["AuditRead"]>;
 
-export interface Org {
-  id: string;
-  name: string;
-  share_weight: number;
-  max_priority: string;
-  created_at: string;
-}
-
-export interface UserRow {
-  id: string;
-  name: string;
-  org_id: string;
-  org_name: string;
-  role: string;
-  platform_admin: boolean;
-  disabled: boolean;
-  created_at: string;
-}
-
-export interface Key {
-  id: string;
-  user_id: string;
-  user_name: string;
-  org_id: string;
-  enabled: boolean;
-  expires_at?: string | null;
-  created_at: string;
-  last_used_at?: string | null;
-  description: string;
-  secret_key?: string;
-}
-
-export interface AuditRecord {
-  id: number;
-  time: string;
-  org_id?: string | null;
-  user_id?: string | null;
-  key_id?: string | null;
-  action: string;
-  resource: string;
-  outcome: string;
-  status: number;
-  client: string;
-  detail: string;
-}
+/** A request body, as the server's schema for it says (fields with a default may be left out). */
+export type ApiRequest<N extends keyof Schemas> = Schemas[N];
 
 export interface Items<T> {
   items: T[];

@@ -3,11 +3,20 @@
 Every error has a stable ``code`` (part of the API contract) and an HTTP status. The server maps them to JSON
 bodies ``{"code": ..., "message": ..., "details": ...}`` in one handler; the SDK turns such bodies back into the
 same classes, so callers catch ``kiln.errors.NotFound`` whichever side raised it.
+
+The registry of codes cannot miss a class: every subclass registers itself as it is defined
+(``KilnError.__init_subclass__``), and one with a code of its own must be defined here, in the module the SDK
+imports, or its definition fails. A server-side refinement that only carries more for the server's own use
+(``AuthFailure``: whose key was tried, for the audit log) declares ``refines_code=True``: it is sent with its
+parent's code and rebuilt as the parent, which ``except`` clauses on both sides catch alike.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
+
+# code -> class, filled as each class is defined (KilnError.__init_subclass__).
+ERRORS_BY_CODE: dict[str, type[KilnError]] = {}
 
 
 class KilnError(Exception):
@@ -15,6 +24,27 @@ class KilnError(Exception):
 
     code: ClassVar[str] = "internal"
     status: ClassVar[int] = 500
+
+    def __init_subclass__(cls, *, refines_code: bool = False, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if refines_code:
+            if "code" in cls.__dict__:
+                raise TypeError(f"{cls.__qualname__}: refines_code=True sends its parent's code; it declares none")
+            return
+        if "code" not in cls.__dict__:
+            raise TypeError(
+                f"{cls.__qualname__} declares no code of its own: the SDK would rebuild it as its parent "
+                "(declare a code, or refines_code=True for a server-side refinement)"
+            )
+        if cls.__module__ != __name__:
+            raise TypeError(
+                f"{cls.__module__}.{cls.__qualname__} (code {cls.code!r}) is defined outside kiln.errors: the SDK "
+                "imports only kiln.errors, so it could not rebuild it; define it there (and import it here)"
+            )
+        existing = ERRORS_BY_CODE.get(cls.code)
+        if existing is not None and existing.__qualname__ != cls.__qualname__:
+            raise TypeError(f"code {cls.code!r} of {cls.__qualname__} is already {existing.__qualname__}'s")
+        ERRORS_BY_CODE[cls.code] = cls
 
     def __init__(self, message: str, *, details: Any = None) -> None:
         super().__init__(message)
@@ -91,6 +121,15 @@ class StoreUnavailable(Unavailable):
     code = "store_unavailable"
 
 
+class DatabaseUnavailable(Unavailable):
+    """The server cannot reach its database now (refused, timed out, the connection lost: PostgreSQL stopped,
+    restarting or cut off). Nothing was half-written: the request's transaction rolled back, and the same request
+    sent again (a create with its ``Idempotency-Key``) once the database is back does what it would have done
+    (``details.retry_after``: seconds to wait)."""
+
+    code = "database_unavailable"
+
+
 class BackendError(KilnError):
     """A backend failed to act; ``retryable`` says whether trying again later may succeed."""
 
@@ -107,35 +146,56 @@ class RuntimeUnavailable(KilnError):
     status = 422
 
 
-def _all_subclasses(cls: type[KilnError]) -> list[type[KilnError]]:
-    out: list[type[KilnError]] = []
-    for sub in cls.__subclasses__():
-        out.append(sub)
-        out.extend(_all_subclasses(sub))
-    return out
+class NoReplica(KilnError):
+    """A service has no replica ready to answer (``details.retry_after``: seconds to wait)."""
+
+    code = "no_replica"
+    status = 503
 
 
-ERRORS_BY_CODE: dict[str, type[KilnError]] = {KilnError.code: KilnError}
-ERRORS_BY_CODE.update({c.code: c for c in _all_subclasses(KilnError)})
+class PredictFailed(KilnError):
+    """A replica took the prediction and failed it, or could not be reached."""
+
+    code = "predict_error"
+    status = 502
+
+
+class CsrfRefused(Forbidden):
+    """A change authenticated by the console's session cookie without its CSRF token."""
+
+    code = "csrf"
+
+
+class BackendUnavailable(KilnError):
+    """The backend that ``KILN_BACKEND`` (or a request) names is not registered, or cannot be loaded."""
+
+    code = "backend_unavailable"
+    status = 503
+
+
+ERRORS_BY_CODE[KilnError.code] = KilnError
+
+# An answer without a code Kiln knows (a proxy's, or a newer server's code): the class its status means.
+_BY_STATUS: dict[int, type[KilnError]] = {
+    cls.status: cls
+    for cls in (
+        InvalidInput,
+        BadRequest,
+        Unauthenticated,
+        Forbidden,
+        NotFound,
+        Conflict,
+        PayloadTooLarge,
+        RateLimited,
+        Unavailable,
+    )
+}
 
 
 def error_from_body(status: int, body: Any) -> KilnError:
-    """Rebuild the error a server sent (used by the SDK)."""
+    """Rebuild the error a server sent (used by the SDK): the class of its code, with its message and details."""
     if isinstance(body, dict) and isinstance(body.get("code"), str):
-        cls = ERRORS_BY_CODE.get(body["code"], KilnError)
+        cls = ERRORS_BY_CODE.get(body["code"]) or _BY_STATUS.get(status, KilnError)
         return cls(str(body.get("message", "")), details=body.get("details"))
-    by_status = {
-        cls.status: cls
-        for cls in (
-            InvalidInput,
-            BadRequest,
-            Unauthenticated,
-            Forbidden,
-            NotFound,
-            Conflict,
-            PayloadTooLarge,
-            Unavailable,
-        )
-    }
-    fallback = by_status.get(status, KilnError)
+    fallback = _BY_STATUS.get(status, KilnError)
     return fallback(f"HTTP {status}: {str(body)[:500]}" if body else f"HTTP {status}")

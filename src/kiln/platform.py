@@ -24,10 +24,12 @@ from kiln.services.audit import AuditService
 from kiln.services.blobs import BlobService
 from kiln.services.checkpoints import CheckpointSync
 from kiln.services.datasets import DatasetService
+from kiln.services.idempotency import Idempotency
 from kiln.services.identity import Credentials, IdentityService
 from kiln.services.inputs import dataset_pinner, input_resolver, model_pinner
 from kiln.services.jobs import JobService
 from kiln.services.log_metrics import LogMetrics
+from kiln.services.log_shipping import LogShipping
 from kiln.services.metrics import MetricsService
 from kiln.services.metrics_ingest import MetricsIngester, MetricsStore
 from kiln.services.models import ModelRegistry
@@ -37,9 +39,11 @@ from kiln.services.quotas import QuotaService
 from kiln.services.recovery import announce_offline_actions
 from kiln.services.runtimes import RuntimeService
 from kiln.services.scheduling import SchedulingService
+from kiln.services.servers import ServerPresence
 from kiln.services.serving import ServingService
 from kiln.services.serving_control import ServingControl, spool_writer
 from kiln.services.serving_router import Router
+from kiln.services.serving_routes import RouteSync, remote_traffic
 from kiln.services.stats import ServerMetrics
 from kiln.services.task_leases import TaskLeases
 from kiln.services.tasks import Task, TaskRunner
@@ -59,7 +63,7 @@ class Platform:
         os.chmod(settings.home, 0o700)
         settings.run_dir.mkdir(parents=True, exist_ok=True)
         self._lock = self._take_home_lock(settings.run_dir / "server.lock", settings.endpoint)
-        self.db = Database(settings.resolved_database_url)
+        self.db = Database(settings.resolved_database_url, settings.database_idle_transaction_seconds)
         migrate.upgrade(self.db.engine)
         key = (
             settings.server_key.encode()
@@ -68,7 +72,7 @@ class Platform:
         )
         self.box = SecretBox(key)
         self.store = ObjectStore(settings.resolved_storage_url, **settings.storage_options)
-        self.logs = LogStore(settings.logs_dir)
+        self.logs = LogStore(settings.logs_dir, self.store)  # read through every server (storage/logs.py)
         self.catalog = DEFAULT_CATALOG
         if settings.runtime_catalog is not None:
             path = settings.runtime_catalog
@@ -79,7 +83,17 @@ class Platform:
         self.quotas = QuotaService(self.db, self.logs)
         self.audit = AuditService(self.db, settings.audit_retention_days)
         self.rate_limiter = RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
+        # The servers sharing the database, counted every heartbeat: each enforces its share of every rate limit.
+        self.servers = ServerPresence(
+            self.db,
+            settings.resolved_instance_id,
+            settings.endpoint,
+            settings.server_heartbeat_seconds,
+            on_count=self.rate_limiter.share,
+        )
         self.backend = self._backend()
+        # The Idempotency-Keys of every create (jobs, studies, services, model versions): one store of keys.
+        self.idempotency = Idempotency(self.db, settings.idempotency_retention_seconds)
         self.reconciler = Reconciler(
             self.db, self.backend, self.logs, settings, mint_token=self.identity.mint_job_token
         )
@@ -92,6 +106,7 @@ class Platform:
             self.backend.validate if isinstance(self.backend, SpecValidator) else None,
             self.quotas,
             network_host_orgs=tuple(settings.network_host_org_list),
+            idempotency=self.idempotency,
         )
         self.scheduling = SchedulingService(self.db, self.backend, settings, self.jobs)
         self.nodes = NodeService(self.db, self.backend.nodes)
@@ -115,15 +130,23 @@ class Platform:
         # Datasets a job reads: pinned at submit, resolved to files when an attempt starts.
         self.jobs.resolve_dataset = dataset_pinner(self.datasets)
         self.jobs.backend_name = self.backend.name
-        self.models = ModelRegistry(self.db, self.store, settings, self.quotas, self.metrics_ingester.ingest_now)
+        self.models = ModelRegistry(
+            self.db, self.store, settings, self.quotas, self.metrics_ingester.ingest_now, self.idempotency
+        )
         self.jobs.pin_model = model_pinner(self.models)
         self.reconciler.resolve_inputs = input_resolver(self.datasets, self.models)
         # Tuning studies: the use cases, and the task that runs their trials as jobs.
         self.study_driver = StudyDriver(self.db, self.jobs, settings.home, self.metrics_ingester.ingest_now)
-        self.studies = StudyService(self.db, self.jobs, self.study_driver.wake)
-        self.metrics_ingester.on_ingested = self.study_driver.wake
+        self.studies = StudyService(self.db, self.jobs, self.study_driver.wake, self.idempotency)
+        # A trial's new objective points (a shim wakes the ingester for them: metrics.watch) are judged at once.
+        self.metrics_ingester.on_ingested = self.study_driver.judge_soon
+        self.metrics.on_ingested = self.study_driver.judge_soon  # ... and those a remote job sends over HTTP
         # Model services: the router (in this process) forwards predicts to the replicas the serving task runs.
+        # Every server routes from what the database records of the replicas (serving_routes), and the serving
+        # task scales on every live server's traffic.
         self.router = Router()
+        server_id = settings.resolved_instance_id
+        self.routes = RouteSync(self.db, self.router, self.box, server_id, self.servers.live_for)
         self.serving_control = ServingControl(
             self.db,
             self.jobs,
@@ -132,6 +155,8 @@ class Platform:
             settings.jobs_dir,
             spool_writer(self.metrics_store),
             self.backend,
+            box=self.box,
+            remote_traffic=remote_traffic(self.db, server_id, self.servers.live_for),
         )
         self.serving = ServingService(
             self.db,
@@ -140,11 +165,15 @@ class Platform:
             self.serving_control.wake,
             self.router.in_flight,
             settings.endpoint,
+            self.idempotency,
         )
-        self.router.on_cold_start = self.serving.cold_start
+        self.router.on_cold_start = self._cold_start
         self.router.latency_observer = self.prometheus.predict_latency.observe
         self.router.batch_observer = self.prometheus.predict_batch.observe
-        self.checkpoints = CheckpointSync(self.db, self.backend, settings.checkpoint_sync_seconds)
+        self.checkpoints = CheckpointSync(
+            self.db, self.backend, settings.checkpoint_sync_seconds, owner=settings.resolved_instance_id
+        )
+        self.log_shipping = LogShipping(self.db, self.logs, settings.resolved_instance_id, settings.log_ship_seconds)
         # Every piece of background work is a task of one runner, which /readyz and /metrics report.
         self.tasks = TaskRunner(TaskLeases(self.db, settings.resolved_instance_id), settings.lease_seconds)
         for task in self._background_tasks():
@@ -154,28 +183,46 @@ class Platform:
     def _background_tasks(self) -> list[Task]:
         nonces = self.identity.nonces
         tasks = [
+            self.servers.task(),
             self.reconciler.task(),
             self.metrics_ingester.task(),
             self.log_metrics.task(),
             self.checkpoints.task(),
+            self.log_shipping.task(),
             self.study_driver.task(),
             self.serving_control.task(),
+            self.routes.task(),
             nonces.task() if nonces is not None else None,
-            # Rows of the (maybe shared) database: one server at a time purges them. A machine's own files: each.
-            Task.of("purge-nonces", self.identity.purge_nonces, 60, lease_scope="purge-nonces"),
-            Task.of("purge-audit", self.audit.purge, 600, lease_scope="purge-audit"),
+            # Rows of the (maybe shared) database: one server at a time purges them, in its fenced transaction.
+            # A machine's own files: each.
+            Task.writing("purge-nonces", self.identity.purge_nonces, 60, lease_scope="purge-nonces"),
+            Task.writing("purge-audit", self.audit.purge, 600, lease_scope="purge-audit"),
+            Task.writing("purge-idempotency-keys", self.idempotency.purge, 600, lease_scope="purge-idempotency-keys"),
             Task.of("backend-sweep", self.backend.sweep, 60) if isinstance(self.backend, JobFiles) else None,
         ]
         return [task for task in tasks if task is not None]
 
+    def _cold_start(self, service_id: str) -> None:
+        """A predict found no replica it can reach: the service wants one (recorded for whichever server runs the
+        serving task), and this server reads the routes again now, not at the next interval."""
+        self.routes.wake()
+        self.serving.cold_start(service_id)
+
     def _backend(self) -> Backend:
         """The backend KILN_BACKEND names, from the registry (one that cannot be loaded is named, with why)."""
-        deps = BackendDeps(self.settings, self.store, self.logs, self.catalog, wake=self._wake)
+        deps = BackendDeps(
+            self.settings, self.store, self.logs, self.catalog, wake=self._wake, metrics_ready=self._metrics_ready
+        )
         return registry.create(self.settings.backend, deps)
 
     def _wake(self, job_id: str | None = None) -> None:
         if self._reconciler is not None:
             self._reconciler.wake(job_id)
+
+    def _metrics_ready(self, job_id: str) -> None:
+        ingester = getattr(self, "metrics_ingester", None)  # None while the backend is being built
+        if ingester is not None:
+            ingester.wake(job_id)
 
     @staticmethod
     def _take_home_lock(path: Path, endpoint: str) -> IO[str]:
@@ -202,6 +249,7 @@ class Platform:
     def start(self) -> Credentials | None:
         announce_offline_actions(self.db)  # what `kiln admin` did while no server ran, logged once
         creds = self.identity.bootstrap() if self.settings.bootstrap else None
+        self.servers.beat()  # counted before the first request: its limits are shared from the start
         self.tasks.start()
         return creds
 

@@ -140,6 +140,12 @@ class Settings(BaseSettings):
     # Signed API
     clock_skew_seconds: int = Field(300, description="Largest accepted difference of X-Kiln-Date from now.")
     nonce_ttl_seconds: int = Field(900, description="How long a used nonce is remembered per key.")
+    idempotency_retention_seconds: int = Field(
+        24 * 3600,
+        ge=60,
+        description="How long a create's Idempotency-Key is remembered: a repeat of the same request with the "
+        "same key within it answers the resource the first one created (docs/idempotency.md).",
+    )
 
     # Tenancy
     rate_limit_per_second: float = Field(
@@ -178,6 +184,19 @@ class Settings(BaseSettings):
     # Reconciler and executor
     reconcile_interval: float = Field(0.5, description="Seconds between reconcile passes when idle.")
     lease_seconds: float = Field(15.0, description="How long a reconciler's claim on a job lasts unrenewed.")
+    database_idle_transaction_seconds: float = Field(
+        15.0,
+        ge=0,
+        description="PostgreSQL ends a server's session idle this long inside a transaction (a paused server's row "
+        "locks are let go, so other servers can take its jobs over); 0: never.",
+    )
+    server_heartbeat_seconds: float = Field(
+        5.0,
+        gt=0,
+        le=300,
+        description="How often a server records itself as live in the database and counts the live servers (it "
+        "enforces 1/servers of each rate limit); one unseen for 3 heartbeats no longer counts.",
+    )
     kill_grace_seconds: float = Field(10.0, description="SIGTERM → SIGKILL grace on cancel and timeout.")
     restart_backoff_seconds: float = Field(1.0, description="Delay before a failed job is restarted.")
     cpus: float | None = Field(None, description="CPUs the local executor offers (default: all).")
@@ -306,6 +325,12 @@ class Settings(BaseSettings):
         ge=0,
         description="How often running jobs' $KILN_CHECKPOINT_DIR is copied to the store (0: only at "
         "the end of each attempt).",
+    )
+    log_ship_seconds: float = Field(
+        2.0,
+        ge=0,
+        description="How often the logs of the running jobs this server holds are shipped to the store, where "
+        "every server reads them (0: only when each attempt ends).",
     )
     data_cache_bytes: int = Field(
         50 * 1024**3, ge=0, description="Size limit of the local executor's dataset cache (LRU beyond it)."
@@ -494,3 +519,9 @@ class ClientSettings(BaseSettings):
         "$KILN_CLIENT_DIR, else $KILN_HOME, else ~/.kiln).",
     )
     timeout: float = Field(60.0, description="HTTP timeout in seconds.")
+    retry_seconds: float = Field(
+        60.0,
+        ge=0,
+        description="How long the SDK keeps retrying a request that is safe to repeat (a read, or a create it "
+        "sends with an Idempotency-Key) after a lost connection or a 502, 503 or 504; 0: never retry.",
+    )

@@ -80,8 +80,15 @@ def test_a_job_the_server_refuses_uploads_no_code(env, client, tmp_path) -> None
         assert "uploaded code" not in result.stderr and "Traceback" not in result.stderr
         assert result.stdout == ""
         assert not client.has_blob(sha), args  # packed here, never sent
-    refused_submits = client.audit(since=datetime.fromtimestamp(since - 1, UTC), action="submit_job")
-    assert refused_submits == []  # the server was asked (a dry run), nothing was submitted
+    # The server was asked (a dry run), nothing was submitted. The shared server's other tests submit too (one just
+    # before this, whose audit row is written after its answer): only a job of this bundle would be one of these.
+    submits = client.audit(since=datetime.fromtimestamp(since - 1, UTC), action="submit_job")
+    mine = [
+        row
+        for row in submits
+        if row.outcome != "success" or client.get_job(row.resource.removeprefix("id=")).code_sha256 == sha
+    ]
+    assert mine == [], mine
 
     ok = kiln(env, "run", "--python", PY, "--follow", "--", PY, "train.py", cwd=code)
     assert ok.returncode == 0, ok.stderr
@@ -221,3 +228,19 @@ def test_the_list_says_why_a_job_waits(shared_server, tmp_path) -> None:  # type
             member.api.post(f"/jobs/{job_id}/cancel")
         close_all(team)
         admin.close()
+
+
+def test_run_again_with_its_idempotency_key_prints_the_job_it_submitted_and_submits_none(env, client) -> None:  # type: ignore[no-untyped-def]
+    name = f"idem-{uuid.uuid4().hex[:8]}"
+    key = f"cli-{uuid.uuid4()}"
+    args = ("run", "--python", PY, "--no-code", "--name", name, "--idempotency-key", key, "--")
+    first, second = kiln(env, *args, "true"), kiln(env, *args, "true")  # a shell's retry loop, say
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr, second.stderr)
+    job_id = first.stdout.splitlines()[0]
+    assert JOB_ID.match(job_id) and second.stdout.splitlines()[0] == job_id
+    assert [job.id for job in client.list_jobs(limit=200) if job.name == name] == [job_id]
+    other = kiln(env, *args, "echo", "another job")
+    assert other.returncode == 1, other.stderr
+    assert f"Idempotency-Key '{key}' was used for a different request (POST /api/v1/jobs" in other.stderr
+    bad = kiln(env, "run", "--no-code", "--idempotency-key", " padded", "--", "true")
+    assert bad.returncode == 2 and "--idempotency-key: the key starts or ends with a space" in bad.stderr

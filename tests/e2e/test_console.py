@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 
+from kiln.domain.quantities import parse_memory
 from kiln.sdk.client import Client
-from tests.browser import artifacts_dir, launch
+from tests.browser import REPO, artifacts_dir, launch
 from tests.kilnserver import KilnServer
 from tests.tenancy_helpers import Account, Api, Tenant, close_all, create_tenant, job_spec
 
@@ -39,6 +43,7 @@ pytestmark = pytest.mark.needs("chromium")
 WAIT_MS = 30_000  # the longest any page may take to show what a step waits for (a loaded 2-CPU machine)
 JOB_ID = re.compile(r"^job-")
 HOLD = "sleep 600"  # a job that runs until cancelled
+ALPHA_HOLD_MEMORY = "256Mi"  # what alpha's running job holds besides 0.1 CPU: the Machines card shows both
 STEPS = 50
 # Prints its loss every step, then a tick every 0.3 s until cancelled: the log keeps growing while it is followed.
 TRAIN = (
@@ -79,6 +84,7 @@ class World:
     bravo_job: str
     quota_running: str
     quota_waiting: str
+    alpha_finished: str  # SUCCEEDED, with an artifact and no checkpoint
 
 
 def _start_other(server: KilnServer, failures: list[BaseException]) -> None:
@@ -113,7 +119,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         tenants += [alpha, bravo, quota]
         admin.ok("PUT", f"/orgs/{quota.id}/quota", json_body={"category": "train", "count": 1})
         member = alpha["member"].api
-        running = member.submit(HOLD, name="alpha-hold", resources={"cpus": 0.1})
+        running = member.submit(HOLD, name="alpha-hold", resources={"cpus": 0.1, "memory": ALPHA_HOLD_MEMORY})
         model_job = member.submit('echo weights > "$KILN_OUTPUT_DIR/model.joblib"', name="alpha-model-job")
         bravo_job = bravo["member"].api.submit("true", name="bravo-only-job", resources={"cpus": 0.1})
         quota_running = quota["member"].api.submit(HOLD, name="quota-hold", resources={"cpus": 0.1})
@@ -149,6 +155,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                     bravo_job["id"],
                     quota_running["id"],
                     waiting["id"],
+                    model_job["id"],
                 )
             finally:
                 browser.close()
@@ -236,11 +243,13 @@ def test_a_job_from_the_form_streams_its_log_charts_its_loss_and_is_cancelled(
     page.get_by_label("Name", exact=True).fill("console-train")
     page.get_by_label("Command").fill(TRAIN)
     page.get_by_label("CPUs").fill("0.25")
+    page.get_by_label("Memory").fill("1.5G")  # what `kiln run --memory 1.5G` asks for: 1.5 GiB, not 1.5·10⁹ bytes
     page.get_by_role("button", name="Submit", exact=True).click()
     detail = page.get_by_test_id("job-detail")
     expect(detail).to_have_attribute("data-job-id", JOB_ID)
     job_id = detail.get_attribute("data-job-id")
     assert job_id and member.api.job(job_id)["name"] == "console-train"
+    assert member.api.job(job_id)["spec"]["resources"]["memory"] == parse_memory("1.5G") == 3 * 2**29
 
     # The log, followed: every step's line, then ticks that keep arriving without a reload.
     page.get_by_test_id("tab-logs").click()
@@ -377,3 +386,242 @@ def test_the_jobs_page_fits_a_narrow_window(world: World) -> None:
         page.screenshot(path=str(artifacts_dir("console") / "jobs-480px.png"), full_page=True)
     finally:
         context.close()
+
+
+def _js_number(x: float) -> str:
+    """A number as JavaScript's String() writes it (8, 0.2), for comparing the page's attributes with the API's."""
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def _meter_readings(page: Page, nodes: list[dict[str, Any]]) -> list[tuple[str, str | None, str | None, str]]:
+    readings = []
+    for node in nodes:
+        card = page.locator(f'[data-testid=node][data-node="{node["name"]}"]')
+        for label in ("CPUs", "memory"):
+            bar = card.get_by_role("meter", name=f"{node['name']} {label}")
+            readings.append(
+                (label, bar.get_attribute("aria-valuenow"), bar.get_attribute("aria-valuemax"), card.inner_text())
+            )
+    return readings
+
+
+def test_the_machines_card_shows_what_nodes_says_and_a_quota_without_limit_says_so(
+    world: World, context: BrowserContext
+) -> None:
+    """The meters read GET /nodes' allocated_cpus and allocated_memory (they read fields /nodes never sent, and
+    showed 0 in use while jobs held CPUs); a quota cell with no limit reads "1 used, no limit", not "1 (no limit)"."""
+    page = sign_in(context, world.server.url, world.alpha["member"], "/")
+    expect(page.get_by_test_id("node").first).to_be_visible()
+    # Jobs of other tests may start or end meanwhile; the page reads /nodes every 5 s: the two agree within 20 s.
+    deadline = time.monotonic() + 20
+    while True:
+        nodes = json.loads(fetch(page, "GET", "/api/v1/nodes", csrf=None)["text"])["items"]
+        expected = [
+            (label, _js_number(node[f"allocated_{field}"]), _js_number(node[field]))
+            for node in nodes
+            for label, field in (("CPUs", "cpus"), ("memory", "memory"))
+        ]
+        shown = _meter_readings(page, nodes)
+        if [r[:3] for r in shown] == expected or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert [r[:3] for r in shown] == expected, (shown, nodes)
+    held = next(node for node in nodes if node["allocated_cpus"] >= 0.1)  # alpha's and quota's running jobs
+    assert held["allocated_memory"] >= parse_memory(ALPHA_HOLD_MEMORY), held
+    card = page.locator(f'[data-testid=node][data-node="{held["name"]}"]')
+    cpus = f"{round(held['allocated_cpus'], 2):g} / {held['cpus']:g}"
+    expect(card.get_by_test_id("meter").first).to_have_text(cpus)
+
+    report = json.loads(fetch(page, "GET", "/api/v1/quota", csrf=None)["text"])
+    table = page.get_by_test_id("quota-table")
+    expect(table.get_by_test_id("quota-row")).to_have_count(len(report["categories"]))
+    assert "no limit" in table.inner_text() and "(no limit)" not in table.inner_text()
+    for category in report["categories"]:
+        if category["limits"]["count"] is None and category["used"]["count"] is not None:
+            jobs_cell = table.locator(f'[data-testid=quota-row][data-category="{category["category"]}"] td').nth(3)
+            expect(jobs_cell).to_have_text(f"{category['used']['count']} used, no limit")
+
+
+# parseBytes (console/src/format.ts) beside the server's parse_memory: the same text is the same size, or refused by
+# both. Units either case, with or without i and B; Python's whitespace and Unicode digits; what neither reads.
+SIZE_TEXTS = [
+    *["2G", "2g", "2GB", "2gb", "2Gi", "2GiB", "2gib", "2 G", "2 Gi", "2\tGi", "1.5G", "1.5Gi", "512M", "512Mi"],
+    *["512m", "100k", "100K", "100KB", "100kib", "3T", "3Ti", "7.3Mi", "0.1M", "1073741824", "0", "0.5", "1.7"],
+    *["1B", "1b", "2.999999999999999999G", "123456789012345678901234567890", "2P", "2PiB", "1e3", "+2G", "-2G"],
+    *[".5G", "5.G", "G", "2GBi", "2Gi B", "2 G B"],
+    " 2G ",
+    "\t2G\n",
+    "2G\x1c",
+    "2G\x85",
+    "2\u00a0G",
+    "2G\ufeff",
+    "\u0662G",  # ARABIC-INDIC DIGIT TWO
+    "\uff11.\uff15Gi",  # FULLWIDTH 1.5
+    "2\u212a",  # KELVIN SIGN: a k to Python's case-insensitive match, and to JavaScript's
+    "1" * 400 + "G",  # out of range
+    "",
+    "   ",
+    "\u3000",
+]
+PARSE_SIZES = """
+const ts = require(process.argv[1]);
+const fs = require("fs");
+const js = ts.transpileModule(fs.readFileSync(process.argv[2], "utf8"), {
+  compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022 },
+}).outputText;
+import("data:text/javascript;base64," + Buffer.from(js).toString("base64")).then((format) => {
+  const texts = JSON.parse(fs.readFileSync(0, "utf8"));
+  const read = texts.map((t) => {
+    const n = format.parseBytes(t);
+    return n === null ? "empty" : Number.isNaN(n) ? "refused" : n;
+  });
+  process.stdout.write(JSON.stringify(read));
+});
+"""
+
+
+@pytest.mark.needs("node")
+def test_the_console_reads_a_size_as_the_server_does() -> None:
+    """One grammar for sizes: console/src/format.ts's parseBytes, run by Node.js (transpiled by the console's own
+    TypeScript), gives what kiln.domain.quantities.parse_memory gives for every text of the table (2G was 2·10⁹
+    bytes in the console, 2·1024³ on the server); the form's submitted memory is checked in the form test."""
+    console = REPO / "console"
+    typescript = console / "node_modules" / "typescript"
+    if not typescript.is_dir():
+        pytest.fail(f"{typescript} is missing: run `make console`", pytrace=False)
+
+    def server_reads(text: str) -> int | str:
+        if not text.strip():
+            return "empty"  # the form's "not given"
+        try:
+            return parse_memory(text)
+        except (ValueError, OverflowError):
+            return "refused"
+
+    run = subprocess.run(
+        ["node", "-e", PARSE_SIZES, str(typescript), str(console / "src" / "format.ts")],
+        input=json.dumps(SIZE_TEXTS),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    console_reads = json.loads(run.stdout)
+    differ = [
+        (text, server, read)
+        for text, server, read in zip(SIZE_TEXTS, map(server_reads, SIZE_TEXTS), console_reads, strict=True)
+        if server != read
+    ]
+    assert not differ, f"(text, server, console): {differ}"
+
+
+def test_a_studys_objective_chart_draws_and_counts_every_trial_with_a_value(
+    world: World, context: BrowserContext
+) -> None:
+    """Finished trials at their value, pruned ones greyed at the last value they reported, and a caption that counts
+    what is drawn (it said "6 points" for 3 dots: the best-so-far line's points counted, the pruned trials left
+    out). A study that prunes takes a minute of trial jobs here, so the page gets the API's answers made with the
+    server's own response models (kiln.domain.studies), through the browser's request routing."""
+    study, trials = _study_with_pruned_trials()
+    page = sign_in(context, world.server.url, world.alpha["member"], "/jobs")
+
+    def answer(body: dict[str, Any]) -> Any:
+        return lambda route: route.fulfill(status=200, content_type="application/json", body=json.dumps(body))
+
+    page.route(f"**/api/v1/studies/{study['id']}", answer(study))
+    page.route(f"**/api/v1/studies/{study['id']}/trials", answer({"items": trials}))
+    page.goto(f"{world.server.url}/studies/{study['id']}")
+    chart = page.get_by_test_id("objective-chart")
+    expect(chart).to_have_attribute("data-ready", "true")
+    finished = [t for t in trials if t["value"] is not None]
+    pruned = [t for t in trials if t["state"] == "PRUNED"]
+    assert len(finished) == 3 and len(pruned) == 2
+    expect(chart).to_have_attribute("data-points", "5")
+    expect(chart.locator("figcaption")).to_have_text("val_acc 5 trials, 2 pruned")
+    expect(chart.locator(".u-legend")).to_contain_text("pruned")
+    chart.screenshot(path=str(artifacts_dir("console") / "study-objective.png"))
+
+
+def _study_with_pruned_trials() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A study's and its trials' answers as the server writes them: 3 succeeded, 2 pruned, 1 failed."""
+    from kiln.domain.studies import StudyRead, StudySpec, TrialCounts, TrialRead
+
+    now = datetime.now(UTC)
+    spec = StudySpec.model_validate(
+        {
+            "trial": {"command": "python train.py --lr {lr}"},
+            "parameters": {"lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True}},
+            "objective": {"metric": "val_acc", "direction": "maximize"},
+            "algorithm": "random",
+            "early_stopping": {"type": "median", "startup_trials": 1},
+            "max_trials": 6,
+            "parallelism": 2,
+        }
+    )
+    rows = [  # number, state, value, last value, pruned at
+        (0, "SUCCEEDED", 0.81, 0.81, None),
+        (1, "PRUNED", None, 0.32, 2),
+        (2, "SUCCEEDED", 0.93, 0.93, None),
+        (3, "PRUNED", None, 0.41, 3),
+        (4, "SUCCEEDED", 0.87, 0.87, None),
+        (5, "FAILED", None, None, None),
+    ]
+    trials = [
+        TrialRead(
+            study_id="study-console-chart",
+            number=number,
+            state=state,
+            params={"lr": 0.01 * (number + 1)},
+            value=value,
+            last_step=None if last is None else (pruned_at or 5),
+            last_value=last,
+            pruned_step=pruned_at,
+            created_at=now,
+            finished_at=now,
+            duration_seconds=3.0,
+        )
+        for number, state, value, last, pruned_at in rows
+    ]
+    study = StudyRead(
+        id="study-console-chart",
+        name="console-chart",
+        org_id="org-x",
+        user_id="user-x",
+        state="SUCCEEDED",
+        spec=spec,
+        planned_trials=6,
+        trials=TrialCounts(total=6, succeeded=3, pruned=2, failed=1),
+        best=trials[2],
+        created_at=now,
+        updated_at=now,
+        finished_at=now,
+    )
+    return study.model_dump(mode="json"), [t.model_dump(mode="json") for t in trials]
+
+
+def test_an_ended_job_without_checkpoints_says_so_in_one_sentence(world: World, context: BrowserContext) -> None:
+    page = sign_in(context, world.server.url, world.alpha["member"], f"/jobs/{world.alpha_finished}")
+    page.get_by_test_id("tab-artifacts").click()
+    expect(page.get_by_test_id("artifact-row")).to_have_count(1)
+    expect(page.get_by_test_id("files-checkpoints").locator(".empty")).to_have_text("No checkpoints.")
+
+
+def test_the_audit_tab_and_a_jobs_page_name_people(world: World, context: BrowserContext) -> None:
+    """Where people read who did something, the console shows the user's name (the id is the cell's title): the audit
+    tab showed user ids, and a job's page the submitter's id unless it was the reader's own job."""
+    admin, member = world.alpha["admin"], world.alpha["member"]
+    page = sign_in(context, world.server.url, admin, "/admin?tab=audit")
+    page.get_by_label("Action").fill("submit_job")
+    page.get_by_test_id("audit-apply").click()
+    records = json.loads(fetch(page, "GET", "/api/v1/audit?action=submit_job&limit=100", csrf=None)["text"])["items"]
+    submitted = [r for r in records if r["user_id"] == member.user_id]
+    assert submitted and all(r["user_name"] == member.user_name for r in submitted), records
+    users = page.get_by_test_id("audit-row-user")
+    expect(users.filter(has_text=member.user_name).first).to_have_attribute("title", member.user_id)
+    assert member.user_id not in page.locator("table").inner_text()
+
+    page.goto(f"{world.server.url}/jobs/{world.alpha_running}")
+    details = page.get_by_test_id("job-details")
+    expect(details).to_contain_text(member.user_name)
+    assert member.user_id not in details.inner_text()

@@ -331,8 +331,9 @@ def test_only_the_organisation_predicts_and_a_service_token_only_predicts(world:
 def test_a_rolling_update_under_load_loses_no_request(world: World, sklearn_model: Model) -> None:
     client = world.client()
     before = ready(client, 2)
-    # Version 2: the same files (stored once) under the next number; the answers' model says which one served.
-    target = client.register_model("digits", sklearn_model.job_id, "model.joblib", framework="sklearn").version
+    # Version 2: the same files (stored once) under the next number, registered as another framework (the same
+    # artifact again would answer version 1); the predictor loads it alike, the answers' model says which served.
+    target = client.register_model("digits", sklearn_model.job_id, "model.joblib", framework="custom").version
     assert target > before.model_version
     with Load(world, sklearn_model.expected["inputs"][0]) as load:
         load.wait_answers(0.0, 20)

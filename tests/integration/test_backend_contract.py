@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -82,7 +83,7 @@ class Harness(Protocol):
     name: str
     backend: Backend
     lost_reason: str  # the reason of an attempt whose process/pod vanished
-    never_started_reason: str  # the reason of an attempt a crash kept from starting
+    never_started_reason: str  # the reason of an attempt a crash kept from starting (Phase.UNLAUNCHED)
 
     def launch(self, job_id: str, attempt: int = 1) -> Launch: ...
 
@@ -105,7 +106,7 @@ class Harness(Protocol):
 class LocalHarness:
     name = "local"
     lost_reason = "ShimLost"
-    never_started_reason = "ShimLost"
+    never_started_reason = "NotLaunched"
 
     def __init__(self, home: Path) -> None:
         self.home = home
@@ -146,7 +147,13 @@ class LocalHarness:
         return int(json.loads((attempt_dir / "shim.pid").read_text())["pid"])
 
     def runs(self, launch: Launch) -> int:
-        return 1 if self._pid(launch) else 0
+        """How many times the job's command ran for this attempt (each run appends the attempt's number to its
+        checkpoint before anything else)."""
+        try:
+            lines = (self.settings.jobs_dir / launch.job_id / "checkpoints" / "attempts.txt").read_text().split()
+        except FileNotFoundError:
+            return 0
+        return lines.count(str(launch.attempt))
 
     def vanish(self, launch: Launch) -> None:
         os.killpg(self._pid(launch), signal.SIGKILL)  # the shim leads its session: it and its job, at once
@@ -287,9 +294,11 @@ def test_start_is_idempotent_and_the_handle_is_json(harness: Harness) -> None:
     assert harness.backend.start(launch) == handle  # after a crash the scheduler may call it again
     assert handle == harness.backend.handle_for("job-idem", 1)
     assert json.loads(json.dumps(handle)) == handle
+    harness.running(launch)
     assert harness.runs(launch) == 1
     harness.drive(launch, 0)
     wait_status(harness.backend, handle, ended)
+    assert harness.runs(launch) == 1
 
 
 @pytest.mark.parametrize("code", [0, 3])
@@ -320,6 +329,54 @@ def test_cancel_is_idempotent(harness: Harness) -> None:
     harness.backend.cancel(handle, 1.0)  # after the end too
     harness.backend.cleanup(handle)
     harness.backend.cleanup(handle)
+
+
+def test_local_cleanup_spares_a_session_that_took_a_dead_shims_pid(tmp_path: Path) -> None:
+    """Cleaning up an ended attempt kills what its shim's session left running. Pids wrap (32,768 here, many
+    times during the test suite): once that session is empty its id may be another job's shim's, and that job
+    was killed by this cleanup (make test saw a job end ShimLost before it ran)."""
+    local = LocalHarness(tmp_path / "home")
+    other: subprocess.Popen[bytes] | None = None
+    try:
+        launch = local.launch("job-reused")
+        handle = local.backend.start(launch)
+        local.running(launch)
+        _go(local.work(launch), 0)
+        assert wait_status(local.backend, handle, ended).reason == "Completed"
+        other = subprocess.Popen(["sleep", "60"], start_new_session=True)  # the session that got the pid
+        pid_file = Path(handle["dir"]) / "shim.pid"
+        record = json.loads(pid_file.read_text())
+        pid_file.write_text(json.dumps(dict(record, pid=other.pid)))  # the shim's start time, another's pid
+        local.backend.cleanup(handle)
+        time.sleep(0.2)
+        assert other.poll() is None, "the cleanup killed a session the dead shim's pid now names"
+    finally:
+        if other is not None:
+            other.kill()
+            other.wait()
+        local.close()
+
+
+def test_local_job_files_follow_the_attempt_into_the_home_that_started_it(tmp_path: Path) -> None:
+    """Servers on one machine adopt each other's attempts (one died): the adopter keeps the attempt's checkpoints
+    and frees its files where the attempt's server put them, as it collects its outputs. Before, it looked in its
+    own home: an adopted job's checkpoints never reached the store and its files stayed."""
+    started, adopter = LocalHarness(tmp_path / "first"), LocalHarness(tmp_path / "second")
+    try:
+        launch = started.launch("job-adopted")
+        handle = started.backend.start(launch)
+        started.running(launch)
+        assert adopter.backend.sync_checkpoints(handle, "checkpoints/job-adopted")[0] == 1
+        assert read(adopter.store, "checkpoints/job-adopted/attempts.txt") == b"1\n"
+        started.drive(launch, 0)
+        assert wait_status(adopter.backend, handle, ended).exit_code == 0
+        work = started.work(launch)
+        assert work.is_dir()
+        adopter.backend.release(handle, keep=False)
+        assert not work.exists()
+    finally:
+        started.close()
+        adopter.close()
 
 
 def test_a_vanished_attempt_is_lost_with_the_reason(harness: Harness) -> None:
@@ -353,16 +410,38 @@ def test_a_restarted_server_reattaches_to_an_attempt_it_started(harness: Harness
     assert (status.phase, status.exit_code, status.reason) == (Phase.EXITED, 0, "Completed")
 
 
-def test_a_restarted_server_sees_an_attempt_it_never_started_as_lost(harness: Harness) -> None:
+def test_a_restarted_server_finds_an_attempt_it_never_started_unlaunched_and_starts_it(harness: Harness) -> None:
     """The server committed the attempt (its handle, from ``handle_for``) and died before ``start``: polling it
-    says so, at once and for good, so that the reconciler ends that attempt instead of waiting for it."""
+    says so, at once and for as long as nothing launches it (never LOST: the job did nothing wrong), and
+    starting it then runs it, once."""
     harness.backend.close()
     again = harness.restarted()
+    launch = harness.launch("job-never")
     handle = again.handle_for("job-never", 1)
+    for _ in range(3):
+        status = again.poll(handle)
+        assert (status.phase, status.reason) == (Phase.UNLAUNCHED, harness.never_started_reason)
+        assert status.message
+    assert again.start(launch) == handle
+    harness.running(launch)
+    wait_status(again, handle, is_running)
+    assert again.start(launch) == handle  # adopted, not launched again
+    harness.drive(launch, 0)
     status = wait_status(again, handle, ended)
-    assert (status.phase, status.reason) == (Phase.LOST, harness.never_started_reason)
-    again.cleanup(handle)
-    assert wait_status(again, handle, ended).phase is Phase.LOST
+    assert (status.phase, status.exit_code, status.reason) == (Phase.EXITED, 0, "Completed")
+    assert harness.runs(launch) == 1
+
+
+def test_cancelling_an_attempt_never_launched_ends_it(harness: Harness) -> None:
+    """A job cancelled while its attempt was recorded STARTING but never launched: the cancel ends the attempt
+    (the reconciler then ends the job as cancelled) and nothing of it runs."""
+    launch = harness.launch("job-cancel-unlaunched")
+    handle = harness.backend.handle_for(launch.job_id, launch.attempt)
+    assert harness.backend.poll(handle).phase is Phase.UNLAUNCHED
+    harness.backend.cancel(handle, 1.0)
+    status = wait_status(harness.backend, handle, ended)
+    assert status.phase is Phase.EXITED and status.reason != "Completed"
+    assert harness.runs(launch) == 0
 
 
 @pytest.mark.parametrize("capable", declaring(Preemptible), indirect=True)
@@ -405,9 +484,9 @@ def test_checkpoints_are_kept_across_attempts_and_in_the_store(capable: Harness)
     first = capable.launch("job-ck", attempt=1)
     handle = backend.start(first)
     capable.running(first)
-    assert backend.sync_checkpoints("job-ck", "checkpoints/job-ck")[0] == 1  # while it runs
+    assert backend.sync_checkpoints(handle, "checkpoints/job-ck")[0] == 1  # while it runs
     assert read(capable.store, "checkpoints/job-ck/attempts.txt") == b"1\n"
-    assert backend.sync_checkpoints("job-ck", "checkpoints/job-ck") == (0, 0)  # only what changed
+    assert backend.sync_checkpoints(handle, "checkpoints/job-ck") == (0, 0)  # only what changed
     capable.drive(first, 3)
     wait_status(backend, handle, ended)
     (capable.work(first) / "go").unlink()
@@ -417,5 +496,5 @@ def test_checkpoints_are_kept_across_attempts_and_in_the_store(capable: Harness)
     capable.running(second)
     capable.drive(second, 0)
     assert wait_status(backend, handle, ended).exit_code == 0
-    backend.sync_checkpoints("job-ck", "checkpoints/job-ck")
+    backend.sync_checkpoints(handle, "checkpoints/job-ck")
     assert read(capable.store, "checkpoints/job-ck/attempts.txt") == b"1\n2\n"  # the second saw the first's

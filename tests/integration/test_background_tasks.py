@@ -12,12 +12,14 @@ import httpx
 from tests.kilnserver import KilnServer
 
 SERVER_TASKS = {
+    "server-presence",
     "reconciler",
     "metrics-ingest",
     "checkpoint-sync",
     "nonce-flush",
     "purge-nonces",
     "purge-audit",
+    "purge-idempotency-keys",
     "backend-sweep",
 }
 

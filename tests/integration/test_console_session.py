@@ -5,6 +5,7 @@ test writes: KILN_CONSOLE_DIR)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -251,6 +252,32 @@ def test_signing_out_clears_the_cookie(world: World, browser: Browser) -> None:
     assert browser.http.delete("/api/v1/session").status_code == 204  # also without a session
 
 
+def test_asking_for_the_session_without_credentials_is_not_a_failed_authentication(
+    world: World, browser: Browser
+) -> None:
+    """The console asks GET /api/v1/session whenever its sign-in page loads: without any credentials that is a
+    question, answered 401 as before but neither logged as a WARNING nor audited (issue 26); a request that
+    offers a credential and fails still is, on that route as on any other."""
+    log_from = world.server.log_path.stat().st_size
+    assert_401(browser.get("/api/v1/session"), "missing_headers")
+    assert_401(browser.get("/api/v1/session", headers={"Cookie": f"{COOKIE}=not-a-session"}), "malformed")
+    assert_401(browser.get("/api/v1/session", headers={"X-Kiln-Date": "1"}), "missing_headers")  # half signed
+
+    def session_rows(records: list[dict[str, Any]]) -> list[str]:
+        return sorted(r["detail"] for r in records if r["action"] == "GET /api/v1/session")
+
+    records = world.admin.audit_until(lambda rs: len(session_rows(rs)) >= 2, outcome="unauthenticated")
+    time.sleep(0.3)  # a record of the first request, were there one, would be written by now
+    records = world.admin.audit(outcome="unauthenticated")
+    assert [d for d in session_rows(records) if d in ("missing_headers", "malformed")] == [
+        "malformed",
+        "missing_headers",
+    ], records
+    logged = world.server.log_path.read_bytes()[log_from:].decode(errors="replace")
+    warned = [line for line in logged.splitlines() if "401 GET /api/v1/session" in line]
+    assert len(warned) == 2 and "malformed" in warned[0] and "missing_headers" in warned[1], logged
+
+
 def test_the_signed_api_is_unchanged_and_a_signature_beats_a_cookie(world: World) -> None:
     member, bravo = world.alpha["member"], world.bravo["member"]
     browser = signed_in(world, bravo.key_id, bravo.secret)
@@ -293,13 +320,19 @@ def test_a_cookie_is_useless_on_a_server_with_another_key_and_no_console_means_a
 ) -> None:
     """Two servers on one database (their keys and users shared): one with KILN_SERVER_KEY, one with its home's
     own server.key. A session of the first is refused by the second for its MAC, before any key is read. The first
-    allows each key a burst of 4 requests: sign-ins, refused ones too, count against it."""
+    allows each key a burst of 4 requests (its half of 8, with two servers live): sign-ins, refused ones too, count
+    against it."""
     key = Fernet.generate_key().decode()
-    first = make_server(postgres_url, server_key=key, rate_limit_burst="4", rate_limit_per_second="0.01")
+    limits = {"rate_limit_burst": "8", "rate_limit_per_second": "0.01", "server_heartbeat_seconds": "0.5"}
+    first = make_server(postgres_url, server_key=key, **limits)
     empty = tmp_path / "no-console"
     empty.mkdir()
     second = make_server(postgres_url, console_dir=str(empty))
     assert (second.home / "server.key").read_text().strip() != key
+    deadline = time.monotonic() + 30
+    while httpx.get(first.url + "/readyz", timeout=10).json()["servers"] != 2:  # it counts the second
+        assert time.monotonic() < deadline, "the first server never counted the second"
+        time.sleep(0.1)
     creds = first.credentials()
     browser = Browser(first.url)
     other = httpx.Client(base_url=second.url, timeout=30)

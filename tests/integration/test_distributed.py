@@ -146,7 +146,8 @@ def test_a_gang_survives_a_server_crash_and_is_taken_back(make_server):
     done = api.wait(job["id"], timeout=60)
     assert (done["state"], done["attempt"], done["restarts"]) == ("SUCCEEDED", 1, 0), done
     reasons = [e["reason"] for e in api.events(job["id"])]
-    assert "Reattached" in reasons
+    # Re-attached to while its members ran, or (a slow restart) adopted with the outcome they recorded meanwhile.
+    assert ("Reattached" in reasons) != ("Adopted" in reasons), reasons
     members = {member for member, _ in _tagged_output(api, job["id"], "done")}
     assert members == {"worker0", "worker1"}
 

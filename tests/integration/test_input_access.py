@@ -33,10 +33,12 @@ def test_a_job_token_reads_its_own_inputs_only(make_server, tmp_path: Path) -> N
         (tmp_path / name).mkdir()
         (tmp_path / name / "a.txt").write_text(name)
         client.put_dataset(tmp_path / name, name)
-    maker = client.submit({"command": 'echo w > "$KILN_OUTPUT_DIR/w.txt"', "runtime": {"python": sys.executable}})
+    make_files = 'echo w > "$KILN_OUTPUT_DIR/w.txt"; echo v > "$KILN_OUTPUT_DIR/v.txt"'
+    maker = client.submit({"command": make_files, "runtime": {"python": sys.executable}})
     assert wait_for(client, maker.id, "SUCCEEDED").state == "SUCCEEDED"
-    for _ in range(2):  # versions 1 and 2 of model "net"
-        client.register_model("net", job_id=maker.id, path="w.txt")
+    # Versions 1 and 2 of model "net" (other files: the same files again would be version 1).
+    for path in ("w.txt", "v.txt"):
+        client.register_model("net", job_id=maker.id, path=path)
     spec = {
         "command": ["python", "-c", PROBE],
         "runtime": {"python": sys.executable},

@@ -95,8 +95,9 @@ def model(kiln: KilnServer, client: Client, fake: FakeKubeAPI, tmp_path_factory:
     assert syncer.upload_outputs() == (1, len(MODEL_BYTES)), syncer.errors
     fake.set_terminated(pod["metadata"]["name"], exit_code=0)
     assert wait_for(client, job.id, timeout=20).state == "SUCCEEDED"
-    for version in (1, 2):
-        assert client.register_model("digits", job.id, "model.joblib", framework="sklearn").version == version
+    # The same file twice: version 2 is registered as another framework (the same artifact again would answer 1).
+    for version, framework in ((1, "sklearn"), (2, "custom")):
+        assert client.register_model("digits", job.id, "model.joblib", framework=framework).version == version
     return "digits"
 
 

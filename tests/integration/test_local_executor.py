@@ -23,17 +23,23 @@ def test_kill9_server_jobs_keep_running_and_finish_once(make_server, database_ur
     """The acceptance test of the core issue: kill -9 the server mid-job, start it again."""
     server = make_server(database_url, home=tmp_path / "home")
     client = server.client()
-    script = "import time\nfor i in range(30):\n    print(f'line {i}', flush=True)\n    time.sleep(0.1)\n"
+    # Half its lines, then it waits for the test's word (the file go in its work dir): it is still running
+    # when the server comes back, however long that start takes.
+    script = (
+        "import os, time\nfor i in range(30):\n    print(f'line {i}', flush=True)\n    time.sleep(0.1)\n"
+        "    while i == 15 and not os.path.exists('go'):\n        time.sleep(0.05)\n"
+    )
     job = client.submit(spec(["python", "-c", script]))
-    short = client.submit(spec(["sleep", "0.5"]))
+    short = client.submit(spec(["sleep", "1"]))  # it ends while no server runs
     wait_for(client, job.id, "RUNNING")
-    time.sleep(0.5)
+    wait_for(client, short.id, "RUNNING")
     shim = _shim_pid(server.home, job.id)
     server.kill()
     assert psutil.pid_exists(shim), "the job's supervisor must survive the server"
     time.sleep(1.5)  # the job goes on printing (and the short one ends) while no server runs
     restarted = make_server(database_url, home=server.home)
     client = restarted.client()
+    (server.home / "jobs" / job.id / "work" / "go").write_text("")
     done = wait_for(client, job.id, timeout=30)
     assert done.state == "SUCCEEDED"
     assert log_text(client, job.id) == [f"line {i}" for i in range(30)]
@@ -42,6 +48,10 @@ def test_kill9_server_jobs_keep_running_and_finish_once(make_server, database_ur
     assert moves.count(("RUNNING", "SUCCEEDED")) == 1
     assert [e.reason for e in client.events(job.id)].count("Reattached") == 1
     assert done.attempt == 1
+    # The short job ended while no server ran: adopted with the outcome its shim recorded, not re-attached to.
+    short_reasons = [e.reason for e in client.events(short.id)]
+    assert "Adopted" in short_reasons and "Reattached" not in short_reasons, short_reasons
+    assert client.get_job(short.id).exit_code == 0
     # Still once, after another restart.
     restarted.stop()
     client = make_server(database_url, home=server.home).client()

@@ -65,7 +65,11 @@ def test_spool_files_are_ingested_queried_and_downsampled(make_server, database_
     bad = _spool(server.home, job_id, "worker0-log.jsonl")
     bad.write_text("oops\n{]\n" + _line(1, {"": 1}) + _line(5, {"from_log": 5.0}))
 
-    _wait(lambda: _count(client, job_id, "loss") == 2001, what="2001 loss points")
+    # Both files: an ingestion pass may look at the directory between the two writes (seen in make test).
+    _wait(
+        lambda: _count(client, job_id, "loss") == 2001 and _count(client, job_id, "from_log") == 1,
+        what="2001 loss points and the log file's one good line",
+    )
     (loss,) = client.metrics(job_id, names=["loss"])
     assert loss.kind == "scalar" and loss.axis == "step" and loss.count == 2001
     assert loss.points[0] == [0, 1.7e9, 1.0]

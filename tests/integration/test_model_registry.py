@@ -128,19 +128,37 @@ def test_a_version_copies_the_jobs_files_once_and_keeps_its_lineage(world: World
     assert (lineage.study_id, lineage.trial) == ("study-1", 4)
     assert world.blobs() == 1
 
-    # The same bytes again, and a directory holding them beside another file: one new blob, for the new file.
-    assert world.register("digits", "model.pt") == 2
-    assert world.blobs() == 1
+    # The same bytes in a directory beside another file: one new blob, for the new file.
     tree = world.registry.register(world.member, "tree", ModelRegister(job_id="job-done", path="ckpt/"))
     assert [(f.path, f.size) for f in tree.files] == [("model.pt", len(WEIGHTS)), ("sub/config.json", len(CONFIG))]
     assert (tree.framework, tree.file_count, tree.size) == ("torch", 2, len(WEIGHTS) + len(CONFIG))
     assert world.blobs() == 2
-    assert world.registry.resolve("org-a", "digits") == ("digits", 2)
+    assert world.registry.resolve("org-a", "digits") == ("digits", 1)
+
+
+def test_the_same_files_of_the_same_job_again_answer_the_version_that_holds_them(world: World) -> None:
+    """Registering a job's output twice made an identical digits@2 without a word (issue 26): the same job, the
+    same framework and the same files (paths and bytes) answer the version registered before, flagged."""
+    first = world.registry.register(world.member, "digits", ModelRegister(job_id="job-done", path="model.pt"))
+    again = world.registry.register(world.member, "digits", ModelRegister(job_id="job-done", path="model.pt"))
+    assert (first.version, first.already_registered) == (1, False)
+    assert (again.version, again.already_registered, again.files) == (1, True, first.files)
+    # ckpt/model.pt holds the same bytes under the same name in the version: the same artifact again.
+    assert (
+        world.registry.register(world.member, "digits", ModelRegister(job_id="job-done", path="ckpt/model.pt")).version
+        == 1
+    )
+    assert world.registry.get_model(world.member, "digits").latest_version == 1
+    # Anything else is a new version: another framework, other files, another model's name.
+    assert world.register("digits", "model.pt", framework="custom") == 2
+    assert world.register("digits", "ckpt") == 3
+    assert world.register("other", "model.pt") == 1
+    assert world.register("digits", "ckpt") == 3  # and each of those is answered again, not copied
 
 
 def test_references_aliases_and_what_a_missing_one_says(world: World) -> None:
-    for _ in range(3):
-        world.register("digits", "model.pt", framework="custom")
+    for path in ("model.pt", "ckpt", "ckpt/sub/config.json"):  # three different artifacts
+        world.register("digits", path, framework="custom")
     registry, me = world.registry, world.member
     assert registry.set_alias(me, "digits", "production", 2).version == 2
     assert registry.resolve("org-a", "digits@production") == ("digits", 2)
@@ -228,9 +246,9 @@ def test_removal_keeps_what_a_dataset_or_another_version_holds_and_never_reuses_
     assert (removed.versions, removed.aliases, removed.blobs_deleted) == ([2], ["production"], 1)  # the config
     assert removed.bytes_freed == len(CONFIG)
     assert world.store.exists(key)  # version 1 holds it
-    assert world.register("m", "model.pt") == 3  # 2 is not given again
+    assert world.register("m", "ckpt") == 3  # 2 is not given again
     removed = world.registry.remove(world.member, "m", None)
-    assert (removed.versions, removed.blobs_deleted, removed.bytes_freed) == ([1, 3], 1, len(WEIGHTS))
+    assert (removed.versions, removed.blobs_deleted, removed.bytes_freed) == ([1, 3], 2, len(WEIGHTS) + len(CONFIG))
     assert not world.store.exists(key)
     assert world.blobs() == 0
     with pytest.raises(NotFound):
@@ -240,7 +258,7 @@ def test_removal_keeps_what_a_dataset_or_another_version_holds_and_never_reuses_
 
 def test_removal_is_refused_while_a_service_serves_the_version_or_a_running_job_reads_it(world: World) -> None:
     world.register("m", "model.pt")
-    world.register("m", "model.pt")
+    world.register("m", "ckpt")
     with world.db.transaction() as s:
         s.add(
             Service(

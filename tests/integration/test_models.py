@@ -109,6 +109,10 @@ def test_a_jobs_outputs_become_versions_that_a_job_reads_as_inputs(server: KilnS
     assert [f.path for f in tree.files] == ["sub/config.json", "weights.bin"]
     assert tree.files[1].sha256 == sha
     assert data_blobs(server) == before + 2
+    # The same file of the same job once more: the version that holds it (200), not an identical digits@3.
+    again = client.request("POST", "/models/digits/versions", json_body={"job_id": job_id, "path": "model.pkl"})
+    assert again.status_code == 200, again.text
+    assert (again.json()["version"], again.json()["already_registered"]) == (1, True)
 
     assert client.set_alias("digits", "production", 2).version == 2
     got = client.request("GET", "/models/tree/versions/latest/files/weights.bin")

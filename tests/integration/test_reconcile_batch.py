@@ -23,7 +23,7 @@ from kiln.db import migrate
 from kiln.db.models import Job, JobEvent, Organization, Quota, User
 from kiln.db.session import Database
 from kiln.domain.states import JobState
-from kiln.scheduler.loop import Reconciler
+from kiln.scheduler.loop import MAX_LAUNCHES, Reconciler
 from kiln.services.quotas import Admission
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
@@ -40,6 +40,8 @@ class FakeBackend(Backend):
         self.started: list[tuple[str, int]] = []
         self.phase: dict[str, AttemptStatus] = {}
         self.cancelled: list[str] = []
+        self.launch_ids: dict[str, str | None] = {}
+        self.start_error: Exception | None = None  # what every start raises, when set
 
     def inventory(self) -> Inventory:
         return self.inv
@@ -49,11 +51,15 @@ class FakeBackend(Backend):
 
     def start(self, launch: Launch) -> dict[str, Any]:
         self.started.append((launch.job_id, launch.attempt))
+        self.launch_ids[launch.job_id] = launch.launch_id
+        if self.start_error is not None:
+            raise self.start_error
         self.phase[launch.job_id] = AttemptStatus(Phase.STARTING)
         return self.handle_for(launch.job_id, launch.attempt)
 
     def poll(self, handle: dict[str, Any]) -> AttemptStatus:
-        return self.phase.get(handle["job_id"], AttemptStatus(Phase.LOST, reason="ShimLost", message="never started"))
+        unlaunched = AttemptStatus(Phase.UNLAUNCHED, reason="NotLaunched", message="never launched")
+        return self.phase.get(handle["job_id"], unlaunched)
 
     def cancel(self, handle: dict[str, Any], grace_seconds: float) -> None:
         self.cancelled.append(handle["job_id"])
@@ -134,8 +140,8 @@ def states(db: Database) -> dict[str, str]:
         return {job_id: state for job_id, state in s.execute(select(Job.id, Job.state))}
 
 
-def reconciler(db: Database, tmp_path: Path, backend: FakeBackend) -> Reconciler:
-    settings = Settings(home=tmp_path / "home", instance_id="server-a", reconcile_interval=0.5)
+def reconciler(db: Database, tmp_path: Path, backend: FakeBackend, instance: str = "server-a") -> Reconciler:
+    settings = Settings(home=tmp_path / instance, instance_id=instance, reconcile_interval=0.5)
     return Reconciler(db, backend, LogStore(tmp_path / "logs"), settings)
 
 
@@ -198,6 +204,86 @@ def test_an_attempt_seen_ending_frees_its_place_in_the_same_pass(
     assert backend.started == [(first, 1), (second, 1)]
 
 
+def events_of(db: Database, job_id: str) -> list[str]:
+    with db.read() as s:
+        return list(s.scalars(select(JobEvent.reason).where(JobEvent.job_id == job_id).order_by(JobEvent.id)))
+
+
+def test_attempts_committed_starting_but_never_launched_are_launched_by_the_restarted_server(
+    db: Database, tmp_path: Path
+) -> None:
+    """The server commits a pass's STARTING and dies before its starts: the restarted server's first pass
+    launches each attempt (the same attempt, the launch its row recorded), says so, and claims no
+    re-attachment; nothing fails."""
+    ids = add_jobs(db, 6)
+    backend = FakeBackend()
+    dead = reconciler(db, tmp_path, backend)
+    dead.starter.start = lambda launches, committed_at=None: None  # type: ignore[method-assign]  # killed after the commit
+    dead.run_once()
+    assert set(states(db).values()) == {"STARTING"} and backend.started == []
+    restarted = reconciler(db, tmp_path, backend)
+    restarted.run_once()
+    assert sorted(backend.started) == [(job_id, 1) for job_id in ids]
+    with db.read() as s:
+        recorded = {row.id: (row.handle or {}).get("launch") for row in s.scalars(select(Job))}
+    assert backend.launch_ids == recorded and all(recorded.values())
+    for job_id in ids:
+        reasons = events_of(db, job_id)
+        assert "Relaunched" in reasons and "Reattached" not in reasons, reasons
+        backend.phase[job_id] = exited(0)
+    restarted.run_once()
+    assert set(states(db).values()) == {"SUCCEEDED"}
+    with db.read() as s:
+        assert {row.attempt for row in s.scalars(select(Job))} == {1}
+
+
+def test_a_server_paused_between_its_commit_and_its_starts_starts_nothing_another_took_over(
+    db: Database, tmp_path: Path
+) -> None:
+    """Server A commits a pass's STARTING and is paused before its starts, past its leases; server B takes the
+    jobs over and launches them. A, resumed, must start none of them: its starts are fenced by the job leases
+    (looked at again, since its commit is long past). Before, A started every one of them a second time."""
+    ids = add_jobs(db, 4)
+    backend_a, backend_b = FakeBackend(), FakeBackend()
+    paused = reconciler(db, tmp_path, backend_a, "server-a")
+    held: list[Any] = []
+    start = paused.starter.start
+    paused.starter.start = lambda launches, committed_at=None: held.append((launches, committed_at))  # type: ignore[method-assign]
+    paused.run_once()
+    [(launches, committed_at)] = held
+    assert len(launches) == 4 and set(states(db).values()) == {"STARTING"}
+    with db.transaction() as s:  # the pause outlasts A's leases
+        for row in s.scalars(select(Job)):
+            row.lease_expires_at = datetime.now(UTC) - timedelta(seconds=1)
+    other = reconciler(db, tmp_path, backend_b, "server-b")
+    other.run_once()
+    assert sorted(backend_b.started) == [(job_id, 1) for job_id in ids]
+    start(launches, committed_at=committed_at - 10)  # A resumes: its commit was 10 s ago
+    assert backend_a.started == []
+    # Right after its own commit A starts what it committed, without a look at the leases.
+    fresh = add_jobs(db, 2, prefix="fresh")
+    paused.starter.start = start  # type: ignore[method-assign]
+    paused.run_once()
+    assert sorted(backend_a.started) == [(job_id, 1) for job_id in fresh]
+
+
+def test_a_start_that_keeps_raising_fails_the_job_after_max_launches(db: Database, tmp_path: Path) -> None:
+    """A start that raises (not a refusal) is launched again by the next passes, not forever: after
+    MAX_LAUNCHES the job fails with the reason, and no restart is spent on it."""
+    (job_id,) = add_jobs(db, 1)
+    backend = FakeBackend()
+    backend.start_error = RuntimeError("the disk went away")
+    loop = reconciler(db, tmp_path, backend)
+    for _ in range(MAX_LAUNCHES + 2):
+        loop.run_once()
+    assert states(db) == {job_id: "FAILED"}
+    assert backend.started == [(job_id, 1)] * MAX_LAUNCHES
+    with db.read() as s:
+        row = s.get(Job, job_id)
+        assert row is not None and row.reason == "BackendError"
+        assert f"could not be started in {MAX_LAUNCHES} launches" in (row.message or "")
+
+
 def test_a_cancel_before_the_start_and_a_failure_are_written_with_the_rest(db: Database, tmp_path: Path) -> None:
     ids = add_jobs(db, 12)
     backend = FakeBackend()
@@ -236,11 +322,12 @@ def test_admission_counts_each_job_it_admits(db: Database) -> None:
 
 
 def test_kill9_in_the_middle_of_a_burst_runs_no_job_twice_and_ends_every_one(make_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """A real server killed while it starts a burst: after the restart every job ends, each job's command ran
-    once (an attempt committed STARTING whose start the kill prevented is lost, and restarted)."""
+    """A real server killed while it starts a burst: after the restart every job ends in its first attempt
+    (one committed STARTING whose start the kill prevented is launched by the restarted server, not failed:
+    no restart is allowed here), each job's command ran once."""
     server = make_server(home=tmp_path / "home")
     client = server.client()
-    job = spec(["python", "-c", "print('ran', flush=True)"], resources={"cpus": 0.01}, max_restarts=1)
+    job = spec(["python", "-c", "print('ran', flush=True)"], resources={"cpus": 0.01}, max_restarts=0)
     ids = [client.submit(job).id for _ in range(30)]
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # kill once some have started and some have not
@@ -252,5 +339,5 @@ def test_kill9_in_the_middle_of_a_burst_runs_no_job_twice_and_ends_every_one(mak
     client = make_server(home=server.home).client()
     for job_id in ids:
         done = wait_for(client, job_id, timeout=90)
-        assert done.state == "SUCCEEDED", (done.reason, done.message)
+        assert (done.state, done.attempt) == ("SUCCEEDED", 1), (done.reason, done.message)
         assert log_text(client, job_id) == ["ran"], f"job {job_id} (attempt {done.attempt})"

@@ -195,9 +195,19 @@ def test_why_names_preemption_while_the_victim_uses_its_grace(make_server):
     # killed the victim and started the high job before the reads, and /why rightly said STARTING.
     server = make_server(cpus="2", preemption_grace_seconds="12")
     admin = _admin(server)
-    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(90)"
+    # It says when it ignores SIGTERM: RUNNING is its command started, and a loaded machine's interpreter took long
+    # enough to start that the preemption's SIGTERM came first and ended it at once (the high job was STARTING).
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); open('ignoring', 'w').close(); "
+        "time.sleep(90)"
+    )
     low = admin.submit(["python", "-c", stubborn], resources={"cpus": 2}, priority="low")
     admin.wait(low["id"], "RUNNING")
+    ignoring = server.home / "jobs" / low["id"] / "work" / "ignoring"
+    deadline = time.monotonic() + 60
+    while not ignoring.exists():
+        assert time.monotonic() < deadline, "the stubborn job never started ignoring SIGTERM"
+        time.sleep(0.05)
     high = admin.submit("true", resources={"cpus": 2}, priority="high")
     admin.wait_message(high["id"], "preempting:")
     why = admin.ok("GET", f"/jobs/{high['id']}/why")

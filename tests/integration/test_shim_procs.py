@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -305,3 +306,26 @@ def test_a_stop_before_the_command_records_its_reason(attempts) -> None:
     result = attempt.wait()
     assert (result["reason"], result["message"]) == ("Preempted", "make room")
     assert "never" not in attempt.lines()
+
+
+# -- signals arriving inside a signal handler ------------------------------------------------------------
+
+
+def test_the_stop_handler_returns_when_it_interrupts_the_stop_flags_own_lock(tmp_path: Path) -> None:
+    """A Python signal handler runs in the main thread between two bytecodes, so a second SIGTERM can interrupt
+    the first one's handler, or the main thread waiting on the stop flag, while its lock is held. The handler
+    must not wait for that lock: it would wait forever (the cancel test saw a shim hang this way)."""
+    attempt_dir = tmp_path / "attempt"
+    attempt_dir.mkdir()
+    (attempt_dir / "shim.json").write_text(json.dumps({"log_path": str(tmp_path / "job.log")}))
+    shim = shim_module.Shim(str(attempt_dir))
+    returned = threading.Event()
+
+    def interrupted() -> None:
+        with shim.stage_stop._cond:  # what the interrupted code held
+            shim.on_signal(signal.SIGTERM, None)
+        returned.set()
+
+    threading.Thread(target=interrupted, daemon=True).start()
+    assert returned.wait(5), "the SIGTERM handler waited for a lock its own thread holds"
+    assert shim.cancelled and shim.stage_stop.is_set() and shim.stage_stop.wait(0)

@@ -87,13 +87,17 @@ def test_a_job_is_leased_by_one_reconciler_at_a_time(db: Database, tmp_path: Pat
         _job(db, f"job-{i}")
     first = _reconciler(db, tmp_path / "a", "server-a")
     second = _reconciler(db, tmp_path / "b", "server-b")
-    mine = {j.id for j in first._claim()}
-    theirs = {j.id for j in second._claim()}
-    assert mine == {f"job-{i}" for i in range(5)}
-    assert theirs == set()
-    # An expired lease is taken over.
-    with db.transaction() as s:
-        for job in s.scalars(select(Job)):
-            job.lease_expires_at = utcnow()
-    assert {j.id for j in second._claim()} == mine
-    assert {j.id for j in first._claim()} == set()
+    try:
+        mine = {j.id for j in first._claim()}
+        theirs = {j.id for j in second._claim()}
+        assert mine == {f"job-{i}" for i in range(5)}
+        assert theirs == set()
+        # An expired lease is taken over.
+        with db.transaction() as s:
+            for job in s.scalars(select(Job)):
+                job.lease_expires_at = utcnow()
+        assert {j.id for j in second._claim()} == mine
+        assert {j.id for j in first._claim()} == set()
+    finally:  # the backends' spare network namespaces stay mounted under tmp_path otherwise
+        for reconciler in (first, second):
+            reconciler.backend.close()

@@ -287,3 +287,60 @@ def test_a_study_on_postgresql(make_server, postgres_url: str, tmp_path: Path) -
         (trials_kept,) = conn.execute("SELECT count(*) FROM kiln_optuna.trials").fetchone() or (0,)
         (reports,) = conn.execute("SELECT count(*) FROM kiln_optuna.trial_intermediate_values").fetchone() or (0,)
     assert trials_kept == 3 and reports >= 3, (trials_kept, reports)
+
+
+SDK_TRIAL = """
+import sys, time
+import kiln
+x = float(sys.argv[1])
+for epoch in range(1, 13):
+    kiln.log({"score": x * (1 - 0.5 ** epoch)}, step=epoch)
+    if kiln.should_prune(wait=10):
+        print(f"pruned at epoch {epoch}: stopping", flush=True)
+        sys.exit(0)
+    print(f"epoch {epoch} goes on", flush=True)
+    time.sleep(0.02)
+"""
+
+
+def test_a_trial_that_asks_should_prune_trains_no_epoch_past_its_verdict(
+    server: KilnServer, admin: Api, tmp_path: Path
+) -> None:
+    """``kiln.should_prune()`` after each ``kiln.log`` of the objective waits for the pruner's verdict on that
+    epoch (issue 26: pruned trials ran 5-39 epochs past it): a pruned trial reports no epoch after the one it was
+    pruned at; the others run every epoch."""
+    (tmp_path / "trial.py").write_text(SDK_TRIAL)
+    with server.client() as client:
+        sdk_code = client.upload_code(tmp_path)
+    asha = {"type": "asha", "min_resource": 1, "reduction_factor": 3}
+    spec = study(0, 0, early_stopping=asha, max_trials=6, parallelism=2)
+    spec["trial"]["command"] = ["python", "trial.py", "{x}"]
+    spec["trial"]["resources"] = {"cpus": 0.5}
+    created = create(admin, spec, sdk_code)
+    done = wait_study(admin, created["id"], timeout=120)
+    assert done["state"] == "SUCCEEDED", done
+    found = trials(admin, created["id"])
+    pruned = [t for t in found if t["state"] == "PRUNED"]
+    assert pruned, f"no trial was pruned: {found}"
+    client = server.client()
+    for trial in found:
+        (series,) = client.metrics(trial["job_id"], names=["score"])
+        steps = [int(p[0]) for p in series.points]
+        text = "\n".join(log_text(client, trial["job_id"]))
+        if trial["state"] == "PRUNED":
+            k = trial["pruned_step"]
+            assert steps == list(range(1, k + 1)), (trial, steps)
+            # should_prune() answered True at epoch k (the cancel's SIGTERM may end it before it prints so).
+            assert f"epoch {k} goes on" not in text, text
+        else:
+            assert trial["state"] == "SUCCEEDED" and steps == list(range(1, 13)), (trial, steps)
+            assert "pruned at" not in text, text
+
+
+def test_should_prune_outside_a_study_answers_false_and_says_why(server: KilnServer, admin: Api) -> None:
+    script = "import kiln; print('verdict', kiln.should_prune(wait=0.5), flush=True)"
+    job = admin.submit([PY, "-c", script], runtime={"python": PY}, resources={"cpus": 0.5})
+    assert admin.wait(job["id"], "SUCCEEDED", "FAILED", timeout=60)["state"] == "SUCCEEDED"
+    with server.client() as client:
+        text = "\n".join(log_text(client, job["id"]))
+    assert "verdict False" in text and "this job is not a trial of a tuning study" in text, text

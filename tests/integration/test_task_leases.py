@@ -16,7 +16,7 @@ from kiln.db import migrate
 from kiln.db.models import TaskLease
 from kiln.db.session import Database
 from kiln.services.task_leases import TaskLeases
-from kiln.services.tasks import Task, TaskContext, TaskRunner
+from kiln.services.tasks import LeaseLost, Task, TaskContext, TaskRunner
 
 
 def until(check: Callable[[], bool], timeout: float = 20.0) -> None:
@@ -74,6 +74,7 @@ class Run:
     ended: float = 0.0
     held_at_end: bool = False
     wrote: bool = False
+    refused: bool = False
 
 
 def test_two_runners_one_scoped_task_and_a_stalled_holder_is_fenced(
@@ -91,16 +92,23 @@ def test_two_runners_one_scoped_task_and_a_stalled_holder_is_fenced(
             if stall.is_set() and not stalled:
                 stalled.append(run)
                 resume.wait(30)
-            with db.transaction() as s:  # a fenced write: only with a token that still holds the lease
-                run.wrote = ctx.check(s)
-            run.held_at_end = ctx.holds()
-            run.ended = time.monotonic()
+            try:
+                with ctx.transaction() as s:  # the fenced write: only with a token that still holds the lease
+                    s.execute(select(TaskLease.token).where(TaskLease.scope == "purge"))
+                    run.wrote = True
+            except LeaseLost:
+                run.refused = True
+                raise  # the runner ends the run, not as an error
+            finally:
+                run.held_at_end = ctx.holds()
+                run.ended = time.monotonic()
 
         return run_once
 
     runners = {}
     for owner, db in (("server-a", databases[0]), ("server-b", databases[1])):
-        runner = TaskRunner(TaskLeases(db, owner), lease_seconds=1.0)
+        # A lease of 2 s renewed every 0.05 s: only a stall (the one below) lets it change hands.
+        runner = TaskRunner(TaskLeases(db, owner), lease_seconds=2.0)
         runner.add(Task("purge", make(owner, db), interval=0.05, lease_scope="purge"))
         runners[owner] = runner
     for runner in runners.values():
@@ -127,10 +135,16 @@ def test_two_runners_one_scoped_task_and_a_stalled_holder_is_fenced(
         until(lambda: stalled[0].ended > 0)
         assert stalled[0].owner == first and stalled[0].token == 1
         assert stalled[0].held_at_end is False, "the stalled holder's holds() is False"
-        assert stalled[0].wrote is False, "its write with the stale token is refused"
+        assert stalled[0].wrote is False and stalled[0].refused, "its write with the stale token is refused"
         until(lambda: runners[first].status()[0].holds_lease is False)  # its next try finds the lease taken
+        # The new holder runs on (its next pass need not have started yet when the stalled run ended: wait for
+        # it), and only it: the stalled server does not run the task again while the lease is held.
+        until(lambda: any(x.owner == other and x.started > stalled[0].ended for x in runs))
         later = [x for x in runs if x.started > stalled[0].ended]
-        assert later and {x.owner for x in later} == {other}
+        assert {x.owner for x in later} == {other}, later
+        assert all(x.wrote for x in later if x.ended)
+        lost = runners[first].status()[0]
+        assert lost.errors == 0 and lost.last_error is None, "a lost lease is not an error of the server"
     finally:
         resume.set()
         for runner in runners.values():

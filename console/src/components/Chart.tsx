@@ -14,6 +14,12 @@ export interface ChartLine {
   ys: (number | null)[];
   /** Dots, not a line (a study's trials). */
   dots?: boolean;
+  /** Dots drawn as rings (e.g. a study's pruned trials, beside the finished ones' filled dots). */
+  hollow?: boolean;
+  /** Its own colour instead of the palette's next. */
+  colour?: string;
+  /** Drawn from the other lines' points (e.g. best so far): not counted among the chart's points. */
+  derived?: boolean;
 }
 
 interface Props {
@@ -25,6 +31,8 @@ interface Props {
   smoothing?: number; // 0 (none) … 0.99
   height?: number;
   count?: number; // points in range on the server, before downsampling
+  /** The caption's count of what is drawn (default: "N points"); `data-points` is that count too. */
+  countLabel?: (drawn: number) => string;
   yFormat?: (v: number) => string;
   /** A drag selected this x range (null: reset), for a caller that reloads the range in more detail. */
   onZoom?: (range: [number, number] | null) => void;
@@ -58,10 +66,11 @@ function build(lines: ChartLine[], logScale: boolean, smoothing: number, xLabel:
   const clean = (ys: (number | null)[]) => (logScale ? ys.map((y) => (y !== null && y > 0 ? y : null)) : ys);
   lines.forEach((line, i) => {
     const ys = clean(line.ys);
-    const stroke = colour(i);
+    const stroke = line.colour ?? colour(i);
     if (line.dots) {
       tables.push([line.xs, ys]);
-      series.push({ label: line.label, stroke, fill: stroke, paths: () => null, points: { show: true, size: 7, fill: stroke } });
+      const fill = line.hollow ? "#fff" : stroke;
+      series.push({ label: line.label, stroke, fill, paths: () => null, points: { show: true, size: 7, width: 1.5, stroke, fill } });
     } else if (smoothing > 0) {
       tables.push([line.xs, ys]);
       series.push({ label: `${line.label} (raw)`, stroke: alpha(stroke, 0.25), width: 1, spanGaps: true, points: { show: false } });
@@ -87,7 +96,7 @@ export function Chart(props: Props) {
   const shape = useRef("");
   const zoomRef = useRef(onZoom);
   zoomRef.current = onZoom;
-  const points = lines.reduce((n, l) => n + l.xs.length, 0);
+  const points = lines.reduce((n, l) => n + (l.derived ? 0 : l.xs.length), 0);
 
   useEffect(() => {
     if (!host.current || width <= 0 || lines.every((l) => l.xs.length === 0)) {
@@ -155,7 +164,9 @@ export function Chart(props: Props) {
     <figure ref={fig} class="chart" data-testid={props.testid ?? "chart"} data-metric={title} data-points={points} data-count={props.count ?? points}>
       <figcaption>
         <span class="chart-title">{title}</span>
-        {props.count !== undefined && props.count > points ? (
+        {props.countLabel ? (
+          <span class="muted small"> {props.countLabel(points)}</span>
+        ) : props.count !== undefined && props.count > points ? (
           <span class="muted small"> {points.toLocaleString()} of {props.count.toLocaleString()} points</span>
         ) : (
           <span class="muted small"> {points.toLocaleString()} points</span>

@@ -181,15 +181,15 @@ export function Field({ label, hint, error, children, wide }: { label: string; h
   );
 }
 
-/** Used against a limit, as text and a bar (no limit: just the use). */
+/** Used against a limit, as text and a bar; without a limit the text says so in words ("1 used, no limit": a bare
+ * "1 (no limit)" read as a limit of 1) and there is no bar. */
 export function Meter({ used, limit, format = String, label }: { used: number | null; limit: number | null; format?: (n: number) => string; label: string }) {
   const u = used ?? 0;
   const pct = limit ? Math.min(100, (u / limit) * 100) : 0;
   return (
     <div class="meter" data-testid="meter">
       <span>
-        {format(u)}
-        {limit !== null && limit !== undefined ? ` / ${format(limit)}` : " (no limit)"}
+        {limit !== null && limit !== undefined ? `${format(u)} / ${format(limit)}` : `${format(u)} used, no limit`}
       </span>
       {limit ? (
         <span class="bar" role="meter" aria-label={label} aria-valuemin={0} aria-valuemax={limit} aria-valuenow={u}>

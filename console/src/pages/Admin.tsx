@@ -9,7 +9,8 @@ import { ago, parseBytes, time } from "../format";
 import { useApi } from "../hooks";
 import { useLocation } from "../router";
 import { useAbilities, useSession } from "../session";
-import type { AuditRecord, Items, Key, Org, QuotaReport, UserRow } from "../types";
+import { PRIORITIES } from "../types";
+import type { ApiRequest, AuditRecord, Items, Key, Org, Priority, QuotaReport, UserRow } from "../types";
 import { QuotaTable } from "./Overview";
 
 export function Admin() {
@@ -57,7 +58,7 @@ function Keys() {
         user: form.user.trim() || undefined,
         description: form.description,
         expires_in: form.expires ? days * 86400 : undefined,
-      });
+      } satisfies ApiRequest<"KeyCreate">);
       setCreated(key);
       keys.reload();
     } catch (err) {
@@ -176,7 +177,7 @@ function Users() {
     e.preventDefault();
     setError(null);
     try {
-      await post("/users", { name: form.name.trim(), role: form.role, org: form.org.trim() || undefined });
+      await post("/users", { name: form.name.trim(), role: form.role as ApiRequest<"UserCreate">["role"], org: form.org.trim() || undefined } satisfies ApiRequest<"UserCreate">);
       setForm({ ...form, name: "" });
       users.reload();
     } catch (err) {
@@ -280,7 +281,7 @@ function Orgs() {
     e.preventDefault();
     setError(null);
     try {
-      await post("/orgs", { name: name.trim() });
+      await post("/orgs", { name: name.trim() } satisfies ApiRequest<"OrgCreate">);
       setName("");
       orgs.reload();
     } catch (err) {
@@ -352,8 +353,8 @@ function OrgRow({ org, editable, onDone }: { org: Org; editable: boolean; onDone
       </td>
       <td>
         {editable ? (
-          <select value={priority} aria-label={`${org.name} highest priority`} onChange={(e) => setPriority(e.currentTarget.value)}>
-            {["low", "normal", "high"].map((p) => (
+          <select value={priority} aria-label={`${org.name} highest priority`} onChange={(e) => setPriority(e.currentTarget.value as Priority)}>
+            {PRIORITIES.map((p) => (
               <option key={p}>{p}</option>
             ))}
           </select>
@@ -361,7 +362,7 @@ function OrgRow({ org, editable, onDone }: { org: Org; editable: boolean; onDone
           org.max_priority
         )}{" "}
         {editable && changed ? (
-          <ActionButton kind="primary" onClick={async () => (await patch(`/orgs/${seg(org.id)}`, { share_weight: Number(weight), max_priority: priority }), onDone())}>
+          <ActionButton kind="primary" onClick={async () => (await patch(`/orgs/${seg(org.id)}`, { share_weight: Number(weight), max_priority: priority } satisfies ApiRequest<"OrgUpdate">), onDone())}>
             Save
           </ActionButton>
         ) : null}
@@ -391,7 +392,7 @@ function Quotas() {
   const save = async (e: Event) => {
     e.preventDefault();
     setError(null);
-    const body: Record<string, unknown> = { category: form.category };
+    const body: ApiRequest<"QuotaSet"> = { category: form.category as ApiRequest<"QuotaSet">["category"] };
     for (const f of QUOTA_FIELDS) {
       const text = (form[f] ?? "").trim();
       if (!text) continue;
@@ -523,6 +524,7 @@ function Audit() {
                 <th scope="col">Time</th>
                 <th scope="col">Action</th>
                 <th scope="col">Outcome</th>
+                {can.platformAdmin ? <th scope="col">Organisation</th> : null}
                 <th scope="col">User</th>
                 <th scope="col">Key</th>
                 <th scope="col">Resource</th>
@@ -538,7 +540,14 @@ function Audit() {
                   <td>
                     {a.outcome} <span class="muted small">{a.status}</span>
                   </td>
-                  <td class="mono small">{a.user_id ?? "—"}</td>
+                  {can.platformAdmin ? (
+                    <td class="small" title={a.org_id ?? undefined} data-testid="audit-row-org">
+                      {a.org_name ?? a.org_id ?? "—"}
+                    </td>
+                  ) : null}
+                  <td class="small" title={a.user_id ?? undefined} data-testid="audit-row-user">
+                    {a.user_name ?? a.user_id ?? "—"}
+                  </td>
                   <td class="mono small">{a.key_id ?? "—"}</td>
                   <td class="small">{a.resource}</td>
                   <td class="small">{a.client}</td>

@@ -4,7 +4,7 @@ import { ActionButton, Code, Empty, ErrorBox, KeyValues, Loading, Section, State
 import { bytes, commandText, cpus, since, time } from "../format";
 import { useApi } from "../hooks";
 import { Link, navigate, useLocation } from "../router";
-import { useAbilities, useSession } from "../session";
+import { useAbilities } from "../session";
 import { isActive, type Artifact, type Items, type Job, type JobEvent, type Why } from "../types";
 import { JobLogs } from "./JobLogs";
 import { JobMetrics } from "./JobMetrics";
@@ -77,7 +77,6 @@ export function JobDetail({ id }: { id: string }) {
 }
 
 function JobOverview({ job }: { job: Job }) {
-  const session = useSession();
   const waiting = job.state === "QUEUED" || job.state === "RESTARTING";
   const events = useApi<Items<JobEvent>>(`/jobs/${seg(job.id)}/events`, undefined, isActive(job.state) ? 3000 : false);
   const r = job.spec.resources;
@@ -89,7 +88,7 @@ function JobOverview({ job }: { job: Job }) {
         <Section title="Details" id="job-details">
           <KeyValues
             rows={[
-              ["User", job.user_id === session?.user.user_id ? session.user.user_name : job.user_id],
+              ["User", <span title={job.user_id}>{job.user_name ?? job.user_id}</span>],
               ["Submitted", time(job.created_at)],
               ["Started", time(job.running_at ?? job.started_at)],
               ["Finished", time(job.finished_at)],
@@ -228,7 +227,7 @@ function FileBrowser({ title, kind, job, loaded }: { title: string; kind: string
       {!loaded.data ? (
         <Loading />
       ) : files.length === 0 ? (
-        <Empty>No {kind} {isActive(job.state) ? "yet" : ""}.</Empty>
+        <Empty>{`No ${kind}${isActive(job.state) ? " yet" : ""}.`}</Empty>
       ) : (
         <>
           <nav class="crumbs" aria-label={`${title} folder`}>

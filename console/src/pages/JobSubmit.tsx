@@ -5,7 +5,7 @@ import { parseBytes } from "../format";
 import { useApi } from "../hooks";
 import { Link, navigate } from "../router";
 import { useAbilities } from "../session";
-import type { Items, Job, Runtime } from "../types";
+import type { ApiRequest, Items, Job, JobSpecInput, Runtime } from "../types";
 
 /** The few fields most jobs need; the CLI's job.yaml takes the rest (env, inputs, distributed, metrics, …). */
 export function JobSubmit() {
@@ -27,7 +27,7 @@ export function JobSubmit() {
     );
   }
 
-  const check = (): Record<string, unknown> | null => {
+  const check = (): JobSpecInput | null => {
     const bad: Record<string, string> = {};
     if (!form.command.trim()) bad.command = "a command is needed";
     const cpus = Number(form.cpus);
@@ -60,7 +60,7 @@ export function JobSubmit() {
     setBusy(true);
     setError(null);
     try {
-      const job = await post<Job>("/jobs", { spec });
+      const job = await post<Job>("/jobs", { spec } satisfies ApiRequest<"JobSubmit">);
       navigate(`/jobs/${seg(job.id)}`);
     } catch (err) {
       setError(describe(err));

@@ -11,7 +11,7 @@ import { ago, bytes, cpus, since } from "../format";
 import { useDebounced, useInterval } from "../hooks";
 import { Link, navigate, setQuery, useLocation } from "../router";
 import { useAbilities, useSession } from "../session";
-import { JOB_STATES, isActive, type Items, type Job, type UserRow } from "../types";
+import { JOB_STATES, isActive, type Items, type Job } from "../types";
 
 const ROW = 44; // px, fixed: the virtual list computes positions from it
 const PAGE = 200;
@@ -26,13 +26,13 @@ interface Filters {
   label: string;
 }
 
-function matches(job: Job, f: Filters, userNames: Map<string, string>, me: { id: string; name: string } | undefined): boolean {
+function matches(job: Job, f: Filters, me: string | undefined): boolean {
   if (f.name && !`${job.name} ${job.id}`.toLowerCase().includes(f.name.toLowerCase())) return false;
   if (f.user) {
     const want = f.user.toLowerCase();
     const id = job.user_id.toLowerCase();
-    const name = (userNames.get(job.user_id) ?? (job.user_id === me?.id ? me.name : "")).toLowerCase();
-    if (!(want === "me" ? job.user_id === me?.id : id.includes(want) || name.includes(want))) return false;
+    const name = (job.user_name ?? "").toLowerCase();
+    if (!(want === "me" ? job.user_id === me : id.includes(want) || name.includes(want))) return false;
   }
   if (f.label) {
     for (const term of f.label.split(",").map((t) => t.trim()).filter(Boolean)) {
@@ -67,11 +67,10 @@ export function Jobs() {
   const scroller = useRef<HTMLDivElement>(null);
   const generation = useRef(0);
 
-  const users = useUserNames();
   const clientFilters = useDebounced({ user: filters.user, name: filters.name, label: filters.label }, 200);
   const visible = useMemo(
-    () => items.filter((j) => matches(j, { ...filters, ...clientFilters }, users, session ? { id: session.user.user_id, name: session.user.user_name } : undefined)),
-    [items, clientFilters.user, clientFilters.name, clientFilters.label, users],
+    () => items.filter((j) => matches(j, { ...filters, ...clientFilters }, session?.user.user_id)),
+    [items, clientFilters.user, clientFilters.name, clientFilters.label, session?.user.user_id],
   );
 
   // A new server query (the state filter): start over.
@@ -232,7 +231,6 @@ export function Jobs() {
                 job={job}
                 top={(first + i) * ROW}
                 index={first + i + 2}
-                userName={users.get(job.user_id) ?? (job.user_id === session?.user.user_id ? session.user.user_name : undefined)}
                 selected={selected.includes(job.id)}
                 onSelect={toggleSelected}
               />
@@ -253,7 +251,7 @@ export function Jobs() {
   );
 }
 
-function JobRow({ job, top, index, userName, selected, onSelect }: { job: Job; top: number; index: number; userName?: string; selected: boolean; onSelect: (id: string) => void }) {
+function JobRow({ job, top, index, selected, onSelect }: { job: Job; top: number; index: number; selected: boolean; onSelect: (id: string) => void }) {
   const r = job.spec.resources;
   const workers = job.spec.distributed?.workers ?? 1;
   const labels = Object.entries(job.spec.labels ?? {});
@@ -273,7 +271,7 @@ function JobRow({ job, top, index, userName, selected, onSelect }: { job: Job; t
         <StateBadge state={job.state} />
       </span>
       <span role="cell" class="c-user" title={job.user_id}>
-        {userName ?? job.user_id}
+        {job.user_name ?? job.user_id}
       </span>
       <span role="cell" class="c-res small">
         {workers > 1 ? `${workers}× ` : ""}
@@ -293,17 +291,4 @@ function JobRow({ job, top, index, userName, selected, onSelect }: { job: Job; t
       <span role="cell" class="c-dur small">{ran ? since(ran, isActive(job.state) ? null : job.finished_at) : "—"}</span>
     </div>
   );
-}
-
-/** User id → name, for an organisation admin (others may not list users: their own name comes from the session). */
-function useUserNames(): Map<string, string> {
-  const [names, setNames] = useState(new Map<string, string>());
-  const can = useAbilities();
-  useEffect(() => {
-    if (!can.orgAdmin) return;
-    get<Items<UserRow>>("/users")
-      .then((body) => setNames(new Map(body.items.map((u) => [u.id, u.name]))))
-      .catch(() => undefined);
-  }, [can.orgAdmin]);
-  return names;
 }

@@ -1,5 +1,5 @@
 import { useEffect, useState } from "preact/hooks";
-import { ApiError, get, seg } from "../api";
+import { get, seg } from "../api";
 import { ErrorBox, Empty, Loading, Meter, Section, StateBadge } from "../components/ui";
 import { bytes, cpus, ago } from "../format";
 import { useApi } from "../hooks";
@@ -17,66 +17,16 @@ export function Overview() {
   );
 }
 
-/** A server without the inventory route: the nodes as the running jobs' allocations show them (no totals). */
-function nodesFromJobs(jobs: Job[]): InventoryNode[] {
-  const nodes = new Map<string, InventoryNode>();
-  for (const job of jobs) {
-    for (const slot of job.allocation?.slots ?? []) {
-      const node = nodes.get(slot.node) ?? { name: slot.node, gpus: [], jobs: [], allocated: { cpus: 0, memory: 0 } };
-      node.jobs.push({ id: job.id, name: job.name, cpus: slot.cpus, memory: slot.memory, gpus: slot.gpus });
-      node.gpus.push(...slot.gpus.map((index) => ({ index, job_id: job.id, job_name: job.name })));
-      if (node.allocated) {
-        node.allocated.cpus += slot.cpus;
-        node.allocated.memory = (node.allocated.memory ?? 0) + (slot.memory ?? 0);
-      }
-      nodes.set(slot.node, node);
-    }
-  }
-  return [...nodes.values()];
-}
-
-function useInventory(): { nodes?: InventoryNode[]; partial: boolean; error: unknown } {
-  const [state, setState] = useState<{ nodes?: InventoryNode[]; partial: boolean; error: unknown }>({ partial: false, error: null });
-  const [tick, setTick] = useState(0);
-  useEffect(() => {
-    let stop = false;
-    const load = async () => {
-      try {
-        const body = await get<Items<InventoryNode>>("/nodes");
-        if (!stop) setState({ nodes: body.items, partial: false, error: null });
-      } catch (err) {
-        if (!(err instanceof ApiError && (err.status === 404 || err.status === 405))) {
-          if (!stop) setState((s) => ({ ...s, error: err }));
-          return;
-        }
-        try {
-          const jobs = await get<Items<Job>>("/jobs", { state: ["STARTING", "RUNNING", "RESTARTING"], limit: 500 });
-          if (!stop) setState({ nodes: nodesFromJobs(jobs.items), partial: true, error: null });
-        } catch (e) {
-          if (!stop) setState((s) => ({ ...s, error: e }));
-        }
-      }
-    };
-    void load();
-    const timer = window.setTimeout(() => setTick((t) => t + 1), 5000);
-    return () => {
-      stop = true;
-      window.clearTimeout(timer);
-    };
-  }, [tick]);
-  return state;
-}
-
 function Inventory() {
-  const { nodes, partial, error } = useInventory();
+  const { data, error } = useApi<Items<InventoryNode>>("/nodes", undefined, 5000);
+  const nodes = data?.items;
   return (
     <Section title="Machines" id="inventory">
       <ErrorBox error={error} />
-      {partial ? <p class="muted small">This server does not list its nodes; shown: what running jobs hold.</p> : null}
       {!nodes ? (
         <Loading />
       ) : nodes.length === 0 ? (
-        <Empty>{partial ? "No job holds resources now." : "No nodes."}</Empty>
+        <Empty>No nodes.</Empty>
       ) : (
         <div class="nodes">
           {nodes.map((node) => (
@@ -85,11 +35,11 @@ function Inventory() {
               <div class="node-meters">
                 <div>
                   <span class="label">CPUs</span>
-                  <Meter label={`${node.name} CPUs`} used={node.allocated?.cpus ?? 0} limit={node.cpus ?? null} format={cpus} />
+                  <Meter label={`${node.name} CPUs`} used={node.allocated_cpus} limit={node.cpus} format={cpus} />
                 </div>
                 <div>
                   <span class="label">Memory</span>
-                  <Meter label={`${node.name} memory`} used={node.allocated?.memory ?? 0} limit={node.memory ?? null} format={bytes} />
+                  <Meter label={`${node.name} memory`} used={node.allocated_memory} limit={node.memory} format={bytes} />
                 </div>
               </div>
               {node.gpus.length ? (
@@ -102,7 +52,7 @@ function Inventory() {
                   ))}
                 </ul>
               ) : (
-                <p class="muted small">No GPUs{node.cpus == null ? " held" : ""}.</p>
+                <p class="muted small">No GPUs.</p>
               )}
               {node.jobs.length ? (
                 <ul class="holders" aria-label={`Jobs on ${node.name}`}>

@@ -5,7 +5,7 @@ import { ago, bytes, cpus, time } from "../format";
 import { useApi } from "../hooks";
 import { Link } from "../router";
 import { useAbilities } from "../session";
-import type { Items, Service } from "../types";
+import type { ApiRequest, Items, Service } from "../types";
 
 export function Services() {
   const { data, error } = useApi<Items<Service>>("/services", undefined, 5000);
@@ -144,7 +144,7 @@ function Scale({ service, onDone }: { service: Service; onDone: () => void }) {
         <span class="label">Replicas</span>
         <input type="number" min="0" max="64" value={n} onInput={(e) => setN(e.currentTarget.value)} style={{ width: "5em" }} data-testid="scale-input" />
       </label>
-      <ActionButton onClick={async () => (await patch(`/services/${seg(service.name)}`, { replicas: Number(n) }), onDone())} data-testid="scale-service">
+      <ActionButton onClick={async () => (await patch(`/services/${seg(service.name)}`, { replicas: Number(n) } satisfies ApiRequest<"ServiceUpdate">), onDone())} data-testid="scale-service">
         Scale
       </ActionButton>
     </div>

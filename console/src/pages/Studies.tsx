@@ -1,6 +1,7 @@
 import { useMemo } from "preact/hooks";
 import { post, seg } from "../api";
-import { Chart } from "../components/Chart";
+import { Chart, colour } from "../components/Chart";
+import type { ChartLine } from "../components/Chart";
 import { ParallelCoords } from "../components/ParallelCoords";
 import { ActionButton, Empty, ErrorBox, KeyValues, Loading, Section, StateBadge } from "../components/ui";
 import { ago, duration, num, time } from "../format";
@@ -74,6 +75,8 @@ export function byObjective(trials: Trial[], direction: "minimize" | "maximize")
   });
 }
 
+const PRUNED_GREY = "#9ca3af";
+
 export function StudyDetail({ id }: { id: string }) {
   const can = useAbilities();
   const study = useApi<Study>(`/studies/${seg(id)}`, undefined, (st) => (!st || st.state === "RUNNING" ? 4000 : false));
@@ -82,19 +85,25 @@ export function StudyDetail({ id }: { id: string }) {
   const s = study.data;
   const list = trials.data?.items ?? [];
   const sorted = useMemo(() => (s ? byObjective(list, s.spec.objective.direction) : []), [trials.data, s?.spec.objective.direction]);
-  const objectiveLines = useMemo(() => {
-    if (!s) return [];
-    const done = [...list].filter((t) => t.value != null).sort((a, b) => a.number - b.number);
+  // Every trial with a value is drawn: a finished one at its objective value, a pruned one (greyed, a ring) at
+  // the last value it reported before it was stopped; "best so far" is drawn from the finished ones only.
+  const objective = useMemo(() => {
+    if (!s) return { lines: [], pruned: 0 };
+    const byNumber = [...list].sort((a, b) => a.number - b.number);
+    const done = byNumber.filter((t) => t.value != null);
+    const pruned = byNumber.filter((t) => t.state === "PRUNED" && t.value == null && t.last_value != null);
     let best: number | null = null;
     const better = (v: number) => best === null || (s.spec.objective.direction === "maximize" ? v > best : v < best);
     const bestSoFar = done.map((t) => {
       if (better(t.value as number)) best = t.value as number;
       return best;
     });
-    return [
-      { label: s.spec.objective.metric, xs: done.map((t) => t.number), ys: done.map((t) => t.value as number), dots: true },
-      { label: "best so far", xs: done.map((t) => t.number), ys: bestSoFar },
+    const lines: ChartLine[] = [
+      { label: s.spec.objective.metric, xs: done.map((t) => t.number), ys: done.map((t) => t.value as number), dots: true, colour: colour(0) },
+      { label: "pruned (last value)", xs: pruned.map((t) => t.number), ys: pruned.map((t) => t.last_value as number), dots: true, hollow: true, colour: PRUNED_GREY },
+      { label: "best so far", xs: done.map((t) => t.number), ys: bestSoFar, derived: true, colour: colour(1) },
     ];
+    return { lines: lines.filter((l) => l.xs.length), pruned: pruned.length };
   }, [trials.data, s?.spec.objective.direction]);
 
   if (!s) return <div class="stack">{study.error ? <ErrorBox error={study.error} /> : <Loading />}</div>;
@@ -131,8 +140,14 @@ export function StudyDetail({ id }: { id: string }) {
       <ErrorBox error={trials.error} />
       <div class="two-col">
         <Section title="Objective over trials" id="study-objective">
-          {objectiveLines.length && objectiveLines[0].xs.length ? (
-            <Chart title={s.spec.objective.metric} lines={objectiveLines} xLabel="trial" testid="objective-chart" />
+          {objective.lines.length ? (
+            <Chart
+              title={s.spec.objective.metric}
+              lines={objective.lines}
+              xLabel="trial"
+              testid="objective-chart"
+              countLabel={(n) => `${n} ${n === 1 ? "trial" : "trials"}${objective.pruned ? `, ${objective.pruned} pruned` : ""}`}
+            />
           ) : (
             <Empty>No trial has a value yet.</Empty>
           )}

@@ -100,7 +100,7 @@ def create_app(settings: Settings | None = None, platform: Platform | None = Non
     app.add_middleware(RequestMetricsMiddleware)  # outermost: times refused requests too
     mounted: list[tuple[str, APIRouter]] = [("", system.health), ("", prometheus_router), ("", docs.router)]
     modules = (system, session, blobs, datasets, models, jobs, studies, services, scheduling, nodes, runtimes, metrics)
-    api_routers = [module.router for module in modules] + list(tenancy.routers)
+    api_routers = [module.router for module in modules] + [studies.job_router] + list(tenancy.routers)
     mounted += [(API_PREFIX, router) for router in api_routers]
     for prefix, router in mounted:
         app.include_router(router, prefix=prefix)

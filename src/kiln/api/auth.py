@@ -2,7 +2,8 @@
 
 A middleware rather than a per-route dependency, so that (1) no route can be added without it, (2) an unsigned
 or tampered request gets 401 before anything reads, parses or validates its body, and (3) every mutating request
-and every refused one lands in the audit trail whatever route it hit.
+and every refused one lands in the audit trail whatever route it hit (a predict, which changes nothing, only
+when refused).
 
 A request is authenticated by its signature, a bearer token (a job's or a service's), or, with neither, the web
 console's session cookie (kiln.api.session): a request that carries both a signature and the cookie is judged by
@@ -12,20 +13,23 @@ its signature alone. A cookie-authenticated request that changes something must 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
+from collections.abc import Callable
 
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kiln.api import session
+from kiln.api.errors import error_response
 from kiln.auth import signing
 from kiln.auth.ratelimit import RateLimiter
 from kiln.auth.sessions import CSRF_HEADER
-from kiln.domain import limits
-from kiln.errors import Forbidden, KilnError, PayloadTooLarge, RateLimited
+from kiln.domain import idempotency, limits
+from kiln.errors import CsrfRefused, Forbidden, KilnError, PayloadTooLarge, RateLimited
 from kiln.services.audit import AuditEntry
 from kiln.services.identity import AuthFailure, Principal
 
@@ -37,8 +41,14 @@ PUBLIC_PATHS = {"/api/v1/openapi.json", "/api/v1/docs", "/api/v1/docs/oauth2-red
 STREAMED_UPLOAD = re.compile(r"/api/v1/blobs/[^/]+|/api/v1/jobs/[^/]+/artifacts/.+")
 # The one route a service token (``Bearer kst.…``) reaches; any other answers 403 before a route runs.
 SERVICE_TOKEN_ROUTE = ("POST", re.compile(r"/api/v1/services/[^/]+/predict"))
+# POSTs that change nothing (a predict: a body in, an answer out) are audited only when refused, not once per answer.
+# A record per predict was a write transaction per request at serving rates: the writes queued for SQLite's write
+# lock on every worker thread, and a predict whose route or key cache had just expired waited behind them for its own
+# lookup, hundreds of milliseconds (the tail of a predict at 16 clients, issue 26). The router counts the answers.
+READ_BY_POST = (SERVICE_TOKEN_ROUTE,)
 MAX_SIGNED_BODY = limits.MAX_SIGNED_BODY_BYTES
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
+REPLAYED = idempotency.REPLAYED_HEADER.lower().encode()  # as the response's raw headers name it
 # Signing in and out of the console needs no credential but the pair in the body (kiln.api.session checks,
 # rate-limits and audits it); its body is still capped.
 SESSION_OPEN = {("POST", session.SESSION_PATH), ("DELETE", session.SESSION_PATH)}
@@ -51,10 +61,6 @@ CSRF_WRONG = f"the {CSRF_HEADER} header is not this session's csrf_token (GET /a
 SERVICE_TOKEN_ONLY = (
     "a service token may not do this: it may only predict on its service (POST /api/v1/services/NAME/predict)"
 )
-
-
-class CsrfRefused(Forbidden):
-    code = "csrf"
 
 
 class SignatureMiddleware:
@@ -77,8 +83,12 @@ class SignatureMiddleware:
         try:
             principal, receive, console = await self._authenticate(scope, receive, headers, platform)
         except AuthFailure as exc:
-            log.warning("401 %s %s from %s: %s %s", method, path, client, exc.reason, exc.log_detail)
             await JSONResponse(exc.to_body(), status_code=401)(scope, receive, send)
+            if method == "GET" and path == session.SESSION_PATH and not _offers_credentials(headers):
+                # The console's "am I signed in?" on its sign-in page: a question, not a failed authentication.
+                log.debug("401 %s %s from %s: no credentials", method, path, client)
+                return
+            log.warning("401 %s %s from %s: %s %s", method, path, client, exc.reason, exc.log_detail)
             entry = AuditEntry(
                 action=f"{method} {path}"[:96],
                 resource=path,
@@ -92,8 +102,8 @@ class SignatureMiddleware:
             )
             await run_in_threadpool(platform.audit.record, entry)
             return
-        except KilnError as exc:
-            await JSONResponse(exc.to_body(), status_code=exc.status)(scope, receive, send)
+        except KilnError as exc:  # 413 for a body too large; 503 (with Retry-After) for the database unavailable
+            await error_response(exc)(scope, receive, send)
             return
         limiter = self.limiter or platform.rate_limiter
         wait = limiter.acquire(principal.key_id)
@@ -124,12 +134,14 @@ class SignatureMiddleware:
             return
         status = 500
         created_id = ""
+        replayed = False
         chunks: list[bytes] = []
 
         async def capture(message: Message) -> None:
-            nonlocal status
+            nonlocal status, replayed
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                replayed = (REPLAYED, b"true") in message.get("headers", [])
             elif message["type"] == "http.response.body" and status == 201 and sum(map(len, chunks)) < 65536:
                 chunks.append(message.get("body", b""))
             await send(message)
@@ -147,17 +159,23 @@ class SignatureMiddleware:
             resource = "/".join(f"{k}={v}" for k, v in params.items()) or path
             if created_id:
                 resource = f"{resource} id={created_id}" if params else f"id={created_id}"
-            entry = AuditEntry(
-                action=getattr(route, "name", None) or f"{method} {path}"[:96],
-                resource=resource,
-                outcome="success" if status < 400 else ("denied" if status in (403, 404) else "failed"),
-                status=status,
-                client=client,
-                org_id=principal.org_id,
-                user_id=principal.user_id,
-                key_id=principal.key_id,
-            )
-            await run_in_threadpool(platform.audit.record, entry)
+            outcome = "success" if status < 400 else ("denied" if status in (403, 404) else "failed")
+            # A create with an Idempotency-Key wrote its record in its own transaction (kiln.api.idempotency).
+            in_transaction = getattr(state.get("idempotency"), "audited", False)
+            if (outcome == "denied" or not _reads_by_post(method, path)) and not in_transaction:
+                entry = AuditEntry(
+                    action=getattr(route, "name", None) or f"{method} {path}"[:96],
+                    resource=resource,
+                    outcome=outcome,
+                    status=status,
+                    client=client,
+                    org_id=principal.org_id,
+                    user_id=principal.user_id,
+                    key_id=principal.key_id,
+                    # A repeat with an Idempotency-Key: the id is what an earlier request created; nothing new was.
+                    detail="idempotent replay" if replayed else "",
+                )
+                await run_in_threadpool(platform.audit.record, entry)
 
     async def _refuse(
         self,
@@ -224,11 +242,34 @@ class SignatureMiddleware:
             "allow_unsigned_payload": streamed,
         }
         # Most requests are checked right here: the key is cached and (the home's SQLite database) nonces are in
-        # memory. The others (a key to load, a nonce to insert into the table) go to a worker thread.
+        # memory. The others (a key to load, a nonce to insert into the table) go to a worker thread. A cached key
+        # is read again before it expires by a worker thread that no request waits for.
         principal = identity.authenticate_nonblocking(**request)
         if principal is None:
             principal = await run_in_threadpool(identity.authenticate, **request)
+        elif identity.refresh_due(principal.key_id):
+            _in_background(identity.refresh_key, principal.key_id)
         return principal, receive, None
+
+
+_background: set[asyncio.Task[None]] = set()  # held until done: the loop keeps only a weak reference to a task
+
+
+def _in_background(fn: Callable[[str], None], arg: str) -> None:
+    """``fn(arg)`` in a worker thread, awaited by no request (``fn`` logs its own failures)."""
+    task = asyncio.get_running_loop().create_task(run_in_threadpool(fn, arg))
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+def _offers_credentials(headers: dict[str, str]) -> bool:
+    """Whether a request carries anything that claims an identity: a signature or bearer token, a session cookie,
+    or any of the signing headers (a partly signed request is a bad credential, not none)."""
+    return (
+        "authorization" in headers
+        or session.session_cookie(headers) is not None
+        or any(name.startswith("x-kiln-") for name in headers)
+    )
 
 
 async def _read_body(receive: Receive) -> bytes:
@@ -266,6 +307,10 @@ def _capped(receive: Receive, limit: int) -> Receive:
 
 def _service_token_route(method: str, path: str) -> bool:
     return method == SERVICE_TOKEN_ROUTE[0] and SERVICE_TOKEN_ROUTE[1].fullmatch(path) is not None
+
+
+def _reads_by_post(method: str, path: str) -> bool:
+    return any(method == m and pattern.fullmatch(path) is not None for m, pattern in READ_BY_POST)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

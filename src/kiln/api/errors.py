@@ -42,13 +42,20 @@ def _location(loc: tuple[object, ...]) -> str:
     return ".".join(parts) or "body"
 
 
+def error_response(exc: KilnError) -> JSONResponse:
+    """A Kiln error's one response: its body and status, and for a 503 with ``details.retry_after`` (a service with
+    no ready replica, the database unavailable) a Retry-After header. Routes reach it through the handler below; the
+    signature middleware, which runs before any route, calls it itself."""
+    headers = None
+    if exc.status == 503 and isinstance(exc.details, dict) and "retry_after" in exc.details:
+        headers = {"Retry-After": str(exc.details["retry_after"])}
+    return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(KilnError)
     async def _kiln_error(_request: Request, exc: KilnError) -> JSONResponse:
-        headers = None
-        if exc.status == 503 and isinstance(exc.details, dict) and "retry_after" in exc.details:
-            headers = {"Retry-After": str(exc.details["retry_after"])}  # e.g. a service with no ready replica
-        return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -76,6 +83,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, KilnError):
+            # Raised by a middleware outside a route (the routes' go to the handler above): still its own answer, e.g.
+            # 503 database_unavailable rather than 500.
+            log.warning("%s %s: %s", request.method, request.url.path, exc)
+            return error_response(exc)
         # Tracebacks stay in the server log; clients get a stable code.
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return JSONResponse({"code": "internal", "message": "internal server error"}, status_code=500)

@@ -20,11 +20,13 @@ DESCRIPTIONS = {
     422: "Invalid input: details lists each field with what is wrong with it.",
     429: "Too many requests from this access key; Retry-After says in how many seconds to try again.",
     502: "What the request was forwarded to failed to answer (a service's replicas, even after one retry).",
-    503: "Nothing can answer now (a service with no ready replica); Retry-After says in how many seconds to retry.",
+    503: "Nothing can answer now: the database is unavailable (database_unavailable), or a service has no ready "
+    "replica (no_replica); Retry-After says in how many seconds to retry.",
 }
 # What every signed route (/api/v1) may answer whatever it does: before any route runs, the middleware refuses
-# requests without a valid signature (401), bodies over 16 MiB (413) and callers over their rate (429).
-SIGNED = (401, 413, 429)
+# requests without a valid signature (401), bodies over 16 MiB (413) and callers over their rate (429); and
+# checking a signature (its key, its nonce) needs the database, which may be unavailable (503).
+SIGNED = (401, 413, 429, 503)
 _RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait", "schema": {"type": "string"}, "required": True}}
 
 

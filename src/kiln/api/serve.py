@@ -21,6 +21,7 @@ from kiln import __version__
 from kiln.api.app import create_app, start_platform
 from kiln.api.console import NOT_BUILT, console_built, console_dir
 from kiln.api.startup import EXIT_INTERRUPTED, EXIT_USAGE, StartupError, explain, listen_socket, settings_problems
+from kiln.domain import limits
 from kiln.platform import Platform
 from kiln.settings import Settings
 
@@ -87,6 +88,7 @@ def serve(settings: Settings, log_level: str = "INFO", debug: bool = False) -> N
         log_level=log_level.lower(),
         access_log=False,
         timeout_graceful_shutdown=5,
+        h11_max_incomplete_event_size=limits.MAX_REQUEST_HEAD_BYTES,
         **proxy_options(settings),
     )
     server = _Server(config, settings)

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kiln.errors import KilnError
+from kiln.errors import DatabaseUnavailable, KilnError
 from kiln.settings import Settings
 
 EXIT_ERROR = 1
@@ -99,6 +99,8 @@ def explain(exc: BaseException, settings: Settings) -> StartupError:
         return exc
     if isinstance(exc, ValidationError):
         return StartupError(f"invalid settings: {settings_problems(exc)}", EXIT_USAGE)
+    if isinstance(exc, DatabaseUnavailable) and exc.__cause__ is not None:  # the driver's error says why
+        return StartupError(_cannot_use_database(settings, _first_line(exc.__cause__)))
     if isinstance(exc, KilnError):
         return StartupError(exc.message or exc.code)
     database = _database_problem(exc, settings)
@@ -128,6 +130,11 @@ def _database_problem(exc: BaseException, settings: Settings) -> str | None:
             "postgresql+psycopg://USER@HOST:5432/DATABASE"
         )
     reason = _first_line(exc.orig) if isinstance(exc, sa.DBAPIError) and exc.orig is not None else _first_line(exc)
+    return _cannot_use_database(settings, reason)
+
+
+def _cannot_use_database(settings: Settings, reason: str) -> str:
+    named = "KILN_DATABASE_URL" if settings.database_url else f"the default database in KILN_HOME={settings.home}"
     return f"cannot use the database {_safe_url(settings.resolved_database_url)} ({named}): {reason}"
 
 

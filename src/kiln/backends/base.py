@@ -86,6 +86,14 @@ class Launch:
     # which runs on ``cpus``, ``memory`` and ``gpus`` above.
     slots: tuple[Slot, ...] = ()
     inputs: tuple[ResolvedInput, ...] = ()  # staged before the command runs
+    # The launch the job's row records for this attempt (its handle's "launch"): the backend's supervisor
+    # records it as well, so what runs (or ran) is known to be the launch the row expects.
+    launch_id: str | None = None
+    # The handle the job's row records for this attempt (committed with STARTING): where the attempt runs, for a
+    # backend whose handle names a place (the local executor's attempt directory, which may be in another
+    # server's home on this machine). A start by any server launches it there, so that two starts of one attempt
+    # meet at one place and run it once.
+    handle: dict[str, Any] | None = None
 
 
 class Phase(StrEnum):
@@ -93,6 +101,9 @@ class Phase(StrEnum):
     RUNNING = "running"  # the command runs
     EXITED = "exited"  # the attempt ended and left a record
     LOST = "lost"  # the attempt vanished without a record
+    # Nothing of the attempt was ever launched (a server stopped between recording the start and making it, or
+    # the start raised): the reconciler launches it again, under the same attempt, if the job still wants it.
+    UNLAUNCHED = "unlaunched"
 
 
 @dataclass(frozen=True)
@@ -114,6 +125,7 @@ class BackendDeps:
     logs: LogStore
     catalog: Catalog
     wake: Callable[[str | None], None] | None = None  # wake the reconciler for a job (None: every job)
+    metrics_ready: Callable[[str], None] | None = None  # a job wrote points of a watched metric: read them now
 
 
 class Backend(abc.ABC):
@@ -137,7 +149,9 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def start(self, launch: Launch) -> dict[str, Any]:
         """Start one attempt and return a JSON-able handle. Must be safe to call again for the same
-        (job, attempt) after a crash: it starts at most one supervisor per attempt."""
+        (job, attempt) after a crash, or while an earlier call's launch is still coming up: across all the calls
+        at most one supervisor per attempt ever runs the job's command, and a call that finds the attempt
+        launched (or ended) adopts it."""
 
     @abc.abstractmethod
     def handle_for(self, job_id: str, attempt: int) -> dict[str, Any]:
@@ -145,11 +159,14 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def poll(self, handle: dict[str, Any]) -> AttemptStatus:
-        """Where the attempt is now."""
+        """Where the attempt is now. ``Phase.UNLAUNCHED`` only when nothing of it was launched and nothing can
+        still come up by itself (the reconciler then calls ``start`` again); a launch still coming up is
+        ``STARTING``."""
 
     @abc.abstractmethod
     def cancel(self, handle: dict[str, Any], grace_seconds: float) -> None:
-        """Ask the attempt to stop (SIGTERM, then SIGKILL after the grace period). Idempotent."""
+        """Ask the attempt to stop (SIGTERM, then SIGKILL after the grace period). Idempotent. An attempt not
+        launched yet is ended so that no later launch runs it (its status then reads EXITED, Cancelled)."""
 
     @abc.abstractmethod
     def cleanup(self, handle: dict[str, Any]) -> None:

@@ -53,18 +53,21 @@ class CheckpointSyncer(abc.ABC):
     backend whose jobs upload their checkpoints themselves does not have it)."""
 
     @abc.abstractmethod
-    def sync_checkpoints(self, job_id: str, dest_prefix: str) -> tuple[int, int]:
-        """Copy what changed in the job's $KILN_CHECKPOINT_DIR since the last call into the store under
-        ``dest_prefix``, so checkpoints survive the machine and reach the next attempt. Returns (files, bytes)."""
+    def sync_checkpoints(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
+        """Copy what changed in the $KILN_CHECKPOINT_DIR of the job whose attempt ``handle`` names since the last
+        call into the store under ``dest_prefix``, so checkpoints survive the machine and reach the next attempt.
+        The handle, not the job id: the attempt may be one another server started (and this one adopted), with
+        its files where that server put them. Returns (files, bytes)."""
 
 
 class JobFiles(abc.ABC):
     """Keeps files of a job on the server's machine (work dir, outputs, checkpoints) that outlive its attempts."""
 
     @abc.abstractmethod
-    def release(self, job_id: str, keep: bool) -> None:
-        """The job has ended and its outputs and checkpoints are in the store: free its local files, now or
-        (``keep``: it failed) once the platform's retention for debugging has passed."""
+    def release(self, handle: dict[str, Any], keep: bool) -> None:
+        """The job whose last attempt ``handle`` names has ended and its outputs and checkpoints are in the
+        store: free its local files (where that attempt's server put them), now or (``keep``: it failed) once
+        the platform's retention for debugging has passed."""
 
     @abc.abstractmethod
     def sweep(self) -> None:

@@ -9,17 +9,12 @@ from dataclasses import dataclass
 
 from kiln.backends.base import Backend, BackendDeps
 from kiln.backends.capabilities import declared
-from kiln.errors import KilnError
+from kiln.errors import BackendUnavailable
 
 BACKENDS: dict[str, str] = {
     "local": "kiln.backends.local.executor:LocalBackend",
     "kubernetes": "kiln.backends.kubernetes.backend:KubernetesBackend",
 }
-
-
-class BackendUnavailable(KilnError):
-    """The backend that ``KILN_BACKEND`` names is not registered, or cannot be loaded (raised only while a server
-    starts, where it becomes its message: it has no HTTP code of its own)."""
 
 
 @dataclass(frozen=True)

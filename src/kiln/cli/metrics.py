@@ -1,10 +1,14 @@
 """``kiln metrics JOB``: the latest value of each metric with its count, min, max and a sparkline of its trend;
-``--follow`` refreshes until the job ends; ``--output json|csv`` prints the data."""
+``--follow`` refreshes until the job ends (on a terminal; into a pipe or a file it prints a line per new point);
+``--output json|csv`` prints the data."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -103,10 +107,75 @@ def _data(series: list[MetricSeriesData]) -> list[dict[str, Any]]:
     return [s.model_dump(mode="json") for s in series]
 
 
+def point_line(name: str, worker: str, step: int | None, at: float | None, value: Any) -> str:
+    """One point as ``--follow`` prints it into a pipe: ``NAME=VALUE step=STEP worker=WORKER time=ISO``, the value
+    as JSON (a number, or a quoted string for text metrics and non-finite numbers); ``step=-`` for a series whose
+    axis is time."""
+    when = datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds") if at is not None else "-"
+    return f"{name}={json.dumps(value)} step={'-' if step is None else step} worker={worker} time={when}"
+
+
+class PointFollower:
+    """The points that arrived since the last poll, series by series: a step series is read from the last step
+    printed on, a time series (the system samples) gives its latest point each time it grows. The first poll gives
+    each series' latest point only (the history is what ``--output csv`` is for)."""
+
+    def __init__(self, client: Client, job_id: str, names: list[str] | None) -> None:
+        self.client, self.job_id, self.names = client, job_id, names
+        self.seen: dict[tuple[str, str], tuple[int, int | None, float | None]] = {}  # count, last step, last time
+        self.started = False
+
+    def poll(self) -> list[str]:
+        lines: list[str] = []
+        summary = self.client.metrics_summary(self.job_id)
+        for s in summary:
+            if self.names and s.name not in self.names:
+                continue
+            key = (s.name, s.worker)
+            before = self.seen.get(key)
+            if before is not None and before[0] == s.count:
+                continue
+            self.seen[key] = (s.count, s.last_step, s.last_time)
+            if not self.started or s.last_step is None:  # the latest point: all there is of a time series
+                if s.count:
+                    lines.append(point_line(s.name, s.worker, s.last_step, s.last_time, s.last_value))
+                continue
+            after = (before[1], before[2]) if before is not None and before[1] is not None else None
+            for series in self.client.metrics(
+                self.job_id, names=[s.name], worker=s.worker, step_min=None if after is None else after[0]
+            ):
+                for step, at, value in series.points:
+                    if after is None or (step, at) > after:  # type: ignore[operator]
+                        lines.append(point_line(s.name, s.worker, step, at, value))  # type: ignore[arg-type]
+        self.started = True
+        return lines
+
+
+def _follow_lines(client: Client, job_id: str, names: list[str] | None, interval: float = 2.0) -> None:
+    follower = PointFollower(client, job_id, names)
+    while True:
+        ended = JobState(client.get_job(job_id).state).terminal
+        lines = follower.poll()
+        if lines:
+            sys.stdout.write("".join(f"{line}\n" for line in lines))
+            sys.stdout.flush()
+        if ended:
+            return
+        time.sleep(interval)
+
+
 def metrics(
     job_id: Annotated[str, typer.Argument(help="The job id.")],
     names: Annotated[str | None, typer.Option("--names", "-n", help="Comma-separated metric names.")] = None,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Refresh until the job ends.")] = False,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            "-f",
+            help="Refresh until the job ends; into a pipe or file, a line per new point (NAME=VALUE step=… worker=… "
+            "time=…).",
+        ),
+    ] = False,
     output: Annotated[
         MetricsOutput, typer.Option("--output", "-o", case_sensitive=False, help="table, json or csv.")
     ] = MetricsOutput.table,
@@ -128,6 +197,9 @@ def metrics(
             out.print(_snapshot(client, job_id, wanted))
             return
         try:
+            if not out.is_terminal:  # a live table draws only on a terminal: a pipe gets lines it can read
+                _follow_lines(client, job_id, wanted)
+                return
             with Live(_snapshot(client, job_id, wanted), console=out, refresh_per_second=2) as live:
                 while True:
                     ended = JobState(client.get_job(job_id).state).terminal
@@ -138,3 +210,6 @@ def metrics(
         except KeyboardInterrupt:
             info(f"\nstopped following; job {job_id} keeps running")
             raise typer.Exit(EXIT_INTERRUPTED) from None
+        except BrokenPipeError:  # `kiln metrics JOB -f | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+            raise typer.Exit(0) from None

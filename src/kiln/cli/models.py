@@ -180,6 +180,12 @@ def register(
         emit_json(version.model_dump(mode="json"))
         return
     out.print(version.ref, markup=False)
+    if version.already_registered:
+        info(
+            f"{version.ref} already holds these files ({path} of job {from_job}, {version.framework}): "
+            "no new version registered; use it"
+        )
+        return
     metrics = metrics_text(version.lineage.metrics, METRICS_SHOWN)
     info(
         f"{version.ref}: {plural(version.file_count, 'file')} ({format_memory(version.size)}, {version.framework}) "

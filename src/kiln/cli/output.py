@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         WhoAmI,
         WhyRead,
     )
+    from kiln.domain.spec import JobSpec
 
 STATE_STYLES = {
     JobState.QUEUED: "cyan",
@@ -126,6 +127,58 @@ def _details(rows: list[tuple[str, object]]) -> None:
     out.print(grid)
 
 
+def distributed_text(spec: JobSpec) -> str | None:
+    """A gang's shape: ``pytorch, 2 workers of 4 processes``, ``tensorflow, 3 workers + 1 parameter server``."""
+    d = spec.distributed
+    if d is None:
+        return None
+    text = f"{d.framework}, {d.workers} worker{'s' if d.workers != 1 else ''}"
+    if d.procs_per_worker > 1:
+        text += f" of {d.procs_per_worker} processes"
+    if d.ps:
+        text += f" + {d.ps} parameter server{'s' if d.ps != 1 else ''}"
+    return text
+
+
+def resources_text(spec: JobSpec) -> str:
+    """What the job asks for. A gang's resources are each member's: they are said per worker, times the members,
+    with the total the job holds (``1 CPU, 2 GiB memory per worker, 2 workers: 2 CPU, 4 GiB memory in all``)."""
+    r = spec.resources
+    members = spec.gang_size
+    if members == 1:
+        text = f"{r.cpus:g} CPU"
+        if r.memory:
+            text += f", {format_bytes(r.memory)} memory"
+        if r.disk:
+            text += f", {format_bytes(r.disk)} disk"
+        if r.pids:
+            text += f", {r.pids} processes"
+        if r.log:
+            text += f", {format_bytes(r.log)} log"
+        if r.gpus:
+            text += f", {r.gpus} GPU"
+        return text
+    each = [f"{r.cpus:g} CPU"]
+    total = [f"{r.cpus * members:g} CPU"]
+    if r.memory:
+        each.append(f"{format_bytes(r.memory)} memory")
+        total.append(f"{format_bytes(r.memory * members)} memory")
+    if r.gpus:
+        each.append(f"{r.gpus} GPU")
+        total.append(f"{r.gpus * members} GPU")
+    if r.disk:
+        each.append(f"{format_bytes(r.disk)} disk")
+        total.append(f"{format_bytes(r.disk * members)} disk")
+    if r.pids:
+        each.append(f"{r.pids} processes")
+    assert spec.distributed is not None  # a gang of more than one member is a distributed job
+    unit = "member" if spec.distributed.ps else "worker"
+    text = f"{', '.join(each)} per {unit}, {members} {unit}s: {', '.join(total)} in all"
+    if r.log:
+        text += f"; {format_bytes(r.log)} log for the whole job"
+    return text
+
+
 def job_detail(job: JobRead) -> None:
     from kiln.domain.spec import command_text  # the job models: not imported for commands that show no job
 
@@ -139,17 +192,6 @@ def job_detail(job: JobRead) -> None:
         if alloc.gpus:
             parts.append("GPU " + ",".join(str(g) for g in alloc.gpus))
         allocation = ", ".join(parts)
-    resources = f"{spec.resources.cpus:g} CPU"
-    if spec.resources.memory:
-        resources += f", {format_bytes(spec.resources.memory)} memory"
-    if spec.resources.disk:
-        resources += f", {format_bytes(spec.resources.disk)} disk"
-    if spec.resources.pids:
-        resources += f", {spec.resources.pids} processes"
-    if spec.resources.log:
-        resources += f", {format_bytes(spec.resources.log)} log"
-    if spec.resources.gpus:
-        resources += f", {spec.resources.gpus} GPU"
     rows: list[tuple[str, object]] = [
         ("id", job.id),
         ("name", job.name),
@@ -167,7 +209,8 @@ def job_detail(job: JobRead) -> None:
         ("duration", fmt_duration(job_duration(job))),
         ("command", command_text(spec.command)),
         ("runtime", spec.runtime.label),
-        ("resources", resources),
+        ("distributed", distributed_text(spec)),
+        ("resources", resources_text(spec)),
         ("timeout", fmt_duration(spec.timeout) if spec.timeout else None),
         ("env", " ".join(sorted(spec.env)) or None),  # names only: values may be secrets
         ("labels", " ".join(f"{k}={v}" for k, v in sorted(spec.labels.items())) or None),
@@ -392,8 +435,8 @@ def audit_table(events: list[AuditRead]) -> None:
     for event in events:
         table.add_row(
             fmt_time(event.time),
-            _cell(event.org_id),
-            _cell(event.user_id),
+            _cell(event.org_name or event.org_id),  # the name people read; the id where there is no name
+            _cell(event.user_name or event.user_id),
             _cell(event.key_id),
             _cell(event.action),
             _cell(event.resource),

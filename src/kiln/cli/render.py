@@ -6,7 +6,6 @@ unless ``--job-id`` is given, and the image comes from the built-in runtime cata
 
 from __future__ import annotations
 
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -20,13 +19,31 @@ EXAMPLE_JOB_ID = "job-0000000000example"
 EXAMPLE_ORG_ID = "org-0000000000example"
 
 
-class Backend(StrEnum):
-    kubernetes = "kubernetes"
+RENDERS = "kubernetes"  # the one backend whose objects a spec becomes can be printed
+
+
+def check_backend(name: str) -> str:
+    """The backend to render for, or a usage error naming the backends there are (Typer's choice answered
+    ``'slurm' is not one of 'kubernetes'.``, which said nothing of the backends Kiln has)."""
+    from kiln.backends.registry import BACKENDS
+
+    chosen = name.strip().lower()
+    if chosen not in BACKENDS:
+        fail(f"unknown backend {name!r}: the backends are {', '.join(BACKENDS)}", EXIT_USAGE)
+    if chosen != RENDERS:
+        fail(
+            f"backend {chosen!r} has nothing to render (it runs a job's processes on this machine); "
+            f"--backend {RENDERS} prints the objects a spec becomes",
+            EXIT_USAGE,
+        )
+    return chosen
 
 
 def render(
     file: Annotated[Path, typer.Option("--file", "-f", dir_okay=False, help="The job spec (kiln.yaml).")],
-    backend: Annotated[Backend, typer.Option(help="The backend whose objects to print.")] = Backend.kubernetes,
+    backend: Annotated[
+        str, typer.Option(help=f"The backend whose objects to print (only {RENDERS} has any).")
+    ] = RENDERS,
     namespace: Annotated[str | None, typer.Option(help="Namespace (default: KILN_KUBERNETES_NAMESPACE).")] = None,
     job_id: Annotated[str, typer.Option(help="The job id to render for.")] = EXAMPLE_JOB_ID,
     org_id: Annotated[str, typer.Option(help="The organisation id to render for.")] = EXAMPLE_ORG_ID,
@@ -40,6 +57,7 @@ def render(
     from kiln.backends.kubernetes.render import render as render_manifests
     from kiln.backends.kubernetes.settings import KubernetesSettings, kube_config
 
+    check_backend(backend)
     try:
         spec = build_spec(file, Overrides())
     except SpecError as exc:

@@ -12,7 +12,9 @@ from kiln.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, connect, f
 from kiln.cli.logs import follow_logs
 from kiln.cli.output import plural, transfer_progress
 from kiln.cli.spec import INPUT_FORMAT, Overrides, SpecError, build_spec, parse_input, parse_pairs
+from kiln.domain.idempotency import check_key
 from kiln.domain.states import JobState
+from kiln.errors import InvalidInput
 
 if TYPE_CHECKING:
     from kiln.domain.job_requests import JobDryRun
@@ -195,8 +197,20 @@ def run(
             "upload and create nothing.",
         ),
     ] = False,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--idempotency-key",
+            metavar="KEY",
+            help="Make running this command again harmless (a shell's retry loop): a repeat with the same KEY and "
+            "the same job (spec and code) within 24 h prints the job the first one submitted and submits none; "
+            "with another job it is refused. 1 to 255 printable ASCII characters.",
+        ),
+    ] = None,
 ) -> None:
     try:
+        if idempotency_key is not None:
+            check_key(idempotency_key)
         flags = Overrides(
             command=list(command or []),
             name=name,
@@ -220,6 +234,8 @@ def run(
         spec = build_spec(file, flags)
     except SpecError as exc:
         fail(str(exc), EXIT_USAGE)
+    except InvalidInput as exc:
+        fail(f"--idempotency-key: {exc.message.removeprefix('Idempotency-Key: ')}", EXIT_USAGE)
     if dry_run and follow:
         fail("--dry-run creates no job to --follow; give one of them", EXIT_USAGE)
 
@@ -232,7 +248,7 @@ def run(
             if dry_run:
                 print_dry_run(checked, bundle)
                 return
-            job = client.submit(spec, bundle.sha256 if bundle else None)
+            job = client.submit(spec, bundle.sha256 if bundle else None, idempotency_key=idempotency_key)
         finally:
             if bundle is not None:
                 bundle.path.unlink(missing_ok=True)

@@ -168,20 +168,34 @@ def tune(
             "--follow", help="Print each trial as it ends; exit 0 if the study succeeds, 1 if not, 130 if stopped."
         ),
     ] = False,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--idempotency-key",
+            metavar="KEY",
+            help="Make running this command again harmless: a repeat with the same KEY and the same study (spec "
+            "and code) within 24 h prints the study the first one started and starts none.",
+        ),
+    ] = None,
 ) -> None:
+    from kiln.domain.idempotency import check_key
     from kiln.errors import BadRequest, InvalidInput
     from kiln.sdk.code_manifest import remember
 
     try:
         spec = load_study_spec(file, name)
+        if idempotency_key is not None:
+            check_key(idempotency_key)
     except SpecError as exc:
         fail(str(exc), EXIT_USAGE)
+    except InvalidInput as exc:
+        fail(f"--idempotency-key: {exc.message.removeprefix('Idempotency-Key: ')}", EXIT_USAGE)
     with connect() as client:
         bundle = None if no_code else pack_code(directory)
         try:
             check_and_upload(client, spec, bundle)
             try:
-                study = client.submit_study(spec, bundle.sha256 if bundle else None)
+                study = client.submit_study(spec, bundle.sha256 if bundle else None, idempotency_key=idempotency_key)
             except (InvalidInput, BadRequest) as exc:
                 fail(f"the server refused the study: {exc.message}", EXIT_USAGE)
         finally:

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from sqlalchemy import Engine, create_engine, event, text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import ExceptionContext, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln.errors import KilnError, Unavailable
+from kiln.errors import DatabaseUnavailable, KilnError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,73 @@ def _private_sqlite_file(path: Path) -> None:
         pass  # a read-only location: SQLite says what is wrong when it opens it
 
 
-def make_engine(url: str, *, read_only: bool = False, foreign_keys: bool = True) -> Engine:
+# How long one connection attempt to PostgreSQL may take (unless the URL sets connect_timeout): while the database
+# cannot be reached, a request that needs it answers 503 after about this long, not after the TCP connect timeout
+# (minutes when packets to it are dropped). libpq's own minimum is 2 s.
+PG_CONNECT_TIMEOUT_SECONDS = 2
+# PostgreSQL ends a session that stays this long inside a transaction without sending a statement: a server paused
+# (a stopped container, a frozen VM, SIGSTOP) in the middle of a transaction would otherwise hold its row locks until
+# it resumed, and every other server skips locked jobs (FOR UPDATE SKIP LOCKED): none could take over its jobs. No
+# Kiln transaction waits this long between two statements (backend and store calls happen outside them).
+PG_IDLE_IN_TRANSACTION_SECONDS = 15.0
+# libpq's TCP settings (unless the URL sets them) for a database host that vanished without closing its connections
+# (a partition, a host that died): keepalive probes find an idle connection dead in ~16 s, and data unacknowledged
+# for 10 s fails the statement that sent it, instead of the kernel retransmitting for a quarter of an hour.
+PG_TCP_OPTIONS = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
+# What a client answered 503 for an unavailable database is told to wait (Retry-After) before it tries again.
+DATABASE_RETRY_AFTER_SECONDS = 2
+
+
+def database_unavailable(ctx: ExceptionContext) -> BaseException | None:
+    """SQLAlchemy's ``handle_error`` hook: an error that means the database cannot be reached now becomes
+    ``DatabaseUnavailable`` (503, with Retry-After, wherever it reaches a client; a background task backs off),
+    raised from the driver's error, which the server's log keeps. That is a connection that broke (the dialect's
+    disconnect test, after which SQLAlchemy has already invalidated it, and the pool's other connections older
+    than it) or a connection that could not be made (refused, timed out, "the database system is starting up").
+    Any other error (a constraint, a deadlock, SQLite's busy lock) is left as it is. The pool's pre-ping of an
+    idle connection is left alone too: the pool replaces a dead connection there itself."""
+    if ctx.is_pre_ping:
+        return None
+    if ctx.is_disconnect:
+        why = "the connection to it was lost"
+    elif ctx.connection is None and isinstance(ctx.original_exception, ctx.dialect.loaded_dbapi.OperationalError):
+        why = "the server cannot connect to it"
+    else:
+        return None
+    return DatabaseUnavailable(
+        f"the database is unavailable ({why}); try again in a few seconds",
+        details={"retry_after": DATABASE_RETRY_AFTER_SECONDS},
+    )
+
+
+def _postgresql_connect_args(url: str, idle_transaction_seconds: float | None = None) -> dict[str, Any]:
+    """The connection timeout, TCP settings and the idle-in-transaction timeout, each unless the URL's query sets
+    it already (``options`` there replaces the timeout's)."""
+    query = make_url(url).query
+    options: dict[str, Any] = {"connect_timeout": PG_CONNECT_TIMEOUT_SECONDS, **PG_TCP_OPTIONS}
+    idle = PG_IDLE_IN_TRANSACTION_SECONDS if idle_transaction_seconds is None else idle_transaction_seconds
+    if idle > 0:
+        options["options"] = f"-c idle_in_transaction_session_timeout={int(idle * 1000)}"
+    return {name: value for name, value in options.items() if name not in query}
+
+
+def make_engine(
+    url: str, *, read_only: bool = False, foreign_keys: bool = True, idle_transaction_seconds: float | None = None
+) -> Engine:
+    engine = _make_engine(
+        url, read_only=read_only, foreign_keys=foreign_keys, idle_transaction_seconds=idle_transaction_seconds
+    )
+    event.listen(engine, "handle_error", database_unavailable)
+    return engine
+
+
+def _make_engine(url: str, *, read_only: bool, foreign_keys: bool, idle_transaction_seconds: float | None) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:" and not read_only:
@@ -139,7 +205,12 @@ def make_engine(url: str, *, read_only: bool = False, foreign_keys: bool = True)
             conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    # pool_pre_ping: a pooled connection that died with the database (a restart) is found dead on checkout and the
+    # pool replaces it, with every connection older than it, so the first request after a restart does not fail.
+    connect_args = (
+        _postgresql_connect_args(url, idle_transaction_seconds) if parsed.get_backend_name() == "postgresql" else {}
+    )
+    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True, connect_args=connect_args)
 
 
 class Database:
@@ -148,9 +219,11 @@ class Database:
     # Tables whose writes this process tracks (see TableVersions): the job list cache depends on them.
     WATCHED_TABLES = ("jobs",)
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, idle_transaction_seconds: float | None = None) -> None:
+        """``idle_transaction_seconds``: PostgreSQL ends a session idle this long inside a transaction (None:
+        ``PG_IDLE_IN_TRANSACTION_SECONDS``, 0: never)."""
         self.url = url
-        self.engine = make_engine(url)
+        self.engine = make_engine(url, idle_transaction_seconds=idle_transaction_seconds)
         self.versions = TableVersions(self.engine, self.WATCHED_TABLES)
         self._close_hooks: list[Callable[[], None]] = []
         self.exclusive = False  # see claim_exclusive
@@ -235,9 +308,12 @@ class Database:
             session.close()
 
     def ping(self) -> None:
+        """Raise ``DatabaseUnavailable`` (or ``Unavailable``) unless the database answers a query now."""
         try:
             with self.engine.connect() as conn:
                 conn.execute(text("SELECT 1"))
+        except KilnError:
+            raise
         except Exception as exc:
             raise Unavailable(f"database unreachable: {type(exc).__name__}") from exc
 

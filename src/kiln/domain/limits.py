@@ -63,8 +63,12 @@ MAX_TEXT_LENGTH = 4096
 """Short free text: a runtime's framework, version, Python path or image; a query's filter."""
 MAX_DESCRIPTION_LENGTH = 256
 """An access key's description."""
-MAX_QUERY_LIST_LENGTH = 16 * KiB
-"""A comma-separated list in a query string (metric names, job ids)."""
+MAX_QUERY_LIST_LENGTH = 4 * KiB
+"""A comma-separated list in a query string (metric names)."""
+MAX_REQUEST_HEAD_BYTES = 128 * KiB
+"""The largest request line and headers the server reads (h11's incomplete-event limit). A request over it is
+answered 400 by the HTTP layer before any route sees it, so it must hold the longest query every operation allows,
+each character percent-encoded as 4 UTF-8 bytes (tests/unit/test_request_head.py checks the schema against it)."""
 
 # -- job specs ---------------------------------------------------------------------------------------------------
 
@@ -90,6 +94,8 @@ MAX_PREDICT_INPUTS = 100_000
 """Instances in one predict request (docs/serving.md)."""
 MAX_METRIC_PATTERNS = 50
 MAX_REGEX_LENGTH = 4000
+MAX_WATCHED_METRICS = 8
+"""Metrics a job's spec may name in ``metrics.watch`` (sent to the server point by point)."""
 MAX_CPUS = 4096
 """CPU cores of one worker."""
 MAX_GPUS = 64

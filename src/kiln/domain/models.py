@@ -180,6 +180,11 @@ class ModelVersionRead(BaseModel):
     lineage: ModelLineage
     created_by: str
     created_at: datetime
+    already_registered: bool = Field(
+        False,
+        description="Set only in a register's answer (200, not 201) when no version was made: this version was "
+        "registered earlier from the same job with the same framework and the same files, and is the one to use.",
+    )
 
     @property
     def ref(self) -> str:

@@ -1,9 +1,13 @@
 """Resource quantities: parsing what people write (``2G``, ``512Mi``, ``1.5``) and showing sizes and measured
-values back to them (``format_bytes``, ``format_number``)."""
+values back to them (``format_bytes``, ``format_number``); CPUs as whole millicores (``millicores``,
+``format_cpus``), the unit the scheduler and the quotas count in."""
 
 from __future__ import annotations
 
+import math
 import re
+
+MILLI = 1000  # millicores per CPU
 
 _UNITS = {
     "": 1,
@@ -35,9 +39,11 @@ def parse_memory(value: str | int | float) -> int:
     if not match:
         raise ValueError(f"not a memory quantity: {value!r} (use e.g. 512M, 2G, 1.5Gi)")
     number = float(match.group(1))
-    unit = (match.group(2) or "").lower()
+    unit = match.group(2) or ""
     # Users write 2G meaning 2 GiB; treat decimal and binary suffixes alike, as docker and most schedulers do.
-    multiplier = _UNITS[unit if unit.endswith("i") or unit == "" else unit + "i"]
+    # The unit's letters are read as the match read them: case-insensitive matching also takes a KELVIN SIGN for
+    # k and U+0131 (a dotless i) for i, which .lower() keeps as they are (a KeyError, a 500, before).
+    multiplier = _UNITS[unit[:1].lower().replace("\u212a", "k") + "i" if unit else ""]
     return int(number * multiplier)
 
 
@@ -74,3 +80,19 @@ def format_number(x: float) -> str:
     if 1e6 <= abs(x) < 1e15:  # where %g writes 1.23457e+06: the whole number instead
         return f"{x:.0f}"
     return f"{x:.6g}"
+
+
+def millicores(cpus: float) -> int:
+    """CPUs as people write them (``0.1``, ``2``) in whole millicores, the unit the scheduler and the quotas count
+    in (as Kubernetes does), so 100 jobs of 0.1 CPU fill exactly 10 CPUs with no residue. A fraction of a millicore
+    rounds up (Kubernetes' rule): a job asking 0.0001 CPU holds 1m, never nothing. Float noise (0.1 * 3 is
+    0.30000000000000004) is taken off before rounding up."""
+    return math.ceil(round(cpus * MILLI, 6))
+
+
+def format_cpus(millicores: int) -> str:
+    """Millicores as CPUs as people write them: ``100`` → ``0.1``, ``2000`` → ``2``, ``1250`` → ``1.25``. Exact
+    (no float on the way), so a count never reads ``1.16851e-14``."""
+    sign, n = ("-", -millicores) if millicores < 0 else ("", millicores)
+    whole, part = divmod(n, MILLI)
+    return f"{sign}{whole}" + (f".{part:03d}".rstrip("0") if part else "")

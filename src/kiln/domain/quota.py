@@ -1,15 +1,19 @@
 """Quota arithmetic: limits per organisation and category, usage, and the two questions admission asks —
-could this job ever fit (else 403 at submit), and does it fit now (else it waits, saying why)."""
+could this job ever fit (else 403 at submit), and does it fit now (else it waits, saying why).
+
+Integers throughout (CPUs in millicores, memory in bytes), so usage adds up exactly: 100 jobs of 0.1 CPU use
+exactly 10 CPUs of a limit of 10. Messages show CPUs as users write them (``quota: cpus 0.1 of 10 in use``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kiln.domain.quantities import format_memory
+from kiln.domain.quantities import format_cpus, format_memory
 
 CATEGORIES = ("train", "serve", "dev")
 TOTAL = "total"
-FIELDS = ("gpus", "cpus", "memory", "count")
+# The limits checked, as messages name them → the attribute of Limits and Usage that holds them.
+FIELDS = {"gpus": "gpus", "cpus": "millicores", "memory": "memory", "count": "count"}
 
 
 @dataclass(frozen=True)
@@ -17,22 +21,22 @@ class Limits:
     """None means unlimited."""
 
     gpus: int | None = None
-    cpus: float | None = None
-    memory: int | None = None
+    millicores: int | None = None  # CPUs * 1000
+    memory: int | None = None  # bytes
     count: int | None = None
-    storage: int | None = None
+    storage: int | None = None  # bytes
 
 
 @dataclass
 class Usage:
     gpus: int = 0
-    cpus: float = 0.0
+    millicores: int = 0
     memory: int = 0
     count: int = 0
 
-    def add(self, gpus: int, cpus: float, memory: int | None) -> None:
+    def add(self, gpus: int, millicores: int, memory: int | None) -> None:
         self.gpus += gpus
-        self.cpus += cpus
+        self.millicores += millicores
         self.memory += memory or 0
         self.count += 1
 
@@ -44,33 +48,35 @@ class OrgUsage:
     by_category: dict[str, Usage] = field(default_factory=dict)
     total: Usage = field(default_factory=Usage)
 
-    def add(self, category: str, gpus: int, cpus: float, memory: int | None) -> None:
-        self.by_category.setdefault(category, Usage()).add(gpus, cpus, memory)
-        self.total.add(gpus, cpus, memory)
+    def add(self, category: str, gpus: int, millicores: int, memory: int | None) -> None:
+        self.by_category.setdefault(category, Usage()).add(gpus, millicores, memory)
+        self.total.add(gpus, millicores, memory)
 
     def of(self, category: str) -> Usage:
         return self.total if category == TOTAL else self.by_category.get(category, Usage())
 
 
-def _show(name: str, value: float) -> str:
-    return format_memory(int(value)) if name == "memory" else f"{value:g}"
+def _show(name: str, value: int) -> str:
+    if name == "memory":
+        return format_memory(value)
+    return format_cpus(value) if name == "cpus" else str(value)
 
 
-def _asks(gpus: int, cpus: float, memory: int | None) -> dict[str, float]:
-    return {"gpus": gpus, "cpus": cpus, "memory": memory or 0, "count": 1}
+def _asks(gpus: int, millicores: int, memory: int | None) -> dict[str, int]:
+    return {"gpus": gpus, "cpus": millicores, "memory": memory or 0, "count": 1}
 
 
 def never_fits(
-    org: str, category: str, limits: dict[str, Limits], gpus: int, cpus: float, memory: int | None
+    org: str, category: str, limits: dict[str, Limits], gpus: int, millicores: int, memory: int | None
 ) -> str | None:
-    """Why a job asking this much can never run under the organisation's limits, or None."""
-    asks = _asks(gpus, cpus, memory)
+    """Why a job asking this much (over its whole gang) can never run under the organisation's limits, or None."""
+    asks = _asks(gpus, millicores, memory)
     for scope in (category, TOTAL):
         limit = limits.get(scope)
         if limit is None:
             continue
-        for name in FIELDS:
-            cap = getattr(limit, name)
+        for name, attr in FIELDS.items():
+            cap = getattr(limit, attr)
             if cap is not None and asks[name] > cap:
                 return (
                     f"quota: the job asks {name} {_show(name, asks[name])} but the limit is "
@@ -85,21 +91,21 @@ def blocked_by(
     limits: dict[str, Limits],
     usage: OrgUsage,
     gpus: int,
-    cpus: float,
+    millicores: int,
     memory: int | None,
 ) -> str | None:
     """Why the job must wait for quota now (e.g. ``quota: gpus 4 of 4 in use (org acme, category train)``)."""
-    asks = _asks(gpus, cpus, memory)
+    asks = _asks(gpus, millicores, memory)
     for scope in (category, TOTAL):
         limit = limits.get(scope)
         if limit is None:
             continue
         used = usage.of(scope)
-        for name in FIELDS:
-            cap = getattr(limit, name)
-            if cap is not None and getattr(used, name) + asks[name] > cap + 1e-9:
+        for name, attr in FIELDS.items():
+            cap = getattr(limit, attr)
+            if cap is not None and getattr(used, attr) + asks[name] > cap:
                 return (
-                    f"quota: {name} {_show(name, getattr(used, name))} of {_show(name, cap)} in use "
+                    f"quota: {name} {_show(name, getattr(used, attr))} of {_show(name, cap)} in use "
                     f"(org {org}, category {scope})"
                 )
     return None

@@ -65,6 +65,8 @@ class JobRead(BaseModel):
     name: str
     org_id: str
     user_id: str
+    org_name: str | None = Field(None, description="The name of the organisation org_id (what people read).")
+    user_name: str | None = Field(None, description="The name of the user user_id who submitted it.")
     state: JobState
     reason: str | None = None
     message: str | None = None
@@ -330,6 +332,8 @@ class AuditRead(BaseModel):
     time: datetime
     org_id: str | None
     user_id: str | None
+    org_name: str | None = Field(None, description="The name of org_id's organisation; None where it has none.")
+    user_name: str | None = Field(None, description="The name of user user_id; None where it has none.")
     key_id: str | None
     action: str
     resource: str

@@ -251,6 +251,14 @@ class MetricsSpec(_Strict):
     )
     system: bool = Field(True, description="Sample CPU %, RSS and GPU utilisation/memory of the job.", strict=True)
     system_interval: float = Field(5.0, ge=0.5, le=3600, description="Seconds between system samples.", strict=True)
+    watch: list[MetricNamePattern] = Field(
+        default_factory=list,
+        max_length=limits.MAX_WATCHED_METRICS,
+        description="Metrics whose every point goes to the server as soon as it is written, not with the next "
+        "batch (names or shell-style patterns): a study's trials watch its objective, so that its pruner judges "
+        "each report as it is made. Each such point costs a write and a wake-up of the server: watch a "
+        "per-epoch metric, not a per-batch one.",
+    )
 
     @field_validator("tensorboard_dir")
     @classmethod

@@ -69,6 +69,8 @@ class Reason(StrEnum):
     BACKEND_ERROR = "BackendError"
     RUNTIME_ERROR = "RuntimeError"
     REATTACHED = "Reattached"
+    ADOPTED = "Adopted"  # a restarted server found the attempt ended while no server ran: its outcome is kept
+    RELAUNCHED = "Relaunched"  # the attempt was recorded STARTING but never launched: launched now
     INSUFFICIENT_RESOURCES = "InsufficientResources"
     CODE_ERROR = "CodeError"
     INPUT_ERROR = "InputError"

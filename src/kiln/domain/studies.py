@@ -241,6 +241,11 @@ def trial_spec(study: StudySpec, study_id: str, number: int, params: dict[str, P
         "params": {**base.params, **params},
         "labels": {**base.labels, "kiln-study": study_id, "kiln-trial": str(number)},
     }
+    # The objective's points go to the server one by one, as they are written: the pruner judges each at once.
+    metrics = base.metrics.model_dump(mode="json")
+    if study.objective.metric not in metrics["watch"]:
+        metrics["watch"] = [*metrics["watch"], study.objective.metric][-limits.MAX_WATCHED_METRICS :]
+    update["metrics"] = metrics
     for key in ("prepare_command", "finish_command"):
         value = getattr(base, key)
         if value is not None:
@@ -350,6 +355,17 @@ class StudyList(BaseModel):
 
 class TrialList(BaseModel):
     items: list[TrialRead]
+
+
+class TrialVerdict(BaseModel):
+    """What the pruner made of a trial's reports so far, as the trial's own job asks it (``kiln.should_prune()``)."""
+
+    study_id: str
+    number: int
+    state: TrialState
+    prune: bool = Field(description="True once the pruner stopped the trial (PRUNED): it should end now.")
+    judged_step: int | None = Field(None, description="The last step of the objective the pruner has judged.")
+    pruned_step: int | None = Field(None, description="The step the pruner stopped it at.")
 
 
 class StudyEventRead(BaseModel):

@@ -20,6 +20,7 @@ TensorBoard poller and a system sampler.
 from __future__ import annotations
 
 import calendar
+import itertools
 import os
 import threading
 import time
@@ -45,6 +46,7 @@ _recognize_plain = _recognize._recognize_plain
 _recognize_scan = _recognize._recognize_scan
 clean_text = _recognize.clean_text
 Spool = _spool.Spool
+Watch = _spool.Watch
 encode_point = _spool.encode_point
 safe_member = _spool.safe_member
 spool_path = _spool.spool_path
@@ -52,6 +54,9 @@ Nvml = _sysmetrics.Nvml
 SystemSampler = _sysmetrics.SystemSampler
 visible_gpus = _sysmetrics.visible_gpus
 
+IDLE_SECONDS = 0.2  # the log thread's look at a quiet log when nothing woke it (a line written wakes it at once)
+SDK_LOOK_SECONDS = 0.02  # ... with watched metrics: how often kiln.log's spool files are looked at for growth
+MAX_SDK_FILES = 1000  # entries of the metrics directory looked at for them
 LAG_BYTES = 8 * 1024 * 1024  # backlog of unread log that makes extraction "lagging"
 CAUGHT_UP_BYTES = 1024 * 1024  # ... and below which it has caught up again
 DRAIN_SECONDS = 5.0  # how long the exit record waits for the drain of what is left of the log
@@ -80,6 +85,35 @@ def log_time(stamp: str) -> float | None:
         _time_cache[base] = seconds
     frac = stamp[20:26]
     return seconds + int(frac) / 1e6 if frac.isdigit() else seconds
+
+
+class SdkFiles:
+    """The sizes of the spool files ``kiln.log`` writes in the job (``sdk-*.jsonl`` in the metrics directory):
+    a job whose watched metrics come from ``kiln.log`` rather than its log wakes the server when they grow."""
+
+    def __init__(self, directory: str) -> None:
+        self.dir = directory
+        self.sizes: dict[str, int] = {}
+
+    def grew(self) -> bool:
+        grown = False
+        try:
+            # At most the first MAX_SDK_FILES entries: the job writes this directory and could fill it.
+            with os.scandir(self.dir) as found:
+                entries = list(itertools.islice(found, MAX_SDK_FILES))
+        except OSError:
+            return False
+        for entry in entries:
+            if not entry.name.startswith("sdk-"):
+                continue
+            try:
+                size = entry.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue
+            if self.sizes.get(entry.name, 0) < size:
+                grown = True
+            self.sizes[entry.name] = size
+        return grown
 
 
 class LogTail:
@@ -207,9 +241,20 @@ class Metrics:
         self.threads: list[threading.Thread] = []
         self.tail: LogTail | None = None
         self.say: Callable[[str], None] | None = None  # a line in the job's log (the shim's), for what it must know
+        # metrics.watch: those metrics' points are written at once and the server is woken (``on_watched``).
+        self.watch = Watch(mc.get("watch"))
+        self.on_watched: Callable[[], None] | None = None
+        # Set by the shim whenever it appends to the log (and by stop): the log thread reads at once rather than
+        # at its next look. Without it an idle job's new line waited up to IDLE_SECONDS to be read.
+        self.log_written = threading.Event()
 
     def spool(self, src: str) -> Spool:
-        return Spool(spool_path(self.dir, src, self.attempt, self.member), self.member, src)
+        path = spool_path(self.dir, src, self.attempt, self.member)
+        return Spool(path, self.member, src, watch=self.watch, on_watched=self._watched)
+
+    def _watched(self) -> None:
+        if self.on_watched is not None:
+            self.on_watched()
 
     def start(self) -> None:
         try:
@@ -242,6 +287,7 @@ class Metrics:
         start = time.monotonic()
         self.deadline = start + max(timeout, limit)
         self.stop_event.set()
+        self.log_written.set()
         for thread in self.threads:
             thread.join(max(0.0, start + timeout - time.monotonic()))
         return not any(thread.is_alive() for thread in self.threads)
@@ -275,8 +321,10 @@ class Metrics:
             tail.lag_bytes = mc["lag_bytes"]
         stopping_at: int | None = None  # the log's size when the stop came: the drain reads up to there
         last_size = tail.size()
+        sdk_files = SdkFiles(self.dir) if self.watch else None
         try:
             while True:
+                self.log_written.clear()  # before reading: a line written from here on sets it again
                 if stopping_at is None and self.stop_event.is_set():
                     stopping_at = tail.size()
                 if stopping_at is not None:
@@ -307,8 +355,12 @@ class Metrics:
                     continue
                 for t, step, metrics in extractor.flush(idle_only=True):
                     spool.add(t, step, metrics)
+                if spool.due():
+                    spool.flush()
+                if sdk_files is not None and sdk_files.grew():
+                    self._watched()  # kiln.log wrote a batch (it writes a watched metric's point at once)
                 if stopping_at is None:
-                    self.stop_event.wait(0.2)
+                    self.log_written.wait(SDK_LOOK_SECONDS if sdk_files is not None else IDLE_SECONDS)
         finally:
             tail.finish()
             if tail.lagging and tail.pos >= tail.size():

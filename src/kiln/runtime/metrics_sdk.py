@@ -17,6 +17,7 @@ or to send warns once and never fails the job.
 from __future__ import annotations
 
 import atexit
+import fnmatch
 import json
 import math
 import os
@@ -27,7 +28,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["flush", "log"]
+__all__ = ["flush", "log", "should_prune"]
 
 FLUSH_SECONDS = 1.0
 FLUSH_POINTS = 1000
@@ -82,6 +83,10 @@ class _Logger:
         self.pid = os.getpid()
         self.writes = 0  # batches written or sent (tests count them)
         self.started = False
+        # $KILN_WATCH_METRICS (the spec's metrics.watch: a study's objective): such a point is written at once.
+        self.watch = tuple(p.strip().lower() for p in os.environ.get("KILN_WATCH_METRICS", "").split(",") if p.strip())
+        self.watched_step: int | None = None  # the step of the last watched point logged
+        self.pruned = False
 
     # -- setup --
 
@@ -160,6 +165,9 @@ class _Logger:
                 del self.buffer[: len(self.buffer) - MAX_PENDING]
                 self._warn("overflow", "kiln.log: metrics are produced faster than they can be sent; some are dropped")
             full = self.points >= FLUSH_POINTS
+            if self.watch and any(fnmatch.fnmatchcase(name.lower(), p) for name in clean for p in self.watch):
+                full = True  # the server judges it now (a study's pruner), not within the next second
+                self.watched_step = step
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._run, name="kiln-metrics", daemon=True)
                 self.thread.start()
@@ -266,3 +274,41 @@ def log(metrics: Mapping[str, Any], step: int | None = None) -> None:
 def flush() -> None:
     """Write (or send) what ``log`` has buffered now, instead of within the next second."""
     _logger.flush()
+
+
+def should_prune(wait: float = 5.0) -> bool:
+    """In a trial of a tuning study: True once the study's pruner has stopped this trial, which should end now
+    (save what it wants and exit; it is stopped with SIGTERM soon after anyway). ``kiln.log`` the objective with
+    its step, then ask: the call sends what ``log`` holds and waits (at most ``wait`` seconds) until the pruner has
+    judged that step, so a trial that asks after each report never trains past its verdict. Outside a trial, or
+    where the server cannot be asked: False (with one warning)."""
+    logger = _logger
+    if logger.pruned:
+        return True
+    env = os.environ
+    endpoint, token, job_id = env.get("KILN_ENDPOINT"), env.get("KILN_JOB_TOKEN"), env.get("KILN_JOB_ID")
+    if not (endpoint and token and job_id):
+        logger._warn("prune-off", "kiln.should_prune: not running as a Kiln job with a job token; answering False")
+        return False
+    logger.flush()
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    query = {"wait": f"{max(0.0, min(wait, 10.0)):g}"}
+    if logger.watched_step is not None:
+        query["judged"] = str(logger.watched_step)
+    url = f"{endpoint.rstrip('/')}/api/v1/jobs/{job_id}/trial?{urllib.parse.urlencode(query)}"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT + wait) as response:
+            verdict = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        why = "this job is not a trial of a tuning study" if exc.code == 404 else f"HTTP {exc.code}"
+        logger._warn("prune-http", f"kiln.should_prune: {why}; answering False")
+        return False
+    except (OSError, ValueError) as exc:
+        logger._warn("prune-http", f"kiln.should_prune: cannot ask the server ({exc}); answering False")
+        return False
+    logger.pruned = bool(isinstance(verdict, dict) and verdict.get("prune"))
+    return logger.pruned

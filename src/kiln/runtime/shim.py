@@ -5,7 +5,8 @@ so it starts in milliseconds and stays small. It outlives the server (a restarte
 the files below) and is the only parent of the job's processes.
 
 It reads ``ATTEMPT_DIR/shim.json`` (and, on SIGTERM, the optional ``stop.json``) and writes:
-- ``shim.pid``     its pid (first thing it does);
+- ``shim.pid``     its pid, once it holds the attempt's claim (``claim.py``: the first thing it does; a shim that
+                   finds the attempt claimed by another or already ended exits at once, writing nothing);
 - ``status.json``  phase (preparing → running → finishing) and the job's process group;
 - ``exit.json``    the outcome, written atomically and fsynced: the durable record of how the attempt ended;
 - the job log      lines ``<time> <O|E|K> <text>`` appended to the log path it is given.
@@ -48,16 +49,16 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from typing import Any
 
 if __package__:
-    from kiln.runtime import netns, proctree, sandbox, shimbox, shimio, shimlimits, shimprep
+    from kiln.runtime import claim, netns, proctree, sandbox, shimbox, shimio, shimlimits, shimprep
 else:  # run as a script with -I: its own directory is not on sys.path
     _here = os.path.dirname(os.path.abspath(__file__))
     if _here not in sys.path:
         sys.path.append(_here)
+    import claim  # type: ignore[no-redef]
     import netns  # type: ignore[no-redef]
     import proctree  # type: ignore[no-redef]
     import sandbox  # type: ignore[no-redef]
@@ -111,7 +112,7 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits, shimlimits.JobLimits):
         self.notify_path = self.cfg.get("notify_socket")
         self.notify_sock: socket.socket | None = None
         self.metrics: Any = None  # extract.Metrics when the attempt collects metrics
-        self.stage_stop = threading.Event()  # set by a stop request while inputs are being staged
+        self.stage_stop = shimio.StopFlag()  # set by a stop request while inputs are being staged
         self.stage_holder = ""  # this attempt's name in the data cache's in-use records, once it staged
         self.helpers: set[int] = set()  # processes serving the job that are not the job's (a FUSE mount's daemon)
         self.box: dict | None = self.cfg.get("sandbox")  # runtime/sandbox.py: the job's steps run in it
@@ -376,6 +377,12 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits, shimlimits.JobLimits):
     # -- main -----------------------------------------------------------------------------------------
 
     def main(self) -> int:
+        # Before anything else: the attempt is this shim's alone, and not ended (a server that ended it before
+        # any shim claimed it left its exit record), or this shim runs nothing.
+        self.claim_fd = claim.take(self.dir, self.cfg.get("launch"))
+        if self.claim_fd is None:
+            print("the attempt is claimed by another shim or has ended: this one runs nothing", file=sys.stderr)
+            return claim.EXIT_NOT_CLAIMED
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGINT, self.on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -415,6 +422,7 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits, shimlimits.JobLimits):
             except Exception:
                 pass
         outcome["finished_at"] = time.time()
+        outcome["launch"] = cfg.get("launch")
         try:
             self.teardown_sandbox()
         except Exception:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 from typing import Any
 
@@ -74,6 +75,28 @@ def write_exit_record(path: str, data: dict) -> None:
         os.close(dfd)
 
 
+class StopFlag(threading.Event):
+    """A ``threading.Event`` that a signal handler may set.
+
+    ``Event.set`` takes the event's lock, and a Python signal handler runs in the main thread between two of its
+    bytecodes: a second SIGTERM arriving while the first one's handler held that lock (two cancels in a row), or
+    while the main thread was inside ``wait``, blocked the shim forever, its job never stopped. Setting this one is
+    a plain store, and ``wait`` polls it (the stage code waits on it only for a retry's back-off).
+    """
+
+    def set(self) -> None:
+        self._flag = True  # type: ignore[attr-defined]
+
+    def wait(self, timeout: float | None = None) -> bool:
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            left = 0.02 if end is None else min(0.02, end - time.monotonic())
+            if left <= 0:
+                return False
+            time.sleep(left)
+        return True
+
+
 class DiskFull(Exception):
     pass
 
@@ -88,6 +111,7 @@ class AttemptFiles:
     stream_tag: str
     notify_path: str | None
     notify_sock: socket.socket | None
+    metrics: Any = None  # extract.Metrics while the attempt collects metrics
     cancel_reason: str
     stop_info: tuple[str, str, float] | None
     log_over = False  # the job's output was dropped at its log limit (since its step started: shimlimits.py)
@@ -151,6 +175,9 @@ class AttemptFiles:
             if exc.errno in (28, 122):  # ENOSPC, EDQUOT
                 raise DiskFull(str(exc)) from exc
             raise
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.log_written.set()  # the metrics thread reads the new lines now
 
     def say(self, text: str) -> None:
         """A line from the shim itself: best effort, so a full disk fails only jobs whose own output is lost."""

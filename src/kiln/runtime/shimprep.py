@@ -139,6 +139,7 @@ class Preparation(_shimio.AttemptFiles, _proctree.ProcessTree):
             extract = load_extract()
             self.metrics = extract.Metrics(self.cfg, self.tree, os.fstat(self.log_fd).st_size)
             self.metrics.say = self.say  # e.g. that TensorBoard files are no longer read (their budget is spent)
+            self.metrics.on_watched = lambda: self.notify("metrics")  # metrics.watch: the server reads them now
             # The threads share the interpreter with the loop copying the job's output: hand it back sooner.
             sys.setswitchinterval(0.0005)
             self.metrics.start()

@@ -6,6 +6,7 @@ Standard library only, like ``extract`` (which loads it; see there). One writer 
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 import os
@@ -68,10 +69,36 @@ def spool_path(directory: str, src: str, attempt: object, member: str) -> str:
     return os.path.join(directory, f"{src}-a{attempt}-{safe_member(member)}.jsonl")
 
 
+class Watch:
+    """The spec's ``metrics.watch``: shell-style patterns of names (without regard to case) whose points are sent
+    on at once rather than with the next batch."""
+
+    def __init__(self, patterns: object = ()) -> None:
+        self.patterns = tuple(str(p).lower() for p in patterns or ()) if isinstance(patterns, list | tuple) else ()
+        self.cache: dict[str, bool] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.patterns)
+
+    def any(self, names: object) -> bool:
+        for name in names:  # type: ignore[attr-defined]
+            hit = self.cache.get(name)
+            if hit is None:
+                hit = any(fnmatch.fnmatchcase(name.lower(), p) for p in self.patterns)
+                if len(self.cache) < 10_000:
+                    self.cache[name] = hit
+            if hit:
+                return True
+        return False
+
+
 class Spool:
     """One writer's spool file. Points are buffered, merged per (step, time) and appended in batches: every
     batch is one ``os.write`` of complete lines on an ``O_APPEND`` fd. A write error (a full disk) drops the
-    batch and, if it can, leaves one event saying so; it never raises."""
+    batch and, if it can, leaves one event saying so; it never raises.
+
+    ``watch``: a point naming a watched metric makes the buffer due at once, and ``on_watched`` is called after
+    the batch holding it is written (the shim wakes the server's ingester with it)."""
 
     def __init__(
         self,
@@ -81,8 +108,13 @@ class Spool:
         flush_seconds: float = FLUSH_SECONDS,
         flush_points: int = FLUSH_POINTS,
         clock: Callable[[], float] = time.monotonic,
+        watch: Watch | None = None,
+        on_watched: Callable[[], None] | None = None,
     ) -> None:
         self.path = path
+        self.watch = watch or Watch()
+        self.on_watched = on_watched
+        self.watched = False  # a watched metric's point is in the buffer
         self.member = member
         self.src = src
         self.flush_seconds = flush_seconds
@@ -113,6 +145,8 @@ class Spool:
         else:
             self.items.append([t, step, dict(metrics)])
         self.points += len(metrics)
+        if self.watch and not self.watched and self.watch.any(metrics):
+            self.watched = True
 
     def event(self, reason: str, message: str, t: float | None = None) -> None:
         self.items.append(encode_event(time.time() if t is None else t, reason, message, self.member))
@@ -120,10 +154,11 @@ class Spool:
     def due(self) -> bool:
         if not self.items:
             return False
-        return self.points >= self.flush_points or self.clock() - self.last_flush >= self.flush_seconds
+        return self.watched or self.points >= self.flush_points or self.clock() - self.last_flush >= self.flush_seconds
 
     def flush(self) -> None:
         items, self.items, self.points = self.items, [], 0
+        watched, self.watched = self.watched, False
         self.last_flush = self.clock()
         if not items:
             return
@@ -139,6 +174,11 @@ class Spool:
         # Batches stay well under the size where a regular file's write could come back short.
         for start in range(0, len(lines), 2000):
             self._write(b"".join(lines[start : start + 2000]), len(lines[start : start + 2000]))
+        if watched and self.on_watched is not None:
+            try:
+                self.on_watched()
+            except Exception:
+                pass  # a wake-up only: the server reads the file at its next pass anyway
 
     def _write(self, data: bytes, count: int) -> None:
         try:

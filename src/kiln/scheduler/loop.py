@@ -12,8 +12,15 @@ One pass, whatever the number of jobs it touches:
 3. write everything in **one transaction**: the leases (a full sweep), every observed transition, every wait's
    reason, failures, preemption requests, and the STARTING transition of the placements this pass starts, with
    the admission (quotas) re-checked;
-4. after that commit, start those attempts (``backend.start``); STARTING is committed first, so after a crash
-   the attempt is found by its handle and never started twice.
+4. after that commit, start those attempts (``backend.start``).
+
+Crash safety. STARTING is committed before the start, with the launch the row expects in its handle (the
+attempt, a launch token the backend's supervisor records too). A server that dies between the commit and the
+start (or a start that raised) leaves an attempt no supervisor runs: the next observation finds it
+``Phase.UNLAUNCHED`` and the pass launches it again, the same attempt (never a failure of the job, never a
+re-attachment that did not happen); one that finds the supervisor alive or its exit record adopts it with its
+real outcome. The backend's start is idempotent per attempt, so whichever launch comes up first runs the job's
+command and any other runs nothing (the local executor: ``kiln.runtime.claim``).
 """
 
 from __future__ import annotations
@@ -22,58 +29,54 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable
+from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, cast
+from pathlib import Path
+from typing import Any
 
-from sqlalchemy import String, Table, Text, bindparam, column, func, insert, or_, select, update, values
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from kiln.backends.base import Backend, Launch, Phase, ResolvedInput, Slot
 from kiln.backends.capabilities import CheckpointSyncer, JobFiles, OutputCollector, Preemptible
-from kiln.db.models import Job, JobEvent, utcnow
+from kiln.db.models import Job, utcnow
 from kiln.db.session import Database
-from kiln.domain.placement.types import Decision
+from kiln.domain.ids import new_id
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState, Reason
 from kiln.errors import InvalidInput
 from kiln.scheduler.outcome import STARTED_BEFORE_END, JobView, Observed, Outcome, decide
 from kiln.scheduler.passes import Plan, Seen
 from kiln.scheduler.starter import Starter
+from kiln.scheduler.waiting import WAITING_STATES, note_waiting, queued_at, set_waiting
 from kiln.services.lifecycle import record, transition
 from kiln.services.quotas import Admission
 from kiln.services.scheduler_inputs import allocation_of, gather, redact
-from kiln.services.tasks import Task, TaskContext, TaskRunner
+from kiln.services.tasks import Task, TaskContext
 from kiln.settings import Settings
 from kiln.storage.keys import blob_key, checkpoints_prefix, outputs_prefix
 from kiln.storage.logs import LogStore
 
 log = logging.getLogger(__name__)
 
-JOBS_TABLE = cast(Table, Job.__table__)
-EVENTS_TABLE = cast(Table, JobEvent.__table__)
-
 # A pass starts about this much work (backend.start calls, timed as they go) so that a burst of submissions does
 # not hold up observing the attempts already started behind hundreds of process starts; the rest of the decision
 # is started by the next passes, which follow at once. At least MIN_STARTS_PER_PASS: on a loaded machine a start
 # takes longer, and a pass's own cost (its reads and its commit) would then be paid for one or two starts. A crash
-# between a pass's commit and its starts leaves that share STARTING with no process: the restarted server finds
-# those attempts lost (the restart policy applies), as it found the one job being started before passes batched.
+# between a pass's commit and its starts leaves that share STARTING with no process: the restarted server's first
+# pass launches them (``Relaunched``).
 MAX_START_SECONDS_PER_PASS = 0.1
 MIN_STARTS_PER_PASS = 8
 MAX_STARTS_PER_PASS = 64
 LEFTOVER_SECONDS = 2.0  # placements older than this are decided again rather than started
 OPEN_STATES = [JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING]
 ACTIVE_STATES = [JobState.STARTING, JobState.RUNNING]
-WAITING_STATES = (JobState.QUEUED, JobState.RESTARTING)
-
-
-def set_waiting(s: Session, job: Job, why: str) -> None:
-    """Say why a job waits. An event only when the kind of wait changes (queued → capacity → quota): a moving
-    queue position or changing free numbers just update the message, so a long queue does not flood events."""
-    before = (job.message or "").split(":", 1)[0]
-    job.message = why
-    if before != why.split(":", 1)[0]:
-        record(s, job, "Waiting", why)
+# Launches of one attempt before the job fails with BackendError: each is a start that raised, or a server that
+# stopped before starting it; more than this is a start that cannot succeed, not bad luck.
+MAX_LAUNCHES = 5
+# A pass due when another server's lease on a waiting job runs out comes this much after it (the lease must be seen
+# expired: ``lease_expires_at < now``).
+TAKEOVER_SLACK_SECONDS = 0.01
 
 
 class Reconciler:
@@ -95,17 +98,15 @@ class Reconciler:
         self._dirty: set[str] = set()  # jobs whose attempts reported a change since the last pass
         self._dirty_lock = threading.Lock()
         self._next_sweep = 0.0
-        self._runner: TaskRunner | None = None  # start()'s own, when no platform runs the task
         self._first_pass = True
-        self.last_decision: Decision | None = None
         self._leftover: list[tuple[Any, tuple[Slot, ...]]] = []  # placements decided but not started yet
         self._leftover_names: dict[str, str] = {}
         self._leftover_at = 0.0
-        self.starter = Starter(db, backend, self._inputs)
+        self._borrowers: dict[str, str] = {}  # placed job id → the waiting job it borrows from (kept in its allocation)
+        self._next_takeover: datetime | None = None  # the earliest another server's lease on a waiting job runs out
+        self.starter = Starter(db, backend, self._inputs, logs, owner=self.owner)
         # (org id, spec) → the spec's inputs resolved to files; set by the platform when datasets exist.
         self.resolve_inputs: Callable[[str, JobSpec], tuple[ResolvedInput, ...]] | None = None
-        # Called in the transaction that made a job STARTING, once per job (whatever it reads, it reads per job).
-        self.on_started: Callable[[Job], None] | None = None
         # The admission latency of each job a pass starts, in seconds from its entering the queue (submitted,
         # preempted or restarting) to STARTING: read for all of the pass's jobs in one query.
         self.on_admitted: Callable[[float], None] | None = None
@@ -124,19 +125,22 @@ class Reconciler:
         at once when woken. No lease scope: every server runs it, and it leases the jobs themselves row by row."""
         return Task("reconciler", self._pass, self.settings.reconcile_interval, wake=self._wake)
 
-    def _pass(self, ctx: TaskContext) -> None:
+    def _pass(self, ctx: TaskContext) -> float | None:
         # A pass that left placements or preemptions sets the wake-up itself: the next pass follows at once.
         self.run_once(full=not ctx.woken)
+        return self.until_takeover()
 
-    def start(self) -> None:
-        """Run the task on a runner of its own (a server runs it on the platform's runner instead)."""
-        self._runner = TaskRunner()
-        self._runner.add(self.task())
-        self._runner.start()
-
-    def stop(self) -> None:
-        if self._runner is not None:
-            self._runner.stop()
+    def until_takeover(self) -> float | None:
+        """Seconds to the next pass when another server's lease on a waiting job runs out before the interval is
+        up (None: wait the interval). Only the lease's holder places a job, so when that server died the job waits
+        for its lease to run out; the next pass is due then, not up to an interval later (issue 27: a dead
+        server's jobs are placed within the TTL plus one pass, not the TTL plus the interval plus a pass)."""
+        if self._next_takeover is None:
+            return None
+        wait = (self._next_takeover - utcnow()).total_seconds() + TAKEOVER_SLACK_SECONDS
+        if wait >= self.settings.reconcile_interval:
+            return None
+        return max(TAKEOVER_SLACK_SECONDS, wait)
 
     # -- one pass -------------------------------------------------------------------------------------
 
@@ -155,14 +159,16 @@ class Reconciler:
         full = full or first
         seen = [self._look(job) for job in self._to_observe(full, dirty)]
         plan = self._plan({x.job.id for x in seen if x.ended})
-        self.starter.start(self._write(seen, plan, full=full, first=first))
+        launches = self._write(seen, plan, full=full, first=first)
+        self.starter.start(launches, committed_at=time.monotonic())
         if self._leftover:
             self._wake.set()  # more were placed than one pass starts: go again at once
 
     def _schedule(self) -> bool:
         """A scheduling pass alone (no observing): decide, write, start this pass's share of the placements. True
         when placements were left for the next pass."""
-        self.starter.start(self._write([], self._plan(set()), full=False, first=False))
+        launches = self._write([], self._plan(set()), full=False, first=False)
+        self.starter.start(launches, committed_at=time.monotonic())
         return bool(self._leftover)
 
     # -- leases ---------------------------------------------------------------------------------------
@@ -252,12 +258,16 @@ class Reconciler:
         status = self.backend.poll(handle)
         if status.phase is Phase.STARTING:
             return seen
+        if status.phase is Phase.UNLAUNCHED:
+            seen.status = status  # the pass launches it again (``_apply``): nothing ended, nothing to collect
+            return seen
         if status.phase is Phase.RUNNING:
             if job.state == JobState.STARTING:
                 seen.status = status
             return seen
         seen.status = status
-        seen.log_bytes = self.logs.size(job.id)  # counted in the organisation's storage (services/quotas.py)
+        # The whole log into the store before the end is recorded: a server that sees the job ended serves it all.
+        seen.log_bytes = self._ship_log(job, handle)  # counted in the organisation's storage (services/quotas.py)
         backend = self.backend
         try:
             if isinstance(backend, OutputCollector):
@@ -267,7 +277,7 @@ class Reconciler:
             log.warning("job %s: collecting outputs failed: %s", job.id, exc)
         try:
             if isinstance(backend, CheckpointSyncer):
-                backend.sync_checkpoints(job.id, checkpoints_prefix(job.org_id, job.id))
+                backend.sync_checkpoints(handle, checkpoints_prefix(job.org_id, job.id))
         except Exception as exc:
             seen.copy_error += f"; keeping checkpoints in the store failed: {type(exc).__name__}: {exc}"
             log.warning("job %s: keeping checkpoints failed: %s", job.id, exc)
@@ -275,23 +285,73 @@ class Reconciler:
             self.backend.cleanup(handle)
         return seen
 
-    def _apply(self, s: Session, row: Job | None, seen: Seen) -> None:
+    def _ship_log(self, job: Job, handle: dict[str, Any]) -> int:
+        """Ship the job's log to the store (all of it: the attempt is over); its size. A store that is down
+        leaves it to the log-shipping task, and the end is recorded all the same. ``handle``'s ``log``: the file
+        the attempt writes, when the backend names it (another server's on this machine, for an adopted one)."""
+        source = self._log_source(handle)
+        try:
+            size = self.logs.ship(job.org_id, job.id, final=True, source=source)
+            self.logs.unshipped.discard((job.org_id, job.id))
+            return max(size, self.logs.size(job.id))
+        except Exception as exc:
+            log.warning("job %s: shipping its log to the store failed: %s", job.id, exc)
+            self.logs.unshipped.add((job.org_id, job.id))
+            return self.logs.size(job.id)
+
+    @staticmethod
+    def _log_source(handle: dict[str, Any]) -> Path | None:
+        """The file the attempt writes its log to, where its backend names it in the handle."""
+        return Path(handle["log"]) if isinstance(handle.get("log"), str) else None
+
+    def _apply(self, s: Session, row: Job | None, seen: Seen) -> Launch | None:
         """Write what was seen of one attempt, if the row is still that attempt's and this server's: the outcome
-        ``scheduler.outcome.decide`` gives, carried out through ``transition``."""
+        ``scheduler.outcome.decide`` gives, carried out through ``transition``; or, for an attempt never launched,
+        the launch to make once the pass commits."""
         if row is None or row.attempt != seen.job.attempt or row.lease_owner != self.owner:
-            return  # already handled elsewhere, or another server took the job: an attempt's end is applied once
+            return None  # handled elsewhere, or another server took the job: an attempt's end is applied once
         if not JobState(row.state).active:
-            return
+            return None
         if seen.handle_changed:
             row.handle = seen.handle
         if seen.status is None:
-            return
+            return None
+        if seen.status.phase is Phase.UNLAUNCHED:
+            if row.cancel_requested:  # the backend's cancel ends such an attempt; this is the record of it
+                transition(s, row, JobState.CANCELLED, Reason.CANCELLED, "cancelled before it started")
+                seen.keep_files = False
+                return None
+            if row.state == JobState.STARTING:
+                return self._relaunch(s, row, seen.status.message)
+            # Running by the record, gone without a trace by the backend's: lost.
+            seen.status = replace(seen.status, phase=Phase.LOST)
         observed = Observed(seen.status, seen.handle.get("preempt_sent_at"), seen.copied, seen.copy_error)
         spec = JobSpec.model_validate(row.spec)
         backoff = self.settings.restart_backoff_seconds
         outcome = decide(JobView.of(row), spec, observed, now=utcnow(), restart_backoff_seconds=backoff)
         if outcome is not None:
             self._end_attempt(s, row, seen, outcome)
+        return None
+
+    def _relaunch(self, s: Session, row: Job, why: str) -> Launch | None:
+        """Launch again an attempt recorded STARTING that nothing runs: the same attempt, its allocation and
+        launch token kept; after MAX_LAUNCHES the job fails (a start that cannot succeed)."""
+        handle = dict(row.handle or self.backend.handle_for(row.id, row.attempt))
+        launches = int(handle.get("launches", 1))
+        if launches >= MAX_LAUNCHES:
+            message = f"attempt {row.attempt} could not be started in {launches} launches: {why}"
+            transition(s, row, JobState.FAILED, Reason.BACKEND_ERROR, message)
+            return None
+        handle["launches"] = launches + 1
+        row.handle = handle
+        record(s, row, Reason.RELAUNCHED, f"attempt {row.attempt} was never launched ({why}); launching it now")
+        slots = tuple(
+            Slot(x["node"], x["cpus"], x["memory"], tuple(x["gpus"])) for x in (row.allocation or {}).get("slots", [])
+        )
+        if not slots:  # an allocation recorded before slots were: the whole allocation is one slot
+            alloc = row.allocation or {}
+            slots = (Slot("local", alloc.get("cpus", 0), alloc.get("memory"), tuple(alloc.get("gpus", ()))),)
+        return self._launch_of(row, slots)
 
     @staticmethod
     def _end_attempt(s: Session, row: Job, seen: Seen, outcome: Outcome) -> None:
@@ -326,17 +386,19 @@ class Reconciler:
         now = utcnow()
         with self.db.read() as s:
             snap = gather(s, self.backend, now, released=released)
-        # A job leased by another server is that server's to place; it still counts in nobody's queue here.
-        mine = [
-            p
-            for p, j in zip(snap.pending, snap.queue, strict=True)
-            if j.lease_owner in (None, self.owner) or j.lease_expires_at is None or j.lease_expires_at < now
-        ]
+        # A job leased by another server is that server's to place; it still counts in nobody's queue here, until
+        # its lease runs out (the next pass is due then: ``until_takeover``).
+        mine = []
+        self._next_takeover = None
+        for p, j in zip(snap.pending, snap.queue, strict=True):
+            if j.lease_owner in (None, self.owner) or j.lease_expires_at is None or j.lease_expires_at < now:
+                mine.append(p)
+            elif self._next_takeover is None or j.lease_expires_at < self._next_takeover:
+                self._next_takeover = j.lease_expires_at
         if not mine:
             return Plan()
         snap.pending = mine
         decision = snap.decide(time.time(), self.settings.preemption)
-        self.last_decision = decision
         plan = Plan(rows=snap.by_id, names=snap.names)
         plan.unschedulable = {
             job_id: f"can never run here: the job {why}" for job_id, why in decision.unschedulable.items()
@@ -356,6 +418,7 @@ class Reconciler:
         ]
         self._leftover_names = snap.names
         self._leftover_at = time.monotonic()
+        self._borrowers = {p.job_id: p.backfill_for for p in decision.placements if p.backfill_for}
         plan.starts = self._next_starts()
         return plan
 
@@ -374,30 +437,35 @@ class Reconciler:
         if not (full or writes or plan.writes):
             return []
         reattached = 0
+        relaunches: list[Launch] = []
         with self.db.transaction() as s:
             if full:
                 self._take_leases(s)
             rows = self._rows(s, [x.job.id for x in (seen if first else writes)])
             if first:
-                reattached = self._note_reattached(s, rows.values())
+                reattached = self._note_reattached(s, rows, seen)
             for x in writes:
-                self._apply(s, rows.get(x.job.id), x)
+                again = self._apply(s, rows.get(x.job.id), x)
+                if again is not None:
+                    relaunches.append(again)
             if plan.unschedulable:
                 self._fail_waiting(s, plan.unschedulable)
             if plan.preemptions:
                 self._request_preemptions(s, plan.preemptions)
             if plan.waiting:
-                self._note_waiting(s, plan.waiting, plan.rows)
-            launches = self._mark_starting(s, plan.starts, plan.names)
+                note_waiting(s, self.db.dialect, plan.waiting, plan.rows)
+            launches = relaunches + self._mark_starting(s, plan.starts, plan.names)
         if reattached:
             log.info("re-attached to %d running job(s)", reattached)
         for x in seen:
             for note in x.notes:
-                self.logs.append_system(x.job.id, note)
+                self.logs.append_system(x.job.id, note, self._log_source(x.handle))
+            if x.notes and x.ended:
+                self._ship_log(x.job, x.handle)
             # Its outputs and checkpoints are in the store, its end committed: its local files may go.
             if x.keep_files is not None and isinstance(self.backend, JobFiles):
                 try:
-                    self.backend.release(x.job.id, x.keep_files)
+                    self.backend.release(x.handle, x.keep_files)
                 except Exception:
                     log.exception("job %s: freeing its local files failed", x.job.id)
         if plan.preemptions:  # the next observation of each victim warns and stops it
@@ -406,12 +474,23 @@ class Reconciler:
             self._wake.set()
         return launches
 
-    def _note_reattached(self, s: Session, rows: Iterable[Job]) -> int:
+    def _note_reattached(self, s: Session, rows: dict[str, Job], seen: list[Seen]) -> int:
+        """The first pass of a server: say, per active job, what it found of the attempt the row records. A
+        supervisor alive: re-attached. An attempt that ended while no server ran: adopted with its outcome (the
+        transition says which). Never launched, or lost: no re-attachment is claimed (``_apply`` says what)."""
         count = 0
-        for row in rows:
-            if JobState(row.state).active and row.lease_owner == self.owner:
+        for x in seen:
+            row = rows.get(x.job.id)
+            if row is None or not JobState(row.state).active or row.lease_owner != self.owner:
+                continue
+            if row.attempt != x.job.attempt:
+                continue
+            phase = x.status.phase if x.status is not None else None
+            if phase is None or phase in (Phase.STARTING, Phase.RUNNING):
                 record(s, row, Reason.REATTACHED, f"server (re)started; re-attached to attempt {row.attempt}")
                 count += 1
+            elif phase is Phase.EXITED:
+                record(s, row, Reason.ADOPTED, f"server (re)started; attempt {row.attempt} ended while it was down")
         return count
 
     def _fail_waiting(self, s: Session, failures: dict[str, str]) -> None:
@@ -428,35 +507,6 @@ class Reconciler:
             row.preempt_reason = victims[job_id]
             row.updated_at = utcnow()
             record(s, row, Reason.PREEMPTING, victims[job_id])
-
-    def _note_waiting(self, s: Session, changed: dict[str, str], rows: dict[str, Any]) -> None:
-        """Say why jobs wait, in bulk: the first pass over a long queue writes thousands."""
-        now = utcnow()
-        events = []
-        for job_id, why in changed.items():
-            before = (rows[job_id].message or "").split(":", 1)[0]
-            if before != why.split(":", 1)[0]:  # an event only when the kind of wait changes
-                events.append({"job_id": job_id, "time": now, "reason": Reason.WAITING, "message": why})
-        jobs = JOBS_TABLE.c
-        waiting = or_(jobs.state == str(JobState.QUEUED), jobs.state == str(JobState.RESTARTING))
-        items = list(changed.items())
-        conn = s.connection()
-        if self.db.dialect == "postgresql":
-            # One UPDATE ... FROM (VALUES ...) per thousand rows: a round trip per row costs seconds here.
-            for start in range(0, len(items), 1000):
-                batch = values(column("b_id", String), column("b_message", Text), name="b").data(
-                    items[start : start + 1000]
-                )
-                conn.execute(
-                    update(JOBS_TABLE).where(jobs.id == batch.c.b_id, waiting).values(message=batch.c.b_message)
-                )
-        else:  # SQLite: executemany of one prepared statement is cheap (no round trips)
-            conn.execute(
-                update(JOBS_TABLE).where(jobs.id == bindparam("b_id"), waiting).values(message=bindparam("b_message")),
-                [{"b_id": job_id, "b_message": why} for job_id, why in items],
-            )
-        if events:
-            conn.execute(insert(EVENTS_TABLE), events)
 
     def _mark_starting(
         self, s: Session, starts: list[tuple[Any, tuple[Slot, ...]]], names: dict[str, str]
@@ -485,7 +535,7 @@ class Reconciler:
         if not placed:
             return []
         admission = Admission(s, self.db.dialect, [job.org_id for job, _ in placed])
-        queued_at = self._queued_at(s, [job.id for job, _ in placed]) if self.on_admitted is not None else {}
+        entered = queued_at(s, [job.id for job, _ in placed]) if self.on_admitted is not None else {}
         launches = []
         for job, slots in placed:
             waiting = admission.admit(job, names.get(job.org_id) or job.org_id)
@@ -494,37 +544,28 @@ class Reconciler:
                 continue
             launches.append(self._starting(s, job, slots, now))
             if self.on_admitted is not None:
-                since = queued_at.get(job.id) or job.created_at
+                since = entered.get(job.id) or job.created_at
                 try:
                     self.on_admitted(max(0.0, (now - since).total_seconds()))
                 except Exception:  # a metric must never stop a job from starting
                     log.exception("observing the admission latency failed")
         return launches
 
-    @staticmethod
-    def _queued_at(s: Session, job_ids: list[str]) -> dict[str, datetime]:
-        """When each job last entered the queue (its latest event to QUEUED or RESTARTING)."""
-        waiting = [str(x) for x in WAITING_STATES]
-        query = (
-            select(JobEvent.job_id, func.max(JobEvent.time))
-            .where(JobEvent.job_id.in_(job_ids), JobEvent.to_state.in_(waiting))
-            .group_by(JobEvent.job_id)
-        )
-        return {job_id: at for job_id, at in s.execute(query)}
-
     def _starting(self, s: Session, job: Job, slots: tuple[Slot, ...], now: datetime) -> Launch:
         job.attempt += 1
-        allocation = allocation_of(slots)
+        allocation = allocation_of(slots, self._borrowers.get(job.id))
         job.allocation = allocation
-        job.handle = self.backend.handle_for(job.id, job.attempt)
+        job.handle = {**self.backend.handle_for(job.id, job.attempt), "launch": new_id("lch")}
         job.not_before = None
         job.preempt_reason = None
         where = f"{allocation['cpus']:g} CPU(s)" + (f", GPUs {allocation['gpus']}" if allocation["gpus"] else "")
         if len(slots) > 1:
             where = f"{len(slots)} gang members, " + where
         transition(s, job, JobState.STARTING, Reason.SCHEDULED, f"attempt {job.attempt} placed on {where}", now=now)
-        if self.on_started is not None:
-            self.on_started(job)
+        return self._launch_of(job, slots)
+
+    def _launch_of(self, job: Job, slots: tuple[Slot, ...]) -> Launch:
+        """What the backend needs to start the job's current attempt on ``slots`` (the launch its handle names)."""
         spec = JobSpec.model_validate(job.spec)
         return Launch(
             job_id=job.id,
@@ -538,6 +579,8 @@ class Reconciler:
             job_token=self._token(job),
             api_endpoint=self.settings.endpoint,
             slots=slots if spec.distributed is not None else (),
+            launch_id=(job.handle or {}).get("launch"),
+            handle=dict(job.handle) if job.handle else None,
         )
 
     # -- what a start needs ---------------------------------------------------------------------------

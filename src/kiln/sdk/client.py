@@ -8,6 +8,12 @@ Requests with an access key are signed (KILN-HMAC-SHA256); requests with a job t
 ``Authorization: Bearer <token>`` and no signature. Errors are raised as the same ``kiln.errors`` classes the
 server maps, e.g. ``kiln.errors.NotFound``.
 
+Every create (submit, rerun, a study, a service, a model version) is sent with an ``Idempotency-Key``, a new UUID
+per call unless the caller gives one (``idempotency_key=``), and is retried with that key, as reads are, after a lost
+connection or a 502/503/504 for up to ``retry_seconds`` (60 s; ``KILN_RETRY_SECONDS``): the server answers a
+repeat with what the first try created, so a retry never makes a second job (kiln.sdk.retries,
+docs/idempotency.md). Other writes are sent once.
+
 The organisation, user, key, quota and audit methods live in ``kiln.sdk.tenancy.TenancyMixin``; the runtime
 catalog's in ``kiln.sdk.runtimes.RuntimesMixin``.
 """
@@ -15,6 +21,7 @@ catalog's in ``kiln.sdk.runtimes.RuntimesMixin``.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +32,8 @@ from urllib.parse import quote
 import httpx
 
 from kiln.auth import signing
+from kiln.domain.idempotency import HEADER as IDEMPOTENCY_HEADER
+from kiln.domain.idempotency import new_key
 from kiln.domain.schemas import (
     ArtifactRead,
     EventRead,
@@ -49,11 +58,14 @@ from kiln.sdk.job_actions import JobActionsMixin
 from kiln.sdk.logs import LogLine, LogParser
 from kiln.sdk.models import ModelsMixin
 from kiln.sdk.packaging import DEFAULT_MAX_CODE_BYTES, build_bundle
+from kiln.sdk.retries import RETRY_ERRORS, RETRY_STATUSES, SAFE_METHODS, RetryPolicy, retry_after
 from kiln.sdk.runtimes import RuntimesMixin
 from kiln.sdk.services import ServicesMixin
 from kiln.sdk.studies import StudiesMixin
 from kiln.sdk.tenancy import TenancyMixin
 from kiln.settings import ClientSettings
+
+log = logging.getLogger(__name__)
 
 Progress = Callable[[int], None]
 
@@ -79,8 +91,11 @@ class Client(JobActionsMixin, TenancyMixin, DatasetsMixin, ModelsMixin, Runtimes
         *,
         job_token: str | None = None,
         timeout: float | None = None,
+        retry_seconds: float | None = None,
         settings: ClientSettings | None = None,
     ) -> None:
+        """``retry_seconds``: how long a request that is safe to repeat is retried (see the module's docstring);
+        0 never retries. By default ``KILN_RETRY_SECONDS``, else 60."""
         if job_token and (access_key or secret_key):
             raise ValueError("give either access_key and secret_key, or job_token, not both")
         settings = settings or ClientSettings()
@@ -91,6 +106,7 @@ class Client(JobActionsMixin, TenancyMixin, DatasetsMixin, ModelsMixin, Runtimes
         self._secret_key = self._credentials.secret_key
         self._job_token = self._credentials.job_token
         self._http = httpx.Client(base_url=self.endpoint, timeout=timeout or settings.timeout)
+        self.retries = RetryPolicy(total=settings.retry_seconds if retry_seconds is None else retry_seconds)
 
     @property
     def uses_job_token(self) -> bool:
@@ -157,28 +173,71 @@ class Client(JobActionsMixin, TenancyMixin, DatasetsMixin, ModelsMixin, Runtimes
         unsigned: bool = False,
         content_sha256: str | None = None,
         extra_headers: dict[str, str] | None = None,
+        idempotency_key: str | None = None,
+        retry: bool | None = None,
     ) -> httpx.Response:
         """One API call (``path`` below /api/v1). A ``bytes`` ``content`` is signed with its hash; a streamed one
-        needs ``content_sha256`` (or ``unsigned`` where the route allows it)."""
+        needs ``content_sha256`` (or ``unsigned`` where the route allows it). ``idempotency_key``: a create's
+        Idempotency-Key. A GET or HEAD, or a request with a key, is retried (``self.retries``) unless ``retry`` is
+        False; ``retry=True`` retries another request that changes nothing (a dry run). A streamed body is never
+        retried: it cannot be sent twice."""
         body = json.dumps(json_body).encode() if json_body is not None else None
         if body is None and isinstance(content, bytes):
             body, content = content, None
-        url, headers = self._prepare(method, path, params, body, unsigned, content_sha256)
+        headers = dict(extra_headers or {})
         if json_body is not None:
             headers["Content-Type"] = "application/json"
-        headers.update(extra_headers or {})
-        try:
-            response = self._http.request(method, url, content=body if body is not None else content, headers=headers)
-            if method == "HEAD" and response.status_code >= 400 and response.status_code != 404:
-                # A HEAD answer has no body: ask again with GET for the server's error (a refusal reads the same).
-                url, headers = self._prepare("GET", path, params, b"", False)
-                with self._http.stream("GET", url, headers={**headers, **(extra_headers or {})}) as again:
-                    if again.status_code >= 400:
-                        response = again
-                        response.read()
-        except httpx.TransportError as exc:
-            raise KilnError(f"cannot reach Kiln at {self.endpoint}: {exc}") from exc
+        if idempotency_key is not None:
+            headers[IDEMPOTENCY_HEADER] = idempotency_key
+        if retry is None:
+            retry = method in SAFE_METHODS or idempotency_key is not None
+        retry = retry and content is None
+        clock = self.retries.start()
+        while True:
+            try:
+                response = self._send(method, path, params, body, content, unsigned, content_sha256, headers)
+            except httpx.TransportError as exc:
+                if retry and isinstance(exc, RETRY_ERRORS) and clock.tries == 0 and self.retries.total > 0:
+                    # Said once per call: a wrong endpoint otherwise looks like a hang for the whole window.
+                    log.warning(
+                        "cannot reach Kiln at %s (%s); trying again for up to %g s (KILN_RETRY_SECONDS)",
+                        self.endpoint,
+                        type(exc).__name__,
+                        self.retries.total,
+                    )
+                if retry and isinstance(exc, RETRY_ERRORS) and clock.wait():
+                    continue
+                tried = f" (tried {clock.tries + 1} times)" if clock.tries else ""
+                raise KilnError(f"cannot reach Kiln at {self.endpoint}: {exc}{tried}") from exc
+            if retry and response.status_code in RETRY_STATUSES and clock.wait(retry_after(response)):
+                continue
+            break
         self._raise_for(response)
+        return response
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        params: dict[str, Any] | None,
+        body: bytes | None,
+        content: Any,
+        unsigned: bool,
+        content_sha256: str | None,
+        extra_headers: dict[str, str],
+    ) -> httpx.Response:
+        """One try of ``request``, signed now: a retry is a new request to the server, with its own date and nonce
+        (the server refuses a nonce it has seen)."""
+        url, headers = self._prepare(method, path, params, body, unsigned, content_sha256)
+        headers.update(extra_headers)
+        response = self._http.request(method, url, content=body if body is not None else content, headers=headers)
+        if method == "HEAD" and response.status_code >= 400 and response.status_code != 404:
+            # A HEAD answer has no body: ask again with GET for the server's error (a refusal reads the same).
+            url, headers = self._prepare("GET", path, params, b"", False)
+            with self._http.stream("GET", url, headers={**headers, **extra_headers}) as again:
+                if again.status_code >= 400:
+                    response = again
+                    response.read()
         return response
 
     def _raise_for(self, response: httpx.Response) -> None:
@@ -244,10 +303,16 @@ class Client(JobActionsMixin, TenancyMixin, DatasetsMixin, ModelsMixin, Runtimes
 
     # -- jobs -----------------------------------------------------------------------------------------
 
-    def submit(self, spec: JobSpec | dict[str, Any], code_sha256: str | None = None) -> JobRead:
+    def submit(
+        self, spec: JobSpec | dict[str, Any], code_sha256: str | None = None, *, idempotency_key: str | None = None
+    ) -> JobRead:
+        """Submit a job (its code uploaded already, as ``code_sha256``; ``run`` packs and uploads it). Sent with
+        ``idempotency_key`` (by default a new one per call) and retried with it: a retry never makes a second
+        job. Give your own key to make a retry of the whole call harmless too (your process restarted, say)."""
         spec = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec)
         body = JobSubmit(spec=spec, code_sha256=code_sha256).model_dump(mode="json", exclude_none=True)
-        return JobRead.model_validate(self.request("POST", "/jobs", json_body=body).json())
+        key = new_key() if idempotency_key is None else idempotency_key
+        return JobRead.model_validate(self.request("POST", "/jobs", json_body=body, idempotency_key=key).json())
 
     def get_job(self, job_id: str) -> JobRead:
         return JobRead.model_validate(self.request("GET", f"/jobs/{job_id}").json())

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kiln.domain.idempotency import new_key
 from kiln.domain.job_requests import JobDryRun
 from kiln.domain.schemas import JobRead, JobSubmit
 from kiln.domain.spec import JobSpec
@@ -29,14 +30,21 @@ class JobActionsMixin(ClientTransport):
 
         def upload_blob(self, path: Path, sha256: str, progress: Progress | None = None) -> None: ...
 
-        def submit(self, spec: JobSpec | dict[str, Any], code_sha256: str | None = None) -> JobRead: ...
+        def submit(
+            self,
+            spec: JobSpec | dict[str, Any],
+            code_sha256: str | None = None,
+            *,
+            idempotency_key: str | None = None,
+        ) -> JobRead: ...
 
     def dry_run(self, spec: JobSpec | dict[str, Any], code_sha256: str | None = None) -> JobDryRun:
         """Every check a submit makes (spec, runtime, inputs, resources, quota, permissions), creating nothing:
         raises what the submit would raise, else returns the spec as the job would get it (inputs pinned) and
         whether the server holds the code bundle ``code_sha256`` already."""
         body = submit_body(spec, code_sha256)
-        return JobDryRun.model_validate(self.request("POST", "/jobs:dry-run", json_body=body).json())
+        # It creates nothing: retried like a read.
+        return JobDryRun.model_validate(self.request("POST", "/jobs:dry-run", json_body=body, retry=True).json())
 
     def run(
         self,
@@ -45,12 +53,13 @@ class JobActionsMixin(ClientTransport):
         *,
         max_bytes: int = DEFAULT_MAX_CODE_BYTES,
         progress: Progress | None = None,
+        idempotency_key: str | None = None,
     ) -> JobRead:
         """Submit a job with the code of ``code_dir`` (if given). The code is packed here, the server checks the
         job first (``dry_run``), and the bundle is uploaded only once the job is accepted and only if the server
-        does not hold it yet: a job the server refuses uploads nothing."""
+        does not hold it yet: a job the server refuses uploads nothing. ``idempotency_key``: as for ``submit``."""
         if code_dir is None:
-            return self.submit(spec)
+            return self.submit(spec, idempotency_key=idempotency_key)
         bundle = build_bundle(code_dir, max_bytes)
         try:
             checked = self.dry_run(spec, bundle.sha256)
@@ -58,13 +67,15 @@ class JobActionsMixin(ClientTransport):
                 self.upload_blob(bundle.path, bundle.sha256, progress)
         finally:
             bundle.path.unlink(missing_ok=True)
-        return self.submit(spec, bundle.sha256)
+        return self.submit(spec, bundle.sha256, idempotency_key=idempotency_key)
 
-    def rerun(self, job_id: str, *, name: str | None = None) -> JobRead:
+    def rerun(self, job_id: str, *, name: str | None = None, idempotency_key: str | None = None) -> JobRead:
         """A new job with the spec (inputs at the versions the job pinned) and code of ``job_id``, in any state;
-        ``name`` replaces its display name."""
+        ``name`` replaces its display name. ``idempotency_key``: as for ``submit``."""
         body = {"name": name} if name is not None else {}
-        return JobRead.model_validate(self.request("POST", f"/jobs/{job_id}/rerun", json_body=body).json())
+        key = new_key() if idempotency_key is None else idempotency_key
+        response = self.request("POST", f"/jobs/{job_id}/rerun", json_body=body, idempotency_key=key)
+        return JobRead.model_validate(response.json())
 
     def delete_job(self, job_id: str) -> None:
         """Delete an ended job with its events, log, metrics, artifacts and checkpoints (what it stored stops

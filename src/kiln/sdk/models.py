@@ -15,6 +15,7 @@ from __future__ import annotations
 from urllib.parse import quote
 
 from kiln.domain import models as refs
+from kiln.domain.idempotency import new_key
 from kiln.domain.models import (
     AliasRead,
     AliasSet,
@@ -56,14 +57,20 @@ class ModelsMixin(ClientTransport):
         *,
         framework: str | None = None,
         description: str | None = None,
+        idempotency_key: str | None = None,
     ) -> ModelVersionRead:
         """The next version of ``name`` from the output file or directory ``path`` of the ended job ``job_id``
-        (``framework``: torch, onnx, sklearn or custom; by default what the files' suffixes say)."""
+        (``framework``: torch, onnx, sklearn or custom; by default what the files' suffixes say). Sent with
+        ``idempotency_key`` (by default a new one per call) and retried with it: a retry never registers a second
+        version."""
         body = ModelRegister.model_validate(
             {"job_id": job_id, "path": path, "framework": framework, "description": description}
         )
         response = self.request(
-            "POST", f"/models/{_name(name)}/versions", json_body=body.model_dump(mode="json", exclude_none=True)
+            "POST",
+            f"/models/{_name(name)}/versions",
+            json_body=body.model_dump(mode="json", exclude_none=True),
+            idempotency_key=new_key() if idempotency_key is None else idempotency_key,
         )
         return ModelVersionRead.model_validate(response.json())
 

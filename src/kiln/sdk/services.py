@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from kiln.domain.idempotency import new_key
 from kiln.domain.serving import (
     PredictRequest,
     PredictResponse,
@@ -133,11 +134,15 @@ class ServicesMixin(ClientTransport):
         """The same calls under shorter names: ``client.services.list()``, ``.get(name)``, ``.scale(name, 2)``..."""
         return Services(self)
 
-    def submit_service(self, spec: ServiceSpec | dict[str, Any], code_sha256: str | None = None) -> ServiceRead:
+    def submit_service(
+        self, spec: ServiceSpec | dict[str, Any], code_sha256: str | None = None, *, idempotency_key: str | None = None
+    ) -> ServiceRead:
         """Create a service whose custom predictor comes from the code bundle ``code_sha256`` (uploaded already,
-        see ``serve``)."""
+        see ``serve``). Sent with ``idempotency_key`` (by default a new one per call) and retried with it: a retry
+        answers the service the first try created, not a 409."""
         body = service_body(spec, code_sha256)
-        return ServiceRead.model_validate(self.request("POST", "/services", json_body=body).json())
+        key = new_key() if idempotency_key is None else idempotency_key
+        return ServiceRead.model_validate(self.request("POST", "/services", json_body=body, idempotency_key=key).json())
 
     def upload_service_code(
         self, code_dir: Path, *, max_bytes: int = DEFAULT_MAX_CODE_BYTES, progress: Progress | None = None
@@ -158,21 +163,23 @@ class ServicesMixin(ClientTransport):
         *,
         max_bytes: int = DEFAULT_MAX_CODE_BYTES,
         progress: Progress | None = None,
+        idempotency_key: str | None = None,
     ) -> ServiceRead:
         """Create a service (``spec``: a ServiceSpec or the mapping of a service.yaml). Only a ``custom``
         predictor needs code: ``code_dir`` is then packed and uploaded (if the server lacks it); a built-in
         predictor (torchscript, torch-export, onnx, sklearn) loads the model version alone and ``code_dir`` is
-        not read. Returns at once, in DEPLOYING; ``wait_service`` waits for its replicas."""
+        not read. Returns at once, in DEPLOYING; ``wait_service`` waits for its replicas. ``idempotency_key``: as
+        for ``submit_service``."""
         spec = spec if isinstance(spec, ServiceSpec) else ServiceSpec.model_validate(spec)
         if spec.predictor.type != "custom":
-            return self.submit_service(spec)
+            return self.submit_service(spec, idempotency_key=idempotency_key)
         if code_dir is None:
             raise ValueError(
                 f"code_dir: a custom predictor ({spec.predictor.class_}) is imported from a code bundle; "
                 "give the directory that holds its module"
             )
         sha256 = self.upload_service_code(code_dir, max_bytes=max_bytes, progress=progress)
-        return self.submit_service(spec, sha256)
+        return self.submit_service(spec, sha256, idempotency_key=idempotency_key)
 
     def list_services(self) -> list[ServiceRead]:
         """The services of your organisation."""
@@ -279,9 +286,11 @@ class Services:
     def __init__(self, client: ServicesMixin) -> None:
         self._client = client
 
-    def create(self, spec: ServiceSpec | dict[str, Any], code_dir: Path | None = None) -> ServiceRead:
+    def create(
+        self, spec: ServiceSpec | dict[str, Any], code_dir: Path | None = None, *, idempotency_key: str | None = None
+    ) -> ServiceRead:
         """``client.serve``."""
-        return self._client.serve(spec, code_dir)
+        return self._client.serve(spec, code_dir, idempotency_key=idempotency_key)
 
     def list(self) -> builtins.list[ServiceRead]:
         return self._client.list_services()

@@ -20,6 +20,7 @@ from collections.abc import Callable, Generator, Iterable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from kiln.domain.idempotency import new_key
 from kiln.domain.spec import JobSpec, format_param
 from kiln.domain.studies import (
     StudyEventList,
@@ -102,11 +103,15 @@ class StudiesMixin(ClientTransport):
         """The same calls under shorter names: ``client.studies.list()``, ``.get(id)``, ``.trials(id)``, ..."""
         return Studies(self)
 
-    def submit_study(self, spec: StudySpec | dict[str, Any], code_sha256: str | None = None) -> StudyRead:
-        """Start a study whose trials run the code bundle ``code_sha256`` (uploaded already, see ``tune``)."""
-        return StudyRead.model_validate(
-            self.request("POST", "/studies", json_body=study_body(spec, code_sha256)).json()
-        )
+    def submit_study(
+        self, spec: StudySpec | dict[str, Any], code_sha256: str | None = None, *, idempotency_key: str | None = None
+    ) -> StudyRead:
+        """Start a study whose trials run the code bundle ``code_sha256`` (uploaded already, see ``tune``). Sent
+        with ``idempotency_key`` (by default a new one per call) and retried with it: a retry never starts a second
+        study."""
+        key = new_key() if idempotency_key is None else idempotency_key
+        body = study_body(spec, code_sha256)
+        return StudyRead.model_validate(self.request("POST", "/studies", json_body=body, idempotency_key=key).json())
 
     def tune(
         self,
@@ -115,13 +120,15 @@ class StudiesMixin(ClientTransport):
         *,
         max_bytes: int = DEFAULT_MAX_CODE_BYTES,
         progress: Progress | None = None,
+        idempotency_key: str | None = None,
     ) -> StudyRead:
         """Start a study with the code of ``code_dir`` (if given), as ``run`` submits a job: the code is packed
         here, the server checks the trial's job spec first (a dry run: runtime, resources, quota, permissions),
-        and the bundle is uploaded only once that is accepted and only if the server lacks it."""
+        and the bundle is uploaded only once that is accepted and only if the server lacks it.
+        ``idempotency_key``: as for ``submit_study``."""
         spec = spec if isinstance(spec, StudySpec) else StudySpec.model_validate(spec)
         if code_dir is None:
-            return self.submit_study(spec)
+            return self.submit_study(spec, idempotency_key=idempotency_key)
         bundle = build_bundle(code_dir, max_bytes)
         try:
             checked = self.dry_run(spec.trial, bundle.sha256)
@@ -129,7 +136,7 @@ class StudiesMixin(ClientTransport):
                 self.upload_blob(bundle.path, bundle.sha256, progress)
         finally:
             bundle.path.unlink(missing_ok=True)
-        return self.submit_study(spec, bundle.sha256)
+        return self.submit_study(spec, bundle.sha256, idempotency_key=idempotency_key)
 
     def list_studies(
         self, state: StudyState | str | None = None, limit: int = 50, before: str | None = None
@@ -222,9 +229,12 @@ class Studies:
         *,
         max_bytes: int = DEFAULT_MAX_CODE_BYTES,
         progress: Progress | None = None,
+        idempotency_key: str | None = None,
     ) -> StudyRead:
         """``client.tune``."""
-        return self._client.tune(spec, code_dir, max_bytes=max_bytes, progress=progress)
+        return self._client.tune(
+            spec, code_dir, max_bytes=max_bytes, progress=progress, idempotency_key=idempotency_key
+        )
 
     def list(
         self, state: StudyState | str | None = None, limit: int = 50, before: str | None = None

@@ -28,6 +28,8 @@ class ClientTransport:
             unsigned: bool = False,
             content_sha256: str | None = None,
             extra_headers: dict[str, str] | None = None,
+            idempotency_key: str | None = None,
+            retry: bool | None = None,
         ) -> httpx.Response: ...
 
         def _prepare(

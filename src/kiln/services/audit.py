@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
 
-from kiln.db.models import AuditEvent, User, utcnow
+from kiln.db.models import AuditEvent, Organization, User, utcnow
 from kiln.db.session import Database
 from kiln.domain.schemas import AuditRead
 from kiln.services.accounts import find_org
@@ -39,12 +40,14 @@ def _text(value: str) -> str:
     return value.replace("\x00", "\\u0000")
 
 
-def _read(row: AuditEvent) -> AuditRead:
+def _read(row: AuditEvent, org_name: str | None, user_name: str | None) -> AuditRead:
     return AuditRead(
         id=row.id,
         time=row.time,
         org_id=row.org_id,
         user_id=row.user_id,
+        org_name=org_name,
+        user_name=user_name,
         key_id=row.key_id,
         action=row.action,
         resource=row.resource,
@@ -52,6 +55,25 @@ def _read(row: AuditEvent) -> AuditRead:
         status=row.status,
         client=row.client,
         detail=row.detail,
+    )
+
+
+def add(s: Session, entry: AuditEntry) -> None:
+    """The record of ``entry``, in the transaction ``s``: a create's own (kiln.services.idempotency), so that
+    the record of what it created commits with it or not at all."""
+    s.add(
+        AuditEvent(
+            time=utcnow(),
+            org_id=entry.org_id,
+            user_id=entry.user_id,
+            key_id=_text(entry.key_id or "")[:64] or None,
+            action=_text(entry.action)[:96],
+            resource=_text(entry.resource)[:512],
+            outcome=entry.outcome[:32],
+            status=entry.status,
+            client=_text(entry.client)[:64],
+            detail=_text(entry.detail)[:256],
+        )
     )
 
 
@@ -63,20 +85,7 @@ class AuditService:
     def record(self, entry: AuditEntry) -> None:
         try:
             with self.db.transaction() as s:
-                s.add(
-                    AuditEvent(
-                        time=utcnow(),
-                        org_id=entry.org_id,
-                        user_id=entry.user_id,
-                        key_id=_text(entry.key_id or "")[:64] or None,
-                        action=_text(entry.action)[:96],
-                        resource=_text(entry.resource)[:512],
-                        outcome=entry.outcome[:32],
-                        status=entry.status,
-                        client=_text(entry.client)[:64],
-                        detail=_text(entry.detail)[:256],
-                    )
-                )
+                add(s, entry)
         except Exception:  # the request already happened; a lost audit row is logged loudly, not raised
             log.exception("could not write audit record for %s %s", entry.action, entry.resource)
 
@@ -94,7 +103,14 @@ class AuditService:
     ) -> list[AuditRead]:
         principal.require("audit:read")
         with self.db.read() as s:
-            query = select(AuditEvent).order_by(AuditEvent.id.desc()).limit(limit)
+            # The names people read, joined in the same query (one query for the page, not one per record).
+            query = (
+                select(AuditEvent, Organization.name, User.name)
+                .outerjoin(Organization, Organization.id == AuditEvent.org_id)
+                .outerjoin(User, User.id == AuditEvent.user_id)
+                .order_by(AuditEvent.id.desc())
+                .limit(limit)
+            )
             if org is not None:
                 query = query.where(AuditEvent.org_id == find_org(s, principal, org).id)
             elif not principal.platform_admin:
@@ -110,10 +126,11 @@ class AuditService:
                 query = query.where(AuditEvent.action.contains(action))
             if outcome is not None:
                 query = query.where(AuditEvent.outcome == outcome)
-            return [_read(row) for row in s.scalars(query)]
+            return [_read(row, org_name, user_name) for row, org_name, user_name in s.execute(query)]
 
-    def purge(self) -> int:
+    def purge(self, s: Session) -> int:
+        """Delete the events past their retention, in ``s`` (the leased task ``purge-audit``'s fenced
+        transaction); how many went."""
         cutoff = utcnow() - timedelta(days=self.retention_days)
-        with self.db.transaction() as s:
-            result = s.execute(delete(AuditEvent).where(AuditEvent.time < cutoff))
-            return int(getattr(result, "rowcount", 0) or 0)
+        result = s.execute(delete(AuditEvent).where(AuditEvent.time < cutoff))
+        return int(getattr(result, "rowcount", 0) or 0)

@@ -1,6 +1,8 @@
 """Checkpoints outlive the machine: while jobs run, what changed in their $KILN_CHECKPOINT_DIR is copied into the
 store every ``checkpoint_sync_seconds`` (and once more when each attempt ends, by the reconciler). A background
-task of its own (kiln.services.tasks), so that copying a large checkpoint never delays the reconcile loop."""
+task of its own (kiln.services.tasks), so that copying a large checkpoint never delays the reconcile loop. Each
+job by the server holding its lease (the one whose reconciler watches it: with several servers, not each of
+them), from its attempt's own files (which another server may have started, on this machine)."""
 
 from __future__ import annotations
 
@@ -21,8 +23,10 @@ log = logging.getLogger(__name__)
 
 
 class CheckpointSync:
-    def __init__(self, db: Database, backend: Backend, interval: float) -> None:
+    def __init__(self, db: Database, backend: Backend, interval: float, owner: str | None = None) -> None:
+        """``owner``: this server in the jobs' leases (None: every running job)."""
         self.db = db
+        self.owner = owner
         self.backend = backend
         self.interval = interval
         self._stop = threading.Event()
@@ -44,15 +48,19 @@ class CheckpointSync:
         if not isinstance(backend, CheckpointSyncer):
             return 0
         with self.db.read() as s:
-            rows = s.execute(
-                select(Job.id, Job.org_id).where(Job.backend == self.backend.name, Job.state == JobState.RUNNING)
-            ).all()
+            query = select(Job.id, Job.org_id, Job.attempt, Job.handle).where(
+                Job.backend == self.backend.name, Job.state == JobState.RUNNING
+            )
+            if self.owner is not None:
+                query = query.where(Job.lease_owner == self.owner)
+            rows = s.execute(query).all()
         total = 0
-        for job_id, org_id in rows:
+        for job_id, org_id, attempt, handle in rows:
             if self._stop.is_set():
                 break
             try:
-                files, _ = backend.sync_checkpoints(job_id, checkpoints_prefix(org_id, job_id))
+                handle = dict(handle or {"job_id": job_id, "attempt": attempt})
+                files, _ = backend.sync_checkpoints(handle, checkpoints_prefix(org_id, job_id))
                 total += files
             except Exception as exc:  # a store that is down: try again next round
                 log.warning("job %s: keeping checkpoints in the store failed: %s", job_id, exc)

@@ -60,6 +60,7 @@ class JobRemoval:
         with self.jobs.db.transaction() as s:
             job = self._check_ended(s, principal, job_id, lock=True)
             org_id = job.org_id
+            handle = dict(job.handle or {"job_id": job_id, "attempt": job.attempt})
             # The foreign keys cascade on both databases, but rows written through the bulk engine (SQLite
             # without foreign keys) would not: delete every dependent row by name.
             series = select(MetricSeries.id).where(MetricSeries.job_id == job_id).scalar_subquery()
@@ -77,10 +78,10 @@ class JobRemoval:
         local = self.store.local_path(outputs_prefix(org_id, job_id))
         if local is not None:  # a local store keeps the emptied directories
             shutil.rmtree(local.parent, ignore_errors=True)
-        self.logs.path(job_id).unlink(missing_ok=True)
+        self.logs.remove(org_id, job_id)  # this server's file and the store's copy
         if isinstance(self.backend, JobFiles):
             try:
-                self.backend.release(job_id, keep=False)  # a failed job's work dir kept for debugging
+                self.backend.release(handle, keep=False)  # a failed job's work dir kept for debugging
             except Exception:
                 log.exception("job %s: freeing its local files failed", job_id)
 

@@ -11,7 +11,7 @@ from sqlalchemy import Select, and_, bindparam, or_, select
 from sqlalchemy.orm import Session
 
 from kiln.backends.base import Inventory
-from kiln.db.models import Blob, Job, JobEvent, Organization, utcnow
+from kiln.db.models import Blob, Job, JobEvent, Organization, User, utcnow
 from kiln.db.session import Database
 from kiln.domain.catalog import Catalog
 from kiln.domain.ids import new_id
@@ -20,6 +20,7 @@ from kiln.domain.schemas import EventRead, JobList, JobRead, JobSubmit
 from kiln.domain.spec import PRIORITIES, InputSpec, JobSpec
 from kiln.domain.states import JobState, Reason
 from kiln.errors import Conflict, Forbidden, InvalidInput, NotFound
+from kiln.services.idempotency import Idempotency, IdempotentRequest, Remember
 from kiln.services.identity import Principal
 from kiln.services.lifecycle import create_job, record, transition
 from kiln.services.quotas import QuotaService
@@ -27,19 +28,32 @@ from kiln.services.scheduler_inputs import never_fits, node_of
 
 # The quota category of training jobs; serving and dev environments will use "serve" and "dev".
 CATEGORY = "train"
+DEFAULT_KEY_RETENTION = 24 * 3600.0  # seconds an Idempotency-Key is kept where no platform gives its setting
 
 
+# What a JobRead holds beside the job's own columns: the names of its organisation and user, read in the same
+# query as the job (a join), never one query per job.
+NAME_FIELDS = ("org_name", "user_name")
 # The columns a JobRead is made of: list queries select these alone, not whole rows (no handle, no lease).
-READ_COLUMNS = [getattr(Job, name) for name in JobRead.model_fields if name != "cancel_requested"] + [
-    Job.cancel_requested
+READ_COLUMNS = [
+    *(getattr(Job, name) for name in JobRead.model_fields if name not in ("cancel_requested", *NAME_FIELDS)),
+    Job.cancel_requested,
+    Organization.name.label("org_name"),
+    User.name.label("user_name"),
 ]
+
+
+def _with_names(query: Select[Any]) -> Select[Any]:
+    """``query`` over jobs, joined to the organisation and user whose names READ_COLUMNS select."""
+    return query.outerjoin(Organization, Organization.id == Job.org_id).outerjoin(User, User.id == Job.user_id)
 
 
 @functools.cache
 def _list_statement(filters: frozenset[str]) -> Select[Any]:
     """The list query for one combination of filters, built once: building a statement costs more than
     running it on a hot route. Parameters are bound by name."""
-    query = select(*READ_COLUMNS).order_by(Job.created_at.desc(), Job.id.desc()).limit(bindparam("limit"))
+    query = _with_names(select(*READ_COLUMNS).select_from(Job))
+    query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(bindparam("limit"))
     if "org_id" in filters:
         query = query.where(Job.org_id == bindparam("org_id"))
     if "job_id" in filters:
@@ -108,9 +122,27 @@ def _totals(spec: JobSpec) -> tuple[float, int, int | None]:
     return spec.resources.cpus * gang, spec.resources.gpus * gang, memory
 
 
-def to_read(job: Job | Any) -> JobRead:
-    """A JobRead from a Job row or a row of READ_COLUMNS; one validation pass (the spec was valid at submit)."""
-    return JobRead.model_validate({name: getattr(job, name) for name in JobRead.model_fields})
+def to_read(job: Job | Any, names: tuple[str | None, str | None] | None = None) -> JobRead:
+    """A JobRead from a row of READ_COLUMNS, or from a Job row and ``names`` (its organisation's and user's, as
+    :func:`job_names` reads them); one validation pass (the spec was valid at submit)."""
+    fields = {name: getattr(job, name) for name in JobRead.model_fields if name not in NAME_FIELDS}
+    if names is None:
+        fields.update({name: getattr(job, name, None) for name in NAME_FIELDS})
+    else:
+        fields["org_name"], fields["user_name"] = names
+    return JobRead.model_validate(fields)
+
+
+def job_names(s: Session, job: Job) -> tuple[str | None, str | None]:
+    """The names of a job's organisation and user, in one query."""
+    user_name = select(User.name).where(User.id == job.user_id).scalar_subquery()
+    row = s.execute(select(Organization.name, user_name).where(Organization.id == job.org_id)).first()
+    return (row[0], row[1]) if row is not None else (None, None)
+
+
+def read_job(s: Session, job: Job) -> JobRead:
+    """The JobRead of a Job row, with the names of its organisation and user."""
+    return to_read(job, job_names(s, job))
 
 
 def event_read(event: JobEvent) -> EventRead:
@@ -150,8 +182,11 @@ class JobService:
         validate: Callable[[JobSpec], None] | None = None,
         quotas: QuotaService | None = None,
         network_host_orgs: tuple[str, ...] = (),
+        idempotency: Idempotency | None = None,
     ) -> None:
         self.validate = validate
+        # The Idempotency-Keys of creates (submit, rerun): the platform's, shared with the other creates.
+        self.idempotency = idempotency or Idempotency(db, DEFAULT_KEY_RETENTION)
         self.network_host_orgs = network_host_orgs  # organisations (names or ids) allowed network: host
         self.quotas = quotas
         self.db = db
@@ -178,9 +213,22 @@ class JobService:
             raise NotFound(f"job {job_id} not found")
         return job
 
-    def submit(self, principal: Principal, body: JobSubmit) -> JobRead:
-        spec = self._checked_spec(principal, body.spec)
-        return self._create(principal, spec, body.code_sha256, f"submitted by {principal.user_name}")
+    def submit(self, principal: Principal, body: JobSubmit, idempotency: IdempotentRequest | None = None) -> JobRead:
+        """A new QUEUED job. With ``idempotency`` (the request's Idempotency-Key), a repeat of the same request
+        answers the job the first one created, as it is now (the same job: same id), and creates none."""
+        principal.require("jobs:write")
+
+        def make(remember: Remember) -> JobRead:
+            spec = self._checked_spec(principal, body.spec)
+            return self._create(principal, spec, body.code_sha256, f"submitted by {principal.user_name}", remember)
+
+        return self.idempotency.create(principal, idempotency, "job", make, self._read_by_id)
+
+    @staticmethod
+    def _read_by_id(s: Session, job_id: str) -> JobRead | None:
+        """The job an Idempotency-Key names (its row proves the caller created it), or None if it was deleted."""
+        job = s.get(Job, job_id)
+        return None if job is None else read_job(s, job)
 
     def dry_run(self, principal: Principal, body: JobSubmit) -> JobDryRun:
         """Every check ``submit`` makes, creating nothing: the spec as the job would get it, and whether the code
@@ -191,10 +239,19 @@ class JobService:
             stored = None if not body.code_sha256 else s.get(Blob, (principal.org_id, body.code_sha256)) is not None
         return JobDryRun(spec=spec, name=spec.display_name, code_sha256=body.code_sha256, code_stored=stored)
 
-    def rerun(self, principal: Principal, job_id: str, body: JobRerun) -> JobRead:
+    def rerun(
+        self, principal: Principal, job_id: str, body: JobRerun, idempotency: IdempotentRequest | None = None
+    ) -> JobRead:
         """A new job with the spec (inputs at the versions it pinned) and code of ``job_id``, whatever its state;
-        every check of a submit applies again."""
+        every check of a submit applies again. ``idempotency``: as for ``submit``."""
         principal.require("jobs:write")
+
+        def make(remember: Remember) -> JobRead:
+            return self._rerun(principal, job_id, body, remember)
+
+        return self.idempotency.create(principal, idempotency, "job", make, self._read_by_id)
+
+    def _rerun(self, principal: Principal, job_id: str, body: JobRerun, remember: Remember) -> JobRead:
         with self.db.read() as s:
             job = self.load(s, principal, job_id)
             if job.org_id != principal.org_id:  # a platform admin reading another organisation's job
@@ -206,7 +263,7 @@ class JobService:
         if body.name is not None:
             spec = spec.model_copy(update={"name": body.name})
         spec = self._checked_spec(principal, spec)
-        return self._create(principal, spec, code, f"rerun of {job_id} by {principal.user_name}")
+        return self._create(principal, spec, code, f"rerun of {job_id} by {principal.user_name}", remember)
 
     def _checked_spec(self, principal: Principal, spec: JobSpec) -> JobSpec:
         """The checks of a submit that need no transaction; the spec with its inputs pinned."""
@@ -236,9 +293,12 @@ class JobService:
         if spec.priority != "normal" and not principal.platform_admin:
             self._check_priority(s, principal, spec.priority)
 
-    def _create(self, principal: Principal, spec: JobSpec, code_sha256: str | None, note: str) -> JobRead:
+    def _create(
+        self, principal: Principal, spec: JobSpec, code_sha256: str | None, note: str, remember: Remember
+    ) -> JobRead:
         now = utcnow()
-        with self.db.transaction() as s:  # one transaction: the checks that read, the job and its event
+        # One transaction: the checks that read, the job, its event and the request's Idempotency-Key.
+        with self.db.transaction() as s:
             self._check_admission(s, principal, spec)
             if code_sha256 and s.get(Blob, (principal.org_id, code_sha256)) is None:
                 raise InvalidInput(
@@ -246,7 +306,8 @@ class JobService:
                 )
             job = self.new_job(s, principal.org_id, principal.user_id, spec, code_sha256, note, now=now)
             s.flush()  # one flush for both rows (the job's first: the event refers to it); fills the defaults
-            read = to_read(job)
+            remember(s, job.id)
+            read = to_read(job, (principal.org_name, principal.user_name))  # the caller's own, just created
         self.wake()
         return read
 
@@ -339,7 +400,7 @@ class JobService:
     def get(self, principal: Principal, job_id: str) -> JobRead:
         principal.require("jobs:read")
         with self.db.read() as s:
-            return to_read(self.load(s, principal, job_id))
+            return read_job(s, self.load(s, principal, job_id))
 
     def is_terminal(self, principal: Principal, job_id: str) -> bool:
         principal.require("jobs:read")
@@ -405,6 +466,6 @@ class JobService:
             if state.terminal and state is not JobState.CANCELLED:
                 raise Conflict(f"job {job_id} already ended ({state}); nothing to cancel")
             request_cancel(s, job, f"cancelled by {principal.user_name}")
-            read = to_read(job)
+            read = read_job(s, job)
         self.wake(job_id)  # its attempt must be stopped: observe it at once
         return read

@@ -14,7 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +81,7 @@ class MetricsService:
         self.db = db
         self.jobs = jobs
         self.store = store
+        self.on_ingested: Callable[[set[str]], None] | None = None  # after points were stored, with their job
 
     # -- writing --------------------------------------------------------------------------------------
 
@@ -92,6 +93,8 @@ class MetricsService:
             gang = (job.workers or 1) > 1
         parsed = parse_lines(body)
         stored = self.store.write([(job_id, parsed, gang)]) if (parsed.points or parsed.events) else 0
+        if parsed.points and self.on_ingested is not None:
+            self.on_ingested({job_id})  # a trial's report: its pruner judges it now
         return MetricsIngested(points=stored, events=len(parsed.events), errors=parsed.errors)
 
     # -- reading --------------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ DRAINING_PREFIX = "draining-"  # a shim's marker: its spool files still grow aft
 DRAINING_STALE_SECONDS = 3700.0  # ... for at most this long (the shim's longest drain, 3600 s, and slack)
 BUSY_POINTS = 5000  # a pass that stored at least this many points (a backlog) is followed by the next one soon
 BUSY_WAIT = 0.05  # (rather than after the interval): long enough for what arrives meanwhile to make a batch
+MIN_WOKEN_GAP = 0.02  # a pass woken by a shim (metrics.watch) starts at least this long after the one before
 
 
 @dataclass
@@ -78,7 +79,9 @@ class MetricsIngester:
         self.jobs_dir = jobs_dir
         self.interval = interval
         self.max_bytes_per_file = max_bytes_per_file
-        self.on_ingested: Callable[[], None] | None = None  # called after a pass that stored points
+        # Called after a pass that stored points, with the jobs they were of (the studies task judges them).
+        self.on_ingested: Callable[[set[str]], None] | None = None
+        self.ingested_jobs: set[str] = set()  # the jobs the last pass stored points of
         self.batch_points = batch_points
         self._files: dict[tuple[str, str], _FileState] = {}
         self._known_jobs: set[str] = set()  # jobs whose cursors were loaded
@@ -87,18 +90,31 @@ class MetricsIngester:
         self._running: set[str] = set()
         self._since: Any = None  # ended jobs are looked for from here on
         self._pass_lock = threading.Lock()
+        self._task: Task | None = None
+        self._last_pass = 0.0  # monotonic start of the last pass the task ran
         self.passes = 0
 
     def task(self) -> Task:
         """A pass every ``interval``; every server runs it (the spool files are on its machine)."""
-        return Task("metrics-ingest", self._task_pass, self.interval, join_timeout=30)
+        if self._task is None:
+            self._task = Task("metrics-ingest", self._task_pass, self.interval, join_timeout=30)
+        return self._task
+
+    def wake(self, job_id: str | None = None) -> None:
+        """A pass now: a shim said a job wrote points of a watched metric (``metrics.watch``)."""
+        self.task().wake.set()
 
     def _task_pass(self, ctx: TaskContext) -> float | None:
         # A pass that found a backlog is followed at once by the next: what was written while it ran is
         # waiting already (a job logging fast would otherwise wait an interval per pass).
+        if ctx.woken:
+            # Wake-ups come from jobs (any spec may watch a metric, and print it in a loop): however many there
+            # are, woken passes are at least MIN_WOKEN_GAP apart, so jobs cannot keep the ingester busy.
+            ctx.stopping.wait(max(0.0, self._last_pass + MIN_WOKEN_GAP - time.monotonic()))
+        self._last_pass = time.monotonic()
         stored = self.ingest_now()
         if stored and self.on_ingested is not None:
-            self.on_ingested()  # e.g. the studies task: a pruner judges a trial's new point at once
+            self.on_ingested(self.ingested_jobs)  # e.g. the studies task: a pruner judges a trial's points at once
         return BUSY_WAIT if stored >= BUSY_POINTS else None
 
     # -- one pass -------------------------------------------------------------------------------------
@@ -176,6 +192,7 @@ class MetricsIngester:
                 if state is None or size != state.offset:
                     work.append((job, entry.name, Path(entry.path), size))
         stored = 0
+        ingested: set[str] = set()
         pending: list[tuple[str, Parsed, bool]] = []
         cursors: list[CursorUpdate] = []
         points = 0
@@ -196,6 +213,8 @@ class MetricsIngester:
                     continue
                 parsed = parse_lines(chunk)
                 pending.append((job.id, parsed, job.gang))
+                if parsed.points:
+                    ingested.add(job.id)
                 _merge_cursor(cursors, CursorUpdate(job.id, name, offset + advanced, parsed.errors, parsed.first_error))
                 points += len(parsed.points)
                 if offset + advanced < size:
@@ -206,6 +225,7 @@ class MetricsIngester:
             active = still
         if pending or cursors:
             stored += self.store.write(pending, cursors, self._files)
+        self.ingested_jobs = ingested
         self._forget_drained()
         return stored
 

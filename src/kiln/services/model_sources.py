@@ -20,7 +20,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from kiln.db.models import DataBlob, Job, MetricSeries, TuningTrial
+from kiln.db.models import DataBlob, Job, MetricSeries, ModelFile, ModelVersion, TuningTrial
 from kiln.domain.models import ModelLineage
 from kiln.errors import BadRequest, KilnError, NotFound
 from kiln.services.dataset_names import data_key
@@ -52,6 +52,29 @@ def held(s: Session, org_id: str, shas: Iterable[str]) -> set[str]:
         chunk = wanted[i : i + _CHUNK]
         out.update(s.scalars(select(DataBlob.sha256).where(DataBlob.org_id == org_id, DataBlob.sha256.in_(chunk))))
     return out
+
+
+def identical_version(
+    s: Session, model_id: str, job_id: str, framework: str, files: list[SourceFile]
+) -> ModelVersion | None:
+    """The model's version registered from the same job with the same framework and exactly these files (paths
+    and contents): registering it again would make an identical version, which is nearly always a mistake."""
+    wanted = {(f.path, f.sha256) for f in files}
+    candidates = s.scalars(
+        select(ModelVersion)
+        .where(
+            ModelVersion.model_id == model_id,
+            ModelVersion.job_id == job_id,
+            ModelVersion.framework == framework,
+            ModelVersion.file_count == len(files),
+        )
+        .order_by(ModelVersion.version)
+    ).all()
+    for version in candidates:
+        held_files = s.execute(select(ModelFile.path, ModelFile.sha256).where(ModelFile.version_id == version.id))
+        if {(path, sha) for path, sha in held_files} == wanted:
+            return version
+    return None
 
 
 def pick_outputs(store: ObjectStore, job: Job, path: str, max_files: int) -> list[SourceFile]:

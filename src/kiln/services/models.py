@@ -48,10 +48,11 @@ from kiln.errors import BadRequest, Conflict, NotFound
 from kiln.services.dataset_names import data_key
 from kiln.services.datasets import DatasetFile as ResolvedFile
 from kiln.services.datasets import describe_versions
+from kiln.services.idempotency import Idempotency, IdempotentRequest, Remember
 from kiln.services.identity import Principal
 from kiln.services.input_access import require_input_read
 from kiln.services.model_removal import chunks, drop_orphans, refuse_pinned, refuse_served
-from kiln.services.model_sources import BlobCopier, SourceFile, held, lineage, pick_outputs
+from kiln.services.model_sources import BlobCopier, SourceFile, held, identical_version, lineage, pick_outputs
 from kiln.services.quotas import QuotaService, lock_org
 from kiln.settings import Settings
 from kiln.storage.store import ObjectStore
@@ -97,8 +98,11 @@ class ModelRegistry:
         settings: Settings,
         quotas: QuotaService | None,
         ingest_metrics: Callable[[], object] | None = None,
+        idempotency: Idempotency | None = None,
     ) -> None:
         self.db = db
+        # The Idempotency-Keys of creates (a registration): the platform's, shared with the other creates.
+        self.idempotency = idempotency or Idempotency(db, settings.idempotency_retention_seconds)
         # Stores the metrics jobs have spooled so far: a version registered the moment its job ended gets the
         # job's final values in its lineage, not the ones of the ingester's previous pass.
         self.ingest_metrics = ingest_metrics
@@ -308,11 +312,36 @@ class ModelRegistry:
 
     # -- registering --------------------------------------------------------------------------------------------
 
-    def register(self, principal: Principal, name: str, body: ModelRegister) -> ModelVersionRead:
+    def register(
+        self, principal: Principal, name: str, body: ModelRegister, idempotency: IdempotentRequest | None = None
+    ) -> ModelVersionRead:
         """A new version of ``name`` (the model is created on first use) from the output file or directory
-        ``body.path`` of the ended job ``body.job_id``."""
+        ``body.path`` of the ended job ``body.job_id``. With ``idempotency`` (the request's Idempotency-Key), a
+        repeat of the same request answers the version the first one registered, as it is now (the same version),
+        and registers none. A version already registered from the same job with the same framework and the same
+        files is answered instead of an identical new one, with ``already_registered`` set."""
         principal.require("models:write")
         check_name(name)
+        return self.idempotency.create(
+            principal,
+            idempotency,
+            "model version",
+            lambda remember: self._register(principal, name, body, remember),
+            self._version_by_id,
+        )
+
+    def _version_by_id(self, s: Session, version_id: str) -> ModelVersionRead | None:
+        row = s.execute(
+            select(ModelVersion, Model)
+            .join(Model, Model.id == ModelVersion.model_id)
+            .where(ModelVersion.id == version_id)
+        ).first()
+        if row is None:
+            return None
+        version, model = row
+        return self._version_read(s, model.name, version, self._aliases(s, model.id))
+
+    def _register(self, principal: Principal, name: str, body: ModelRegister, remember: Remember) -> ModelVersionRead:
         org = principal.org_id
         if self.ingest_metrics is not None:
             self.ingest_metrics()
@@ -337,7 +366,7 @@ class ModelRegistry:
                     present = held(s, org, [f.sha256 for f in files])
                     self._check_quota(s, principal, self._adding(files, present | set(copier.copied)))
                 copier.copy(files, present)
-                recorded = self._record(principal, name, body, framework, files, origin, copier.copied)
+                recorded = self._record(principal, name, body, framework, files, origin, copier.copied, remember)
                 if recorded is not None:
                     return recorded
             raise Conflict(f"model {name}: the data of its files kept being removed meanwhile; register it again")
@@ -363,6 +392,7 @@ class ModelRegistry:
         files: list[SourceFile],
         origin: ModelLineage,
         copied: dict[str, int],
+        remember: Remember,
     ) -> ModelVersionRead | None:
         """The version, in one transaction under the organisation's lock; None when a blob counted on as held
         is gone (a dataset or version removed meanwhile): the caller copies it and tries again."""
@@ -379,6 +409,11 @@ class ModelRegistry:
             for sha, size in new.items():
                 s.add(DataBlob(org_id=org, sha256=sha, size=size))
             model = s.scalar(select(Model).where(Model.org_id == org, Model.name == name))
+            same = None if model is None else identical_version(s, model.id, origin.job_id, framework, files)
+            if same is not None and model is not None:  # under the org's lock: two at once make one version
+                remember(s, same.id)
+                read = self._version_read(s, name, same, self._aliases(s, model.id))
+                return read.model_copy(update={"already_registered": True})
             if model is None:
                 model = Model(id=new_id("mdl"), org_id=org, name=name, latest_version=0, created_by=principal.user_id)
                 s.add(model)
@@ -410,6 +445,7 @@ class ModelRegistry:
                 ModelFile(version_id=version.id, path=f.path, org_id=org, size=f.size, sha256=f.sha256) for f in files
             )
             s.flush()
+            remember(s, version.id)
             return self._version_read(s, name, version, self._aliases(s, model.id))
 
     # -- aliases ------------------------------------------------------------------------------------------------

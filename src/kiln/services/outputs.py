@@ -47,27 +47,39 @@ class OutputService:
         self.store = store
 
     def read_log(self, principal: Principal, job_id: str, offset: int, limit: int) -> tuple[bytes, int, bool]:
-        """(whole lines from offset, next offset, whether the job has ended)."""
-        ended = self.jobs.is_terminal(principal, job_id)
-        data, next_offset = self.logs.read(job_id, offset, limit)
+        """(whole lines from offset, next offset, whether the job has ended). Through any server: what this
+        server's file lacks comes from the store's copy (kiln.storage.logs)."""
+        org_id, ended = self._log_of(principal, job_id)
+        data, next_offset = self.logs.read(job_id, offset, limit, org_id=org_id)
         return data, next_offset, ended
 
+    def _log_of(self, principal: Principal, job_id: str) -> tuple[str, bool]:
+        """(the job's organisation, whether it has ended): one row read, the caller's access checked."""
+        principal.require("jobs:read")
+        with self.jobs.db.read() as s:
+            job = self.jobs.load(s, principal, job_id)
+            return job.org_id, JobState(job.state).terminal
+
     async def follow_log(
-        self, principal: Principal, job_id: str, offset: int, poll: float = 0.2
+        self, principal: Principal, job_id: str, offset: int, poll: float = 0.2, remote_poll: float = 1.0
     ) -> AsyncIterator[bytes]:
         """Log bytes as they are written, until the job has ended and everything was sent. The caller checks
         the job exists first (a generator's errors come after the response has started). Async, so that a
-        follower waits on the event loop, not in a worker thread (threads are kept few; see kiln.api.app)."""
+        follower waits on the event loop, not in a worker thread (threads are kept few; see kiln.api.app).
+        A job whose log this server does not write is read from the store's copy every ``remote_poll``
+        seconds: lines reach the follower within the writer's shipping interval and that. Its writer ships the
+        whole log before it records the end, so a follower that saw the end and then read to the store's end
+        has every line the job wrote."""
         while True:
-            ended = await run_in_threadpool(self.jobs.is_terminal, principal, job_id)
+            org_id, ended = await run_in_threadpool(self._log_of, principal, job_id)
             while True:
-                data, offset = await run_in_threadpool(self.logs.read, job_id, offset, 1024 * 1024)
+                data, offset = await run_in_threadpool(self.logs.read, job_id, offset, 1024 * 1024, org_id)
                 if not data:
                     break
                 yield data
             if ended:
                 return
-            await asyncio.sleep(poll)
+            await asyncio.sleep(poll if self.logs.path(job_id).exists() else remote_poll)
 
     async def upload_file(
         self,

@@ -3,6 +3,9 @@
 Usage counts jobs that hold resources (STARTING, RUNNING). Admission (``Admission``) runs inside the transaction
 that moves jobs to STARTING, after locking their organisations' rows (``FOR UPDATE`` on PostgreSQL; SQLite's
 ``BEGIN IMMEDIATE`` already serialises writers), so concurrent schedulers can never push usage past a limit.
+
+The arithmetic (kiln.domain.quota) counts CPUs in whole millicores; this is the edge where the CPUs stored as
+users wrote them (quota rows, jobs' ``cpus``) become millicores and the report turns them back.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from kiln.db.models import Blob, DataBlob, DataUpload, Job, Organization, Quota, utcnow
 from kiln.db.session import Database
-from kiln.domain.quantities import format_bytes
+from kiln.domain.quantities import MILLI, format_bytes, millicores
 from kiln.domain.quota import CATEGORIES, FIELDS, TOTAL, Limits, OrgUsage, blocked_by, never_fits
 from kiln.domain.schemas import QuotaCategory, QuotaFields, QuotaReport, QuotaSet
 from kiln.domain.states import JobState
@@ -27,7 +30,15 @@ ACTIVE = [JobState.STARTING, JobState.RUNNING]
 
 
 def _limits(row: Quota) -> Limits:
-    return Limits(gpus=row.gpus, cpus=row.cpus, memory=row.memory, count=row.count, storage=row.storage)
+    cpus = millicores(row.cpus) if row.cpus is not None else None
+    return Limits(gpus=row.gpus, millicores=cpus, memory=row.memory, count=row.count, storage=row.storage)
+
+
+def job_millicores(cpus: float, workers: int) -> int:
+    """A job's stored ``cpus`` (its whole gang's) in millicores, rounded per worker as the scheduler rounds each
+    worker's share (kiln.domain.quantities.millicores), so quota and placement count a job alike."""
+    workers = max(workers or 1, 1)
+    return millicores(cpus / workers) * workers
 
 
 def load_limits(s: Session, org_ids: list[str] | None = None) -> dict[str, dict[str, Limits]]:
@@ -43,14 +54,14 @@ def load_limits(s: Session, org_ids: list[str] | None = None) -> dict[str, dict[
 def load_usage(s: Session, org_ids: list[str] | None = None, released: Collection[str] = ()) -> dict[str, OrgUsage]:
     """What the organisations' active jobs hold, leaving out ``released`` (jobs whose attempts are known to have
     ended, their transitions not yet written)."""
-    query = select(Job.org_id, Job.category, Job.gpus, Job.cpus, Job.memory).where(Job.state.in_(ACTIVE))
+    query = select(Job.org_id, Job.category, Job.gpus, Job.cpus, Job.workers, Job.memory).where(Job.state.in_(ACTIVE))
     if org_ids is not None:
         query = query.where(Job.org_id.in_(org_ids))
     if released:
         query = query.where(Job.id.not_in(sorted(released)))
     out: dict[str, OrgUsage] = {}
-    for org_id, category, gpus, cpus, memory in s.execute(query):
-        out.setdefault(org_id, OrgUsage()).add(category, gpus, cpus, memory)
+    for org_id, category, gpus, cpus, workers, memory in s.execute(query):
+        out.setdefault(org_id, OrgUsage()).add(category, gpus, job_millicores(cpus, workers), memory)
     return out
 
 
@@ -98,9 +109,10 @@ class Admission:
         if not limits:
             return None
         usage = self.usage.setdefault(job.org_id, OrgUsage())
-        why = blocked_by(org_name, job.category, limits, usage, job.gpus, job.cpus, job.memory)
+        cpus = job_millicores(job.cpus, job.workers)
+        why = blocked_by(org_name, job.category, limits, usage, job.gpus, cpus, job.memory)
         if why is None:
-            usage.add(job.category, job.gpus, job.cpus, job.memory)
+            usage.add(job.category, job.gpus, cpus, job.memory)
         return why
 
 
@@ -135,7 +147,8 @@ class QuotaService:
             for category in (*CATEGORIES, TOTAL):
                 limit = limits.get(category, Limits())
                 used = usage.of(category)
-                used_fields = {name: getattr(used, name) for name in FIELDS}
+                used_fields: dict[str, float] = {name: getattr(used, attr) for name, attr in FIELDS.items()}
+                used_fields["cpus"] = used.millicores / MILLI
                 if category == TOTAL:
                     used_fields["storage"] = storage_used(s, org.id, self.logs)
                 categories.append(
@@ -143,7 +156,7 @@ class QuotaService:
                         category=category,
                         limits=QuotaFields(
                             gpus=limit.gpus,
-                            cpus=limit.cpus,
+                            cpus=limit.millicores / MILLI if limit.millicores is not None else None,
                             memory=limit.memory,
                             count=limit.count,
                             storage=limit.storage,
@@ -170,7 +183,7 @@ class QuotaService:
             with self.db.read() as s:
                 limits = load_limits(s, [principal.org_id]).get(principal.org_id)
         if limits:
-            why = never_fits(principal.org_name, category, limits, gpus, cpus, memory)
+            why = never_fits(principal.org_name, category, limits, gpus, millicores(cpus), memory)
             if why:
                 raise Forbidden(why)
 

@@ -1,12 +1,16 @@
 """What the decision function (kiln.domain.placement) is given, read from the database in one place: the
 reconciler (kiln.scheduler.loop) decides with it, ``kiln jobs why`` (services/scheduling.py) explains with it and
 a submit (services/jobs.py) refuses a job that could never fit with it, so they can never disagree about what
-holds a job."""
+holds a job.
+
+This is the edge between CPUs as users write them (``cpus: 0.1`` in specs, allocations and the inventory) and the
+policy's whole millicores (kiln.domain.quantities.millicores): converted here on the way in, and back in
+``allocation_of`` (through the backend's slots) on the way out."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -15,15 +19,20 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from kiln.backends.base import Backend, Inventory, Slot
-from kiln.db.models import Job, Organization
+from kiln.db.models import Job, Organization, Service
 from kiln.domain.placement.policy import decide
 from kiln.domain.placement.types import Decision, Node, Pending, Running, WorkerAlloc
+from kiln.domain.quantities import millicores
 from kiln.domain.quota import Limits, OrgUsage
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState
 from kiln.services.quotas import load_limits, load_usage
 
 JOB_ID = re.compile(r"\bjob-[0-9a-z]{16}\b")
+# A job id with what a message says of it right after, in parentheses (``job-… (a replica of service web: …)``):
+# hidden together from other organisations, since the words can name its service or its timeout.
+JOB_REF = re.compile(r"\bjob-[0-9a-z]{16}\b(?: \([^()]*\))?")
+SERVICE_LABEL = "kiln-service"  # the label a service's replica jobs carry: the service's id (services/serving.py)
 WAITING_STATES = [JobState.QUEUED, JobState.RESTARTING]
 ACTIVE_STATES = [JobState.STARTING, JobState.RUNNING]
 # The columns of a waiting job the scheduler needs: rows of these, not ORM objects, since a long queue is read
@@ -59,7 +68,7 @@ _ACTIVE_COLUMNS = (
 def node_of(inv: Inventory) -> Node:
     return Node(
         name=inv.name,
-        cpus=inv.cpus,
+        millicores=millicores(inv.cpus),
         memory=inv.memory,
         gpus=tuple(inv.gpus),
         gpu_types=dict(inv.gpu_names),
@@ -85,14 +94,21 @@ def slots_of(allocation: dict[str, Any] | None, default_node: str) -> tuple[Slot
     )
 
 
-def allocation_of(slots: tuple[Slot, ...]) -> dict[str, Any]:
+def allocation_of(slots: tuple[Slot, ...], backfill_for: str | None = None) -> dict[str, Any]:
+    """The allocation a job is given, as stored and shown. ``backfill_for``: the waiting job whose reserved
+    resources it borrows (Placement.backfill_for), kept so that every later decision knows that job may take them
+    back (the API's ``Allocation`` does not show it)."""
     memory = [s.memory for s in slots]
-    return {
-        "cpus": sum(s.cpus for s in slots),
+    total = sum(millicores(s.cpus) for s in slots)  # exact: 3 slots of 0.1 CPU hold 0.3, not 0.30000000000000004
+    out: dict[str, Any] = {
+        "cpus": total / 1000,
         "memory": None if any(m is None for m in memory) else sum(m for m in memory if m is not None),
         "gpus": [g for s in slots for g in s.gpus],
         "slots": [{"node": s.node, "cpus": s.cpus, "memory": s.memory, "gpus": list(s.gpus)} for s in slots],
     }
+    if backfill_for:
+        out["backfill_for"] = backfill_for
+    return out
 
 
 def _epoch(value: datetime | None) -> float:
@@ -112,7 +128,7 @@ def pending_of(job: Any, org_name: str) -> Pending:
         priority=job.priority,
         submitted=_epoch(job.created_at),
         workers=job.workers,
-        cpus=float(res.get("cpus", 1.0)),
+        millicores=millicores(float(res.get("cpus", 1.0))),
         memory=res.get("memory"),
         gpus=int(res.get("gpus", 0)),
         gpu_type=res.get("gpu_type"),
@@ -133,7 +149,7 @@ def never_fits(spec: JobSpec, nodes: list[Node]) -> str | None:
         priority=spec.priority_value,
         submitted=0.0,
         workers=spec.gang_size,
-        cpus=res.cpus,
+        millicores=millicores(res.cpus),
         memory=res.memory,
         gpus=res.gpus,
         gpu_type=res.gpu_type,
@@ -203,36 +219,50 @@ def gather(
     ):
         names[org_id] = name
         weights[org_id] = float(weight or 1.0)
+    services = _service_names(s, active)
     running = []
     for a in active:
         slots = slots_of(a.allocation, default_node)
         if not slots:
             continue
         began = a.running_at or a.started_at
-        timeout = (a.spec or {}).get("timeout")
+        spec = a.spec or {}
+        timeout = spec.get("timeout")
         running.append(
             Running(
                 job_id=a.id,
                 org_id=a.org_id,
                 category=a.category,
                 priority=a.priority,
-                workers=tuple(WorkerAlloc(x.node, x.cpus, x.memory, x.gpus) for x in slots),
+                workers=tuple(WorkerAlloc(x.node, millicores(x.cpus), x.memory, x.gpus) for x in slots),
                 started=_epoch(began),
                 deadline=_epoch(began) + float(timeout) if timeout and began else None,
                 preempting=bool(a.preempt_reason),
+                backfill_for=(a.allocation or {}).get("backfill_for"),
+                service=services.get((spec.get("labels") or {}).get(SERVICE_LABEL, "")),
             )
         )
     pending = [pending_of(j, names.get(j.org_id, j.org_id)) for j in queue]
     return Snapshot(queue, pending, running, nodes, limits, usage, weights, names, {j.id: j for j in queue})
 
 
+def _service_names(s: Session, active: Sequence[Any]) -> dict[str, str]:
+    """Service id → name, for the services whose replicas are among the ``active`` jobs (the reasons name them)."""
+    ids = {((a.spec or {}).get("labels") or {}).get(SERVICE_LABEL) for a in active} - {None}
+    if not ids:
+        return {}
+    rows = s.execute(select(Service.id, Service.name).where(Service.id.in_(sorted(ids))))
+    return {service_id: name for service_id, name in rows}
+
+
 def redact(message: str, viewer_org: str | None, org_of: dict[str, str]) -> str:
-    """``message`` with the ids of jobs outside ``viewer_org`` replaced (None: a platform admin sees all)."""
+    """``message`` with the ids of jobs outside ``viewer_org`` replaced, together with what the message says of
+    each in parentheses right after its id (its service, its timeout): None is a platform admin, who sees all."""
     if viewer_org is None:
         return message
 
     def hide(match: re.Match[str]) -> str:
-        owner = org_of.get(match.group(0))
-        return match.group(0) if owner == viewer_org else "a job of another organisation"
+        job_id = match.group(0).split(" ", 1)[0]
+        return match.group(0) if org_of.get(job_id) == viewer_org else "a job of another organisation"
 
-    return JOB_ID.sub(hide, message)
+    return JOB_REF.sub(hide, message)

@@ -29,6 +29,7 @@ from kiln.domain.serving import (
 )
 from kiln.domain.spec import JobSpec
 from kiln.errors import Conflict, InvalidInput, KilnError, NotFound
+from kiln.services.idempotency import Idempotency, IdempotentRequest, Remember
 from kiln.services.identity import AuthFailure, Principal
 from kiln.services.jobs import JobService
 
@@ -80,9 +81,11 @@ class ServingService:
         wake: Callable[[], None],
         in_flight: Callable[[str, str], int],
         endpoint: str,
+        idempotency: Idempotency | None = None,
     ) -> None:
         self.db = db
         self.jobs = jobs
+        self.idempotency = idempotency or jobs.idempotency  # the Idempotency-Keys of creates
         self.resolve_model = resolve_model  # (org id, NAME@REF) → (name, version) or NotFound
         self.wake = wake  # the serving task
         self.in_flight = in_flight  # (service id, replica id) → requests in flight (the router's)
@@ -174,8 +177,24 @@ class ServingService:
             raise
         return name, version
 
-    def create(self, principal: Principal, body: ServiceSubmit) -> ServiceRead:
+    def create(
+        self, principal: Principal, body: ServiceSubmit, idempotency: IdempotentRequest | None = None
+    ) -> ServiceRead:
+        """A new service (409 when the organisation has one of that name). With ``idempotency`` (the request's
+        Idempotency-Key), a repeat of the same request answers the service the first one created, as it is now
+        (the same service: same id), rather than a 409."""
         principal.require("services:write")
+        return self.idempotency.create(
+            principal, idempotency, "service", lambda remember: self._create(principal, body, remember), self._by_id
+        )
+
+    def _by_id(self, s: Session, service_id: str) -> ServiceRead | None:
+        service = s.get(Service, service_id)
+        if service is None or service.state == ServiceState.DELETING:
+            return None
+        return self._read(s, service)
+
+    def _create(self, principal: Principal, body: ServiceSubmit, remember: Remember) -> ServiceRead:
         spec = body.spec
         name, version = self._check(principal, spec, body.code_sha256)
         now = utcnow()
@@ -201,6 +220,7 @@ class ServingService:
             )
             s.add(service)
             s.flush()
+            remember(s, service.id)
             read = self._read(s, service)
         self.wake()
         return read
@@ -255,12 +275,16 @@ class ServingService:
         self.wake()
 
     def cold_start(self, service_id: str) -> None:
-        """A request waits and no replica is ready: a service at zero replicas wants one again."""
+        """A request waits and no replica is ready: a service at zero replicas wants one again (the serving task,
+        on whichever server runs it, starts one at its next run)."""
         with self.db.transaction() as s:
             service = s.get(Service, service_id)
-            if service is not None and service.state != ServiceState.DELETING and service.desired_replicas == 0:
-                service.desired_replicas = 1
-                service.updated_at = utcnow()
+            if service is not None and service.state != ServiceState.DELETING:
+                # The request, as the serving task on whichever server runs it sees it: not idle.
+                service.last_request_at = utcnow()
+                if service.desired_replicas == 0:
+                    service.desired_replicas = 1
+                    service.updated_at = utcnow()
         self.wake()
 
     # ---- service tokens

@@ -17,6 +17,10 @@ Each run, for each service:
 4. **Record** what the router forwarded per replica (requests, errors, latency percentiles, batch sizes) as metric
    points of the replica's job, in the metrics store.
 
+Every write goes through the run's fenced transaction (``ctx.transaction()``), and the replica statistics are
+recorded only after ``ctx.fence()``: a server that stalled past the task's lease and resumed after another took it
+starts, stops and marks no replica.
+
 A backend that runs a service's replicas itself (a :class:`~kiln.backends.capabilities.ServiceDeployer`:
 Kubernetes) has no replica jobs: there each service is applied to it, routed and its state told by
 :class:`kiln.services.serving_deployed.DeployedServices` instead.
@@ -34,11 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
+from kiln.auth.secrets import SecretBox
 from kiln.backends.base import Backend
 from kiln.backends.capabilities import ServiceDeployer
-from kiln.db.models import Job, Service, ServiceReplica, utcnow
+from kiln.db.models import Job, Service, ServiceReplica, ServiceTraffic, utcnow
 from kiln.db.session import Database
 from kiln.domain.ids import new_id
 from kiln.domain.serving import ReplicaState, ServiceSpec, ServiceState
@@ -49,6 +54,7 @@ from kiln.services.replica_http import healthy
 from kiln.services.serving import ACTIVE_REPLICAS, CATEGORY, replica_spec
 from kiln.services.serving_deployed import DeployedServices
 from kiln.services.serving_router import Endpoint, Router
+from kiln.services.serving_routes import Traffic, this_node
 from kiln.services.tasks import Task, TaskContext
 from kiln.storage.logs import LogStore
 
@@ -76,6 +82,9 @@ class ServingControl:
         jobs_dir: Path,
         record_metrics: Callable[[str, bytes], object] | None = None,
         backend: Backend | None = None,
+        box: SecretBox | None = None,
+        remote_traffic: Callable[[], dict[str, Traffic]] | None = None,
+        node: str | None = None,
     ) -> None:
         self.db = db
         self.jobs = jobs
@@ -83,6 +92,12 @@ class ServingControl:
         self.logs = logs
         self.jobs_dir = jobs_dir
         self.record_metrics = record_metrics  # (job id, spool lines) → stored in the metrics store
+        # Where a ready replica is reached is recorded in its row for every server's router (serving_routes): its
+        # secret sealed with this box (None: not recorded, only this server's router routes to it).
+        self.box = box
+        self.node = node or this_node()
+        self.remote_traffic = remote_traffic  # the other live servers' traffic per service, summed
+        self._remote: dict[str, Traffic] = {}
         # One server at a time runs the replicas (and routes to them: its router is the one that knows them); two
         # servers on one database would otherwise both start every replica.
         self._task = Task("serving", self.run_once, INTERVAL, lease_scope="serving")
@@ -91,7 +106,7 @@ class ServingControl:
         self._started = time.monotonic()
         # The backend runs the replicas itself (Kubernetes): none of the replica jobs below.
         self._deployed = (
-            DeployedServices(db, backend, router, backend.name) if isinstance(backend, ServiceDeployer) else None
+            DeployedServices(db, backend, router, backend.name, box) if isinstance(backend, ServiceDeployer) else None
         )
 
     def task(self) -> Task:
@@ -103,13 +118,14 @@ class ServingControl:
     def run_once(self, ctx: TaskContext) -> None:
         with self.db.read() as s:
             ids = list(s.scalars(select(Service.id)))
+        self._remote = self.remote_traffic() if self.remote_traffic is not None and ids else {}
         for service_id in ids:
             if ctx.stopping.is_set():
                 return
             if self._deployed is not None:
-                self._deployed.drive(service_id)
+                self._deployed.drive(ctx, service_id)
             else:
-                self._drive(service_id)
+                self._drive(ctx, service_id)
 
     def _load(self, service_id: str) -> tuple[Service, list[_Replica]] | None:
         with self.db.read() as s:
@@ -124,37 +140,37 @@ class ServingControl:
                     ServiceReplica.state.in_([str(x) for x in ACTIVE_REPLICAS]),
                 )
                 .order_by(ServiceReplica.created_at)
-            ).tuples()
+            )
             replicas = [_Replica(r, j) for r, j in rows]
             s.expunge_all()
         return service, replicas
 
-    def _drive(self, service_id: str) -> None:
+    def _drive(self, ctx: TaskContext, service_id: str) -> None:
         loaded = self._load(service_id)
         if loaded is None:
             return
         service, replicas = loaded
-        self._observe(service, replicas)
-        self._record(service)
+        self._observe(ctx, service, replicas)
+        self._record(ctx, service)
         loaded = self._load(service_id)
         assert loaded is not None
         service, replicas = loaded
         if service.state == ServiceState.DELETING:
-            self._delete(service, replicas)
+            self._delete(ctx, service, replicas)
             return
-        self._autoscale(service, replicas)
-        self._converge(service, replicas)
-        self._update_state(service_id)
+        self._autoscale(ctx, service, replicas)
+        self._converge(ctx, service, replicas)
+        self._update_state(ctx, service_id)
 
     # ---- 1. observe
 
-    def _observe(self, service: Service, replicas: list[_Replica]) -> None:
+    def _observe(self, ctx: TaskContext, service: Service, replicas: list[_Replica]) -> None:
         for replica in replicas:
             row, job = replica.row, replica.job
             if job is None or JobState(job.state).terminal:
                 why = self._failure(job) if job is not None else "its job was deleted"
                 ended = ReplicaState.STOPPED if row.state == ReplicaState.DRAINING else ReplicaState.FAILED
-                self._set(row.id, ended, why)
+                self._set(ctx, row.id, ended, why)
                 self.router.remove(service.id, row.id)
                 if ended is ReplicaState.FAILED and row.ready_at is None:
                     count, _ = self._failures.get(service.id, (0, 0.0))
@@ -164,16 +180,29 @@ class ServingControl:
             if row.state == ReplicaState.STARTING and job.state == JobState.RUNNING:
                 endpoint = self._probe(service, row, job)
                 if endpoint is not None:
-                    self.router.add(service.id, endpoint)
                     where = os.path.basename(endpoint.socket or "")
-                    self._set(row.id, ReplicaState.READY, f"serving {endpoint.model} on its socket {where}")
+                    self._set(
+                        ctx, row.id, ReplicaState.READY, f"serving {endpoint.model} on its socket {where}", endpoint
+                    )
+                    # Routed once its row says where (every server's routes follow the rows: one routed first and
+                    # then read before the row was written would be dropped again).
+                    self.router.add(service.id, endpoint)
                     self._failures.pop(service.id, None)
             elif row.state == ReplicaState.READY:
-                self._ensure_routed(service, row, job)
+                self._ensure_routed(ctx, service, row, job)
 
-    def _state_file(self, job_id: str) -> dict[str, Any] | None:
+    def _work_dir(self, job: Job) -> Path:
+        """The replica job's work dir: in the home of whichever server on this machine launched it (its handle's
+        attempt directory, ``<jobs dir>/<job>/attempts/<n>``, says which: with several servers on one database
+        any of them may have placed it), else in this server's."""
+        recorded = (job.handle or {}).get("dir")
+        if isinstance(recorded, str) and os.path.isabs(recorded):
+            return Path(recorded).parent.parent / "work"
+        return self.jobs_dir / job.id / "work"
+
+    def _state_file(self, job: Job) -> dict[str, Any] | None:
         try:
-            data = json.loads((self.jobs_dir / job_id / "work" / STATE_FILE).read_text())
+            data = json.loads((self._work_dir(job) / STATE_FILE).read_text())
         except (OSError, ValueError):
             return None
         if not isinstance(data, dict):
@@ -184,21 +213,28 @@ class ServingControl:
         return data
 
     def _probe(self, service: Service, row: ServiceReplica, job: Job) -> Endpoint | None:
-        state = self._state_file(job.id)
+        state = self._state_file(job)
         if state is None:
             return None
-        path = str(self.jobs_dir / job.id / "work" / state["socket"])
+        path = os.path.abspath(self._work_dir(job) / state["socket"])  # as every server names it
         endpoint = Endpoint(
             row.id, job.id, path, str(state.get("secret", "")), f"{service.model_name}@{row.model_version}"
         )
         return endpoint if healthy(path, endpoint.secret, timeout=2.0) else None
 
-    def _ensure_routed(self, service: Service, row: ServiceReplica, job: Job) -> None:
-        """After a server restart the router knows no replica: a READY one is probed and routed again."""
+    def _ensure_routed(self, ctx: TaskContext, service: Service, row: ServiceReplica, job: Job) -> None:
+        """After a server restart the router knows no replica its row does not record the route of (one made
+        ready before routes were recorded): a READY one is probed, routed again, and its route recorded."""
         if row.id in self.router.ready(service.id):
             return
         endpoint = self._probe(service, row, job)
         if endpoint is not None:
+            if row.socket != endpoint.socket and self.box is not None:
+                with ctx.transaction() as s:
+                    current = s.get(ServiceReplica, row.id)
+                    if current is not None and current.state == ReplicaState.READY:
+                        current.socket, current.node = endpoint.socket, self.node
+                        current.secret = self.box.seal(endpoint.secret)
             self.router.add(service.id, endpoint)
 
     def _failure(self, job: Job) -> str:
@@ -213,8 +249,10 @@ class ServingControl:
                 return line[line.index("kiln serve:") :][:1000]
         return f"its job {job.state.lower()}: {job.reason}: {job.message}"[:1000]
 
-    def _set(self, replica_id: str, state: ReplicaState, message: str) -> None:
-        with self.db.transaction() as s:
+    def _set(
+        self, ctx: TaskContext, replica_id: str, state: ReplicaState, message: str, endpoint: Endpoint | None = None
+    ) -> None:
+        with ctx.transaction() as s:
             row = s.get(ServiceReplica, replica_id)
             if row is None:
                 return
@@ -222,12 +260,15 @@ class ServingControl:
             row.message = message
             if state is ReplicaState.READY:
                 row.ready_at = utcnow()
+            if endpoint is not None and endpoint.socket is not None and self.box is not None:
+                # Where every server reaches it: the socket's path on this machine, the secret sealed.
+                row.socket, row.secret, row.node = endpoint.socket, self.box.seal(endpoint.secret), self.node
             if state in (ReplicaState.FAILED, ReplicaState.STOPPED):
                 row.ended_at = utcnow()
 
     # ---- 2. scale
 
-    def _autoscale(self, service: Service, replicas: list[_Replica]) -> None:
+    def _autoscale(self, ctx: TaskContext, service: Service, replicas: list[_Replica]) -> None:
         """Replicas for the requests in flight: the peak of the last SCALE_DOWN_WINDOW seconds (a lull does
         not drop replicas a burst will need again); zero only after idle_seconds without a request."""
         scale = ServiceSpec.model_validate(service.spec).autoscale
@@ -235,15 +276,20 @@ class ServingControl:
             return
         now = time.monotonic()
         samples = self._load_samples.setdefault(service.id, [])
-        samples.append((now, self.router.in_flight(service.id)))
+        remote = self._remote.get(service.id, Traffic())
+        samples.append((now, self.router.in_flight(service.id) + remote.in_flight))
         samples[:] = [(t, n) for t, n in samples if now - t <= SCALE_DOWN_WINDOW]
         peak = max(n for _, n in samples)
-        last = self.router.last_request.get(service.id)
-        idle = last is None or now - last > scale.idle_seconds
+        # The last request through any live server (and a cold start's, recorded on the service), as seconds ago.
+        ages = [now - last] if (last := self.router.last_request.get(service.id)) is not None else []
+        for at in (remote.last_request_at, service.last_request_at):
+            if at is not None:
+                ages.append((utcnow() - at).total_seconds())
+        idle = not ages or min(ages) > scale.idle_seconds
         want = math.ceil(peak / scale.target_concurrency) if peak else (0 if idle else 1)
         want = max(scale.min, min(scale.max, want))
         if want != service.desired_replicas:
-            with self.db.transaction() as s:
+            with ctx.transaction() as s:
                 row = s.get(Service, service.id)
                 if row is not None and row.state != ServiceState.DELETING:
                     row.desired_replicas = want
@@ -251,7 +297,7 @@ class ServingControl:
 
     # ---- 3. converge
 
-    def _converge(self, service: Service, replicas: list[_Replica]) -> None:
+    def _converge(self, ctx: TaskContext, service: Service, replicas: list[_Replica]) -> None:
         desired = service.desired_replicas
         current = [r for r in replicas if r.row.revision == service.revision and r.row.state != ReplicaState.DRAINING]
         old = [r for r in replicas if r.row.revision != service.revision and r.row.state != ReplicaState.DRAINING]
@@ -261,31 +307,31 @@ class ServingControl:
         if not old:
             if len(current) < desired and may_start:
                 for _ in range(desired - len(current) if count == 0 else 1):
-                    self._start(service)
+                    self._start(ctx, service)
             elif len(current) > desired:
                 extra = sorted(current, key=lambda r: (r.row.state == ReplicaState.READY, r.row.created_at))
                 for replica in extra[: len(current) - desired]:
-                    self._drain(service, replica)
+                    self._drain(ctx, service, replica)
         else:  # a rolling update: one new replica at a time, an old one drained for each new one ready
             starting = [r for r in current if r.row.state == ReplicaState.STARTING]
             ready_new = [r for r in current if r.row.state == ReplicaState.READY]
             if len(current) < desired and not starting and may_start:
-                self._start(service)
+                self._start(ctx, service)
             for replica in [r for r in old if r.row.state == ReplicaState.STARTING]:
-                self._drain(service, replica)  # never got ready: nothing to keep
+                self._drain(ctx, service, replica)  # never got ready: nothing to keep
             ready_old = [r for r in old if r.row.state == ReplicaState.READY]
             surplus = len(ready_new) + len(ready_old) - desired
             for replica in sorted(ready_old, key=lambda r: r.row.created_at)[: max(0, surplus)]:
-                self._drain(service, replica)
+                self._drain(ctx, service, replica)
         for replica in draining:
-            if self.router.in_flight(service.id, replica.row.id) == 0:
-                self._stop(service, replica)
+            if self._in_flight(service.id, replica.row.id) == 0:
+                self._stop(ctx, service, replica)
 
-    def _start(self, service: Service) -> None:
+    def _start(self, ctx: TaskContext, service: Service) -> None:
         spec = ServiceSpec.model_validate(service.spec)
         replica_id = new_id("rep")
         job_spec = replica_spec(spec, service.id, replica_id, service.model_name, service.model_version)
-        with self.db.transaction() as s:
+        with ctx.transaction() as s:
             job = self.jobs.new_job(
                 s,
                 service.org_id,
@@ -310,16 +356,20 @@ class ServingControl:
             )
         self.jobs.wake()
 
-    def _drain(self, service: Service, replica: _Replica) -> None:
+    def _drain(self, ctx: TaskContext, service: Service, replica: _Replica) -> None:
         self.router.drain(service.id, replica.row.id)
-        self._set(replica.row.id, ReplicaState.DRAINING, "draining: no new requests")
+        self._set(ctx, replica.row.id, ReplicaState.DRAINING, "draining: no new requests")
         replica.row.state = ReplicaState.DRAINING
-        if self.router.in_flight(service.id, replica.row.id) == 0:
-            self._stop(service, replica)
+        if self._in_flight(service.id, replica.row.id) == 0:
+            self._stop(ctx, service, replica)
 
-    def _stop(self, service: Service, replica: _Replica) -> None:
-        self.router.remove(service.id, replica.row.id)
-        with self.db.transaction() as s:
+    def _in_flight(self, service_id: str, replica_id: str) -> int:
+        """Requests in flight on a replica, through this server and (as they last wrote them) the others."""
+        remote = self._remote.get(service_id, Traffic()).replica_in_flight or {}
+        return self.router.in_flight(service_id, replica_id) + int(remote.get(replica_id, 0))
+
+    def _stop(self, ctx: TaskContext, service: Service, replica: _Replica) -> None:
+        with ctx.transaction() as s:
             row = s.get(ServiceReplica, replica.row.id)
             job = s.get(Job, replica.row.job_id) if replica.row.job_id else None
             if row is not None:
@@ -328,21 +378,23 @@ class ServingControl:
                 row.message = row.message or "stopped"
             if job is not None:
                 request_cancel(s, job, f"cancelled: replica {replica.row.id} of service {service.name} stopped")
+        self.router.remove(service.id, replica.row.id)  # after its row says so: no server routes it back
         self.jobs.wake()
 
-    def _delete(self, service: Service, replicas: list[_Replica]) -> None:
+    def _delete(self, ctx: TaskContext, service: Service, replicas: list[_Replica]) -> None:
         for replica in replicas:
-            self._stop(service, replica)
+            self._stop(ctx, service, replica)
         self.router.forget(service.id)
         self._failures.pop(service.id, None)
-        with self.db.transaction() as s:
+        with ctx.transaction() as s:
             row = s.get(Service, service.id)
             if row is not None:
+                s.execute(delete(ServiceTraffic).where(ServiceTraffic.service_id == service.id))
                 s.delete(row)
 
     # ---- the service's state
 
-    def _update_state(self, service_id: str) -> None:
+    def _update_state(self, ctx: TaskContext, service_id: str) -> None:
         loaded = self._load(service_id)
         if loaded is None:
             return
@@ -367,7 +419,7 @@ class ServingControl:
         else:
             state = ServiceState.DEPLOYING
         if state != service.state or (message and message != service.message):
-            with self.db.transaction() as s:
+            with ctx.transaction() as s:
                 row = s.get(Service, service_id)
                 if row is not None and row.state != ServiceState.DELETING:
                     row.state = state
@@ -386,12 +438,14 @@ class ServingControl:
 
     # ---- 4. record
 
-    def _record(self, service: Service) -> None:
+    def _record(self, ctx: TaskContext, service: Service) -> None:
         if self.record_metrics is None:
             return
-        for replica_id, (requests, errors, latencies, batches) in self.router.take_stats(service.id).items():
-            if not requests:
-                continue
+        stats = {k: v for k, v in self.router.take_stats(service.id).items() if v[0]}
+        if not stats:
+            return
+        ctx.fence()  # the metrics store writes in a transaction of its own
+        for replica_id, (requests, errors, latencies, batches) in stats.items():
             job_id = next((e["job_id"] for e in self._replica_jobs(service.id) if e["id"] == replica_id), None)
             if job_id is None:
                 continue

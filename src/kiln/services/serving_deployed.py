@@ -17,6 +17,9 @@ Each run, for each service:
 4. **State**: READY once the wanted replicas are ready; DEPLOYING (UPDATING for a new revision of a service that
    was serving) until then; DEGRADED when fewer are ready than were; IDLE at zero.
 
+Each backend call comes right after ``ctx.fence()`` and each write is in the run's fenced transaction: a server
+that stalled past the serving task's lease and resumed after another took it applies, deletes and writes nothing.
+
 The backend has no per-replica rows or jobs here: a service's replicas are the cluster's pods, so the API lists
 none and the router's per-replica request statistics are not recorded.
 """
@@ -27,12 +30,14 @@ import logging
 import time
 from dataclasses import dataclass
 
+from kiln.auth.secrets import SecretBox
 from kiln.backends.capabilities import ServiceAddress, ServiceDeployer
 from kiln.db.models import Service, utcnow
 from kiln.db.session import Database
 from kiln.domain.serving import ServiceSpec, ServiceState
 from kiln.errors import KilnError
 from kiln.services.serving_router import Endpoint, Router
+from kiln.services.tasks import TaskContext
 
 log = logging.getLogger(__name__)
 
@@ -55,31 +60,40 @@ class _Applied:
 class DeployedServices:
     """Keeps each service applied to a :class:`ServiceDeployer` backend, routed and its state told."""
 
-    def __init__(self, db: Database, backend: ServiceDeployer, router: Router, backend_name: str = "") -> None:
+    def __init__(
+        self,
+        db: Database,
+        backend: ServiceDeployer,
+        router: Router,
+        backend_name: str = "",
+        box: SecretBox | None = None,
+    ) -> None:
         self.db = db
+        self.box = box  # the address is recorded on the service's row (secret sealed) for every server's router
         self.backend = backend
         self.router = router
         self.backend_name = backend_name
         self._applied: dict[str, _Applied] = {}  # service id → what was applied last
         self._failures: dict[str, tuple[int, float, str]] = {}  # service id → (failed applies, not before, why)
 
-    def drive(self, service_id: str) -> None:
+    def drive(self, ctx: TaskContext, service_id: str) -> None:
         with self.db.read() as s:
             service = s.get(Service, service_id)
             if service is None:
                 return
             s.expunge(service)
         if service.state == ServiceState.DELETING:
-            self._delete(service)
+            self._delete(ctx, service)
             return
         spec = ServiceSpec.model_validate(service.spec)
-        applied = self._apply(service, spec)
+        applied = self._apply(ctx, service, spec)
         if applied is None:  # never applied yet, and the backend refused or failed
-            self._update_state(service, ServiceState.DEGRADED, self._failures[service.id][2])
+            self._update_state(ctx, service, ServiceState.DEGRADED, self._failures[service.id][2])
             return
         now = time.monotonic()
         if not applied.settled or now - applied.read_at >= READY_INTERVAL:
             try:
+                ctx.fence()
                 applied.ready = self.backend.service_ready(service.id)
                 applied.read_at = now
             except KilnError as exc:
@@ -92,17 +106,19 @@ class DeployedServices:
             endpoint = Endpoint(
                 service.id, "", None, applied.address.secret, applied.model, base_url=applied.address.url
             )
+            self._record_route(ctx, service, applied.address, applied.model)  # first: see serving_control
             self.router.add(service.id, endpoint)
             applied.serving = True
         else:
+            self._record_route(ctx, service, None, "")
             self.router.remove(service.id, service.id)
             applied.serving = False
         self.router.take_stats(service.id)  # per-replica statistics go to replica jobs; there are none here
-        self._update_state(service, *self._state(service, applied, wanted))
+        self._update_state(ctx, service, *self._state(service, applied, wanted))
 
     # ---- 1. apply
 
-    def _apply(self, service: Service, spec: ServiceSpec) -> _Applied | None:
+    def _apply(self, ctx: TaskContext, service: Service, spec: ServiceSpec) -> _Applied | None:
         """What is applied now: applied again if the service changed (or after a server start); the previous
         apply (None if none) while a failed one waits for its back-off."""
         key = (service.revision, None if spec.autoscale is not None else service.desired_replicas)
@@ -115,6 +131,7 @@ class DeployedServices:
         # A fixed service's replicas are its desired count (a cold start raises it above the spec's 0).
         wanted = spec if spec.autoscale is not None else spec.model_copy(update={"replicas": service.desired_replicas})
         model = (service.model_name, service.model_version)
+        ctx.fence()
         try:
             address = self.backend.apply_service(
                 service.id, service.org_id, wanted, model, service.revision, service.code_sha256
@@ -136,6 +153,22 @@ class DeployedServices:
         self._applied[service.id] = applied
         return applied
 
+    def _record_route(self, ctx: TaskContext, service: Service, address: ServiceAddress | None, model: str) -> None:
+        """The address every server routes to (kiln.services.serving_routes), written when it changed."""
+        if self.box is None:
+            return
+        url = address.url if address is not None else None
+        if (service.route_url, service.route_model or "") == (url, model if address is not None else ""):
+            return
+        with ctx.transaction() as s:
+            row = s.get(Service, service.id)
+            if row is None or row.state == ServiceState.DELETING:
+                return
+            row.route_url = url
+            row.route_secret = self.box.seal(address.secret) if address is not None else None
+            row.route_model = model if address is not None else None
+        service.route_url, service.route_model = url, model if address is not None else None
+
     # ---- 4. state
 
     def _state(self, service: Service, applied: _Applied, wanted: int) -> tuple[ServiceState, str]:
@@ -154,10 +187,10 @@ class DeployedServices:
             return ServiceState.DEPLOYING, f"{ready} of {wanted} replicas ready{where}"
         return ServiceState.DEGRADED, f"{ready} of {wanted} replicas ready{where}"
 
-    def _update_state(self, service: Service, state: ServiceState, message: str) -> None:
+    def _update_state(self, ctx: TaskContext, service: Service, state: ServiceState, message: str) -> None:
         if state == service.state and message == (service.message or ""):
             return
-        with self.db.transaction() as s:
+        with ctx.transaction() as s:
             row = s.get(Service, service.id)
             if row is not None and row.state != ServiceState.DELETING:
                 row.state = state
@@ -166,7 +199,8 @@ class DeployedServices:
 
     # ---- deletion
 
-    def _delete(self, service: Service) -> None:
+    def _delete(self, ctx: TaskContext, service: Service) -> None:
+        ctx.fence()
         try:
             self.backend.delete_service(service.id)
         except KilnError as exc:  # the next run tries again; the row stays DELETING until then
@@ -175,7 +209,7 @@ class DeployedServices:
         self.router.forget(service.id)
         self._applied.pop(service.id, None)
         self._failures.pop(service.id, None)
-        with self.db.transaction() as s:
+        with ctx.transaction() as s:
             row = s.get(Service, service.id)
             if row is not None:
                 s.delete(row)

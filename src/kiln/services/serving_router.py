@@ -1,11 +1,13 @@
 """Kiln's request router for model services: forwards a predict to a ready replica of the service.
 
-The serving task (kiln.services.serving_control) tells the router which replicas are ready (``add``), which
-drain (``drain``: no new requests) and which are gone (``remove``). A request goes to the ready replica with the
-fewest requests in flight (least outstanding requests; ties to the one used longest ago). A replica that fails
-mid-request (connection refused or reset, or it answers 502/503) is marked suspect and the request is sent once
-more to another replica; a request with no ready replica waits for one up to the service's request timeout
-(a cold start from zero replicas), then gets 503 with ``Retry-After``.
+The serving task (kiln.services.serving_control) tells the router of the server that runs it which replicas are
+ready (``add``), which drain (``drain``: no new requests) and which are gone (``remove``); every server's router
+(that one's too) is also kept in step with what the database records of them (``sync``, from
+kiln.services.serving_routes), so that any server on the database forwards predicts. A request goes to the ready
+replica with the fewest requests in flight (least outstanding requests; ties to the one used longest ago). A
+replica that fails mid-request (connection refused or reset, or it answers 502/503) is marked suspect and the
+request is sent once more to another replica; a request with no ready replica waits for one up to the service's
+request timeout (a cold start from zero replicas), then gets 503 with ``Retry-After``.
 
 A service whose backend runs its replicas itself (a Kubernetes Deployment behind a Service) is one endpoint with
 a ``base_url``: the cluster balances between its pods, and a request that failed on it is retried once on the
@@ -27,20 +29,10 @@ from typing import Any
 
 import httpx
 
-from kiln.errors import KilnError
+from kiln.errors import NoReplica, PredictFailed
 from kiln.services.replica_http import ReplicaPool, ReplicaUnreachable
 
 RETRY_AFTER_SECONDS = 5
-
-
-class NoReplica(KilnError):
-    code = "no_replica"
-    status = 503
-
-
-class PredictFailed(KilnError):
-    code = "predict_error"
-    status = 502
 
 
 @dataclass
@@ -58,6 +50,7 @@ class Endpoint:
     in_flight: int = 0
     last_used: float = 0.0
     suspect_until: float = 0.0
+    added_at: float = field(default_factory=time.monotonic)  # when the router learnt of it
     # What was forwarded since the serving task last took it (take_stats).
     requests: int = 0
     errors: int = 0
@@ -88,6 +81,9 @@ class Router:
         self._local = ReplicaPool()
         self.on_cold_start = on_cold_start  # service id: it has no ready replica and a request waits
         self.last_request: dict[str, float] = {}  # service id → monotonic time of its last request
+        self.requests: dict[str, int] = {}  # service id → predicts it was sent through this server
+        # service id → why no replica of it can be reached from this server, if that is so (a NoReplica says it)
+        self.why_unreachable: Callable[[str], str | None] | None = None
         # Process-wide aggregates (Prometheus: no tenant labels).
         self.total_requests = 0
         self.total_errors = 0
@@ -111,6 +107,39 @@ class Router:
             replicas[endpoint.replica_id] = endpoint
         self._notify(service_id)
 
+    def sync(self, routes: dict[str, list[Endpoint]], read_since: float) -> None:
+        """Match what the database records (``routes``: every service's routable replicas, from a read that began
+        at monotonic ``read_since``). A replica it names is added (or marked draining: never back, a drained
+        replica never serves again); one it does not name is removed, unless the router learnt of it after the
+        read began (the serving task added it and records it now). A replica the router knows keeps its count of
+        requests in flight and its statistics."""
+        changed: list[str] = []
+        with self._lock:
+            for service_id in set(self._services) | set(routes):
+                wanted = {e.replica_id: e for e in routes.get(service_id, [])}
+                replicas = self._services.setdefault(service_id, {})
+                for replica_id, known in list(replicas.items()):
+                    if replica_id not in wanted and known.added_at < read_since:
+                        del replicas[replica_id]
+                for replica_id, endpoint in wanted.items():
+                    have = replicas.get(replica_id)
+                    if have is not None and (have.socket, have.secret, have.base_url) == (
+                        endpoint.socket,
+                        endpoint.secret,
+                        endpoint.base_url,
+                    ):
+                        have.draining = have.draining or endpoint.draining
+                        have.model = endpoint.model
+                        continue
+                    if have is not None and have.added_at >= read_since:
+                        continue  # the serving task's own, newer than the read
+                    replicas[replica_id] = endpoint
+                    changed.append(service_id)
+                if not replicas and service_id not in routes:
+                    del self._services[service_id]
+        for service_id in set(changed):
+            self._notify(service_id)
+
     def drain(self, service_id: str, replica_id: str) -> None:
         with self._lock:
             endpoint = self._services.get(service_id, {}).get(replica_id)
@@ -125,6 +154,21 @@ class Router:
         with self._lock:
             self._services.pop(service_id, None)
             self.last_request.pop(service_id, None)
+            self.requests.pop(service_id, None)
+
+    def traffic(self) -> dict[str, tuple[int, dict[str, int], int, float | None]]:
+        """Per service predicted through this server: (requests in flight, the same per replica, predicts so far,
+        monotonic time of the last)."""
+        with self._lock:
+            return {
+                service_id: (
+                    sum(e.in_flight for e in self._services.get(service_id, {}).values()),
+                    {r: e.in_flight for r, e in self._services.get(service_id, {}).items() if e.in_flight},
+                    count,
+                    self.last_request.get(service_id),
+                )
+                for service_id, count in self.requests.items()
+            }
 
     def in_flight(self, service_id: str, replica_id: str | None = None) -> int:
         with self._lock:
@@ -182,8 +226,9 @@ class Router:
                 woken = True
             left = deadline - time.monotonic()
             if left <= 0:
+                why = self.why_unreachable(service_id) if self.why_unreachable is not None else None
                 raise NoReplica(
-                    "no ready replica of this service answered in time; retry later",
+                    why or "no ready replica of this service answered in time; retry later",
                     details={"retry_after": RETRY_AFTER_SECONDS},
                 )
             event.clear()
@@ -195,6 +240,7 @@ class Router:
     async def predict(self, service_id: str, body: bytes, timeout: float) -> Answer:
         """Forward a predict body; one retry on another replica when the first one fails mid-request."""
         self.last_request[service_id] = time.monotonic()
+        self.requests[service_id] = self.requests.get(service_id, 0) + 1
         deadline = time.monotonic() + timeout
         tried: set[str] = set()
         last_error = ""

@@ -78,8 +78,9 @@ class TaskLeases:
         return row is not None and row.owner == self.owner and row.token == token and row.expires_at > utcnow()
 
     def holds(self, scope: str, token: int) -> bool:
-        """``check`` in a transaction of its own."""
-        with self.db.transaction() as s:
+        """``check`` in a transaction of its own (a read: on SQLite it waits for no writer, and a task fences
+        each backend call with it)."""
+        with self.db.read() as s:
             return self.check(s, scope, token)
 
     def release(self, scope: str, token: int) -> None:

@@ -2,14 +2,19 @@
 
 A ``Task`` is a name, an interval, a wake-up (an Event anyone may set to run it now), a lease scope and one
 ``run_once(ctx)``. With a scope, one server at a time runs it: the runner takes the scope's lease
-(kiln.services.task_leases) before each run and hands the fencing token to the run (``ctx.token``); a run that
-writes what only one server may write checks ``ctx.holds()`` (or ``ctx.check(s)`` inside its own transaction).
+(kiln.services.task_leases) before each run and hands the fencing token to the run (``ctx.token``). Such a task
+writes only through ``ctx.transaction()``, which checks the token inside the transaction of the write, and calls
+``ctx.fence()`` right before anything it does outside the database (a backend call, a write to another store):
+a holder that stalled past its lease (a paused process, a slow disk) and resumed after another server took the
+lease gets ``LeaseLost`` there, writes nothing and calls nothing, and the runner ends its run quietly.
 Without a scope every server runs it (work on this machine's files, this process's memory, or rows leased one by
 one like the reconciler's jobs).
 
 The runner gives each task a daemon thread, keeps what each run did (``TaskStatus``: runs, errors, last start and
-end, duration, last error, next run, the lease), which ``/readyz`` and ``/metrics`` report. A run that raises is
-logged once per distinct error and the task keeps its schedule. A new kind of background work is one new task.
+end, duration, last error, next run, the lease), which ``/readyz`` and ``/metrics`` report. A run that raises (or a
+lease that cannot be taken: the database is down) is recorded, logged once per distinct error, and tried again after
+a back-off that doubles with each failure in a row up to ``BACKOFF_MAX_SECONDS``; the first run that succeeds ends it.
+A new kind of background work is one new task.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -28,7 +34,26 @@ from kiln.services.task_leases import Held, TaskLeases
 
 log = logging.getLogger(__name__)
 
-ERROR_PAUSE = 1.0  # after a run that raised, this long (or the interval, if shorter) before wake-ups count
+# After a run that raised, a pause before wake-ups count again (then the interval, as after any run): this long (or
+# the interval, if shorter) after the first failure, twice as long after each next one in a row, at most
+# BACKOFF_MAX_SECONDS: a task whose database (or store, or backend) is gone tries again less and less often, and
+# runs again within seconds once it is back.
+ERROR_PAUSE = 1.0
+BACKOFF_MAX_SECONDS = 5.0
+
+
+def error_pause(interval: float, failures: int) -> float:
+    """The pause after the ``failures``-th failed run in a row (1: the first)."""
+    first = min(ERROR_PAUSE, interval)
+    return min(BACKOFF_MAX_SECONDS, first * 2 ** min(max(failures - 1, 0), 30))
+
+
+class LeaseLost(Exception):
+    """Another server holds the task's lease now (this run's holder stalled past it): the run stops here, having
+    written nothing more (the transaction that found it is rolled back) and called no backend since."""
+
+    def __init__(self, task: str, scope: str, token: int) -> None:
+        super().__init__(f"task {task}: another server holds the lease of {scope!r} now (this run's token {token})")
 
 
 @dataclass
@@ -56,6 +81,27 @@ class TaskContext:
             return True
         return self._leases.check(s, self._scope, self.token)
 
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """The one way a task writes: a transaction of the runner's database that first checks the run's fencing
+        token (the lease row locked on PostgreSQL until the write commits; SQLite's write lock held already).
+        ``LeaseLost``, rolled back, where another server holds the lease now. Without a scope, a plain one."""
+        if self._leases is None:
+            raise RuntimeError(f"task {self.name}: its runner has no database to write to")
+        with self._leases.db.transaction() as s:
+            if not self.check(s):
+                raise self._lost()
+            yield s
+
+    def fence(self) -> None:
+        """Call right before an action outside the database (a backend call, a write to another store):
+        ``LeaseLost`` where another server holds the lease now, so that a stale holder acts no more."""
+        if not self.holds():
+            raise self._lost()
+
+    def _lost(self) -> LeaseLost:
+        return LeaseLost(self.name, self._scope or "", self.token or 0)
+
 
 @dataclass
 class Task:
@@ -80,6 +126,16 @@ class Task:
             work()
 
         return cls(name, run_once, interval, **options)
+
+    @classmethod
+    def writing(cls, name: str, write: Callable[[Session], object], interval: float, lease_scope: str) -> Task:
+        """A leased task whose run is one write (a purge of old rows), in the run's fenced transaction."""
+
+        def run_once(ctx: TaskContext) -> None:
+            with ctx.transaction() as s:
+                write(s)
+
+        return cls(name, run_once, interval, lease_scope=lease_scope)
 
 
 @dataclass
@@ -164,6 +220,10 @@ class TaskRunner:
     def wake(self, name: str) -> None:
         self._tasks[name].wake.set()
 
+    def tasks(self) -> list[Task]:
+        """Every registered task, in the order they were added."""
+        return list(self._tasks.values())
+
     def stop(self) -> None:
         """Stop every task: wake each, wait for its run to end (its ``join_timeout``), give back the leases,
         then call each task's ``stop``."""
@@ -201,48 +261,89 @@ class TaskRunner:
     def _loop(self, task: Task) -> None:
         delay = task.first_delay
         logged: str | None = None  # the error last logged: a task failing the same way again logs nothing
+        failures = 0  # failed runs in a row: the back-off
         while not self._stopping.is_set():
             self._note(task, next_due=time.time() + delay)
             woken = task.wake.wait(delay) if delay > 0 else task.wake.is_set()
             if self._stopping.is_set():
                 break
             task.wake.clear()
-            token = self._lease(task)
+            clock = time.monotonic()
+            try:
+                token = self._lease(task)
+            except Exception as exc:
+                # The database is down (or failing): nobody can be sure to hold the lease, and the run would fail the
+                # same way. A failed run of its own: recorded, logged once, and tried again after the back-off.
+                failures += 1
+                logged = self._failed(task, clock, exc, logged, failures)
+                delay = task.interval
+                continue
             if task.lease_scope is not None and token is None:
                 delay = task.interval  # another server holds it: look again after an interval
                 continue
             ctx = TaskContext(task.name, token, woken, self._stopping, self.leases, task.lease_scope)
-            started = time.time()
-            clock = time.monotonic()
-            self._note(task, last_started=started)
+            self._note(task, last_started=time.time())
             try:
                 after = task.run_once(ctx)
+            except LeaseLost as exc:
+                # Not an error of this server: it stalled past its lease and another took over. Its next try
+                # finds the lease taken (or takes it anew, with a new token, once it is free).
+                log.warning("background task %s stopped its run: %s", task.name, exc)
+                self._held.pop(task.name, None)
+                self._note(task, holds_lease=False, token=None)
+                self._finished(task, clock, None)
+                failures = 0
+                delay = task.interval
+                continue
             except Exception as exc:
-                text = f"{type(exc).__name__}: {exc}"
-                if text != logged:
-                    log.exception("background task %s failed (logged once until it changes): %s", task.name, text)
-                    logged = text
-                self._finished(task, clock, text)
-                # A pause even when woken: a task failing at once must not spin on its wake-ups.
-                self._stopping.wait(min(ERROR_PAUSE, task.interval))
+                failures += 1
+                logged = self._failed(task, clock, exc, logged, failures)
                 delay = task.interval
                 continue
             if logged is not None:
                 log.info("background task %s runs again", task.name)
                 logged = None
+            failures = 0
             self._finished(task, clock, None)
             delay = task.interval if after is None else max(0.0, after)
 
+    def _failed(self, task: Task, clock: float, exc: Exception, logged: str | None, failures: int) -> str:
+        """Record a failed run (or a lease that could not be taken), log it unless it is the error ``logged`` last,
+        and pause for the back-off. Returns the error now logged last."""
+        text = f"{type(exc).__name__}: {exc}"
+        pause = error_pause(task.interval, failures)
+        if text != logged:
+            log.exception(
+                "background task %s failed (logged once until it changes; tried again after %.1f s, twice as long "
+                "after each next failure, at most %.0f s): %s",
+                task.name,
+                pause,
+                BACKOFF_MAX_SECONDS,
+                text,
+            )
+        self._finished(task, clock, text)
+        # A pause even when woken: a task failing at once must not spin on its wake-ups.
+        self._note(task, next_due=time.time() + pause + task.interval)
+        self._stopping.wait(pause)
+        return text
+
     def _lease(self, task: Task) -> int | None:
-        """Take or renew the task's lease; its token, or None (no scope, or another server holds it)."""
+        """Take or renew the task's lease; its token, or None (no scope, or another server holds it). Raises what
+        taking it raised (the database unavailable): then this server does not hold it either."""
         if task.lease_scope is None or self.leases is None:
             return None
         seconds = max(self.lease_seconds, 2 * task.interval)
+        held = self._held.get(task.name)
+        if held is not None and (held.expires_at - datetime.now(UTC)).total_seconds() > seconds / 2:
+            # Renewed when half of it is left, not at every run (the studies task runs 4 times a second): the
+            # token stands until the lease runs out, and every write checks it in its own transaction anyway.
+            return held.token
         try:
             held = self.leases.acquire(task.lease_scope, seconds)
-        except Exception as exc:  # the database is down: nobody can be sure to hold it
-            log.warning("task %s: taking its lease failed: %s", task.name, exc)
-            held = None
+        except Exception:
+            self._held.pop(task.name, None)
+            self._note(task, holds_lease=False, token=None)
+            raise
         if held is None:
             self._held.pop(task.name, None)
             self._note(task, holds_lease=False, token=None)

@@ -23,8 +23,10 @@ from kiln.domain.studies import (
     TrialCounts,
     TrialRead,
     TrialState,
+    TrialVerdict,
 )
 from kiln.errors import Conflict, InvalidInput, KilnError, NotFound
+from kiln.services.idempotency import Idempotency, IdempotentRequest, Remember
 from kiln.services.identity import Principal
 from kiln.services.jobs import JobService, request_cancel
 
@@ -169,10 +171,13 @@ def study_read(study: TuningStudy, trials: list[TrialRead]) -> StudyRead:
 
 
 class StudyService:
-    def __init__(self, db: Database, jobs: JobService, wake: Callable[[], None]) -> None:
+    def __init__(
+        self, db: Database, jobs: JobService, wake: Callable[[], None], idempotency: Idempotency | None = None
+    ) -> None:
         self.db = db
         self.jobs = jobs
         self.wake = wake  # the studies task: a new study, or one stopped
+        self.idempotency = idempotency or jobs.idempotency  # the Idempotency-Keys of creates
 
     def load(self, s: Session, principal: Principal, study_id: str, *, lock: bool = False) -> TuningStudy:
         query = select(TuningStudy).where(TuningStudy.id == study_id)
@@ -185,8 +190,22 @@ class StudyService:
             raise NotFound(f"study {study_id} not found")
         return study
 
-    def create(self, principal: Principal, body: StudySubmit) -> StudyRead:
+    def create(
+        self, principal: Principal, body: StudySubmit, idempotency: IdempotentRequest | None = None
+    ) -> StudyRead:
+        """A new RUNNING study. With ``idempotency`` (the request's Idempotency-Key), a repeat of the same request
+        answers the study the first one created, as it is now (the same study: same id), and creates none."""
         principal.require("studies:write")
+        return self.idempotency.create(
+            principal, idempotency, "study", lambda remember: self._create(principal, body, remember), self._read_by_id
+        )
+
+    @staticmethod
+    def _read_by_id(s: Session, study_id: str) -> StudyRead | None:
+        study = s.get(TuningStudy, study_id)
+        return None if study is None else study_read(study, read_trials(s, [study.id]).get(study.id, []))
+
+    def _create(self, principal: Principal, body: StudySubmit, remember: Remember) -> StudyRead:
         spec = body.spec
         try:  # the trial spec gets every check a job submit makes (its inputs pinned for every trial)
             trial = self.jobs.check_submit(principal, spec.trial, body.code_sha256)
@@ -222,6 +241,7 @@ class StudyService:
                 )
             )
             s.flush()
+            remember(s, study.id)
             read = study_read(study, [])
         self.wake()
         return read
@@ -268,6 +288,23 @@ class StudyService:
         if order == "objective":
             items.sort(key=lambda t: _rank(t, direction))
         return items
+
+    def verdict(self, principal: Principal, job_id: str) -> TrialVerdict:
+        """The pruner's verdict on the trial that ``job_id`` runs (its own job token may ask: ``jobs:read``)."""
+        principal.require("jobs:read")
+        with self.db.read() as s:
+            job = self.jobs.load(s, principal, job_id)
+            trial = s.scalar(select(TuningTrial).where(TuningTrial.job_id == job.id))
+            if trial is None:
+                raise NotFound(f"job {job_id} is not a trial of a tuning study")
+            return TrialVerdict(
+                study_id=trial.study_id,
+                number=trial.number,
+                state=TrialState(trial.state),
+                prune=trial.state == TrialState.PRUNED,
+                judged_step=trial.last_step,
+                pruned_step=trial.pruned_step,
+            )
 
     def best(self, principal: Principal, study_id: str) -> TrialRead:
         read = self.get(principal, study_id)

@@ -15,16 +15,19 @@ Each run, for each study that is running or has trials Optuna was not yet told t
    sampler draws the parameters (``ask``), then one transaction creates the trial row and its QUEUED job — placed
    by the scheduler and counted against the organisation's train quota like any job.
 
-Every write checks the task's fencing token inside its transaction, so a server that stalled past its lease
-cannot add trials after another server took over; the trial rows are what is counted, so no trial is made twice.
+Every write is in the run's fenced transaction (``ctx.transaction()``: the task's token checked inside it), and
+every write to Optuna's storage (which may be another database) comes right after ``ctx.fence()``, so a server
+that stalled past its lease cannot add, end or report trials after another server took over; the trial rows are
+what is counted, so no trial is made twice.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import threading
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -47,12 +50,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-INTERVAL = 0.25  # seconds between runs: a pruner's decision waits at most this for the point it judges
+INTERVAL = 0.25  # seconds between full runs (a trial's new objective points are judged at once: ``judge_soon``)
 SETTLE_SECONDS = 10.0  # how long after its job succeeded a trial's objective may still arrive (metrics lag)
-
-
-class LeaseLost(Exception):
-    """Another server took the studies task over: this run writes nothing more."""
 
 
 @dataclass
@@ -77,16 +76,62 @@ class StudyDriver:
         self._storage: optuna.storages.RDBStorage | None = None
         self._studies: dict[str, optuna.Study] = {}  # this process's Optuna studies (their samplers hold state)
         self._task = Task("studies", self.run_once, INTERVAL, lease_scope="studies")
+        self._pending: set[str] = set()  # jobs with new points, for the next run to judge first
+        self._pending_lock = threading.Lock()
+        self._next_full = 0.0  # monotonic time of the next full run
 
     def task(self) -> Task:
         return self._task
 
     def wake(self) -> None:
+        self._next_full = 0.0
+        self._task.wake.set()
+
+    def judge_soon(self, job_ids: Iterable[str]) -> None:
+        """Points of these jobs were just stored: the trials among them are judged now, before anything else
+        and without waiting for the next full run (the pruner's verdict follows the report, not the interval)."""
+        with self._pending_lock:
+            self._pending.update(job_ids)
         self._task.wake.set()
 
     # ---- a run
 
-    def run_once(self, ctx: TaskContext) -> None:
+    def run_once(self, ctx: TaskContext) -> float | None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, set()
+        if pending:
+            self._judge(ctx, pending)  # LeaseLost, where another server took over, ends the run (the runner)
+        now = time.monotonic()
+        if ctx.woken and now < self._next_full:
+            return self._next_full - now  # woken to judge only: the full run keeps its pace
+        self._next_full = now + INTERVAL
+        self._run_full(ctx)
+        return None
+
+    def _judge(self, ctx: TaskContext, job_ids: set[str]) -> None:
+        """Report the new points of these jobs' running trials to the pruner (the part of ``_observe`` that
+        cannot wait). A study this process has not loaded yet is left to the full run."""
+        with self.db.read() as s:
+            rows = [
+                (t, j)
+                for t, j in s.execute(
+                    select(TuningTrial, Job)
+                    .join(Job, Job.id == TuningTrial.job_id)
+                    .where(TuningTrial.job_id.in_(sorted(job_ids)), TuningTrial.state == TrialState.RUNNING)
+                )
+            ]
+            study_rows = {
+                r.id: r for r in s.scalars(select(TuningStudy).where(TuningStudy.id.in_({t.study_id for t, _ in rows})))
+            }
+            s.expunge_all()
+        for trial, job in rows:
+            row = study_rows.get(trial.study_id)
+            ostudy = self._studies.get(trial.study_id)
+            if row is None or ostudy is None or StudyState(row.state) is not StudyState.RUNNING or _ended(job):
+                continue
+            self._report(ctx, _Study(row, StudySpec.model_validate(row.spec), []), ostudy, trial, job)
+
+    def _run_full(self, ctx: TaskContext) -> None:
         with self.db.read() as s:
             untold = select(TuningTrial.study_id).where(TuningTrial.told.is_(False))
             ids = list(
@@ -99,10 +144,7 @@ class StudyDriver:
         for study_id in ids:
             if ctx.stopping.is_set():
                 return
-            try:
-                self._drive(ctx, study_id)
-            except LeaseLost:
-                return
+            self._drive(ctx, study_id)
 
     def _load(self, study_id: str) -> _Study:
         with self.db.read() as s:
@@ -115,17 +157,18 @@ class StudyDriver:
                     .outerjoin(Job, Job.id == TuningTrial.job_id)
                     .where(TuningTrial.study_id == study_id)
                     .order_by(TuningTrial.number)
-                ).tuples()
+                )
             ]
             s.expunge_all()
         return _Study(row, StudySpec.model_validate(row.spec), trials)
 
-    def _optuna(self, study: _Study) -> optuna.Study:
+    def _optuna(self, ctx: TaskContext, study: _Study) -> optuna.Study:
         from kiln.services import tuning_engine
 
         cached = self._studies.get(study.row.id)
         if cached is not None:
             return cached
+        ctx.fence()  # loading creates Optuna's tables and the study on first use
         if self._storage is None:
             self._storage = tuning_engine.open_storage(self.db.url, self.home)
         made = len(study.trials)
@@ -135,10 +178,10 @@ class StudyDriver:
 
     def _drive(self, ctx: TaskContext, study_id: str) -> None:
         study = self._load(study_id)
-        ostudy = self._optuna(study)
+        ostudy = self._optuna(ctx, study)
         running = StudyState(study.row.state) is StudyState.RUNNING
         self._adopt(ctx, study, ostudy, running)
-        self._tell_ended(study, ostudy)
+        self._tell_ended(ctx, study, ostudy)
         if not running:
             if all(t.told for t, _ in study.trials):
                 self._studies.pop(study_id, None)
@@ -147,18 +190,10 @@ class StudyDriver:
         self._observe(ctx, study, ostudy)
         study = self._load(study_id)
         if self._decide(ctx, study):
-            self._tell_ended(self._load(study_id), ostudy)
+            self._tell_ended(ctx, self._load(study_id), ostudy)
             self._studies.pop(study_id, None)
             return
         self._start_trials(ctx, study, ostudy)
-
-    @contextmanager
-    def _transaction(self, ctx: TaskContext) -> Iterator[Session]:
-        """A transaction of the task's own; LeaseLost (rolled back) where another server holds the task now."""
-        with self.db.transaction() as s:
-            if not ctx.check(s):
-                raise LeaseLost
-            yield s
 
     # ---- 1. adopt, 2. tell
 
@@ -170,14 +205,22 @@ class StudyDriver:
             ft for ft in ostudy.get_trials(deepcopy=False, states=(OptunaState.RUNNING,)) if ft._trial_id not in known
         ]
         made = len(study.trials)
+        wanted = set(study.spec.parameters)
+        if orphans:
+            ctx.fence()  # each is told FAIL, or becomes a trial (in a fenced transaction)
         for ft in orphans:
-            if running and made < study.row.planned_trials:
+            # Optuna's ask stores the trial, then each parameter it draws: a crash in between leaves a trial with
+            # some or none of them. Nothing was made of it (no job without all its parameters): it fails, and the
+            # next pass asks anew (a job of it ran its command with "{x}" unreplaced).
+            if set(ft.params) != wanted:
+                ostudy.tell(ft.number, state=OptunaState.FAIL, skip_if_finished=True)
+            elif running and made < study.row.planned_trials:
                 self._create_trial(ctx, study, made, ft._trial_id, dict(ft.params), adopted=True)
                 made += 1
             else:
                 ostudy.tell(ft.number, state=OptunaState.FAIL, skip_if_finished=True)
 
-    def _tell_ended(self, study: _Study, ostudy: optuna.Study) -> None:
+    def _tell_ended(self, ctx: TaskContext, study: _Study, ostudy: optuna.Study) -> None:
         import optuna
         from optuna.trial import TrialState as OptunaState
 
@@ -194,8 +237,9 @@ class StudyDriver:
             value = trial.value if state is OptunaState.COMPLETE else None
             # Told by its Trial object: an int would be read as Optuna's trial *number*, not its id.
             otrial = optuna.trial.Trial(ostudy, trial.optuna_trial_id)
+            ctx.fence()
             ostudy.tell(otrial, value, state=state, skip_if_finished=True)
-            with self.db.transaction() as s:  # idempotent: no fencing needed to record that Optuna knows
+            with ctx.transaction() as s:
                 row = s.get(TuningTrial, (trial.study_id, trial.number))
                 if row is not None:
                     row.told = True
@@ -242,15 +286,22 @@ class StudyDriver:
         otrial = optuna.trial.Trial(ostudy, trial.optuna_trial_id)
         seq, step, value = trial.reported_seq, trial.last_step, trial.last_value
         prune = study.spec.early_stopping.type != "none" and not _ended(job)
+        judged = [p for p in points if p[2] is not None and math.isfinite(p[2])]
+        last = judged[-1] if judged else None
+        if judged:
+            ctx.fence()  # each point reported is a write to Optuna's storage
         for p_seq, p_step, p_value in points:
             seq = p_seq
             if p_value is None or not math.isfinite(p_value):
                 continue
             step, value = (p_step if p_step is not None else p_seq), p_value
             otrial.report(value, step)
-            if prune and otrial.should_prune():
+            # The pruner judges the trial at its latest step (every Optuna pruner looks at the last step reported,
+            # and a successive-halving one at each rung it passed): asked once per batch, not once per point,
+            # since each question reads the study's trials.
+            if prune and (p_seq, p_step, p_value) == last and otrial.should_prune():
                 message = f"pruned at step {step} ({study.spec.objective.metric}={value:g})"
-                with self._transaction(ctx) as s:
+                with ctx.transaction() as s:
                     row, live = _lock(s, trial, job.id)
                     if row.state != TrialState.RUNNING:
                         return True
@@ -259,7 +310,7 @@ class StudyDriver:
                     add_event(s, study.row, StudyReason.TRIAL_PRUNED, message, trial=trial.number)
                 self.jobs.wake(job.id)  # stop its attempt now
                 return True
-        with self._transaction(ctx) as s:
+        with ctx.transaction() as s:
             saved = s.get(TuningTrial, (trial.study_id, trial.number))
             if saved is not None and saved.state == TrialState.RUNNING:
                 saved.reported_seq, saved.last_step, saved.last_value = seq, step, value
@@ -308,7 +359,7 @@ class StudyDriver:
             TrialState.FAILED: StudyReason.TRIAL_FAILED,
             TrialState.CANCELLED: StudyReason.TRIAL_CANCELLED,
         }
-        with self._transaction(ctx) as s:
+        with ctx.transaction() as s:
             row, live = _lock(s, trial, job.id if job is not None else None)
             if row.state != TrialState.RUNNING:
                 return
@@ -360,7 +411,7 @@ class StudyDriver:
 
     def _finish(self, ctx: TaskContext, study: _Study, to: StudyState, reason: str, message: str) -> None:
         """The study ends: its running trials are cancelled, in the transaction of its last event."""
-        with self._transaction(ctx) as s:
+        with ctx.transaction() as s:
             fresh = s.get(TuningStudy, study.row.id, with_for_update=s.get_bind().dialect.name == "postgresql")
             if fresh is None or fresh.state != StudyState.RUNNING:
                 return
@@ -368,7 +419,7 @@ class StudyDriver:
                 select(TuningTrial, Job)
                 .outerjoin(Job, Job.id == TuningTrial.job_id)
                 .where(TuningTrial.study_id == fresh.id, TuningTrial.state == TrialState.RUNNING)
-            ).tuples():
+            ):
                 end_trial(s, trial, TrialState.CANCELLED, f"stopped: {reason}", job)
                 add_event(s, fresh, StudyReason.TRIAL_CANCELLED, f"stopped: {reason}", trial=trial.number)
             add_event(s, fresh, reason, message, to=to)
@@ -385,6 +436,7 @@ class StudyDriver:
         running = sum(t.state == TrialState.RUNNING for t, _ in study.trials)
         space = tuning_engine.search_space(study.spec)
         while running < study.spec.parallelism and made < study.row.planned_trials and not ctx.stopping.is_set():
+            ctx.fence()  # ask stores the trial in Optuna's storage (a trial the next holder would adopt)
             otrial = ostudy.ask(space)
             if not self._create_trial(ctx, study, made, otrial._trial_id, dict(otrial.params), adopted=False):
                 return
@@ -403,7 +455,7 @@ class StudyDriver:
             self._fail_study(ctx, study, StudyReason.INVALID_TRIAL, why)
             return False
         shown = ", ".join(f"{k}={v}" for k, v in params.items())
-        with self._transaction(ctx) as s:
+        with ctx.transaction() as s:
             fresh = s.get(TuningStudy, row.id, with_for_update=s.get_bind().dialect.name == "postgresql")
             if fresh is None or fresh.state != StudyState.RUNNING:
                 return False  # stopped meanwhile: the drawn trial is told FAIL as an orphan

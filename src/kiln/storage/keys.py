@@ -18,3 +18,8 @@ def outputs_prefix(org_id: str, job_id: str) -> str:
 def checkpoints_prefix(org_id: str, job_id: str) -> str:
     """A job's checkpoints, kept across its attempts."""
     return f"orgs/{org_id}/jobs/{job_id}/checkpoints"
+
+
+def log_prefix(org_id: str, job_id: str) -> str:
+    """A job's log as shipped by the server writing it: segments named by the offset of their first byte."""
+    return f"orgs/{org_id}/jobs/{job_id}/log"

@@ -66,9 +66,13 @@ def b64_digest(hex_digest: str) -> str:
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
+BASE_ERRORS: tuple[type[BaseException], ...] = (OSError, ConnectionError, TimeoutError)
+
+
 def _driver_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions of the S3 drivers that mean "the store failed", when they are installed."""
-    found: list[type[BaseException]] = [OSError, ConnectionError, TimeoutError]
+    """Exceptions of the S3 drivers that mean "the store failed", when they are installed. Imported only for an
+    S3 store (s3fs imports them anyway): aiohttp alone is a third of a second of every server's and CLI's start."""
+    found: list[type[BaseException]] = list(BASE_ERRORS)
     try:
         from botocore.exceptions import BotoCoreError, ClientError
 
@@ -82,9 +86,6 @@ def _driver_errors() -> tuple[type[BaseException], ...]:
     except ImportError:  # pragma: no cover
         pass
     return tuple(found)
-
-
-DRIVER_ERRORS = _driver_errors()
 
 
 def safe_key(*parts: str) -> str:
@@ -128,6 +129,7 @@ class ObjectStore:
         self.url = url.rstrip("/")
         protocol = self.url.split("://", 1)[0] if "://" in self.url else "file"
         self.is_s3 = protocol in ("s3", "s3a")
+        self.driver_errors = _driver_errors() if protocol != "file" else BASE_ERRORS
         if self.is_s3:
             # Fail fast when the store is down (the API answers 503), and never serve a stale listing.
             config = dict(storage_options.pop("config_kwargs", None) or {})
@@ -163,7 +165,7 @@ class ObjectStore:
             if missing is None:
                 raise
             raise NotFound(f"no such object: {missing}") from exc
-        except DRIVER_ERRORS as exc:
+        except self.driver_errors as exc:
             if isinstance(exc, OSError) and exc.errno in _FULL:
                 raise StoreUnavailable(f"the object store {self.display} is full: {exc.strerror}") from exc
             detail = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__

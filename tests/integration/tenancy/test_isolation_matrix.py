@@ -159,6 +159,8 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
         Case("scoped", query=(("format", "csv"), ("downsample", "100")), reader="member"),
     ],
     ("GET", "/api/v1/jobs/{job_id}/metrics/summary"): [Case("scoped", reader="member")],
+    # A trial's verdict: the matrix's jobs are no trials (their owner gets 404 too); test_trial_verdict.py reads one.
+    ("GET", "/api/v1/jobs/{job_id}/trial"): [Case("scoped"), Case("scoped", query=(("judged", "3"), ("wait", "0.2")))],
     # Every job of the comparison is checked: one of another organisation's fails the whole request (404).
     ("GET", "/api/v1/metrics/compare"): [
         Case("scoped", query=(("jobs", "{job_id}"),), reader="member"),

@@ -130,7 +130,9 @@ def test_every_operation_declares_its_errors_with_the_error_body(
     errors = {int(code): r for code, r in responses.items() if code.isdigit() and int(code) >= 400}
     if path not in UNSIGNED:
         assert {401, 413, 429} <= set(errors), f"{method} {path} answers 401, 413 and 429 before any route runs"
+        assert 503 in errors, f"{method} {path} answers 503 while the database is unavailable"
         assert responses["429"]["headers"]["Retry-After"]["required"] is True
+        assert responses["503"]["headers"]["Retry-After"]["required"] is True
     json_body = "application/json" in operation.get("requestBody", {}).get("content", {})
     if (operation.get("parameters") or json_body) and path not in UNSIGNED:
         assert 422 in errors, f"{method} {path} has parameters or a JSON body, so it answers 422"

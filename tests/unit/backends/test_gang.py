@@ -77,3 +77,20 @@ def test_a_lost_member_fails_the_gang() -> None:
     assert view.stop == (0,)
     final = aggregate([exited("worker", 0, 143, GANG_STOPPED), lost])
     assert final.status.phase is Phase.LOST and final.status.reason == "ShimLost"
+
+
+def unlaunched(role: str, index: int) -> MemberStatus:
+    return MemberStatus(role, index, AttemptStatus(Phase.UNLAUNCHED, reason="NotLaunched", message="never launched"))
+
+
+def test_members_a_crash_kept_from_launching_make_the_gang_unlaunched() -> None:
+    """The server died while it launched the gang: the attempt is launched again (the members already up are
+    adopted by the executor's start), and the message names who is missing."""
+    view = aggregate([running("worker", 0), unlaunched("worker", 1), unlaunched("ps", 0)])
+    assert view.status.phase is Phase.UNLAUNCHED and view.stop == ()
+    assert "worker 1, ps 0" in view.status.message
+
+
+def test_a_failure_with_members_never_launched_stops_them_instead() -> None:
+    view = aggregate([exited("worker", 0, 2, reason="Error"), unlaunched("worker", 1)])
+    assert view.status.phase is Phase.RUNNING and view.stop == (1,) and view.stop_reason == GANG_STOPPED

@@ -122,6 +122,17 @@ def invoke(*argv: str, stdin: str | None = None) -> Any:
     return CliRunner().invoke(build_app(), ["models", *argv], input=stdin, env={"COLUMNS": "200"})
 
 
+def test_register_says_when_the_version_was_already_registered(stand_in: StandIn, monkeypatch) -> None:
+    existing = version(1, val_acc=0.97).model_copy(update={"already_registered": True})
+    monkeypatch.setattr(stand_in, "register_model", lambda *a, **k: existing)
+    result = invoke("register", "digits", "--from-job", "job-1", "--path", "model.pkl")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0] == "digits@1"
+    assert "digits@1 already holds these files (model.pkl of job job-1, sklearn): no new version registered" in (
+        result.output
+    )
+
+
 def test_register_prints_the_new_version_first_and_its_metrics_on_stderr(stand_in: StandIn) -> None:
     result = invoke("register", "digits", "--from-job", "job-9", "--path", "out/model.pkl", "--framework", "sklearn")
     assert result.exit_code == 0, result.output

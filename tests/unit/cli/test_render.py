@@ -6,8 +6,8 @@ import shlex
 import subprocess
 
 from kiln.cli.keys import env_lines
-from kiln.cli.output import quota_amount, quota_table
-from kiln.domain.schemas import QuotaReport
+from kiln.cli.output import audit_table, quota_amount, quota_table
+from kiln.domain.schemas import AuditRead, QuotaReport
 from kiln.sdk.config import read_config_file
 
 
@@ -62,3 +62,43 @@ def test_env_lines_can_be_sourced_and_read_back(tmp_path):
     shell = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True)
     assert shell.stdout.splitlines() == ["se'cr et", "http://127.0.0.1:8080"]
     assert read_config_file(path)["KILN_ACCESS_KEY"] == "AKXYZ"
+
+
+def test_the_audit_tables_org_and_user_columns_show_names(capsys):
+    """The ORG and USER columns read names (issue 26: they showed ids); a record without a name keeps its id."""
+    records = [
+        AuditRead.model_validate(
+            {
+                "id": 2,
+                "time": "2026-12-03T09:00:00Z",
+                "org_id": "org-01HZX",
+                "user_id": "usr-01HZY",
+                "org_name": "acme",
+                "user_name": "ann",
+                "key_id": "AK1",
+                "action": "submit_job",
+                "resource": "id=job-1",
+                "outcome": "success",
+                "status": 201,
+                "client": "127.0.0.1",
+            }
+        ),
+        AuditRead.model_validate(
+            {
+                "id": 1,
+                "time": "2026-12-03T08:59:00Z",
+                "org_id": "org-gone",
+                "user_id": None,
+                "key_id": "AKX",
+                "action": "GET /api/v1/jobs",
+                "resource": "/api/v1/jobs",
+                "outcome": "unauthenticated",
+                "status": 401,
+                "client": "127.0.0.1",
+            }
+        ),
+    ]
+    audit_table(records)
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert rows[0][2:5] == ["acme", "ann", "AK1"]
+    assert rows[1][2:5] == ["org-gone", "-", "AKX"]

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kiln.domain.quantities import format_bytes, format_memory, format_number, parse_memory
+from kiln.domain.quantities import format_bytes, format_cpus, format_memory, format_number, millicores, parse_memory
 from kiln.runtime import units
 
 KI, MI, GI, TI = 1024, 1024**2, 1024**3, 1024**4
@@ -112,3 +112,43 @@ def test_format_then_parse_round_trips_whole_units(n: int) -> None:
 )
 def test_format_number(x: float, text: str) -> None:
     assert format_number(x) == text
+
+
+@pytest.mark.parametrize(
+    ("cpus", "expected"),
+    [
+        (0.1, 100),
+        (0.3, 300),
+        (0.1 * 3, 300),
+        (2, 2000),
+        (1.5, 1500),
+        (0.0001, 1),
+        (0.0015, 2),
+        (1e-9, 1),
+        (4096, 4_096_000),
+    ],
+)
+def test_millicores(cpus: float, expected: int) -> None:
+    assert millicores(cpus) == expected
+
+
+@pytest.mark.parametrize(
+    ("millicores_", "text"),
+    [(100, "0.1"), (2000, "2"), (1250, "1.25"), (1, "0.001"), (0, "0"), (-500, "-0.5"), (4_096_000, "4096")],
+)
+def test_format_cpus(millicores_: int, text: str) -> None:
+    assert format_cpus(millicores_) == text
+
+
+def test_a_hundred_tenths_are_ten_cpus_exactly() -> None:
+    assert sum(0.1 for _ in range(100)) != 10  # the residue floats leave
+    assert format_cpus(sum(millicores(0.1) for _ in range(100))) == "10"
+
+
+def test_letters_a_case_insensitive_match_takes_for_units_are_read_as_those_units() -> None:
+    """Python's case-insensitive match takes U+0131 (a dotless i) for i and a KELVIN SIGN for k: such a text is the unit
+    it matched as, never a KeyError (it was a 500 from the API)."""
+    from kiln.domain.quantities import parse_memory
+
+    assert parse_memory("2k\u0131") == parse_memory("2Ki") == 2048
+    assert parse_memory("2\u212a") == 2048

@@ -119,6 +119,14 @@ def test_a_trial_spec_carries_its_parameters_and_labels() -> None:
     assert job.prepare_command == "echo 0.01"
     assert job.params == {"epochs": 5, "lr": 0.01}
     assert job.labels == {"team": "a", "kiln-study": "study-1", "kiln-trial": "3"}
+    assert job.metrics.watch == ["val_acc"]  # the objective's points reach the pruner one by one
+
+
+def test_a_trial_watches_its_objective_beside_what_its_spec_watches() -> None:
+    spec = StudySpec.model_validate(study(trial={"command": "x", "metrics": {"watch": ["loss", "val_acc"]}}))
+    assert trial_spec(spec, "study-1", 0, {"lr": 0.01}).metrics.watch == ["loss", "val_acc"]
+    spec = StudySpec.model_validate(study(trial={"command": "x", "metrics": {"watch": ["loss"]}}))
+    assert trial_spec(spec, "study-1", 0, {"lr": 0.01}).metrics.watch == ["loss", "val_acc"]
 
 
 def test_job_params_are_checked_and_formatted() -> None:

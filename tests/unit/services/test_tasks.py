@@ -3,6 +3,7 @@ without stopping the task, a wake-up runs a task before its interval, stop ends 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -10,7 +11,10 @@ from collections.abc import Callable
 
 import pytest
 
-from kiln.services.tasks import Task, TaskContext, TaskRunner, TaskStatus
+from kiln.db.session import Database
+from kiln.services.task_leases import TaskLeases
+from kiln.services.tasks import BACKOFF_MAX_SECONDS, LeaseLost, Task, TaskContext, TaskRunner, TaskStatus, error_pause
+from tests.kilnserver import free_port
 
 
 def until(check: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -49,6 +53,24 @@ def test_a_failing_run_is_recorded_logged_once_and_the_task_goes_on(caplog: pyte
     assert failures[0].exc_info is not None  # with its traceback
     assert any(r.getMessage() == "background task flaky runs again" for r in caplog.records)
     assert status.as_dict()["last_error"] == "OSError: store unreachable"
+
+
+def test_a_run_that_lost_its_lease_ends_quietly_and_the_task_keeps_its_schedule(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def stale(ctx: TaskContext) -> None:
+        raise LeaseLost(ctx.name, "scope", 1)  # what ctx.transaction() and ctx.fence() raise for a stale token
+
+    runner = TaskRunner()
+    runner.add(Task("stale", stale, interval=0.01))
+    with caplog.at_level(logging.INFO, logger="kiln.services.tasks"):
+        runner.start()
+        until(lambda: status_of(runner, "stale").runs >= 3)
+        runner.stop()
+    status = status_of(runner, "stale")
+    assert status.errors == 0 and status.last_error is None and status.last_ok is True, "not an error"
+    assert status.holds_lease is False and status.token is None
+    assert any("another server holds the lease of 'scope'" in r.getMessage() for r in caplog.records)
 
 
 def test_a_different_error_is_logged_again(caplog: pytest.LogCaptureFixture) -> None:
@@ -128,3 +150,63 @@ def test_a_task_name_is_unique_and_a_scope_needs_leases() -> None:
         runner.add(Task("one", lambda ctx: None, interval=1))
     with pytest.raises(ValueError, match="task 'scoped' has a lease scope, and this runner has no leases"):
         runner.add(Task("scoped", lambda ctx: None, interval=1, lease_scope="x"))
+
+
+def test_the_pause_after_failures_in_a_row_doubles_up_to_its_bound() -> None:
+    assert [error_pause(0.2, n) for n in range(1, 8)] == [0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0]
+    assert [error_pause(60, n) for n in range(1, 5)] == [1.0, 2.0, 4.0, 5.0]  # the first pause is at most 1 s
+    assert error_pause(0.01, 10_000) == BACKOFF_MAX_SECONDS
+
+
+def test_failing_runs_back_off_and_the_first_success_ends_the_back_off() -> None:
+    starts: list[float] = []
+    failing = threading.Event()
+    failing.set()
+
+    def run(ctx: TaskContext) -> None:
+        starts.append(time.monotonic())
+        if failing.is_set():
+            raise ConnectionError("the database is gone")
+
+    task = Task("backing-off", run, interval=0.05)
+    runner = TaskRunner()
+    runner.add(task)
+    runner.start()
+    until(lambda: len(starts) >= 5)
+    for _ in range(20):
+        task.wake.set()  # wake-ups do not cut a back-off short
+        time.sleep(0.01)
+    failing.clear()
+    until(lambda: status_of(runner, "backing-off").last_ok is True)
+    recovered = len(starts)
+    until(lambda: len(starts) >= recovered + 3)
+    runner.stop()
+    gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
+    # After the n-th failure: a pause of 0.05 * 2^(n-1) s, then the interval.
+    for n, gap in enumerate(gaps[:4], start=1):
+        assert gap >= error_pause(0.05, n) + 0.05 - 0.01, gaps
+    assert gaps[4] >= error_pause(0.05, 5) - 0.01, gaps  # woken meanwhile: the interval may be cut, not the pause
+    assert all(gap < 1.0 for gap in gaps[recovered:]), f"the back-off outlived the failures: {gaps}"
+
+
+def test_a_lease_the_unreachable_database_cannot_give_is_a_failed_run_that_backs_off() -> None:
+    """A scoped task whose database is down (nothing listens on its port): the run does not happen, the error is
+    recorded as the task's (what /readyz and /metrics report), the lease is not held, and it tries again with
+    back-off rather than at every interval."""
+    db = Database(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/gone")
+    runs: list[int] = []
+    runner = TaskRunner(TaskLeases(db, "server-a"))
+    runner.add(Task("scoped", lambda ctx: runs.append(1), interval=0.05, lease_scope="scoped"))
+    try:
+        runner.start()
+        time.sleep(1.5)
+        runner.stop()
+    finally:
+        db.dispose()
+    status = status_of(runner, "scoped")
+    assert runs == [], "a run without its lease"
+    assert status.last_ok is False and status.holds_lease is False and status.token is None
+    assert status.last_error is not None
+    assert status.last_error.startswith("DatabaseUnavailable: the database is unavailable"), status.last_error
+    # Pauses of 0.05, 0.1, 0.2, 0.4, 0.8 s (each then the interval): at most 5 tries in 1.5 s, not 15 or more.
+    assert 1 <= status.errors <= 6, status.errors

@@ -12,6 +12,7 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from kiln.api.deps import Caller, Kiln, caller_of, model_response, platform_of
+from kiln.api.idempotency import Idempotent, mark_replayed, replayable
 from kiln.api.params import FilePath, JobId
 from kiln.api.responses import REDIRECT, errors, links, raw_body, with_links
 from kiln.auth import signing
@@ -33,26 +34,30 @@ TEXT_BODY = raw_body("text/plain")
     "",
     response_model=JobRead,
     status_code=201,
-    summary="Submit a job",
-    responses=with_links(
-        (400, 422),
-        links(
-            201,
-            "The job, queued",
-            get_job=JOB,
-            job_events=JOB,
-            why=JOB,
-            job_logs=JOB,
-            list_artifacts=JOB,
-            list_checkpoints=JOB,
-            get_metrics=JOB,
-            metrics_summary=JOB,
-            cancel_job=JOB,
-        ),
+    summary="Submit a job (retry it safely with an Idempotency-Key)",
+    responses=replayable(
+        with_links(
+            (400, 422),
+            links(
+                201,
+                "The job, queued (with Idempotent-Replayed: the job an earlier request with the key created)",
+                get_job=JOB,
+                job_events=JOB,
+                why=JOB,
+                job_logs=JOB,
+                list_artifacts=JOB,
+                list_checkpoints=JOB,
+                get_metrics=JOB,
+                metrics_summary=JOB,
+                cancel_job=JOB,
+            ),
+        )
     ),
 )
-def submit_job(body: JobSubmit, caller: Caller, kiln: Kiln) -> JobRead:
-    return kiln.jobs.submit(caller, body)
+def submit_job(body: JobSubmit, caller: Caller, kiln: Kiln, idempotency: Idempotent, response: Response) -> JobRead:
+    job = kiln.jobs.submit(caller, body, idempotency)
+    mark_replayed(response, idempotency)
+    return job
 
 
 @router.post(
@@ -116,13 +121,19 @@ def cancel_job(job_id: JobId, caller: Caller, kiln: Kiln) -> JobRead:
     response_model=JobRead,
     status_code=201,
     summary="Submit a new job with this job's spec and code (any state)",
-    responses=with_links(
-        (400, 404, 409, 422),
-        links(201, "The new job, queued", get_job=JOB, job_events=JOB, job_logs=JOB, cancel_job=JOB),
+    responses=replayable(
+        with_links(
+            (400, 404, 409, 422),
+            links(201, "The new job, queued", get_job=JOB, job_events=JOB, job_logs=JOB, cancel_job=JOB),
+        )
     ),
 )
-def rerun_job(job_id: JobId, caller: Caller, kiln: Kiln, body: JobRerun | None = None) -> JobRead:
-    return kiln.jobs.rerun(caller, job_id, body or JobRerun())
+def rerun_job(
+    job_id: JobId, caller: Caller, kiln: Kiln, idempotency: Idempotent, response: Response, body: JobRerun | None = None
+) -> JobRead:
+    job = kiln.jobs.rerun(caller, job_id, body or JobRerun(), idempotency)
+    mark_replayed(response, idempotency)
+    return job
 
 
 @router.delete(

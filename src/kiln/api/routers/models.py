@@ -9,6 +9,7 @@ from fastapi import APIRouter, Path
 from fastapi.responses import Response
 
 from kiln.api.deps import Caller, Kiln
+from kiln.api.idempotency import Idempotent, mark_replayed, replayable
 from kiln.api.params import FilePath
 from kiln.api.responses import REDIRECT, errors, links, stored_file
 from kiln.domain import models as refs
@@ -79,13 +80,26 @@ def delete_model(model: ModelName, caller: Caller, kiln: Kiln) -> ModelRemoved:
     response_model=ModelVersionRead,
     status_code=201,
     summary="Register the next version from an ended job's output file or directory (creates the model)",
-    responses={
-        **errors(400, 404, 409, 422),
-        **links(201, "The new version", get_model_version=VERSION, delete_model_version=VERSION, get_model=NAMED),
-    },
+    responses=replayable(
+        {
+            **errors(400, 404, 409, 422),
+            **links(201, "The new version", get_model_version=VERSION, delete_model_version=VERSION, get_model=NAMED),
+            200: {
+                "model": ModelVersionRead,
+                "description": "No new version: the one registered earlier from the same job with the same "
+                "framework and files (already_registered: true), which is the one to use",
+            },
+        }
+    ),
 )
-def register_model_version(model: ModelName, body: ModelRegister, caller: Caller, kiln: Kiln) -> ModelVersionRead:
-    return kiln.models.register(caller, model, body)
+def register_model_version(
+    model: ModelName, body: ModelRegister, caller: Caller, kiln: Kiln, idempotency: Idempotent, response: Response
+) -> ModelVersionRead:
+    version = kiln.models.register(caller, model, body, idempotency)
+    mark_replayed(response, idempotency)
+    if version.already_registered:
+        response.status_code = 200
+    return version
 
 
 @router.get(

@@ -39,6 +39,11 @@ class Readiness(BaseModel):
     status: str = "ready"
     message: str | None = Field(None, description="What is wrong, when the server is not ready.")
     tasks: list[TaskReport] = Field(default_factory=list, description="The server's background tasks.")
+    servers: int = Field(
+        1,
+        description="The live servers on this database at this server's last heartbeat (itself included); each "
+        "enforces 1/servers of every rate limit.",
+    )
 
 
 @health.get("/healthz", summary="The process is up")
@@ -64,9 +69,11 @@ async def readyz(kiln: Kiln) -> JSONResponse:
 
     problem = await run_in_threadpool(check)
     tasks = [task.as_dict() for task in kiln.tasks.status()]
+    servers = kiln.servers.live
     if problem:
-        return JSONResponse({"status": "unavailable", "message": problem, "tasks": tasks}, status_code=503)
-    return JSONResponse({"status": "ready", "tasks": tasks})
+        body = {"status": "unavailable", "message": problem, "tasks": tasks, "servers": servers}
+        return JSONResponse(body, status_code=503)
+    return JSONResponse({"status": "ready", "tasks": tasks, "servers": servers})
 
 
 @router.get(

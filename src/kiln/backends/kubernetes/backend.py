@@ -373,9 +373,9 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer):
             if attempt.stopping:
                 reason, message = attempt.stopping
                 status = AttemptStatus(Phase.EXITED, None, reason, message, finished_at=datetime.now(UTC))
-            else:
+            else:  # a start a crash cut short, or a Job deleted behind Kiln's back: created again if still wanted
                 message = f"the Kubernetes Job of attempt {attempt.attempt} does not exist (never created, or deleted)"
-                status = AttemptStatus(Phase.LOST, None, "JobMissing", message, finished_at=datetime.now(UTC))
+                return AttemptStatus(Phase.UNLAUNCHED, None, "JobMissing", message)
         if status.phase in (Phase.EXITED, Phase.LOST):
             if attempt.stopping and status.reason != "Completed":
                 reason, message = attempt.stopping

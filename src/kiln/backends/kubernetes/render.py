@@ -296,6 +296,8 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
         "KILN_PARAMS_FILE": f"{CONF_DIR}/{PARAMS_FILE}",
         **{param_env_name(k): format_param(v) for k, v in spec.params.items()},
     }
+    if spec.metrics.watch:  # kiln.log sends these metrics' points at once (a study's objective)
+        static_env["KILN_WATCH_METRICS"] = ",".join(spec.metrics.watch)
     for item in spec.inputs:
         static_env[input_env_name(item.ref)] = item.where
 

@@ -7,7 +7,8 @@ Layout under ``$KILN_HOME/jobs/<job>/``::
     checkpoints/   $KILN_CHECKPOINT_DIR, kept across restarts of the job
     site/          where pip installs from prepare_command land (the shared runtime stays clean)
     home/          $HOME of a sandboxed job
-    attempts/<n>/  shim.json (what to run), shim.pid, status.json, exit.json, shim.log
+    attempts/<n>/  shim.json (what to run), launch.json (the launch), shim.lock + shim.pid (the shim holding the
+                   attempt's claim: kiln.runtime.claim), status.json, exit.json, shim.log
     attempts/<n>/members/<role>-<i>/   the same, per member of a distributed job (gang.json lists them)
     attempts/<n>/notice                $KILN_NOTICE_FILE: written before a preemption's SIGTERM
     attempts/<n>/[members/…/]scratch/  a sandboxed member's /dev/shm and /tmp (a tmpfs while it runs)
@@ -20,14 +21,12 @@ attempt directory's JSON files and a gang's layout are read and written through 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-import select
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -64,9 +63,11 @@ from kiln.backends.local.runtime_builds import RuntimeBuilds
 from kiln.backends.local.runtimes import ResolvedRuntime, RuntimeManager
 from kiln.backends.local.sandbox import JOB_USER, attempt_box, detect, job_group, prepare_dirs
 from kiln.backends.local.shimconfig import MountConfig, input_config, job_env, job_pylib, mount_config, write_secret
+from kiln.backends.local.shims import LAUNCH_FILE, ShimLauncher, still_its_session
 from kiln.domain.distributed import Member, gang_members, hostfile_text, member_env
 from kiln.domain.spec import JobSpec, command_argv
 from kiln.errors import BackendError, InvalidInput, KilnError
+from kiln.runtime import claim
 from kiln.runtime import mount as mount_module
 from kiln.runtime import netns as runtime_netns
 from kiln.runtime import sandbox as runtime_sandbox
@@ -99,7 +100,7 @@ class LocalBackend(
     @classmethod
     def from_settings(cls, deps: BackendDeps) -> Self:
         runtimes = RuntimeManager(deps.catalog, deps.settings.resolved_runtimes_dir)
-        return cls(deps.settings, deps.store, deps.logs, runtimes, wake=deps.wake)
+        return cls(deps.settings, deps.store, deps.logs, runtimes, wake=deps.wake, metrics_ready=deps.metrics_ready)
 
     def __init__(
         self,
@@ -108,8 +109,10 @@ class LocalBackend(
         logs: LogStore,
         runtimes: RuntimeManager,
         wake: Callable[[str | None], None] | None = None,
+        metrics_ready: Callable[[str], None] | None = None,
     ) -> None:
         self.settings = settings
+        self._metrics_ready = metrics_ready
         self.store = store
         self.logs = logs
         self.runtimes = runtimes
@@ -134,12 +137,7 @@ class LocalBackend(
         else:
             log.error("job network: %s", self.networking.problem("isolated"))
         self.spare_networks = job_network.SparePool(self.networking, settings)
-        self._children: dict[int, subprocess.Popen[bytes]] = {}
-        self._launcher: subprocess.Popen[bytes] | None = None
-        self._launcher_buf = b""
-        self._launcher_lock = threading.Lock()
-        self._exit_codes: dict[int, int] = {}  # shims we started that exited without an exit record
-        self._children_lock = threading.Lock()
+        self.shims = ShimLauncher(settings.run_dir)
         self._wake = wake
         self._mount_probed = False
         self._listener: threading.Thread | None = None
@@ -176,16 +174,20 @@ class LocalBackend(
             except OSError:
                 return
             try:
-                job_id = json.loads(data).get("job_id")
+                note = json.loads(data)
+                job_id, event = note.get("job_id"), note.get("event")
             except (ValueError, AttributeError):
-                job_id = None
-            if self._wake:
-                self._wake(job_id if isinstance(job_id, str) else None)
+                job_id, event = None, None
+            job_id = job_id if isinstance(job_id, str) else None
+            if event == "metrics":  # points of a watched metric (metrics.watch) are in the job's spool files
+                if job_id is not None and self._metrics_ready is not None:
+                    self._metrics_ready(job_id)
+            elif self._wake:
+                self._wake(job_id)
 
     def close(self) -> None:
         self.spare_networks.close()
-        with self._launcher_lock:
-            self._stop_launcher()
+        self.shims.close()
         if self._sock is not None:
             sock, self._sock = self._sock, None
             try:
@@ -237,18 +239,38 @@ class LocalBackend(
         return self.jobs_dir / job_id
 
     def handle_for(self, job_id: str, attempt: int) -> dict[str, Any]:
-        return {"job_id": job_id, "attempt": attempt, "dir": str(self.job_dir(job_id) / "attempts" / str(attempt))}
+        # "log": the file the attempt writes its log to, for whichever server on this machine ships it.
+        return {
+            "job_id": job_id,
+            "attempt": attempt,
+            "dir": str(self.job_dir(job_id) / "attempts" / str(attempt)),
+            "log": str(self.logs.path(job_id)),
+        }
+
+    def _recorded(self, launch: Launch) -> dict[str, Any]:
+        """The attempt's handle as the job's row records it: its directory and log file are those of the server
+        that committed STARTING, which may be another server on this machine. Another server that takes the job
+        over (that one's lease ran out: it died, or it is slow) and finds the attempt never launched launches it
+        there, not in its own home: the attempt's claim is then one lock, so that when the first server's start
+        comes after all one of the two runs it, and the next observation of that directory finds it. Launched in
+        the second server's own home, the attempt ran twice, or (the first server dead) was never seen from the
+        recorded directory, launched again at every pass and failed after five launches."""
+        own = self.handle_for(launch.job_id, launch.attempt)
+        recorded = launch.handle or {}
+        if isinstance(recorded.get("dir"), str) and isinstance(recorded.get("log"), str):
+            return {**own, "dir": recorded["dir"], "log": recorded["log"]}
+        return own
 
     def start(self, launch: Launch) -> dict[str, Any]:
-        handle = self.handle_for(launch.job_id, launch.attempt)
+        handle = self._recorded(launch)
         attempt_dir = Path(handle["dir"])
-        if (attempt_dir / "shim.pid").exists():
-            return handle  # started before a crash: never start an attempt twice
+        if launch.spec.distributed is None and self.shims.launched(attempt_dir):
+            return handle  # launched before (a crash, or a start that raised late): adopted, never run twice
         try:
             resolved = self.runtimes.resolve(launch.spec.runtime, self.python_policy)
         except KilnError as exc:
             raise BackendError(exc.message, retryable=False) from exc
-        job_dir = self.job_dir(launch.job_id)
+        job_dir = attempt_dir.parent.parent  # the recorded home's job directory (jobs/<job>/attempts/<n>)
         names = ("work", "outputs", "checkpoints", "site", "metrics", "tensorboard", "home")
         dirs = {name: job_dir / name for name in names}
         wanted = launch.spec.metrics
@@ -266,9 +288,10 @@ class LocalBackend(
         base = {
             "job_id": launch.job_id,
             "attempt": launch.attempt,
+            "launch": launch.launch_id,
             "work_dir": str(dirs["work"]),
             "code_archive": str(archive) if archive else None,
-            "log_path": str(self.logs.path(launch.job_id)),
+            "log_path": handle["log"],
             "prepare": command_argv(launch.spec.prepare_command) if launch.spec.prepare_command else None,
             "command": command_argv(launch.spec.command),
             "finish": command_argv(launch.spec.finish_command) if launch.spec.finish_command else None,
@@ -292,6 +315,7 @@ class LocalBackend(
             "tensorboard_dir": str(dirs["tensorboard"]) if wanted.tensorboard else None,
             "system": wanted.system,
             "system_interval": wanted.system_interval,
+            "watch": wanted.watch,
             "tensorboard_bytes": self.settings.job_tensorboard_bytes,
         }
         mounts: MountConfig | None = None
@@ -353,8 +377,8 @@ class LocalBackend(
             hostfile.write_text(hostfile_text(spec, members))
         for position, (member, slot) in enumerate(zip(members, launch.slots, strict=True)):
             member_dir = attempt_dir / layout["members"][position]["dir"]
-            if (member_dir / "shim.pid").exists():
-                continue  # started before a crash
+            if self.shims.launched(member_dir):
+                continue  # launched before (a crash): adopted
             if not layout["members"][position]["runs"]:
                 continue
             procs = member_env(launch.job_id, spec, members, position, hostfile=str(hostfile) if hostfile else None)
@@ -424,82 +448,7 @@ class LocalBackend(
             write_secret(Path(config["mount"]["secret_file"]), mounts.secret)
         # The job's token and environment: root's alone (the shim reads it before the job's steps drop to its uid).
         write_private(member_dir / "shim.json", json.dumps(config))
-        pid = self._spawn_shim(member_dir)
-        try:
-            created = psutil.Process(pid).create_time()
-        except psutil.Error:
-            created = 0.0
-        (member_dir / "shim.pid").write_text(json.dumps({"pid": pid, "create_time": created}))
-
-    # -- starting shims -------------------------------------------------------------------------------
-
-    def _spawn_shim(self, attempt_dir: Path) -> int:
-        """Fork the shim from the launcher (its imports already paid), else start it as a new interpreter."""
-        with self._launcher_lock:
-            for _ in range(2):
-                try:
-                    return self._ask_launcher(attempt_dir)
-                except (OSError, ValueError, TimeoutError) as exc:
-                    log.warning("shim launcher failed (%s); restarting it", exc)
-                    self._stop_launcher()
-        try:
-            fd = os.open(attempt_dir / "shim.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
-            with open(fd, "ab") as shim_log:
-                proc = subprocess.Popen(
-                    [sys.executable, "-I", "-S", str(SHIM_PATH), str(attempt_dir)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=shim_log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    close_fds=True,
-                )
-        except OSError as exc:
-            raise BackendError(f"cannot start the job supervisor: {exc}", retryable=False) from exc
-        with self._children_lock:
-            self._children[proc.pid] = proc
-        return proc.pid
-
-    def _ask_launcher(self, attempt_dir: Path) -> int:
-        if self._launcher is None or self._launcher.poll() is not None:
-            with open(self.settings.run_dir / "launcher.log", "ab") as launcher_log:
-                self._launcher = subprocess.Popen(
-                    [sys.executable, "-I", "-S", str(SHIM_PATH), "--launcher"],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=launcher_log,
-                    start_new_session=True,
-                    close_fds=True,
-                )
-            self._launcher_buf = b""
-        launcher = self._launcher
-        assert launcher.stdin is not None and launcher.stdout is not None
-        os.write(launcher.stdin.fileno(), str(attempt_dir).encode() + b"\n")
-        deadline = time.monotonic() + 10
-        out = launcher.stdout.fileno()
-        while b"\n" not in self._launcher_buf:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([out], [], [], remaining)[0]:
-                raise TimeoutError("no answer from the shim launcher")
-            data = os.read(out, 4096)
-            if not data:
-                raise OSError("the shim launcher exited")
-            self._launcher_buf += data
-        line, self._launcher_buf = self._launcher_buf.split(b"\n", 1)
-        return int(line)
-
-    def _stop_launcher(self) -> None:
-        launcher, self._launcher = self._launcher, None
-        if launcher is None:
-            return
-        try:
-            if launcher.stdin:
-                launcher.stdin.close()
-            launcher.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            launcher.kill()
-            launcher.wait(timeout=5)
-        if launcher.stdout:
-            launcher.stdout.close()
+        self.shims.launch(member_dir, config.get("launch"))
 
     def _code_archive(self, launch: Launch, job_dir: Path) -> Path | None:
         if not launch.code_key:
@@ -511,26 +460,6 @@ class LocalBackend(
         if not cached.exists():
             self.store.download(launch.code_key, cached)
         return cached
-
-    def _shim_alive(self, attempt_dir: Path) -> bool:
-        info = read_json(attempt_dir / "shim.pid")
-        if not info:
-            return False
-        pid = int(info["pid"])
-        with self._children_lock:
-            child = self._children.get(pid)
-        if child is not None and child.poll() is not None:
-            with self._children_lock:
-                self._children.pop(pid, None)
-                self._exit_codes[pid] = child.returncode
-            return False
-        try:
-            proc = psutil.Process(pid)
-            if info.get("create_time") and abs(proc.create_time() - float(info["create_time"])) > 1.0:
-                return False  # the pid was reused by another process
-            return proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
 
     def poll(self, handle: dict[str, Any]) -> AttemptStatus:
         members = member_dirs(handle)
@@ -548,10 +477,7 @@ class LocalBackend(
         running_at = _ts(status.get("running_at"))
         result = read_json(attempt_dir / "exit.json")
         if result is not None:
-            with self._children_lock:
-                for pid, child in list(self._children.items()):
-                    if child.poll() is not None:
-                        self._children.pop(pid, None)
+            self.shims.reap()
             return AttemptStatus(
                 phase=Phase.EXITED,
                 exit_code=result.get("exit_code"),
@@ -560,16 +486,22 @@ class LocalBackend(
                 running_at=running_at,
                 finished_at=_ts(result.get("finished_at")),
             )
-        if self._shim_alive(attempt_dir):
+        if self.shims.alive(attempt_dir / claim.PID):
             phase = Phase.RUNNING if status.get("phase") in ("running", "finishing") else Phase.STARTING
             return AttemptStatus(phase=phase, running_at=running_at)
         if (attempt_dir / "exit.json").exists():
             return self._poll_dir(attempt_dir)  # it wrote its record and exited between our two looks
-        if not (attempt_dir / "shim.pid").exists():
-            return AttemptStatus(phase=Phase.LOST, reason="ShimLost", message="the attempt was never started")
-        info = read_json(attempt_dir / "shim.pid") or {}
-        with self._children_lock:
-            code = self._exit_codes.pop(int(info.get("pid", 0)), None)
+        if not (attempt_dir / claim.PID).exists():
+            # No shim has claimed it: one coming up (its launch lives, or it holds the claim and is writing its
+            # pid), or none was ever launched (a server stopped between recording the start and making it).
+            if self.shims.alive(attempt_dir / LAUNCH_FILE) or claim.held(str(attempt_dir)):
+                return AttemptStatus(phase=Phase.STARTING)
+            if (attempt_dir / "exit.json").exists() or (attempt_dir / claim.PID).exists():
+                return self._poll_dir(attempt_dir)  # claimed, or ended, between our looks
+            message = "no supervisor was launched for this attempt (the server stopped before it started it)"
+            return AttemptStatus(phase=Phase.UNLAUNCHED, reason="NotLaunched", message=message)
+        info = read_json(attempt_dir / claim.PID) or {}
+        code = self.shims.exit_code(info)
         if code == shim_module.EXIT_DISK_FULL:
             return AttemptStatus(
                 Phase.LOST, reason="DiskFull", message="disk full: the exit record could not be written"
@@ -597,27 +529,44 @@ class LocalBackend(
     def _stop_member(self, member_dir: Path, reason: str, message: str, grace_seconds: float) -> None:
         if (member_dir / "exit.json").exists() or (member_dir / "stop.json").exists():
             return
-        write_json_atomic(member_dir / "stop.json", {"reason": reason, "message": message, "grace": grace_seconds})
-        self._signal_member(member_dir)
+        if member_dir.is_dir():
+            write_json_atomic(member_dir / "stop.json", {"reason": reason, "message": message, "grace": grace_seconds})
+        self._signal_member(member_dir, reason, message)
 
-    def _signal_member(self, member_dir: Path) -> None:
-        if (member_dir / "exit.json").exists():
-            return
-        info = read_json(member_dir / "shim.pid")
-        if info and self._shim_alive(member_dir):
-            try:
-                os.kill(int(info["pid"]), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+    def _signal_member(self, member_dir: Path, reason: str = "Cancelled", message: str = "") -> None:
+        """SIGTERM the member's shim; a member no shim has claimed is ended under its claim instead (a launch
+        still coming up then finds the record and runs nothing)."""
+        record = {"exit_code": None, "reason": reason, "message": message or "cancelled before it started"}
+        deadline = time.monotonic() + 2.0
+        while not (member_dir / "exit.json").exists():
+            info = read_json(member_dir / claim.PID)
+            if info is not None:
+                if self.shims.alive(member_dir / claim.PID):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(info["pid"]), signal.SIGTERM)
+                return
+            if claim.void(str(member_dir), {**record, "finished_at": time.time()}):
+                return
+            if time.monotonic() > deadline:  # held and no pid written: a shim that hangs; the poll finds it
+                log.warning("%s: its shim holds the claim but wrote no pid; not signalled", member_dir)
+                return
+            time.sleep(0.01)  # a shim took the claim and writes its pid now
 
-    def sync_checkpoints(self, job_id: str, dest_prefix: str) -> tuple[int, int]:
-        return jobfiles.sync_checkpoints(self.store, self.job_dir(job_id), dest_prefix)
+    def sync_checkpoints(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
+        return jobfiles.sync_checkpoints(self.store, self._job_dir_of(handle), dest_prefix)
 
     def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
-        return jobfiles.copy_tree(self.store, self.job_dir(handle["job_id"]) / "outputs", dest_prefix)
+        # The attempt's own job directory (dir is <job>/attempts/<n>): another server's on this machine, for an
+        # attempt this one adopted.
+        return jobfiles.copy_tree(self.store, self._job_dir_of(handle) / "outputs", dest_prefix)
 
-    def release(self, job_id: str, keep: bool) -> None:
-        jobfiles.release(self.job_dir(job_id), self.settings.work_retention_seconds if keep else 0)
+    def release(self, handle: dict[str, Any], keep: bool) -> None:
+        jobfiles.release(self._job_dir_of(handle), self.settings.work_retention_seconds if keep else 0)
+
+    def _job_dir_of(self, handle: dict[str, Any]) -> Path:
+        """The job directory of the attempt a handle names (its dir is <job>/attempts/<n>): another server's on
+        this machine, for an attempt this one adopted; this server's where the handle names none."""
+        return Path(handle["dir"]).parent.parent if handle.get("dir") else self.job_dir(handle["job_id"])
 
     def sweep(self) -> None:
         jobfiles.sweep(self.jobs_dir)
@@ -627,8 +576,8 @@ class LocalBackend(
         what such a shim left mounted."""
         sids = set()
         for _, _, member_dir in member_dirs(handle):
-            info = read_json(member_dir / "shim.pid")
-            if info:
+            info = read_json(member_dir / claim.PID)
+            if info and still_its_session(info):
                 sids.add(int(info["pid"]))  # each shim is its session's leader
         for proc in psutil.process_iter(["pid"]) if sids else ():
             try:

@@ -64,6 +64,11 @@ def aggregate(members: list[MemberStatus]) -> GangView:
         (m for m in members if m.failed),
         key=lambda m: m.status.finished_at or datetime.max.replace(tzinfo=UTC),
     )
+    unlaunched = [m for m in members if m.status.phase is Phase.UNLAUNCHED]
+    if unlaunched and not failures:  # the start was cut short: the next start launches the missing members
+        names = ", ".join(m.label for m in unlaunched)
+        message = f"{names} of the gang never launched (the server stopped before it started them)"
+        return GangView(AttemptStatus(Phase.UNLAUNCHED, reason="NotLaunched", message=message))
     if failures:
         first = failures[0]
         if alive:

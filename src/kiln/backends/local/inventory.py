@@ -9,7 +9,7 @@ import socket
 import psutil
 
 from kiln.backends.base import Inventory
-from kiln.domain.quantities import parse_memory
+from kiln.domain.quantities import format_bytes, parse_memory
 from kiln.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -65,5 +65,5 @@ def local_inventory(settings: Settings) -> Inventory:
     gpus = tuple(names)  # the operator's order is kept; NVML's is by index
     host = socket.gethostname()
     labels = {**settings.node_labels, "kiln.io/hostname": host, "kiln.io/backend": "local"}
-    log.info("local inventory: %.1f CPUs, %d bytes memory, GPUs %s", cpus, memory, list(gpus) or "none")
+    log.info("local inventory: %g CPUs, %s memory, GPUs %s", cpus, format_bytes(memory), list(gpus) or "none")
     return Inventory(cpus=cpus, memory=memory, gpus=gpus, gpu_names=names, name=host, labels=labels)

@@ -77,6 +77,8 @@ def job_env(
             **{param_env_name(k): format_param(v) for k, v in launch.spec.params.items()},
         }
     )
+    if launch.spec.metrics.watch:  # kiln.log writes these metrics' points at once (a study's objective)
+        env["KILN_WATCH_METRICS"] = ",".join(launch.spec.metrics.watch)
     if launch.job_token:
         env["KILN_JOB_TOKEN"] = launch.job_token
     if launch.api_endpoint:

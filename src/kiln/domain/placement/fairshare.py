@@ -34,7 +34,7 @@ class Shares:
             use = self.used.setdefault(job.org_id, [0.0, 0.0, 0.0])
             for w in job.workers:
                 use[0] += len(w.gpus)
-                use[1] += w.cpus
+                use[1] += w.millicores
                 use[2] += w.memory or 0
 
     def share(self, org_id: str) -> float:
@@ -48,7 +48,7 @@ class Shares:
     def add(self, org_id: str, job: Pending) -> None:
         use = self.used.setdefault(org_id, [0.0, 0.0, 0.0])
         use[0] += job.gpus * job.workers
-        use[1] += job.cpus * job.workers
+        use[1] += job.millicores * job.workers
         use[2] += (job.memory or 0) * job.workers
 
 

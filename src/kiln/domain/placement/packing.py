@@ -12,6 +12,9 @@ one of them (SOON is the exception: resources a running job still holds but is b
 A *view* is a tuple of layers looked at together (plus, optionally, ``extra`` resources per node: what victims
 or finishing jobs would give back). GPUs are picked lowest index first within the first of ``extra`` and the
 view's layers that has any, so that as little as possible is earmarked or borrowed.
+
+CPUs are whole millicores and memory whole bytes (integers, as Kubernetes counts them): what fits exactly fits,
+and what is free never reads as a float residue.
 """
 
 from __future__ import annotations
@@ -19,9 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from kiln.domain.placement.types import Node, Pending, WorkerAlloc
-from kiln.domain.quantities import format_memory
+from kiln.domain.quantities import format_cpus, format_memory
 
-EPS = 1e-9
 AVAIL, EASY, SOON, HELD = 0, 1, 2, 3
 EXTRA = -1  # in what NodeState.take returns: taken from the caller's extra resources
 # Views, in the order their resources are used (GPUs and CPUs come from ``extra`` first, then the first layer...):
@@ -30,20 +32,21 @@ V_EASY = (AVAIL, EASY)  # borrow as little as possible of the reservation's earm
 V_SOON = (SOON, AVAIL)  # use what the preempted jobs give back before earmarking what is free now
 V_FREE = (AVAIL, EASY, HELD)
 
-Shape = tuple[int, float, int, int, "str | None", tuple[tuple[str, str], ...]]
+# workers, millicores, memory, gpus (per worker), gpu_type, node selector
+Shape = tuple[int, int, int, int, "str | None", tuple[tuple[str, str], ...]]
 
 
 class Res:
-    """Resources on one node: CPUs, bytes of memory, GPU indices."""
+    """Resources on one node: millicores, bytes of memory, GPU indices."""
 
     __slots__ = ("cpus", "gpus", "memory")
 
-    def __init__(self, cpus: float = 0.0, memory: int = 0, gpus: Iterable[int] = ()) -> None:
-        self.cpus = cpus
+    def __init__(self, cpus: int = 0, memory: int = 0, gpus: Iterable[int] = ()) -> None:
+        self.cpus = cpus  # millicores
         self.memory = memory
         self.gpus = set(gpus)
 
-    def add(self, cpus: float, memory: int, gpus: Iterable[int]) -> None:
+    def add(self, cpus: int, memory: int, gpus: Iterable[int]) -> None:
         self.cpus += cpus
         self.memory += memory
         self.gpus.update(gpus)
@@ -71,7 +74,7 @@ class NodeState:
     def __init__(self, index: int, node: Node) -> None:
         self.index = index
         self.name = node.name
-        self.cpus = node.cpus
+        self.cpus = node.millicores
         self.memory = node.memory
         self.gpu_count = len(node.gpus)
         self.all_gpus = frozenset(node.gpus)
@@ -84,23 +87,23 @@ class NodeState:
         for gpu in node.gpus:
             for kind in self.types.get(gpu, ()):
                 self.type_count[kind] = self.type_count.get(kind, 0) + 1
-        self.c: list[float] = [node.cpus, 0.0, 0.0, 0.0]
+        self.c: list[int] = [node.millicores, 0, 0, 0]
         self.m: list[int] = [node.memory, 0, 0, 0]
         self.g: list[set[int]] = [set(node.gpus), set(), set(), set()]
 
     def hold(self, alloc: WorkerAlloc, preempting: bool) -> None:
         """A running job's worker holds this (if it is being preempted, it is SOON free)."""
         memory = alloc.memory or 0
-        self.c[AVAIL] -= alloc.cpus
+        self.c[AVAIL] -= alloc.millicores
         self.m[AVAIL] -= memory
         self.g[AVAIL].difference_update(alloc.gpus)
         if preempting:
-            self.c[SOON] += alloc.cpus
+            self.c[SOON] += alloc.millicores
             self.m[SOON] += memory
             self.g[SOON].update(g for g in alloc.gpus if g in self.all_gpus)
 
     def take(
-        self, view: Sequence[int], cpus: float, memory: int, gpus: Iterable[int], extra: Res | None = None
+        self, view: Sequence[int], cpus: int, memory: int, gpus: Iterable[int], extra: Res | None = None
     ) -> dict[int, Res]:
         """Remove a worker's share from ``extra`` (this node's part of the caller's extra resources, reduced in
         place) first, then from the layers of ``view`` in order; returns what came from which (EXTRA: extra)."""
@@ -116,7 +119,7 @@ class NodeState:
                     taken.setdefault(layer, Res()).gpus.add(gpu)
                     break
         if extra is not None:
-            c = min(max(extra.cpus, 0.0), cpus)
+            c = min(max(extra.cpus, 0), cpus)
             m = min(max(extra.memory, 0), memory)
             if c > 0 or m > 0:
                 extra.cpus -= c
@@ -127,9 +130,9 @@ class NodeState:
                 cpus -= c
                 memory -= m
         for layer in view:
-            if cpus <= EPS and memory <= 0:
+            if cpus <= 0 and memory <= 0:
                 break
-            c = min(max(self.c[layer], 0.0), cpus)
+            c = min(max(self.c[layer], 0), cpus)
             m = min(max(self.m[layer], 0), memory)
             if c > 0 or m > 0:
                 self.c[layer] -= c
@@ -160,7 +163,7 @@ def type_words(name: str) -> frozenset[str]:
 def shape_of(job: Pending) -> Shape:
     """What placement depends on; jobs of one shape fit or fail alike."""
     selector = tuple(sorted(job.node_selector.items())) if job.node_selector else ()
-    return (job.workers, job.cpus, job.memory or 0, job.gpus, job.gpu_type if job.gpus else None, selector)
+    return (job.workers, job.millicores, job.memory or 0, job.gpus, job.gpu_type if job.gpus else None, selector)
 
 
 def matching(nodes: Sequence[NodeState], shape: Shape) -> list[NodeState]:
@@ -196,7 +199,7 @@ def fit(
             layer = view[0]
             c, m, gs = node.c[layer], node.m[layer], node.g[layer]
         else:
-            c, m, gs = 0.0, 0, set()
+            c, m, gs = 0, 0, set()
             for layer in view:
                 c += node.c[layer]
                 m += node.m[layer]
@@ -206,7 +209,7 @@ def fit(
                 c += more.cpus
                 m += more.memory
                 gs |= more.gpus
-        if c + EPS < cpus or m < memory:
+        if c < cpus or m < memory:
             continue
         typed = len(gs) if gpu_type is None else sum(1 for g in gs if gpu_type in node.types.get(g, ()))
         if typed < gpus:
@@ -217,9 +220,9 @@ def fit(
     placed = 0
     for _ in range(workers):
         best = None
-        best_key: tuple[float, float, float, int] | None = None
+        best_key: tuple[int, int, int, int] | None = None
         for cand in cands:
-            if cand[1] + EPS < cpus or cand[2] < memory or cand[3] < gpus:
+            if cand[1] < cpus or cand[2] < memory or cand[3] < gpus:
                 continue
             key = (cand[0], cand[1], cand[2], cand[4].index)
             if best_key is None or key < best_key:
@@ -269,7 +272,7 @@ def describe(shape: Shape) -> str:
     """Per-worker demand in words: ``1 GPU, 4 CPUs, 8Gi memory``."""
     _, cpus, memory, gpus, gpu_type, _ = shape
     parts = [gpus_word(gpus, gpu_type)] if gpus else []
-    parts.append(f"{cpus:g} CPU{'' if cpus == 1 else 's'}")
+    parts.append(f"{format_cpus(cpus)} CPU{'' if cpus == 1000 else 's'}")
     if memory:
         parts.append(f"{format_memory(memory)} memory")
     return ", ".join(parts)
@@ -303,8 +306,8 @@ def never_fits(nodes: Sequence[NodeState], shape: Shape) -> str | None:
     def gpus_on(n: NodeState) -> int:
         return n.type_count.get(wanted, 0) if wanted is not None else n.gpu_count
 
-    if cpus > max(n.cpus for n in where) + EPS:
-        return f"asks {cpus:g} CPUs{per}; the largest {word} has {max(n.cpus for n in where):g}"
+    if cpus > max(n.cpus for n in where):
+        return f"asks {format_cpus(cpus)} CPUs{per}; the largest {word} has {format_cpus(max(n.cpus for n in where))}"
     if memory > max(n.memory for n in where):
         most = max(n.memory for n in where)
         return f"asks {format_memory(memory)} memory{per}; the largest {word} has {format_memory(most)}"
@@ -312,11 +315,11 @@ def never_fits(nodes: Sequence[NodeState], shape: Shape) -> str | None:
         return f"asks {gpus_word(gpus, gpu_type)}{per}; the largest {word} has {max(gpus_on(n) for n in where)}"
     room = 0
     for n in where:
-        if n.cpus + EPS < cpus or n.memory < memory or gpus_on(n) < gpus:
+        if n.cpus < cpus or n.memory < memory or gpus_on(n) < gpus:
             continue
         per_node = workers
-        if cpus > EPS:
-            per_node = min(per_node, int((n.cpus + EPS) // cpus))
+        if cpus > 0:
+            per_node = min(per_node, n.cpus // cpus)
         if memory:
             per_node = min(per_node, n.memory // memory)
         if gpus:
@@ -344,7 +347,7 @@ def capacity_message(nodes: Sequence[NodeState], shape: Shape, view: Sequence[in
     one = len(nodes) == 1
     most = "" if one else "at most "
     where = "" if one else " on one node"
-    free_c = max((sum(n.c[layer] for layer in view) for n in nodes), default=0.0)
+    free_c = max((sum(n.c[layer] for layer in view) for n in nodes), default=0)
     free_m = max((sum(n.m[layer] for layer in view) for n in nodes), default=0)
     free_g = 0
     for n in nodes:
@@ -353,8 +356,8 @@ def capacity_message(nodes: Sequence[NodeState], shape: Shape, view: Sequence[in
             gs |= n.g[layer]
         free_g = max(free_g, sum(1 for g in gs if gpu_type is None or n.types.get(g) == gpu_type))
     short = []
-    if cpus > free_c + EPS:
-        short.append(f"CPUs {cpus:g} asked, {most}{max(free_c, 0):g} free{where}")
+    if cpus > free_c:
+        short.append(f"CPUs {format_cpus(cpus)} asked, {most}{format_cpus(max(free_c, 0))} free{where}")
     if memory > free_m:
         short.append(f"memory {format_memory(memory)} asked, {most}{format_memory(max(free_m, 0))} free{where}")
     if gpus > free_g:

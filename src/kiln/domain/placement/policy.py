@@ -11,16 +11,24 @@ Policy, in the order ``decide`` applies it:
 3. In that order each job is
    * *quota*-blocked when its organisation's quota (counting what this decision already placed) has no room
      for it: it waits and holds nothing back for anybody;
-   * placed when its whole gang fits the free resources nobody has earmarked (best fit, packing.py), or, EASY
-     backfill, the resources earmarked for the reserved job when its ``timeout`` surely ends it before the
-     reserved job can start (from the running jobs' deadlines);
+   * placed when its whole gang fits the free resources nobody has earmarked (best fit, packing.py), or
+     (backfill) the resources earmarked for the reserved job where that cannot delay it. When the reserved job's
+     start is known (from the running jobs' deadlines), only a job whose ``timeout`` surely ends it before then
+     may (EASY backfill). When its start is unknown, because it needs what a job with no end holds (a service's
+     replica, a notebook, a job without a timeout), any job may (Slurm's rule: a start at no known time cannot
+     be delayed); such a job *borrows* from the reserved job (``Placement.backfill_for``, kept with its
+     allocation, then ``Running.backfill_for``);
    * else *preempting* when resources of running jobs already being preempted, or (``preemption=True``) of
-     running jobs of strictly lower priority that it preempts now, make it fit: the victims are the lowest
-     priority first, then the most recently started, only as many as needed; it earmarks what it will use;
+     running jobs of strictly lower priority, or of the running jobs that borrowed from it, that it preempts now
+     make it fit: the victims are the lowest priority first, then the most recently started, only as many as
+     needed; it earmarks what it will use. So the reserved job gets the capacity first as soon as it can use it:
+     once what it waited for has ended, its borrowers give back what they borrowed;
    * else the first such job gets the *reservation*: where it would go once running jobs end (by their
-     deadlines) is worked out, and what of that is free now is earmarked for it so later jobs cannot delay it.
-     Later jobs that would fit but for an earmark wait with *reservation* (or *priority* when the holder is of a
-     higher class); those that would not fit anyway wait for *capacity* (or *gang*, when only some workers fit).
+     deadlines; its borrowers at once, being preempted for it; then, with no end in sight, its borrowers, then
+     the rest) is worked out, and what of that is free now is earmarked for it. Later jobs that would fit but for
+     an earmark wait with *reservation* (or *priority* when the holder is of a higher class); those that would
+     not fit anyway wait for *capacity* (or *gang*, when only some workers fit). Without preemption a reserved
+     job that waits only for its borrowers lends no more: it waits for those to end, and no longer than that.
 """
 
 from __future__ import annotations
@@ -29,11 +37,11 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from kiln.domain.placement import reasons
 from kiln.domain.placement.fairshare import fair_order
 from kiln.domain.placement.packing import (
     AVAIL,
     EASY,
-    EPS,
     EXTRA,
     HELD,
     SOON,
@@ -50,6 +58,7 @@ from kiln.domain.placement.packing import (
     never_fits,
     shape_of,
 )
+from kiln.domain.placement.timeline import earliest, givers
 from kiln.domain.placement.types import (
     Decision,
     Node,
@@ -65,28 +74,10 @@ from kiln.domain.quota import blocked_by as quota_blocked_by
 from kiln.domain.quota import never_fits as quota_never_fits
 
 AHEAD = 5  # at most this many job ids in Wait.ahead
+SLACK = 1e-6  # seconds: a backfill that ends exactly when the reserved job can start does not delay it
 
 # bits of what a job shape is already known not to fit (the views only shrink during a decision)
 F_AVAIL, F_EASY, F_SOON, F_FREE = 1, 2, 4, 8
-
-
-def givers(back: Mapping[int, Res], released: Sequence[tuple[str, int, WorkerAlloc]]) -> list[str]:
-    """Which of the ``released`` (job id, node index, worker) give back ``back`` (per node index): those whose GPUs
-    it is, then, in their order, those whose CPUs and memory cover the rest. ``back`` is used up."""
-    waits: dict[str, None] = {}
-    for job_id, index, w in released:
-        res = back.get(index)
-        if res is not None and res.gpus.intersection(w.gpus):
-            waits[job_id] = None
-            res.cpus -= w.cpus
-            res.memory -= w.memory or 0
-    for job_id, index, w in released:
-        res = back.get(index)
-        if res is not None and job_id not in waits and (res.cpus > EPS or res.memory > 0):
-            waits[job_id] = None
-            res.cpus -= w.cpus
-            res.memory -= w.memory or 0
-    return list(waits)
 
 
 class _Holder:
@@ -146,6 +137,9 @@ class _Walk:
         self.preemptible = sorted(
             (r for r in running if not r.preempting), key=lambda r: (r.priority, -r.started, r.job_id)
         )
+        self.running_by_id = {r.job_id: r for r in running}
+        # waiting jobs that running jobs borrowed from (Running.backfill_for): each may preempt its borrowers
+        self.lenders = {r.backfill_for for r in running if r.backfill_for and not r.preempting}
         self.limits = limits
         self.usage_in = usage
         self.usage: dict[str, OrgUsage] = {}  # copies of the organisations' usage this decision touched
@@ -159,6 +153,8 @@ class _Walk:
         self.holder_ids: list[str] = []
         self.reserved: _Holder | None = None  # the (one) capacity reservation
         self.easy_start: float | None = None  # when the reserved job can start at the earliest, if known
+        # its start is unknown for want of a job with no end: jobs behind it may borrow (and give back)
+        self.lend = False
         self.victims: set[str] = set()
         self.placed: list[tuple[Pending, list[tuple[NodeState, tuple[int, ...]]]]] = []
         # job id -> (kind, message or None: worked out at the end, ahead, shape)
@@ -183,7 +179,7 @@ class _Walk:
                     job.category,
                     org_limits,
                     job.gpus * job.workers,
-                    job.cpus * job.workers,
+                    job.millicores * job.workers,
                     memory,
                 )
             if why:
@@ -192,7 +188,7 @@ class _Walk:
                 schedulable.append(job)
         totals = (
             float(sum(n.gpu_count for n in self.nodes)),
-            float(sum(n.cpus for n in self.nodes)),
+            float(sum(n.cpus for n in self.nodes)),  # millicores
             float(sum(n.memory for n in self.nodes)),
         )
         order = fair_order(schedulable, totals, self.running, weights)
@@ -234,7 +230,9 @@ class _Walk:
                     self.claim(job, shape, plan, [], {})
                     return
                 failed |= F_SOON
-            if self.preemption and self.preempt_failed.get(shape, -math.inf) < job.priority:
+            if self.preemption and (
+                job.job_id in self.lenders or self.preempt_failed.get(shape, -math.inf) < job.priority
+            ):
                 if self.preempt(job, shape, nodes, decision):
                     failed &= ~F_SOON  # what its victims give back beyond its needs is SOON free now
                     return
@@ -274,22 +272,33 @@ class _Walk:
                 kind = message.split(":", 1)[0]
                 holder = self.reserved
                 if holder is not None and holder.job is job:
-                    if holder.start is not None:
-                        message += (
-                            f"; next in line, resources reserved (it can start in {holder.start - self.now:.0f}s)"
-                        )
-                    else:
-                        message += "; next in line, resources reserved for it as they free up"
+                    message += self.reserved_note(holder, shape)
             decision.waiting[job.job_id] = Wait(kind, message, position, ahead)
         decision.reserved = list(self.holder_ids)
         decision.reservation = decision.reserved[0] if decision.reserved else None
 
+    def reserved_note(self, holder: _Holder, shape: Shape) -> str:
+        """The reserved job's reason beyond the numbers: the jobs it waits for, named, and what would let it
+        start (reasons.py)."""
+        job_id = holder.job.job_id
+        placed = {p.job_id: p for p, _ in self.placed}
+        texts = [
+            reasons.holder(i, job_id, self.running_by_id, placed, self.now, self.preemption)
+            for i in holder.waits_on[: reasons.NAMED]
+        ]
+        room = None if holder.start is not None else reasons.room(self.matches[shape], shape, (AVAIL, EASY))
+        # "jobs behind it may use the free resources" only where something of what it needs was free to lend
+        lent = self.lend and bool(holder.earmark)
+        return reasons.reserved_note(
+            holder.start, holder.waits_on, texts, self.now, self.lend, lent, self.preemption, room
+        )
+
     # -- quota ----------------------------------------------------------------------------------------------
 
     @staticmethod
-    def total(job: Pending) -> tuple[int, float, int | None]:
+    def total(job: Pending) -> tuple[int, int, int | None]:
         memory = job.memory * job.workers if job.memory is not None else None
-        return job.gpus * job.workers, job.cpus * job.workers, memory
+        return job.gpus * job.workers, job.millicores * job.workers, memory
 
     def usage_of(self, org_id: str) -> OrgUsage:
         usage = self.usage.get(org_id)
@@ -309,9 +318,16 @@ class _Walk:
     # -- placing, earmarking ----------------------------------------------------------------------------------
 
     def may_backfill(self, job: Pending) -> bool:
-        """EASY backfill: may this job use what is earmarked for the reserved job? Only if it surely ends first."""
+        """May this job use what is earmarked for the reserved job? When that job's start is known, only if it
+        surely ends (by its timeout) before then: EASY backfill. When its start is unknown for want of a job with
+        no end that is not its own borrower (``lend``), any job may: a start at no known time cannot be delayed,
+        and a job that borrows then is recorded as the reserved job's borrower, to give back what it took."""
+        if self.lend:
+            return True
         return (
-            job.timeout is not None and self.easy_start is not None and self.now + job.timeout <= self.easy_start + EPS
+            job.timeout is not None
+            and self.easy_start is not None
+            and self.now + job.timeout <= self.easy_start + SLACK
         )
 
     def place(
@@ -319,17 +335,20 @@ class _Walk:
     ) -> None:
         memory = job.memory or 0
         allocs = []
+        lender = None  # the reserved job, when this one borrows from it while its start is unknown
         for node, gpus in plan:
-            taken = node.take(view, job.cpus, memory, gpus)
+            taken = node.take(view, job.millicores, memory, gpus)
             borrowed = taken.get(EASY)
             if borrowed is not None and self.reserved is not None:
+                if self.lend:
+                    lender = self.reserved.job.job_id
                 mark = self.reserved.earmark.get(node.index)
                 if mark is not None:
                     mark.cpus -= borrowed.cpus
                     mark.memory -= borrowed.memory
                     mark.gpus -= borrowed.gpus
-            allocs.append(WorkerAlloc(node.name, job.cpus, job.memory, gpus))
-        decision.placements.append(Placement(job.job_id, tuple(allocs)))
+            allocs.append(WorkerAlloc(node.name, job.millicores, job.memory, gpus))
+        decision.placements.append(Placement(job.job_id, tuple(allocs), lender))
         self.count_usage(job)
         self.placed.append((job, plan))
 
@@ -348,7 +367,7 @@ class _Walk:
         holder = _Holder(job, True, (), None)
         back: dict[int, Res] = {}  # node index -> what of the plan jobs already being preempted give back
         for node, gpus in plan:
-            taken = node.take(V_SOON, job.cpus, job.memory or 0, gpus, extra.get(node.index))
+            taken = node.take(V_SOON, job.millicores, job.memory or 0, gpus, extra.get(node.index))
             now_free = taken.get(AVAIL)
             if now_free is not None:
                 node.give(HELD, now_free)
@@ -387,7 +406,7 @@ class _Walk:
         cands = [
             r
             for r in self.preemptible
-            if r.priority < job.priority
+            if (r.priority < job.priority or (r.backfill_for == job.job_id and r.priority <= job.priority))
             and r.job_id not in self.victims
             and any((n := self.by_name.get(w.node)) is not None and n.index in where for w in r.workers)
         ]
@@ -408,9 +427,13 @@ class _Walk:
         plan = fit(nodes, shape, V_SOON, extra)
         assert isinstance(plan, list)
         reason = f"preempted by {job.job_id} (priority {priority_name(job.priority)})"
+        # A borrower gives back: it started on resources reserved for this job while its start was unknown.
+        gives_back = (
+            f"preempted by {job.job_id}: this job had backfilled on resources reserved for it, which it can use now"
+        )
         for r in chosen:
             self.victims.add(r.job_id)
-            decision.preemptions[r.job_id] = reason
+            decision.preemptions[r.job_id] = gives_back if r.backfill_for == job.job_id else reason
         self.claim(job, shape, plan, chosen, extra)
         return True
 
@@ -425,56 +448,26 @@ class _Walk:
             node = self.by_name.get(w.node)
             if node is not None:
                 extra.setdefault(node.index, Res()).add(
-                    w.cpus, w.memory or 0, (g for g in w.gpus if g in node.all_gpus)
+                    w.millicores, w.memory or 0, (g for g in w.gpus if g in node.all_gpus)
                 )
 
     def reserve(self, job: Pending, shape: Shape, nodes: list[NodeState]) -> None:
-        """The reservation: find when and where the job fits as running jobs end (jobs being preempted first,
-        then by deadline, then those without one), and earmark what of that is free now."""
-        where = {n.index for n in nodes}
-        events: list[tuple[float, str, NodeState, WorkerAlloc]] = []
-        for r in self.running:
-            if r.preempting or r.job_id in self.victims:
-                continue  # the SOON layer, or claimed by the job it is preempted for
-            end = r.deadline if r.deadline is not None else math.inf
-            for w in r.workers:
-                node = self.by_name.get(w.node)
-                if node is not None and node.index in where:
-                    events.append((end, r.job_id, node, w))
-        for p, plan in self.placed:
-            end = self.now + p.timeout if p.timeout is not None else math.inf
-            for node, gpus in plan:
-                if node.index in where:
-                    events.append((end, p.job_id, node, WorkerAlloc(node.name, p.cpus, p.memory, gpus)))
-        events.sort(key=lambda e: (e[0], e[1], e[2].index))
-        extra: dict[int, Res] = {}
-        released: list[tuple[str, int, WorkerAlloc]] = []
-        found: list[tuple[NodeState, tuple[int, ...]]] | None = None
-        start = self.now
-        i = 0
-        while i < len(events):
-            start = events[i][0]
-            while i < len(events) and events[i][0] == start:
-                _, job_id, node, w = events[i]
-                extra.setdefault(node.index, Res()).add(w.cpus, w.memory or 0, w.gpus)
-                released.append((job_id, node.index, w))
-                i += 1
-            result = fit(nodes, shape, V_SOON, extra)
-            if isinstance(result, list):
-                found = result
-                break
-        known = found is not None and start < math.inf
-        holder = _Holder(job, False, (), start if known else None)
+        """The reservation: when and where the job fits as running jobs end (timeline.py), and what of that is
+        free now, earmarked for it. Whether jobs behind it may borrow the earmark follows from what it waits for."""
+        running = [r for r in self.running if not r.preempting and r.job_id not in self.victims]
+        line = earliest(job, shape, nodes, self.by_name, running, self.placed, now=self.now, preemption=self.preemption)
+        holder = _Holder(job, False, (), line.start)
         back: dict[int, Res] = {}  # node index -> what of the plan running jobs give back
-        for node, gpus in found or ():
-            taken = node.take(V_SOON, job.cpus, job.memory or 0, gpus, extra.get(node.index))
+        for node, gpus in line.plan or ():
+            taken = node.take(V_SOON, job.millicores, job.memory or 0, gpus, line.extra.get(node.index))
             now_free = taken.get(AVAIL)
             if now_free is not None:
                 node.give(EASY, now_free)
                 holder.add(node, now_free)
             if EXTRA in taken:
                 back.setdefault(node.index, Res()).add(taken[EXTRA].cpus, taken[EXTRA].memory, taken[EXTRA].gpus)
-        waits = givers(back, released)
+        self.lend = line.lend
+        waits = givers(back, line.released)
         holder.waits_on = tuple(waits)
         self.reserved = holder
         self.easy_start = holder.start
@@ -506,8 +499,12 @@ class _Walk:
             why = f"the free resources it needs are held for {first.job_id}, which waits on a preemption"
         else:
             why = f"the free resources it needs are reserved for {first.job_id}, next in line"
-            if primary.start is None:
-                why += "; no backfill: when it can start is unknown (running jobs without a deadline)"
+            if primary.start is None and self.lend:  # it may borrow those, but needs what a preemption holds too
+                why += "; it could backfill on those, but needs resources held for a preemption as well"
+            elif primary.start is None and not self.preemption:  # it waits only for the jobs that borrowed from it
+                why += "; no backfill: it waits for the jobs that already backfilled there (preemption is off)"
+            elif primary.start is None:
+                why += "; when it can start is unknown"
             elif job.timeout is None:
                 why += f"; a job with a timeout of at most {primary.start - self.now:.0f}s could backfill"
             elif not self.may_backfill(job):

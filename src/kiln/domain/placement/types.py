@@ -1,6 +1,9 @@
 """The values the placement decision works on and returns (policy.py decides; packing.py and fairshare.py help):
 nodes, waiting and running jobs, workers, waits, placements and the decision. Plain frozen dataclasses, shared by
-the three modules without importing one another in a circle. Pure, no I/O."""
+the three modules without importing one another in a circle. Pure, no I/O.
+
+Resources are integers in their smallest unit: CPUs in millicores (``kiln.domain.quantities.millicores``), memory
+in bytes. The callers convert at the edge (services.scheduler_inputs); messages show CPUs as users write them."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ class Node:
     """One machine (the local executor has one; Kubernetes many)."""
 
     name: str
-    cpus: float
+    millicores: int  # CPUs * 1000
     memory: int  # bytes
     gpus: tuple[int, ...] = ()  # device indices
     gpu_types: Mapping[int, str] = field(default_factory=dict)  # index -> model, e.g. "H200"
@@ -30,9 +33,14 @@ class Node:
 @dataclass(frozen=True)
 class WorkerAlloc:
     node: str
-    cpus: float
+    millicores: int
     memory: int | None
     gpus: tuple[int, ...]
+
+    @property
+    def cpus(self) -> float:
+        """The CPUs as the backend's slot and the stored allocation take them (the edge out of the policy)."""
+        return self.millicores / 1000
 
 
 @dataclass(frozen=True)
@@ -46,7 +54,7 @@ class Pending:
     priority: int  # PRIORITY value
     submitted: float  # epoch seconds; FIFO order within (priority, org)
     workers: int = 1  # gang size: all placed at once or none
-    cpus: float = 1.0  # per worker
+    millicores: int = 1000  # per worker
     memory: int | None = None  # per worker
     gpus: int = 0  # per worker
     gpu_type: str | None = None
@@ -66,6 +74,10 @@ class Running:
     started: float
     deadline: float | None = None  # when its timeout kills it, if it has one
     preempting: bool = False  # a preemption was already requested; its resources free soon
+    # It was started on resources reserved for this waiting job while that job's start was unknown (backfill):
+    # that job takes them back, preempting it, once it can start (policy.py).
+    backfill_for: str | None = None
+    service: str | None = None  # the model service it is a replica of (its name), for the reasons
 
 
 @dataclass(frozen=True)
@@ -80,6 +92,9 @@ class Wait:
 class Placement:
     job_id: str
     workers: tuple[WorkerAlloc, ...]
+    # Set when it starts on resources reserved for this job, whose start is unknown: recorded with its
+    # allocation, it is then Running.backfill_for, and that job may preempt it once it can start.
+    backfill_for: str | None = None
 
 
 @dataclass

@@ -1,10 +1,12 @@
-"""Builders shared by the policy tests: short ways to write nodes, waiting and running jobs."""
+"""Builders shared by the policy tests: short ways to write nodes, waiting and running jobs. They take CPUs as
+people write them (``cpus=0.5``) and give the policy millicores, as services.scheduler_inputs does."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from kiln.domain.placement.types import PRIORITY, Decision, Node, Pending, Running, WorkerAlloc
+from kiln.domain.quantities import millicores
 
 GI = 1024**3
 NOW = 1_000_000.0
@@ -14,7 +16,7 @@ def node(name: str = "n1", cpus: float = 64, memory: int = 512 * GI, gpus: int =
     gpu_type = kw.pop("gpu_type", None)
     indices = tuple(range(gpus))
     types = {i: gpu_type for i in indices} if gpu_type else {}
-    return Node(name, cpus, memory, indices, types, kw.pop("labels", {}))
+    return Node(name, millicores(cpus), memory, indices, types, kw.pop("labels", {}))
 
 
 def job(
@@ -31,6 +33,7 @@ def job(
         category=kw.pop("category", "train"),
         priority=PRIORITY[priority],
         submitted=submitted if submitted is not None else NOW - 1000,
+        millicores=millicores(kw.pop("cpus", 1)),
         **kw,
     )
 
@@ -45,7 +48,7 @@ def running(
     **kw: Any,
 ) -> Running:
     """``workers``: (node, cpus, gpus) per worker."""
-    allocs = tuple(WorkerAlloc(n, c, memory, g) for n, c, g in workers)
+    allocs = tuple(WorkerAlloc(n, millicores(c), memory, g) for n, c, g in workers)
     return Running(job_id, org, kw.pop("category", "train"), PRIORITY[priority], allocs, started, **kw)
 
 

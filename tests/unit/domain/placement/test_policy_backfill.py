@@ -1,4 +1,5 @@
-"""policy.decide: the reservation for the first job that does not fit, EASY backfill, quota-blocked jobs."""
+"""policy.decide: the reservation for the first job that does not fit, EASY backfill when its start is known,
+quota-blocked jobs. (When its start is unknown: test_policy_borrowing.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from .policy_helpers import NOW, check_waits, job, kinds, node, placed, running
 
 
 def test_small_jobs_cannot_delay_the_big_job_at_the_head() -> None:
-    run = [running("r", ("n1", 4, (0, 1, 2, 3)))]  # half the node, no deadline
+    run = [running("r", ("n1", 4, (0, 1, 2, 3)), deadline=NOW + 600)]  # half the node
     jobs = [job("big", submitted=1, cpus=8, gpus=8)] + [job(f"s{i}", submitted=2 + i, gpus=1) for i in range(4)]
     decision = decide(jobs, [node(cpus=16, gpus=8)], run, now=NOW)
     assert placed(decision) == {}
@@ -20,7 +21,10 @@ def test_small_jobs_cannot_delay_the_big_job_at_the_head() -> None:
     for i in range(4):
         wait = decision.waiting[f"s{i}"]
         assert wait.kind == "reservation"
-        assert wait.message.startswith("reservation: the free resources it needs are reserved for big, next in line")
+        assert wait.message == (
+            "reservation: the free resources it needs are reserved for big, next in line; "
+            "a job with a timeout of at most 600s could backfill"
+        )
         assert wait.ahead == ("big",)
         assert wait.position == 2 + i
     check_waits(decision)
@@ -38,7 +42,10 @@ def test_small_jobs_may_use_what_the_reservation_does_not_need() -> None:
     got = placed(decision)
     assert sorted(got) == ["s0", "s1", "s2", "s3"]
     assert all(w[0].node == "b" for w in got.values())
-    assert decision.waiting["big"].message.endswith("next in line, resources reserved (it can start in 600s)")
+    assert decision.waiting["big"].message == (
+        "capacity: GPUs 8 asked, at most 4 free on one node; next in line, resources reserved (it can start in "
+        "600s): it needs what ra (ends by its timeout in 600s) holds"
+    )
     assert kinds(decision) == {"big": "capacity", "s4": "reservation", "s5": "reservation"}
     assert "a job with a timeout of at most 600s could backfill" in decision.waiting["s4"].message
 
@@ -61,12 +68,11 @@ def test_a_short_job_backfills_when_it_surely_ends_before_the_reserved_job_can_s
     check_waits(decision)
 
 
-def test_no_backfill_when_the_reserved_start_is_unknown() -> None:
+def test_backfill_when_the_reserved_start_is_unknown_borrows_from_it() -> None:
     run = [running("r", ("n1", 1, (0, 1, 2, 3)))]  # no deadline
-    jobs = [job("big", submitted=1, gpus=8), job("short", submitted=2, gpus=1, timeout=1)]
+    jobs = [job("big", submitted=1, gpus=8), job("short", submitted=2, gpus=1, timeout=1), job("long", gpus=2)]
     decision = decide(jobs, [node(gpus=8)], run, now=NOW)
-    assert placed(decision) == {}
-    assert "no backfill: when it can start is unknown" in decision.waiting["short"].message
+    assert {p.job_id: p.backfill_for for p in decision.placements} == {"short": "big", "long": "big"}
 
 
 def test_backfill_counts_jobs_placed_earlier_in_the_same_decision() -> None:
@@ -84,7 +90,7 @@ def test_backfill_counts_jobs_placed_earlier_in_the_same_decision() -> None:
 
 def test_quota_blocked_jobs_do_not_hold_the_queue() -> None:
     usage = OrgUsage()
-    usage.add("train", 4, 4, None)
+    usage.add("train", 4, 4000, None)
     jobs = [job("blocked", org="capped", submitted=1, gpus=1), job("other", org="free", submitted=2, gpus=1)]
     decision = decide(
         jobs, [node(gpus=8)], [], limits={"capped": {"train": Limits(gpus=4)}}, usage={"capped": usage}, now=NOW

@@ -54,7 +54,7 @@ def test_dominant_resource_is_what_counts() -> None:
     nodes = [node(cpus=16, memory=64 * GI)]
     run = [running("ra", ("n1", 1, ()), org="a", memory=32 * GI), running("rb", ("n1", 4, ()), org="b")]
     order = fair_order(
-        [job("a-1", org="a", submitted=1), job("b-1", org="b", submitted=2)], (0.0, 16.0, 64.0 * GI), run
+        [job("a-1", org="a", submitted=1), job("b-1", org="b", submitted=2)], (0.0, 16_000.0, 64.0 * GI), run
     )
     assert [j.job_id for j in order] == ["b-1", "a-1"]
     decision = decide(
@@ -67,19 +67,19 @@ def test_demand_is_counted_as_the_order_is_built() -> None:
     # a's jobs ask 4 GPUs each, b's 1: after one of a's, b gets four turns before a's share is matched.
     jobs = [job(f"a-{i}", org="a", submitted=i, gpus=4) for i in range(3)]
     jobs += [job(f"b-{i}", org="b", submitted=10 + i, gpus=1) for i in range(8)]
-    order = [j.job_id for j in fair_order(jobs, (16.0, 64.0, 512.0 * GI))]
+    order = [j.job_id for j in fair_order(jobs, (16.0, 64_000.0, 512.0 * GI))]
     assert order[:6] == ["a-0", "b-0", "b-1", "b-2", "b-3", "a-1"]
 
 
 def test_priority_classes_come_before_fair_share() -> None:
     run = [running(f"r{i}", ("n1", 1, ()), org="a") for i in range(10)]
     jobs = [job("a-high", org="a", priority="high", submitted=5), job("b-normal", org="b", submitted=1)]
-    order = [j.job_id for j in fair_order(jobs, (0.0, 64.0, 512.0 * GI), run)]
+    order = [j.job_id for j in fair_order(jobs, (0.0, 64_000.0, 512.0 * GI), run)]
     assert order == ["a-high", "b-normal"]
 
 
 def test_zero_weight_goes_last_without_breaking() -> None:
     jobs = [job("a-1", org="a", submitted=1), job("b-1", org="b", submitted=2)]
     run = [running("r", ("n1", 1, ()), org="a")]
-    order = [j.job_id for j in fair_order(jobs, (0.0, 64.0, 512.0 * GI), run, {"a": 0.0})]
+    order = [j.job_id for j in fair_order(jobs, (0.0, 64_000.0, 512.0 * GI), run, {"a": 0.0})]
     assert order == ["b-1", "a-1"]

@@ -31,9 +31,9 @@ def test_a_gang_is_placed_whole_across_nodes() -> None:
     decision = decide([job("g", workers=3, gpus=2)], nodes, run, now=NOW)
     assert placed(decision) == {
         "g": (
-            WorkerAlloc("a", 1, None, (2, 3)),  # the fuller node first (best fit)
-            WorkerAlloc("b", 1, None, (0, 1)),
-            WorkerAlloc("b", 1, None, (2, 3)),
+            WorkerAlloc("a", 1000, None, (2, 3)),  # the fuller node first (best fit)
+            WorkerAlloc("b", 1000, None, (0, 1)),
+            WorkerAlloc("b", 1000, None, (2, 3)),
         )
     }
 
@@ -54,7 +54,7 @@ def test_a_gang_larger_than_the_cluster_is_unschedulable() -> None:
 
 def test_a_partly_fitting_gang_does_not_take_resources_from_jobs_behind_it() -> None:
     # The gang cannot be placed; what is free is earmarked for it, so the single job behind waits too.
-    run = [running("r", ("n1", 1, (0,)))]
+    run = [running("r", ("n1", 1, (0,)), deadline=NOW + 60)]
     jobs = [job("g", workers=4, gpus=1, submitted=1), job("single", gpus=1, submitted=2)]
     decision = decide(jobs, [node(gpus=4)], run, now=NOW)
     assert placed(decision) == {}

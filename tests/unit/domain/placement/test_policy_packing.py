@@ -14,14 +14,17 @@ from .policy_helpers import GI, NOW, check_waits, job, node, placed, running
 def test_two_single_gpu_jobs_leave_the_high_gpus_together() -> None:
     jobs = [job("a", submitted=1, gpus=1), job("b", submitted=2, gpus=1)]
     decision = decide(jobs, [node(gpus=4)], [], now=NOW)
-    assert placed(decision) == {"a": (WorkerAlloc("n1", 1, None, (0,)),), "b": (WorkerAlloc("n1", 1, None, (1,)),)}
+    assert placed(decision) == {
+        "a": (WorkerAlloc("n1", 1000, None, (0,)),),
+        "b": (WorkerAlloc("n1", 1000, None, (1,)),),
+    }
 
 
 def test_a_single_gpu_job_goes_where_it_leaves_the_biggest_free_block() -> None:
     nodes = [node("empty", gpus=8), node("busy", gpus=8)]
     run = [running("r", ("busy", 1, (0, 1, 2, 3, 4, 5)))]
     decision = decide([job("one", gpus=1)], nodes, run, now=NOW)
-    assert placed(decision)["one"] == (WorkerAlloc("busy", 1, None, (6,)),)
+    assert placed(decision)["one"] == (WorkerAlloc("busy", 1000, None, (6,)),)
 
 
 def test_then_by_fewest_free_cpus() -> None:
@@ -49,9 +52,9 @@ def test_memory_is_packed_too() -> None:
 
 
 def test_gpu_type_picks_matching_gpus() -> None:
-    mixed = Node("mixed", 64, 512 * GI, (0, 1, 2, 3), {0: "T4", 1: "T4", 2: "H200", 3: "H200"})
+    mixed = Node("mixed", 64_000, 512 * GI, (0, 1, 2, 3), {0: "T4", 1: "T4", 2: "H200", 3: "H200"})
     decision = decide([job("h", gpus=1, gpu_type="H200")], [mixed, node("t4", gpus=4, gpu_type="T4")], [], now=NOW)
-    assert placed(decision)["h"] == (WorkerAlloc("mixed", 1, None, (2,)),)
+    assert placed(decision)["h"] == (WorkerAlloc("mixed", 1000, None, (2,)),)
 
 
 def test_gpu_type_absent_is_unschedulable() -> None:

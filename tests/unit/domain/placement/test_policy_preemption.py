@@ -106,7 +106,7 @@ def test_free_soon_resources_are_not_stolen_by_backfill() -> None:
 
 def test_never_preempts_for_a_quota_blocked_job() -> None:
     usage = OrgUsage()
-    usage.add("train", 4, 4, None)
+    usage.add("train", 4, 4000, None)
     decision = decide(
         [job("h", priority="high", gpus=2)],
         [node(gpus=8)],

@@ -27,7 +27,8 @@ def test_higher_priority_classes_go_first() -> None:
     assert decision.waiting["low"].kind == "capacity"
     assert (
         decision.waiting["low"].message
-        == "capacity: CPUs 1 asked, 0 free; next in line, resources reserved for it as they free up"
+        == "capacity: CPUs 1 asked, 0 free; next in line: it needs what high (about to start, no timeout) holds, "
+        "with no end in sight"
     )
     assert decision.waiting["low"].position == 1
     check_waits(decision)
@@ -53,7 +54,7 @@ def test_positions_follow_scheduling_order() -> None:
 
 def test_lower_class_held_by_a_higher_class_reservation_waits_for_priority() -> None:
     jobs = [job("big", priority="high", cpus=4), job("small", priority="low", cpus=1)]
-    decision = decide(jobs, [node(cpus=4)], [running("r", ("n1", 2, ()))], now=NOW)
+    decision = decide(jobs, [node(cpus=4)], [running("r", ("n1", 2, ()), deadline=NOW + 60)], now=NOW)
     assert placed(decision) == {}
     assert decision.reservation == "big"
     small = decision.waiting["small"]
@@ -80,19 +81,22 @@ def test_decision_is_deterministic_whatever_the_input_order() -> None:
 def test_every_wait_message_starts_with_its_kind() -> None:
     jobs = [
         job("quota", org="q", cpus=1, submitted=1),
-        job("pre", priority="high", cpus=2, gpus=2, submitted=2),
+        job("pre", priority="high", cpus=2, gpus=2, submitted=2, timeout=100),
         job("head", cpus=8, gpus=2, submitted=3),
         job("gang", workers=4, gpus=1, submitted=4),
         job("held", cpus=1, submitted=5),
     ]
-    run = [running("victim", ("a", 4, (0, 1)), priority="low"), running("busy", ("a", 2, (2,)), priority="high")]
+    run = [
+        running("victim", ("a", 4, (0, 1)), priority="low"),
+        running("busy", ("a", 2, (2,)), priority="high", deadline=NOW + 60),
+    ]
     usage = OrgUsage()
-    usage.add("train", 0, 1, None)
+    usage.add("train", 0, 1000, None)
     decision = decide(
         jobs,
         [node("a", cpus=8, gpus=4)],
         run,
-        limits={"q": {"train": Limits(cpus=1)}},
+        limits={"q": {"train": Limits(millicores=1000)}},
         usage={"q": usage},
         now=NOW,
         preemption=True,
@@ -112,5 +116,5 @@ def test_every_wait_message_starts_with_its_kind() -> None:
     assert decision.waiting["head"].ahead == ("pre", "busy")
     assert decision.waiting["held"].ahead == ("head", "pre")
     assert decision.waiting["quota"].message == "quota: cpus 1 of 1 in use (org q, category train)"
-    assert usage.total.cpus == 1  # the caller's usage is left as it was
+    assert usage.total.millicores == 1000  # the caller's usage is left as it was
     check_waits(decision)

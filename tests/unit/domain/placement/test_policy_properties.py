@@ -18,7 +18,7 @@ def workload(seed: int) -> tuple[list[Pending], list[Node], list[Running], dict[
     nodes = [
         Node(
             f"n{i}",
-            rng.choice((8, 16, 32)),
+            rng.choice((8, 16, 32)) * 1000,
             rng.choice((32, 64)) * GI,
             tuple(range(rng.choice((0, 2, 4, 8)))),
             {},
@@ -27,7 +27,7 @@ def workload(seed: int) -> tuple[list[Pending], list[Node], list[Running], dict[
         for i in range(rng.randint(1, 4))
     ]
     nodes = [
-        Node(n.name, n.cpus, n.memory, n.gpus, dict.fromkeys(n.gpus, rng.choice(("H200", "T4"))), n.labels)
+        Node(n.name, n.millicores, n.memory, n.gpus, dict.fromkeys(n.gpus, rng.choice(("H200", "T4"))), n.labels)
         for n in nodes
     ]
     running: list[Running] = []
@@ -44,10 +44,11 @@ def workload(seed: int) -> tuple[list[Pending], list[Node], list[Running], dict[
                 f"o{rng.randrange(3)}",
                 "train",
                 rng.choice(list(PRIORITY.values())),
-                (WorkerAlloc(node.name, rng.choice((1, 2)), GI, gpus),),
+                (WorkerAlloc(node.name, rng.choice((1000, 2000)), GI, gpus),),
                 NOW - rng.uniform(1, 1000),
                 NOW + rng.uniform(10, 1000) if rng.random() < 0.5 else None,
                 rng.random() < 0.15,
+                backfill_for=f"p{rng.randrange(25):02d}" if rng.random() < 0.3 else None,  # borrowed from a waiting job
             )
         )
     pending = [
@@ -59,7 +60,7 @@ def workload(seed: int) -> tuple[list[Pending], list[Node], list[Running], dict[
             rng.choice(list(PRIORITY.values())),
             NOW - rng.uniform(0, 100),
             workers=rng.choice((1, 1, 1, 2, 3)),
-            cpus=rng.choice((1, 2, 4)),
+            millicores=rng.choice((1000, 2000, 4000)),
             memory=rng.choice((None, 4 * GI, 16 * GI)),
             gpus=rng.choice((0, 0, 1, 2, 4)),
             gpu_type=rng.choice((None, None, "H200", "T4", "A100")),
@@ -68,7 +69,7 @@ def workload(seed: int) -> tuple[list[Pending], list[Node], list[Running], dict[
         )
         for i in range(rng.randint(0, 25))
     ]
-    limits = {"o0": {"train": Limits(gpus=4, cpus=8)}} if rng.random() < 0.5 else {}
+    limits = {"o0": {"train": Limits(gpus=4, millicores=8000)}} if rng.random() < 0.5 else {}
     return pending, nodes, running, limits
 
 
@@ -81,13 +82,13 @@ def test_invariants(seed: int) -> None:
     by_id = {p.job_id: p for p in pending}
     assert set(decision.waiting) | set(decision.unschedulable) | {p.job_id for p in decision.placements} == set(by_id)
     # nothing is over-committed: running (less nothing: victims still hold theirs) plus placements fit each node
-    cpus = {n.name: n.cpus for n in nodes}
+    cpus = {n.name: n.millicores for n in nodes}
     memory = {n.name: n.memory for n in nodes}
     gpus: dict[str, set[int]] = {n.name: set() for n in nodes}
     for r in running:
         for w in r.workers:
             if w.node in cpus:
-                cpus[w.node] -= w.cpus
+                cpus[w.node] -= w.millicores
                 memory[w.node] -= w.memory or 0
                 gpus[w.node].update(w.gpus)
     for p in decision.placements:
@@ -101,21 +102,22 @@ def test_invariants(seed: int) -> None:
             if job.gpu_type and job.gpus:
                 assert all(node.gpu_types[g] == job.gpu_type for g in w.gpus)
             gpus[w.node].update(w.gpus)
-            cpus[w.node] -= w.cpus
+            cpus[w.node] -= w.millicores
             memory[w.node] -= w.memory or 0
     for n in nodes:
         held = [w for r in running for w in r.workers if w.node == n.name]
-        assert cpus[n.name] >= min(n.cpus - sum(w.cpus for w in held), 0) - 1e-9
+        assert cpus[n.name] >= min(n.millicores - sum(w.millicores for w in held), 0)
         assert memory[n.name] >= min(n.memory - sum(w.memory or 0 for w in held), 0)
-    # victims: strictly lower priority than the job they are preempted for, never already preempting
+    # victims: strictly lower priority than the job they are preempted for, or its borrowers; never already
+    # preempting
     running_by_id = {r.job_id: r for r in running}
     if not preemption:
         assert decision.preemptions == {}
     for victim, why in decision.preemptions.items():
         r = running_by_id[victim]
         assert not r.preempting
-        winner = by_id[why.split()[2]]
-        assert r.priority < winner.priority
+        winner = by_id[why.split()[2].rstrip(":")]
+        assert r.priority < winner.priority or (r.backfill_for == winner.job_id and r.priority <= winner.priority)
         assert decision.waiting[winner.job_id].kind == "preempting"
     # quota: what is placed stays within the limits
     for org, scopes in limits.items():

@@ -1,0 +1,194 @@
+"""Launching the local executor's shims and telling whether one lives.
+
+Shims are forked from a launcher process (a fork server that paid the shim's imports once), or started as a
+fresh interpreter when the launcher fails. A launch is recorded in the member's ``launch.json`` (the pid the
+launcher answered, its start time and the launch token); the shim itself writes ``shim.pid`` once it holds the
+attempt's claim (``kiln.runtime.claim``). So an attempt is: launched and coming up (``launch.json``'s process
+lives, or the claim is held), run by a shim (``shim.pid``), ended (``exit.json``), or never launched (none).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from kiln.backends.local.attemptdir import read_json, write_json_atomic
+from kiln.backends.local.runtime_builder import SHIM_PATH
+from kiln.errors import BackendError
+from kiln.runtime import claim
+
+log = logging.getLogger(__name__)
+
+LAUNCH_FILE = "launch.json"
+# A process is the one a pid file names when its start time is the recorded one. Both are computed the same way
+# (boot time + start in clock ticks, ``claim.start_time`` and psutil), so they agree exactly; this allows for
+# the float's last digits, and is far below the time pids take to wrap.
+SAME_START_SECONDS = 0.05
+
+
+class ShimLauncher:
+    """Starts shims and keeps what the processes it started left behind (their exit codes)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._children: dict[int, subprocess.Popen[bytes]] = {}  # shims started as fresh interpreters
+        self._exit_codes: dict[int, int] = {}  # such shims that exited without an exit record
+        self._children_lock = threading.Lock()
+        self._launcher: subprocess.Popen[bytes] | None = None
+        self._launcher_buf = b""
+        self._launcher_lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._launcher_lock:
+            self._stop_launcher()
+
+    # -- launching ------------------------------------------------------------------------------------
+
+    def launch(self, member_dir: Path, token: str | None) -> int:
+        """Start the shim of ``member_dir`` (its ``shim.json`` written) and record the launch."""
+        pid = self._spawn(member_dir)
+        try:
+            created = psutil.Process(pid).create_time()
+        except psutil.Error:
+            created = 0.0
+        write_json_atomic(
+            member_dir / LAUNCH_FILE, {"pid": pid, "create_time": created, "launch": token, "at": time.time()}
+        )
+        return pid
+
+    def launched(self, member_dir: Path) -> bool:
+        """Whether the member was launched and may still run or has run: ended, a shim running it, one coming
+        up (the launch's process lives, or the claim is held)."""
+        if (member_dir / claim.EXIT).exists() or (member_dir / claim.PID).exists():
+            return True
+        return self.alive(member_dir / LAUNCH_FILE) or claim.held(str(member_dir))
+
+    def _spawn(self, attempt_dir: Path) -> int:
+        """Fork the shim from the launcher (its imports already paid), else start it as a new interpreter."""
+        with self._launcher_lock:
+            for _ in range(2):
+                try:
+                    return self._ask_launcher(attempt_dir)
+                except (OSError, ValueError, TimeoutError) as exc:
+                    log.warning("shim launcher failed (%s); restarting it", exc)
+                    self._stop_launcher()
+        try:
+            fd = os.open(attempt_dir / "shim.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+            with open(fd, "ab") as shim_log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", str(SHIM_PATH), str(attempt_dir)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=shim_log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+        except OSError as exc:
+            raise BackendError(f"cannot start the job supervisor: {exc}", retryable=False) from exc
+        with self._children_lock:
+            self._children[proc.pid] = proc
+        return proc.pid
+
+    def _ask_launcher(self, attempt_dir: Path) -> int:
+        if self._launcher is None or self._launcher.poll() is not None:
+            with open(self.run_dir / "launcher.log", "ab") as launcher_log:
+                self._launcher = subprocess.Popen(
+                    [sys.executable, "-I", "-S", str(SHIM_PATH), "--launcher"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=launcher_log,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            self._launcher_buf = b""
+        launcher = self._launcher
+        assert launcher.stdin is not None and launcher.stdout is not None
+        os.write(launcher.stdin.fileno(), str(attempt_dir).encode() + b"\n")
+        deadline = time.monotonic() + 10
+        out = launcher.stdout.fileno()
+        while b"\n" not in self._launcher_buf:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([out], [], [], remaining)[0]:
+                raise TimeoutError("no answer from the shim launcher")
+            data = os.read(out, 4096)
+            if not data:
+                raise OSError("the shim launcher exited")
+            self._launcher_buf += data
+        line, self._launcher_buf = self._launcher_buf.split(b"\n", 1)
+        return int(line)
+
+    def _stop_launcher(self) -> None:
+        launcher, self._launcher = self._launcher, None
+        if launcher is None:
+            return
+        try:
+            if launcher.stdin:
+                launcher.stdin.close()
+            launcher.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            launcher.kill()
+            launcher.wait(timeout=5)
+        if launcher.stdout:
+            launcher.stdout.close()
+
+    # -- watching -------------------------------------------------------------------------------------
+
+    def alive(self, pid_file: Path) -> bool:
+        """Whether the process a pid file (``shim.pid`` or ``launch.json``) names still runs: the same process
+        (its start time matches), not a zombie."""
+        info = read_json(pid_file)
+        if not info:
+            return False
+        pid = int(info["pid"])
+        with self._children_lock:
+            child = self._children.get(pid)
+        if child is not None and child.poll() is not None:
+            with self._children_lock:
+                self._children.pop(pid, None)
+                self._exit_codes[pid] = child.returncode
+            return False
+        try:
+            proc = psutil.Process(pid)
+            if info.get("create_time") and abs(proc.create_time() - float(info["create_time"])) > SAME_START_SECONDS:
+                return False  # the pid was reused by another process
+            return proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def reap(self) -> None:
+        """Forget the fresh-interpreter shims that exited (an attempt's end was read from its record)."""
+        with self._children_lock:
+            for pid, child in list(self._children.items()):
+                if child.poll() is not None:
+                    self._children.pop(pid, None)
+
+    def exit_code(self, info: dict[str, Any]) -> int | None:
+        """The exit code of a shim this launcher started as a fresh interpreter, once (None: unknown)."""
+        with self._children_lock:
+            return self._exit_codes.pop(int(info.get("pid", 0)), None)
+
+
+def still_its_session(shim: dict[str, Any]) -> bool:
+    """Whether the session a shim led (its id is the shim's pid) can still be only that shim's.
+
+    The kernel hands out a pid again only once no process holds it as its id, group or session: while what a dead
+    shim left running lives, its session id is not reused. Once they are gone it may be, by any process that
+    starts a session (another job's shim: pids wrap at 32,768 on many machines, within minutes on a busy one),
+    and killing "the session" then killed that job. A live process with the shim's pid is the shim only when its
+    start time is the one the shim recorded."""
+    try:
+        started = psutil.Process(int(shim["pid"])).create_time()
+    except psutil.NoSuchProcess:
+        return True  # the shim is gone: its session id is held by what it left, or by nothing
+    except (psutil.Error, KeyError, ValueError):
+        return False
+    return abs(started - float(shim.get("create_time") or 0)) <= SAME_START_SECONDS

@@ -1,0 +1,103 @@
+"""Model services, their replicas and tokens."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from kiln.db.models.base import Base, utcnow
+
+
+class Service(Base):
+    """A model service (kiln.domain.serving): its spec, the model version its current revision serves, and
+    how many replicas it wants now (autoscaling moves it between the spec's min and max)."""
+
+    __tablename__ = "services"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    org_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"))
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    code_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
+    state: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str | None] = mapped_column(Text, default=None)
+    model_name: Mapped[str] = mapped_column(String(100))
+    model_version: Mapped[int] = mapped_column(Integer)
+    revision: Mapped[int] = mapped_column(Integer, default=1)
+    desired_replicas: Mapped[int] = mapped_column(Integer)
+    last_request_at: Mapped[datetime | None] = mapped_column(default=None)  # a cold start's request, at least
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # A backend that runs the replicas itself (a Kubernetes Service): the address every server routes to while
+    # the serving task routes there (None: not routed), its request secret sealed with the server key, and the
+    # NAME@VERSION it serves.
+    route_url: Mapped[str | None] = mapped_column(Text, default=None)
+    route_secret: Mapped[str | None] = mapped_column(Text, default=None)
+    route_model: Mapped[str | None] = mapped_column(String(200), default=None)
+
+    __table_args__ = (Index("ux_services_org_name", "org_id", "name", unique=True),)
+
+
+class ServiceReplica(Base):
+    """One replica of a service: the job that runs it (category ``serve``), the revision and model version it
+    serves, and where it stands for the router."""
+
+    __tablename__ = "service_replicas"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    service_id: Mapped[str] = mapped_column(ForeignKey("services.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), default=None, index=True)
+    revision: Mapped[int] = mapped_column(Integer)
+    model_version: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    ready_at: Mapped[datetime | None] = mapped_column(default=None)
+    ended_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Where every server reaches it once READY (kiln.services.serving_routes): the absolute path of its Unix
+    # socket, on the machine ``node`` (servers on that machine share the file system), and its request secret
+    # sealed with the server key.
+    socket: Mapped[str | None] = mapped_column(Text, default=None)
+    secret: Mapped[str | None] = mapped_column(Text, default=None)
+    node: Mapped[str | None] = mapped_column(String(255), default=None)
+
+
+class ServiceTraffic(Base):
+    """What one server forwarded to one service, as it last wrote it (kiln.services.serving_routes): requests in
+    flight (in all, and per replica), how many it forwarded since it started, and its last request. The serving
+    task scales on the sum over the live servers."""
+
+    __tablename__ = "service_traffic"
+
+    server_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    service_id: Mapped[str] = mapped_column(ForeignKey("services.id", ondelete="CASCADE"), primary_key=True, index=True)
+    in_flight: Mapped[int] = mapped_column(Integer, default=0)
+    replica_in_flight: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_request_at: Mapped[datetime | None] = mapped_column(default=None)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ServiceKey(Base):
+    """A service-scoped token (``kst.<id>.<secret>``): it may predict on its service and do nothing else. Only
+    the secret's SHA-256 is kept."""
+
+    __tablename__ = "service_tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    service_id: Mapped[str] = mapped_column(ForeignKey("services.id", ondelete="CASCADE"), index=True)
+    secret_sha256: Mapped[str] = mapped_column(String(64))
+    created_by: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,255 @@
+"""Chaos (issue 27): three servers on one PostgreSQL, one store and one server key, each with its own KILN_HOME on
+this machine, the local backend. Jobs are submitted round-robin through all three (each with an Idempotency-Key; a
+submit whose server died is sent again, with the same key, through the next one) while a random server is killed
+with SIGKILL every 2-3 s, the holder of the task leases at least once, and started again on its home and port.
+Afterwards, with all three running: every job ended SUCCEEDED exactly once, in its first attempt (an attempt on the
+local backend belongs to its machine: the restarted server, or another server on the machine, adopts it), its whole
+log reads the same through each server, no retried submit made a second job, and the audit trail has every submit
+exactly once.
+
+The run is random (which server, when): its seed is printed and ``KILN_CHAOS_SEED`` replays it.
+``KILN_CHAOS_JOBS`` sets the number of jobs (default 100; issue 27 asks for 200)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.fernet import Fernet
+from sqlalchemy import Engine, create_engine, text
+
+from kiln.errors import KilnError
+from kiln.sdk.client import Client
+from tests.helpers import log_text, spec
+from tests.kilnserver import KilnServer
+
+# make test runs 100 (about 85 s on a loaded two-CPU machine, most of it the servers' restarts); the issue's
+# run is KILN_CHAOS_JOBS=200 (about 110-130 s there).
+JOBS = int(os.environ.get("KILN_CHAOS_JOBS", "100"))
+SERVERS = 3
+LEASE_SECONDS = 4  # a dead server's job and task leases move on soon
+KILL_EVERY = (2.0, 3.0)  # seconds between a restarted server's readiness and the next kill
+MIN_KILLS = 5
+SUBMITTERS = 2  # threads submitting at once (each job through the servers in turn)
+LINES = 3
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+def job_spec(i: int) -> dict[str, Any]:
+    """The cheapest job that says something: a shell printing numbered lines, a sliver of a CPU."""
+    name = f"chaos-{i}"
+    command = "; ".join(f"echo {name} line {n}" for n in range(1, LINES + 1))
+    # network none: no network namespace and pasta to set up per job (the API only)
+    return {**spec(command, resources={"cpus": 0.01, "memory": "64M"}, network="none", max_restarts=0), "name": name}
+
+
+def expected_log(i: int) -> list[str]:
+    return [f"chaos-{i} line {n}" for n in range(1, LINES + 1)]
+
+
+@dataclass
+class Chaos:
+    """What happened, for the failure messages and the report."""
+
+    seed: int
+    kills: list[tuple[float, int, bool]] = field(default_factory=list)  # (time, server, was the lease holder)
+    submit_retries: list[tuple[int, int, str]] = field(default_factory=list)  # (job, server, error)
+    errors: list[BaseException] = field(default_factory=list)
+
+
+@pytest.fixture
+def chaos_seed() -> int:
+    seed = int(os.environ.get("KILN_CHAOS_SEED") or random.SystemRandom().randrange(2**32))
+    print(f"chaos seed {seed} (replay: KILN_CHAOS_SEED={seed})")
+    return seed
+
+
+@pytest.fixture
+def engine(postgres_url: str) -> Iterator[Engine]:
+    engine = create_engine(postgres_url, pool_size=1, max_overflow=0)
+    yield engine
+    engine.dispose()
+
+
+def _lease_holder(engine: Engine) -> str | None:
+    """The server holding the task leases now (the one that runs studies, serving and the purges): the owner of
+    the most unexpired scopes."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT owner, count(*) FROM task_leases WHERE expires_at > :now GROUP BY owner ORDER BY 2 DESC"),
+            {"now": _db_now(conn)},
+        ).all()
+    return str(rows[0][0]) if rows else None
+
+
+def _db_now(conn: Any) -> Any:
+    # The lease times are naive UTC written by the servers (kiln.db.models.utcnow).
+    return conn.execute(text("SELECT (now() AT TIME ZONE 'utc')")).scalar_one()
+
+
+def _states(engine: Engine) -> dict[str, str]:
+    with engine.connect() as conn:
+        return {name: state for name, state in conn.execute(text("SELECT name, state FROM jobs")).all()}
+
+
+def _submit_all(clients: list[Client], chaos: Chaos, ids: dict[int, str], seed: int, part: int) -> None:
+    """This submitter's part of the jobs, round-robin through the servers; a submit that fails (its server died
+    under it, or is still starting) is sent again with the same key through the next server."""
+    for i in range(part, JOBS, SUBMITTERS):
+        key = f"chaos-{seed}-{i}"
+        deadline = time.monotonic() + 120
+        for server in itertools.count(i):
+            client = clients[server % SERVERS]
+            try:
+                ids[i] = client.submit(job_spec(i), idempotency_key=key).id
+                break
+            except KilnError as exc:
+                if exc.status < 500:
+                    raise
+                chaos.submit_retries.append((i, server % SERVERS, str(exc)[:200]))
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+
+@pytest.mark.timeout(900)
+def test_three_servers_killed_at_random_lose_double_and_drop_nothing(
+    make_server: Any, postgres_url: str, engine: Engine, tmp_path: Path, chaos_seed: int
+) -> None:
+    rng = random.Random(chaos_seed)
+    shared = {
+        "server_key": Fernet.generate_key().decode(),
+        "storage_url": str(tmp_path / "store"),
+        "lease_seconds": str(LEASE_SECONDS),
+        "rate_limit_per_second": "0",  # the test reads every job through every server
+    }
+
+    # The first makes the admin; the others start together.
+    def server(n: int) -> KilnServer:
+        return make_server(postgres_url, home=tmp_path / f"home{n}", instance_id=f"chaos-{n}", **shared)  # type: ignore[no-any-return]
+
+    servers = [server(0)]
+    with ThreadPoolExecutor(SERVERS - 1) as pool:
+        servers += pool.map(server, range(1, SERVERS))
+    creds = servers[0].credentials()
+    keys = (creds["KILN_ACCESS_KEY"], creds["KILN_SECRET_KEY"])
+    # The submitter's: a server that is starting has bound its port and answers nothing yet, so a submit there
+    # gives up after a few seconds and goes to the next server (with its key: the first may create it after all).
+    submitters = [[Client(s.url, *keys, retry_seconds=0, timeout=8) for s in servers] for _ in range(SUBMITTERS)]
+    clients = [Client(s.url, *keys, retry_seconds=0) for s in servers]
+    chaos = Chaos(chaos_seed)
+    ids: dict[int, str] = {}
+    started = time.monotonic()
+
+    def submit(part: int) -> None:
+        try:
+            _submit_all(submitters[part], chaos, ids, chaos_seed, part)
+        except BaseException as exc:
+            chaos.errors.append(exc)
+
+    def submitted() -> bool:
+        return not any(thread.is_alive() for thread in threads)
+
+    def all_ended() -> bool:
+        states = _states(engine)
+        return len(states) >= JOBS and all(state in TERMINAL for state in states.values())
+
+    def restart(n: int) -> None:
+        try:
+            servers[n].start()
+        except BaseException as exc:
+            chaos.errors.append(exc)
+
+    threads = [threading.Thread(target=submit, args=(part,), daemon=True) for part in range(SUBMITTERS)]
+    for thread in threads:
+        thread.start()
+    restarts: dict[int, threading.Thread] = {}
+    leader_kill = rng.randrange(3)  # from this kill on the lease holder is the victim until it has been hit once
+    deadline = time.monotonic() + 600
+    phases: dict[str, float] = {}
+    while (
+        len(chaos.kills) < MIN_KILLS
+        or not any(was_holder for _, _, was_holder in chaos.kills)
+        or not submitted()
+        or not all_ended()
+    ):
+        assert time.monotonic() < deadline and not chaos.errors, f"still going after 600 s: {chaos}"
+        if submitted():
+            phases.setdefault("submitted", time.monotonic() - started)
+        time.sleep(rng.uniform(*KILL_EVERY))
+        up = [n for n in range(SERVERS) if n not in restarts or not restarts[n].is_alive()]
+        if len(up) < 2:  # one server always serves (it is killed once another is back)
+            continue
+        holder = _lease_holder(engine)
+        holder_index = int(holder.rsplit("-", 1)[1]) if holder else None
+        victim = rng.choice(up)
+        if len(chaos.kills) >= leader_kill and not any(was_holder for _, _, was_holder in chaos.kills):
+            if holder_index not in up:
+                continue  # no holder now (its lease ran out, nobody took it yet), or it is starting: wait for it
+            victim = holder_index
+        chaos.kills.append((round(time.monotonic() - started, 1), victim, victim == holder_index))
+        servers[victim].kill()
+        restarts[victim] = threading.Thread(target=restart, args=(victim,), daemon=True)
+        restarts[victim].start()
+    phases["ended"] = time.monotonic() - started
+    for thread in restarts.values():
+        thread.join(180)
+    for thread in threads:
+        thread.join(10)
+    phases["all up"] = time.monotonic() - started
+    print(f"{len(chaos.kills)} kills (time, server, lease holder): {chaos.kills}")
+    print(f"{len(chaos.submit_retries)} submits sent again: {chaos.submit_retries}")
+    print("phases (s):", {name: round(at, 1) for name, at in phases.items()})
+    assert not chaos.errors, chaos.errors
+    assert any(was_holder for _, _, was_holder in chaos.kills), chaos.kills
+    assert sorted(ids) == list(range(JOBS))
+    assert len(set(ids.values())) == JOBS, "two submits answered the same job"
+
+    # Every job once: no retried submit made a second one, each ended once, in its first attempt; its whole log
+    # through every server, whichever ran it. Each server is read by a thread of its own.
+    jobs = {j.name: j for j in clients[0].list_jobs(limit=JOBS + 100)}
+    assert sorted(jobs) == sorted(f"chaos-{i}" for i in range(JOBS)), "a submit made no job or a second one"
+
+    def check(n: int) -> list[str]:
+        wrong = []
+        for i, job_id in ids.items():
+            if log_text(clients[n], job_id) != expected_log(i):
+                wrong.append(f"chaos-{i} {job_id} through server {n}: {log_text(clients[n], job_id)}")
+            if i % SERVERS != n:
+                continue
+            job = jobs[f"chaos-{i}"]
+            events = clients[n].events(job_id)
+            moves = [(e.from_state, e.to_state) for e in events if e.to_state is not None]
+            reasons = [e.reason for e in events]
+            if (
+                (job.id, job.state, job.attempt, job.exit_code) != (job_id, "SUCCEEDED", 1, 0)
+                or moves.count(("QUEUED", "STARTING")) != 1
+                or sum(to in TERMINAL for _, to in moves) != 1
+                # a re-attachment is claimed only where a shim was found
+                or ("Reattached", "Relaunched") in itertools.pairwise(reasons)
+            ):
+                said = "\n    ".join(f"{e.time} {e.from_state}->{e.to_state} {e.reason}: {e.message}" for e in events)
+                wrong.append(f"chaos-{i} {job_id} {job.state} attempt {job.attempt} exit {job.exit_code}:\n    {said}")
+        return wrong
+
+    with ThreadPoolExecutor(SERVERS) as pool:
+        wrong = [line for found in pool.map(check, range(SERVERS)) for line in found]
+    assert not wrong, f"seed {chaos_seed}: " + "\n".join(wrong)
+
+    # The audit trail: every submit exactly once as the request that created the job (a retry the server
+    # answered from its key is a replay, recorded as such).
+    audit = clients[1].audit(action="submit_job", limit=1000)
+    created = [a.resource for a in audit if a.outcome == "success" and a.detail != "idempotent replay"]
+    assert sorted(created) == sorted(f"id={job_id}" for job_id in ids.values()), set(
+        f"id={job_id}" for job_id in ids.values()
+    ) ^ set(created)
+    print(f"checked {JOBS} jobs: {time.monotonic() - started:.1f} s in all")

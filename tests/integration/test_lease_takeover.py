@@ -1,0 +1,85 @@
+"""A waiting job whose lease another server holds is placed by this one as soon as that lease runs out (issue 27:
+the holder died). Only the holder places a job, so the others must look again when its lease ends: the reconcile
+task asks for its next pass then, not an interval later (``Reconciler.until_takeover``). On SQLite and PostgreSQL,
+with a fake backend (no process): what is exercised is the loop and its leases."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from kiln.db import migrate
+from kiln.db.models import Job, Organization, User
+from kiln.db.session import Database
+from kiln.domain.states import JobState
+from kiln.scheduler.loop import TAKEOVER_SLACK_SECONDS, Reconciler
+from kiln.services.tasks import TaskContext
+from kiln.settings import Settings
+from kiln.storage.logs import LogStore
+from tests.integration.test_reconcile_batch import FakeBackend, add_jobs
+
+INTERVAL = 30.0  # far longer than the lease left: a pass an interval later would be far too late
+LEFT = 3.0  # the dead holder's lease left: more than a pass takes on a loaded machine
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[Database]:
+    database = Database(database_url)
+    migrate.upgrade(database.engine)
+    with database.transaction() as s:
+        s.add(Organization(id="org-1", name="acme"))
+        s.flush()
+        s.add(User(id="usr-1", org_id="org-1", name="ann"))
+    yield database
+    database.dispose()
+
+
+def survivor(db: Database, tmp_path: Path) -> Reconciler:
+    settings = Settings(home=tmp_path / "home", instance_id="server-b", reconcile_interval=INTERVAL)
+    return Reconciler(db, FakeBackend(), LogStore(tmp_path / "logs"), settings)
+
+
+def lease(db: Database, job_id: str, owner: str, seconds: float) -> datetime:
+    expires = datetime.now(UTC) + timedelta(seconds=seconds)
+    with db.transaction() as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        job.lease_owner, job.lease_expires_at = owner, expires
+    return expires
+
+
+def a_pass(reconciler: Reconciler) -> float | None:
+    """One run of the reconcile task, as its runner makes it after an interval (not woken); the delay it asks for."""
+    return reconciler.task().run_once(TaskContext("reconciler", None, False, threading.Event()))
+
+
+def test_a_dead_servers_waiting_job_is_placed_once_its_lease_ran_out_not_an_interval_later(
+    db: Database, tmp_path: Path
+) -> None:
+    (job_id,) = add_jobs(db, 1)
+    expires = lease(db, job_id, "server-a", LEFT)  # server-a holds it and died: nobody renews it
+    b = survivor(db, tmp_path)
+    delay = a_pass(b)
+    with db.read() as s:
+        job = s.get(Job, job_id)
+        assert job is not None and job.state == JobState.QUEUED and job.lease_owner == "server-a"
+    assert delay is not None, "the survivor waits its whole interval before it looks again"
+    assert 0 < delay <= LEFT + TAKEOVER_SLACK_SECONDS
+    time.sleep(delay)  # what the runner waits
+    while datetime.now(UTC) <= expires:  # the runner's wait may end a little early
+        time.sleep(0.01)
+    assert a_pass(b) is None  # nothing else held by another server: back to the interval
+    with db.read() as s:
+        job = s.get(Job, job_id)
+        assert job is not None and job.state == JobState.STARTING and job.lease_owner == "server-b"
+
+
+def test_a_lease_that_outlasts_the_interval_changes_nothing(db: Database, tmp_path: Path) -> None:
+    (job_id,) = add_jobs(db, 1)
+    lease(db, job_id, "server-a", INTERVAL * 2)  # a live holder renews long before: the interval applies
+    assert a_pass(survivor(db, tmp_path)) is None
