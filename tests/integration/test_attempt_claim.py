@@ -55,6 +55,24 @@ def test_shims_racing_for_one_attempt_run_it_once(local: LocalHarness) -> None:
         proc.stderr.close()
 
 
+def test_a_shim_holding_its_claim_is_not_lost_when_its_pid_file_seems_stale(local: LocalHarness) -> None:
+    """The claim is the shim's life: a pid file whose start time no longer matches (the machine's clock stepped,
+    which moves the boot time both sides compute start times from) does not make a running attempt ShimLost."""
+    backend = local.backend
+    launch = local.launch("job-stale")
+    handle = backend.start(launch)
+    attempt_dir = Path(str(handle["dir"]))
+    local.running(launch)
+    wait_status(backend, handle, is_running)
+    record = json.loads((attempt_dir / claim.PID).read_text())
+    (attempt_dir / claim.PID).write_text(json.dumps({**record, "create_time": record["create_time"] - 1.0}))
+    assert not backend.shims.alive(attempt_dir / claim.PID)
+    assert backend.poll(handle).phase is Phase.RUNNING
+    local.drive(launch, 0)
+    status = wait_status(backend, handle, ended)
+    assert (status.phase, status.exit_code, status.reason) == (Phase.EXITED, 0, "Completed")
+
+
 def test_a_late_shim_of_a_cancelled_unlaunched_attempt_runs_nothing(local: LocalHarness) -> None:
     """A launch request still in a dead server's launcher pipe forks a shim after the restarted server cancelled
     the attempt it had never seen launched: that shim finds the exit record under the claim and runs nothing."""

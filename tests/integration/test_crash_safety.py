@@ -91,7 +91,7 @@ def _check_each_ran_once(client: Client, ids: list[str]) -> None:
 def test_five_kills_during_a_hundred_jobs_lose_fail_and_double_nothing(restartable: Restartable) -> None:
     restartable.start()
     client = Client(
-        f"http://127.0.0.1:{restartable.port}", **_keys(restartable), retry_seconds=90
+        f"http://127.0.0.1:{restartable.port}", **_keys(restartable), retry_seconds=300
     )  # the SDK's own retries (same Idempotency-Key) carry the submits across the kills
     ids: list[str] = []
     failures: list[BaseException] = []

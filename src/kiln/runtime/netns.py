@@ -43,7 +43,8 @@ CLONE_NEWNET = 0x40000000
 MS_BIND = 4096
 MNT_DETACH = 2
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
-READY_SECONDS = 10.0  # the longest pasta may take to connect the namespace
+READY_SECONDS = 20.0  # the longest pasta may take to connect the namespace (~50 ms idle; seconds on a loaded machine)
+CONNECT_TRIES = 2  # a pasta that did not answer is stopped and started once more
 
 _LIBC: list = []
 
@@ -163,7 +164,7 @@ class JobNetwork:
             remove(self.dir)
             raise NetworkError(f"cannot make the job's network namespace: {failed[0]}")
         try:
-            self._connect()  # pasta, while nft loads the rules
+            self._connect_retrying()  # pasta, while nft loads the rules
             for nft in made:
                 try:
                     _, err = nft.communicate((self.cfg.get("rules") or "").encode(), timeout=20)
@@ -202,6 +203,17 @@ class JobNetwork:
         finally:
             with contextlib.suppress(Exception):
                 setns(self.host_fd)
+
+    def _connect_retrying(self) -> None:
+        for tries in range(1, CONNECT_TRIES + 1):
+            try:
+                self._connect()
+                return
+            except NetworkError:
+                if tries == CONNECT_TRIES:
+                    raise
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.dir, "pasta.pid"))
 
     def _connect(self) -> None:
         """pasta started on the namespace: the job's way out, and the forwarded loopback ports."""
@@ -256,11 +268,27 @@ class JobNetwork:
                 said = " ".join(line for line in said.splitlines() if "syslog" not in line).strip()
                 with contextlib.suppress(OSError):
                     proc.kill()
-                raise NetworkError(f"pasta did not connect the job's network: {said or 'no answer'}")
+                with contextlib.suppress(OSError):
+                    proc.wait(5)
+                if not said:
+                    said = _tail(os.path.join(self.dir, "pasta.log"))
+                    waited = f"no answer in {READY_SECONDS:.0f} s" if proc.returncode == -signal.SIGKILL else ""
+                    said = "; ".join(part for part in (waited, said) if part) or f"exited {proc.returncode}"
+                raise NetworkError(f"pasta did not connect the job's network: {said}")
             time.sleep(0.001)
         if proc.stderr:
             proc.stderr.close()
         self.pasta = proc  # it is the namespace's now: it exits when the namespace's file is removed
+
+
+def _tail(path: str, size: int = 300) -> str:
+    """The last lines of pasta's own log, for an error that says why it failed."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - size))
+            return " ".join(fh.read().decode(errors="replace").split())
+    except OSError:
+        return ""
 
 
 def remove(top: str) -> None:

@@ -501,6 +501,16 @@ class LocalBackend(
             message = "no supervisor was launched for this attempt (the server stopped before it started it)"
             return AttemptStatus(phase=Phase.UNLAUNCHED, reason="NotLaunched", message=message)
         info = read_json(attempt_dir / claim.PID) or {}
+        if claim.held(str(attempt_dir)):
+            # The claim is the shim's life (the kernel lets it go when the shim dies, however it dies): held, and
+            # no exit record, the shim runs, whatever its pid file seemed to say.
+            if (attempt_dir / "exit.json").exists():
+                return self._poll_dir(attempt_dir)
+            log.warning("%s: its shim holds the claim but %s does not name it (%s)", attempt_dir, claim.PID, info)
+            phase = Phase.RUNNING if status.get("phase") in ("running", "finishing") else Phase.STARTING
+            return AttemptStatus(phase=phase, running_at=running_at)
+        if (attempt_dir / "exit.json").exists():
+            return self._poll_dir(attempt_dir)
         code = self.shims.exit_code(info)
         if code == shim_module.EXIT_DISK_FULL:
             return AttemptStatus(
@@ -512,6 +522,9 @@ class LocalBackend(
         except OSError:
             pass
         message = "the job's supervisor (shim) died without recording an exit status"
+        log.warning(
+            "%s: shim lost: %s, status %s, process now %s", attempt_dir, info, status, self.shims.describe(info)
+        )
         return AttemptStatus(Phase.LOST, reason="ShimLost", message=message + (f": {tail}" if tail else ""))
 
     def cancel(self, handle: dict[str, Any], grace_seconds: float) -> None:
@@ -574,14 +587,16 @@ class LocalBackend(
     def cleanup(self, handle: dict[str, Any]) -> None:
         """Kill whatever is left of an attempt's sessions (a shim that died leaves its job orphaned), and unmount
         what such a shim left mounted."""
-        sids = set()
+        shims: dict[int, dict[str, Any]] = {}
         for _, _, member_dir in member_dirs(handle):
             info = read_json(member_dir / claim.PID)
-            if info and still_its_session(info):
-                sids.add(int(info["pid"]))  # each shim is its session's leader
-        for proc in psutil.process_iter(["pid"]) if sids else ():
+            if info and still_its_session(info) and not claim.held(str(member_dir)):
+                shims[int(info["pid"])] = info  # each shim is its session's leader
+        for proc in psutil.process_iter(["pid"]) if shims else ():
             try:
-                if os.getsid(proc.pid) in sids:
+                sid = os.getsid(proc.pid)
+                # Asked again at each kill: the walk takes a while, and the id may be a new session's by now.
+                if sid in shims and still_its_session(shims[sid]):
                     proc.kill()
             except (OSError, psutil.Error):
                 continue

@@ -152,10 +152,9 @@ class ShimLauncher:
         with self._children_lock:
             child = self._children.get(pid)
         if child is not None and child.poll() is not None:
-            with self._children_lock:
+            with self._children_lock:  # reaped: the pid may be another process's now (looked at below)
                 self._children.pop(pid, None)
                 self._exit_codes[pid] = child.returncode
-            return False
         try:
             proc = psutil.Process(pid)
             if info.get("create_time") and abs(proc.create_time() - float(info["create_time"])) > SAME_START_SECONDS:
@@ -163,6 +162,15 @@ class ShimLauncher:
             return proc.status() != psutil.STATUS_ZOMBIE
         except psutil.Error:
             return False
+
+    def describe(self, info: dict[str, Any]) -> str:
+        """What runs now under a pid file's pid (for the log of a shim found dead)."""
+        try:
+            proc = psutil.Process(int(info.get("pid") or 0))
+            with proc.oneshot():
+                return f"{proc.name()} started {proc.create_time():.2f}, {proc.status()}, session {os.getsid(proc.pid)}"
+        except (psutil.Error, OSError, ValueError):
+            return "none"
 
     def reap(self) -> None:
         """Forget the fresh-interpreter shims that exited (an attempt's end was read from its record)."""
