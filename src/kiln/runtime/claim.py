@@ -25,7 +25,7 @@ import time
 LOCK = "shim.lock"
 PID = "shim.pid"
 EXIT = "exit.json"
-EXIT_NOT_CLAIMED = 75  # a shim that found its attempt claimed or ended: it ran nothing
+EXIT_NOT_CLAIMED = 76  # (not the disk-full exit, 75) a shim that found its attempt claimed or ended: it ran nothing
 
 # A probe (``held``) holds the lock for microseconds; a shim starting in that instant tries again rather than
 # take it for another shim's. A real holder holds it for the attempt's life, so a shim gives up after this.

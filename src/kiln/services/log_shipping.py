@@ -76,7 +76,9 @@ class LogShipping:
                 log.warning("job %s: shipping its log to the store failed again: %s", job_id, exc)
         if grown:
             with self.db.transaction() as s:
-                for job_id, size in grown.items():
+                # In the jobs' id order, the order the reconciler's pass locks them in (SELECT ... ORDER BY id FOR
+                # UPDATE): two transactions locking rows in different orders deadlocked on PostgreSQL.
+                for job_id, size in sorted(grown.items()):
                     # Only while this server still holds the job (the reconciler's lease fences the write).
                     s.execute(
                         update(Job)

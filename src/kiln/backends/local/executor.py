@@ -30,13 +30,12 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self
 
 import psutil
 
-from kiln.backends.base import AttemptStatus, Backend, BackendDeps, Inventory, Launch, Phase
+from kiln.backends.base import AttemptStatus, Backend, BackendDeps, Inventory, Launch
 from kiln.backends.capabilities import (
     CheckpointSyncer,
     ExtractsMetrics,
@@ -63,7 +62,7 @@ from kiln.backends.local.runtime_builds import RuntimeBuilds
 from kiln.backends.local.runtimes import ResolvedRuntime, RuntimeManager
 from kiln.backends.local.sandbox import JOB_USER, attempt_box, detect, job_group, prepare_dirs
 from kiln.backends.local.shimconfig import MountConfig, input_config, job_env, job_pylib, mount_config, write_secret
-from kiln.backends.local.shims import LAUNCH_FILE, ShimLauncher, still_its_session
+from kiln.backends.local.shims import ShimLauncher, still_its_session
 from kiln.domain.distributed import Member, gang_members, hostfile_text, member_env
 from kiln.domain.spec import JobSpec, command_argv
 from kiln.errors import BackendError, InvalidInput, KilnError
@@ -71,7 +70,6 @@ from kiln.runtime import claim
 from kiln.runtime import mount as mount_module
 from kiln.runtime import netns as runtime_netns
 from kiln.runtime import sandbox as runtime_sandbox
-from kiln.runtime import shim as shim_module
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore
@@ -79,10 +77,6 @@ from kiln.storage.store import ObjectStore
 log = logging.getLogger(__name__)
 
 MAX_UNIX_SOCKET_PATH = 100
-
-
-def _ts(value: float | None) -> datetime | None:
-    return datetime.fromtimestamp(value, UTC) if value else None
 
 
 class LocalBackend(
@@ -464,68 +458,13 @@ class LocalBackend(
     def poll(self, handle: dict[str, Any]) -> AttemptStatus:
         members = member_dirs(handle)
         if len(members) == 1 and members[0][2] == Path(handle["dir"]):
-            return self._poll_dir(members[0][2])
-        view = aggregate([MemberStatus(role, index, self._poll_dir(d)) for role, index, d in members])
+            return self.shims.poll(members[0][2])
+        view = aggregate([MemberStatus(role, index, self.shims.poll(d)) for role, index, d in members])
         for position in view.stop:
             self._stop_member(
                 members[position][2], view.stop_reason, view.stop_message, self.settings.kill_grace_seconds
             )
         return view.status
-
-    def _poll_dir(self, attempt_dir: Path) -> AttemptStatus:
-        status = read_json(attempt_dir / "status.json") or {}
-        running_at = _ts(status.get("running_at"))
-        result = read_json(attempt_dir / "exit.json")
-        if result is not None:
-            self.shims.reap()
-            return AttemptStatus(
-                phase=Phase.EXITED,
-                exit_code=result.get("exit_code"),
-                reason=result.get("reason") or "",
-                message=result.get("message") or "",
-                running_at=running_at,
-                finished_at=_ts(result.get("finished_at")),
-            )
-        if self.shims.alive(attempt_dir / claim.PID):
-            phase = Phase.RUNNING if status.get("phase") in ("running", "finishing") else Phase.STARTING
-            return AttemptStatus(phase=phase, running_at=running_at)
-        if (attempt_dir / "exit.json").exists():
-            return self._poll_dir(attempt_dir)  # it wrote its record and exited between our two looks
-        if not (attempt_dir / claim.PID).exists():
-            # No shim has claimed it: one coming up (its launch lives, or it holds the claim and is writing its
-            # pid), or none was ever launched (a server stopped between recording the start and making it).
-            if self.shims.alive(attempt_dir / LAUNCH_FILE) or claim.held(str(attempt_dir)):
-                return AttemptStatus(phase=Phase.STARTING)
-            if (attempt_dir / "exit.json").exists() or (attempt_dir / claim.PID).exists():
-                return self._poll_dir(attempt_dir)  # claimed, or ended, between our looks
-            message = "no supervisor was launched for this attempt (the server stopped before it started it)"
-            return AttemptStatus(phase=Phase.UNLAUNCHED, reason="NotLaunched", message=message)
-        info = read_json(attempt_dir / claim.PID) or {}
-        if claim.held(str(attempt_dir)):
-            # The claim is the shim's life (the kernel lets it go when the shim dies, however it dies): held, and
-            # no exit record, the shim runs, whatever its pid file seemed to say.
-            if (attempt_dir / "exit.json").exists():
-                return self._poll_dir(attempt_dir)
-            log.warning("%s: its shim holds the claim but %s does not name it (%s)", attempt_dir, claim.PID, info)
-            phase = Phase.RUNNING if status.get("phase") in ("running", "finishing") else Phase.STARTING
-            return AttemptStatus(phase=phase, running_at=running_at)
-        if (attempt_dir / "exit.json").exists():
-            return self._poll_dir(attempt_dir)
-        code = self.shims.exit_code(info)
-        if code == shim_module.EXIT_DISK_FULL:
-            return AttemptStatus(
-                Phase.LOST, reason="DiskFull", message="disk full: the exit record could not be written"
-            )
-        tail = ""
-        try:
-            tail = (attempt_dir / "shim.log").read_text(errors="replace")[-300:].strip()
-        except OSError:
-            pass
-        message = "the job's supervisor (shim) died without recording an exit status"
-        log.warning(
-            "%s: shim lost: %s, status %s, process now %s", attempt_dir, info, status, self.shims.describe(info)
-        )
-        return AttemptStatus(Phase.LOST, reason="ShimLost", message=message + (f": {tail}" if tail else ""))
 
     def cancel(self, handle: dict[str, Any], grace_seconds: float) -> None:
         for _, _, member_dir in member_dirs(handle):

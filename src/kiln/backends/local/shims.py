@@ -1,4 +1,4 @@
-"""Launching the local executor's shims and telling whether one lives.
+"""Launching the local executor's shims, telling whether one lives, and where its attempt member is.
 
 Shims are forked from a launcher process (a fork server that paid the shim's imports once), or started as a
 fresh interpreter when the launcher fails. A launch is recorded in the member's ``launch.json`` (the pid the
@@ -16,15 +16,18 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from kiln.backends.base import AttemptStatus, Phase
 from kiln.backends.local.attemptdir import read_json, write_json_atomic
 from kiln.backends.local.runtime_builder import SHIM_PATH
 from kiln.errors import BackendError
 from kiln.runtime import claim
+from kiln.runtime.shimio import EXIT_DISK_FULL
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +36,10 @@ LAUNCH_FILE = "launch.json"
 # (boot time + start in clock ticks, ``claim.start_time`` and psutil), so they agree exactly; this allows for
 # the float's last digits, and is far below the time pids take to wrap.
 SAME_START_SECONDS = 0.05
+
+
+def _ts(value: float | None) -> datetime | None:
+    return datetime.fromtimestamp(value, UTC) if value else None
 
 
 class ShimLauncher:
@@ -141,6 +148,60 @@ class ShimLauncher:
             launcher.stdout.close()
 
     # -- watching -------------------------------------------------------------------------------------
+
+    def poll(self, attempt_dir: Path) -> AttemptStatus:
+        """Where one attempt member is, from its files and its shim's life."""
+        status = read_json(attempt_dir / "status.json") or {}
+        running_at = _ts(status.get("running_at"))
+        result = read_json(attempt_dir / "exit.json")
+        if result is not None:
+            self.reap()
+            return AttemptStatus(
+                phase=Phase.EXITED,
+                exit_code=result.get("exit_code"),
+                reason=result.get("reason") or "",
+                message=result.get("message") or "",
+                running_at=running_at,
+                finished_at=_ts(result.get("finished_at")),
+            )
+        if self.alive(attempt_dir / claim.PID):
+            phase = Phase.RUNNING if status.get("phase") in ("running", "finishing") else Phase.STARTING
+            return AttemptStatus(phase=phase, running_at=running_at)
+        if (attempt_dir / "exit.json").exists():
+            return self.poll(attempt_dir)  # it wrote its record and exited between our two looks
+        if not (attempt_dir / claim.PID).exists():
+            # No shim has claimed it: one coming up (its launch lives, or it holds the claim and is writing its
+            # pid), or none was ever launched (a server stopped between recording the start and making it).
+            if self.alive(attempt_dir / LAUNCH_FILE) or claim.held(str(attempt_dir)):
+                return AttemptStatus(phase=Phase.STARTING)
+            if (attempt_dir / "exit.json").exists() or (attempt_dir / claim.PID).exists():
+                return self.poll(attempt_dir)  # claimed, or ended, between our looks
+            message = "no supervisor was launched for this attempt (the server stopped before it started it)"
+            return AttemptStatus(phase=Phase.UNLAUNCHED, reason="NotLaunched", message=message)
+        info = read_json(attempt_dir / claim.PID) or {}
+        if claim.held(str(attempt_dir)):
+            # The claim is the shim's life (the kernel lets it go when the shim dies, however it dies): held, and
+            # no exit record, the shim runs, whatever its pid file seemed to say.
+            if (attempt_dir / "exit.json").exists():
+                return self.poll(attempt_dir)
+            log.warning("%s: its shim holds the claim but %s does not name it (%s)", attempt_dir, claim.PID, info)
+            phase = Phase.RUNNING if status.get("phase") in ("running", "finishing") else Phase.STARTING
+            return AttemptStatus(phase=phase, running_at=running_at)
+        if (attempt_dir / "exit.json").exists():
+            return self.poll(attempt_dir)
+        code = self.exit_code(info)
+        if code == EXIT_DISK_FULL:
+            return AttemptStatus(
+                Phase.LOST, reason="DiskFull", message="disk full: the exit record could not be written"
+            )
+        tail = ""
+        try:
+            tail = (attempt_dir / "shim.log").read_text(errors="replace")[-300:].strip()
+        except OSError:
+            pass
+        message = "the job's supervisor (shim) died without recording an exit status"
+        log.warning("%s: shim lost: %s, status %s, process now %s", attempt_dir, info, status, self.describe(info))
+        return AttemptStatus(Phase.LOST, reason="ShimLost", message=message + (f": {tail}" if tail else ""))
 
     def alive(self, pid_file: Path) -> bool:
         """Whether the process a pid file (``shim.pid`` or ``launch.json``) names still runs: the same process
