@@ -6,7 +6,7 @@ One pass, whatever the number of jobs it touches:
 
 1. read the active jobs to observe (a full sweep: every one this server holds or may take; a woken pass: those
    whose attempts reported a change) and ask the backend where each attempt is, collecting the outputs of the
-   ones that ended: backend calls only, no transaction open;
+   ones that ended: backend calls only, no transaction open (``kiln.scheduler.observe``);
 2. decide the placements on a snapshot read without the write lock (what the attempts seen ending held counts
    as free), or take the next placements of the last decision;
 3. write everything in **one transaction**: the leases (a full sweep), every observed transition, every wait's
@@ -31,20 +31,20 @@ import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import replace
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from kiln.backends.base import Backend, Launch, Phase, ResolvedInput, Slot
-from kiln.backends.capabilities import CheckpointSyncer, JobFiles, OutputCollector, Preemptible
+from kiln.backends.capabilities import JobFiles
 from kiln.db.models import Job, utcnow
 from kiln.db.session import Database
 from kiln.domain.ids import new_id
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState, Reason
 from kiln.errors import InvalidInput
+from kiln.scheduler.observe import Observer, log_source
 from kiln.scheduler.outcome import STARTED_BEFORE_END, JobView, Observed, Outcome, decide
 from kiln.scheduler.passes import Plan, Seen
 from kiln.scheduler.starter import Starter
@@ -54,7 +54,7 @@ from kiln.services.quotas import Admission
 from kiln.services.scheduler_inputs import allocation_of, gather, redact
 from kiln.services.tasks import Task, TaskContext
 from kiln.settings import Settings
-from kiln.storage.keys import blob_key, checkpoints_prefix, outputs_prefix
+from kiln.storage.keys import blob_key
 from kiln.storage.logs import LogStore
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,7 @@ class Reconciler:
         self._leftover_at = 0.0
         self._borrowers: dict[str, str] = {}  # placed job id → the waiting job it borrows from (kept in its allocation)
         self._next_takeover: datetime | None = None  # the earliest another server's lease on a waiting job runs out
+        self.observer = Observer(backend, logs, settings)
         self.starter = Starter(db, backend, self._inputs, logs, owner=self.owner)
         # (org id, spec) → the spec's inputs resolved to files; set by the platform when datasets exist.
         self.resolve_inputs: Callable[[str, JobSpec], tuple[ResolvedInput, ...]] | None = None
@@ -157,7 +158,7 @@ class Reconciler:
             dirty, self._dirty = self._dirty, set()
         first, self._first_pass = self._first_pass, False
         full = full or first
-        seen = [self._look(job) for job in self._to_observe(full, dirty)]
+        seen = [self.observer.look(job) for job in self._to_observe(full, dirty)]
         plan = self._plan({x.job.id for x in seen if x.ended})
         launches = self._write(seen, plan, full=full, first=first)
         self.starter.start(launches, committed_at=time.monotonic())
@@ -235,74 +236,6 @@ class Reconciler:
         return {row.id: row for row in s.scalars(query)}
 
     # -- observing attempts ---------------------------------------------------------------------------
-
-    def _look(self, job: Job) -> Seen:
-        """Ask the backend where the job's attempt is (sending a requested cancel or preemption first), and
-        collect what an attempt that ended left behind. No database access: the pass's transaction writes it."""
-        seen = Seen(job, dict(job.handle or self.backend.handle_for(job.id, job.attempt)))
-        handle = seen.handle
-        if job.cancel_requested and not handle.get("cancel_sent"):
-            self.backend.cancel(handle, self.settings.kill_grace_seconds)
-            handle["cancel_sent"] = True
-            seen.handle_changed = True
-        elif job.preempt_reason and not handle.get("preempt_sent"):
-            sent_at = time.time()  # before the notice: an exit 0 after it is the job obeying the notice
-            if isinstance(self.backend, Preemptible):
-                self.backend.preempt(handle, job.preempt_reason, self.settings.preemption_grace_seconds)
-            else:  # no notice channel, no reason of its own: a cancel with the preemption's grace
-                self.backend.cancel(handle, self.settings.preemption_grace_seconds)
-            handle["preempt_sent"] = True
-            handle["preempt_sent_at"] = sent_at
-            seen.handle_changed = True
-            seen.notes.append(f"preempted: {job.preempt_reason}; the job is warned and stopped")
-        status = self.backend.poll(handle)
-        if status.phase is Phase.STARTING:
-            return seen
-        if status.phase is Phase.UNLAUNCHED:
-            seen.status = status  # the pass launches it again (``_apply``): nothing ended, nothing to collect
-            return seen
-        if status.phase is Phase.RUNNING:
-            if job.state == JobState.STARTING:
-                seen.status = status
-            return seen
-        seen.status = status
-        # The whole log into the store before the end is recorded: a server that sees the job ended serves it all.
-        seen.log_bytes = self._ship_log(job, handle)  # counted in the organisation's storage (services/quotas.py)
-        backend = self.backend
-        try:
-            if isinstance(backend, OutputCollector):
-                seen.copied, seen.copied_bytes = backend.collect_outputs(handle, outputs_prefix(job.org_id, job.id))
-        except Exception as exc:  # keep the job's outcome even when its outputs cannot be kept
-            seen.copy_error = f"; collecting outputs failed: {type(exc).__name__}: {exc}"
-            log.warning("job %s: collecting outputs failed: %s", job.id, exc)
-        try:
-            if isinstance(backend, CheckpointSyncer):
-                backend.sync_checkpoints(handle, checkpoints_prefix(job.org_id, job.id))
-        except Exception as exc:
-            seen.copy_error += f"; keeping checkpoints in the store failed: {type(exc).__name__}: {exc}"
-            log.warning("job %s: keeping checkpoints failed: %s", job.id, exc)
-        if status.phase is Phase.LOST:
-            self.backend.cleanup(handle)
-        return seen
-
-    def _ship_log(self, job: Job, handle: dict[str, Any]) -> int:
-        """Ship the job's log to the store (all of it: the attempt is over); its size. A store that is down
-        leaves it to the log-shipping task, and the end is recorded all the same. ``handle``'s ``log``: the file
-        the attempt writes, when the backend names it (another server's on this machine, for an adopted one)."""
-        source = self._log_source(handle)
-        try:
-            size = self.logs.ship(job.org_id, job.id, final=True, source=source)
-            self.logs.unshipped.discard((job.org_id, job.id))
-            return max(size, self.logs.size(job.id))
-        except Exception as exc:
-            log.warning("job %s: shipping its log to the store failed: %s", job.id, exc)
-            self.logs.unshipped.add((job.org_id, job.id))
-            return self.logs.size(job.id)
-
-    @staticmethod
-    def _log_source(handle: dict[str, Any]) -> Path | None:
-        """The file the attempt writes its log to, where its backend names it in the handle."""
-        return Path(handle["log"]) if isinstance(handle.get("log"), str) else None
 
     def _apply(self, s: Session, row: Job | None, seen: Seen) -> Launch | None:
         """Write what was seen of one attempt, if the row is still that attempt's and this server's: the outcome
@@ -459,9 +392,9 @@ class Reconciler:
             log.info("re-attached to %d running job(s)", reattached)
         for x in seen:
             for note in x.notes:
-                self.logs.append_system(x.job.id, note, self._log_source(x.handle))
+                self.logs.append_system(x.job.id, note, log_source(x.handle))
             if x.notes and x.ended:
-                self._ship_log(x.job, x.handle)
+                self.observer.ship_log(x.job, x.handle)
             # Its outputs and checkpoints are in the store, its end committed: its local files may go.
             if x.keep_files is not None and isinstance(self.backend, JobFiles):
                 try:
