@@ -259,6 +259,24 @@ sys.exit(1)
 """
 
 
+def test_a_job_sees_no_control_group_of_the_machine(server: KilnServer) -> None:
+    """The machine's /sys/fs/cgroup named every running job (kiln/<job id>-<attempt>, another tenant's too) with
+    its processes and usage: a job sees an empty directory there, and cannot write to it."""
+    client = server.client()
+    running = client.submit({"command": ["sleep", "30"], "runtime": PY})
+    wait_for(client, running.id, "RUNNING", timeout=60)
+    assert _leftover_groups(running.id), "the running job has no control group to hide"
+    probe = {"read": ["/sys/fs/cgroup", "/sys/class"], "write": ["/sys/fs/cgroup/escape"]}
+    job = client.submit({"command": [sys.executable, "-c", PROBE], "runtime": PY, "env": {"PROBE": json.dumps(probe)}})
+    assert wait_for(client, job.id, timeout=60).state == "SUCCEEDED", log_text(client, job.id)
+    report = json.loads(next(line for line in log_text(client, job.id) if line.startswith("{")))
+    assert report["list /sys/fs/cgroup"] == [], report
+    assert report["list /sys/class"], report  # the rest of /sys stays (GPU tools read it)
+    assert report["write /sys/fs/cgroup/escape"] == "Read-only file system", report
+    client.cancel(running.id)
+    wait_for(client, running.id, timeout=60)
+
+
 def test_a_fork_storm_stops_at_the_jobs_process_limit(server: KilnServer) -> None:
     client = server.client()
     job = client.submit({"command": [sys.executable, "-c", FORK_STORM], "runtime": PY, "resources": {"pids": 64}})

@@ -37,6 +37,7 @@ if __package__:
     from kiln.runtime.units import human as human
 else:  # loaded by the shim run as a script: its directory is on sys.path
     from units import human as human  # type: ignore[no-redef]
+CGROUP_FS = "/sys/fs/cgroup"
 SIGXFSZ_EXIT = 128 + 25  # a process killed for writing a file beyond RLIMIT_FSIZE
 
 
@@ -79,6 +80,10 @@ def wrap(
     for path in extra_ro:
         if os.path.exists(path):
             out += [*_parents(path, made), "--ro-bind", path, path]
+    if any(p == CGROUP_FS or CGROUP_FS.startswith(p.rstrip("/") + "/") for p in box.get("ro", [])):
+        # The machine's control groups name every other job (kiln/<job id>-<attempt>), with their processes and
+        # usage: an empty, read-only directory in their place.
+        out += ["--tmpfs", CGROUP_FS, "--remount-ro", CGROUP_FS]
     writable = sorted(box.get("rw", []))
     for path in writable:
         if any(path.startswith(other.rstrip("/") + "/") for other in writable):
