@@ -76,14 +76,19 @@ class LogShipping:
                 log.warning("job %s: shipping its log to the store failed again: %s", job_id, exc)
         if grown:
             with self.db.transaction() as s:
-                # In the jobs' id order, the order the reconciler's pass locks them in (SELECT ... ORDER BY id FOR
-                # UPDATE): two transactions locking rows in different orders deadlocked on PostgreSQL.
-                for job_id, size in sorted(grown.items()):
-                    # Only while this server still holds the job (the reconciler's lease fences the write).
+                # Only the rows no pass holds now (SKIP LOCKED): the reconciler's pass locks its jobs' rows (the
+                # leases it takes, then the rows it writes, in id order), and waiting here for one while holding
+                # another deadlocked on PostgreSQL. A row skipped is recorded at the next round, or by the end.
+                free = s.scalars(
+                    select(Job.id)
+                    .where(Job.id.in_(sorted(grown)), Job.lease_owner == self.owner, Job.state.in_(ACTIVE))
+                    .order_by(Job.id)
+                    .with_for_update(skip_locked=True)
+                ).all()
+                for job_id in free:
                     s.execute(
                         update(Job)
-                        .where(Job.id == job_id, Job.lease_owner == self.owner, Job.log_bytes < size)
-                        .where(Job.state.in_(ACTIVE))
-                        .values(log_bytes=size)
+                        .where(Job.id == job_id, Job.log_bytes < grown[job_id])
+                        .values(log_bytes=grown[job_id])
                     )
         return len(grown)
