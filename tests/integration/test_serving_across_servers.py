@@ -175,7 +175,9 @@ def test_the_survivor_answers_when_the_serving_lease_holder_is_killed(world: Wor
     holder = world.holder()
     survivor = world.other(holder)
     with world.client(survivor) as client:
-        before = client.get_service("both")
+        if "both" not in {found.name for found in client.list_services()}:  # run alone: the first test deploys it
+            client.serve(service("both", replicas=1), code_dir=world.code)
+        before = client.wait_service("both", timeout=SETTLE)
         assert before.state == ServiceState.READY, before.message
         (replica,) = [r.id for r in before.replicas if r.state == "READY"]
         assert client.predict("both", [1]).outputs == [3]
