@@ -6,6 +6,7 @@ import sys
 import time
 from typing import Any
 
+from kiln.db import migrate
 from kiln.db.models import Job, Organization, User
 from kiln.db.session import Database
 from kiln.domain.schemas import JobRead
@@ -58,3 +59,15 @@ def seed_jobs(db: Database, org_id: str, user_id: str, jobs: dict[str, dict[str,
                     user_id=user_id,
                 )
             )
+
+
+def acme_database(url: str) -> Database:
+    """A migrated database at ``url`` holding organisation ``org-1`` (acme) and its user ``usr-1`` (ann), for tests
+    that write job rows straight to the database; the caller disposes of it."""
+    database = Database(url)
+    migrate.upgrade(database.engine)
+    with database.transaction() as s:
+        s.add(Organization(id="org-1", name="acme"))
+        s.flush()
+        s.add(User(id="usr-1", org_id="org-1", name="ann"))
+    return database

@@ -9,20 +9,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from kiln.db import migrate
-from kiln.db.models import Job, Organization, User
+from kiln.db.models import Job
 from kiln.db.session import Database
 from kiln.services.quotas import Admission
+from tests.helpers import acme_database
 
 
 @pytest.fixture
 def db(postgres_url: str) -> Iterator[Database]:
-    database = Database(postgres_url)
-    migrate.upgrade(database.engine)
-    with database.transaction() as s:
-        s.add(Organization(id="org-1", name="acme"))
-        s.flush()
-        s.add(User(id="usr-1", org_id="org-1", name="ann"))
+    database = acme_database(postgres_url)
     yield database
     database.dispose()
 

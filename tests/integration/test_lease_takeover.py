@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from kiln.db import migrate
-from kiln.db.models import Job, Organization, User
+from kiln.db.models import Job
 from kiln.db.session import Database
 from kiln.domain.states import JobState
 from kiln.scheduler.loop import TAKEOVER_SLACK_SECONDS, Reconciler
 from kiln.services.tasks import TaskContext
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
+from tests.helpers import acme_database
 from tests.integration.test_reconcile_batch import FakeBackend, add_jobs
 
 INTERVAL = 30.0  # far longer than the lease left: a pass an interval later would be far too late
@@ -29,12 +29,7 @@ LEFT = 3.0  # the dead holder's lease left: more than a pass takes on a loaded m
 
 @pytest.fixture
 def db(database_url: str) -> Iterator[Database]:
-    database = Database(database_url)
-    migrate.upgrade(database.engine)
-    with database.transaction() as s:
-        s.add(Organization(id="org-1", name="acme"))
-        s.flush()
-        s.add(User(id="usr-1", org_id="org-1", name="ann"))
+    database = acme_database(database_url)
     yield database
     database.dispose()
 

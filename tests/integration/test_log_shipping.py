@@ -10,23 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from kiln.db import migrate
-from kiln.db.models import Job, Organization, User
+from kiln.db.models import Job
 from kiln.db.session import Database
 from kiln.domain.states import JobState
 from kiln.services.log_shipping import LogShipping
 from kiln.storage.logs import LogStore
+from tests.helpers import acme_database
 from tests.integration.test_reconcile_batch import add_jobs
 
 
 @pytest.fixture
 def db(database_url: str) -> Iterator[Database]:
-    database = Database(database_url)
-    migrate.upgrade(database.engine)
-    with database.transaction() as s:
-        s.add(Organization(id="org-1", name="acme"))
-        s.flush()
-        s.add(User(id="usr-1", org_id="org-1", name="ann"))
+    database = acme_database(database_url)
     yield database
     database.dispose()
 
