@@ -64,6 +64,7 @@ PY = sys.executable
 CONCURRENCY = [1, 16]
 HOST = "127.0.0.1"
 EXAMPLE = REPO / "examples" / "serving"
+MIN_REQUESTS = 10  # answers a phase waits for past its window, if it has fewer (see load)
 MAX_SIGNATURE_AGE = 240.0  # seconds; the server accepts X-Kiln-Date within 300 s of its clock
 SETTLE = 600.0
 # The model called in process as the replica's TorchPredictor calls it; latencies (seconds) as JSON on stdout.
@@ -79,7 +80,7 @@ def call():
 for _ in range(200):
     call()
 def work(out, end):
-    while (t0 := time.perf_counter()) < end:
+    while (t0 := time.perf_counter()) < end or not out:  # one call at least, however late the thread starts
         call()
         out.append(time.perf_counter() - t0)
 found = {}
@@ -145,23 +146,28 @@ async def load(spec: dict[str, Any]) -> dict[str, Any]:
     statuses: collections.Counter[int] = collections.Counter()
     marks: dict[str, Any] = {}
 
+    # The timed window is [warm_end, end], stretched until MIN_REQUESTS answers are in: on a loaded machine one
+    # answer can take longer than a short (smoke) window, and a phase with no answers has no percentiles.
     async def sampler() -> None:
         await asyncio.sleep(max(0.0, warm_end - time.perf_counter()))
         marks["t0"], marks["srv0"], marks["me0"] = time.perf_counter(), server.cpu_times(), me.cpu_times()
         await asyncio.sleep(max(0.0, end - time.perf_counter()))
-        marks["t1"], marks["srv1"], marks["me1"] = time.perf_counter(), server.cpu_times(), me.cpu_times()
+        if len(latencies) >= MIN_REQUESTS:
+            marks["t1"], marks["srv1"], marks["me1"] = time.perf_counter(), server.cpu_times(), me.cpu_times()
 
     async def worker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while (t0 := time.perf_counter()) < end:
+        while (t0 := time.perf_counter()) < end or len(latencies) < MIN_REQUESTS:
             writer.write(next_request())
             status, _ = await read_response(reader)
             t1 = time.perf_counter()
-            if warm_end <= t1 < end:
+            if warm_end <= t1 and (t1 < end or len(latencies) < MIN_REQUESTS):
                 latencies.append(t1 - t0)
                 statuses[status] += 1
         writer.close()
 
     await asyncio.gather(sampler(), *(worker(r, w) for r, w in conns))
+    if "t1" not in marks:  # stretched
+        marks["t1"], marks["srv1"], marks["me1"] = time.perf_counter(), server.cpu_times(), me.cpu_times()
     window = marks["t1"] - marks["t0"]
     ok = statuses.get(200, 0)
     return {
