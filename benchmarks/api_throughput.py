@@ -50,6 +50,7 @@ PY = sys.executable  # a resolved interpreter: `python3` on PATH may be a slow p
 HOST = "127.0.0.1"
 JOBS_PATH, JOBS_QUERY = "/api/v1/jobs", "limit=20"
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+MIN_REQUESTS = 10  # answers a phase waits for past its window, if it has fewer: a phase with none has no figures
 MAX_SIGNATURE_AGE = 240.0  # seconds; the server accepts X-Kiln-Date within clock_skew_seconds (300) of now
 
 
@@ -235,7 +236,9 @@ async def load(spec: dict[str, Any]) -> dict[str, Any]:
         await asyncio.sleep(max(0.0, warm_end - time.perf_counter()))
         marks["t0"], marks["srv0"], marks["me0"] = time.perf_counter(), [x.cpu_times() for x in servers], me.cpu_times()
         await asyncio.sleep(max(0.0, end - time.perf_counter()))
-        marks["t1"], marks["srv1"], marks["me1"] = time.perf_counter(), [x.cpu_times() for x in servers], me.cpu_times()
+        if len(latencies) >= MIN_REQUESTS:
+            marks["t1"], marks["srv1"] = time.perf_counter(), [x.cpu_times() for x in servers]
+            marks["me1"] = me.cpu_times()
 
     async def worker(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], port: int) -> None:
         nonlocal body_bytes, conn_errors
@@ -243,7 +246,7 @@ async def load(spec: dict[str, Any]) -> dict[str, Any]:
         perf = time.perf_counter
         while True:
             t0 = perf()
-            if t0 >= end:
+            if t0 >= end and len(latencies) >= MIN_REQUESTS:
                 break
             writer.write(next_request())
             try:
@@ -254,13 +257,16 @@ async def load(spec: dict[str, Any]) -> dict[str, Any]:
                 reader, writer = await asyncio.open_connection(HOST, port)
                 continue
             t1 = perf()
-            if warm_end <= t1 < end:
+            if warm_end <= t1 and (t1 < end or len(latencies) < MIN_REQUESTS):
                 latencies.append(t1 - t0)
                 statuses[status] += 1
                 body_bytes += length
         writer.close()
 
     await asyncio.gather(sampler(), *(worker(conn, port) for conn, port in conns))
+    if "t1" not in marks:  # the window stretched until MIN_REQUESTS answers were in
+        marks["t1"], marks["srv1"] = time.perf_counter(), [x.cpu_times() for x in servers]
+        marks["me1"] = me.cpu_times()
     window = marks["t1"] - marks["t0"]
     server_cpu = sum(cpu_seconds(a, b) for a, b in zip(marks["srv0"], marks["srv1"], strict=True))
     ok = statuses.get(200, 0)
