@@ -32,9 +32,9 @@ from tests.helpers import seed_jobs  # noqa: E402
 from kiln.db import migrate  # noqa: E402
 from kiln.db.models import Job  # noqa: E402
 from kiln.db.session import Database  # noqa: E402
-from kiln.services.identity import Principal  # noqa: E402
-from kiln.services.metrics import MetricsService, SeriesQuery  # noqa: E402
-from kiln.services.metrics_ingest import MetricsIngester, MetricsStore  # noqa: E402
+from kiln.tasks.metrics_ingest import MetricsIngester, MetricsStore  # noqa: E402
+from kiln.usecases.identity import Principal  # noqa: E402
+from kiln.usecases.metrics import MetricsService, SeriesQuery  # noqa: E402
 
 
 def setup(url: str, jobs: list[str]) -> Database:

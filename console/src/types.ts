@@ -64,7 +64,7 @@ export type ModelRead = Sent<Schemas["ModelRead"]>;
 export type ModelVersion = Sent<Schemas["ModelVersionRead"]>;
 
 /** GET /datasets and GET /datasets/{name} declare no response model on the server (the document says only "an
- * object"), so these two are written by hand from kiln.services.datasets; the versions themselves are generated. */
+ * object"), so these two are written by hand from kiln.usecases.datasets; the versions themselves are generated. */
 export interface DatasetSummary {
   name: string;
   latest_version: number;

@@ -16,7 +16,7 @@ import pytest
 from cryptography.fernet import Fernet
 
 from kiln.auth.sessions import COOKIE, CSRF_HEADER, OTHER_SERVER, SessionKeys
-from kiln.services.identity import KEY_CACHE_SECONDS
+from kiln.usecases.identity import KEY_CACHE_SECONDS
 from tests.components import require
 from tests.conftest import _pg_connect, postgres_available
 from tests.kilnserver import KilnServer

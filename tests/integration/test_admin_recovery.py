@@ -27,10 +27,10 @@ from kiln.db.session import Database
 from kiln.errors import Conflict, KilnError, Unauthenticated
 from kiln.sdk.client import Client
 from kiln.sdk.config import read_config_file
-from kiln.services.accounts import AccountService
-from kiln.services.identity import IdentityService, Principal
-from kiln.services.recovery import announce_offline_actions, recover_platform_admin
 from kiln.settings import Settings
+from kiln.usecases.accounts import AccountService
+from kiln.usecases.identity import IdentityService, Principal
+from kiln.usecases.recovery import announce_offline_actions, recover_platform_admin
 from tests.kilnserver import KilnServer, free_port
 
 

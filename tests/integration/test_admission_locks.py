@@ -11,7 +11,7 @@ import pytest
 
 from kiln.db.models import Job
 from kiln.db.session import Database
-from kiln.services.quotas import Admission
+from kiln.usecases.quotas import Admission
 from tests.helpers import acme_database
 
 

@@ -290,7 +290,7 @@ def test_malformed_headers_are_refused(api: Signer, header: str, value: str) -> 
 
 def test_non_ascii_digit_date_is_refused_not_a_server_error(api: Signer) -> None:
     # Regression test (found by this suite, since fixed):
-    # (src/kiln/services/identity.py, authenticate, lines 97/101): the date is checked with str.isdigit(), which is
+    # (src/kiln/usecases/identity.py, authenticate, lines 97/101): the date is checked with str.isdigit(), which is
     # True for "²" (latin-1 byte 0xB2, a legal header byte); int("²") then raises ValueError and the unauthenticated
     # request gets 500 {"code": "internal"} instead of 401 malformed. Check with date.isascii() and date.isdigit()
     # (or a [0-9]+ regex).

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kiln.errors import InvalidInput, NotFound
-from kiln.services.datasets import describe_versions
+from kiln.usecases.datasets import describe_versions
 from tests.kilnserver import KilnServer
 
 PY = sys.executable

@@ -707,9 +707,9 @@ def in_process(tmp_path: Path) -> tuple[Any, Any, Any, ObjectStore]:
     from kiln.db import migrate
     from kiln.db.models import Organization, User
     from kiln.db.session import Database
-    from kiln.services.datasets import DatasetService
-    from kiln.services.identity import Principal
     from kiln.settings import Settings
+    from kiln.usecases.datasets import DatasetService
+    from kiln.usecases.identity import Principal
 
     db = Database(f"sqlite:///{tmp_path / 'k.db'}")
     migrate.upgrade(db.engine)
@@ -738,7 +738,7 @@ def put_in_process(svc: Any, me: Any, name: str, files: dict[str, bytes]) -> int
 
 def test_resolve_gives_the_executor_the_files_and_store_keys(tmp_path: Path) -> None:
     """The in-process interface the executor uses: ``DatasetService.resolve`` + ``ObjectStore.download``."""
-    from kiln.services.datasets import DatasetFile, ResolvedDataset
+    from kiln.usecases.datasets import DatasetFile, ResolvedDataset
 
     db, svc, me, store = in_process(tmp_path)
     data = b"some bytes"

@@ -1,4 +1,4 @@
-"""The store of Idempotency-Keys (kiln.services.idempotency) on SQLite and PostgreSQL, without a server: a key's row
+"""The store of Idempotency-Keys (kiln.usecases.idempotency) on SQLite and PostgreSQL, without a server: a key's row
 is written in the create's own transaction, a repeat answers the first resource, another request with the key is
 refused, keys are per organisation and user, a failed create keeps nothing, two creates racing with one key make
 one resource (the primary key decides, the loser answers the winner's), and expired keys are replaced and purged.
@@ -20,8 +20,8 @@ from kiln.db.models import IdempotencyKey, Organization
 from kiln.db.session import Database
 from kiln.domain.ids import new_id
 from kiln.errors import Conflict, InvalidInput
-from kiln.services.idempotency import Idempotency, IdempotentRequest, Remember
-from kiln.services.identity import Principal
+from kiln.usecases.idempotency import Idempotency, IdempotentRequest, Remember
+from kiln.usecases.identity import Principal
 
 BODY = b'{"spec": {"command": "true"}}'
 

@@ -1,4 +1,4 @@
-"""services.lifecycle.create_job: a new job enters the state machine with its first event, on SQLite and
+"""usecases.lifecycle.create_job: a new job enters the state machine with its first event, on SQLite and
 PostgreSQL, the way every submit and rerun creates one."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from kiln.db import migrate
 from kiln.db.models import Job, JobEvent, Organization, User
 from kiln.db.session import Database
 from kiln.errors import IllegalTransition
-from kiln.services.lifecycle import create_job
+from kiln.usecases.lifecycle import create_job
 
 
 @pytest.fixture

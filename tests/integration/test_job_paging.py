@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 from kiln.db import migrate
 from kiln.db.session import Database
 from kiln.domain.catalog import DEFAULT_CATALOG
-from kiln.services.identity import Principal
-from kiln.services.jobs import JobService
+from kiln.usecases.identity import Principal
+from kiln.usecases.jobs import JobService
 from tests.helpers import seed_jobs
 
 SPEC = {"spec": {"command": "true"}}

@@ -29,8 +29,8 @@ import pytest
 from kiln.backends.kubernetes.podsync import Syncer
 from kiln.backends.kubernetes.serving import LABEL_REVISION, SECRET_PLACEHOLDER, service_base, service_selector
 from kiln.errors import KilnError, NotFound
+from kiln.routing.router import Endpoint, Router
 from kiln.sdk.client import Client
-from kiln.services.serving_router import Endpoint, Router
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.helpers import wait_for
 from tests.kilnserver import KilnServer

@@ -17,9 +17,9 @@ from kiln.db.models import Job
 from kiln.db.session import Database
 from kiln.domain.states import JobState
 from kiln.scheduler.loop import TAKEOVER_SLACK_SECONDS, Reconciler
-from kiln.services.tasks import TaskContext
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
+from kiln.tasks.runner import TaskContext
 from tests.helpers import acme_database
 from tests.integration.test_reconcile_batch import FakeBackend, add_jobs
 

@@ -50,12 +50,12 @@ from kiln.domain.serving import ServiceSpec
 from kiln.domain.spec import JobSpec
 from kiln.domain.studies import StudySpec
 from kiln.platform import Platform
-from kiln.services.serving_control import ServingControl
-from kiln.services.serving_router import Endpoint, Router
-from kiln.services.task_leases import TaskLeases
-from kiln.services.tasks import LeaseLost, Task, TaskContext
-from kiln.services.tuning_engine import storage_location
+from kiln.routing.router import Endpoint, Router
 from kiln.settings import Settings
+from kiln.tasks.leases import TaskLeases
+from kiln.tasks.runner import LeaseLost, Task, TaskContext
+from kiln.tasks.serving import ServingControl
+from kiln.usecases.tuning_engine import storage_location
 
 Run = Callable[[TaskContext], object]
 

@@ -19,8 +19,8 @@ from kiln.db.session import Database
 from kiln.domain.catalog import DEFAULT_CATALOG
 from kiln.domain.states import JobState
 from kiln.errors import KilnError
-from kiln.services.identity import Principal
-from kiln.services.jobs import JobService
+from kiln.usecases.identity import Principal
+from kiln.usecases.jobs import JobService
 from tests.helpers import spec, wait_for
 
 # -- in process: the service and the database's change counter ---------------------------------------------

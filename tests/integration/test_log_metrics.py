@@ -14,9 +14,9 @@ from kiln.db import migrate
 from kiln.db.models import Job, utcnow
 from kiln.db.session import Database
 from kiln.domain.states import JobState
-from kiln.services.log_metrics import MARKER, LogMetrics
-from kiln.services.metrics_ingest import MetricsIngester, MetricsStore
 from kiln.storage.logs import LogStore
+from kiln.tasks.log_metrics import MARKER, LogMetrics
+from kiln.tasks.metrics_ingest import MetricsIngester, MetricsStore
 from tests.helpers import seed_jobs
 
 

@@ -13,8 +13,8 @@ import pytest
 from kiln.db.models import Job
 from kiln.db.session import Database
 from kiln.domain.states import JobState
-from kiln.services.log_shipping import LogShipping
 from kiln.storage.logs import LogStore
+from kiln.tasks.log_shipping import LogShipping
 from tests.helpers import acme_database
 from tests.integration.test_reconcile_batch import add_jobs
 

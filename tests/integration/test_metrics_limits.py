@@ -14,10 +14,10 @@ from kiln.db.session import Database
 from kiln.domain import limits
 from kiln.domain.catalog import DEFAULT_CATALOG
 from kiln.errors import InvalidInput
-from kiln.services.identity import Principal
-from kiln.services.jobs import JobService
-from kiln.services.metrics import MetricsService, SeriesQuery
-from kiln.services.metrics_ingest import MetricsStore, parse_lines
+from kiln.tasks.metrics_ingest import MetricsStore, parse_lines
+from kiln.usecases.identity import Principal
+from kiln.usecases.jobs import JobService
+from kiln.usecases.metrics import MetricsService, SeriesQuery
 from tests.helpers import seed_jobs
 
 ADMIN = Principal(

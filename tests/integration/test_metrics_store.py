@@ -222,7 +222,7 @@ def test_series_totals_and_chunk_summaries_equal_a_brute_force_scan(database_url
     every chunk summary and every series' totals are what a point-by-point scan of the stored points gives."""
     import random
 
-    from kiln.services.metrics_ingest import MetricsStore, parse_lines
+    from kiln.tasks.metrics_ingest import MetricsStore, parse_lines
 
     db = Database(database_url)
     try:
@@ -283,7 +283,7 @@ def test_a_draining_marker_keeps_an_ended_job_read(database_url: str, tmp_path: 
     reading the ended job's spool files until the marker goes, and only then forgets the job."""
     from kiln.db.models import utcnow
     from kiln.domain.states import JobState
-    from kiln.services.metrics_ingest import MetricsIngester, MetricsStore
+    from kiln.tasks.metrics_ingest import MetricsIngester, MetricsStore
 
     db = Database(database_url)
     try:

@@ -21,14 +21,14 @@ from kiln.db.session import Database
 from kiln.domain.models import ModelRegister
 from kiln.domain.schemas import DatasetFileEntry, DraftCreate
 from kiln.errors import BadRequest, Conflict, Forbidden, NotFound
-from kiln.services.dataset_names import data_key
-from kiln.services.datasets import DatasetService
-from kiln.services.identity import Principal
-from kiln.services.models import ModelRegistry
-from kiln.services.quotas import QuotaService
 from kiln.settings import Settings
 from kiln.storage.keys import outputs_prefix
 from kiln.storage.store import ObjectStore
+from kiln.usecases.dataset_names import data_key
+from kiln.usecases.datasets import DatasetService
+from kiln.usecases.identity import Principal
+from kiln.usecases.model_registry import ModelRegistry
+from kiln.usecases.quotas import QuotaService
 from tests.helpers import seed_jobs
 from tests.s3server import S3Server
 

@@ -14,9 +14,9 @@ from kiln.db import migrate
 from kiln.db.models import Job, Organization, User
 from kiln.db.session import Database
 from kiln.domain.catalog import DEFAULT_CATALOG
-from kiln.services.audit import AuditEntry, AuditService
-from kiln.services.identity import Principal
-from kiln.services.jobs import JobService
+from kiln.usecases.audit import AuditEntry, AuditService
+from kiln.usecases.identity import Principal
+from kiln.usecases.jobs import JobService
 
 ADMIN = Principal("usr-root", "root", "org-ops", "ops", "AK0", "admin", True)
 ANN = Principal("usr-ann", "ann", "org-acme", "acme", "AK1", "admin", False)  # an organisation's admin

@@ -9,7 +9,7 @@ shows: no job event written after the resume, no job's lease or state moved back
 attempt started twice; every job ends as B decided (through either server), each with one attempt.
 
 The reconciler's starts after a stall are fenced by the job leases (``scheduler/starter.py``); the leased tasks'
-writes by their fencing tokens (``services/tasks.py``); each write path of each leased task is also driven with a
+writes by their fencing tokens (``tasks/runner.py``); each write path of each leased task is also driven with a
 stalled holder's token in ``test_leased_writes_fenced.py``.
 """
 

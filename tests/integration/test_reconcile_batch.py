@@ -24,9 +24,9 @@ from kiln.db.models import Job, JobEvent, Organization, Quota, User
 from kiln.db.session import Database
 from kiln.domain.states import JobState
 from kiln.scheduler.loop import MAX_LAUNCHES, Reconciler
-from kiln.services.quotas import Admission
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
+from kiln.usecases.quotas import Admission
 from tests.helpers import log_text, spec, wait_for
 
 

@@ -20,10 +20,10 @@ from kiln.db.models import Job, Organization, Quota, Service, User
 from kiln.db.session import Database
 from kiln.domain.states import JobState
 from kiln.scheduler.loop import Reconciler
-from kiln.services.quotas import Admission, load_usage
-from kiln.services.scheduler_inputs import allocation_of, gather
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
+from kiln.usecases.quotas import Admission, load_usage
+from kiln.usecases.scheduler_inputs import allocation_of, gather
 
 ENDLESS, BIG, SMALL = "job-000000000endless", "job-0000000000000big", "job-00000000000small"
 

@@ -1,6 +1,6 @@
 """Every server on one PostgreSQL answers predicts (issue 27): two real servers with their own KILN_HOME on one
 machine, one store and one server key. One of them holds the ``serving`` lease and runs the replicas; every server
-routes to them from what the database records (kiln.services.serving_routes), and the serving task scales on the
+routes to them from what the database records (kiln.tasks.serving_routes), and the serving task scales on the
 traffic of both.
 
 - a service deployed through one server answers predicts through either; before, only the lease holder's router

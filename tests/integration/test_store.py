@@ -16,10 +16,10 @@ from kiln.domain.catalog import DEFAULT_CATALOG
 from kiln.domain.states import JobState
 from kiln.errors import IllegalTransition
 from kiln.scheduler.loop import Reconciler
-from kiln.services.lifecycle import transition
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore
+from kiln.usecases.lifecycle import transition
 
 
 @pytest.fixture

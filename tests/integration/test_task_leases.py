@@ -15,8 +15,8 @@ from sqlalchemy import select
 from kiln.db import migrate
 from kiln.db.models import TaskLease
 from kiln.db.session import Database
-from kiln.services.task_leases import TaskLeases
-from kiln.services.tasks import LeaseLost, Task, TaskContext, TaskRunner
+from kiln.tasks.leases import TaskLeases
+from kiln.tasks.runner import LeaseLost, Task, TaskContext, TaskRunner
 
 
 def until(check: Callable[[], bool], timeout: float = 20.0) -> None:

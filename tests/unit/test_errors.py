@@ -101,7 +101,7 @@ def test_a_subclass_that_could_not_round_trip_is_refused_where_it_is_defined():
             pass
 
     with pytest.raises(TypeError, match=r"outside kiln\.errors"):
-        type("Elsewhere", (KilnError,), {"code": "elsewhere", "__module__": "kiln.services.somewhere"})
+        type("Elsewhere", (KilnError,), {"code": "elsewhere", "__module__": "kiln.usecases.somewhere"})
     with pytest.raises(TypeError, match="already"):
         type("Twin", (KilnError,), {"code": "not_found", "__module__": "kiln.errors"})
     assert "elsewhere" not in ERRORS_BY_CODE

@@ -53,7 +53,13 @@ def test_the_layers_name_every_package_from_cli_down_to_runtime():
     layers = next(c for c in config["contracts"] if c["type"] == "layers")
     order = [name.strip() for layer in layers["layers"] for name in layer.split("|")]
     assert order[0] == "cli" and order[-1] == "runtime"
-    for higher, lower in [("api", "platform"), ("scheduler", "services"), ("services", "db"), ("db", "domain")]:
+    for higher, lower in [
+        ("api", "platform"),
+        ("scheduler", "tasks"),
+        ("tasks", "usecases"),
+        ("usecases", "db"),
+        ("db", "domain"),
+    ]:
         assert order.index(higher) < order.index(lower), (higher, lower)
     assert layers["exhaustive"] is True  # a new top-level package must be given a layer
 
@@ -61,16 +67,16 @@ def test_the_layers_name_every_package_from_cli_down_to_runtime():
 @pytest.mark.parametrize(
     ("module", "bad_import", "said"),
     [
-        # a service reaching up into the reconciler: the circle kiln.storage.keys and kiln.services.scheduler_inputs
+        # a use case reaching up into the reconciler: the circle kiln.storage.keys and kiln.usecases.scheduler_inputs
         # took away
-        ("services/outputs.py", "from kiln.scheduler.loop import Reconciler", "kiln.services is not allowed to import"),
+        ("usecases/outputs.py", "from kiln.scheduler.loop import Reconciler", "kiln.usecases is not allowed to import"),
         # server code writing the client's files through the SDK (what kiln.auth.credfile replaced)
-        ("services/identity.py", "from kiln.sdk.config import client_dir", "kiln.services is not allowed to import"),
+        ("usecases/identity.py", "from kiln.sdk.config import client_dir", "kiln.usecases is not allowed to import"),
         # the API running SQL itself is fine by the layers (db is lower), but the platform importing the API is not
-        ("platform.py", "from kiln.api.prometheus import router", "kiln.platform is not allowed to import"),
+        ("platform/__init__.py", "from kiln.api.prometheus import router", "kiln.platform is not allowed to import"),
         ("runtime/units.py", "from kiln.domain import quantities", "kiln.runtime is not allowed to import"),
         ("domain/placement/packing.py", "from kiln.domain.placement import policy", "No cycles are allowed"),
-        ("services/jobs.py", "from kiln.backends.local import executor", "kiln.services is not allowed to import"),
+        ("usecases/jobs.py", "from kiln.backends.local import executor", "kiln.usecases is not allowed to import"),
     ],
 )
 def test_an_import_against_the_layers_breaks_the_lint(tmp_path, module, bad_import, said):

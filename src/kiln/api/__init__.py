@@ -1,1 +1,1 @@
-"""The HTTP API (FastAPI): thin routes over the services."""
+"""The HTTP API (FastAPI): thin routes over the use cases (kiln.usecases)."""

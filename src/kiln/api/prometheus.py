@@ -3,9 +3,9 @@
 Only aggregates, never a tenant-identifying label: jobs by state and backend (counted in the database at scrape
 time), the queue length, the admission latency (QUEUED → STARTING, observed by the reconciler), API request
 latency by route template and status (never a raw path with ids in it), the metric points ingested and the
-background tasks. The registry and what it reads at scrape time are kiln.services.stats (``platform.prometheus``);
-this module times the requests and serves the text. Open like most exporters; with ``KILN_METRICS_TOKEN`` set it
-needs ``Authorization: Bearer <token>``.
+background tasks. The registry and what it reads at scrape time are kiln.platform.server_metrics
+(``platform.prometheus``); this module times the requests and serves the text. Open like most exporters; with
+``KILN_METRICS_TOKEN`` set it needs ``Authorization: Bearer <token>``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A token bucket per caller (access key or job token), in memory of this server process.
 
 Several servers on one database share each caller's limit: each enforces ``1 / servers`` of the rate and of the
-burst (``share``), where ``servers`` is the number of live servers the database records (kiln.services.servers,
+burst (``share``), where ``servers`` is the number of live servers the database records (kiln.tasks.presence,
 refreshed in the background). A caller whose requests a load balancer spreads evenly gets about the configured
 rate in total, with no database round trip per request. The price: a caller whose requests all reach one server
 gets only its share there, and while the count is catching up (a server started or died within the last few

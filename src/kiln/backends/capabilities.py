@@ -76,7 +76,7 @@ class JobFiles(abc.ABC):
 
 class ExtractsMetrics(abc.ABC):  # noqa: B024 - a marker: the capability is a property of the attempts
     """The backend's attempts extract metrics from their own output (the local executor's shim does). Without
-    it the server extracts them from the job's log in its log store (:mod:`kiln.services.log_metrics`)."""
+    it the server extracts them from the job's log in its log store (:mod:`kiln.tasks.log_metrics`)."""
 
 
 class RuntimeBuilder(abc.ABC):

@@ -69,8 +69,8 @@ def recover_key(
     from kiln.db import migrate
     from kiln.db.session import Database
     from kiln.sdk.config import write_config_file
-    from kiln.services.recovery import recover_platform_admin
     from kiln.settings import Settings
+    from kiln.usecases.recovery import recover_platform_admin
 
     expires_at = None
     if expires is not None:

@@ -49,13 +49,13 @@ from kiln.scheduler.outcome import STARTED_BEFORE_END, JobView, Observed, Outcom
 from kiln.scheduler.passes import Plan, Seen
 from kiln.scheduler.starter import Starter
 from kiln.scheduler.waiting import WAITING_STATES, note_waiting, queued_at, set_waiting
-from kiln.services.lifecycle import record, transition
-from kiln.services.quotas import Admission
-from kiln.services.scheduler_inputs import allocation_of, gather, redact
-from kiln.services.tasks import Task, TaskContext
 from kiln.settings import Settings
 from kiln.storage.keys import blob_key
 from kiln.storage.logs import LogStore
+from kiln.tasks.runner import Task, TaskContext
+from kiln.usecases.lifecycle import record, transition
+from kiln.usecases.quotas import Admission
+from kiln.usecases.scheduler_inputs import allocation_of, gather, redact
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class Reconciler:
         self._wake.set()
 
     def task(self) -> Task:
-        """The reconcile loop as a background task (kiln.services.tasks): a pass every ``reconcile_interval``, or
+        """The reconcile loop as a background task (kiln.tasks.runner): a pass every ``reconcile_interval``, or
         at once when woken. No lease scope: every server runs it, and it leases the jobs themselves row by row."""
         return Task("reconciler", self._pass, self.settings.reconcile_interval, wake=self._wake)
 

@@ -61,7 +61,7 @@ class Observer:
             return seen
         seen.status = status
         # The whole log into the store before the end is recorded: a server that sees the job ended serves it all.
-        seen.log_bytes = self.ship_log(job, handle)  # counted in the organisation's storage (services/quotas.py)
+        seen.log_bytes = self.ship_log(job, handle)  # counted in the organisation's storage (usecases/quotas.py)
         backend = self.backend
         try:
             if isinstance(backend, OutputCollector):

@@ -4,7 +4,7 @@
 attempt found (``Observed``: the backend's status, when the preemption notice went out, what was kept of the outputs),
 and returns the ``Outcome``: the state to move to with its reason and message, whether a restart is spent, what to
 do with the attempt's local files, and a line for the job's log. The reconciler (``scheduler.loop``) only carries it
-out, in its pass's transaction, through ``services.lifecycle.transition``.
+out, in its pass's transaction, through ``usecases.lifecycle.transition``.
 
 A new kind of attempt (a tuning trial, a serving replica) that ends differently gets a decision of its own next to
 this one, tested the same way: a table of cases (tests/unit/scheduler/test_outcome.py).

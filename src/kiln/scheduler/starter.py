@@ -28,8 +28,8 @@ from kiln.db.session import Database
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState, Reason
 from kiln.errors import BackendError, KilnError
-from kiln.services.lifecycle import transition
 from kiln.storage.logs import LogStore
+from kiln.usecases.lifecycle import transition
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Where a job's and an organisation's bytes live in the object store: the one place that names the keys, used by
-the reconciler (collecting outputs, syncing checkpoints, fetching code) and the services that list, serve and
+the reconciler (collecting outputs, syncing checkpoints, fetching code) and the use cases that list, serve and
 delete them."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Each line is ``<RFC 3339 UTC time> <stream> <text>``, stream being ``O`` (stdout
 (a message from Kiln itself, e.g. restarts). Logs outlive jobs and server restarts.
 
 The server that holds a job's lease writes its log here (the shim writes the local file directly) and ships what
-it wrote to the store (``ship``): every few seconds while the job runs (kiln.services.log_shipping) and before an
+it wrote to the store (``ship``): every few seconds while the job runs (kiln.tasks.log_shipping) and before an
 attempt's end is recorded (the reconciler). The store's copy is a few **segments** under
 ``orgs/<org>/jobs/<job>/log/`` named by the offset of their first byte in the log: shipping rewrites the last
 segment with what it had plus the new bytes while that segment is under ``SEGMENT_BYTES``, else starts a new one,
@@ -44,7 +44,7 @@ class LogStore:
         self.root = root
         self.store = store
         root.mkdir(parents=True, exist_ok=True)
-        # (org, job) whose last ship failed (a store that is down): kiln.services.log_shipping tries them again.
+        # (org, job) whose last ship failed (a store that is down): kiln.tasks.log_shipping tries them again.
         self.unshipped: set[tuple[str, str]] = set()
 
     def path(self, job_id: str) -> Path:

@@ -19,8 +19,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from kiln.api.errors import install_error_handlers
 from kiln.api.routers import services
 from kiln.errors import NotFound
-from kiln.services.identity import Principal
-from kiln.services.serving_router import Answer
+from kiln.routing.router import Answer
+from kiln.usecases.identity import Principal
 
 CALLER = Principal(
     user_id="usr-1",

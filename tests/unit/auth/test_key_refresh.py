@@ -16,9 +16,9 @@ from kiln.auth.secrets import SecretBox, load_or_create_server_key
 from kiln.db import migrate
 from kiln.db.models import AccessKey
 from kiln.db.session import Database
-from kiln.services import identity as identity_module
-from kiln.services.identity import AuthFailure, Credentials, IdentityService
 from kiln.settings import Settings
+from kiln.usecases import identity as identity_module
+from kiln.usecases.identity import AuthFailure, Credentials, IdentityService
 
 
 def signed(creds: Credentials, nonce: str) -> dict[str, object]:

@@ -16,8 +16,8 @@ from kiln.auth.secrets import SecretBox, load_or_create_server_key
 from kiln.db import migrate
 from kiln.db.models import Nonce, utcnow
 from kiln.db.session import Database
-from kiln.services.identity import AuthFailure, Credentials, IdentityService, MemoryNonceStore
 from kiln.settings import Settings
+from kiln.usecases.identity import AuthFailure, Credentials, IdentityService, MemoryNonceStore
 
 
 @pytest.fixture

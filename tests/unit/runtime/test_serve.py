@@ -26,11 +26,11 @@ import httpx
 import psutil
 import pytest
 
+from kiln.routing.replica_http import ReplicaPool, ReplicaUnreachable, healthy
+from kiln.routing.router import Endpoint, PredictFailed, Router
 from kiln.runtime import serve, serve_schema
 from kiln.runtime.serve_predictors import model_path
 from kiln.runtime.serve_schema import InputSchema, InvalidInput
-from kiln.services.replica_http import ReplicaPool, ReplicaUnreachable, healthy
-from kiln.services.serving_router import Endpoint, PredictFailed, Router
 
 SRC = str(Path(serve.__file__).resolve().parents[2])
 

@@ -21,8 +21,8 @@ from kiln.domain.job_requests import JobDryRun, JobRerun
 from kiln.domain.schemas import ArtifactList, ArtifactRead, EventList, JobList, JobRead, JobSubmit
 from kiln.domain.states import JobState
 from kiln.errors import PayloadTooLarge
-from kiln.services.job_removal import JobRemoval
-from kiln.services.outputs import FileKind
+from kiln.usecases.job_removal import JobRemoval
+from kiln.usecases.outputs import FileKind
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(403))
 JOB = {"job_id": "$response.body#/id"}
@@ -87,7 +87,7 @@ async def list_jobs(
     ] = None,
 ) -> Response:
     # A hot read route: served from the list cache in the event loop when nothing changed since the last same
-    # query (services/jobs.py), from the database in a worker thread otherwise. The caller and the platform are
+    # query (usecases/jobs.py), from the database in a worker thread otherwise. The caller and the platform are
     # taken from the request directly (two dependencies fewer to solve per request).
     caller, kiln = caller_of(request), platform_of(request)
     body = kiln.jobs.cached_list_json(caller, states=state, limit=limit, before=before)

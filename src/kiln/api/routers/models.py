@@ -1,5 +1,5 @@
 """The model registry: register a version from a job's outputs, read models, versions (by number, alias or
-``latest``) and their files, move aliases, remove versions and models (use cases: kiln.services.models)."""
+``latest``) and their files, move aliases, remove versions and models (use cases: kiln.usecases.model_registry)."""
 
 from __future__ import annotations
 

@@ -30,8 +30,8 @@ from kiln.domain.serving import (
     check_predict_inputs,
 )
 from kiln.platform import Platform
-from kiln.services.identity import Principal
-from kiln.services.serving_router import outputs_of
+from kiln.routing.router import outputs_of
+from kiln.usecases.identity import Principal
 
 router = APIRouter(prefix="/services", tags=["services"], responses=errors(403))
 PREDICT_SCHEMA = PredictRequest.model_json_schema()

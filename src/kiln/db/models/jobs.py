@@ -106,7 +106,7 @@ class JobEvent(Base):
 
 
 class TaskLease(Base):
-    """Which server runs a background task of one scope (kiln.services.task_leases): one row per scope. ``token``
+    """Which server runs a background task of one scope (kiln.tasks.leases): one row per scope. ``token``
     is the fencing token, one higher whenever the lease changes hands or is taken back after it expired."""
 
     __tablename__ = "task_leases"
@@ -119,7 +119,7 @@ class TaskLease(Base):
 
 
 class Server(Base):
-    """A server using this database (kiln.services.servers): each writes its row every heartbeat and deletes it
+    """A server using this database (kiln.tasks.presence): each writes its row every heartbeat and deletes it
     when it stops; one whose ``seen_at`` is older than three heartbeats is not live any more."""
 
     __tablename__ = "servers"

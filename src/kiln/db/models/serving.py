@@ -66,7 +66,7 @@ class ServiceReplica(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     ready_at: Mapped[datetime | None] = mapped_column(default=None)
     ended_at: Mapped[datetime | None] = mapped_column(default=None)
-    # Where every server reaches it once READY (kiln.services.serving_routes): the absolute path of its Unix
+    # Where every server reaches it once READY (kiln.tasks.serving_routes): the absolute path of its Unix
     # socket, on the machine ``node`` (servers on that machine share the file system), and its request secret
     # sealed with the server key.
     socket: Mapped[str | None] = mapped_column(Text, default=None)
@@ -75,7 +75,7 @@ class ServiceReplica(Base):
 
 
 class ServiceTraffic(Base):
-    """What one server forwarded to one service, as it last wrote it (kiln.services.serving_routes): requests in
+    """What one server forwarded to one service, as it last wrote it (kiln.tasks.serving_routes): requests in
     flight (in all, and per replica), how many it forwarded since it started, and its last request. The serving
     task scales on the sum over the live servers."""
 

@@ -3,7 +3,7 @@ nodes, waiting and running jobs, workers, waits, placements and the decision. Pl
 the three modules without importing one another in a circle. Pure, no I/O.
 
 Resources are integers in their smallest unit: CPUs in millicores (``kiln.domain.quantities.millicores``), memory
-in bytes. The callers convert at the edge (services.scheduler_inputs); messages show CPUs as users write them."""
+in bytes. The callers convert at the edge (usecases.scheduler_inputs); messages show CPUs as users write them."""
 
 from __future__ import annotations
 

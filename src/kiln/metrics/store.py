@@ -1,0 +1,416 @@
+"""The metrics writer: parsed batches (``metrics_parse``) stored as series, points, M4 chunk summaries, spool
+cursors and events, one transaction per batch.
+
+Exactly once: a batch's points and the new byte offset of every file it came from are committed in one
+transaction (``metric_cursors``), so a server that stops anywhere resumes from the last committed offset.
+"""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_left
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
+from typing import Any, cast
+
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Float,
+    Integer,
+    Table,
+    Text,
+    and_,
+    bindparam,
+    case,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy import cast as sql_cast
+from sqlalchemy.dialects import postgresql, sqlite
+
+from kiln.db.models import JobEvent, MetricChunk, MetricCursor, MetricPoint, MetricSeries, utcnow
+from kiln.db.session import Database
+from kiln.metrics.parse import Parsed, Row
+
+SERIES = cast(Table, MetricSeries.__table__)
+POINTS = cast(Table, MetricPoint.__table__)
+CHUNKS = cast(Table, MetricChunk.__table__)
+CURSORS = cast(Table, MetricCursor.__table__)
+EVENTS = cast(Table, JobEvent.__table__)
+
+CHUNK = 128  # points per M4 chunk summary (metric_chunks)
+INSERT_ROWS = 150  # points per INSERT statement on SQLite (900 parameters: under the old limit of 999)
+SPOOL_ERROR = "MetricsSpoolError"
+
+
+def _is_scalar(row: Row) -> bool:
+    return row[5] is not None or (row[6] is not None and row[6] in ("nan", "inf", "-inf"))
+
+
+@dataclass
+class CursorUpdate:
+    job_id: str
+    file: str
+    offset: int
+    errors: int  # new malformed lines in this batch
+    first_error: str = ""
+
+
+@dataclass
+class _FileState:
+    offset: int = 0
+    errors: int = 0
+    reported: bool = False
+
+
+class MetricsStore:
+    """Writes parsed batches: series (created on first sight), points, chunk summaries, cursors and events, all
+    in one transaction per batch. Shared by the ingester thread and the HTTP route."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._series: dict[tuple[str, str, str], tuple[int, str]] = {}  # (job, worker, name) -> (id, axis)
+        self._lock = threading.Lock()
+        self._merge_stmt: Any = None  # the chunk-merging upsert, built on first use
+        self.points_ingested = 0  # since start, both paths (Prometheus)
+
+    def _dialect_insert(self, table: Table) -> Any:
+        return postgresql.insert(table) if self.db.dialect == "postgresql" else sqlite.insert(table)
+
+    def write(
+        self,
+        batches: Iterable[tuple[str, Parsed, bool]],
+        cursors: Sequence[CursorUpdate] = (),
+        files: dict[tuple[str, str], _FileState] | None = None,
+    ) -> int:
+        """Store ``(job_id, parsed, is_gang)`` batches and advance ``cursors``, atomically. Returns the points
+        stored. ``files`` (the ingester's cursor cache) is updated after the commit."""
+        batches = list(batches)
+        with self._lock, self.db.bulk_transaction() as s:
+            conn = s.connection()
+            new_series: dict[tuple[str, str, str], tuple[int, str]] = {}
+            stored = 0
+            for job_id, parsed, gang in batches:
+                if parsed.points:
+                    stored += self._write_points(conn, job_id, parsed.points, new_series)
+                if parsed.events:
+                    now = utcnow()
+                    conn.execute(
+                        insert(EVENTS),
+                        [
+                            {
+                                "job_id": job_id,
+                                "time": now,
+                                "reason": reason[:64],
+                                "message": f"[{member}] {message}" if gang else message,
+                            }
+                            for member, reason, message in parsed.events
+                        ],
+                    )
+            reported: list[tuple[str, str, int]] = []
+            for cur in cursors:
+                state = files.get((cur.job_id, cur.file)) if files is not None else None
+                total = (state.errors if state else 0) + cur.errors
+                report = total > 0 and not (state and state.reported)
+                self._advance(conn, cur, total, report or bool(state and state.reported))
+                if report:
+                    reported.append((cur.job_id, cur.file, total))
+                    conn.execute(
+                        insert(EVENTS),
+                        {
+                            "job_id": cur.job_id,
+                            "time": utcnow(),
+                            "reason": SPOOL_ERROR,
+                            "message": f"{cur.file}: {total} malformed line(s) skipped"
+                            + (f" (first: {cur.first_error})" if cur.first_error else ""),
+                        },
+                    )
+        # Committed: now the caches may learn what the database knows.
+        self._series.update(new_series)
+        if files is not None:
+            for cur in cursors:
+                state = files.setdefault((cur.job_id, cur.file), _FileState())
+                state.offset = cur.offset
+                state.errors += cur.errors
+                if any(r[0] == cur.job_id and r[1] == cur.file for r in reported):
+                    state.reported = True
+        self.points_ingested += stored
+        return stored
+
+    def _advance(self, conn: Connection, cur: CursorUpdate, errors: int, reported: bool) -> None:
+        row = {
+            "job_id": cur.job_id,
+            "file": cur.file,
+            "offset": cur.offset,
+            "errors": errors,
+            "reported": reported,
+            "updated_at": utcnow(),
+        }
+        stmt = self._dialect_insert(CURSORS).values(row)
+        conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=["job_id", "file"],
+                set_={k: stmt.excluded[k] for k in ("offset", "errors", "reported", "updated_at")},
+            )
+        )
+
+    def _series_ids(
+        self,
+        conn: Connection,
+        job_id: str,
+        groups: dict[tuple[str, str], list[Row]],
+        new_series: dict[tuple[str, str, str], tuple[int, str]],
+    ) -> dict[tuple[str, str], tuple[int, str]]:
+        found: dict[tuple[str, str], tuple[int, str]] = {}
+        missing: list[tuple[str, str]] = []
+        for key in groups:
+            full = (job_id, *key)
+            hit = self._series.get(full) or new_series.get(full)
+            if hit is not None:
+                found[key] = hit
+            else:
+                missing.append(key)
+        if missing:
+            now = utcnow()
+            values = []
+            for worker, name in missing:
+                first = groups[(worker, name)][0]  # the series' first point decides its kind, source and axis
+                values.append(
+                    {
+                        "job_id": job_id,
+                        "worker": worker,
+                        "name": name,
+                        "kind": "scalar" if _is_scalar(first) else "text",
+                        "source": first[2],
+                        "axis": "step" if first[3] is not None else "time",
+                        "count": 0,
+                        "created_at": now,
+                    }
+                )
+            conn.execute(self._dialect_insert(SERIES).on_conflict_do_nothing(), values)
+            c = SERIES.c
+            for start in range(0, len(missing), 500):
+                part = missing[start : start + 500]
+                result = conn.execute(
+                    select(c.id, c.worker, c.name, c.axis).where(
+                        c.job_id == job_id,
+                        or_(*[and_(c.worker == w, c.name == n) for w, n in part]),
+                    )
+                )
+                for sid, worker, name, axis in result:
+                    found[(worker, name)] = (sid, axis)
+                    new_series[(job_id, worker, name)] = (sid, axis)
+        return found
+
+    def _write_points(
+        self,
+        conn: Connection,
+        job_id: str,
+        rows: list[Row],
+        new_series: dict[tuple[str, str, str], tuple[int, str]],
+    ) -> int:
+        """A job's points: each series' running totals advanced (which also hands out the points' ``seq``), the
+        points inserted and the chunk summaries merged. Column lists per series, so that the per-point work is
+        done by C builtins (list comprehensions, min/max/index over slices, slice assignment); the series update
+        is one statement built once (no SQL compiled per series per batch)."""
+        groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
+        for key, row in zip(map(_KEY, rows), rows, strict=True):
+            groups[key].append(row)
+        ids = self._series_ids(conn, job_id, groups, new_series)
+        columns: list[tuple[int, int, list[Any], list[Any], list[Any], list[Any]]] = []
+        chunks: list[dict[str, Any]] = []
+        for key, group in groups.items():
+            sid, axis = ids[key]
+            n = len(group)
+            steps: list[Any] = [r[3] for r in group]
+            times: list[Any] = [r[4] for r in group]
+            values: list[Any] = [r[5] for r in group]
+            texts: list[Any] = [r[6] for r in group]
+            all_finite = None not in values
+            finite = values if all_finite else [v for v in values if v is not None]
+            all_steps = None not in steps
+            first_step = steps[0] if all_steps else next((x for x in steps if x is not None), None)
+            last = group[-1]
+            count = conn.execute(
+                _SERIES_UPDATE,
+                {
+                    "p_sid": sid,
+                    "p_n": n,
+                    "p_first_step": first_step,
+                    "p_last_step": last[3],
+                    "p_time": last[4],
+                    "p_value": last[5],
+                    "p_text": last[6],
+                    "p_low": min(finite) if finite else None,
+                    "p_high": max(finite) if finite else None,
+                },
+            ).scalar_one()
+            seq = count - n
+            columns.append((sid, seq, steps, times, values, texts))
+            if not finite:
+                continue
+            by_step = axis == "step"
+            if all_finite and (all_steps or not by_step):  # every point is summarised: contiguous slices
+                xs = list(map(float, steps)) if by_step else times
+                _chunk_rows(chunks, sid, seq, xs, times, values, None)
+            else:
+                keep = [i for i in range(n) if values[i] is not None and (not by_step or steps[i] is not None)]
+                xs = [float(steps[i]) for i in keep] if by_step else [times[i] for i in keep]
+                seqs = [seq + i for i in keep]
+                _chunk_rows(chunks, sid, seq, xs, [times[i] for i in keep], [values[i] for i in keep], seqs)
+        if columns:
+            self._insert_points(conn, columns)
+        if chunks:
+            self._merge_chunks(conn, chunks)
+        return len(rows)
+
+    def _insert_points(
+        self, conn: Connection, columns: list[tuple[int, int, list[Any], list[Any], list[Any], list[Any]]]
+    ) -> None:
+        """The points of a batch, ``(series_id, first seq, steps, times, values, texts)`` per series, straight
+        through the driver in the open transaction: thousands of rows, and building SQLAlchemy parameters per row
+        would cost more than the insert. COPY on PostgreSQL; on SQLite ``INSERT_ROWS`` rows per statement, whose
+        parameters are slices of one flat list (half the cost of a statement per row)."""
+        names = "series_id, seq, step, time, value, text"
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            if self.db.dialect == "postgresql":
+                with cursor.copy(f"COPY metric_points ({names}) FROM STDIN") as copy:
+                    for sid, seq, steps, times, values, texts in columns:
+                        for row in zip(repeat(sid), range(seq, seq + len(steps)), steps, times, values, texts):
+                            copy.write_row(row)
+                return
+            total = sum(len(c[2]) for c in columns)
+            flat: list[Any] = [None] * (6 * total)
+            start = 0
+            for sid, seq, steps, times, values, texts in columns:
+                n = len(steps)
+                end = start + 6 * n
+                flat[start:end:6] = [sid] * n
+                flat[start + 1 : end : 6] = range(seq, seq + n)
+                flat[start + 2 : end : 6] = steps
+                flat[start + 3 : end : 6] = times
+                flat[start + 4 : end : 6] = values
+                flat[start + 5 : end : 6] = texts
+                start = end
+            one = "(?, ?, ?, ?, ?, ?)"
+            many = 6 * (total - total % INSERT_ROWS)
+            width = 6 * INSERT_ROWS
+            if many:
+                sql = f"INSERT INTO metric_points ({names}) VALUES {', '.join([one] * INSERT_ROWS)}"
+                cursor.executemany(sql, cast(Sequence[Any], (flat[i : i + width] for i in range(0, many, width))))
+            if many < len(flat):
+                sql = f"INSERT INTO metric_points ({names}) VALUES {one}"
+                cursor.executemany(sql, cast(Sequence[Any], (flat[i : i + 6] for i in range(many, len(flat), 6))))
+        finally:
+            cursor.close()
+
+    def _merge_chunks(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        stmt = self._merge_stmt
+        if stmt is None:
+            insert_ = self._dialect_insert(CHUNKS)
+            t, e = CHUNKS.c, insert_.excluded
+
+            def pick(which: str, better: Any) -> dict[str, Any]:
+                return {f"{which}_{f}": case((better, e[f"{which}_{f}"]), else_=t[f"{which}_{f}"]) for f in "xtv"}
+
+            merged = {
+                "count": t.count + e.count,
+                **pick("first", e.first_x < t.first_x),
+                **pick("last", e.last_x >= t.last_x),
+                **pick("min", e.min_v < t.min_v),
+                **pick("max", e.max_v > t.max_v),
+            }
+            stmt = self._merge_stmt = insert_.on_conflict_do_update(index_elements=["series_id", "chunk"], set_=merged)
+        conn.execute(stmt, rows)
+
+
+_KEY = itemgetter(0, 1)  # a row's series within its job: (worker, name)
+
+
+def _series_update() -> Any:
+    """Advance a series' running totals by a batch of its points and return its new count (the batch's points
+    take the ``seq`` numbers below it): one statement, built once, with bound parameters."""
+    c = SERIES.c
+    low = sql_cast(bindparam("p_low", type_=Float), Float)  # typed: a NULL parameter is fine on PostgreSQL
+    high = sql_cast(bindparam("p_high", type_=Float), Float)
+    return (
+        update(SERIES)
+        .where(c.id == bindparam("p_sid", type_=Integer))
+        .values(
+            count=c.count + bindparam("p_n", type_=BigInteger),
+            first_step=func.coalesce(c.first_step, sql_cast(bindparam("p_first_step", type_=BigInteger), BigInteger)),
+            last_step=func.coalesce(sql_cast(bindparam("p_last_step", type_=BigInteger), BigInteger), c.last_step),
+            last_time=bindparam("p_time", type_=Float),
+            last_value=bindparam("p_value", type_=Float),
+            last_text=bindparam("p_text", type_=Text),
+            min_value=case(
+                (low.is_(None), c.min_value),
+                (or_(c.min_value.is_(None), low < c.min_value), low),
+                else_=c.min_value,
+            ),
+            max_value=case(
+                (high.is_(None), c.max_value),
+                (or_(c.max_value.is_(None), high > c.max_value), high),
+                else_=c.max_value,
+            ),
+        )
+        .returning(c.count)
+    )
+
+
+_SERIES_UPDATE = _series_update()
+
+
+def _chunk_rows(
+    out: list[dict[str, Any]],
+    sid: int,
+    seq: int,
+    xs: list[float],
+    ts: list[float],
+    vs: list[float],
+    seqs: list[int] | None,
+) -> None:
+    """The M4 summaries of the summarised points of one series in one batch (finite values with an x), one per
+    chunk (``seq // CHUNK``) they fall in. ``seqs`` are their seq numbers; None when they are the contiguous
+    ``seq, seq + 1, ...``. Per chunk: the first point by x (the earliest of equal ones), the last by x (the
+    latest), the lowest and the highest value (the earliest of equal ones), as a point-by-point scan would."""
+    n = len(vs)
+    i = 0
+    while i < n:
+        chunk = (seq + i if seqs is None else seqs[i]) // CHUNK
+        end = (chunk + 1) * CHUNK
+        j = min(n, end - seq) if seqs is None else bisect_left(seqs, end, i)
+        x, t, v = xs[i:j], ts[i:j], vs[i:j]
+        first = x.index(min(x))
+        high_x = max(x)
+        last = len(x) - 1 - x[::-1].index(high_x) if x[-1] != high_x else len(x) - 1
+        low = v.index(min(v))
+        high = v.index(max(v))
+        out.append(
+            {
+                "series_id": sid,
+                "chunk": chunk,
+                "count": j - i,
+                "first_x": x[first],
+                "first_t": t[first],
+                "first_v": v[first],
+                "last_x": x[last],
+                "last_t": t[last],
+                "last_v": v[last],
+                "min_x": x[low],
+                "min_t": t[low],
+                "min_v": v[low],
+                "max_x": x[high],
+                "max_t": t[high],
+                "max_v": v[high],
+            }
+        )
+        i = j

@@ -1,0 +1,259 @@
+"""The composition root: builds every part of a server from one Settings and owns their lifetimes."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from pathlib import Path
+from typing import IO
+
+from kiln.auth.ratelimit import RateLimiter
+from kiln.auth.secrets import SecretBox, load_or_create_server_key
+from kiln.backends import registry
+from kiln.backends.base import Backend, BackendDeps
+from kiln.backends.capabilities import ExtractsMetrics, RuntimeBuilder, SpecValidator
+from kiln.backends.local.runtime_builder import host_runtime_builder
+from kiln.db import migrate
+from kiln.db.session import Database
+from kiln.domain.catalog import DEFAULT_CATALOG, load_catalog_file
+from kiln.errors import KilnError
+from kiln.metrics.store import MetricsStore
+from kiln.platform.server_metrics import ServerMetrics
+from kiln.routing.router import Router
+from kiln.scheduler.loop import Reconciler
+from kiln.settings import Settings
+from kiln.storage.logs import LogStore
+from kiln.storage.store import ObjectStore
+from kiln.tasks.checkpoint_sync import CheckpointSync
+from kiln.tasks.leases import TaskLeases
+from kiln.tasks.log_metrics import LogMetrics
+from kiln.tasks.log_shipping import LogShipping
+from kiln.tasks.metrics_ingest import MetricsIngester
+from kiln.tasks.nonce_flush import nonce_flush
+from kiln.tasks.presence import ServerPresence
+from kiln.tasks.purges import backend_sweep, purges
+from kiln.tasks.runner import Task, TaskRunner
+from kiln.tasks.serving import ServingControl, spool_writer
+from kiln.tasks.serving_routes import RouteSync, remote_traffic
+from kiln.tasks.studies import StudyDriver
+from kiln.usecases.accounts import AccountService
+from kiln.usecases.audit import AuditService
+from kiln.usecases.blobs import BlobService
+from kiln.usecases.datasets import DatasetService
+from kiln.usecases.idempotency import Idempotency
+from kiln.usecases.identity import Credentials, IdentityService
+from kiln.usecases.inputs import dataset_pinner, input_resolver, model_pinner
+from kiln.usecases.jobs import JobService
+from kiln.usecases.metrics import MetricsService
+from kiln.usecases.model_registry import ModelRegistry
+from kiln.usecases.nodes import NodeService
+from kiln.usecases.outputs import OutputService
+from kiln.usecases.quotas import QuotaService
+from kiln.usecases.recovery import announce_offline_actions
+from kiln.usecases.runtimes import RuntimeService
+from kiln.usecases.scheduling import SchedulingService
+from kiln.usecases.serving import ServingService
+from kiln.usecases.studies import StudyService
+
+log = logging.getLogger(__name__)
+
+
+class Platform:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        settings.home.mkdir(parents=True, exist_ok=True)
+        os.chmod(settings.home, 0o700)
+        settings.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = self._take_home_lock(settings.run_dir / "server.lock", settings.endpoint)
+        self.db = Database(settings.resolved_database_url, settings.database_idle_transaction_seconds)
+        migrate.upgrade(self.db.engine)
+        key = (
+            settings.server_key.encode()
+            if settings.server_key
+            else load_or_create_server_key(settings.home / "server.key")
+        )
+        self.box = SecretBox(key)
+        self.store = ObjectStore(settings.resolved_storage_url, **settings.storage_options)
+        self.logs = LogStore(settings.logs_dir, self.store)  # read through every server (storage/logs.py)
+        self.catalog = DEFAULT_CATALOG
+        if settings.runtime_catalog is not None:
+            path = settings.runtime_catalog
+            self.catalog = DEFAULT_CATALOG.extended(load_catalog_file(path.read_text(), str(path)))
+        self._reconciler: Reconciler | None = None
+        self.identity = IdentityService(self.db, self.box, settings, key)
+        self.accounts = AccountService(self.db, self.box, self.identity)
+        self.quotas = QuotaService(self.db, self.logs)
+        self.audit = AuditService(self.db, settings.audit_retention_days)
+        self.rate_limiter = RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
+        # The servers sharing the database, counted every heartbeat: each enforces its share of every rate limit.
+        self.servers = ServerPresence(
+            self.db,
+            settings.resolved_instance_id,
+            settings.endpoint,
+            settings.server_heartbeat_seconds,
+            on_count=self.rate_limiter.share,
+        )
+        self.backend = self._backend()
+        # The Idempotency-Keys of every create (jobs, studies, services, model versions): one store of keys.
+        self.idempotency = Idempotency(self.db, settings.idempotency_retention_seconds)
+        self.reconciler = Reconciler(
+            self.db, self.backend, self.logs, settings, mint_token=self.identity.mint_job_token
+        )
+        self._reconciler = self.reconciler
+        self.jobs = JobService(
+            self.db,
+            self.catalog,
+            self.backend.nodes,
+            self._wake,
+            self.backend.validate if isinstance(self.backend, SpecValidator) else None,
+            self.quotas,
+            network_host_orgs=tuple(settings.network_host_org_list),
+            idempotency=self.idempotency,
+        )
+        self.scheduling = SchedulingService(self.db, self.backend, settings, self.jobs)
+        self.nodes = NodeService(self.db, self.backend.nodes)
+        self.blobs = BlobService(self.db, self.store, settings, self.quotas)
+        self.outputs = OutputService(self.jobs, self.logs, self.store, self.blobs.tmp_dir, self.quotas)
+        self.runtimes = RuntimeService(
+            self.backend
+            if isinstance(self.backend, RuntimeBuilder)
+            else host_runtime_builder(self.catalog, settings.resolved_runtimes_dir)
+        )
+        self.datasets = DatasetService(self.db, self.store, settings, self.quotas)
+        # Metrics: the store both ingestion paths write through, the thread that tails the jobs' spool files,
+        # the queries, and the server's own numbers for /metrics (the reconciler feeds the admission latency).
+        self.metrics_store = MetricsStore(self.db)
+        self.metrics_ingester = MetricsIngester(self.db, self.metrics_store, settings.jobs_dir)
+        shimless = [] if isinstance(self.backend, ExtractsMetrics) else [self.backend.name]
+        self.log_metrics = LogMetrics(self.db, self.logs, settings.jobs_dir, shimless)
+        self.metrics = MetricsService(self.db, self.jobs, self.metrics_store)
+        self.prometheus = ServerMetrics(self.db, lambda: self.metrics_store.points_ingested)
+        self.reconciler.on_admitted = self.prometheus.admission.observe  # read for a whole pass in one query
+        # Datasets a job reads: pinned at submit, resolved to files when an attempt starts.
+        self.jobs.resolve_dataset = dataset_pinner(self.datasets)
+        self.jobs.backend_name = self.backend.name
+        self.models = ModelRegistry(
+            self.db, self.store, settings, self.quotas, self.metrics_ingester.ingest_now, self.idempotency
+        )
+        self.jobs.pin_model = model_pinner(self.models)
+        self.reconciler.resolve_inputs = input_resolver(self.datasets, self.models)
+        # Tuning studies: the use cases, and the task that runs their trials as jobs.
+        self.study_driver = StudyDriver(self.db, self.jobs, settings.home, self.metrics_ingester.ingest_now)
+        self.studies = StudyService(self.db, self.jobs, self.study_driver.wake, self.idempotency)
+        # A trial's new objective points (a shim wakes the ingester for them: metrics.watch) are judged at once.
+        self.metrics_ingester.on_ingested = self.study_driver.judge_soon
+        self.metrics.on_ingested = self.study_driver.judge_soon  # ... and those a remote job sends over HTTP
+        # Model services: the router (in this process) forwards predicts to the replicas the serving task runs.
+        # Every server routes from what the database records of the replicas (serving_routes), and the serving
+        # task scales on every live server's traffic.
+        self.router = Router()
+        server_id = settings.resolved_instance_id
+        self.routes = RouteSync(self.db, self.router, self.box, server_id, self.servers.live_for)
+        self.serving_control = ServingControl(
+            self.db,
+            self.jobs,
+            self.router,
+            self.logs,
+            settings.jobs_dir,
+            spool_writer(self.metrics_store),
+            self.backend,
+            box=self.box,
+            remote_traffic=remote_traffic(self.db, server_id, self.servers.live_for),
+        )
+        self.serving = ServingService(
+            self.db,
+            self.jobs,
+            lambda org_id, ref: self.models.resolve(org_id, ref),
+            self.serving_control.wake,
+            self.router.in_flight,
+            settings.endpoint,
+            self.idempotency,
+        )
+        self.router.on_cold_start = self._cold_start
+        self.router.latency_observer = self.prometheus.predict_latency.observe
+        self.router.batch_observer = self.prometheus.predict_batch.observe
+        self.checkpoints = CheckpointSync(
+            self.db, self.backend, settings.checkpoint_sync_seconds, owner=settings.resolved_instance_id
+        )
+        self.log_shipping = LogShipping(self.db, self.logs, settings.resolved_instance_id, settings.log_ship_seconds)
+        # Every piece of background work is a task of one runner, which /readyz and /metrics report.
+        self.tasks = TaskRunner(TaskLeases(self.db, settings.resolved_instance_id), settings.lease_seconds)
+        for task in self._background_tasks():
+            self.tasks.add(task)
+        self.prometheus.report_tasks(self.tasks.status)
+
+    def _background_tasks(self) -> list[Task]:
+        nonces = self.identity.nonces
+        tasks = [
+            self.servers.task(),
+            self.reconciler.task(),
+            self.metrics_ingester.task(),
+            self.log_metrics.task(),
+            self.checkpoints.task(),
+            self.log_shipping.task(),
+            self.study_driver.task(),
+            self.serving_control.task(),
+            self.routes.task(),
+            nonce_flush(nonces) if nonces is not None else None,
+            *purges(self.identity, self.audit, self.idempotency),
+            backend_sweep(self.backend),
+        ]
+        return [task for task in tasks if task is not None]
+
+    def _cold_start(self, service_id: str) -> None:
+        """A predict found no replica it can reach: the service wants one (recorded for whichever server runs the
+        serving task), and this server reads the routes again now, not at the next interval."""
+        self.routes.wake()
+        self.serving.cold_start(service_id)
+
+    def _backend(self) -> Backend:
+        """The backend KILN_BACKEND names, from the registry (one that cannot be loaded is named, with why)."""
+        deps = BackendDeps(
+            self.settings, self.store, self.logs, self.catalog, wake=self._wake, metrics_ready=self._metrics_ready
+        )
+        return registry.create(self.settings.backend, deps)
+
+    def _wake(self, job_id: str | None = None) -> None:
+        if self._reconciler is not None:
+            self._reconciler.wake(job_id)
+
+    def _metrics_ready(self, job_id: str) -> None:
+        ingester = getattr(self, "metrics_ingester", None)  # None while the backend is being built
+        if ingester is not None:
+            ingester.wake(job_id)
+
+    @staticmethod
+    def _take_home_lock(path: Path, endpoint: str) -> IO[str]:
+        """One server per $KILN_HOME: its jobs and leases belong to exactly one reconciler. The holder writes its
+        pid and address into the lock file, so that a second server can say which one holds it."""
+        fh = open(path, "a+")  # noqa: SIM115 - held open for the server's lifetime
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = " ".join(fh.read(200).split())
+            fh.close()
+            home = path.parent.parent
+            raise KilnError(
+                f"another Kiln server{f' (pid {holder})' if holder else ''} is running with KILN_HOME={home}; "
+                "stop it, or set KILN_HOME (or pass --home) to another directory for this one"
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}, {endpoint}\n")
+        fh.flush()
+        return fh
+
+    def start(self) -> Credentials | None:
+        announce_offline_actions(self.db)  # what `kiln admin` did while no server ran, logged once
+        creds = self.identity.bootstrap() if self.settings.bootstrap else None
+        self.servers.beat()  # counted before the first request: its limits are shared from the start
+        self.tasks.start()
+        return creds
+
+    def close(self) -> None:
+        self.tasks.stop()
+        self.backend.close()
+        self.db.dispose()
+        self._lock.close()

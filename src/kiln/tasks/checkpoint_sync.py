@@ -1,0 +1,67 @@
+"""Checkpoints outlive the machine: while jobs run, what changed in their $KILN_CHECKPOINT_DIR is copied into the
+store every ``checkpoint_sync_seconds`` (and once more when each attempt ends, by the reconciler). A background
+task of its own (kiln.tasks.runner), so that copying a large checkpoint never delays the reconcile loop. Each
+job by the server holding its lease (the one whose reconciler watches it: with several servers, not each of
+them), from its attempt's own files (which another server may have started, on this machine)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from sqlalchemy import select
+
+from kiln.backends.base import Backend
+from kiln.backends.capabilities import CheckpointSyncer
+from kiln.db.models import Job
+from kiln.db.session import Database
+from kiln.domain.states import JobState
+from kiln.storage.keys import checkpoints_prefix
+from kiln.tasks.runner import Task, TaskContext
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointSync:
+    def __init__(self, db: Database, backend: Backend, interval: float, owner: str | None = None) -> None:
+        """``owner``: this server in the jobs' leases (None: every running job)."""
+        self.db = db
+        self.owner = owner
+        self.backend = backend
+        self.interval = interval
+        self._stop = threading.Event()
+
+    def task(self) -> Task | None:
+        """A round every ``interval`` (None when syncing is off: ``checkpoint_sync_seconds`` 0, or a backend
+        whose jobs upload their checkpoints themselves)."""
+        if self.interval <= 0 or not isinstance(self.backend, CheckpointSyncer):
+            return None
+        return Task("checkpoint-sync", self._round, self.interval, first_delay=self.interval)
+
+    def _round(self, ctx: TaskContext) -> None:
+        self._stop = ctx.stopping  # a long round ends between jobs when the server stops
+        self.run_once()
+
+    def run_once(self) -> int:
+        """One round over the running jobs; files copied."""
+        backend = self.backend
+        if not isinstance(backend, CheckpointSyncer):
+            return 0
+        with self.db.read() as s:
+            query = select(Job.id, Job.org_id, Job.attempt, Job.handle).where(
+                Job.backend == self.backend.name, Job.state == JobState.RUNNING
+            )
+            if self.owner is not None:
+                query = query.where(Job.lease_owner == self.owner)
+            rows = s.execute(query).all()
+        total = 0
+        for job_id, org_id, attempt, handle in rows:
+            if self._stop.is_set():
+                break
+            try:
+                handle = dict(handle or {"job_id": job_id, "attempt": attempt})
+                files, _ = backend.sync_checkpoints(handle, checkpoints_prefix(org_id, job_id))
+                total += files
+            except Exception as exc:  # a store that is down: try again next round
+                log.warning("job %s: keeping checkpoints in the store failed: %s", job_id, exc)
+        return total

@@ -1,0 +1,315 @@
+"""Metrics ingestion: the background task that tails the spool files of jobs
+(``$KILN_HOME/jobs/<job_id>/metrics/*.jsonl``) and hands what it reads to the writer. The spool-line parser is
+``metrics_parse``, the writer ``metrics_store`` (both re-exported here).
+
+Exactly once: a batch's points and the new byte offset of every file it came from are committed in one
+transaction (``metric_cursors``), so a server that stops anywhere resumes from the last committed offset.
+Fair: every pass reads at most ``max_bytes_per_file`` from each file in turn (round robin), so a job that floods
+metrics only delays the others by one slice. Only complete lines are consumed; a partial last line is read when
+its newline has arrived.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from sqlalchemy import and_, or_, select
+
+from kiln.db.models import Job, MetricCursor, utcnow
+from kiln.db.session import Database
+from kiln.domain.states import TERMINAL_STATES, JobState
+from kiln.metrics.parse import Parsed, Row, complete_lines, parse_lines
+from kiln.metrics.store import CHUNK, CursorUpdate, MetricsStore, _FileState
+from kiln.tasks.runner import Task, TaskContext
+
+__all__ = [
+    "CHUNK",
+    "CursorUpdate",
+    "MetricsIngester",
+    "MetricsStore",
+    "Parsed",
+    "Row",
+    "complete_lines",
+    "parse_lines",
+]
+
+log = logging.getLogger(__name__)
+
+ACTIVE = [str(JobState.STARTING), str(JobState.RUNNING), str(JobState.RESTARTING)]
+RECENT_AT_START = timedelta(days=7)  # at start, jobs that ended this recently are drained too
+DRAINING_PREFIX = "draining-"  # a shim's marker: its spool files still grow after its exit record
+DRAINING_STALE_SECONDS = 3700.0  # ... for at most this long (the shim's longest drain, 3600 s, and slack)
+BUSY_POINTS = 5000  # a pass that stored at least this many points (a backlog) is followed by the next one soon
+BUSY_WAIT = 0.05  # (rather than after the interval): long enough for what arrives meanwhile to make a batch
+MIN_WOKEN_GAP = 0.02  # a pass woken by a shim (metrics.watch) starts at least this long after the one before
+
+
+@dataclass
+class _Job:
+    id: str
+    terminal: bool
+    gang: bool
+
+
+class MetricsIngester:
+    """The background task (``task()``): every ``interval`` seconds, drain the spool files of running jobs and of
+    jobs that ended (or stopped running) until their files are fully consumed."""
+
+    def __init__(
+        self,
+        db: Database,
+        store: MetricsStore,
+        jobs_dir: Path,
+        *,
+        interval: float = 0.25,
+        max_bytes_per_file: int = 1024 * 1024,
+        batch_points: int = 20_000,
+    ) -> None:
+        self.db = db
+        self.store = store
+        self.jobs_dir = jobs_dir
+        self.interval = interval
+        self.max_bytes_per_file = max_bytes_per_file
+        # Called after a pass that stored points, with the jobs they were of (the studies task judges them).
+        self.on_ingested: Callable[[set[str]], None] | None = None
+        self.ingested_jobs: set[str] = set()  # the jobs the last pass stored points of
+        self.batch_points = batch_points
+        self._files: dict[tuple[str, str], _FileState] = {}
+        self._known_jobs: set[str] = set()  # jobs whose cursors were loaded
+        self._draining: dict[str, _Job] = {}  # stopped running; drained, then forgotten
+        self._done: dict[str, float] = {}  # ended and drained (monotonic time): not looked at again
+        self._running: set[str] = set()
+        self._since: Any = None  # ended jobs are looked for from here on
+        self._pass_lock = threading.Lock()
+        self._task: Task | None = None
+        self._last_pass = 0.0  # monotonic start of the last pass the task ran
+        self.passes = 0
+
+    def task(self) -> Task:
+        """A pass every ``interval``; every server runs it (the spool files are on its machine)."""
+        if self._task is None:
+            self._task = Task("metrics-ingest", self._task_pass, self.interval, join_timeout=30)
+        return self._task
+
+    def wake(self, job_id: str | None = None) -> None:
+        """A pass now: a shim said a job wrote points of a watched metric (``metrics.watch``)."""
+        self.task().wake.set()
+
+    def _task_pass(self, ctx: TaskContext) -> float | None:
+        # A pass that found a backlog is followed at once by the next: what was written while it ran is
+        # waiting already (a job logging fast would otherwise wait an interval per pass).
+        if ctx.woken:
+            # Wake-ups come from jobs (any spec may watch a metric, and print it in a loop): however many there
+            # are, woken passes are at least MIN_WOKEN_GAP apart, so jobs cannot keep the ingester busy.
+            ctx.stopping.wait(max(0.0, self._last_pass + MIN_WOKEN_GAP - time.monotonic()))
+        self._last_pass = time.monotonic()
+        stored = self.ingest_now()
+        if stored and self.on_ingested is not None:
+            self.on_ingested(self.ingested_jobs)  # e.g. the studies task: a pruner judges a trial's points at once
+        return BUSY_WAIT if stored >= BUSY_POINTS else None
+
+    # -- one pass -------------------------------------------------------------------------------------
+
+    def _candidates(self) -> list[_Job]:
+        now = utcnow()
+        since = self._since if self._since is not None else now - RECENT_AT_START
+        self._since = now - timedelta(minutes=2)
+        with self.db.read() as s:
+            rows = s.execute(
+                select(Job.id, Job.state, Job.workers).where(
+                    or_(
+                        Job.state.in_(ACTIVE),
+                        and_(Job.state.in_([str(x) for x in TERMINAL_STATES]), Job.finished_at > since),
+                    )
+                )
+            ).all()
+        running = set()
+        jobs: dict[str, _Job] = {}
+        for job_id, state, workers in rows:
+            terminal = JobState(state) in TERMINAL_STATES
+            job = _Job(job_id, terminal, (workers or 1) > 1)
+            if terminal:
+                if job_id in self._done:
+                    continue
+                if job_id in self._running or job_id not in self._draining:
+                    self._draining[job_id] = job
+                else:
+                    self._draining[job_id].terminal = True
+            else:
+                running.add(job_id)
+                jobs[job_id] = job
+        for job_id in self._running - running:  # stopped running without ending (preempted, restarting)
+            self._draining.setdefault(job_id, _Job(job_id, False, False))
+        self._running = running
+        for job_id, job in self._draining.items():
+            jobs.setdefault(job_id, job)
+        return list(jobs.values())
+
+    def _load_cursors(self, job_id: str) -> None:
+        if job_id in self._known_jobs:
+            return
+        with self.db.read() as s:
+            for file, offset, errors, reported in s.execute(
+                select(MetricCursor.file, MetricCursor.offset, MetricCursor.errors, MetricCursor.reported).where(
+                    MetricCursor.job_id == job_id
+                )
+            ):
+                self._files[(job_id, file)] = _FileState(offset, errors, reported)
+        self._known_jobs.add(job_id)
+
+    def ingest_now(self) -> int:
+        """One pass: read every candidate file to its last complete line, in round-robin slices, in large
+        batches. Returns the points stored."""
+        with self._pass_lock:
+            return self._pass()
+
+    def _pass(self) -> int:
+        self.passes += 1
+        jobs = self._candidates()
+        work: list[tuple[_Job, str, Path, int]] = []  # (job, file name, path, size)
+        for job in jobs:
+            directory = self.jobs_dir / job.id / "metrics"
+            try:
+                entries = [
+                    e for e in os.scandir(directory) if e.name.endswith(".jsonl") and e.is_file(follow_symlinks=False)
+                ]
+            except (FileNotFoundError, NotADirectoryError):
+                entries = []
+            if entries:
+                self._load_cursors(job.id)
+            for entry in entries:
+                size = entry.stat().st_size
+                state = self._files.get((job.id, entry.name))
+                if state is None or size != state.offset:
+                    work.append((job, entry.name, Path(entry.path), size))
+        stored = 0
+        ingested: set[str] = set()
+        pending: list[tuple[str, Parsed, bool]] = []
+        cursors: list[CursorUpdate] = []
+        points = 0
+        active = work
+        while active:
+            still: list[tuple[_Job, str, Path, int]] = []
+            for item in active:
+                job, name, path, size = item
+                state = self._files.get((job.id, name)) or _FileState()
+                offset = state.offset
+                for cur in cursors:  # already read in this batch but not committed yet
+                    if cur.job_id == job.id and cur.file == name:
+                        offset = cur.offset
+                if size < offset:  # replaced or truncated: start again
+                    offset = 0
+                chunk, advanced = self._read(path, offset)
+                if advanced == 0:
+                    continue
+                parsed = parse_lines(chunk)
+                pending.append((job.id, parsed, job.gang))
+                if parsed.points:
+                    ingested.add(job.id)
+                _merge_cursor(cursors, CursorUpdate(job.id, name, offset + advanced, parsed.errors, parsed.first_error))
+                points += len(parsed.points)
+                if offset + advanced < size:
+                    still.append(item)
+                if points >= self.batch_points:
+                    stored += self.store.write(pending, cursors, self._files)
+                    pending, cursors, points = [], [], 0
+            active = still
+        if pending or cursors:
+            stored += self.store.write(pending, cursors, self._files)
+        self.ingested_jobs = ingested
+        self._forget_drained()
+        return stored
+
+    def _read(self, path: Path, offset: int) -> tuple[bytes, int]:
+        """(complete lines from offset, bytes consumed). A line longer than a slice is read whole (if its newline
+        has arrived) and then skipped by the parser as malformed if it is."""
+        try:
+            with _open_spool(path) as fh:
+                fh.seek(offset)
+                data = fh.read(self.max_bytes_per_file)
+                end = complete_lines(data)
+                while end == 0 and len(data) >= self.max_bytes_per_file and len(data) < 64 * 1024 * 1024:
+                    more = fh.read(self.max_bytes_per_file)
+                    if not more:
+                        break
+                    data += more
+                    end = complete_lines(data)
+        except OSError:
+            return b"", 0
+        return data[:end], end
+
+    def _forget_drained(self) -> None:
+        """Jobs that stopped running and whose files are consumed (up to a partial line that will never end)."""
+        old = time.monotonic() - 600  # ended jobs are looked for at most 2 minutes after their end
+        for job_id in [j for j, at in self._done.items() if at < old]:
+            del self._done[job_id]
+        for job_id in list(self._draining):
+            if job_id in self._running:
+                self._draining.pop(job_id)
+                continue
+            directory = self.jobs_dir / job_id / "metrics"
+            drained = True
+            try:
+                for entry in os.scandir(directory):
+                    if entry.name.startswith(DRAINING_PREFIX):
+                        # A shim still extracting metrics from a flooded log after its exit record (or one that
+                        # died doing it: the marker is ignored once older than the shim's longest drain).
+                        if time.time() - entry.stat().st_mtime < DRAINING_STALE_SECONDS:
+                            drained = False
+                            break
+                    elif entry.name.endswith(".jsonl"):
+                        state = self._files.get((job_id, entry.name))
+                        offset = state.offset if state else 0
+                        size = entry.stat().st_size
+                        if size > offset and _has_newline(Path(entry.path), offset):
+                            drained = False
+                            break
+            except (FileNotFoundError, NotADirectoryError):
+                pass
+            if drained:
+                job = self._draining.pop(job_id)
+                if job.terminal:
+                    self._done[job_id] = time.monotonic()
+                self._known_jobs.discard(job_id)
+                for key in [k for k in self._files if k[0] == job_id]:
+                    del self._files[key]
+
+
+def _merge_cursor(cursors: list[CursorUpdate], new: CursorUpdate) -> None:
+    for cur in cursors:
+        if cur.job_id == new.job_id and cur.file == new.file:
+            cur.offset = new.offset
+            cur.errors += new.errors
+            cur.first_error = cur.first_error or new.first_error
+            return
+    cursors.append(new)
+
+
+def _open_spool(path: Path) -> BinaryIO:
+    """A job's spool file, never through a link the job left in its metrics dir (the server reads as itself)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+def _has_newline(path: Path, offset: int) -> bool:
+    try:
+        with _open_spool(path) as fh:
+            fh.seek(offset)
+            while block := fh.read(1024 * 1024):
+                if b"\n" in block:
+                    return True
+    except OSError:
+        return False
+    return False

@@ -1,0 +1,371 @@
+"""Background work as small tasks of one shape, and the one runner that starts, stops and reports them.
+
+A ``Task`` is a name, an interval, a wake-up (an Event anyone may set to run it now), a lease scope and one
+``run_once(ctx)``. With a scope, one server at a time runs it: the runner takes the scope's lease
+(kiln.tasks.leases) before each run and hands the fencing token to the run (``ctx.token``). Such a task
+writes only through ``ctx.transaction()``, which checks the token inside the transaction of the write, and calls
+``ctx.fence()`` right before anything it does outside the database (a backend call, a write to another store):
+a holder that stalled past its lease (a paused process, a slow disk) and resumed after another server took the
+lease gets ``LeaseLost`` there, writes nothing and calls nothing, and the runner ends its run quietly.
+Without a scope every server runs it (work on this machine's files, this process's memory, or rows leased one by
+one like the reconciler's jobs).
+
+The runner gives each task a daemon thread, keeps what each run did (``TaskStatus``: runs, errors, last start and
+end, duration, last error, next run, the lease), which ``/readyz`` and ``/metrics`` report. A run that raises (or a
+lease that cannot be taken: the database is down) is recorded, logged once per distinct error, and tried again after
+a back-off that doubles with each failure in a row up to ``BACKOFF_MAX_SECONDS``; the first run that succeeds ends it.
+A new kind of background work is one new task.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from kiln.tasks.leases import Held, TaskLeases
+
+log = logging.getLogger(__name__)
+
+# After a run that raised, a pause before wake-ups count again (then the interval, as after any run): this long (or
+# the interval, if shorter) after the first failure, twice as long after each next one in a row, at most
+# BACKOFF_MAX_SECONDS: a task whose database (or store, or backend) is gone tries again less and less often, and
+# runs again within seconds once it is back.
+ERROR_PAUSE = 1.0
+BACKOFF_MAX_SECONDS = 5.0
+
+
+def error_pause(interval: float, failures: int) -> float:
+    """The pause after the ``failures``-th failed run in a row (1: the first)."""
+    first = min(ERROR_PAUSE, interval)
+    return min(BACKOFF_MAX_SECONDS, first * 2 ** min(max(failures - 1, 0), 30))
+
+
+class LeaseLost(Exception):
+    """Another server holds the task's lease now (this run's holder stalled past it): the run stops here, having
+    written nothing more (the transaction that found it is rolled back) and called no backend since."""
+
+    def __init__(self, task: str, scope: str, token: int) -> None:
+        super().__init__(f"task {task}: another server holds the lease of {scope!r} now (this run's token {token})")
+
+
+@dataclass
+class TaskContext:
+    """What one run of a task gets: the fencing token of its lease (None without a scope), whether a wake-up
+    (rather than the interval) started it, and the runner's stop event (a long run checks it between items)."""
+
+    name: str
+    token: int | None
+    woken: bool
+    stopping: threading.Event
+    _leases: TaskLeases | None = None
+    _scope: str | None = None
+
+    def holds(self) -> bool:
+        """Does this server still hold the task's lease with this run's token? Always True without a scope."""
+        if self._scope is None or self._leases is None or self.token is None:
+            return True
+        return self._leases.holds(self._scope, self.token)
+
+    def check(self, s: Session) -> bool:
+        """``holds`` inside the writer's own transaction ``s`` (the lease row locked on PostgreSQL until it
+        commits): a write after a False here would be a stale holder's."""
+        if self._scope is None or self._leases is None or self.token is None:
+            return True
+        return self._leases.check(s, self._scope, self.token)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """The one way a task writes: a transaction of the runner's database that first checks the run's fencing
+        token (the lease row locked on PostgreSQL until the write commits; SQLite's write lock held already).
+        ``LeaseLost``, rolled back, where another server holds the lease now. Without a scope, a plain one."""
+        if self._leases is None:
+            raise RuntimeError(f"task {self.name}: its runner has no database to write to")
+        with self._leases.db.transaction() as s:
+            if not self.check(s):
+                raise self._lost()
+            yield s
+
+    def fence(self) -> None:
+        """Call right before an action outside the database (a backend call, a write to another store):
+        ``LeaseLost`` where another server holds the lease now, so that a stale holder acts no more."""
+        if not self.holds():
+            raise self._lost()
+
+    def _lost(self) -> LeaseLost:
+        return LeaseLost(self.name, self._scope or "", self.token or 0)
+
+
+@dataclass
+class Task:
+    """One kind of background work. ``run_once`` returns None to wait ``interval`` for the next run, or the
+    seconds to wait instead (0: a backlog is left, go again at once). ``wake`` runs it before its interval is up
+    (set it from anywhere). ``lease_scope``: None, every server runs it; a name, one server at a time."""
+
+    name: str
+    run_once: Callable[[TaskContext], float | None]
+    interval: float
+    lease_scope: str | None = None
+    wake: threading.Event = field(default_factory=threading.Event)
+    first_delay: float = 0.0  # before the first run (0: at once)
+    stop: Callable[[], None] | None = None  # called once the thread ended (a last flush)
+    join_timeout: float = 10.0
+
+    @classmethod
+    def of(cls, name: str, work: Callable[[], object], interval: float, **options: Any) -> Task:
+        """A task whose run is a plain call (what it returns is not used): housekeeping."""
+
+        def run_once(ctx: TaskContext) -> None:
+            work()
+
+        return cls(name, run_once, interval, **options)
+
+    @classmethod
+    def writing(cls, name: str, write: Callable[[Session], object], interval: float, lease_scope: str) -> Task:
+        """A leased task whose run is one write (a purge of old rows), in the run's fenced transaction."""
+
+        def run_once(ctx: TaskContext) -> None:
+            with ctx.transaction() as s:
+                write(s)
+
+        return cls(name, run_once, interval, lease_scope=lease_scope)
+
+
+@dataclass
+class TaskStatus:
+    """What the runner knows of one task (times are Unix seconds)."""
+
+    name: str
+    interval: float
+    lease_scope: str | None
+    running: bool = False
+    runs: int = 0
+    errors: int = 0
+    last_started: float | None = None
+    last_finished: float | None = None
+    last_duration: float | None = None
+    last_ok: bool | None = None  # did the latest run succeed (None: no run yet)
+    last_error: str | None = None  # "Type: message" of the latest run that raised (kept after one succeeds)
+    last_error_at: float | None = None
+    next_due: float | None = None
+    holds_lease: bool | None = None  # None: the task has no scope
+    token: int | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        def when(t: float | None) -> str | None:
+            return None if t is None else datetime.fromtimestamp(t, UTC).isoformat()
+
+        return {
+            "name": self.name,
+            "running": self.running,
+            "interval_seconds": self.interval,
+            "lease_scope": self.lease_scope,
+            "holds_lease": self.holds_lease,
+            "runs": self.runs,
+            "errors": self.errors,
+            "last_run": when(self.last_finished),
+            "last_duration_seconds": self.last_duration,
+            "last_run_ok": self.last_ok,
+            "last_error": self.last_error,
+            "last_error_at": when(self.last_error_at),
+            "next_run": when(self.next_due),
+        }
+
+
+class TaskRunner:
+    """Runs tasks on daemon threads of their own. ``owner`` is this server in the leases (its instance id);
+    ``lease_seconds`` how long a scoped task's lease lasts unrenewed (at least twice its interval)."""
+
+    def __init__(self, leases: TaskLeases | None = None, lease_seconds: float = 15.0) -> None:
+        self.leases = leases
+        self.lease_seconds = lease_seconds
+        self._tasks: dict[str, Task] = {}
+        self._status: dict[str, TaskStatus] = {}
+        self._threads: dict[str, threading.Thread] = {}
+        self._held: dict[str, Held] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+
+    def add(self, task: Task) -> Task:
+        """Register ``task`` (started with the others, or at once when the runner runs already)."""
+        if task.name in self._tasks:
+            raise ValueError(f"a task named {task.name!r} is registered already")
+        if task.lease_scope is not None and self.leases is None:
+            raise ValueError(f"task {task.name!r} has a lease scope, and this runner has no leases")
+        self._tasks[task.name] = task
+        self._status[task.name] = TaskStatus(task.name, task.interval, task.lease_scope)
+        if self._threads:
+            self._start(task)
+        return task
+
+    def start(self) -> None:
+        self._stopping.clear()
+        for task in self._tasks.values():
+            self._start(task)
+
+    def _start(self, task: Task) -> None:
+        thread = threading.Thread(target=self._loop, args=(task,), name=f"kiln-task-{task.name}", daemon=True)
+        self._threads[task.name] = thread
+        with self._lock:
+            self._status[task.name].running = True
+        thread.start()
+
+    def wake(self, name: str) -> None:
+        self._tasks[name].wake.set()
+
+    def tasks(self) -> list[Task]:
+        """Every registered task, in the order they were added."""
+        return list(self._tasks.values())
+
+    def stop(self) -> None:
+        """Stop every task: wake each, wait for its run to end (its ``join_timeout``), give back the leases,
+        then call each task's ``stop``."""
+        self._stopping.set()
+        for task in self._tasks.values():
+            task.wake.set()
+        for name, thread in list(self._threads.items()):
+            thread.join(timeout=self._tasks[name].join_timeout)
+            if thread.is_alive():
+                log.warning("background task %s did not stop within %.0f s", name, self._tasks[name].join_timeout)
+        self._threads.clear()
+        for name, held in list(self._held.items()):
+            try:
+                if self.leases is not None:
+                    self.leases.release(held.scope, held.token)
+            except Exception:
+                log.exception("giving back the lease of task %s failed", name)
+        self._held.clear()
+        for task in self._tasks.values():
+            with self._lock:
+                self._status[task.name].running = False
+            if task.stop is not None:
+                try:
+                    task.stop()
+                except Exception:
+                    log.exception("stopping task %s failed", task.name)
+
+    def status(self) -> list[TaskStatus]:
+        """A copy of every task's status, in the order they were added."""
+        with self._lock:
+            return [replace(x) for x in self._status.values()]
+
+    # -- one task's thread ----------------------------------------------------------------------------
+
+    def _loop(self, task: Task) -> None:
+        delay = task.first_delay
+        logged: str | None = None  # the error last logged: a task failing the same way again logs nothing
+        failures = 0  # failed runs in a row: the back-off
+        while not self._stopping.is_set():
+            self._note(task, next_due=time.time() + delay)
+            woken = task.wake.wait(delay) if delay > 0 else task.wake.is_set()
+            if self._stopping.is_set():
+                break
+            task.wake.clear()
+            clock = time.monotonic()
+            try:
+                token = self._lease(task)
+            except Exception as exc:
+                # The database is down (or failing): nobody can be sure to hold the lease, and the run would fail the
+                # same way. A failed run of its own: recorded, logged once, and tried again after the back-off.
+                failures += 1
+                logged = self._failed(task, clock, exc, logged, failures)
+                delay = task.interval
+                continue
+            if task.lease_scope is not None and token is None:
+                delay = task.interval  # another server holds it: look again after an interval
+                continue
+            ctx = TaskContext(task.name, token, woken, self._stopping, self.leases, task.lease_scope)
+            self._note(task, last_started=time.time())
+            try:
+                after = task.run_once(ctx)
+            except LeaseLost as exc:
+                # Not an error of this server: it stalled past its lease and another took over. Its next try
+                # finds the lease taken (or takes it anew, with a new token, once it is free).
+                log.warning("background task %s stopped its run: %s", task.name, exc)
+                self._held.pop(task.name, None)
+                self._note(task, holds_lease=False, token=None)
+                self._finished(task, clock, None)
+                failures = 0
+                delay = task.interval
+                continue
+            except Exception as exc:
+                failures += 1
+                logged = self._failed(task, clock, exc, logged, failures)
+                delay = task.interval
+                continue
+            if logged is not None:
+                log.info("background task %s runs again", task.name)
+                logged = None
+            failures = 0
+            self._finished(task, clock, None)
+            delay = task.interval if after is None else max(0.0, after)
+
+    def _failed(self, task: Task, clock: float, exc: Exception, logged: str | None, failures: int) -> str:
+        """Record a failed run (or a lease that could not be taken), log it unless it is the error ``logged`` last,
+        and pause for the back-off. Returns the error now logged last."""
+        text = f"{type(exc).__name__}: {exc}"
+        pause = error_pause(task.interval, failures)
+        if text != logged:
+            log.exception(
+                "background task %s failed (logged once until it changes; tried again after %.1f s, twice as long "
+                "after each next failure, at most %.0f s): %s",
+                task.name,
+                pause,
+                BACKOFF_MAX_SECONDS,
+                text,
+            )
+        self._finished(task, clock, text)
+        # A pause even when woken: a task failing at once must not spin on its wake-ups.
+        self._note(task, next_due=time.time() + pause + task.interval)
+        self._stopping.wait(pause)
+        return text
+
+    def _lease(self, task: Task) -> int | None:
+        """Take or renew the task's lease; its token, or None (no scope, or another server holds it). Raises what
+        taking it raised (the database unavailable): then this server does not hold it either."""
+        if task.lease_scope is None or self.leases is None:
+            return None
+        seconds = max(self.lease_seconds, 2 * task.interval)
+        held = self._held.get(task.name)
+        if held is not None and (held.expires_at - datetime.now(UTC)).total_seconds() > seconds / 2:
+            # Renewed when half of it is left, not at every run (the studies task runs 4 times a second): the
+            # token stands until the lease runs out, and every write checks it in its own transaction anyway.
+            return held.token
+        try:
+            held = self.leases.acquire(task.lease_scope, seconds)
+        except Exception:
+            self._held.pop(task.name, None)
+            self._note(task, holds_lease=False, token=None)
+            raise
+        if held is None:
+            self._held.pop(task.name, None)
+            self._note(task, holds_lease=False, token=None)
+            return None
+        self._held[task.name] = held
+        self._note(task, holds_lease=True, token=held.token)
+        return held.token
+
+    def _finished(self, task: Task, clock: float, error: str | None) -> None:
+        with self._lock:
+            status = self._status[task.name]
+            status.runs += 1
+            status.last_finished = time.time()
+            status.last_duration = time.monotonic() - clock
+            status.last_ok = error is None
+            if error is not None:
+                status.errors += 1
+                status.last_error = error
+                status.last_error_at = status.last_finished
+
+    def _note(self, task: Task, **values: object) -> None:
+        with self._lock:
+            status = self._status[task.name]
+            for key, value in values.items():
+                setattr(status, key, value)

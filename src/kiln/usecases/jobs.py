@@ -1,0 +1,471 @@
+"""Job use cases: submit, read, list, cancel. They only record intent; the reconciler acts on it."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Select, and_, bindparam, or_, select
+from sqlalchemy.orm import Session
+
+from kiln.backends.base import Inventory
+from kiln.db.models import Blob, Job, JobEvent, Organization, User, utcnow
+from kiln.db.session import Database
+from kiln.domain.catalog import Catalog
+from kiln.domain.ids import new_id
+from kiln.domain.job_requests import JobDryRun, JobRerun
+from kiln.domain.schemas import EventRead, JobList, JobRead, JobSubmit
+from kiln.domain.spec import PRIORITIES, InputSpec, JobSpec
+from kiln.domain.states import JobState, Reason
+from kiln.errors import Conflict, Forbidden, InvalidInput, NotFound
+from kiln.usecases.idempotency import Idempotency, IdempotentRequest, Remember
+from kiln.usecases.identity import Principal
+from kiln.usecases.lifecycle import create_job, record, transition
+from kiln.usecases.quotas import QuotaService
+from kiln.usecases.scheduler_inputs import never_fits, node_of
+
+# The quota category of training jobs; serving and dev environments will use "serve" and "dev".
+CATEGORY = "train"
+DEFAULT_KEY_RETENTION = 24 * 3600.0  # seconds an Idempotency-Key is kept where no platform gives its setting
+
+
+# What a JobRead holds beside the job's own columns: the names of its organisation and user, read in the same
+# query as the job (a join), never one query per job.
+NAME_FIELDS = ("org_name", "user_name")
+# The columns a JobRead is made of: list queries select these alone, not whole rows (no handle, no lease).
+READ_COLUMNS = [
+    *(getattr(Job, name) for name in JobRead.model_fields if name not in ("cancel_requested", *NAME_FIELDS)),
+    Job.cancel_requested,
+    Organization.name.label("org_name"),
+    User.name.label("user_name"),
+]
+
+
+def _with_names(query: Select[Any]) -> Select[Any]:
+    """``query`` over jobs, joined to the organisation and user whose names READ_COLUMNS select."""
+    return query.outerjoin(Organization, Organization.id == Job.org_id).outerjoin(User, User.id == Job.user_id)
+
+
+@functools.cache
+def _list_statement(filters: frozenset[str]) -> Select[Any]:
+    """The list query for one combination of filters, built once: building a statement costs more than
+    running it on a hot route. Parameters are bound by name."""
+    query = _with_names(select(*READ_COLUMNS).select_from(Job))
+    query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(bindparam("limit"))
+    if "org_id" in filters:
+        query = query.where(Job.org_id == bindparam("org_id"))
+    if "job_id" in filters:
+        query = query.where(Job.id == bindparam("job_id"))
+    if "states" in filters:
+        query = query.where(Job.state.in_(bindparam("states", expanding=True)))
+    if "before" in filters:
+        # Keyset paging on the sort key (created_at, id), not on id alone: ids made in the same instant by other
+        # processes do not follow created_at, and paging on id skipped and repeated jobs. The job named must be
+        # one the caller sees (else the page is empty, as for an id that does not exist).
+        ref = select(Job.created_at).where(Job.id == bindparam("before"))
+        if "org_id" in filters:
+            ref = ref.where(Job.org_id == bindparam("org_id"))
+        when = ref.scalar_subquery()
+        query = query.where(or_(Job.created_at < when, and_(Job.created_at == when, Job.id < bindparam("before"))))
+    return query
+
+
+def _list_params(principal: Principal, states: list[JobState] | None, limit: int, before: str | None) -> dict[str, Any]:
+    """The bound parameters of the list query: everything the result depends on, the caller's visibility
+    (organisation, or all for a platform admin; the one job of a job token) included."""
+    params: dict[str, Any] = {"limit": limit}
+    if not principal.platform_admin:
+        params["org_id"] = principal.org_id
+    if principal.job_id is not None:
+        params["job_id"] = principal.job_id
+    if states:
+        params["states"] = [str(x) for x in states]
+    if before:
+        params["before"] = before
+    return params
+
+
+class ListCache:
+    """Serialised job lists (the response bytes) by query and caller visibility, each valid while the version of
+    the jobs table it was read under is the current one (see JobService.list_jobs_json)."""
+
+    ENTRIES = 1024  # all callers and queries together; beyond it, the stale ones go, then all
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._entries: dict[tuple[Any, ...], tuple[int, bytes]] = {}  # key -> (jobs version, JSON)
+
+    @staticmethod
+    def key(params: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple((k, tuple(sorted(set(v))) if isinstance(v, list) else v) for k, v in sorted(params.items()))
+
+    def get(self, key: tuple[Any, ...], version: int) -> bytes | None:
+        hit = self._entries.get(key)
+        return hit[1] if hit is not None and hit[0] == version else None
+
+    def put(self, key: tuple[Any, ...], version: int, body: bytes, current: int) -> None:
+        entries = self._entries
+        if len(entries) >= self.ENTRIES:
+            for stale in [k for k, (v, _) in list(entries.items()) if v != current]:
+                entries.pop(stale, None)
+            if len(entries) >= self.ENTRIES:
+                entries.clear()
+        entries[key] = (version, body)
+
+
+def _totals(spec: JobSpec) -> tuple[float, int, int | None]:
+    """What the job holds over its whole gang: (cpus, gpus, memory)."""
+    gang = spec.gang_size
+    memory = spec.resources.memory * gang if spec.resources.memory is not None else None
+    return spec.resources.cpus * gang, spec.resources.gpus * gang, memory
+
+
+def to_read(job: Job | Any, names: tuple[str | None, str | None] | None = None) -> JobRead:
+    """A JobRead from a row of READ_COLUMNS, or from a Job row and ``names`` (its organisation's and user's, as
+    :func:`job_names` reads them); one validation pass (the spec was valid at submit)."""
+    fields = {name: getattr(job, name) for name in JobRead.model_fields if name not in NAME_FIELDS}
+    if names is None:
+        fields.update({name: getattr(job, name, None) for name in NAME_FIELDS})
+    else:
+        fields["org_name"], fields["user_name"] = names
+    return JobRead.model_validate(fields)
+
+
+def job_names(s: Session, job: Job) -> tuple[str | None, str | None]:
+    """The names of a job's organisation and user, in one query."""
+    user_name = select(User.name).where(User.id == job.user_id).scalar_subquery()
+    row = s.execute(select(Organization.name, user_name).where(Organization.id == job.org_id)).first()
+    return (row[0], row[1]) if row is not None else (None, None)
+
+
+def read_job(s: Session, job: Job) -> JobRead:
+    """The JobRead of a Job row, with the names of its organisation and user."""
+    return to_read(job, job_names(s, job))
+
+
+def event_read(event: JobEvent) -> EventRead:
+    return EventRead(
+        id=event.id,
+        job_id=event.job_id,
+        time=event.time,
+        from_state=JobState(event.from_state) if event.from_state else None,
+        to_state=JobState(event.to_state) if event.to_state else None,
+        reason=event.reason,
+        message=event.message,
+    )
+
+
+def request_cancel(s: Session, job: Job, message: str) -> bool:
+    """Cancel ``job`` in the caller's transaction: at once where no attempt runs (QUEUED, RESTARTING), else by
+    asking the reconciler to stop its attempt. False where it has ended already (nothing to do)."""
+    state = JobState(job.state)
+    if state.terminal:
+        return False
+    if state in (JobState.QUEUED, JobState.RESTARTING):
+        transition(s, job, JobState.CANCELLED, Reason.CANCELLED, message)
+    elif not job.cancel_requested:
+        job.cancel_requested = True
+        job.updated_at = utcnow()
+        record(s, job, Reason.CANCEL_REQUESTED, message.replace("cancelled", "cancel requested", 1))
+    return True
+
+
+class JobService:
+    def __init__(
+        self,
+        db: Database,
+        catalog: Catalog,
+        nodes: Callable[[], list[Inventory]],
+        wake: Callable[..., None],
+        validate: Callable[[JobSpec], None] | None = None,
+        quotas: QuotaService | None = None,
+        network_host_orgs: tuple[str, ...] = (),
+        idempotency: Idempotency | None = None,
+    ) -> None:
+        self.validate = validate
+        # The Idempotency-Keys of creates (submit, rerun): the platform's, shared with the other creates.
+        self.idempotency = idempotency or Idempotency(db, DEFAULT_KEY_RETENTION)
+        self.network_host_orgs = network_host_orgs  # organisations (names or ids) allowed network: host
+        self.quotas = quotas
+        self.db = db
+        self.catalog = catalog
+        self.nodes = nodes
+        self.backend_name = "local"  # the server's backend: its reconciler places the job
+        # (org id, NAME or NAME@VERSION) → (name, version) of a ready dataset version, or NotFound.
+        self.resolve_dataset: Callable[[str, str], tuple[str, int]] | None = None
+        # (org id, index, a model input) → the input pinned to a version number (kiln.usecases.inputs), or a 422.
+        self.pin_model: Callable[[str, int, InputSpec], InputSpec] | None = None
+        self.wake = wake
+
+    def load(self, s: Session, principal: Principal, job_id: str, *, lock: bool = False) -> Job:
+        if principal.job_id is not None and principal.job_id != job_id:
+            raise NotFound(f"job {job_id} not found")  # a job token reaches its own job only
+        query = select(Job).where(Job.id == job_id)
+        if not principal.platform_admin:
+            query = query.where(Job.org_id == principal.org_id)
+        if lock and self.db.dialect == "postgresql":
+            query = query.with_for_update()
+        job = s.scalar(query)
+        if job is None:
+            # Same answer whether the job does not exist or belongs to someone else.
+            raise NotFound(f"job {job_id} not found")
+        return job
+
+    def submit(self, principal: Principal, body: JobSubmit, idempotency: IdempotentRequest | None = None) -> JobRead:
+        """A new QUEUED job. With ``idempotency`` (the request's Idempotency-Key), a repeat of the same request
+        answers the job the first one created, as it is now (the same job: same id), and creates none."""
+        principal.require("jobs:write")
+
+        def make(remember: Remember) -> JobRead:
+            spec = self._checked_spec(principal, body.spec)
+            return self._create(principal, spec, body.code_sha256, f"submitted by {principal.user_name}", remember)
+
+        return self.idempotency.create(principal, idempotency, "job", make, self._read_by_id)
+
+    @staticmethod
+    def _read_by_id(s: Session, job_id: str) -> JobRead | None:
+        """The job an Idempotency-Key names (its row proves the caller created it), or None if it was deleted."""
+        job = s.get(Job, job_id)
+        return None if job is None else read_job(s, job)
+
+    def dry_run(self, principal: Principal, body: JobSubmit) -> JobDryRun:
+        """Every check ``submit`` makes, creating nothing: the spec as the job would get it, and whether the code
+        bundle is stored already (a client packs its code, asks this, and uploads only what is missing)."""
+        spec = self._checked_spec(principal, body.spec)
+        with self.db.read() as s:
+            self._check_admission(s, principal, spec)
+            stored = None if not body.code_sha256 else s.get(Blob, (principal.org_id, body.code_sha256)) is not None
+        return JobDryRun(spec=spec, name=spec.display_name, code_sha256=body.code_sha256, code_stored=stored)
+
+    def rerun(
+        self, principal: Principal, job_id: str, body: JobRerun, idempotency: IdempotentRequest | None = None
+    ) -> JobRead:
+        """A new job with the spec (inputs at the versions it pinned) and code of ``job_id``, whatever its state;
+        every check of a submit applies again. ``idempotency``: as for ``submit``."""
+        principal.require("jobs:write")
+
+        def make(remember: Remember) -> JobRead:
+            return self._rerun(principal, job_id, body, remember)
+
+        return self.idempotency.create(principal, idempotency, "job", make, self._read_by_id)
+
+    def _rerun(self, principal: Principal, job_id: str, body: JobRerun, remember: Remember) -> JobRead:
+        with self.db.read() as s:
+            job = self.load(s, principal, job_id)
+            if job.org_id != principal.org_id:  # a platform admin reading another organisation's job
+                raise Conflict(
+                    f"job {job_id} belongs to another organisation, whose code and quota a rerun needs; "
+                    "rerun it with a key of that organisation"
+                )
+            spec, code = JobSpec.model_validate(job.spec), job.code_sha256
+        if body.name is not None:
+            spec = spec.model_copy(update={"name": body.name})
+        spec = self._checked_spec(principal, spec)
+        return self._create(principal, spec, code, f"rerun of {job_id} by {principal.user_name}", remember)
+
+    def _checked_spec(self, principal: Principal, spec: JobSpec) -> JobSpec:
+        """The checks of a submit that need no transaction; the spec with its inputs pinned."""
+        principal.require("jobs:write")
+        self.catalog.check(spec.runtime)
+        if spec.network == "host" and not {principal.org_id, principal.org_name} & set(self.network_host_orgs):
+            raise Forbidden(
+                f"network: host (the machine's own network) is not allowed for organisation {principal.org_name}; "
+                "use network: isolated (the default) or none, or ask the operator to add the organisation to "
+                "KILN_NETWORK_HOST_ORGS",
+                details={"field": "spec.network"},
+            )
+        if self.validate is not None:
+            self.validate(spec)
+        if spec.inputs:
+            spec = self._pin_inputs(principal, spec)
+        impossible = never_fits(spec, [node_of(n) for n in self.nodes()])
+        if impossible:
+            raise InvalidInput(f"resources: the job {impossible}", details={"field": "spec.resources"})
+        return spec
+
+    def _check_admission(self, s: Session, principal: Principal, spec: JobSpec, category: str = CATEGORY) -> None:
+        """The organisation's side: a quota the job can ever fit, and the priority it may use."""
+        if self.quotas is not None:
+            cpus, gpus, memory = _totals(spec)
+            self.quotas.check_submit(principal, category, gpus, cpus, memory, session=s)
+        if spec.priority != "normal" and not principal.platform_admin:
+            self._check_priority(s, principal, spec.priority)
+
+    def _create(
+        self, principal: Principal, spec: JobSpec, code_sha256: str | None, note: str, remember: Remember
+    ) -> JobRead:
+        now = utcnow()
+        # One transaction: the checks that read, the job, its event and the request's Idempotency-Key.
+        with self.db.transaction() as s:
+            self._check_admission(s, principal, spec)
+            if code_sha256 and s.get(Blob, (principal.org_id, code_sha256)) is None:
+                raise InvalidInput(
+                    f"code_sha256: no uploaded bundle {code_sha256}; upload it with PUT /api/v1/blobs/{{sha256}}"
+                )
+            job = self.new_job(s, principal.org_id, principal.user_id, spec, code_sha256, note, now=now)
+            s.flush()  # one flush for both rows (the job's first: the event refers to it); fills the defaults
+            remember(s, job.id)
+            read = to_read(job, (principal.org_name, principal.user_name))  # the caller's own, just created
+        self.wake()
+        return read
+
+    def new_job(
+        self,
+        s: Session,
+        org_id: str,
+        user_id: str,
+        spec: JobSpec,
+        code_sha256: str | None,
+        note: str,
+        *,
+        now: datetime | None = None,
+        category: str = CATEGORY,
+    ) -> Job:
+        """A new QUEUED job row and its first event in the caller's transaction ``s``, for a spec that passed
+        the submit checks (a submit, a rerun, a tuning study's trial). The caller wakes the reconciler."""
+        cpus, gpus, memory = _totals(spec)
+        job = Job(
+            id=new_id("job"),
+            org_id=org_id,
+            user_id=user_id,
+            name=spec.display_name,
+            spec=spec.model_dump(mode="json"),
+            code_sha256=code_sha256,
+            cpus=cpus,
+            memory=memory,
+            gpus=gpus,
+            category=category,
+            priority=spec.priority_value,
+            workers=spec.gang_size,
+            backend=self.backend_name,
+        )
+        create_job(s, job, note, now=now)
+        return job
+
+    def check_submit(
+        self, principal: Principal, spec: JobSpec, code_sha256: str | None, *, category: str = CATEGORY
+    ) -> JobSpec:
+        """Every check a submit of ``spec`` makes (its inputs pinned in what is returned), creating nothing: a
+        tuning study checks its trial spec so, a service its replica's (quota category ``serve``)."""
+        spec = self._checked_spec(principal, spec)
+        with self.db.read() as s:
+            self._check_admission(s, principal, spec, category)
+            if code_sha256 and s.get(Blob, (principal.org_id, code_sha256)) is None:
+                raise InvalidInput(
+                    f"code_sha256: no uploaded bundle {code_sha256}; upload it with PUT /api/v1/blobs/{{sha256}}"
+                )
+        return spec
+
+    def _pin_inputs(self, principal: Principal, spec: JobSpec) -> JobSpec:
+        """Each input's version as it is now (the latest, where none is given), written into the job's spec so
+        that every attempt reads the same data."""
+        if self.resolve_dataset is None:
+            raise InvalidInput("inputs: this server keeps no datasets", details={"field": "spec.inputs"})
+        pinned = []
+        for index, item in enumerate(spec.inputs):
+            if item.model is not None:  # a registered model's version
+                if self.pin_model is None:
+                    raise InvalidInput("inputs: this server keeps no models", details={"field": "spec.inputs"})
+                pinned.append(self.pin_model(principal.org_id, index, item))
+                continue
+            try:
+                name, version = self.resolve_dataset(principal.org_id, item.ref)
+            except NotFound as exc:
+                # With details the dataset exists but not that version, and the message says which ones do.
+                why = exc.message
+                if not exc.details:
+                    why = (
+                        f"no dataset {item.name!r} in organisation {principal.org_name} "
+                        "(upload it with `kiln data put PATH NAME`)"
+                    )
+                raise InvalidInput(
+                    f"inputs[{index}].dataset: {why}", details={"field": f"spec.inputs[{index}].dataset"}
+                ) from None
+            pinned.append(item.model_copy(update={"dataset": f"{name}@{version}"}))
+        return spec.model_copy(update={"inputs": pinned})
+
+    @staticmethod
+    def _check_priority(s: Session, principal: Principal, priority: str) -> None:
+        """``high`` needs the organisation's grant (``kiln orgs update ORG --max-priority high``)."""
+        allowed = s.scalar(select(Organization.max_priority).where(Organization.id == principal.org_id)) or "normal"
+        if PRIORITIES[priority] > PRIORITIES.get(allowed, 1):
+            raise Forbidden(
+                f"priority: {priority} is above what organisation {principal.org_name} may use ({allowed}); "
+                "a platform admin can raise it with `kiln orgs update ORG --max-priority high`",
+                details={"field": "spec.priority"},
+            )
+
+    def get(self, principal: Principal, job_id: str) -> JobRead:
+        principal.require("jobs:read")
+        with self.db.read() as s:
+            return read_job(s, self.load(s, principal, job_id))
+
+    def is_terminal(self, principal: Principal, job_id: str) -> bool:
+        principal.require("jobs:read")
+        with self.db.read() as s:
+            return JobState(self.load(s, principal, job_id).state).terminal
+
+    def list_jobs(
+        self, principal: Principal, *, states: list[JobState] | None = None, limit: int = 50, before: str | None = None
+    ) -> list[JobRead]:
+        principal.require("jobs:read")
+        params = _list_params(principal, states, limit, before)
+        with self.db.read() as s:
+            rows = s.connection().execute(_list_statement(frozenset(params)), params)
+            return [to_read(row) for row in rows]
+
+    # The list as the API sends it (JobList JSON), and a cache of those bytes. Where this process is the only one
+    # using the database (Database.exclusive: the default SQLite file of $KILN_HOME) it is the only writer of the
+    # jobs table, and the database counts every write to it (Database.versions, from an engine event: ORM flushes
+    # and the reconciler's Core updates alike), so a cached list is served while that count has not moved since
+    # the list was read. Elsewhere (PostgreSQL, a shared SQLite file) other processes write too: no cache.
+
+    @functools.cached_property
+    def _list_cache(self) -> ListCache:
+        return ListCache(enabled=self.db.exclusive)
+
+    def cached_list_json(
+        self, principal: Principal, *, states: list[JobState] | None = None, limit: int = 50, before: str | None = None
+    ) -> bytes | None:
+        """The JSON of ``list_jobs`` if it is cached and still current, else None. Never touches the database."""
+        principal.require("jobs:read")
+        cache = self._list_cache
+        if not cache.enabled:
+            return None
+        return cache.get(cache.key(_list_params(principal, states, limit, before)), self.db.versions.version("jobs"))
+
+    def list_jobs_json(
+        self, principal: Principal, *, states: list[JobState] | None = None, limit: int = 50, before: str | None = None
+    ) -> bytes:
+        """The JSON of ``{"items": list_jobs(...)}``, read from the database (and cached where that is safe)."""
+        principal.require("jobs:read")
+        params = _list_params(principal, states, limit, before)
+        version = self.db.versions.version("jobs")  # before the read: any write after this retires what is read
+        with self.db.read() as s:
+            rows = s.connection().execute(_list_statement(frozenset(params)), params)
+            body = JobList(items=[to_read(row) for row in rows]).model_dump_json().encode()
+        cache = self._list_cache
+        if cache.enabled:
+            cache.put(cache.key(params), version, body, self.db.versions.version("jobs"))
+        return body
+
+    def events(self, principal: Principal, job_id: str) -> list[EventRead]:
+        principal.require("jobs:read")
+        with self.db.read() as s:
+            self.load(s, principal, job_id)
+            rows = s.scalars(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id))
+            return [event_read(e) for e in rows]
+
+    def cancel(self, principal: Principal, job_id: str) -> JobRead:
+        principal.require("jobs:write")
+        with self.db.transaction() as s:
+            job = self.load(s, principal, job_id, lock=True)
+            state = JobState(job.state)
+            if state.terminal and state is not JobState.CANCELLED:
+                raise Conflict(f"job {job_id} already ended ({state}); nothing to cancel")
+            request_cancel(s, job, f"cancelled by {principal.user_name}")
+            read = read_job(s, job)
+        self.wake(job_id)  # its attempt must be stopped: observe it at once
+        return read

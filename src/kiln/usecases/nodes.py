@@ -1,0 +1,76 @@
+"""The machines a backend offers and what holds them now: each node's CPUs, memory and GPUs, and the jobs (and
+GPUs) allocated on it. Another organisation's jobs are shown as taking their share, never by id or name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import select
+
+from kiln.backends.base import Inventory
+from kiln.db.models import Job
+from kiln.db.session import Database
+from kiln.domain.nodes import NodeGpu, NodeJob, NodeRead
+from kiln.domain.states import JobState
+from kiln.usecases.identity import Principal
+from kiln.usecases.scheduler_inputs import slots_of
+
+
+class NodeService:
+    def __init__(self, db: Database, nodes: Callable[[], list[Inventory]]) -> None:
+        self.db = db
+        self.nodes = nodes
+
+    def list_nodes(self, principal: Principal) -> list[NodeRead]:
+        principal.require("jobs:read")
+        inventory = self.nodes()
+        default = inventory[0].name if inventory else "local"
+        with self.db.read() as s:
+            rows = s.execute(
+                select(Job.id, Job.name, Job.org_id, Job.allocation).where(
+                    Job.state.in_([str(JobState.STARTING), str(JobState.RUNNING)])
+                )
+            ).all()
+        held: dict[str, list[NodeJob]] = {}
+        gpu_holder: dict[tuple[str, int], NodeJob] = {}
+        for job_id, name, org_id, allocation in rows:
+            visible = principal.platform_admin or org_id == principal.org_id
+            for slot in slots_of(allocation, default):
+                entry = NodeJob(
+                    id=job_id if visible else None,
+                    name=name if visible else None,
+                    other_org=not visible,
+                    cpus=slot.cpus,
+                    memory=slot.memory,
+                    gpus=list(slot.gpus),
+                )
+                held.setdefault(slot.node, []).append(entry)
+                for index in slot.gpus:
+                    gpu_holder[(slot.node, index)] = entry
+        out = []
+        for node in inventory:
+            jobs = held.get(node.name, [])
+            gpus = [
+                NodeGpu(
+                    index=i,
+                    name=node.gpu_names.get(i),
+                    job_id=gpu_holder[(node.name, i)].id if (node.name, i) in gpu_holder else None,
+                    job_name=gpu_holder[(node.name, i)].name if (node.name, i) in gpu_holder else None,
+                    other_org=gpu_holder[(node.name, i)].other_org if (node.name, i) in gpu_holder else False,
+                )
+                for i in node.gpus
+            ]
+            out.append(
+                NodeRead(
+                    name=node.name,
+                    cpus=node.cpus,
+                    memory=node.memory,
+                    labels=dict(node.labels),
+                    gpus=gpus,
+                    allocated_cpus=sum(j.cpus for j in jobs),
+                    allocated_memory=sum(j.memory or 0 for j in jobs),
+                    allocated_gpus=sum(len(j.gpus) for j in jobs),
+                    jobs=jobs,
+                )
+            )
+        return out

@@ -1,0 +1,362 @@
+"""Model services' use cases: deploy, read, list, update (roll out or scale), delete, tokens, predict. They record
+intent; the ``serving`` task (kiln.tasks.serving) runs the replicas and the router forwards."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Callable
+from datetime import timedelta
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.orm import Session
+
+from kiln.db.models import Job, Organization, Service, ServiceKey, ServiceReplica, User, utcnow
+from kiln.db.session import Database
+from kiln.domain.ids import new_id
+from kiln.domain.serving import (
+    MODEL_DIR,
+    ReplicaRead,
+    ReplicaState,
+    ServiceRead,
+    ServiceSpec,
+    ServiceState,
+    ServiceSubmit,
+    ServiceToken,
+    ServiceUpdate,
+    replica_params,
+)
+from kiln.domain.spec import JobSpec
+from kiln.errors import Conflict, InvalidInput, KilnError, NotFound
+from kiln.usecases.idempotency import Idempotency, IdempotentRequest, Remember
+from kiln.usecases.identity import AuthFailure, Principal
+from kiln.usecases.jobs import JobService
+
+CATEGORY = "serve"  # the quota category replicas count against
+TOKEN_PREFIX = "kst"
+ACTIVE_REPLICAS = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.DRAINING)
+FAILED_SHOWN = timedelta(minutes=10)
+
+
+def replica_read(replica: ServiceReplica, job_state: str | None, in_flight: int) -> ReplicaRead:
+    return ReplicaRead(
+        id=replica.id,
+        job_id=replica.job_id,
+        job_state=job_state,
+        revision=replica.revision,
+        state=ReplicaState(replica.state),
+        model_version=replica.model_version,
+        in_flight=in_flight,
+        message=replica.message,
+        created_at=replica.created_at,
+        ready_at=replica.ready_at,
+    )
+
+
+def replica_spec(spec: ServiceSpec, service_id: str, replica_id: str, model: str, version: int) -> JobSpec:
+    """The job a replica runs: ``kiln.runtime.serve`` over the model version staged at /model."""
+    params = replica_params(spec, (model, version))
+    return JobSpec.model_validate(
+        {
+            "name": f"{spec.name}-replica"[:128],
+            "command": ["python", "-m", "kiln.runtime.serve"],
+            "runtime": spec.runtime.model_dump(exclude_none=True),
+            "resources": spec.resources.model_dump(exclude_none=True),
+            "env": spec.env,
+            "labels": {**spec.labels, "kiln-service": service_id, "kiln-replica": replica_id},
+            "params": params,
+            "inputs": [{"model": f"{model}@{version}", "path": MODEL_DIR}],
+            "metrics": {"builtin": False, "system": True},
+        }
+    )
+
+
+class ServingService:
+    def __init__(
+        self,
+        db: Database,
+        jobs: JobService,
+        resolve_model: Callable[[str, str], tuple[str, int]],
+        wake: Callable[[], None],
+        in_flight: Callable[[str, str], int],
+        endpoint: str,
+        idempotency: Idempotency | None = None,
+    ) -> None:
+        self.db = db
+        self.jobs = jobs
+        self.idempotency = idempotency or jobs.idempotency  # the Idempotency-Keys of creates
+        self.resolve_model = resolve_model  # (org id, NAME@REF) → (name, version) or NotFound
+        self.wake = wake  # the serving task
+        self.in_flight = in_flight  # (service id, replica id) → requests in flight (the router's)
+        self.endpoint = endpoint.rstrip("/")
+
+    # ---- reading
+
+    def load(self, s: Session, principal: Principal, name: str, *, lock: bool = False) -> Service:
+        query = select(Service).where(Service.name == name, Service.state != ServiceState.DELETING)
+        query = query.where(Service.org_id == principal.org_id)
+        if principal.service_id is not None:
+            query = query.where(Service.id == principal.service_id)
+        if lock and self.db.dialect == "postgresql":
+            query = query.with_for_update()
+        service = s.scalar(query)
+        if service is None:  # the same answer whether it does not exist or is another organisation's
+            raise NotFound(f"service {name} not found")
+        return service
+
+    def _read(self, s: Session, service: Service) -> ServiceRead:
+        # The live replicas, and those that failed in the last FAILED_SHOWN (a model that did not load shows).
+        shown = or_(
+            ServiceReplica.state.in_([str(x) for x in ACTIVE_REPLICAS]),
+            and_(ServiceReplica.state == ReplicaState.FAILED, ServiceReplica.ended_at > utcnow() - FAILED_SHOWN),
+        )
+        rows = s.execute(
+            select(ServiceReplica, Job.state)
+            .outerjoin(Job, Job.id == ServiceReplica.job_id)
+            .where(ServiceReplica.service_id == service.id, shown)
+            .order_by(ServiceReplica.created_at)
+        ).all()
+        replicas = [replica_read(r, state, self.in_flight(service.id, r.id)) for r, state in rows]
+        ready = sum(r.state == ReplicaState.READY and r.revision == service.revision for r in replicas)
+        return ServiceRead(
+            id=service.id,
+            name=service.name,
+            org_id=service.org_id,
+            user_id=service.user_id,
+            state=ServiceState(service.state),
+            message=service.message,
+            spec=ServiceSpec.model_validate(service.spec),
+            model_name=service.model_name,
+            model_version=service.model_version,
+            revision=service.revision,
+            desired_replicas=service.desired_replicas,
+            ready_replicas=ready,
+            replicas=replicas,
+            endpoint=f"{self.endpoint}/api/v1/services/{service.name}/predict",
+            created_at=service.created_at,
+            updated_at=service.updated_at,
+        )
+
+    def get(self, principal: Principal, name: str) -> ServiceRead:
+        principal.require("services:read")
+        with self.db.read() as s:
+            return self._read(s, self.load(s, principal, name))
+
+    def list_services(self, principal: Principal) -> list[ServiceRead]:
+        principal.require("services:read")
+        with self.db.read() as s:
+            query = select(Service).where(Service.state != ServiceState.DELETING).order_by(Service.name)
+            if not principal.platform_admin:
+                query = query.where(Service.org_id == principal.org_id)
+            return [self._read(s, x) for x in s.scalars(query)]
+
+    def route(self, principal: Principal, name: str) -> tuple[str, float]:
+        """(service id, request timeout) of a service the caller may predict on."""
+        principal.require("services:predict")
+        with self.db.read() as s:
+            service = self.load(s, principal, name)
+            return service.id, float(service.spec.get("request_timeout", 60.0))
+
+    # ---- changing
+
+    def _check(self, principal: Principal, spec: ServiceSpec, code_sha256: str | None) -> tuple[str, int]:
+        """Every check a deploy makes: the model, the predictor's code, a replica's spec as a job submit."""
+        name, version = self.resolve_model(principal.org_id, spec.model)
+        if spec.predictor.type == "custom" and code_sha256 is None:
+            raise InvalidInput(
+                "code_sha256: a custom predictor needs the code bundle holding its class",
+                details={"field": "code_sha256"},
+            )
+        try:
+            replica = replica_spec(spec, "svc", "rep", name, version)
+            self.jobs.check_submit(principal, replica, code_sha256, category=CATEGORY)
+        except KilnError as exc:
+            if isinstance(exc, InvalidInput):
+                raise InvalidInput(f"replica: {exc.message}", details={"field": "spec"}) from None
+            raise
+        return name, version
+
+    def create(
+        self, principal: Principal, body: ServiceSubmit, idempotency: IdempotentRequest | None = None
+    ) -> ServiceRead:
+        """A new service (409 when the organisation has one of that name). With ``idempotency`` (the request's
+        Idempotency-Key), a repeat of the same request answers the service the first one created, as it is now
+        (the same service: same id), rather than a 409."""
+        principal.require("services:write")
+        return self.idempotency.create(
+            principal, idempotency, "service", lambda remember: self._create(principal, body, remember), self._by_id
+        )
+
+    def _by_id(self, s: Session, service_id: str) -> ServiceRead | None:
+        service = s.get(Service, service_id)
+        if service is None or service.state == ServiceState.DELETING:
+            return None
+        return self._read(s, service)
+
+    def _create(self, principal: Principal, body: ServiceSubmit, remember: Remember) -> ServiceRead:
+        spec = body.spec
+        name, version = self._check(principal, spec, body.code_sha256)
+        now = utcnow()
+        with self.db.transaction() as s:
+            taken = s.scalar(select(Service).where(Service.org_id == principal.org_id, Service.name == spec.name))
+            if taken is not None:
+                raise Conflict(f"service {spec.name} exists; update it with PATCH /api/v1/services/{spec.name}")
+            service = Service(
+                id=new_id("svc"),
+                org_id=principal.org_id,
+                user_id=principal.user_id,
+                name=spec.name,
+                spec=spec.model_dump(mode="json", by_alias=True),
+                code_sha256=body.code_sha256,
+                state=ServiceState.DEPLOYING if spec.min_replicas else ServiceState.IDLE,
+                message="",
+                model_name=name,
+                model_version=version,
+                revision=1,
+                desired_replicas=spec.min_replicas,
+                created_at=now,
+                updated_at=now,
+            )
+            s.add(service)
+            s.flush()
+            remember(s, service.id)
+            read = self._read(s, service)
+        self.wake()
+        return read
+
+    def update(self, principal: Principal, name: str, body: ServiceUpdate) -> ServiceRead:
+        """A new model or spec is a new revision, rolled out replica by replica; replicas scale at once."""
+        principal.require("services:write")
+        with self.db.read() as s:
+            current = self.load(s, principal, name)
+            spec = ServiceSpec.model_validate(current.spec)
+            code = current.code_sha256
+        if body.spec is not None:
+            if body.spec.name != name:
+                raise InvalidInput("spec.name: a service keeps its name", details={"field": "spec.name"})
+            spec = body.spec
+        if body.model is not None:
+            spec = spec.model_copy(update={"model": body.model})
+        if body.code_sha256 is not None:
+            code = body.code_sha256
+        if body.replicas is not None and spec.autoscale is not None:
+            raise InvalidInput(
+                "replicas: this service autoscales; change autoscale.min/max in its spec instead",
+                details={"field": "replicas"},
+            )
+        rollout = body.spec is not None or body.model is not None or body.code_sha256 is not None
+        model_name, version = self._check(principal, spec, code) if rollout else ("", 0)
+        with self.db.transaction() as s:
+            service = self.load(s, principal, name, lock=True)
+            if rollout:
+                service.spec = spec.model_dump(mode="json", by_alias=True)
+                service.code_sha256 = code
+                service.model_name, service.model_version = model_name, version
+                service.revision += 1
+                if body.spec is not None:
+                    service.desired_replicas = max(spec.min_replicas, min(service.desired_replicas, spec.max_replicas))
+            if body.replicas is not None:
+                spec = spec.model_copy(update={"replicas": body.replicas})
+                service.spec = spec.model_dump(mode="json", by_alias=True)
+                service.desired_replicas = body.replicas
+            service.updated_at = utcnow()
+            read = self._read(s, service)
+        self.wake()
+        return read
+
+    def delete(self, principal: Principal, name: str) -> None:
+        principal.require("services:write")
+        with self.db.transaction() as s:
+            service = self.load(s, principal, name, lock=True)
+            service.state = ServiceState.DELETING
+            service.desired_replicas = 0
+            service.updated_at = utcnow()
+        self.wake()
+
+    def cold_start(self, service_id: str) -> None:
+        """A request waits and no replica is ready: a service at zero replicas wants one again (the serving task,
+        on whichever server runs it, starts one at its next run)."""
+        with self.db.transaction() as s:
+            service = s.get(Service, service_id)
+            if service is not None and service.state != ServiceState.DELETING:
+                # The request, as the serving task on whichever server runs it sees it: not idle.
+                service.last_request_at = utcnow()
+                if service.desired_replicas == 0:
+                    service.desired_replicas = 1
+                    service.updated_at = utcnow()
+        self.wake()
+
+    # ---- service tokens
+
+    def create_token(self, principal: Principal, name: str) -> ServiceToken:
+        principal.require("services:write")
+        secret = secrets.token_urlsafe(32)
+        with self.db.transaction() as s:
+            service = self.load(s, principal, name)
+            key = ServiceKey(
+                id=new_id("stk"),
+                service_id=service.id,
+                secret_sha256=hashlib.sha256(secret.encode()).hexdigest(),
+                created_by=principal.user_id,
+                created_at=utcnow(),
+            )
+            s.add(key)
+        return ServiceToken(
+            id=key.id, service=name, token=f"{TOKEN_PREFIX}.{key.id}.{secret}", created_at=key.created_at
+        )
+
+    def authenticate_token(self, token: str) -> Principal:
+        """A ``kst.<id>.<secret>`` bearer token: it may predict on its service, nothing else."""
+        parts = token.split(".")
+        if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
+            raise AuthFailure("malformed", message="the service token is malformed")
+        with self.db.read() as s:
+            row = s.execute(
+                select(ServiceKey, Service, User, Organization)
+                .join(Service, Service.id == ServiceKey.service_id)
+                .join(User, User.id == ServiceKey.created_by)
+                .join(Organization, Organization.id == Service.org_id)
+                .where(ServiceKey.id == parts[1])
+            ).first()
+        digest = hashlib.sha256(parts[2].encode()).hexdigest()
+        if row is None or not hmac.compare_digest(row[0].secret_sha256, digest):
+            raise AuthFailure(
+                "signature",
+                f"service token {parts[1][:40]}: unknown or wrong secret",
+                message="the service token is not valid",
+            )
+        key, service, user, org = row
+        return Principal(
+            user_id=user.id,
+            user_name=user.name,
+            org_id=org.id,
+            org_name=org.name,
+            key_id=f"service:{key.id}"[:64],
+            role="service",
+            platform_admin=False,
+            service_id=service.id,
+        )
+
+    def id_for(self, principal: Principal, name: str) -> str:
+        """The id of the caller's service ``name``, or a new one for a service not deployed yet (a preview)."""
+        with self.db.read() as s:
+            existing = s.scalar(select(Service.id).where(Service.org_id == principal.org_id, Service.name == name))
+        return str(existing) if existing is not None else new_id("svc")
+
+    def replica_job(self, principal: Principal, name: str, replica_id: str | None) -> str:
+        """The job of a replica of the service (the newest one without ``replica_id``), for its log."""
+        principal.require("services:read")
+        with self.db.read() as s:
+            service = self.load(s, principal, name)
+            query = select(ServiceReplica.job_id).where(
+                ServiceReplica.service_id == service.id, ServiceReplica.job_id.is_not(None)
+            )
+            if replica_id is not None:
+                query = query.where(ServiceReplica.id == replica_id)
+            job_id = s.scalar(query.order_by(ServiceReplica.created_at.desc()).limit(1))
+        if job_id is None:
+            raise NotFound(
+                f"service {name} has no replica {replica_id}" if replica_id else f"service {name} has no replica yet"
+            )
+        return str(job_id)
