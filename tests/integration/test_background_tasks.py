@@ -21,6 +21,7 @@ SERVER_TASKS = {
     "purge-audit",
     "purge-idempotency-keys",
     "backend-sweep",
+    "shim-notify",  # the local backend's background work (kiln.tasks.backend_work)
 }
 
 

@@ -4,6 +4,8 @@ server reads it and its pruner judges it at once, rather than at the next batch 
 (0.2 s) and the next ingestion pass (0.25 s). Issue 26: pruned trials ran 5-39 epochs past the verdict.
 
 A job that watches nothing never asks; a watched point printed to the log and one written by ``kiln.log`` both do.
+The backend listens for the shims' notes in its background work, which the server's task runner runs (here a runner
+of the test's own): it starts no thread of its own.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from kiln.domain.spec import JobSpec
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore
+from kiln.tasks.backend_work import backend_tasks
+from kiln.tasks.runner import TaskRunner
 from tests.kilnserver import TEST_PYTHON_ROOTS
 
 # Prints a watched point, then waits for the test to say it saw the wake-up (or gives up after 20 s).
@@ -56,12 +60,21 @@ def backend(tmp_path: Path) -> Iterator[tuple[LocalBackend, Ready]]:
     ready = Ready()
     runtimes = RuntimeManager(DEFAULT_CATALOG, settings.home / "runtimes")
     store = ObjectStore(str(settings.home / "store"))
+    threads = set(threading.enumerate())
     local = LocalBackend(
         settings, store, LogStore(settings.home / "logs"), runtimes, wake=lambda _job: None, metrics_ready=ready
     )
+    started = [t.name for t in set(threading.enumerate()) - threads]
+    assert started == [], f"the backend started threads of its own: {started}"
+    runner = TaskRunner()
+    for task in backend_tasks(local):
+        runner.add(task)
+    assert {task.name for task in runner.tasks()} >= {"shim-notify", "backend-sweep"}
+    runner.start()
     try:
         yield local, ready
     finally:
+        runner.stop()
         local.close()
 
 

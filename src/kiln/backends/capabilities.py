@@ -10,6 +10,9 @@ The same contract applies as for the base class: return fast, be idempotent wher
 from __future__ import annotations
 
 import abc
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -58,6 +61,29 @@ class CheckpointSyncer(abc.ABC):
         call into the store under ``dest_prefix``, so checkpoints survive the machine and reach the next attempt.
         The handle, not the job id: the attempt may be one another server started (and this one adopted), with
         its files where that server put them. Returns (files, bytes)."""
+
+
+@dataclass
+class Work:
+    """One piece of a backend's background work, run by the server's task runner as a task named ``name`` on every
+    server (it is this machine's, or this process's): ``step()`` does a bounded piece (it returns within about a
+    second, so that the server stops promptly) and returns the seconds until the next step (0: at once; None:
+    ``interval``). Setting ``wake`` runs the next step before then."""
+
+    name: str
+    step: Callable[[], float | None]
+    interval: float
+    wake: threading.Event = field(default_factory=threading.Event)
+
+
+class BackgroundWork(abc.ABC):
+    """Needs work done while the server runs (listening for its attempts' notes, making ready ahead what attempts
+    will need). The backend starts no thread of its own: the server's task runner runs each piece
+    (kiln.tasks.backend_work), after every part of the server is built, and stops it before ``close``."""
+
+    @abc.abstractmethod
+    def background_work(self) -> list[Work]:
+        """The pieces, each run as a task of its own."""
 
 
 class JobFiles(abc.ABC):

@@ -25,6 +25,7 @@ from kiln.scheduler.loop import Reconciler
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore
+from kiln.tasks.backend_work import backend_tasks
 from kiln.tasks.checkpoint_sync import CheckpointSync
 from kiln.tasks.leases import TaskLeases
 from kiln.tasks.log_metrics import LogMetrics
@@ -32,7 +33,7 @@ from kiln.tasks.log_shipping import LogShipping
 from kiln.tasks.metrics_ingest import MetricsIngester
 from kiln.tasks.nonce_flush import nonce_flush
 from kiln.tasks.presence import ServerPresence
-from kiln.tasks.purges import backend_sweep, purges
+from kiln.tasks.purges import purges
 from kiln.tasks.runner import Task, TaskRunner
 from kiln.tasks.serving import ServingControl, spool_writer
 from kiln.tasks.serving_routes import RouteSync, remote_traffic
@@ -80,7 +81,6 @@ class Platform:
         if settings.runtime_catalog is not None:
             path = settings.runtime_catalog
             self.catalog = DEFAULT_CATALOG.extended(load_catalog_file(path.read_text(), str(path)))
-        self._reconciler: Reconciler | None = None
         self.identity = IdentityService(self.db, self.box, settings, key)
         self.accounts = AccountService(self.db, self.box, self.identity)
         self.quotas = QuotaService(self.db, self.logs)
@@ -94,22 +94,43 @@ class Platform:
             settings.server_heartbeat_seconds,
             on_count=self.rate_limiter.share,
         )
+        # Metrics: the store both ingestion paths write through, the task that tails the jobs' spool files (a
+        # shim wakes it: the backend's metrics_ready), and the server's own numbers for /metrics. A trial's new
+        # objective points are judged at once by the studies task, whichever path stored them.
+        self.metrics_store = MetricsStore(self.db)
+        self.metrics_ingester = MetricsIngester(
+            self.db, self.metrics_store, settings.jobs_dir, on_ingested=self._judge_trials
+        )
+        self.prometheus = ServerMetrics(self.db, lambda: self.metrics_store.points_ingested)
         self.backend = self._backend()
         # The Idempotency-Keys of every create (jobs, studies, services, model versions): one store of keys.
         self.idempotency = Idempotency(self.db, settings.idempotency_retention_seconds)
-        self.reconciler = Reconciler(
-            self.db, self.backend, self.logs, settings, mint_token=self.identity.mint_job_token
+        # Datasets and model versions a job reads: pinned at submit, resolved to files when an attempt starts.
+        self.datasets = DatasetService(self.db, self.store, settings, self.quotas)
+        self.models = ModelRegistry(
+            self.db, self.store, settings, self.quotas, self.metrics_ingester.ingest_now, self.idempotency
         )
-        self._reconciler = self.reconciler
+        self.reconciler = Reconciler(
+            self.db,
+            self.backend,
+            self.logs,
+            settings,
+            mint_token=self.identity.mint_job_token,
+            resolve_inputs=input_resolver(self.datasets, self.models),
+            on_admitted=self.prometheus.admission.observe,  # read for a whole pass in one query
+        )
         self.jobs = JobService(
             self.db,
             self.catalog,
             self.backend.nodes,
-            self._wake,
+            self.reconciler.wake,
             self.backend.validate if isinstance(self.backend, SpecValidator) else None,
             self.quotas,
             network_host_orgs=tuple(settings.network_host_org_list),
             idempotency=self.idempotency,
+            backend_name=self.backend.name,
+            resolve_dataset=dataset_pinner(self.datasets),
+            pin_model=model_pinner(self.models),
         )
         self.scheduling = SchedulingService(self.db, self.backend, settings, self.jobs)
         self.nodes = NodeService(self.db, self.backend.nodes)
@@ -120,34 +141,20 @@ class Platform:
             if isinstance(self.backend, RuntimeBuilder)
             else host_runtime_builder(self.catalog, settings.resolved_runtimes_dir)
         )
-        self.datasets = DatasetService(self.db, self.store, settings, self.quotas)
-        # Metrics: the store both ingestion paths write through, the thread that tails the jobs' spool files,
-        # the queries, and the server's own numbers for /metrics (the reconciler feeds the admission latency).
-        self.metrics_store = MetricsStore(self.db)
-        self.metrics_ingester = MetricsIngester(self.db, self.metrics_store, settings.jobs_dir)
         shimless = [] if isinstance(self.backend, ExtractsMetrics) else [self.backend.name]
         self.log_metrics = LogMetrics(self.db, self.logs, settings.jobs_dir, shimless)
-        self.metrics = MetricsService(self.db, self.jobs, self.metrics_store)
-        self.prometheus = ServerMetrics(self.db, lambda: self.metrics_store.points_ingested)
-        self.reconciler.on_admitted = self.prometheus.admission.observe  # read for a whole pass in one query
-        # Datasets a job reads: pinned at submit, resolved to files when an attempt starts.
-        self.jobs.resolve_dataset = dataset_pinner(self.datasets)
-        self.jobs.backend_name = self.backend.name
-        self.models = ModelRegistry(
-            self.db, self.store, settings, self.quotas, self.metrics_ingester.ingest_now, self.idempotency
-        )
-        self.jobs.pin_model = model_pinner(self.models)
-        self.reconciler.resolve_inputs = input_resolver(self.datasets, self.models)
+        self.metrics = MetricsService(self.db, self.jobs, self.metrics_store, on_ingested=self._judge_trials)
         # Tuning studies: the use cases, and the task that runs their trials as jobs.
         self.study_driver = StudyDriver(self.db, self.jobs, settings.home, self.metrics_ingester.ingest_now)
         self.studies = StudyService(self.db, self.jobs, self.study_driver.wake, self.idempotency)
-        # A trial's new objective points (a shim wakes the ingester for them: metrics.watch) are judged at once.
-        self.metrics_ingester.on_ingested = self.study_driver.judge_soon
-        self.metrics.on_ingested = self.study_driver.judge_soon  # ... and those a remote job sends over HTTP
         # Model services: the router (in this process) forwards predicts to the replicas the serving task runs.
         # Every server routes from what the database records of the replicas (serving_routes), and the serving
         # task scales on every live server's traffic.
-        self.router = Router()
+        self.router = Router(
+            self._cold_start,
+            latency_observer=self.prometheus.predict_latency.observe,
+            batch_observer=self.prometheus.predict_batch.observe,
+        )
         server_id = settings.resolved_instance_id
         self.routes = RouteSync(self.db, self.router, self.box, server_id, self.servers.live_for)
         self.serving_control = ServingControl(
@@ -164,15 +171,12 @@ class Platform:
         self.serving = ServingService(
             self.db,
             self.jobs,
-            lambda org_id, ref: self.models.resolve(org_id, ref),
+            self.models.resolve,
             self.serving_control.wake,
             self.router.in_flight,
             settings.endpoint,
             self.idempotency,
         )
-        self.router.on_cold_start = self._cold_start
-        self.router.latency_observer = self.prometheus.predict_latency.observe
-        self.router.batch_observer = self.prometheus.predict_batch.observe
         self.checkpoints = CheckpointSync(
             self.db, self.backend, settings.checkpoint_sync_seconds, owner=settings.resolved_instance_id
         )
@@ -197,7 +201,7 @@ class Platform:
             self.routes.task(),
             nonce_flush(nonces) if nonces is not None else None,
             *purges(self.identity, self.audit, self.idempotency),
-            backend_sweep(self.backend),
+            *backend_tasks(self.backend),
         ]
         return [task for task in tasks if task is not None]
 
@@ -208,20 +212,25 @@ class Platform:
         self.serving.cold_start(service_id)
 
     def _backend(self) -> Backend:
-        """The backend KILN_BACKEND names, from the registry (one that cannot be loaded is named, with why)."""
+        """The backend KILN_BACKEND names, from the registry (one that cannot be loaded is named, with why). Its
+        shims wake the reconciler (an attempt changed) and the metrics ingester (a watched metric was written)."""
         deps = BackendDeps(
-            self.settings, self.store, self.logs, self.catalog, wake=self._wake, metrics_ready=self._metrics_ready
+            self.settings,
+            self.store,
+            self.logs,
+            self.catalog,
+            wake=self._wake,
+            metrics_ready=self.metrics_ingester.wake,
         )
         return registry.create(self.settings.backend, deps)
 
     def _wake(self, job_id: str | None = None) -> None:
-        if self._reconciler is not None:
-            self._reconciler.wake(job_id)
+        """The reconciler's wake-up, for the backend built before it (the reconciler drives the backend)."""
+        self.reconciler.wake(job_id)
 
-    def _metrics_ready(self, job_id: str) -> None:
-        ingester = getattr(self, "metrics_ingester", None)  # None while the backend is being built
-        if ingester is not None:
-            ingester.wake(job_id)
+    def _judge_trials(self, job_ids: set[str]) -> None:
+        """New points of these jobs were stored: the studies task (built after the metrics) judges the trials."""
+        self.study_driver.judge_soon(job_ids)
 
     @staticmethod
     def _take_home_lock(path: Path, endpoint: str) -> IO[str]:

@@ -72,7 +72,13 @@ class Answer:
 
 
 class Router:
-    def __init__(self, on_cold_start: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_cold_start: Callable[[str], None] | None = None,
+        *,
+        latency_observer: Callable[[float], None] | None = None,
+        batch_observer: Callable[[int], None] | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         self._services: dict[str, dict[str, Endpoint]] = {}  # service id → replica id → endpoint
         self._changed: dict[str, asyncio.Event] = {}
@@ -87,8 +93,8 @@ class Router:
         # Process-wide aggregates (Prometheus: no tenant labels).
         self.total_requests = 0
         self.total_errors = 0
-        self.latency_observer: Callable[[float], None] | None = None
-        self.batch_observer: Callable[[int], None] | None = None
+        self.latency_observer = latency_observer
+        self.batch_observer = batch_observer
 
     # ---- what the serving task tells the router
 

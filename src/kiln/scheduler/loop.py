@@ -87,6 +87,9 @@ class Reconciler:
         logs: LogStore,
         settings: Settings,
         mint_token: Callable[[str, int, float], str] | None = None,
+        *,
+        resolve_inputs: Callable[[str, JobSpec], tuple[ResolvedInput, ...]] | None = None,
+        on_admitted: Callable[[float], None] | None = None,
     ) -> None:
         self.mint_token = mint_token
         self.db = db
@@ -106,11 +109,11 @@ class Reconciler:
         self._next_takeover: datetime | None = None  # the earliest another server's lease on a waiting job runs out
         self.observer = Observer(backend, logs, settings)
         self.starter = Starter(db, backend, self._inputs, logs, owner=self.owner)
-        # (org id, spec) → the spec's inputs resolved to files; set by the platform when datasets exist.
-        self.resolve_inputs: Callable[[str, JobSpec], tuple[ResolvedInput, ...]] | None = None
+        # (org id, spec) → the spec's inputs resolved to files (datasets and model versions).
+        self.resolve_inputs = resolve_inputs
         # The admission latency of each job a pass starts, in seconds from its entering the queue (submitted,
         # preempted or restarting) to STARTING: read for all of the pass's jobs in one query.
-        self.on_admitted: Callable[[float], None] | None = None
+        self.on_admitted = on_admitted
 
     # -- the background task --------------------------------------------------------------------------
 

@@ -10,5 +10,7 @@ server at a time runs). The scheduler, the biggest task, is a package of its own
     serving.py          serving (leased)       every model service's replicas, as its spec and load want them
     serving_routes.py   serving-routes         this server's router follows the replicas' rows
     nonce_flush.py      nonce-flush            a single-process server's nonces, written behind
-    purges.py           purge-* (leased), backend-sweep
+    purges.py           purge-* (leased)       rows past their retention: nonces, audit entries, idempotency keys
+    backend_work.py     backend-sweep, and each piece of a backend's own background work (the local backend's
+                        shim-notify and network-spares): no backend starts a thread of its own
 """

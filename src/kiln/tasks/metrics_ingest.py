@@ -73,6 +73,7 @@ class MetricsIngester:
         interval: float = 0.25,
         max_bytes_per_file: int = 1024 * 1024,
         batch_points: int = 20_000,
+        on_ingested: Callable[[set[str]], None] | None = None,
     ) -> None:
         self.db = db
         self.store = store
@@ -80,7 +81,7 @@ class MetricsIngester:
         self.interval = interval
         self.max_bytes_per_file = max_bytes_per_file
         # Called after a pass that stored points, with the jobs they were of (the studies task judges them).
-        self.on_ingested: Callable[[set[str]], None] | None = None
+        self.on_ingested = on_ingested
         self.ingested_jobs: set[str] = set()  # the jobs the last pass stored points of
         self.batch_points = batch_points
         self._files: dict[tuple[str, str], _FileState] = {}

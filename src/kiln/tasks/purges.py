@@ -2,15 +2,10 @@
 
 Rows of the (maybe shared) database: one server at a time purges each kind (a leased task), in its fenced
 transaction: ``purge-nonces`` (the replay window's used nonces), ``purge-audit`` (entries past
-``KILN_AUDIT_RETENTION_DAYS``), ``purge-idempotency-keys`` (keys past ``KILN_IDEMPOTENCY_RETENTION_SECONDS``).
-A machine's own files: every server sweeps its backend's (``backend-sweep``: the leftovers of jobs that ended,
-for backends that keep files on this machine).
-"""
+``KILN_AUDIT_RETENTION_DAYS``), ``purge-idempotency-keys`` (keys past ``KILN_IDEMPOTENCY_RETENTION_SECONDS``)."""
 
 from __future__ import annotations
 
-from kiln.backends.base import Backend
-from kiln.backends.capabilities import JobFiles
 from kiln.tasks.runner import Task
 from kiln.usecases.audit import AuditService
 from kiln.usecases.idempotency import Idempotency
@@ -23,7 +18,3 @@ def purges(identity: IdentityService, audit: AuditService, idempotency: Idempote
         Task.writing("purge-audit", audit.purge, 600, lease_scope="purge-audit"),
         Task.writing("purge-idempotency-keys", idempotency.purge, 600, lease_scope="purge-idempotency-keys"),
     ]
-
-
-def backend_sweep(backend: Backend) -> Task | None:
-    return Task.of("backend-sweep", backend.sweep, 60) if isinstance(backend, JobFiles) else None

@@ -183,6 +183,10 @@ class JobService:
         quotas: QuotaService | None = None,
         network_host_orgs: tuple[str, ...] = (),
         idempotency: Idempotency | None = None,
+        *,
+        backend_name: str = "local",
+        resolve_dataset: Callable[[str, str], tuple[str, int]] | None = None,
+        pin_model: Callable[[str, int, InputSpec], InputSpec] | None = None,
     ) -> None:
         self.validate = validate
         # The Idempotency-Keys of creates (submit, rerun): the platform's, shared with the other creates.
@@ -192,11 +196,11 @@ class JobService:
         self.db = db
         self.catalog = catalog
         self.nodes = nodes
-        self.backend_name = "local"  # the server's backend: its reconciler places the job
+        self.backend_name = backend_name  # the server's backend: its reconciler places the job
         # (org id, NAME or NAME@VERSION) → (name, version) of a ready dataset version, or NotFound.
-        self.resolve_dataset: Callable[[str, str], tuple[str, int]] | None = None
+        self.resolve_dataset = resolve_dataset
         # (org id, index, a model input) → the input pinned to a version number (kiln.usecases.inputs), or a 422.
-        self.pin_model: Callable[[str, int, InputSpec], InputSpec] | None = None
+        self.pin_model = pin_model
         self.wake = wake
 
     def load(self, s: Session, principal: Principal, job_id: str, *, lock: bool = False) -> Job:

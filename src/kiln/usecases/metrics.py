@@ -78,11 +78,17 @@ def _bucket_sql(dialect: str, expr: str) -> str:
 
 
 class MetricsService:
-    def __init__(self, db: Database, jobs: JobService, store: MetricsStore) -> None:
+    def __init__(
+        self,
+        db: Database,
+        jobs: JobService,
+        store: MetricsStore,
+        on_ingested: Callable[[set[str]], None] | None = None,
+    ) -> None:
         self.db = db
         self.jobs = jobs
         self.store = store
-        self.on_ingested: Callable[[set[str]], None] | None = None  # after points were stored, with their job
+        self.on_ingested = on_ingested  # after points were stored, with their job
 
     # -- writing --------------------------------------------------------------------------------------
 

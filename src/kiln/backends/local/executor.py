@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import threading
@@ -37,12 +38,14 @@ import psutil
 
 from kiln.backends.base import AttemptStatus, Backend, BackendDeps, Inventory, Launch
 from kiln.backends.capabilities import (
+    BackgroundWork,
     CheckpointSyncer,
     ExtractsMetrics,
     JobFiles,
     OutputCollector,
     Preemptible,
     SpecValidator,
+    Work,
 )
 from kiln.backends.local import jobfiles, joblimits, shimconfig
 from kiln.backends.local import network as job_network
@@ -77,6 +80,7 @@ from kiln.storage.store import ObjectStore
 log = logging.getLogger(__name__)
 
 MAX_UNIX_SOCKET_PATH = 100
+LISTEN_SECONDS = 0.5  # the longest one step of the shim-notify work waits for a note (the server's stop waits it)
 
 
 class LocalBackend(
@@ -88,6 +92,7 @@ class LocalBackend(
     JobFiles,
     ExtractsMetrics,  # each attempt's shim extracts them
     LocalRuntimeBuilder,
+    BackgroundWork,  # the shims' notes, spare networks
 ):
     name = "local"
 
@@ -134,14 +139,14 @@ class LocalBackend(
         self.shims = ShimLauncher(settings.run_dir)
         self._wake = wake
         self._mount_probed = False
-        self._listener: threading.Thread | None = None
         self._sock: socket.socket | None = None
         self.notify_path: str | None = None
-        self._start_listener()
+        self._open_notify_socket()
 
     # -- notifications --------------------------------------------------------------------------------
 
-    def _start_listener(self) -> None:
+    def _open_notify_socket(self) -> None:
+        """Bind the datagram socket the shims send their notes to (read by ``_listen_once``)."""
         settings_run = self.settings.run_dir
         settings_run.mkdir(parents=True, exist_ok=True)
         path = str(settings_run / "notify.sock")
@@ -156,28 +161,47 @@ class LocalBackend(
         sock.bind(path)
         self._sock = sock
         self.notify_path = path
-        self._listener = threading.Thread(target=self._listen, name="kiln-shim-notify", daemon=True)
-        self._listener.start()
 
-    def _listen(self) -> None:
+    def background_work(self) -> list[Work]:
+        work = []
+        if self._sock is not None:  # the shims' notes, as they come (a blocking wait of up to LISTEN_SECONDS)
+            work.append(Work("shim-notify", self._listen_once, LISTEN_SECONDS))
+        if self.spare_networks.wanted:
+            work.append(Work("network-spares", self.spare_networks.fill_once, 5.0, self.spare_networks.wake))
+        return work
+
+    def _listen_once(self) -> float | None:
+        """Wait up to LISTEN_SECONDS for the shims' notes and hand each on: 0 (listen again at once), or None once
+        the socket is closed."""
         sock = self._sock
-        assert sock is not None
-        while True:
+        if sock is None:
+            return None
+        try:
+            ready, _, _ = select.select([sock], [], [], LISTEN_SECONDS)
+        except (OSError, ValueError):  # closed meanwhile
+            return None
+        while ready:
             try:
-                data = sock.recv(4096)
+                data = sock.recv(4096, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                break
             except OSError:
-                return
-            try:
-                note = json.loads(data)
-                job_id, event = note.get("job_id"), note.get("event")
-            except (ValueError, AttributeError):
-                job_id, event = None, None
-            job_id = job_id if isinstance(job_id, str) else None
-            if event == "metrics":  # points of a watched metric (metrics.watch) are in the job's spool files
-                if job_id is not None and self._metrics_ready is not None:
-                    self._metrics_ready(job_id)
-            elif self._wake:
-                self._wake(job_id)
+                return None
+            self._note(data)
+        return 0.0
+
+    def _note(self, data: bytes) -> None:
+        try:
+            note = json.loads(data)
+            job_id, event = note.get("job_id"), note.get("event")
+        except (ValueError, AttributeError):
+            job_id, event = None, None
+        job_id = job_id if isinstance(job_id, str) else None
+        if event == "metrics":  # points of a watched metric (metrics.watch) are in the job's spool files
+            if job_id is not None and self._metrics_ready is not None:
+                self._metrics_ready(job_id)
+        elif self._wake:
+            self._wake(job_id)
 
     def close(self) -> None:
         self.spare_networks.close()
