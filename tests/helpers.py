@@ -6,12 +6,15 @@ import sys
 import time
 from typing import Any
 
+from kiln.backends.base import Backend
 from kiln.db import migrate
 from kiln.db.models import Job, Organization, User
 from kiln.db.session import Database
 from kiln.domain.schemas import JobRead
 from kiln.domain.states import JobState
 from kiln.sdk.client import Client
+from kiln.tasks.backend_work import backend_tasks
+from kiln.tasks.runner import TaskRunner
 
 
 def spec(command: str | list[str], **extra: Any) -> dict[str, Any]:
@@ -71,3 +74,13 @@ def acme_database(url: str) -> Database:
         s.flush()
         s.add(User(id="usr-1", org_id="org-1", name="ann"))
     return database
+
+
+def run_background_work(backend: Backend) -> TaskRunner:
+    """A started task runner running the backend's background work, as a server's does (its informers, its
+    listener): stop it before closing the backend."""
+    runner = TaskRunner()
+    for task in backend_tasks(backend):
+        runner.add(task)
+    runner.start()
+    return runner

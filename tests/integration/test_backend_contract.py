@@ -37,7 +37,9 @@ from kiln.domain.spec import JobSpec
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore
+from kiln.tasks.runner import TaskRunner
 from tests.fakes.kube_api import FakeKubeAPI
+from tests.helpers import run_background_work
 from tests.kilnserver import TEST_PYTHON_ROOTS
 
 ORG = "org-1"
@@ -186,6 +188,7 @@ class KubernetesHarness:
         self.fake = fake
         self.home = home
         self.backends: list[KubernetesBackend] = []
+        self.runners: list[TaskRunner] = []
         self.backend = self.restarted()
 
     def restarted(self) -> KubernetesBackend:
@@ -198,6 +201,7 @@ class KubernetesHarness:
             watch_timeout=2,
         )
         self.backends.append(backend)
+        self.runners.append(run_background_work(backend))  # its informers, as a server's task runner runs them
         return backend
 
     def launch(self, job_id: str, attempt: int = 1) -> Launch:
@@ -223,6 +227,8 @@ class KubernetesHarness:
         self.fake.delete_pod(self._pod(launch))
 
     def close(self) -> None:
+        for runner in self.runners:
+            runner.stop()
         for backend in self.backends:
             backend.close()
 

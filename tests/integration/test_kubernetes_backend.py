@@ -18,7 +18,9 @@ from kiln.domain.spec import JobSpec
 from kiln.errors import InvalidInput
 from kiln.runtime.logline import parse_tagged
 from kiln.storage.logs import LogStore
+from kiln.tasks.runner import TaskRunner
 from tests.fakes.kube_api import FakeKubeAPI
+from tests.helpers import run_background_work
 
 ORG = "org-1"
 
@@ -55,6 +57,7 @@ class Env:
         self.tmp = tmp
         self.logs = LogStore(tmp / "logs")
         self.backends: list[KubernetesBackend] = []
+        self.runners: list[TaskRunner] = []
 
     def backend(self, config: KubeConfig | None = None) -> KubernetesBackend:
         backend = KubernetesBackend(
@@ -67,9 +70,12 @@ class Env:
             watch_timeout=2,
         )
         self.backends.append(backend)
+        self.runners.append(run_background_work(backend))  # its informers, as a server's task runner runs them
         return backend
 
     def close(self) -> None:
+        for runner in self.runners:
+            runner.stop()
         for backend in self.backends:
             backend.close()
 

@@ -68,12 +68,14 @@ class Work:
     """One piece of a backend's background work, run by the server's task runner as a task named ``name`` on every
     server (it is this machine's, or this process's): ``step()`` does a bounded piece (it returns within about a
     second, so that the server stops promptly) and returns the seconds until the next step (0: at once; None:
-    ``interval``). Setting ``wake`` runs the next step before then."""
+    ``interval``). Setting ``wake`` runs the next step before then. A step that blocks on a stream longer than
+    that (a Kubernetes watch) says how to cut it short when the server stops: ``interrupt``."""
 
     name: str
     step: Callable[[], float | None]
     interval: float
     wake: threading.Event = field(default_factory=threading.Event)
+    interrupt: Callable[[], None] | None = None
 
 
 class BackgroundWork(abc.ABC):

@@ -22,4 +22,4 @@ def _task(work: Work) -> Task:
     def run_once(ctx: TaskContext) -> float | None:
         return work.step()
 
-    return Task(work.name, run_once, work.interval, wake=work.wake)
+    return Task(work.name, run_once, work.interval, wake=work.wake, interrupt=work.interrupt)

@@ -116,6 +116,7 @@ class Task:
     wake: threading.Event = field(default_factory=threading.Event)
     first_delay: float = 0.0  # before the first run (0: at once)
     stop: Callable[[], None] | None = None  # called once the thread ended (a last flush)
+    interrupt: Callable[[], None] | None = None  # called as the runner stops, to cut a run blocked in I/O short
     join_timeout: float = 10.0
 
     @classmethod
@@ -225,11 +226,16 @@ class TaskRunner:
         return list(self._tasks.values())
 
     def stop(self) -> None:
-        """Stop every task: wake each, wait for its run to end (its ``join_timeout``), give back the leases,
-        then call each task's ``stop``."""
+        """Stop every task: wake each (and ``interrupt`` it, if it says how), wait for its run to end (its
+        ``join_timeout``), give back the leases, then call each task's ``stop``."""
         self._stopping.set()
         for task in self._tasks.values():
             task.wake.set()
+            if task.interrupt is not None:
+                try:
+                    task.interrupt()
+                except Exception:
+                    log.exception("interrupting task %s failed", task.name)
         for name, thread in list(self._threads.items()):
             thread.join(timeout=self._tasks[name].join_timeout)
             if thread.is_alive():

@@ -9,7 +9,8 @@
   TTL — removes everything.
 - Status comes from two informers (pods and Jobs with ``app.kubernetes.io/managed-by=kiln`` in the namespace):
   list once, then watch from the list's resourceVersion, resume after each watch timeout from the last version
-  seen, re-list on ``410 Gone``; the objects live in an in-memory cache that a background thread keeps.
+  seen, re-list on ``410 Gone``; the objects live in an in-memory cache that the informers keep, each a piece of
+  the backend's ``background_work`` (one list or watch request a step) that the server's task runner runs.
   ``poll`` reads that cache (it never lists per poll) and maps it with :func:`status_from`.
 - ``cancel``/``preempt`` delete the attempt's Jobs with ``propagationPolicy: Foreground``: the pods get SIGTERM
   and ``terminationGracePeriodSeconds`` (the ``termination_grace_seconds`` setting) before SIGKILL. There is
@@ -18,6 +19,7 @@
 - Logs: a thread per pod follows ``pods/log`` (with timestamps) into Kiln's :class:`LogStore`, as lines tagged
   with the member (``O@worker1``) for gangs, so logs outlive the pods; a restarted controller resumes where it
   was without duplicating lines (:class:`~kiln.backends.kubernetes.podlogs.PodLogs`, which the backend owns).
+  These follow streams, one blocking read per running pod, are the only threads a backend starts itself.
 - It has no ``collect_outputs``/``sync_checkpoints`` (it declares neither capability), and needs none: a pod's
   ``$KILN_OUTPUT_DIR`` and checkpoints live in emptyDirs the server cannot reach; the pod's ``kiln-sync`` sidecar
   (``podsync.py``) uploads them through the Kiln API with the job token — checkpoints every
@@ -40,6 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Self
 
@@ -47,7 +50,14 @@ from typing import Any, Self
 from kubernetes import client
 
 from kiln.backends.base import AttemptStatus, Backend, BackendDeps, Inventory, Launch, Phase
-from kiln.backends.capabilities import Preemptible, ServiceAddress, ServiceDeployer, SpecValidator
+from kiln.backends.capabilities import (
+    BackgroundWork,
+    Preemptible,
+    ServiceAddress,
+    ServiceDeployer,
+    SpecValidator,
+    Work,
+)
 from kiln.backends.kubernetes.gang import new_ssh_keypair
 from kiln.backends.kubernetes.inputs import KubeConfig, RenderInput
 from kiln.backends.kubernetes.kubeapi import KubeObjects
@@ -71,6 +81,8 @@ from kiln.errors import BackendError, InvalidInput
 from kiln.storage.logs import LogStore
 
 log = logging.getLogger(__name__)
+
+INFORM_BACKOFF = 0.2  # seconds before the first re-list after a failed list or watch (doubling to 10 s)
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (kiln.io/job label value, attempt)
@@ -105,7 +117,7 @@ class _Attempt:
     ended: bool = False  # its Jobs were deleted because the attempt ended (the rest of a gang)
 
 
-class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer):
+class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer, BackgroundWork):
     """Not :class:`~kiln.backends.capabilities.ExtractsMetrics` (no shim in a pod: the server extracts metrics
     from the logs it streams in), nor an output or checkpoint collector (the pods' sidecars upload them)."""
 
@@ -167,42 +179,53 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer):
         self._nodes_at = 0.0
         self._responses: set[Any] = set()  # open streams, shut down by close()
         self._pod_logs = PodLogs(self.core, self.namespace, logs, state_dir, self._stop, self._responses, self._pod)
-        self._threads = [
-            threading.Thread(target=self._inform, args=(kind,), name=f"kiln-k8s-{kind.lower()}s", daemon=True)
+        # Each informer's place: the resourceVersion to watch from (None: list first) and its back-off.
+        self._versions: dict[str, str | None] = {"Pod": None, "Job": None}
+        self._backoff = {"Pod": INFORM_BACKOFF, "Job": INFORM_BACKOFF}
+
+    def background_work(self) -> list[Work]:
+        """The informers of pods and Jobs (``k8s-pods``, ``k8s-jobs``), each one list or watch request a step."""
+        return [
+            Work(f"k8s-{kind.lower()}s", partial(self._inform_once, kind), INFORM_BACKOFF, interrupt=self._interrupt)
             for kind in ("Pod", "Job")
         ]
-        for thread in self._threads:
-            thread.start()
 
     # -- informers --------------------------------------------------------------------------------------
 
     def _list_call(self, kind: str) -> Callable[..., Any]:
         return self.core.list_namespaced_pod if kind == "Pod" else self.batch.list_namespaced_job
 
-    def _inform(self, kind: str) -> None:
-        """List, then watch from the list's resourceVersion; re-list on 410 Gone or any error."""
+    def _inform_once(self, kind: str) -> float | None:
+        """One request of the informer of ``kind``: the list (at first, and after 410 Gone or an error), else one
+        watch from the last resourceVersion until the server's timeout. Returns 0 (the next request at once), or
+        the back-off after an error (doubling to 10 s), or None once the backend is closing."""
+        if self._stop.is_set():
+            return None
         selector = f"{MANAGED_BY}=kiln"
         call = self._list_call(kind)
-        backoff = 0.2
-        while not self._stop.is_set():
-            try:
+        version = self._versions[kind]
+        try:
+            if version is None:
                 resp = call(self.namespace, label_selector=selector, _preload_content=False)
                 listed = json.loads(resp.data)
                 self._replace(kind, listed.get("items") or [])
                 self._synced[kind].set()
-                version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
-                while not self._stop.is_set():
-                    version, gone = self._watch(kind, call, selector, version)
-                    if gone:
-                        log.info("watch of %ss: resourceVersion %s expired (410 Gone); re-listing", kind, version)
-                        break
-                backoff = 0.2
-            except Exception as exc:
-                if self._stop.is_set():
-                    return
-                log.warning("watch of %ss failed (%s: %s); re-listing in %.1fs", kind, type(exc).__name__, exc, backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
+                self._versions[kind] = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+            else:
+                version, gone = self._watch(kind, call, selector, version)
+                if gone:
+                    log.info("watch of %ss: resourceVersion %s expired (410 Gone); re-listing", kind, version)
+                self._versions[kind] = None if gone else version
+        except Exception as exc:
+            if self._stop.is_set():
+                return None
+            backoff = self._backoff[kind]
+            log.warning("watch of %ss failed (%s: %s); re-listing in %.1fs", kind, type(exc).__name__, exc, backoff)
+            self._versions[kind] = None
+            self._backoff[kind] = min(backoff * 2, 10.0)
+            return backoff
+        self._backoff[kind] = INFORM_BACKOFF
+        return 0.0
 
     def _watch(self, kind: str, call: Callable[..., Any], selector: str, version: str) -> tuple[str, bool]:
         """One watch request, until the server's timeout; (last resourceVersion seen, whether it was 410 Gone)."""
@@ -486,6 +509,12 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer):
 
     def close(self) -> None:
         self._pod_logs.close()
+        self._interrupt()
+
+    def _interrupt(self) -> None:
+        """The server stops: the informers' watches and the pods' log streams end now (a step blocked in one
+        returns)."""
+        self._stop.set()
         for resp in list(self._responses):
             try:
                 shutdown = getattr(resp, "shutdown", None)
