@@ -10,8 +10,6 @@ from kiln.usecases.identity import MemoryNonceStore
 
 
 def nonce_flush(store: MemoryNonceStore) -> Task:
-    store.flushed_by_a_runner()
-
     def run_once(ctx: TaskContext) -> None:
         store.flush()
 

@@ -126,11 +126,11 @@ class MemoryNonceStore:
     instead of a write transaction per request. A nonce is kept for twice the clock-skew window (a request
     dated ``d`` passes the date check only until ``d + skew``, and it was accepted at the latest at ``d + skew``
     too, so a replay after ``accepted + 2 * skew`` is refused as ``stale`` anyway); older ones are dropped as
-    new ones arrive. Accepted nonces are appended to the ``nonces`` table by a background thread every
-    ``flush_interval`` seconds and at shutdown, and the ones still inside the window are loaded back at start,
-    so that a restart opens no replay window. A hard crash (SIGKILL, power loss) loses at most the last
-    ``flush_interval`` of nonces: those requests could be replayed to the restarted server until their date
-    leaves the window (docs/signing.md).
+    new ones arrive. Accepted nonces are appended to the ``nonces`` table every ``flush_interval`` seconds (the
+    server's task ``nonce-flush``, kiln.tasks.nonce_flush) and at shutdown, and the ones still inside the window
+    are loaded back at start, so that a restart opens no replay window. A hard crash (SIGKILL, power loss) loses
+    at most the last ``flush_interval`` of nonces: those requests could be replayed to the restarted server until
+    their date leaves the window (docs/signing.md).
     """
 
     def __init__(self, db: Database, retention_seconds: float, flush_interval: float = 0.1) -> None:
@@ -141,19 +141,10 @@ class MemoryNonceStore:
         self._order: deque[tuple[str, str]] = deque()  # the same keys, oldest first
         self._pending: list[dict[str, Any]] = []  # accepted, not yet in the table
         self._lock = threading.Lock()
-        self._flush_lock = threading.Lock()  # one flush at a time (the thread's, or the last one at close)
+        self._flush_lock = threading.Lock()  # one flush at a time (the task's, or the last one at close)
         self._insert = sqlite_insert(Nonce).on_conflict_do_nothing(index_elements=["key_id", "nonce"])
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._closed = False
-        self._scheduled = False  # a server's task runner flushes (flushed_by_a_runner); alone, a thread of its own does
         self._load()
         db.on_dispose(self.close)
-
-    def flushed_by_a_runner(self) -> None:
-        """A server's task runner calls ``flush`` every ``flush_interval`` (kiln.tasks.nonce_flush): no thread of
-        its own is started."""
-        self._scheduled = True
 
     def _load(self) -> None:
         cutoff = time.time() - self.retention
@@ -183,8 +174,6 @@ class MemoryNonceStore:
             self._remember(key, seen_at)
             self._pending.append({"key_id": key_id, "nonce": nonce, "seen_at": now})
             self._prune(seen_at - self.retention)
-        if self._thread is None and not self._scheduled:
-            self._start()
         return True
 
     def _prune(self, cutoff: float) -> None:
@@ -199,17 +188,6 @@ class MemoryNonceStore:
 
     def __len__(self) -> int:
         return len(self._seen)
-
-    def _start(self) -> None:
-        with self._lock:
-            if self._thread is not None or self._closed:
-                return
-            self._thread = threading.Thread(target=self._run, name="kiln-nonce-flush", daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.flush_interval):
-            self.flush()
 
     def flush(self) -> int:
         """Write the accepted nonces not yet in the table; returns how many."""
@@ -230,13 +208,7 @@ class MemoryNonceStore:
             return len(batch)
 
     def close(self) -> None:
-        """Stop the flusher and write what is left (at shutdown, before the engine goes)."""
-        with self._lock:
-            self._closed = True
-            thread = self._thread
-        self._stop.set()
-        if thread is not None:
-            thread.join(timeout=10)
+        """Write what is left (at shutdown, after the runner stopped, before the engine goes)."""
         self.flush()
 
 

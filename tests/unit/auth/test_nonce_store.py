@@ -3,6 +3,7 @@ PostgreSQL. Either way a nonce is single use, also across a restart of the serve
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -17,6 +18,8 @@ from kiln.db import migrate
 from kiln.db.models import Nonce, utcnow
 from kiln.db.session import Database
 from kiln.settings import Settings
+from kiln.tasks.nonce_flush import nonce_flush
+from kiln.tasks.runner import TaskRunner
 from kiln.usecases.identity import AuthFailure, Credentials, IdentityService, MemoryNonceStore
 
 
@@ -61,13 +64,30 @@ def test_a_nonce_is_single_use_per_key(db: Database) -> None:
 
 def test_accepted_nonces_reach_the_table_in_the_background(db: Database) -> None:
     store = MemoryNonceStore(db, 601, flush_interval=0.05)
-    for i in range(50):
-        assert store.use("AK1", f"nonce-{i:020d}", utcnow())
-    deadline = time.monotonic() + 5
-    while rows(db) < 50 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert rows(db) == 50
+    runner = TaskRunner()  # as a server's: task nonce-flush
+    runner.add(nonce_flush(store))
+    runner.start()
+    try:
+        for i in range(50):
+            assert store.use("AK1", f"nonce-{i:020d}", utcnow())
+        deadline = time.monotonic() + 5
+        while rows(db) < 50 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert rows(db) == 50
+    finally:
+        runner.stop()
     store.close()
+
+
+def test_the_store_starts_no_thread_of_its_own(db: Database) -> None:
+    before = set(threading.enumerate())
+    store = MemoryNonceStore(db, 601, flush_interval=0.05)
+    assert store.use("AK1", "nonce-0000000000000001", utcnow())
+    assert set(threading.enumerate()) - before == set()
+    time.sleep(0.2)
+    assert rows(db) == 0  # nothing flushes it but its task (or close)
+    store.close()
+    assert rows(db) == 1
 
 
 def test_close_and_dispose_write_what_is_left(sqlite_url: str) -> None:
