@@ -43,6 +43,7 @@ from kiln.db.session import Database
 from kiln.domain.ids import new_id
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState, Reason
+from kiln.domain.stored_spec import StoredSpec
 from kiln.errors import InvalidInput
 from kiln.scheduler.observe import Observer, log_source
 from kiln.scheduler.outcome import STARTED_BEFORE_END, JobView, Observed, Outcome, decide
@@ -262,7 +263,7 @@ class Reconciler:
             # Running by the record, gone without a trace by the backend's: lost.
             seen.status = replace(seen.status, phase=Phase.LOST)
         observed = Observed(seen.status, seen.handle.get("preempt_sent_at"), seen.copied, seen.copy_error)
-        spec = JobSpec.model_validate(row.spec)
+        spec = StoredSpec(row.spec).model
         backoff = self.settings.restart_backoff_seconds
         outcome = decide(JobView.of(row), spec, observed, now=utcnow(), restart_backoff_seconds=backoff)
         if outcome is not None:
@@ -502,7 +503,7 @@ class Reconciler:
 
     def _launch_of(self, job: Job, slots: tuple[Slot, ...]) -> Launch:
         """What the backend needs to start the job's current attempt on ``slots`` (the launch its handle names)."""
-        spec = JobSpec.model_validate(job.spec)
+        spec = StoredSpec(job.spec).model
         return Launch(
             job_id=job.id,
             org_id=job.org_id,
@@ -530,8 +531,8 @@ class Reconciler:
     def _token(self, job: Job) -> str | None:
         if self.mint_token is None:
             return None
-        spec_timeout = (job.spec or {}).get("timeout")
+        spec_timeout = StoredSpec(job.spec).timeout
         ttl = self.settings.job_token_ttl_seconds
         if spec_timeout:
-            ttl = min(ttl, float(spec_timeout) + 3600)
+            ttl = min(ttl, spec_timeout + 3600)
         return self.mint_token(job.id, job.attempt, ttl)

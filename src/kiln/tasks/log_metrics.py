@@ -30,6 +30,7 @@ from sqlalchemy import and_, or_, select
 from kiln.db.models import Job, utcnow
 from kiln.db.session import Database
 from kiln.domain.states import TERMINAL_STATES, JobState
+from kiln.domain.stored_spec import StoredSpec
 from kiln.runtime.extract import (
     _HINT_BYTES,
     DRAINING_PREFIX,
@@ -172,7 +173,7 @@ class LogMetrics:
         read = 0
         for job_id, attempt, state, spec in rows:
             seen.add(job_id)
-            metrics = (spec or {}).get("metrics") or {}
+            metrics = StoredSpec(spec).metrics
             if not metrics.get("builtin", True) and not metrics.get("patterns"):
                 continue
             read += self._job(job_id, max(1, attempt or 1), JobState(state) in TERMINAL_STATES, metrics)

@@ -31,7 +31,6 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
@@ -52,6 +51,7 @@ from kiln.domain.schemas import (
     DraftRead,
 )
 from kiln.domain.states import JobState
+from kiln.domain.stored_spec import StoredSpec
 from kiln.errors import Conflict, NotFound
 from kiln.usecases.dataset_names import (
     data_key,
@@ -457,13 +457,7 @@ class DatasetService(UploadService):
         the latest one)."""
         jobs = s.execute(select(Job.id, Job.state, Job.spec).where(Job.org_id == org_id, Job.state.in_(PINNING_STATES)))
         for job_id, state, spec in jobs:
-            inputs: Any = spec.get("inputs") if isinstance(spec, dict) else None
-            if not isinstance(inputs, list):
-                continue
-            for item in inputs:
-                ref = item.get("dataset") if isinstance(item, dict) else None
-                if not isinstance(ref, str):
-                    continue
+            for ref in StoredSpec(spec).input_refs("dataset"):
                 ref_name, _, ref_version = ref.partition("@")
                 if ref_name != name:
                     continue

@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from kiln.db.models import Job
+from kiln.domain.stored_spec import StoredSpec
 from kiln.errors import Forbidden
 from kiln.usecases.identity import Principal
 
@@ -22,7 +23,7 @@ def require_input_read(
         principal.require(permission)
         return
     spec = s.scalar(select(Job.spec).where(Job.id == principal.job_id, Job.org_id == principal.org_id))
-    pinned = {str(item.get(kind)) for item in (spec or {}).get("inputs", []) if isinstance(item, dict)}
+    pinned = set(StoredSpec(spec).input_refs(kind))
     if f"{name}@{version}" not in pinned:
         raise Forbidden(
             f"{principal.describe()} may read only the {kind} versions its job reads (not {name}@{version})"

@@ -19,6 +19,7 @@ from kiln.domain.job_requests import JobDryRun, JobRerun
 from kiln.domain.schemas import EventRead, JobList, JobRead, JobSubmit
 from kiln.domain.spec import PRIORITIES, InputSpec, JobSpec
 from kiln.domain.states import JobState, Reason
+from kiln.domain.stored_spec import StoredSpec
 from kiln.errors import Conflict, Forbidden, InvalidInput, NotFound
 from kiln.usecases.idempotency import Idempotency, IdempotentRequest, Remember
 from kiln.usecases.identity import Principal
@@ -263,7 +264,7 @@ class JobService:
                     f"job {job_id} belongs to another organisation, whose code and quota a rerun needs; "
                     "rerun it with a key of that organisation"
                 )
-            spec, code = JobSpec.model_validate(job.spec), job.code_sha256
+            spec, code = StoredSpec(job.spec).model, job.code_sha256
         if body.name is not None:
             spec = spec.model_copy(update={"name": body.name})
         spec = self._checked_spec(principal, spec)

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from kiln.db.models import DataBlob, DatasetFile, Job, ModelFile, Service, ServiceReplica
 from kiln.domain.serving import ReplicaState, ServiceState
 from kiln.domain.states import JobState
+from kiln.domain.stored_spec import StoredSpec
 from kiln.errors import Conflict
 
 PINNING_STATES = [s.value for s in JobState if not s.terminal]
@@ -64,7 +65,7 @@ def refuse_pinned(s: Session, org: str, name: str, numbers: set[int], existing: 
     latest = existing[-1] if existing else None
     jobs = s.execute(select(Job.id, Job.state, Job.spec).where(Job.org_id == org, Job.state.in_(PINNING_STATES)))
     for job_id, state, spec in jobs:
-        for ref in _model_inputs(spec):
+        for ref in StoredSpec(spec).input_refs("model"):
             ref_name, _, ref_version = ref.partition("@")
             if ref_name != name:
                 continue
@@ -75,14 +76,6 @@ def refuse_pinned(s: Session, org: str, name: str, numbers: set[int], existing: 
                     "ended (or cancel the job)",
                     details={"job_id": job_id, "version": pinned},
                 )
-
-
-def _model_inputs(spec: object) -> Iterable[str]:
-    inputs = spec.get("inputs") if isinstance(spec, dict) else None
-    for item in inputs if isinstance(inputs, list) else []:
-        ref = item.get("model") if isinstance(item, dict) else None
-        if isinstance(ref, str):
-            yield ref
 
 
 def chunks(items: list[str]) -> Iterable[list[str]]:

@@ -26,13 +26,13 @@ from kiln.domain.quantities import millicores
 from kiln.domain.quota import Limits, OrgUsage
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState
+from kiln.domain.stored_spec import StoredSpec
 from kiln.usecases.quotas import load_limits, load_usage
 
 JOB_ID = re.compile(r"\bjob-[0-9a-z]{16}\b")
 # A job id with what a message says of it right after, in parentheses (``job-… (a replica of service web: …)``):
 # hidden together from other organisations, since the words can name its service or its timeout.
 JOB_REF = re.compile(r"\bjob-[0-9a-z]{16}\b(?: \([^()]*\))?")
-SERVICE_LABEL = "kiln-service"  # the label a service's replica jobs carry: the service's id (usecases/serving.py)
 WAITING_STATES = [JobState.QUEUED, JobState.RESTARTING]
 ACTIVE_STATES = [JobState.STARTING, JobState.RUNNING]
 # The columns of a waiting job the scheduler needs: rows of these, not ORM objects, since a long queue is read
@@ -118,8 +118,7 @@ def _epoch(value: datetime | None) -> float:
 def pending_of(job: Any, org_name: str) -> Pending:
     """A waiting job as the policy sees it: resources per member, read from the stored spec without
     re-validating it (it was valid at submit; a full model per job would dominate a 10,000-job pass)."""
-    spec = job.spec or {}
-    res = spec.get("resources") or {}
+    spec = StoredSpec(job.spec)
     return Pending(
         job_id=job.id,
         org_id=job.org_id,
@@ -128,12 +127,12 @@ def pending_of(job: Any, org_name: str) -> Pending:
         priority=job.priority,
         submitted=_epoch(job.created_at),
         workers=job.workers,
-        millicores=millicores(float(res.get("cpus", 1.0))),
-        memory=res.get("memory"),
-        gpus=int(res.get("gpus", 0)),
-        gpu_type=res.get("gpu_type"),
-        node_selector=spec.get("node_selector") or {},
-        timeout=spec.get("timeout"),
+        millicores=millicores(spec.cpus),
+        memory=spec.memory,
+        gpus=spec.gpus,
+        gpu_type=spec.gpu_type,
+        node_selector=dict(spec.node_selector),
+        timeout=spec.timeout,
     )
 
 
@@ -226,8 +225,8 @@ def gather(
         if not slots:
             continue
         began = a.running_at or a.started_at
-        spec = a.spec or {}
-        timeout = spec.get("timeout")
+        spec = StoredSpec(a.spec)
+        timeout = spec.timeout
         running.append(
             Running(
                 job_id=a.id,
@@ -239,7 +238,7 @@ def gather(
                 deadline=_epoch(began) + float(timeout) if timeout and began else None,
                 preempting=bool(a.preempt_reason),
                 backfill_for=(a.allocation or {}).get("backfill_for"),
-                service=services.get((spec.get("labels") or {}).get(SERVICE_LABEL, "")),
+                service=services.get(spec.service_id or ""),
             )
         )
     pending = [pending_of(j, names.get(j.org_id, j.org_id)) for j in queue]
@@ -248,7 +247,7 @@ def gather(
 
 def _service_names(s: Session, active: Sequence[Any]) -> dict[str, str]:
     """Service id → name, for the services whose replicas are among the ``active`` jobs (the reasons name them)."""
-    ids = {((a.spec or {}).get("labels") or {}).get(SERVICE_LABEL) for a in active} - {None}
+    ids = {service for a in active if (service := StoredSpec(a.spec).service_id) is not None}
     if not ids:
         return {}
     rows = s.execute(select(Service.id, Service.name).where(Service.id.in_(sorted(ids))))

@@ -28,6 +28,7 @@ from kiln.domain.serving import (
     replica_params,
 )
 from kiln.domain.spec import JobSpec
+from kiln.domain.stored_spec import SERVICE_LABEL
 from kiln.errors import Conflict, InvalidInput, KilnError, NotFound
 from kiln.usecases.idempotency import Idempotency, IdempotentRequest, Remember
 from kiln.usecases.identity import AuthFailure, Principal
@@ -64,7 +65,7 @@ def replica_spec(spec: ServiceSpec, service_id: str, replica_id: str, model: str
             "runtime": spec.runtime.model_dump(exclude_none=True),
             "resources": spec.resources.model_dump(exclude_none=True),
             "env": spec.env,
-            "labels": {**spec.labels, "kiln-service": service_id, "kiln-replica": replica_id},
+            "labels": {**spec.labels, SERVICE_LABEL: service_id, "kiln-replica": replica_id},
             "params": params,
             "inputs": [{"model": f"{model}@{version}", "path": MODEL_DIR}],
             "metrics": {"builtin": False, "system": True},
