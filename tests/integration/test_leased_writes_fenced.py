@@ -403,7 +403,6 @@ def _deployed_control(world: World) -> ServingControl:
         world.platform.jobs,
         Router(),
         world.platform.logs,
-        world.home / "jobs",
         None,
         cast(Backend, world.deployer),
         box=world.platform.box,  # the address is recorded for every server's router

@@ -88,6 +88,16 @@ class BackgroundWork(abc.ABC):
         """The pieces, each run as a task of its own."""
 
 
+class WorkDirs(abc.ABC):
+    """A job's directories are on this machine, where the server may read what the job leaves for it (a model
+    replica's state file naming its socket)."""
+
+    @abc.abstractmethod
+    def work_dir(self, job_id: str, handle: dict[str, Any] | None) -> Path:
+        """The work directory of the job whose current attempt ``handle`` names (None: none launched yet): in
+        the home of whichever server on this machine launched it."""
+
+
 class JobFiles(abc.ABC):
     """Keeps files of a job on the server's machine (work dir, outputs, checkpoints) that outlive its attempts."""
 

@@ -162,7 +162,6 @@ class Platform:
             self.jobs,
             self.router,
             self.logs,
-            settings.jobs_dir,
             spool_writer(self.metrics_store),
             self.backend,
             box=self.box,

@@ -42,7 +42,7 @@ from sqlalchemy import delete, select
 
 from kiln.auth.secrets import SecretBox
 from kiln.backends.base import Backend
-from kiln.backends.capabilities import ServiceDeployer
+from kiln.backends.capabilities import ServiceDeployer, WorkDirs
 from kiln.db.models import Job, Service, ServiceReplica, ServiceTraffic, utcnow
 from kiln.db.session import Database
 from kiln.domain.ids import new_id
@@ -79,7 +79,6 @@ class ServingControl:
         jobs: JobService,
         router: Router,
         logs: LogStore,
-        jobs_dir: Path,
         record_metrics: Callable[[str, bytes], object] | None = None,
         backend: Backend | None = None,
         box: SecretBox | None = None,
@@ -90,7 +89,8 @@ class ServingControl:
         self.jobs = jobs
         self.router = router
         self.logs = logs
-        self.jobs_dir = jobs_dir
+        # Where a replica job's files are, to read the state file naming its socket (the local executor's).
+        self.work_dirs = backend if isinstance(backend, WorkDirs) else None
         self.record_metrics = record_metrics  # (job id, spool lines) → stored in the metrics store
         # Where a ready replica is reached is recorded in its row for every server's router (serving_routes): its
         # secret sealed with this box (None: not recorded, only this server's router routes to it).
@@ -191,18 +191,16 @@ class ServingControl:
             elif row.state == ReplicaState.READY:
                 self._ensure_routed(ctx, service, row, job)
 
-    def _work_dir(self, job: Job) -> Path:
-        """The replica job's work dir: in the home of whichever server on this machine launched it (its handle's
-        attempt directory, ``<jobs dir>/<job>/attempts/<n>``, says which: with several servers on one database
-        any of them may have placed it), else in this server's."""
-        recorded = (job.handle or {}).get("dir")
-        if isinstance(recorded, str) and os.path.isabs(recorded):
-            return Path(recorded).parent.parent / "work"
-        return self.jobs_dir / job.id / "work"
+    def _work_dir(self, job: Job) -> Path | None:
+        """The replica job's work dir, from the backend (None: its jobs' files are not on this machine)."""
+        return self.work_dirs.work_dir(job.id, job.handle) if self.work_dirs is not None else None
 
     def _state_file(self, job: Job) -> dict[str, Any] | None:
+        work = self._work_dir(job)
+        if work is None:
+            return None
         try:
-            data = json.loads((self._work_dir(job) / STATE_FILE).read_text())
+            data = json.loads((work / STATE_FILE).read_text())
         except (OSError, ValueError):
             return None
         if not isinstance(data, dict):
@@ -213,10 +211,10 @@ class ServingControl:
         return data
 
     def _probe(self, service: Service, row: ServiceReplica, job: Job) -> Endpoint | None:
-        state = self._state_file(job)
-        if state is None:
+        state, work = self._state_file(job), self._work_dir(job)
+        if state is None or work is None:
             return None
-        path = os.path.abspath(self._work_dir(job) / state["socket"])  # as every server names it
+        path = os.path.abspath(work / state["socket"])  # as every server names it
         endpoint = Endpoint(
             row.id, job.id, path, str(state.get("secret", "")), f"{service.model_name}@{row.model_version}"
         )

@@ -46,6 +46,7 @@ from kiln.backends.capabilities import (
     Preemptible,
     SpecValidator,
     Work,
+    WorkDirs,
 )
 from kiln.backends.local import jobfiles, joblimits, shimconfig
 from kiln.backends.local import network as job_network
@@ -93,6 +94,7 @@ class LocalBackend(
     ExtractsMetrics,  # each attempt's shim extracts them
     LocalRuntimeBuilder,
     BackgroundWork,  # the shims' notes, spare networks
+    WorkDirs,
 ):
     name = "local"
 
@@ -255,6 +257,14 @@ class LocalBackend(
 
     def job_dir(self, job_id: str) -> Path:
         return self.jobs_dir / job_id
+
+    def work_dir(self, job_id: str, handle: dict[str, Any] | None) -> Path:
+        """In the home of the server that launched the attempt: its handle's directory, ``<jobs dir>/<job>/attempts
+        /<n>``, says which (with several servers on one database any of them may have placed it); else this one's."""
+        recorded = (handle or {}).get("dir")
+        if isinstance(recorded, str) and os.path.isabs(recorded):
+            return Path(recorded).parent.parent / "work"
+        return self.job_dir(job_id) / "work"
 
     def handle_for(self, job_id: str, attempt: int) -> dict[str, Any]:
         # "log": the file the attempt writes its log to, for whichever server on this machine ships it.
