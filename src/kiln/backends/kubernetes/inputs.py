@@ -4,47 +4,61 @@ one attempt of one job (:class:`RenderInput`), and the image a spec runs in (:fu
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from pydantic_settings import BaseSettings
 
 from kiln.backends.kubernetes.names import _DNS_LABEL, check_selector
 from kiln.domain.egress import EgressRule, parse_rules
 from kiln.domain.spec import JobSpec
 from kiln.errors import InvalidInput
+from kiln.settings import KubernetesSettings, Settings
 
 GangScheduler = Literal["kueue", "volcano"]
-# The labels of Kiln's server pods (deploy/kubernetes/base/deployment.yaml) and of the cluster's DNS pods.
-SERVER_POD_LABELS = {"app.kubernetes.io/name": "kiln", "app.kubernetes.io/component": "server"}
-DNS_POD_LABELS = {"k8s-app": "kube-dns"}
+
+
+def _setting(name: str, of: type[BaseSettings] = KubernetesSettings) -> Callable[[], Any]:
+    """A factory of the default of the setting ``name`` (``KILN_KUBERNETES_<NAME>``, or the server's ``KILN_<NAME>``),
+    for a dataclass field: the settings are the one place a default is written."""
+    info = of.model_fields[name]
+    if info.default_factory is not None:
+        return info.default_factory  # type: ignore[return-value]
+    default = info.default
+    return lambda: default
 
 
 @dataclass
 class KubeConfig:
-    """How Kiln renders jobs for one cluster (settings; see :class:`kiln.backends.kubernetes.settings`)."""
+    """How Kiln renders jobs for one cluster: the settings (:class:`kiln.settings.KubernetesSettings`, built by
+    :func:`kiln.backends.kubernetes.settings.kube_config`) less how the server reaches the cluster, with their
+    defaults, and what the renderer alone decides (``mpi_daemon``)."""
 
-    namespace: str = "kiln"
-    init_image: str = "python:3.11-slim"  # runs podfetch.py and podsync.py: any image with python3
-    gpu_type_label: str = "nvidia.com/gpu.product"
-    gpu_types: dict[str, str] = field(default_factory=dict)  # spec gpu_type → node label value; else as given
-    tolerations: list[dict[str, Any]] = field(default_factory=list)
-    image_pull_secrets: list[str] = field(default_factory=list)
-    ttl_seconds_after_finished: int | None = 3600
-    gang_scheduler: GangScheduler | None = None
-    queue: str | None = None  # Kueue LocalQueue or Volcano Queue; required with gang_scheduler
-    priority_classes: dict[str, str] = field(default_factory=dict)  # low/normal/high → PriorityClass
-    rendezvous_port: int = 29500  # every member's port (MASTER_PORT, TF server, JAX coordinator)
-    cluster_domain: str | None = None  # None: "<ns>.svc" (resolved through the pod's search path)
-    kubernetes_version: str = "1.29"  # the cluster's; from 1.31 on, gangs use Job successPolicy
-    termination_grace_seconds: int = 30
-    checkpoint_sync_seconds: float = 300.0  # the server's setting: how often pods upload changed checkpoints
-    upload_timeout: int = 600  # how long a pod's entrypoint waits for the outputs' upload when the command ends
-    service_account: str | None = None  # for the job's pods; None: no API token is mounted
+    # What each means: the settings' descriptions (kiln.settings.KubernetesSettings).
+    namespace: str = field(default_factory=_setting("namespace"))
+    init_image: str = field(default_factory=_setting("init_image"))
+    gpu_type_label: str = field(default_factory=_setting("gpu_type_label"))
+    gpu_types: dict[str, str] = field(default_factory=_setting("gpu_types"))
+    tolerations: list[dict[str, Any]] = field(default_factory=_setting("tolerations"))
+    image_pull_secrets: list[str] = field(default_factory=_setting("image_pull_secrets"))
+    ttl_seconds_after_finished: int | None = field(default_factory=_setting("ttl_seconds_after_finished"))
+    gang_scheduler: GangScheduler | None = field(default_factory=_setting("gang_scheduler"))
+    queue: str | None = field(default_factory=_setting("queue"))
+    priority_classes: dict[str, str] = field(default_factory=_setting("priority_classes"))
+    rendezvous_port: int = field(default_factory=_setting("rendezvous_port"))
+    cluster_domain: str | None = field(default_factory=_setting("cluster_domain"))
+    kubernetes_version: str = field(default_factory=_setting("kubernetes_version"))
+    termination_grace_seconds: int = field(default_factory=_setting("termination_grace_seconds"))
+    checkpoint_sync_seconds: float = field(default_factory=_setting("checkpoint_sync_seconds", Settings))
+    upload_timeout: int = field(default_factory=_setting("upload_timeout"))
+    service_account: str | None = field(default_factory=_setting("service_account"))
     # What MPI members other than 0 run: an sshd that the launcher's mpirun reaches (the image must have one).
     mpi_daemon: str = "ssh-keygen -A >/dev/null; mkdir -p /run/sshd && exec /usr/sbin/sshd -D -e"
     # The jobs' network (netpol.py): who may reach their pods, and where they may connect.
-    server_pod_labels: dict[str, str] = field(default_factory=lambda: dict(SERVER_POD_LABELS))  # Kiln's server
-    server_namespace: str | None = None  # the server pods' namespace; None: the jobs' (deploy/kubernetes)
-    dns_pod_labels: dict[str, str] = field(default_factory=lambda: dict(DNS_POD_LABELS))  # in any namespace
+    server_pod_labels: dict[str, str] = field(default_factory=_setting("server_pod_labels"))
+    server_namespace: str | None = field(default_factory=_setting("server_namespace"))
+    dns_pod_labels: dict[str, str] = field(default_factory=_setting("dns_pod_labels"))
     job_egress: list[str] = field(default_factory=list)  # KILN_JOB_EGRESS (kiln.domain.egress), for isolated
     network_host_orgs: list[str] = field(default_factory=list)  # KILN_NETWORK_HOST_ORGS: who may use host
 
