@@ -277,6 +277,44 @@ def test_a_job_sees_no_control_group_of_the_machine(server: KilnServer) -> None:
     wait_for(client, running.id, timeout=60)
 
 
+# Sends the server's shim-notify socket what a shim sends it, as a job: "the watched metric of <job> is written"
+# and "<job> changed", for a job of another organisation; one JSON line of what each send did.
+NOTIFY = r"""
+import json, os, socket, sys
+report = {}
+for path in json.loads(os.environ["SOCKETS"]):
+    for note in ({"job_id": os.environ["VICTIM"], "event": "metrics"}, {"job_id": os.environ["VICTIM"]}):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            sock.sendto(json.dumps(note).encode(), path)
+            report[path + " " + str(note.get("event"))] = "sent"
+        except OSError as exc:
+            report[path + " " + str(note.get("event"))] = exc.strerror
+        finally:
+            sock.close()
+print(json.dumps(report))
+"""
+
+
+def test_a_job_cannot_reach_the_servers_notify_socket(server: KilnServer) -> None:
+    """The shims tell the server an attempt changed, or a watched metric was written, by a datagram to
+    ``$KILN_HOME/run/notify.sock``, which the server reads as it comes (task shim-notify). A job that could send there
+    could wake the server for any job, or spoof the shims' notes: it finds no such socket."""
+    notify = server.home / "run" / "notify.sock"
+    assert notify.is_socket(), "the server listens for its shims' notes there"
+    client = server.client()
+    victim = client.submit({"command": ["sleep", "30"], "runtime": PY})
+    wait_for(client, victim.id, "RUNNING", timeout=60)
+    sockets = [str(notify), str(server.home / "run")]
+    env = {"SOCKETS": json.dumps(sockets), "VICTIM": victim.id}
+    job = client.submit({"command": [sys.executable, "-c", NOTIFY], "runtime": PY, "env": env})
+    assert wait_for(client, job.id, timeout=60).state == "SUCCEEDED", log_text(client, job.id)
+    report = json.loads(next(line for line in log_text(client, job.id) if line.startswith("{")))
+    assert len(report) == 4 and "sent" not in report.values(), report
+    client.cancel(victim.id)
+    wait_for(client, victim.id, timeout=60)
+
+
 def test_a_fork_storm_stops_at_the_jobs_process_limit(server: KilnServer) -> None:
     client = server.client()
     job = client.submit({"command": [sys.executable, "-c", FORK_STORM], "runtime": PY, "resources": {"pids": 64}})
