@@ -87,7 +87,9 @@ class PodLogs:
         if self._state_path is None or (not force and time.monotonic() - self._saved < LOG_STATE_EVERY):
             return
         self._state_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._state_path.with_name(self._state_path.name + ".tmp")
+        # A temporary file of this writer's own: another PodLogs on the same state (a controller built again in the
+        # same process, while the old one's streams end) renames its own, never this one from under it.
+        tmp = self._state_path.with_name(f"{self._state_path.name}.{os.getpid()}.{id(self)}.tmp")
         tmp.write_text(json.dumps(self._state))
         os.replace(tmp, self._state_path)
         self._saved = time.monotonic()
