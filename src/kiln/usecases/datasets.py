@@ -36,7 +36,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kiln.db.models import DataBlob, Dataset, DatasetVersion, Job, ModelFile, utcnow
+from kiln.db.models import DataBlob, Dataset, DatasetVersion, ModelFile, utcnow
 from kiln.db.models import (
     DatasetFile as FileRow,
 )
@@ -50,8 +50,6 @@ from kiln.domain.schemas import (
     DraftCreate,
     DraftRead,
 )
-from kiln.domain.states import JobState
-from kiln.domain.stored_spec import StoredSpec
 from kiln.errors import Conflict, NotFound
 from kiln.usecases.dataset_names import (
     data_key,
@@ -62,14 +60,13 @@ from kiln.usecases.dataset_names import (
     validate_path,
 )
 from kiln.usecases.identity import Principal
-from kiln.usecases.input_access import require_input_read
+from kiln.usecases.input_access import pinning_job, require_input_read
 from kiln.usecases.quotas import lock_org
 from kiln.usecases.uploads import UploadService
 
 log = logging.getLogger(__name__)
 
 DRAFT_TTL = timedelta(days=7)
-PINNING_STATES = [s.value for s in JobState if not s.terminal]
 _CHUNK = 500  # ids per IN (...) list
 
 
@@ -455,15 +452,10 @@ class DatasetService(UploadService):
     def _refuse_pinned(s: Session, org_id: str, name: str, numbers: set[int], latest: int | None) -> None:
         """409 while a job that has not ended reads one of these versions (``spec.inputs``: NAME@V, or NAME for
         the latest one)."""
-        jobs = s.execute(select(Job.id, Job.state, Job.spec).where(Job.org_id == org_id, Job.state.in_(PINNING_STATES)))
-        for job_id, state, spec in jobs:
-            for ref in StoredSpec(spec).input_refs("dataset"):
-                ref_name, _, ref_version = ref.partition("@")
-                if ref_name != name:
-                    continue
-                pinned = int(ref_version) if ref_version.isascii() and ref_version.isdigit() else latest
-                if pinned is not None and pinned in numbers:
-                    raise Conflict(
-                        f"dataset {name}@{pinned} is an input of job {job_id} ({state}); remove it once the job "
-                        "has ended (or cancel the job)"
-                    )
+        found = pinning_job(s, org_id, "dataset", name, numbers, latest)
+        if found is not None:
+            job_id, state, pinned = found
+            raise Conflict(
+                f"dataset {name}@{pinned} is an input of job {job_id} ({state}); remove it once the job "
+                "has ended (or cancel the job)"
+            )

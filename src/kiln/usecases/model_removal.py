@@ -9,13 +9,11 @@ from collections.abc import Iterable
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from kiln.db.models import DataBlob, DatasetFile, Job, ModelFile, Service, ServiceReplica
+from kiln.db.models import DataBlob, DatasetFile, ModelFile, Service, ServiceReplica
 from kiln.domain.serving import ReplicaState, ServiceState
-from kiln.domain.states import JobState
-from kiln.domain.stored_spec import StoredSpec
 from kiln.errors import Conflict
+from kiln.usecases.input_access import pinning_job
 
-PINNING_STATES = [s.value for s in JobState if not s.terminal]
 SERVING_REPLICAS = [ReplicaState.STARTING.value, ReplicaState.READY.value, ReplicaState.DRAINING.value]
 _CHUNK = 500
 
@@ -63,19 +61,14 @@ def refuse_pinned(s: Session, org: str, name: str, numbers: set[int], existing: 
     """409 while a job that has not ended reads one of these versions (``spec.inputs``: ``model: NAME@V``,
     pinned at submit)."""
     latest = existing[-1] if existing else None
-    jobs = s.execute(select(Job.id, Job.state, Job.spec).where(Job.org_id == org, Job.state.in_(PINNING_STATES)))
-    for job_id, state, spec in jobs:
-        for ref in StoredSpec(spec).input_refs("model"):
-            ref_name, _, ref_version = ref.partition("@")
-            if ref_name != name:
-                continue
-            pinned = int(ref_version) if ref_version.isascii() and ref_version.isdigit() else latest
-            if pinned is not None and pinned in numbers:
-                raise Conflict(
-                    f"model {name}@{pinned} is an input of job {job_id} ({state}); remove it once the job has "
-                    "ended (or cancel the job)",
-                    details={"job_id": job_id, "version": pinned},
-                )
+    found = pinning_job(s, org, "model", name, numbers, latest)
+    if found is not None:
+        job_id, state, pinned = found
+        raise Conflict(
+            f"model {name}@{pinned} is an input of job {job_id} ({state}); remove it once the job has "
+            "ended (or cancel the job)",
+            details={"job_id": job_id, "version": pinned},
+        )
 
 
 def chunks(items: list[str]) -> Iterable[list[str]]:
