@@ -47,7 +47,7 @@ from kiln.errors import Conflict  # noqa: E402
 
 PY = sys.executable  # a resolved interpreter: `python3` on PATH may be a slow pyenv shim
 PY_ROOTS = f"{sys.prefix}:{sys.base_prefix}"  # where it lives: the server must allow it as runtime.python
-SHIM_MARK = "kiln/runtime/shim.py"
+SHIM_MARK = "kiln/injob/shim.py"
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 TARGET_JOBS_PER_S = 20.0
 TARGET_SANDBOX_RATIO = 1.2

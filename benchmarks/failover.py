@@ -201,7 +201,7 @@ def job_lease(cluster: Cluster, job_id: str) -> tuple[str | None, datetime | Non
     """(lease owner, lease expiry, state, message) of a job, read from the database."""
     from sqlalchemy import select
 
-    from kiln.db.models import Job
+    from kiln.db.tables import Job
 
     with cluster.engine.connect() as conn:
         r = conn.execute(
@@ -214,7 +214,7 @@ def starting_time(cluster: Cluster, job_id: str) -> datetime | None:
     """When the job's first STARTING event was written (by the server that placed it)."""
     from sqlalchemy import select
 
-    from kiln.db.models import JobEvent
+    from kiln.db.tables import JobEvent
 
     query = select(JobEvent.time).where(JobEvent.job_id == job_id, JobEvent.to_state == "STARTING")
     with cluster.engine.connect() as conn:

@@ -30,8 +30,8 @@ from report import finish, parse_args, print_table  # noqa: E402
 from tests.helpers import seed_jobs  # noqa: E402
 
 from kiln.db import migrate  # noqa: E402
-from kiln.db.models import Job  # noqa: E402
 from kiln.db.session import Database  # noqa: E402
+from kiln.db.tables import Job  # noqa: E402
 from kiln.tasks.metrics_ingest import MetricsIngester, MetricsStore  # noqa: E402
 from kiln.usecases.identity import Principal  # noqa: E402
 from kiln.usecases.metrics import MetricsService, SeriesQuery  # noqa: E402

@@ -71,7 +71,7 @@ class RecordingBackend:
 
 def _fill(db: Any, n_jobs: int, n_orgs: int, seed: int) -> None:
     """n_jobs QUEUED jobs from n_orgs organisations (one user each), a third of them with quotas."""
-    from kiln.db.models import Job, Organization, Quota, User
+    from kiln.db.tables import Job, Organization, Quota, User
 
     rng = random.Random(seed)
     now = datetime.now(UTC) - timedelta(hours=1)
@@ -140,8 +140,8 @@ def _one_database(url: str | None, label: str, args: argparse.Namespace, rows: l
     from sqlalchemy import select
 
     from kiln.db import migrate
-    from kiln.db.models import Job
     from kiln.db.session import Database
+    from kiln.db.tables import Job
     from kiln.scheduler.loop import Reconciler
     from kiln.settings import Settings
     from kiln.storage.logs import LogStore

@@ -41,7 +41,7 @@ from tests.kilnserver import KilnServer  # noqa: E402
 from kiln.errors import Conflict  # noqa: E402
 
 PY = sys.executable  # a resolved interpreter: `python3` on PATH may be a slow pyenv shim
-SHIM_MARK = "kiln/runtime/shim.py"
+SHIM_MARK = "kiln/injob/shim.py"
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 MB = 1024 * 1024
 

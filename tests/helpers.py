@@ -8,8 +8,8 @@ from typing import Any
 
 from kiln.backends.base import Backend
 from kiln.db import migrate
-from kiln.db.models import Job, Organization, User
 from kiln.db.session import Database
+from kiln.db.tables import Job, Organization, User
 from kiln.domain.schemas import JobRead
 from kiln.domain.states import JobState
 from kiln.sdk.client import Client

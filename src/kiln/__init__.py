@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from kiln.runtime.metrics_sdk import flush, log, should_prune
+    from kiln.injob.metrics_sdk import flush, log, should_prune
     from kiln.sdk.client import Client
 
 
@@ -22,7 +22,7 @@ def __getattr__(name: str) -> Any:
 
         return Client
     if name in ("log", "flush", "should_prune"):
-        from kiln.runtime import metrics_sdk
+        from kiln.injob import metrics_sdk
 
         return getattr(metrics_sdk, name)
     raise AttributeError(f"module 'kiln' has no attribute {name!r}")

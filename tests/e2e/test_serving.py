@@ -195,12 +195,12 @@ class Load:
 
 
 def serve_process(server: KilnServer, job_id: str) -> psutil.Process:
-    """The replica's ``python -m kiln.runtime.serve`` as this machine sees it (the pid in its state file is the
+    """The replica's ``python -m kiln.injob.serve`` as this machine sees it (the pid in its state file is the
     one inside the sandbox's PID namespace): a descendant of the job's shim."""
     for pid_file in server.home.glob(f"jobs/{job_id}/attempts/**/shim.pid"):
         shim = psutil.Process(int(json.loads(pid_file.read_text())["pid"]))
         for child in shim.children(recursive=True):
-            if child.cmdline()[1:3] == ["-m", "kiln.runtime.serve"]:
+            if child.cmdline()[1:3] == ["-m", "kiln.injob.serve"]:
                 return child
     raise AssertionError(f"no replica process under the shim of job {job_id}")
 

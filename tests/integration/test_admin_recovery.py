@@ -22,8 +22,8 @@ from sqlalchemy import event, select, update
 
 from kiln.auth.secrets import SecretBox, new_access_key_id
 from kiln.db import migrate
-from kiln.db.models import AccessKey, AuditEvent, OfflineAction, Organization, User, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import AccessKey, AuditEvent, OfflineAction, Organization, User, utcnow
 from kiln.errors import Conflict, KilnError, Unauthenticated
 from kiln.sdk.client import Client
 from kiln.sdk.config import read_config_file

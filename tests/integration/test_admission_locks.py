@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from kiln.db.models import Job
 from kiln.db.session import Database
+from kiln.db.tables import Job
 from kiln.usecases.quotas import Admission
 from tests.helpers import acme_database
 

@@ -17,8 +17,8 @@ import psutil
 import pytest
 from sqlalchemy import update
 
-from kiln.db.models import DatasetFile, DataUpload
 from kiln.db.session import Database
+from kiln.db.tables import DatasetFile, DataUpload
 from kiln.domain import limits
 from kiln.errors import BadRequest, InvalidInput, KilnError, PayloadTooLarge
 from kiln.sdk.client import Client

@@ -1,5 +1,5 @@
 """An attempt of the local executor runs at most once, whoever launches it and whenever: the claim
-(kiln.runtime.claim) against the launches a crash leaves behind — a second server's start racing the first's, a
+(kiln.injob.claim) against the launches a crash leaves behind — a second server's start racing the first's, a
 shim forked from a dead server's launcher after the attempt was cancelled."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from kiln.backends.base import Phase
 from kiln.backends.local.runtime_builder import SHIM_PATH
-from kiln.runtime import claim
+from kiln.injob import claim
 from tests.integration.test_backend_contract import LocalHarness, ended, is_running, wait_status
 
 
@@ -131,7 +131,7 @@ def test_a_claim_dies_with_its_shim(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import sys, time; from kiln.runtime import claim; "
+            "import sys, time; from kiln.injob import claim; "
             "assert claim.take(sys.argv[1]) is not None; print('held', flush=True); time.sleep(60)",
             str(tmp_path),
         ],

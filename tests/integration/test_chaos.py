@@ -92,7 +92,7 @@ def _lease_holder(engine: Engine) -> str | None:
 
 
 def _db_now(conn: Any) -> Any:
-    # The lease times are naive UTC written by the servers (kiln.db.models.utcnow).
+    # The lease times are naive UTC written by the servers (kiln.db.tables.utcnow).
     return conn.execute(text("SELECT (now() AT TIME ZONE 'utc')")).scalar_one()
 
 

@@ -705,8 +705,8 @@ def test_a_store_that_is_down_answers_503_naming_it(make_server: Callable[..., K
 def in_process(tmp_path: Path) -> tuple[Any, Any, Any, ObjectStore]:
     """A DatasetService on its own database and local store (no HTTP): what the executor's process holds."""
     from kiln.db import migrate
-    from kiln.db.models import Organization, User
     from kiln.db.session import Database
+    from kiln.db.tables import Organization, User
     from kiln.settings import Settings
     from kiln.usecases.datasets import DatasetService
     from kiln.usecases.identity import Principal
@@ -761,7 +761,7 @@ def test_resolve_gives_the_executor_the_files_and_store_keys(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("state", ["QUEUED", "RUNNING"])
 def test_removing_a_version_a_job_reads_is_refused_until_the_job_ends(tmp_path: Path, state: str) -> None:
-    from kiln.db.models import Job
+    from kiln.db.tables import Job
 
     db, svc, me, _store = in_process(tmp_path)
     assert put_in_process(svc, me, "pinned", {"f": b"1"}) == 1

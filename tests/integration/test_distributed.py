@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 
-from kiln.runtime.logline import parse_tagged
+from kiln.injob.logline import parse_tagged
 from tests.tenancy_helpers import Api
 
 PREFIXES = ("TF_", "JAX_", "KILN_", "MASTER_", "WORLD_", "RANK", "LOCAL_", "NODE_", "GROUP_", "ROLE_", "TORCHELASTIC_")

@@ -16,8 +16,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from kiln.db import migrate
-from kiln.db.models import IdempotencyKey, Organization
 from kiln.db.session import Database
+from kiln.db.tables import IdempotencyKey, Organization
 from kiln.domain.ids import new_id
 from kiln.errors import Conflict, InvalidInput
 from kiln.usecases.idempotency import Idempotency, IdempotentRequest, Remember

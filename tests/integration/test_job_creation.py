@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import select
 
 from kiln.db import migrate
-from kiln.db.models import Job, JobEvent, Organization, User
 from kiln.db.session import Database
+from kiln.db.tables import Job, JobEvent, Organization, User
 from kiln.errors import IllegalTransition
 from kiln.usecases.lifecycle import create_job
 

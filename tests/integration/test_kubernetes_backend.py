@@ -16,7 +16,7 @@ from kiln.backends.kubernetes.backend import KubernetesBackend
 from kiln.backends.kubernetes.render import KubeConfig, cleanup_selector, main_job_name
 from kiln.domain.spec import JobSpec
 from kiln.errors import InvalidInput
-from kiln.runtime.logline import parse_tagged
+from kiln.injob.logline import parse_tagged
 from kiln.storage.logs import LogStore
 from kiln.tasks.runner import TaskRunner
 from tests.fakes.kube_api import FakeKubeAPI

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.db.models import Job
 from kiln.db.session import Database
+from kiln.db.tables import Job
 from kiln.domain.states import JobState
 from kiln.scheduler.loop import TAKEOVER_SLACK_SECONDS, Reconciler
 from kiln.settings import Settings

@@ -32,7 +32,8 @@ from sqlalchemy.engine import Engine
 
 from kiln.backends.base import Backend
 from kiln.backends.capabilities import ServiceAddress, ServiceDeployer
-from kiln.db.models import (
+from kiln.db.session import Database
+from kiln.db.tables import (
     AuditEvent,
     IdempotencyKey,
     Job,
@@ -44,7 +45,6 @@ from kiln.db.models import (
     User,
     utcnow,
 )
-from kiln.db.session import Database
 from kiln.domain.ids import new_id
 from kiln.domain.serving import ServiceSpec
 from kiln.domain.spec import JobSpec
@@ -351,7 +351,7 @@ class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
 
 def _replica_answering(world: World, service_id: str, replica_id: str, state: str) -> None:
     """A replica row (``state``) whose running job's work dir has the replica's state file and a socket that
-    answers /healthz, as kiln.runtime.serve leaves them once its model loaded."""
+    answers /healthz, as kiln.injob.serve leaves them once its model loaded."""
     spec = JobSpec.model_validate({"command": ["python", "-c", "pass"], "runtime": {"python": sys.executable}})
     with world.db.transaction() as s:
         job = world.platform.jobs.new_job(s, world.org_id, world.user_id, spec, None, "a replica")

@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy import event, update
 
 from kiln.db import migrate
-from kiln.db.models import Job, Nonce, Organization, User, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import Job, Nonce, Organization, User, utcnow
 from kiln.domain.catalog import DEFAULT_CATALOG
 from kiln.domain.states import JobState
 from kiln.errors import KilnError

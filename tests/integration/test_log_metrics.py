@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from kiln.db import migrate
-from kiln.db.models import Job, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import Job, utcnow
 from kiln.domain.states import JobState
 from kiln.storage.logs import LogStore
 from kiln.tasks.log_metrics import MARKER, LogMetrics

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.db.models import Job
 from kiln.db.session import Database
+from kiln.db.tables import Job
 from kiln.domain.states import JobState
 from kiln.storage.logs import LogStore
 from kiln.tasks.log_shipping import LogShipping

@@ -281,7 +281,7 @@ def test_series_totals_and_chunk_summaries_equal_a_brute_force_scan(database_url
 def test_a_draining_marker_keeps_an_ended_job_read(database_url: str, tmp_path: Path) -> None:
     """A shim still extracting a flooded log after its exit record leaves ``draining-*``: the ingester goes on
     reading the ended job's spool files until the marker goes, and only then forgets the job."""
-    from kiln.db.models import utcnow
+    from kiln.db.tables import utcnow
     from kiln.domain.states import JobState
     from kiln.tasks.metrics_ingest import MetricsIngester, MetricsStore
 

@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import func, select
 
 from kiln.db import migrate
-from kiln.db.models import DataBlob, Job, MetricSeries, Quota, Service, TuningStudy, TuningTrial
 from kiln.db.session import Database
+from kiln.db.tables import DataBlob, Job, MetricSeries, Quota, Service, TuningStudy, TuningTrial
 from kiln.domain.models import ModelRegister
 from kiln.domain.schemas import DatasetFileEntry, DraftCreate
 from kiln.errors import BadRequest, Conflict, Forbidden, NotFound

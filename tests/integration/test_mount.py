@@ -1,5 +1,5 @@
 """``mode: mount`` inputs through real FUSE filesystems: rclone over a local store and over an S3-protocol server
-(moto), s3fs over the same, as the shim mounts them (``kiln.runtime.stage`` / ``kiln.runtime.mount``)."""
+(moto), s3fs over the same, as the shim mounts them (``kiln.injob.stage`` / ``kiln.injob.mount``)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from kiln.runtime import mount as mount_module
-from kiln.runtime import stage
-from kiln.runtime.stage import StageError
+from kiln.injob import mount as mount_module
+from kiln.injob import stage
+from kiln.injob.stage import StageError
 from tests.s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
 
 pytestmark = pytest.mark.needs("fuse")
@@ -261,7 +261,7 @@ def test_a_mount_whose_shims_were_killed_is_cleaned_up_by_the_executor(tmp_path:
     script = textwrap.dedent(
         f"""
         import json, sys, time
-        from kiln.runtime import stage
+        from kiln.injob import stage
         cfg = {{"tools": ["rclone"], "source": {source!r}, "dir": {str(tmp_path / "attempt/mount")!r}}}
         env = stage.stage_inputs([json.loads(sys.argv[1])], {{"dir": {str(tmp_path / "cache")!r}}},
                                  {str(tmp_path / "work")!r}, log=print, holder="job1-1-worker0", mount=cfg)

@@ -11,8 +11,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from kiln.db import migrate
-from kiln.db.models import Job, Organization, User
 from kiln.db.session import Database
+from kiln.db.tables import Job, Organization, User
 from kiln.domain.catalog import DEFAULT_CATALOG
 from kiln.usecases.audit import AuditEntry, AuditService
 from kiln.usecases.identity import Principal

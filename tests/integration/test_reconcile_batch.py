@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session
 
 from kiln.backends.base import AttemptStatus, Backend, Inventory, Launch, Phase
 from kiln.db import migrate
-from kiln.db.models import Job, JobEvent, Organization, Quota, User
 from kiln.db.session import Database
+from kiln.db.tables import Job, JobEvent, Organization, Quota, User
 from kiln.domain.states import JobState
 from kiln.scheduler.loop import MAX_LAUNCHES, Reconciler
 from kiln.settings import Settings

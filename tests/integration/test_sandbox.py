@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.runtime import cgroups
+from kiln.injob import cgroups
 from kiln.sdk.client import Client
 from tests.helpers import log_text, wait_for
 from tests.kilnserver import KilnServer

@@ -16,8 +16,8 @@ import pytest
 
 from kiln.backends.base import AttemptStatus, Backend, Inventory, Launch, Phase, Slot
 from kiln.db import migrate
-from kiln.db.models import Job, Organization, Quota, Service, User
 from kiln.db.session import Database
+from kiln.db.tables import Job, Organization, Quota, Service, User
 from kiln.domain.states import JobState
 from kiln.scheduler.loop import Reconciler
 from kiln.settings import Settings

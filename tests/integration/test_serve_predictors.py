@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kiln.runtime import serve
+from kiln.injob import serve
 from tests.kilnserver import TEST_RUNTIMES
 
 pytestmark = pytest.mark.slow
@@ -64,7 +64,7 @@ def _train(python: Path, script: str, model_dir: Path) -> dict[str, Any]:
 
 
 class _Replica:
-    """``python -m kiln.runtime.serve`` under the runtime's Python, the kiln package on its path as in a job."""
+    """``python -m kiln.injob.serve`` under the runtime's Python, the kiln package on its path as in a job."""
 
     def __init__(self, python: Path, root: Path, **params: Any) -> None:
         root.mkdir(parents=True)
@@ -74,7 +74,7 @@ class _Replica:
             KILN_PARAMS_FILE=str(root / "params.json"), KILN_WORK_DIR=str(root), PYTHONPATH=SRC, OMP_NUM_THREADS="1"
         )
         self.proc = subprocess.Popen(
-            [str(python), "-m", "kiln.runtime.serve"],
+            [str(python), "-m", "kiln.injob.serve"],
             cwd=root,
             env=env,
             stdout=subprocess.PIPE,

@@ -15,8 +15,8 @@ from typing import Any
 import psutil
 import pytest
 
-from kiln.runtime import shim as shim_module
-from kiln.runtime.logline import parse_line
+from kiln.injob import shim as shim_module
+from kiln.injob.logline import parse_line
 
 SHIM = str(Path(shim_module.__file__).resolve())
 PY = sys.executable

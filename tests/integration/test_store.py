@@ -10,8 +10,8 @@ from sqlalchemy import func, inspect, select
 from kiln.backends.local.executor import LocalBackend
 from kiln.backends.local.runtimes import RuntimeManager
 from kiln.db import migrate
-from kiln.db.models import Job, JobEvent, Organization, User, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import Job, JobEvent, Organization, User, utcnow
 from kiln.domain.catalog import DEFAULT_CATALOG
 from kiln.domain.states import JobState
 from kiln.errors import IllegalTransition

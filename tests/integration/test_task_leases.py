@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import select
 
 from kiln.db import migrate
-from kiln.db.models import TaskLease
 from kiln.db.session import Database
+from kiln.db.tables import TaskLease
 from kiln.tasks.leases import TaskLeases
 from kiln.tasks.runner import LeaseLost, Task, TaskContext, TaskRunner
 

@@ -1,5 +1,5 @@
 """The layers of the code base hold: import-linter's contracts in pyproject.toml ([tool.importlinter], run by
-`make lint`) are kept, they do catch an import against them, and kiln.runtime (the shim and what runs in a job's
+`make lint`) are kept, they do catch an import against them, and kiln.injob (the shim and what runs in a job's
 sandbox, often under a bare interpreter) imports nothing but the standard library and itself."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from tests.kilnserver import REPO
 
 SRC = REPO / "src"
-RUNTIME = SRC / "kiln" / "runtime"
+INJOB = SRC / "kiln" / "injob"
 PYPROJECT = REPO / "pyproject.toml"
 LINT_IMPORTS = "from importlinter.cli import lint_imports_command; lint_imports_command()"
 
@@ -48,11 +48,11 @@ def test_make_lint_runs_the_import_contracts():
     assert any(d.startswith("import-linter") for d in dev)
 
 
-def test_the_layers_name_every_package_from_cli_down_to_runtime():
+def test_the_layers_name_every_package_from_cli_down_to_injob():
     config = tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]
     layers = next(c for c in config["contracts"] if c["type"] == "layers")
     order = [name.strip() for layer in layers["layers"] for name in layer.split("|")]
-    assert order[0] == "cli" and order[-1] == "runtime"
+    assert order[0] == "cli" and order[-1] == "injob"
     for higher, lower in [
         ("api", "platform"),
         ("scheduler", "tasks"),
@@ -74,7 +74,7 @@ def test_the_layers_name_every_package_from_cli_down_to_runtime():
         ("usecases/identity.py", "from kiln.sdk.config import client_dir", "kiln.usecases is not allowed to import"),
         # the API running SQL itself is fine by the layers (db is lower), but the platform importing the API is not
         ("platform/__init__.py", "from kiln.api.prometheus import router", "kiln.platform is not allowed to import"),
-        ("runtime/units.py", "from kiln.domain import quantities", "kiln.runtime is not allowed to import"),
+        ("injob/units.py", "from kiln.domain import quantities", "kiln.injob is not allowed to import"),
         ("domain/placement/packing.py", "from kiln.domain.placement import policy", "No cycles are allowed"),
         ("usecases/jobs.py", "from kiln.backends.local import executor", "kiln.usecases is not allowed to import"),
     ],
@@ -90,7 +90,7 @@ def test_an_import_against_the_layers_breaks_the_lint(tmp_path, module, bad_impo
 
 
 def foreign_imports(source: str, siblings: set[str]) -> list[str]:
-    """The imports in ``source`` (a module of kiln.runtime) that are neither the standard library, kiln.runtime,
+    """The imports in ``source`` (a module of kiln.injob) that are neither the standard library, kiln.injob,
     nor a module next to it (the shim, run as a script, imports its siblings by their bare names)."""
     found = []
     for node in ast.walk(ast.parse(source)):
@@ -99,24 +99,24 @@ def foreign_imports(source: str, siblings: set[str]) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module]
         else:
-            continue  # a relative import stays inside kiln.runtime
+            continue  # a relative import stays inside kiln.injob
         for name in names:
             top = name.split(".")[0]
-            inside = name == "kiln.runtime" or name.startswith("kiln.runtime.")
+            inside = name == "kiln.injob" or name.startswith("kiln.injob.")
             if not inside and top not in sys.stdlib_module_names and top not in siblings:
                 found.append(f"line {node.lineno}: {name}")
     return found
 
 
 def test_the_runtime_imports_only_the_standard_library():
-    modules = sorted(RUNTIME.glob("*.py"))
+    modules = sorted(INJOB.glob("*.py"))
     assert len(modules) > 10
     siblings = {p.stem for p in modules}
     problems = {str(p.relative_to(SRC)): found for p in modules if (found := foreign_imports(p.read_text(), siblings))}
-    assert problems == {}, f"kiln.runtime must import only the standard library and kiln.runtime: {problems}"
+    assert problems == {}, f"kiln.injob must import only the standard library and kiln.injob: {problems}"
 
 
 def test_the_runtime_scan_sees_what_it_must_refuse():
-    source = "import json\nimport httpx\nfrom kiln.domain import spec\nfrom kiln.runtime import units\nimport units\n"
+    source = "import json\nimport httpx\nfrom kiln.domain import spec\nfrom kiln.injob import units\nimport units\n"
     source += "def f():\n    import pydantic\n    from . import shimio\n"
     assert foreign_imports(source, {"units"}) == ["line 2: httpx", "line 3: kiln.domain", "line 7: pydantic"]

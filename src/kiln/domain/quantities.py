@@ -54,7 +54,7 @@ def format_bytes(n: float) -> str:
     """A byte count for people: ``512 B``, ``1.5 KiB``, ``239.5 MiB``, ``2 GiB`` (binary units, one decimal unless
     it is ``.0``). The one formatter for sizes wherever a person reads them; JSON and API fields keep bytes.
     ``parse_memory`` reads the text back. The shim, standard library only, carries a copy
-    (``kiln.runtime.units.human``); a test keeps the two equal."""
+    (``kiln.injob.units.human``); a test keeps the two equal."""
     if n != n or n in (float("inf"), float("-inf")):
         return f"{n} B"
     sign, n = ("-", -n) if n < 0 else ("", n)

@@ -158,7 +158,7 @@ MODEL_DIR = "/model"  # where a replica finds its model version's files
 
 
 def replica_params(spec: ServiceSpec, model: tuple[str, int]) -> dict[str, Any]:
-    """A replica's configuration (its job's ``params``, read from ``$KILN_PARAMS_FILE`` by kiln.runtime.serve),
+    """A replica's configuration (its job's ``params``, read from ``$KILN_PARAMS_FILE`` by kiln.injob.serve),
     the same flat scalar keys on every backend; keys without a value are left out."""
     predictor, batching = spec.predictor, spec.batching
     schema = predictor.input_schema

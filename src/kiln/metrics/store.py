@@ -35,8 +35,8 @@ from sqlalchemy import (
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects import postgresql, sqlite
 
-from kiln.db.models import JobEvent, MetricChunk, MetricCursor, MetricPoint, MetricSeries, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import JobEvent, MetricChunk, MetricCursor, MetricPoint, MetricSeries, utcnow
 from kiln.metrics.parse import Parsed, Row
 
 SERIES = cast(Table, MetricSeries.__table__)

@@ -14,8 +14,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
-from kiln.db.models import Job
 from kiln.db.session import Database
+from kiln.db.tables import Job
 from kiln.domain.states import JobState
 from kiln.tasks.runner import TaskStatus
 

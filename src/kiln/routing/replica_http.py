@@ -4,7 +4,7 @@ probe over the same socket.
 
 httpx costs the event loop about 1.7 ms of CPU per request (its pool checks every pooled socket and looks for
 other async libraries each time); a replica answers in well under a millisecond, so that was the router's limit
-(~80 predicts/s, too few for batching to matter). A replica (kiln.runtime.serve) always answers with a
+(~80 predicts/s, too few for batching to matter). A replica (kiln.injob.serve) always answers with a
 Content-Length, which is all this client reads.
 
 A replica runs in its own network namespace: no port of its is reachable from here, its socket's file is. The path

@@ -20,7 +20,7 @@ start (or a start that raised) leaves an attempt no supervisor runs: the next ob
 ``Phase.UNLAUNCHED`` and the pass launches it again, the same attempt (never a failure of the job, never a
 re-attachment that did not happen); one that finds the supervisor alive or its exit record adopts it with its
 real outcome. The backend's start is idempotent per attempt, so whichever launch comes up first runs the job's
-command and any other runs nothing (the local executor: ``kiln.runtime.claim``).
+command and any other runs nothing (the local executor: ``kiln.injob.claim``).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from sqlalchemy.orm import Session
 
 from kiln.backends.base import Backend, Launch, Phase, ResolvedInput, Slot
 from kiln.backends.capabilities import JobFiles
-from kiln.db.models import Job, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import Job, utcnow
 from kiln.domain.ids import new_id
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState, Reason

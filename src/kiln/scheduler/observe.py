@@ -12,7 +12,7 @@ from typing import Any
 
 from kiln.backends.base import Backend, Phase
 from kiln.backends.capabilities import CheckpointSyncer, OutputCollector, Preemptible
-from kiln.db.models import Job
+from kiln.db.tables import Job
 from kiln.domain.states import JobState
 from kiln.scheduler.passes import Seen
 from kiln.settings import Settings

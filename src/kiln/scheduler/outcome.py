@@ -38,7 +38,7 @@ class JobView:
 
     @classmethod
     def of(cls, row: Any) -> JobView:
-        """From a job row (``kiln.db.models.Job``) or anything with the same attributes."""
+        """From a job row (``kiln.db.tables.Job``) or anything with the same attributes."""
         return cls(JobState(row.state), row.attempt, row.restarts, bool(row.cancel_requested), row.preempt_reason)
 
 

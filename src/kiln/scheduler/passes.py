@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.backends.base import AttemptStatus, Phase, Slot
-from kiln.db.models import Job
+from kiln.db.tables import Job
 
 
 @dataclass

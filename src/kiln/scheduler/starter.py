@@ -23,8 +23,8 @@ from dataclasses import replace
 from sqlalchemy import select
 
 from kiln.backends.base import Backend, Launch, ResolvedInput
-from kiln.db.models import Job, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import Job, utcnow
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState, Reason
 from kiln.errors import BackendError, KilnError

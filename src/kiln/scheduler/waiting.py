@@ -9,7 +9,7 @@ from typing import Any, cast
 from sqlalchemy import String, Table, Text, bindparam, column, func, insert, or_, select, update, values
 from sqlalchemy.orm import Session
 
-from kiln.db.models import Job, JobEvent, utcnow
+from kiln.db.tables import Job, JobEvent, utcnow
 from kiln.domain.states import JobState, Reason
 from kiln.usecases.lifecycle import record
 

@@ -1,6 +1,6 @@
 """A job's log as records: what ``Client.stream_logs`` yields, and what ``kiln logs`` prints.
 
-The server stores and serves lines ``<RFC 3339 time> <O|E|K>[@member] <text>`` (``kiln.runtime.logline``): ``O``
+The server stores and serves lines ``<RFC 3339 time> <O|E|K>[@member] <text>`` (``kiln.injob.logline``): ``O``
 and ``E`` are the job's stdout and stderr, ``K`` Kiln's own messages; a distributed job's members tag theirs
 (``O@worker1``). ``LogParser`` turns each line into a ``LogLine``, and follows the ``attempt N starting`` lines
 Kiln writes so that every record knows its attempt once the log has said it.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
-from kiln.runtime.logline import parse_tagged
+from kiln.injob.logline import parse_tagged
 
 _STREAMS = {"O": "stdout", "E": "stderr", "K": "kiln"}
 # "attempt 2 starting" (the shim, first thing in an attempt), "attempt 1 failed (...); restarting" (the server).

@@ -177,7 +177,7 @@ class LogStore:
 
     def append(self, job_id: str, stream: str, lines: list[str]) -> None:
         """Lines that arrive through the API (a job on another machine reporting its output)."""
-        from kiln.runtime.logline import format_line
+        from kiln.injob.logline import format_line
 
         data = b"".join(format_line(stream, line.encode()) for line in lines)
         with open(self.path(job_id), "ab") as fh:
@@ -186,7 +186,7 @@ class LogStore:
     def append_system(self, job_id: str, line: str, source: Path | None = None) -> None:
         """A line from Kiln itself; best effort (a full disk must not stop the reconciler). ``source``: the file
         the attempt writes, where that is not this server's (see ``ship``)."""
-        from kiln.runtime.logline import format_line
+        from kiln.injob.logline import format_line
 
         try:
             with open(source or self.path(job_id), "ab") as fh:

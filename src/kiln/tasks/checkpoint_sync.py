@@ -13,8 +13,8 @@ from sqlalchemy import select
 
 from kiln.backends.base import Backend
 from kiln.backends.capabilities import CheckpointSyncer
-from kiln.db.models import Job
 from kiln.db.session import Database
+from kiln.db.tables import Job
 from kiln.domain.states import JobState
 from kiln.storage.keys import checkpoints_prefix
 from kiln.tasks.runner import Task, TaskContext

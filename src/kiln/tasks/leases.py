@@ -21,8 +21,8 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from kiln.db.models import TaskLease, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import TaskLease, utcnow
 
 
 @dataclass(frozen=True)

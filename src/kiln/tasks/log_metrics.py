@@ -1,7 +1,7 @@
 """Metrics from the logs of jobs whose backend runs no shim (Kubernetes pods), extracted on the server.
 
 On the local executor each attempt's shim reads the job's log and spools the points it recognises
-(``kiln.runtime.extract``). A pod has no shim, but its output reaches Kiln's own log store (the Kubernetes
+(``kiln.injob.extract``). A pod has no shim, but its output reaches Kiln's own log store (the Kubernetes
 controller streams it there, tagged per member like the shim's lines), so the server runs the same extractor over
 that file: built-in recognition and the spec's ``metrics.patterns``, keeping the names ``metrics.include`` and
 ``metrics.exclude`` let through, no change to the job. The points go to the same spool files
@@ -27,11 +27,11 @@ from typing import Any
 
 from sqlalchemy import and_, or_, select
 
-from kiln.db.models import Job, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import Job, utcnow
 from kiln.domain.states import TERMINAL_STATES, JobState
 from kiln.domain.stored_spec import StoredSpec
-from kiln.runtime.extract import (
+from kiln.injob.extract import (
     _HINT_BYTES,
     DRAINING_PREFIX,
     MAX_LINE,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from sqlalchemy import select, update
 
-from kiln.db.models import Job
 from kiln.db.session import Database
+from kiln.db.tables import Job
 from kiln.domain.states import JobState
 from kiln.storage.logs import LogStore
 from kiln.tasks.runner import Task, TaskContext

@@ -24,8 +24,8 @@ from typing import Any, BinaryIO
 
 from sqlalchemy import and_, or_, select
 
-from kiln.db.models import Job, MetricCursor, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import Job, MetricCursor, utcnow
 from kiln.domain.states import TERMINAL_STATES, JobState
 from kiln.metrics.parse import Parsed, Row, complete_lines, parse_lines
 from kiln.metrics.store import CHUNK, CursorUpdate, MetricsStore, _FileState

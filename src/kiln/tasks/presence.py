@@ -18,8 +18,8 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from kiln.db.models import Server, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import Server, utcnow
 from kiln.tasks.runner import Task, TaskContext
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ Each run, for each service:
 
 1. **Observe** its replicas. A replica is a job of quota category ``serve`` (placed by the scheduler, run by the
    backend's shim, with its log and metrics). Once its job runs and its state file (its Unix socket's name in the
-   job's work dir and its secret, written by ``kiln.runtime.serve`` after the model loaded) names a socket that
+   job's work dir and its secret, written by ``kiln.injob.serve`` after the model loaded) names a socket that
    answers ``/healthz``, it is READY and the router sends it requests over that socket (the job has its own network
    namespace: no port of its is reachable from here, nor open to other jobs); a replica whose job ended is FAILED
    (the loader's error, from its job's log, in its message) and the router forgets it.
@@ -43,8 +43,8 @@ from sqlalchemy import delete, select
 from kiln.auth.secrets import SecretBox
 from kiln.backends.base import Backend
 from kiln.backends.capabilities import ServiceDeployer, WorkDirs
-from kiln.db.models import Job, Service, ServiceReplica, ServiceTraffic, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import Job, Service, ServiceReplica, ServiceTraffic, utcnow
 from kiln.domain.ids import new_id
 from kiln.domain.serving import ReplicaState, ServiceSpec, ServiceState
 from kiln.domain.states import JobState

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 from kiln.auth.secrets import SecretBox
 from kiln.backends.capabilities import ServiceAddress, ServiceDeployer
-from kiln.db.models import Service, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import Service, utcnow
 from kiln.domain.serving import ServiceSpec, ServiceState
 from kiln.errors import KilnError
 from kiln.routing.router import Endpoint, Router

@@ -33,8 +33,8 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 
 from kiln.auth.secrets import SecretBox
-from kiln.db.models import Server, Service, ServiceReplica, ServiceTraffic, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import Server, Service, ServiceReplica, ServiceTraffic, utcnow
 from kiln.domain.serving import ReplicaState, ServiceState
 from kiln.errors import KilnError
 from kiln.routing.router import Endpoint, Router

@@ -37,8 +37,8 @@ from pydantic import ValidationError
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from kiln.db.models import Job, MetricPoint, MetricSeries, TuningStudy, TuningTrial, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import Job, MetricPoint, MetricSeries, TuningStudy, TuningTrial, utcnow
 from kiln.domain.states import JobState
 from kiln.domain.studies import StudyReason, StudySpec, StudyState, TrialState, trial_spec
 from kiln.tasks.runner import Task, TaskContext

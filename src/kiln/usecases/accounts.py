@@ -17,8 +17,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from kiln.auth.secrets import SecretBox, new_access_key_id, new_secret_key
-from kiln.db.models import AccessKey, Organization, User, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import AccessKey, Organization, User, utcnow
 from kiln.domain.ids import new_id
 from kiln.domain.schemas import KeyCreate, KeyCreated, KeyRead, OrgRead, OrgUpdate, UserCreate, UserRead
 from kiln.errors import Conflict, InvalidInput, NotFound

@@ -13,8 +13,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from kiln.db.models import AuditEvent, Organization, User, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import AuditEvent, Organization, User, utcnow
 from kiln.domain.schemas import AuditRead
 from kiln.usecases.accounts import find_org
 from kiln.usecases.identity import Principal

@@ -19,8 +19,8 @@ from pydantic import ValidationError
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from kiln.db.models import DataBlob, DataUpload, DataUploadPart
 from kiln.db.session import Database
+from kiln.db.tables import DataBlob, DataUpload, DataUploadPart
 from kiln.domain.schemas import SmallBlobsHeader, SmallBlobsRead
 from kiln.errors import BadRequest, DigestMismatch, Forbidden, KilnError
 from kiln.settings import Settings

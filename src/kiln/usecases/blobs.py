@@ -10,8 +10,8 @@ from pathlib import Path
 
 from starlette.concurrency import run_in_threadpool
 
-from kiln.db.models import Blob
 from kiln.db.session import Database
+from kiln.db.tables import Blob
 from kiln.errors import DigestMismatch, NotFound, PayloadTooLarge
 from kiln.settings import Settings
 from kiln.storage.archive import validate_archive

@@ -36,8 +36,8 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kiln.db.models import DataBlob, Dataset, DatasetVersion, ModelFile, utcnow
-from kiln.db.models import (
+from kiln.db.tables import DataBlob, Dataset, DatasetVersion, ModelFile, utcnow
+from kiln.db.tables import (
     DatasetFile as FileRow,
 )
 from kiln.domain.ids import new_id

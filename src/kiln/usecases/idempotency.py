@@ -29,8 +29,8 @@ from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kiln.db.models import IdempotencyKey, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import IdempotencyKey, utcnow
 from kiln.domain.idempotency import HEADER, check_key, describe_span, fingerprint
 from kiln.errors import Conflict, InvalidInput
 from kiln.usecases import audit

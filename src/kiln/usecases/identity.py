@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session
 from kiln.auth import failures, signing
 from kiln.auth.credfile import write_config_file
 from kiln.auth.secrets import SecretBox, new_access_key_id, new_secret_key
-from kiln.db.models import AccessKey, Job, Nonce, Organization, User, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import AccessKey, Job, Nonce, Organization, User, utcnow
 from kiln.domain import policy
 from kiln.domain.ids import new_id
 from kiln.domain.states import JobState

@@ -9,7 +9,7 @@ from typing import Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from kiln.db.models import Job
+from kiln.db.tables import Job
 from kiln.domain.states import JobState
 from kiln.domain.stored_spec import StoredSpec
 from kiln.errors import Forbidden

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from kiln.backends.base import Backend
 from kiln.backends.capabilities import JobFiles
-from kiln.db.models import Job, JobEvent, MetricChunk, MetricCursor, MetricPoint, MetricSeries
+from kiln.db.tables import Job, JobEvent, MetricChunk, MetricCursor, MetricPoint, MetricSeries
 from kiln.domain.states import JobState
 from kiln.errors import Conflict
 from kiln.storage.keys import checkpoints_prefix, outputs_prefix

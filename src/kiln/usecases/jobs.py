@@ -11,8 +11,8 @@ from sqlalchemy import Select, and_, bindparam, or_, select
 from sqlalchemy.orm import Session
 
 from kiln.backends.base import Inventory
-from kiln.db.models import Blob, Job, JobEvent, Organization, User, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import Blob, Job, JobEvent, Organization, User, utcnow
 from kiln.domain.catalog import Catalog
 from kiln.domain.ids import new_id
 from kiln.domain.job_requests import JobDryRun, JobRerun

@@ -8,7 +8,7 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from kiln.db.models import Job, JobEvent, utcnow
+from kiln.db.tables import Job, JobEvent, utcnow
 from kiln.domain.states import TRANSITIONS, JobState, Reason
 from kiln.errors import IllegalTransition
 

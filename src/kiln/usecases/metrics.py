@@ -21,8 +21,8 @@ from typing import Any
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from kiln.db.models import MetricChunk, MetricPoint, MetricSeries
 from kiln.db.session import Database
+from kiln.db.tables import MetricChunk, MetricPoint, MetricSeries
 from kiln.domain import limits
 from kiln.domain.schemas import MetricSeriesData, MetricSeriesSummary, MetricsIngested
 from kiln.errors import InvalidInput

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from kiln.db.models import (
+from kiln.db.session import Database
+from kiln.db.tables import (
     DataBlob,
     Job,
     Model,
@@ -30,7 +31,6 @@ from kiln.db.models import (
     ModelVersion,
     utcnow,
 )
-from kiln.db.session import Database
 from kiln.domain import models as refs
 from kiln.domain.ids import new_id
 from kiln.domain.models import (

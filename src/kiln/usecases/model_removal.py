@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from kiln.db.models import DataBlob, DatasetFile, ModelFile, Service, ServiceReplica
+from kiln.db.tables import DataBlob, DatasetFile, ModelFile, Service, ServiceReplica
 from kiln.domain.serving import ReplicaState, ServiceState
 from kiln.errors import Conflict
 from kiln.usecases.input_access import pinning_job

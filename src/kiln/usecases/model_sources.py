@@ -20,7 +20,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from kiln.db.models import DataBlob, Job, MetricSeries, ModelFile, ModelVersion, TuningTrial
+from kiln.db.tables import DataBlob, Job, MetricSeries, ModelFile, ModelVersion, TuningTrial
 from kiln.domain.models import ModelLineage
 from kiln.errors import BadRequest, KilnError, NotFound
 from kiln.storage.keys import outputs_prefix

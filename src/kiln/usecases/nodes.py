@@ -8,8 +8,8 @@ from collections.abc import Callable
 from sqlalchemy import select
 
 from kiln.backends.base import Inventory
-from kiln.db.models import Job
 from kiln.db.session import Database
+from kiln.db.tables import Job
 from kiln.domain.nodes import NodeGpu, NodeJob, NodeRead
 from kiln.domain.states import JobState
 from kiln.usecases.identity import Principal

@@ -15,8 +15,8 @@ from collections.abc import Collection
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from kiln.db.models import Blob, DataBlob, DataUpload, Job, Organization, Quota, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import Blob, DataBlob, DataUpload, Job, Organization, Quota, utcnow
 from kiln.domain.quantities import MILLI, format_bytes, millicores
 from kiln.domain.quota import CATEGORIES, FIELDS, TOTAL, Limits, OrgUsage, blocked_by, never_fits
 from kiln.domain.schemas import QuotaCategory, QuotaFields, QuotaReport, QuotaSet

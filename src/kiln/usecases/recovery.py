@@ -14,8 +14,8 @@ from datetime import datetime
 from sqlalchemy import select
 
 from kiln.auth.secrets import SecretBox, new_access_key_id, new_secret_key
-from kiln.db.models import AccessKey, AuditEvent, OfflineAction, Organization, User, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import AccessKey, AuditEvent, OfflineAction, Organization, User, utcnow
 from kiln.domain.ids import new_id
 from kiln.domain.schemas import NAME_PATTERN
 from kiln.errors import Conflict, InvalidInput, KilnError, NotFound

@@ -19,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from kiln.backends.base import Backend, Inventory, Slot
-from kiln.db.models import Job, Organization, Service
+from kiln.db.tables import Job, Organization, Service
 from kiln.domain.placement.policy import decide
 from kiln.domain.placement.types import Decision, Node, Pending, Running, WorkerAlloc
 from kiln.domain.quantities import millicores

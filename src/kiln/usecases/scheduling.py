@@ -12,8 +12,8 @@ import time
 from sqlalchemy import select
 
 from kiln.backends.base import Backend
-from kiln.db.models import Job, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import Job, utcnow
 from kiln.domain.schemas import WhyAhead, WhyRead
 from kiln.domain.states import JobState
 from kiln.settings import Settings

@@ -12,8 +12,8 @@ from datetime import timedelta
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from kiln.db.models import Job, Organization, Service, ServiceKey, ServiceReplica, User, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import Job, Organization, Service, ServiceKey, ServiceReplica, User, utcnow
 from kiln.domain.ids import new_id
 from kiln.domain.serving import (
     MODEL_DIR,
@@ -56,12 +56,12 @@ def replica_read(replica: ServiceReplica, job_state: str | None, in_flight: int)
 
 
 def replica_spec(spec: ServiceSpec, service_id: str, replica_id: str, model: str, version: int) -> JobSpec:
-    """The job a replica runs: ``kiln.runtime.serve`` over the model version staged at /model."""
+    """The job a replica runs: ``kiln.injob.serve`` over the model version staged at /model."""
     params = replica_params(spec, (model, version))
     return JobSpec.model_validate(
         {
             "name": f"{spec.name}-replica"[:128],
-            "command": ["python", "-m", "kiln.runtime.serve"],
+            "command": ["python", "-m", "kiln.injob.serve"],
             "runtime": spec.runtime.model_dump(exclude_none=True),
             "resources": spec.resources.model_dump(exclude_none=True),
             "env": spec.env,

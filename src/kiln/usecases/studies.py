@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from kiln.db.models import Job, TuningEvent, TuningStudy, TuningTrial, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import Job, TuningEvent, TuningStudy, TuningTrial, utcnow
 from kiln.domain.ids import new_id
 from kiln.domain.studies import (
     StudyEventRead,

@@ -16,8 +16,8 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kiln.db.models import DataBlob, DataUpload, DataUploadPart
 from kiln.db.session import Database
+from kiln.db.tables import DataBlob, DataUpload, DataUploadPart
 from kiln.domain import limits
 from kiln.domain.ids import new_id
 from kiln.domain.schemas import (

@@ -14,8 +14,8 @@ from sqlalchemy import update
 from kiln.auth import signing
 from kiln.auth.secrets import SecretBox, load_or_create_server_key
 from kiln.db import migrate
-from kiln.db.models import AccessKey
 from kiln.db.session import Database
+from kiln.db.tables import AccessKey
 from kiln.settings import Settings
 from kiln.usecases import identity as identity_module
 from kiln.usecases.identity import AuthFailure, Credentials, IdentityService

@@ -15,8 +15,8 @@ from sqlalchemy import func, select
 from kiln.auth import signing
 from kiln.auth.secrets import SecretBox, load_or_create_server_key
 from kiln.db import migrate
-from kiln.db.models import Nonce, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import Nonce, utcnow
 from kiln.settings import Settings
 from kiln.tasks.nonce_flush import nonce_flush
 from kiln.tasks.runner import TaskRunner

@@ -10,7 +10,7 @@ import pytest
 
 from kiln.backends.local import sandbox
 from kiln.backends.local.python_policy import PythonPolicy
-from kiln.runtime import sandbox as runtime_sandbox
+from kiln.injob import sandbox as runtime_sandbox
 from kiln.settings import Settings
 
 

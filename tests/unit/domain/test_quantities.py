@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from kiln.domain.quantities import format_bytes, format_cpus, format_memory, format_number, millicores, parse_memory
-from kiln.runtime import units
+from kiln.injob import units
 
 KI, MI, GI, TI = 1024, 1024**2, 1024**3, 1024**4
 

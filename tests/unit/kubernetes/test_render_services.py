@@ -323,8 +323,8 @@ def test_the_replicas_environment_and_params_file() -> None:
     assert set(items) == set(cm["data"])  # every key projected, none missing (the pod would not start)
     mount = next(m for m in container["volumeMounts"] if m["name"] == "kiln-conf")
     assert env["KILN_PARAMS_FILE"] == f"{mount['mountPath']}/{items['params.json']}" == "/etc/kiln/params.json"
-    # The replica server is importable as kiln.runtime.serve from PYTHONPATH, before the user's own path.
-    assert items["serve.py"] == "pylib/kiln/runtime/serve.py" and items["kiln_sdk.py"] == "pylib/kiln/__init__.py"
+    # The replica server is importable as kiln.injob.serve from PYTHONPATH, before the user's own path.
+    assert items["serve.py"] == "pylib/kiln/injob/serve.py" and items["kiln_sdk.py"] == "pylib/kiln/__init__.py"
     assert env["PYTHONPATH"] == "/etc/kiln/pylib:/opt/lib"
     assert env["PRICE"] == "$$(NOT_EXPANDED) $$HOME"  # Kubernetes turns $$ into $: the value arrives as given
     assert (env["KILN_REPLICA_HOST"], env["KILN_REPLICA_PORT"]) == ("0.0.0.0", str(REPLICA_PORT))

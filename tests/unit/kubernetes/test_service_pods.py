@@ -1,5 +1,5 @@
 """The programs of a service replica's pod, run as real processes with the files laid out as the rendered
-projected volume lays out the rendered ConfigMap (no cluster): the shipped ``kiln.runtime.serve`` imports with the
+projected volume lays out the rendered ConfigMap (no cluster): the shipped ``kiln.injob.serve`` imports with the
 standard library alone, ``replica.sh serve`` runs the real replica server on the rendered port with the rendered
 secret, ``replica.sh healthz`` (the startup and readiness probe) passes only on a ready replica, and
 ``podmodel.py`` (the init container) stages a model version and a code bundle from a stand-in API."""
@@ -98,12 +98,12 @@ def test_the_shipped_replica_server_imports_with_the_standard_library_alone(tmp_
     pylib = tmp_path / "pylib"
     env = _pod_env(container, tmp_path)
     assert env["PYTHONPATH"] == str(pylib)
-    code = "import kiln, kiln.runtime.serve as s; print(s.__file__); print(callable(kiln.log), callable(s.main))"
+    code = "import kiln, kiln.injob.serve as s; print(s.__file__); print(callable(kiln.log), callable(s.main))"
     # -S: no site-packages (so no installed kiln, numpy, ...): only the shipped files and the standard library.
     done = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 0, done.stderr.decode()
     where, callables = done.stdout.decode().splitlines()
-    assert where == str(pylib / "kiln" / "runtime" / "serve.py")
+    assert where == str(pylib / "kiln" / "injob" / "serve.py")
     assert callables == "True True"
 
 

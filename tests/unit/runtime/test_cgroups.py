@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.runtime import cgroups, sandbox
+from kiln.injob import cgroups, sandbox
 
 
 def test_hierarchies_prefer_v1_and_read_v2_controllers(tmp_path: Path) -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kiln.runtime import extract
-from kiln.runtime.extract import Extractor, recognize
-from kiln.runtime.shim import format_line
+from kiln.injob import extract
+from kiln.injob.extract import Extractor, recognize
+from kiln.injob.shim import format_line
 
 # (line, step, metrics): what built-in recognition takes from one line on its own.
 ACCEPTED = [

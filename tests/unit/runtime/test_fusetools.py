@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.runtime import fusetools
-from kiln.runtime.stage import StageError
+from kiln.injob import fusetools
+from kiln.injob.stage import StageError
 
 
 def tool(bin_dir: Path, name: str) -> None:

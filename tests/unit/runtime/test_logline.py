@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from kiln.runtime import logline, shim
+from kiln.injob import logline, shim
 
 T = calendar.timegm((2026, 11, 30, 12, 34, 56)) + 0.25
 

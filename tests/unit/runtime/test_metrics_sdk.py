@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kiln.runtime import metrics_sdk
+from kiln.injob import metrics_sdk
 
 SRC = str(Path(metrics_sdk.__file__).resolve().parents[2])
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.runtime import mount, stage
-from kiln.runtime.stage import StageError
+from kiln.injob import mount, stage
+from kiln.injob.stage import StageError
 
 
 def test_a_mount_config_is_checked(tmp_path: Path) -> None:

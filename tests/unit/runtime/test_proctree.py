@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from kiln.runtime.proctree import ProcessTree
+from kiln.injob.proctree import ProcessTree
 
 
 class Tree(ProcessTree):

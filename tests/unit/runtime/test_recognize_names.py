@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.runtime.recognize import NOT_METRICS, Extractor, NameFilter, recognize
-from kiln.runtime.spool import Value
+from kiln.injob.recognize import NOT_METRICS, Extractor, NameFilter, recognize
+from kiln.injob.spool import Value
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The replica server (``python -m kiln.runtime.serve``) as a real process: its ready file, its Unix socket (no TCP
+"""The replica server (``python -m kiln.injob.serve``) as a real process: its ready file, its Unix socket (no TCP
 port), the secret, predict, batching across concurrent requests, 422s naming the instance, a failing predictor, a
 model that does not load, and a drain on SIGTERM; Kiln's side of the socket (the router's kept-alive connections and
 the health probe), with a work dir's path longer than a socket address holds. The predictor is a custom class
@@ -26,11 +26,11 @@ import httpx
 import psutil
 import pytest
 
+from kiln.injob import serve, serve_schema
+from kiln.injob.serve_predictors import model_path
+from kiln.injob.serve_schema import InputSchema, InvalidInput
 from kiln.routing.replica_http import ReplicaPool, ReplicaUnreachable, healthy
 from kiln.routing.router import Endpoint, PredictFailed, Router
-from kiln.runtime import serve, serve_schema
-from kiln.runtime.serve_predictors import model_path
-from kiln.runtime.serve_schema import InputSchema, InvalidInput
 
 SRC = str(Path(serve.__file__).resolve().parents[2])
 
@@ -61,7 +61,7 @@ class Model:
 
 
 class Replica:
-    """One ``python -m kiln.runtime.serve`` with the custom predictor above, started in ``root/work``."""
+    """One ``python -m kiln.injob.serve`` with the custom predictor above, started in ``root/work``."""
 
     def __init__(
         self,
@@ -88,7 +88,7 @@ class Replica:
         environ = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
         environ.update(KILN_PARAMS_FILE=str(params_file), KILN_WORK_DIR=str(self.work), PYTHONPATH=SRC, **(env or {}))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kiln.runtime.serve"],
+            [sys.executable, "-m", "kiln.injob.serve"],
             cwd=self.work,
             env=environ,
             stdout=subprocess.PIPE,
@@ -516,7 +516,7 @@ def test_the_model_file_is_the_named_one_or_the_only_one(tmp_path: Path) -> None
 
 
 def test_the_replica_reads_what_the_domain_writes() -> None:
-    """kiln.runtime cannot import kiln.domain: its copy of the spec's bounds and the schema must agree with it."""
+    """kiln.injob cannot import kiln.domain: its copy of the spec's bounds and the schema must agree with it."""
     from typing import get_args
 
     from kiln.domain.serving import Batching, PredictorType, ServiceSpec, replica_params

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kiln.runtime.extract import SdkFiles
-from kiln.runtime.spool import Spool, Watch
+from kiln.injob.extract import SdkFiles
+from kiln.injob.spool import Spool, Watch
 
 
 def _spool(path: Path, woken: list[int], watch: list[str]) -> Spool:

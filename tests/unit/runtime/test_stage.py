@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from kiln.runtime import stage
-from kiln.runtime.stage import StageError, StageStopped
+from kiln.injob import stage
+from kiln.injob.stage import StageError, StageStopped
 
 RUNTIME_DIR = os.path.dirname(os.path.abspath(stage.__file__))
 

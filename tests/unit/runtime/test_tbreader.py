@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.runtime import tbreader
+from kiln.injob import tbreader
 
 # Without tensorboard the module still loads, and every test fails (or, opted out, skips) saying what to install.
 pytestmark = pytest.mark.needs("tensorboard")

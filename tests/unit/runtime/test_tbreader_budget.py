@@ -8,7 +8,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from kiln.runtime import tbreader
+from kiln.injob import tbreader
 
 MiB = 1024 * 1024
 

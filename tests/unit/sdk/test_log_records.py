@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from kiln.runtime.logline import format_line
+from kiln.injob.logline import format_line
 from kiln.sdk.logs import LogLine, LogParser, LogSource, member_label, parse_time
 
 T = "2026-11-30T12:00:00.250000Z"

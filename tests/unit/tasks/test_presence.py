@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import select, update
 
 from kiln.db import migrate
-from kiln.db.models import Server, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import Server, utcnow
 from kiln.tasks.presence import ServerPresence
 
 

@@ -14,8 +14,8 @@ from cryptography.fernet import Fernet
 
 from kiln.auth.secrets import SecretBox
 from kiln.db import migrate
-from kiln.db.models import Job, Organization, Service, ServiceReplica, User, utcnow
 from kiln.db.session import Database
+from kiln.db.tables import Job, Organization, Service, ServiceReplica, User, utcnow
 from kiln.routing.router import Router
 from kiln.tasks.presence import ServerPresence
 from kiln.tasks.serving_routes import RouteSync, remote_traffic

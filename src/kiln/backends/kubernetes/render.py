@@ -189,7 +189,7 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
         "entrypoint.sh": entrypoint(prepare, finish),
         **{name: Path(__file__).with_name(name).read_text(encoding="utf-8") for name in ("podfetch.py", "podsync.py")},
         # The metrics SDK (standard library only), which the entrypoint makes importable as `kiln`.
-        "kiln_sdk.py": (Path(__file__).parents[2] / "runtime" / "metrics_sdk.py").read_text(encoding="utf-8"),
+        "kiln_sdk.py": (Path(__file__).parents[2] / "injob" / "metrics_sdk.py").read_text(encoding="utf-8"),
         # The job's parameters ($KILN_PARAMS_FILE; a tuning study's trials get them from its sampler).
         PARAMS_FILE: json.dumps(spec.params, sort_keys=True),
     }

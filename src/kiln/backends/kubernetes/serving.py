@@ -6,10 +6,10 @@ their egress is an ``isolated`` job's), a Deployment of the replicas, a ClusterI
 with ``autoscale``, a HorizontalPodAutoscaler (``autoscaling/v2``). ``POST /api/v1/services:render`` and
 ``kiln services render`` print them; docs/kubernetes.md has the job side of the same mapping.
 
-- **Replicas.** Each pod runs ``python -m kiln.runtime.serve`` (the same replica server as on the local
+- **Replicas.** Each pod runs ``python -m kiln.injob.serve`` (the same replica server as on the local
   executor) with its configuration in ``$KILN_PARAMS_FILE`` (:func:`replica_params`: the keys the local replicas
   get). The module is shipped in the ConfigMap, like the job render ships ``kiln_sdk.py``, and a projected volume
-  lays the ConfigMap's keys out as a package at ``/etc/kiln/pylib/kiln/runtime/`` (``PYTHONPATH``), so no image
+  lays the ConfigMap's keys out as a package at ``/etc/kiln/pylib/kiln/injob/`` (``PYTHONPATH``), so no image
   needs Kiln installed. That copy comes first on ``PYTHONPATH``, before an image's own ``kiln``: the replica must
   speak the protocol of the server that rendered it.
 - **Port and address.** A replica listens on ``KILN_REPLICA_HOST`` (``0.0.0.0``: the Service reaches the pod's
@@ -106,7 +106,7 @@ py=python3
 command -v python3 >/dev/null 2>&1 || py=python
 case "${1:-serve}" in
 serve)
-    exec "$py" -m kiln.runtime.serve
+    exec "$py" -m kiln.injob.serve
     ;;
 healthz)
     # -I: neither the work dir nor PYTHON* variables can change what the probe imports.
@@ -168,24 +168,24 @@ def _image(spec: ServiceSpec, catalog: Catalog) -> str:
 
 def _shipped_files() -> tuple[dict[str, str], list[dict[str, str]]]:
     """The ConfigMap's program files and the projected volume's items laying them out: the scripts at
-    ``/etc/kiln``, and ``kiln`` (the metrics SDK as its ``__init__``) + ``kiln.runtime.serve*`` under ``pylib``."""
+    ``/etc/kiln``, and ``kiln`` (the metrics SDK as its ``__init__``) + ``kiln.injob.serve*`` under ``pylib``."""
     here = Path(__file__).parent
-    runtime = here.parents[1] / "runtime"
+    runtime = here.parents[1] / "injob"
     files = {
         "replica.sh": REPLICA_SCRIPT,
         **{name: (here / name).read_text(encoding="utf-8") for name in ("podfetch.py", "podmodel.py")},
         "kiln_sdk.py": (runtime / "metrics_sdk.py").read_text(encoding="utf-8"),
-        "kiln_runtime.py": '"""kiln.runtime, as shipped to a service replica: the replica server only."""\n',
+        "kiln_injob.py": '"""kiln.injob, as shipped to a service replica: the replica server only."""\n',
     }
     items = [{"key": k, "path": k} for k in ("replica.sh", "podfetch.py", "podmodel.py", PARAMS_FILE)]
     items += [
         {"key": "kiln_sdk.py", "path": "pylib/kiln/__init__.py"},
-        {"key": "kiln_runtime.py", "path": "pylib/kiln/runtime/__init__.py"},
+        {"key": "kiln_injob.py", "path": "pylib/kiln/injob/__init__.py"},
     ]
     # serve.py and the helper modules it may import (serve_*.py): all standard library, none imports more of Kiln.
     for module in [runtime / "serve.py", *sorted(runtime.glob("serve_*.py"))]:
         files[module.name] = module.read_text(encoding="utf-8")
-        items.append({"key": module.name, "path": f"pylib/kiln/runtime/{module.name}"})
+        items.append({"key": module.name, "path": f"pylib/kiln/injob/{module.name}"})
     return files, items
 
 

@@ -8,7 +8,7 @@ Layout under ``$KILN_HOME/jobs/<job>/``::
     site/          where pip installs from prepare_command land (the shared runtime stays clean)
     home/          $HOME of a sandboxed job
     attempts/<n>/  shim.json (what to run), launch.json (the launch), shim.lock + shim.pid (the shim holding the
-                   attempt's claim: kiln.runtime.claim), status.json, exit.json, shim.log
+                   attempt's claim: kiln.injob.claim), status.json, exit.json, shim.log
     attempts/<n>/members/<role>-<i>/   the same, per member of a distributed job (gang.json lists them)
     attempts/<n>/notice                $KILN_NOTICE_FILE: written before a preemption's SIGTERM
     attempts/<n>/[members/…/]scratch/  a sandboxed member's /dev/shm and /tmp (a tmpfs while it runs)
@@ -70,10 +70,10 @@ from kiln.backends.local.shims import ShimLauncher, still_its_session
 from kiln.domain.distributed import Member, gang_members, hostfile_text, member_env
 from kiln.domain.spec import JobSpec, command_argv
 from kiln.errors import BackendError, InvalidInput, KilnError
-from kiln.runtime import claim
-from kiln.runtime import mount as mount_module
-from kiln.runtime import netns as runtime_netns
-from kiln.runtime import sandbox as runtime_sandbox
+from kiln.injob import claim
+from kiln.injob import mount as mount_module
+from kiln.injob import netns as runtime_netns
+from kiln.injob import sandbox as runtime_sandbox
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore

@@ -2,7 +2,7 @@
 of what a dead shim left of them.
 
 Each attempt member gets control groups of its own, named after the job, the attempt and the member
-(``runtime/cgroups.py``: ``kiln/<job>-<attempt>[-<member>]`` in each hierarchy); its shim makes them before its
+(``injob/cgroups.py``: ``kiln/<job>-<attempt>[-<member>]`` in each hierarchy); its shim makes them before its
 first step and removes them when it ends. A shim that died cannot: ``cleanup`` kills what is left in them and
 removes them.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 from kiln.backends.local.attemptdir import member_dirs
 from kiln.domain.spec import JobSpec
-from kiln.runtime import cgroups
+from kiln.injob import cgroups
 from kiln.settings import Settings
 
 

@@ -1,7 +1,7 @@
 """What the local executor's jobs may reach on the network, and whether this machine can give them a network of
 their own.
 
-Every sandboxed attempt gets its own network namespace (``runtime/netns.py`` makes it, shared by a gang's members
+Every sandboxed attempt gets its own network namespace (``injob/netns.py`` makes it, shared by a gang's members
 on this machine), so a job never shares the machine's loopback, its listening services (databases, caches,
 brokers, another job's port) or its other addresses:
 
@@ -34,7 +34,7 @@ from typing import Any
 import psutil
 
 from kiln.domain.egress import EgressRule, effective_rules
-from kiln.runtime import netns
+from kiln.injob import netns
 from kiln.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from kiln.backends.local.runtime_builds import RuntimeBuilds, read_whole_lines
 from kiln.backends.local.runtimes import RuntimeManager
 from kiln.domain.catalog import Catalog, CatalogEntry
 from kiln.domain.runtime_builds import BuildInfo
-from kiln.runtime import shim as shim_module
+from kiln.injob import shim as shim_module
 
 SHIM_PATH = Path(shim_module.__file__).resolve()
 

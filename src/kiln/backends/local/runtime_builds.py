@@ -30,7 +30,7 @@ from kiln.domain.runtime_builds import (
     PHASE_WAITING,
     BuildInfo,
 )
-from kiln.runtime.logline import parse_line
+from kiln.injob.logline import parse_line
 
 KEEP_BUILDS = 5  # per runtime: older build directories (and their logs) are removed when a new build starts
 TAIL_BYTES = 256 * 1024  # how much of a log's end is read to find its phase and last line

@@ -1,6 +1,6 @@
 """What the local executor's job sandbox holds, and whether this machine can build one.
 
-The shim wraps each of the job's steps in bubblewrap (``runtime/sandbox.py``); this module decides, for one
+The shim wraps each of the job's steps in bubblewrap (``injob/sandbox.py``); this module decides, for one
 attempt, what the sandbox shows (the system's ``/usr`` and ``/etc``, the runtime's interpreter, the job's own
 directories) and as whom the job runs, and finds out once, when the server starts, which isolation the machine
 allows (:class:`SandboxPolicy`):
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import kiln as kiln_package
-from kiln.runtime import sandbox as runtime_sandbox
+from kiln.injob import sandbox as runtime_sandbox
 from kiln.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import kiln as kiln_package
 from kiln.backends.base import Launch, ResolvedInput
 from kiln.domain.spec import format_param, param_env_name
 from kiln.errors import BackendError
-from kiln.runtime.fusetools import AWS_ENV
+from kiln.injob.fusetools import AWS_ENV
 from kiln.settings import Settings
 from kiln.storage.store import ObjectStore
 

@@ -3,7 +3,7 @@
 Shims are forked from a launcher process (a fork server that paid the shim's imports once), or started as a
 fresh interpreter when the launcher fails. A launch is recorded in the member's ``launch.json`` (the pid the
 launcher answered, its start time and the launch token); the shim itself writes ``shim.pid`` once it holds the
-attempt's claim (``kiln.runtime.claim``). So an attempt is: launched and coming up (``launch.json``'s process
+attempt's claim (``kiln.injob.claim``). So an attempt is: launched and coming up (``launch.json``'s process
 lives, or the claim is held), run by a shim (``shim.pid``), ended (``exit.json``), or never launched (none).
 """
 
@@ -26,8 +26,8 @@ from kiln.backends.base import AttemptStatus, Phase
 from kiln.backends.local.attemptdir import read_json, write_json_atomic
 from kiln.backends.local.runtime_builder import SHIM_PATH
 from kiln.errors import BackendError
-from kiln.runtime import claim
-from kiln.runtime.shimio import EXIT_DISK_FULL
+from kiln.injob import claim
+from kiln.injob.shimio import EXIT_DISK_FULL
 
 log = logging.getLogger(__name__)
 

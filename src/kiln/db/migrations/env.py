@@ -2,7 +2,7 @@
 
 from alembic import context
 
-from kiln.db.models import Base
+from kiln.db.tables import Base
 
 config = context.config
 connection = config.attributes["connection"]

@@ -16,7 +16,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from kiln.db.models.base import Base, utcnow
+from kiln.db.tables.base import Base, utcnow
 
 
 class Service(Base):

@@ -1,6 +1,6 @@
 """The shim's side of the job's CPU, process and log limits (memory and disk are in ``shimbox.py``).
 
-Standard library only, like the shim that loads it (as ``kiln.runtime.shimlimits`` in the package, or as a plain
+Standard library only, like the shim that loads it (as ``kiln.injob.shimlimits`` in the package, or as a plain
 module from this file's directory when the shim runs as a script). ``JobLimits`` is a mixin of ``Shim``; the
 groups themselves are ``cgroups.py``'s, the log's limit is applied where lines are written (``shimio.py``).
 
@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 
 if __package__:
-    from kiln.runtime import cgroups
-    from kiln.runtime.units import human
+    from kiln.injob import cgroups
+    from kiln.injob.units import human
 else:  # loaded by the shim run as a script: its directory is on sys.path
     import cgroups  # type: ignore[no-redef]
     from units import human  # type: ignore[no-redef]

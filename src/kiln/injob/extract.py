@@ -11,7 +11,7 @@ The pieces are pure and unit-tested on their own, each in its module next to thi
 ``recognize`` (built-in recognition of progress lines) and ``Extractor`` (built-in plus custom patterns over a
 stream of lines, with carried-over steps and lookahead windows) in ``recognize.py``, ``Spool`` (batched appends)
 in ``spool.py``, ``SystemSampler`` in ``sysmetrics.py``; TensorBoard event files are read by ``tbreader.py``.
-Like this module, they are loaded as ``kiln.runtime.<name>`` in the package or as plain modules from this
+Like this module, they are loaded as ``kiln.injob.<name>`` in the package or as plain modules from this
 file's directory when the shim runs as a script. ``Metrics`` runs them as daemon threads next to the shim's main
 loop: a log tail (reading the job's log file at its own pace, so a flood only makes extraction lag), a
 TensorBoard poller and a system sampler.
@@ -28,9 +28,9 @@ from collections.abc import Callable
 from typing import Any
 
 if __package__:
-    from kiln.runtime import recognize as _recognize
-    from kiln.runtime import spool as _spool
-    from kiln.runtime import sysmetrics as _sysmetrics
+    from kiln.injob import recognize as _recognize
+    from kiln.injob import spool as _spool
+    from kiln.injob import sysmetrics as _sysmetrics
 else:  # run by the shim as a script: its directory is on sys.path
     import recognize as _recognize  # type: ignore[no-redef]
     import spool as _spool  # type: ignore[no-redef]
@@ -217,7 +217,7 @@ class LogTail:
 
 def _tbreader() -> Any:
     if __package__:
-        from kiln.runtime import tbreader
+        from kiln.injob import tbreader
     else:
         import tbreader  # type: ignore[no-redef]  # run by the shim as a script: its directory is on sys.path
     return tbreader

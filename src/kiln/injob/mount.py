@@ -1,6 +1,6 @@
 """Dataset versions mounted into a job through FUSE instead of staged (``mode: mount``), with rclone or s3fs.
 
-Standard library only, like ``stage.py``, which uses it (loaded as ``kiln.runtime.mount`` in the package or as a
+Standard library only, like ``stage.py``, which uses it (loaded as ``kiln.injob.mount`` in the package or as a
 plain module from this file's directory when the shim runs as a script).
 
 One FUSE filesystem per attempt, mounted read-only, of the organisation's blob prefix in the object store
@@ -46,8 +46,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 if __package__:
-    from kiln.runtime import datacache as _datacache
-    from kiln.runtime import fusetools as _fusetools
+    from kiln.injob import datacache as _datacache
+    from kiln.injob import fusetools as _fusetools
 else:  # run by the shim as a script: its directory is on sys.path
     import datacache as _datacache  # type: ignore[no-redef]
     import fusetools as _fusetools  # type: ignore[no-redef]

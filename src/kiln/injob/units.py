@@ -1,6 +1,6 @@
 """Sizes for people in the job's log and in its events (``239.5 MiB``, ``2 GiB``).
 
-Standard library only, like the shim that loads it (as ``kiln.runtime.units`` in the package, or as a plain module
+Standard library only, like the shim that loads it (as ``kiln.injob.units`` in the package, or as a plain module
 from this file's directory when the shim runs as a script). It is a copy of ``kiln.domain.quantities.format_bytes``,
 which the server and the CLI use; a test keeps the two equal.
 """

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 if __package__:
-    from kiln.runtime.spool import MAX_TEXT, Value, clean_value
+    from kiln.injob.spool import MAX_TEXT, Value, clean_value
 else:  # run by the shim as a script: its directory is on sys.path
     from spool import MAX_TEXT, Value, clean_value  # type: ignore[no-redef]
 

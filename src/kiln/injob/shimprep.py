@@ -1,6 +1,6 @@
 """Getting an attempt ready and collecting its metrics: the runtime, the code, the input datasets, metrics glue.
 
-Standard library only, like the shim that loads it (as ``kiln.runtime.shimprep`` in the package, or as a plain
+Standard library only, like the shim that loads it (as ``kiln.injob.shimprep`` in the package, or as a plain
 module from this file's directory when the shim runs as a script). The heavier modules next to it, ``extract``
 (metrics) and ``stage`` (datasets), are loaded by ``load_sibling`` only when an attempt needs them.
 ``Preparation`` holds the shim's methods for these; ``load_extract`` and ``load_stage`` are re-exported by
@@ -19,9 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 if __package__:
-    from kiln.runtime import proctree as _proctree
-    from kiln.runtime import shimio as _shimio
-    from kiln.runtime import units as _units
+    from kiln.injob import proctree as _proctree
+    from kiln.injob import shimio as _shimio
+    from kiln.injob import units as _units
 else:  # loaded by the shim run as a script: its directory is on sys.path
     import proctree as _proctree  # type: ignore[no-redef]
     import shimio as _shimio  # type: ignore[no-redef]
@@ -33,10 +33,10 @@ def _seconds(value: object, default: float, most: float) -> float:
 
 
 def load_sibling(name: str) -> Any:
-    """The module ``name`` next to this file: ``kiln.runtime.<name>`` in the package; as a script (run with -I,
+    """The module ``name`` next to this file: ``kiln.injob.<name>`` in the package; as a script (run with -I,
     so its own directory is not on sys.path unless the shim put it there) a plain module from this directory."""
     if __package__:
-        return importlib.import_module(f"kiln.runtime.{name}")
+        return importlib.import_module(f"kiln.injob.{name}")
     here = os.path.dirname(os.path.abspath(__file__))
     if here not in sys.path:
         sys.path.append(here)

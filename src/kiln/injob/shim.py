@@ -35,8 +35,8 @@ modules next to this one, standard library only as well: ``shimio.py`` (log line
 notifications, stop requests), ``proctree.py`` (the job's process tree: signalling, killing, reaping, memory) and
 ``shimprep.py`` (runtime, code, input datasets and the metrics glue) and ``shimbox.py`` (the job's sandbox and
 the limits on what it holds: memory with its /dev/shm and /tmp, disk). Like ``extract.py`` they are loaded as
-``kiln.runtime.<name>`` in the package, or as plain modules from this file's directory when the shim runs as a
-script; what other code imports from ``kiln.runtime.shim`` is re-exported here.
+``kiln.injob.<name>`` in the package, or as plain modules from this file's directory when the shim runs as a
+script; what other code imports from ``kiln.injob.shim`` is re-exported here.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ import time
 from typing import Any
 
 if __package__:
-    from kiln.runtime import claim, netns, proctree, sandbox, shimbox, shimio, shimlimits, shimprep
+    from kiln.injob import claim, netns, proctree, sandbox, shimbox, shimio, shimlimits, shimprep
 else:  # run as a script with -I: its own directory is not on sys.path
     _here = os.path.dirname(os.path.abspath(__file__))
     if _here not in sys.path:

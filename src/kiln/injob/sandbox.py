@@ -1,7 +1,7 @@
 """The job's sandbox, as the shim builds it: a bubblewrap command line around each of the job's steps, the job's
 private ``/dev/shm``, and what the job's files weigh on disk.
 
-Standard library only, like the shim that loads it (as ``kiln.runtime.sandbox`` in the package, or as a plain
+Standard library only, like the shim that loads it (as ``kiln.injob.sandbox`` in the package, or as a plain
 module from this file's directory when the shim runs as a script). The executor decides what the sandbox holds
 (``backends/local/sandbox.py``) and passes it in ``shim.json`` as ``"sandbox"``::
 
@@ -34,7 +34,7 @@ import subprocess
 
 # Sizes in the messages of the limits (shimbox.py), re-exported.
 if __package__:
-    from kiln.runtime.units import human as human
+    from kiln.injob.units import human as human
 else:  # loaded by the shim run as a script: its directory is on sys.path
     from units import human as human  # type: ignore[no-redef]
 CGROUP_FS = "/sys/fs/cgroup"

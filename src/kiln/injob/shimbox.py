@@ -1,7 +1,7 @@
 """The shim's side of the job's sandbox: setting up and removing the member's scratch (its /dev/shm and /tmp),
 giving the job's uid its work dir, and the limits on what the job holds (memory, with what it keeps in tmpfs; disk).
 
-Standard library only, like the shim that loads it (as ``kiln.runtime.shimbox`` in the package, or as a plain
+Standard library only, like the shim that loads it (as ``kiln.injob.shimbox`` in the package, or as a plain
 module from this file's directory when the shim runs as a script). ``SandboxLimits`` is a mixin of ``Shim``; the
 command line and the measuring are in ``sandbox.py``.
 """
@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 
 if __package__:
-    from kiln.runtime import netns, proctree, sandbox
+    from kiln.injob import netns, proctree, sandbox
 else:  # loaded by the shim run as a script: its directory is on sys.path
     import netns  # type: ignore[no-redef]
     import proctree  # type: ignore[no-redef]

@@ -1,7 +1,7 @@
 """Control groups of the local executor: each attempt member's CPU share (``resources.cpus``) and process count
 (``resources.pids``) enforced by the kernel, and its CPU time measured.
 
-Standard library only, like the shim that loads it (as ``kiln.runtime.cgroups`` in the package, or as a plain
+Standard library only, like the shim that loads it (as ``kiln.injob.cgroups`` in the package, or as a plain
 module from this file's directory when the shim runs as a script). It is also the tiny wrapper that puts a step's
 first process into the groups before anything of the job runs::
 

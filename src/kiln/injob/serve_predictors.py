@@ -7,7 +7,7 @@ Built-ins: ``sklearn`` (joblib, else pickle; ``predict`` or ``predict_proba``), 
 optionally ``input_schema``).
 
 The frameworks are the job runtime's, not Kiln's: each is imported by name (``importlib``) when its predictor
-loads, so that this module, like all of ``kiln.runtime``, needs only the standard library.
+loads, so that this module, like all of ``kiln.injob``, needs only the standard library.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kiln.runtime.serve_schema import InputSchema
+from kiln.injob.serve_schema import InputSchema
 
 TORCH_DTYPES = {"float32": "float32", "float64": "float64", "int64": "int64"}
 ONNX_DTYPES = {

@@ -1,6 +1,6 @@
-"""``python -m kiln.runtime.serve``: the process every replica of a model service runs (a job of category
+"""``python -m kiln.injob.serve``: the process every replica of a model service runs (a job of category
 ``serve``). Standard library only: it runs in the job's runtime, whose frameworks the predictor imports when it
-loads (``kiln.runtime.serve_predictors``).
+loads (``kiln.injob.serve_predictors``).
 
 Its config is the job's params, read from the JSON file ``$KILN_PARAMS_FILE`` (flat keys, scalar values)::
 
@@ -46,9 +46,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, cast
 
-from kiln.runtime.serve_batch import Batcher
-from kiln.runtime.serve_predictors import Predictor, load_predictor
-from kiln.runtime.serve_schema import InputSchema, InvalidInput
+from kiln.injob.serve_batch import Batcher
+from kiln.injob.serve_predictors import Predictor, load_predictor
+from kiln.injob.serve_schema import InputSchema, InvalidInput
 
 STATE_FILE = ".kiln-replica.json"
 SOCKET_FILE = ".kiln-replica.sock"

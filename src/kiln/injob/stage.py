@@ -8,7 +8,7 @@ store is a directory) or a short-lived presigned ``http(s)://`` GET URL (S3); th
 
 The cache itself (its layout under ``cache["dir"]``, locks, in-use records and LRU eviction) is in
 ``datacache.py``, the fetching and verifying of blobs in ``blobfetch.py``. Like this module, they are loaded as
-``kiln.runtime.<name>`` in the package or as plain modules from this file's directory when the shim runs as a
+``kiln.injob.<name>`` in the package or as plain modules from this file's directory when the shim runs as a
 script; what other code imports from them is re-exported here.
 
 The job's root is its work dir: an absolute ``path`` such as ``/data/mnist`` is taken relative to it, as is a
@@ -36,9 +36,9 @@ import time
 from collections.abc import Callable
 
 if __package__:
-    from kiln.runtime import blobfetch as _blobfetch
-    from kiln.runtime import datacache as _datacache
-    from kiln.runtime import mount as _mount
+    from kiln.injob import blobfetch as _blobfetch
+    from kiln.injob import datacache as _datacache
+    from kiln.injob import mount as _mount
 else:  # run by the shim as a script: its directory is on sys.path
     import blobfetch as _blobfetch  # type: ignore[no-redef]
     import datacache as _datacache  # type: ignore[no-redef]

@@ -1,6 +1,6 @@
 """A job's own network: a network namespace per attempt, shared by its members, joined by every sandboxed step.
 
-Standard library only, like the shim that loads it (``kiln.runtime.netns`` in the package, or a plain module from
+Standard library only, like the shim that loads it (``kiln.injob.netns`` in the package, or a plain module from
 this file's directory when the shim runs as a script). The executor decides what the network holds
 (``backends/local/network.py``) and passes it in ``shim.json`` as ``"network"``::
 

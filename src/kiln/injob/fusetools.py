@@ -2,7 +2,7 @@
 :func:`probe`), the commands that mount a store with rclone or s3fs (:func:`rclone_command`, :func:`s3fs_command`),
 and seeing, undoing and stopping mounts (:func:`is_mounted`, :func:`unmount`, :func:`stop_process`).
 
-Standard library only, like ``mount.py``, which uses it (loaded as ``kiln.runtime.fusetools`` in the package or
+Standard library only, like ``mount.py``, which uses it (loaded as ``kiln.injob.fusetools`` in the package or
 as a plain module from this file's directory when the shim runs as a script).
 """
 
@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 
 if __package__:
-    from kiln.runtime import datacache as _datacache
+    from kiln.injob import datacache as _datacache
 else:  # run by the shim as a script: its directory is on sys.path
     import datacache as _datacache  # type: ignore[no-redef]
 

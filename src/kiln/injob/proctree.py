@@ -1,6 +1,6 @@
 """The job's process tree: finding it, signalling and killing it, reaping its processes, measuring its memory.
 
-Standard library only, like the shim that loads it (as ``kiln.runtime.proctree`` in the package, or as a plain
+Standard library only, like the shim that loads it (as ``kiln.injob.proctree`` in the package, or as a plain
 module from this file's directory when the shim runs as a script). ``ProcessTree`` holds the shim's methods for
 the tree of the step it runs; the module's names are re-exported by ``shim.py``.
 """

@@ -1,6 +1,6 @@
 """What the shim writes and reads beside the job: log lines, status and exit records, notifications, stop requests.
 
-Standard library only, like the shim that loads it (as ``kiln.runtime.shimio`` in the package, or as a plain
+Standard library only, like the shim that loads it (as ``kiln.injob.shimio`` in the package, or as a plain
 module from this file's directory when the shim runs as a script). ``AttemptFiles`` holds the shim's methods for
 these files; the module's functions are re-exported by ``shim.py``, where other code imports them from.
 """

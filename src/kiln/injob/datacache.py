@@ -1,7 +1,7 @@
 """The content-addressed data cache the shim stages datasets through: its layout, locks and LRU eviction.
 
 Standard library only, like ``stage.py`` next to it, which uses this module (and re-exports what other code
-imports from it); loaded as ``kiln.runtime.datacache`` in the package or as a plain module from this file's
+imports from it); loaded as ``kiln.injob.datacache`` in the package or as a plain module from this file's
 directory when the shim runs as a script. The fetching of blobs is in ``blobfetch.py``.
 
 Layout under ``cache["dir"]``::
@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 if __package__:
-    from kiln.runtime.units import human
+    from kiln.injob.units import human
 else:  # loaded by the shim as a plain module: its directory is on sys.path
     from units import human  # type: ignore[no-redef]
 

@@ -1,4 +1,4 @@
-"""How a replica's requests become ``predict`` calls. Standard library only, like all of ``kiln.runtime``.
+"""How a replica's requests become ``predict`` calls. Standard library only, like all of ``kiln.injob``.
 
 Without batching (``max_batch_size`` 1) each request is one call on its own instances. With batching, one thread
 collects the instances of concurrent requests into one call of up to ``max_batch_size`` instances, waiting at most

@@ -1,7 +1,7 @@
 """Blobs fetched into the data cache from their source (a local path or a presigned http(s) URL), verified.
 
 Standard library only, like ``stage.py`` next to it, which uses this module (and re-exports what other code
-imports from it); loaded as ``kiln.runtime.blobfetch`` in the package or as a plain module from this file's
+imports from it); loaded as ``kiln.injob.blobfetch`` in the package or as a plain module from this file's
 directory when the shim runs as a script. Each blob is streamed into a temp file in the cache, its size and
 SHA-256 checked while streaming, then renamed to its content address (see ``datacache.py``); transient HTTP
 failures are retried, and a stop shuts the socket of the download in progress down.
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 if __package__:
-    from kiln.runtime import datacache as _datacache
+    from kiln.injob import datacache as _datacache
 else:  # run by the shim as a script: its directory is on sys.path
     import datacache as _datacache  # type: ignore[no-redef]
 

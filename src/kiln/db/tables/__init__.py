@@ -1,0 +1,51 @@
+"""The ORM tables (SQLAlchemy 2 models), one module per part of the platform. Use cases, tasks and the scheduler
+import this package; routes never do. Everything is importable from here: ``from kiln.db.tables import Job``."""
+
+from kiln.db.tables.accounts import AccessKey, AuditEvent, IdempotencyKey, Nonce, OfflineAction, Organization, User
+from kiln.db.tables.base import Base, UTCDateTime, utcnow
+from kiln.db.tables.datasets import DataBlob, Dataset, DatasetFile, DatasetVersion, DataUpload, DataUploadPart
+from kiln.db.tables.jobs import Blob, Job, JobEvent, Quota, Server, TaskLease
+from kiln.db.tables.metrics import MetricChunk, MetricCursor, MetricPoint, MetricSeries
+from kiln.db.tables.registry import Model, ModelAlias, ModelFile, ModelVersion
+from kiln.db.tables.serving import Service, ServiceKey, ServiceReplica, ServiceTraffic
+from kiln.db.tables.studies import TuningEvent, TuningStudy, TuningTrial
+
+__all__ = [
+    "AccessKey",
+    "AuditEvent",
+    "Base",
+    "Blob",
+    "DataBlob",
+    "DataUpload",
+    "DataUploadPart",
+    "Dataset",
+    "DatasetFile",
+    "DatasetVersion",
+    "IdempotencyKey",
+    "Job",
+    "JobEvent",
+    "MetricChunk",
+    "MetricCursor",
+    "MetricPoint",
+    "MetricSeries",
+    "Model",
+    "ModelAlias",
+    "ModelFile",
+    "ModelVersion",
+    "Nonce",
+    "OfflineAction",
+    "Organization",
+    "Quota",
+    "Server",
+    "Service",
+    "ServiceKey",
+    "ServiceReplica",
+    "ServiceTraffic",
+    "TaskLease",
+    "TuningEvent",
+    "TuningStudy",
+    "TuningTrial",
+    "UTCDateTime",
+    "User",
+    "utcnow",
+]
