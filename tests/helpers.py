@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+from unittest import mock
 
 from kiln.backends.base import Backend
 from kiln.db import migrate
@@ -84,3 +88,18 @@ def run_background_work(backend: Backend) -> TaskRunner:
         runner.add(task)
     runner.start()
     return runner
+
+
+@contextmanager
+def thread_starts() -> Iterator[list[str]]:
+    """The modules that start a thread inside the block, one entry per ``Thread.start`` (in any thread of the
+    process): a test that its code starts threads only through the task runner (``kiln.tasks.runner``)."""
+    starters: list[str] = []
+    start = threading.Thread.start
+
+    def recording(thread: threading.Thread) -> None:
+        starters.append(str(sys._getframe(1).f_globals.get("__name__")))
+        start(thread)
+
+    with mock.patch.object(threading.Thread, "start", recording):
+        yield starters

@@ -3,6 +3,7 @@ Kubernetes API server (tests/fakes/kube_api.py): no cluster is involved."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,9 +19,9 @@ from kiln.domain.spec import JobSpec
 from kiln.errors import InvalidInput
 from kiln.injob.logline import parse_tagged
 from kiln.storage.logs import LogStore
-from kiln.tasks.runner import TaskRunner
+from kiln.tasks.runner import TaskRunner, TaskStatus
 from tests.fakes.kube_api import FakeKubeAPI
-from tests.helpers import run_background_work
+from tests.helpers import run_background_work, thread_starts
 
 ORG = "org-1"
 
@@ -284,6 +285,63 @@ def test_logs_are_tagged_per_worker(env: Env) -> None:
     wait_for(lambda: len(log_lines(env.logs, "job-logs")) == 2)
     assert sorted(log_lines(env.logs, "job-logs")) == [("worker0", "hello from 0"), ("worker1", "hello from 1")]
     assert b" O@worker1 hello from 1\n" in env.logs.read("job-logs")[0]
+
+
+def pod_logs_task(runner: TaskRunner) -> TaskStatus:
+    return next(task for task in runner.status() if task.name == "k8s-pod-logs")
+
+
+def stream_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("kiln-task-k8s-pod-logs[")]
+
+
+def test_pod_logs_are_followed_on_the_task_runners_threads_and_no_other(env: Env) -> None:
+    """Issue 27: the per-pod log streams are the backend's background work, run by the server's task runner (a
+    thread per pod it follows, reported as one task); the backend starts no thread itself."""
+    fake = env.fake
+    with thread_starts() as starters:
+        backend = env.backend()
+        handle = backend.start(launch("job-threads", workers=2))
+        name = main_job_name("job-threads", 1, True)
+        pods = [fake.pod(name, index) for index in (0, 1)]
+        for index, pod in enumerate(pods):
+            fake.set_running(pod)
+            fake.append_log(pod, f"hello from {index}")
+        poll_until(backend, handle, Phase.RUNNING)
+        wait_for(lambda: len(log_lines(env.logs, "job-threads")) == 2)
+    ours = [module for module in starters if module.startswith("kiln.")]
+    assert ours and set(ours) == {"kiln.tasks.runner"}, f"threads started outside the task runner: {ours}"
+    runner = env.runners[-1]
+    uids = sorted(fake.get("Pod", "kiln", pod)["metadata"]["uid"] for pod in pods)
+    assert sorted(stream_threads()) == [f"kiln-task-k8s-pod-logs[{uid}]" for uid in uids]
+    wait_for(lambda: pod_logs_task(runner).active == 2)
+    assert [task.name for task in runner.status()].count("k8s-pod-logs") == 1  # one line, however many pods
+
+    for pod in pods:
+        fake.set_terminated(pod, 0)
+    poll_until(backend, handle, Phase.EXITED)
+    wait_for(lambda: stream_threads() == [] and pod_logs_task(runner).active == 0)  # each stream read to its end
+    status = pod_logs_task(runner)
+    assert status.runs >= 2 and status.errors == 0
+    assert sorted(log_lines(env.logs, "job-threads")) == [("worker0", "hello from 0"), ("worker1", "hello from 1")]
+
+
+def test_stopping_the_runner_ends_the_open_log_streams_at_once(env: Env) -> None:
+    backend, fake = env.backend(), env.fake
+    handle = backend.start(launch("job-stop"))
+    pod = fake.pod(main_job_name("job-stop", 1, False))
+    fake.set_running(pod)
+    fake.append_log(pod, "epoch 1")
+    poll_until(backend, handle, Phase.RUNNING)
+    wait_for(lambda: log_lines(env.logs, "job-stop") == [("", "epoch 1")])
+    assert len(stream_threads()) == 1  # blocked in the pod's follow stream, which the fake keeps open
+    clock = time.monotonic()
+    env.runners[-1].stop()  # the server stops: the runner interrupts the backend's work
+    assert time.monotonic() - clock < 3
+    assert stream_threads() == []
+    fake.append_log(pod, "epoch 2")
+    time.sleep(0.3)
+    assert log_lines(env.logs, "job-stop") == [("", "epoch 1")]  # nothing stored after the stop
 
 
 def test_nodes_and_validate(env: Env) -> None:

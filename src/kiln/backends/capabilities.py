@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -84,8 +84,26 @@ class BackgroundWork(abc.ABC):
     (kiln.tasks.backend_work), after every part of the server is built, and stops it before ``close``."""
 
     @abc.abstractmethod
-    def background_work(self) -> list[Work]:
+    def background_work(self) -> Sequence[Work | WorkSet]:
         """The pieces, each run as a task of its own."""
+
+
+@dataclass
+class WorkSet:
+    """Background work with one piece per key that is live now (a pod whose log is followed), run by the server's
+    task runner as one task named ``name``: the runner reads ``keys()`` every ``interval`` seconds, or at once when
+    ``wake`` is set, and runs each new key's ``step(key)`` on a thread of its own, as it runs a :class:`Work`'s step
+    (it returns the seconds until the next step; 0: at once; None: ``interval``), until the key is gone from
+    ``keys()``: a step says its key's work is done by taking its key out. A step may block on one stream for as
+    long as the stream lasts; ``interrupt`` cuts every such step short when the server stops. So a backend with a
+    thing to follow per pod or per attempt still starts no thread of its own."""
+
+    name: str
+    keys: Callable[[], Collection[str]]
+    step: Callable[[str], float | None]
+    interval: float
+    wake: threading.Event = field(default_factory=threading.Event)
+    interrupt: Callable[[], None] | None = None
 
 
 class WorkDirs(abc.ABC):

@@ -10,7 +10,14 @@ lease gets ``LeaseLost`` there, writes nothing and calls nothing, and the runner
 Without a scope every server runs it (work on this machine's files, this process's memory, or rows leased one by
 one like the reconciler's jobs).
 
-The runner gives each task a daemon thread, keeps what each run did (``TaskStatus``: runs, errors, last start and
+A task with ``keys`` is one kind of work with a piece per key that is live now (a Kubernetes pod whose log is
+followed): the runner reads ``keys()`` every interval (at once when the task is woken) and gives each new key a
+thread of its own, which runs ``run_once`` with ``ctx.key`` naming the key as a task's thread runs it, until the key
+is gone from ``keys()`` (the work says it is done by taking its key out). Its keys are reported together, as one
+task: /readyz and /metrics stay one line per kind of work, however many pods run.
+
+The runner gives each task a daemon thread (and each key of a task with keys one more): no other part of the server
+starts a thread for background work. It keeps what each run did (``TaskStatus``: runs, errors, last start and
 end, duration, last error, next run, the lease), which ``/readyz`` and ``/metrics`` report. A run that raises (or a
 lease that cannot be taken: the database is down) is recorded, logged once per distinct error, and tried again after
 a back-off that doubles with each failure in a row up to ``BACKOFF_MAX_SECONDS``; the first run that succeeds ends it.
@@ -22,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -67,6 +74,7 @@ class TaskContext:
     stopping: threading.Event
     _leases: TaskLeases | None = None
     _scope: str | None = None
+    key: str = ""  # a task with keys: the key this run is for
 
     def holds(self) -> bool:
         """Does this server still hold the task's lease with this run's token? Always True without a scope."""
@@ -107,7 +115,9 @@ class TaskContext:
 class Task:
     """One kind of background work. ``run_once`` returns None to wait ``interval`` for the next run, or the
     seconds to wait instead (0: a backlog is left, go again at once). ``wake`` runs it before its interval is up
-    (set it from anywhere). ``lease_scope``: None, every server runs it; a name, one server at a time."""
+    (set it from anywhere). ``lease_scope``: None, every server runs it; a name, one server at a time.
+    ``keys``: a piece of the work per key that ``keys()`` returns now, each run on a thread of its own (see the
+    module's docstring); ``wake`` then makes the runner look for new keys at once. Never with a lease scope."""
 
     name: str
     run_once: Callable[[TaskContext], float | None]
@@ -118,6 +128,7 @@ class Task:
     stop: Callable[[], None] | None = None  # called once the thread ended (a last flush)
     interrupt: Callable[[], None] | None = None  # called as the runner stops, to cut a run blocked in I/O short
     join_timeout: float = 10.0
+    keys: Callable[[], Collection[str]] | None = None  # a task with keys: the keys live now (quick: no I/O)
 
     @classmethod
     def of(cls, name: str, work: Callable[[], object], interval: float, **options: Any) -> Task:
@@ -158,6 +169,7 @@ class TaskStatus:
     next_due: float | None = None
     holds_lease: bool | None = None  # None: the task has no scope
     token: int | None = None
+    active: int | None = None  # a task with keys: how many of its keys run now (None: a task without keys)
 
     def as_dict(self) -> dict[str, object]:
         def when(t: float | None) -> str | None:
@@ -190,6 +202,9 @@ class TaskRunner:
         self._tasks: dict[str, Task] = {}
         self._status: dict[str, TaskStatus] = {}
         self._threads: dict[str, threading.Thread] = {}
+        # A task with keys: key → the copy of the task its thread runs (with a wake-up of its own) and that thread.
+        # Only the task's own thread changes its entry (under ``_lock``), until ``stop`` has joined that thread.
+        self._keyed: dict[str, dict[str, tuple[Task, threading.Thread]]] = {}
         self._held: dict[str, Held] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -198,10 +213,16 @@ class TaskRunner:
         """Register ``task`` (started with the others, or at once when the runner runs already)."""
         if task.name in self._tasks:
             raise ValueError(f"a task named {task.name!r} is registered already")
+        if task.lease_scope is not None and task.keys is not None:
+            raise ValueError(f"task {task.name!r} has keys: each is this server's, and it can have no lease scope")
         if task.lease_scope is not None and self.leases is None:
             raise ValueError(f"task {task.name!r} has a lease scope, and this runner has no leases")
         self._tasks[task.name] = task
-        self._status[task.name] = TaskStatus(task.name, task.interval, task.lease_scope)
+        self._status[task.name] = TaskStatus(
+            task.name, task.interval, task.lease_scope, active=None if task.keys is None else 0
+        )
+        if task.keys is not None:
+            self._keyed[task.name] = {}
         if self._threads:
             self._start(task)
         return task
@@ -212,7 +233,8 @@ class TaskRunner:
             self._start(task)
 
     def _start(self, task: Task) -> None:
-        thread = threading.Thread(target=self._loop, args=(task,), name=f"kiln-task-{task.name}", daemon=True)
+        loop = self._loop if task.keys is None else self._supervise
+        thread = threading.Thread(target=loop, args=(task,), name=f"kiln-task-{task.name}", daemon=True)
         self._threads[task.name] = thread
         with self._lock:
             self._status[task.name].running = True
@@ -227,8 +249,12 @@ class TaskRunner:
 
     def stop(self) -> None:
         """Stop every task: wake each (and ``interrupt`` it, if it says how), wait for its run to end (its
-        ``join_timeout``), give back the leases, then call each task's ``stop``."""
+        ``join_timeout``; a task with keys: each key's), give back the leases, then call each task's ``stop``."""
         self._stopping.set()
+        with self._lock:
+            keys = [copy for keyed in self._keyed.values() for copy, _ in keyed.values()]
+        for copy in keys:
+            copy.wake.set()
         for task in self._tasks.values():
             task.wake.set()
             if task.interrupt is not None:
@@ -237,9 +263,13 @@ class TaskRunner:
                 except Exception:
                     log.exception("interrupting task %s failed", task.name)
         for name, thread in list(self._threads.items()):
-            thread.join(timeout=self._tasks[name].join_timeout)
-            if thread.is_alive():
-                log.warning("background task %s did not stop within %.0f s", name, self._tasks[name].join_timeout)
+            self._join(name, thread, self._tasks[name].join_timeout)
+        # After the tasks' own threads: a task with keys starts no thread for a key once its own has ended.
+        for name, keyed in self._keyed.items():
+            for key, (copy, thread) in list(keyed.items()):
+                copy.wake.set()
+                self._join(f"{name}[{key}]", thread, copy.join_timeout)
+            keyed.clear()
         self._threads.clear()
         for name, held in list(self._held.items()):
             try:
@@ -251,25 +281,97 @@ class TaskRunner:
         for task in self._tasks.values():
             with self._lock:
                 self._status[task.name].running = False
+                if task.keys is not None:
+                    self._status[task.name].active = 0
             if task.stop is not None:
                 try:
                     task.stop()
                 except Exception:
                     log.exception("stopping task %s failed", task.name)
 
+    @staticmethod
+    def _join(name: str, thread: threading.Thread, timeout: float) -> None:
+        thread.join(timeout=timeout)
+        if thread.is_alive():
+            log.warning("background task %s did not stop within %.0f s", name, timeout)
+
     def status(self) -> list[TaskStatus]:
         """A copy of every task's status, in the order they were added."""
         with self._lock:
             return [replace(x) for x in self._status.values()]
 
-    # -- one task's thread ----------------------------------------------------------------------------
+    # -- a task with keys: its thread ------------------------------------------------------------------
 
-    def _loop(self, task: Task) -> None:
+    def _supervise(self, task: Task) -> None:
+        """Look at the task's keys every interval (at once when woken): start a thread for each new one, forget
+        those whose thread has ended (its key gone)."""
+        keys = task.keys
+        if keys is None:  # started only for a task with keys
+            return
+        keyed = self._keyed[task.name]
+        logged: str | None = None
+        while not self._stopping.is_set():
+            task.wake.clear()  # before reading the keys: a key added after this wakes the wait below
+            try:
+                live = list(keys())
+            except Exception as exc:
+                text = f"{type(exc).__name__}: {exc}"
+                if text != logged:
+                    log.exception("background task %s could not read its keys: %s", task.name, text)
+                logged = text
+                self._note(task, last_error=text, last_error_at=time.time())
+                live = []
+            else:
+                logged = None
+            with self._lock:  # ``stop`` wakes the keys' threads from another thread
+                for key, (_, thread) in list(keyed.items()):
+                    if not thread.is_alive():
+                        del keyed[key]
+                for key in live:
+                    if key not in keyed and not self._stopping.is_set():
+                        keyed[key] = self._start_key(task, key)
+                status = self._status[task.name]
+                status.active, status.next_due = len(keyed), time.time() + task.interval
+            task.wake.wait(task.interval)
+
+    def _start_key(self, task: Task, key: str) -> tuple[Task, threading.Thread]:
+        copy = replace(task, wake=threading.Event())  # a wake-up of its own: the task's says "look at the keys"
+        thread = threading.Thread(
+            target=self._run_key, args=(task, copy, key), name=f"kiln-task-{task.name}[{key}]", daemon=True
+        )
+        thread.start()
+        return copy, thread
+
+    def _run_key(self, task: Task, copy: Task, key: str) -> None:
+        try:
+            self._loop(copy, key)
+        finally:
+            task.wake.set()  # the task's thread forgets this key's at once, and counts the rest
+
+    # -- one task's thread (or one key's) ---------------------------------------------------------------
+
+    def _live(self, task: Task, key: str | None) -> bool:
+        if self._stopping.is_set():
+            return False
+        keys = task.keys
+        if key is None or keys is None:
+            return True
+        try:
+            return key in keys()
+        except Exception:
+            return True  # the task's thread logs why the keys cannot be read; this key's work goes on meanwhile
+
+    def _loop(self, task: Task, key: str | None = None) -> None:
+        """Run ``task`` until the runner stops (``key``: for that key of a task with keys, until the key is gone).
+        A key's runs are recorded in its task's status (runs, errors, last run), not its next run: the task's
+        next look at its keys is."""
+        label = task.name if key is None else f"{task.name}[{key}]"
         delay = task.first_delay
         logged: str | None = None  # the error last logged: a task failing the same way again logs nothing
         failures = 0  # failed runs in a row: the back-off
-        while not self._stopping.is_set():
-            self._note(task, next_due=time.time() + delay)
+        while self._live(task, key):
+            if key is None:
+                self._note(task, next_due=time.time() + delay)
             woken = task.wake.wait(delay) if delay > 0 else task.wake.is_set()
             if self._stopping.is_set():
                 break
@@ -281,13 +383,13 @@ class TaskRunner:
                 # The database is down (or failing): nobody can be sure to hold the lease, and the run would fail the
                 # same way. A failed run of its own: recorded, logged once, and tried again after the back-off.
                 failures += 1
-                logged = self._failed(task, clock, exc, logged, failures)
+                logged = self._failed(task, label, clock, exc, logged, failures)
                 delay = task.interval
                 continue
             if task.lease_scope is not None and token is None:
                 delay = task.interval  # another server holds it: look again after an interval
                 continue
-            ctx = TaskContext(task.name, token, woken, self._stopping, self.leases, task.lease_scope)
+            ctx = TaskContext(task.name, token, woken, self._stopping, self.leases, task.lease_scope, key or "")
             self._note(task, last_started=time.time())
             try:
                 after = task.run_once(ctx)
@@ -303,17 +405,17 @@ class TaskRunner:
                 continue
             except Exception as exc:
                 failures += 1
-                logged = self._failed(task, clock, exc, logged, failures)
+                logged = self._failed(task, label, clock, exc, logged, failures)
                 delay = task.interval
                 continue
             if logged is not None:
-                log.info("background task %s runs again", task.name)
+                log.info("background task %s runs again", label)
                 logged = None
             failures = 0
             self._finished(task, clock, None)
             delay = task.interval if after is None else max(0.0, after)
 
-    def _failed(self, task: Task, clock: float, exc: Exception, logged: str | None, failures: int) -> str:
+    def _failed(self, task: Task, label: str, clock: float, exc: Exception, logged: str | None, failures: int) -> str:
         """Record a failed run (or a lease that could not be taken), log it unless it is the error ``logged`` last,
         and pause for the back-off. Returns the error now logged last."""
         text = f"{type(exc).__name__}: {exc}"
@@ -322,14 +424,15 @@ class TaskRunner:
             log.exception(
                 "background task %s failed (logged once until it changes; tried again after %.1f s, twice as long "
                 "after each next failure, at most %.0f s): %s",
-                task.name,
+                label,
                 pause,
                 BACKOFF_MAX_SECONDS,
                 text,
             )
         self._finished(task, clock, text)
         # A pause even when woken: a task failing at once must not spin on its wake-ups.
-        self._note(task, next_due=time.time() + pause + task.interval)
+        if task.keys is None:
+            self._note(task, next_due=time.time() + pause + task.interval)
         self._stopping.wait(pause)
         return text
 

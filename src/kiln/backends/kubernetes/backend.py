@@ -16,10 +16,11 @@
   and ``terminationGracePeriodSeconds`` (the ``termination_grace_seconds`` setting) before SIGKILL. There is
   no preemption notice file on Kubernetes (writing into a pod needs ``exec``); a job learns of preemption by the
   SIGTERM alone.
-- Logs: a thread per pod follows ``pods/log`` (with timestamps) into Kiln's :class:`LogStore`, as lines tagged
+- Logs: each pod's ``pods/log`` is followed (with timestamps) into Kiln's :class:`LogStore`, as lines tagged
   with the member (``O@worker1``) for gangs, so logs outlive the pods; a restarted controller resumes where it
   was without duplicating lines (:class:`~kiln.backends.kubernetes.podlogs.PodLogs`, which the backend owns).
-  These follow streams, one blocking read per running pod, are the only threads a backend starts itself.
+  The follow streams, one blocking read per running pod, are the backend's ``k8s-pod-logs`` work, keyed by pod
+  uid: the server's task runner gives each pod's stream a thread of its own. The backend starts no thread.
 - It has no ``collect_outputs``/``sync_checkpoints`` (it declares neither capability), and needs none: a pod's
   ``$KILN_OUTPUT_DIR`` and checkpoints live in emptyDirs the server cannot reach; the pod's ``kiln-sync`` sidecar
   (``podsync.py``) uploads them through the Kiln API with the job token — checkpoints every
@@ -57,6 +58,7 @@ from kiln.backends.capabilities import (
     ServiceDeployer,
     SpecValidator,
     Work,
+    WorkSet,
 )
 from kiln.backends.kubernetes.gang import new_ssh_keypair
 from kiln.backends.kubernetes.inputs import KubeConfig, RenderInput
@@ -69,7 +71,7 @@ from kiln.backends.kubernetes.names import (
     cleanup_selector,
     label_value,
 )
-from kiln.backends.kubernetes.podlogs import TERMINAL, PodLogs, iter_lines
+from kiln.backends.kubernetes.podlogs import RETRY_SECONDS, TERMINAL, PodLogs, iter_lines
 from kiln.backends.kubernetes.render import GPU_RESOURCE, render
 from kiln.backends.kubernetes.service_objects import ServiceObjects
 from kiln.backends.kubernetes.settings import api_client, job_network, kube_config
@@ -183,12 +185,18 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer, Ba
         self._versions: dict[str, str | None] = {"Pod": None, "Job": None}
         self._backoff = {"Pod": INFORM_BACKOFF, "Job": INFORM_BACKOFF}
 
-    def background_work(self) -> list[Work]:
-        """The informers of pods and Jobs (``k8s-pods``, ``k8s-jobs``), each one list or watch request a step."""
-        return [
+    def background_work(self) -> list[Work | WorkSet]:
+        """The informers of pods and Jobs (``k8s-pods``, ``k8s-jobs``), each one list or watch request a step, and
+        the pods' log streams (``k8s-pod-logs``), one key per pod whose log is followed, a step following it."""
+        informers: list[Work | WorkSet] = [
             Work(f"k8s-{kind.lower()}s", partial(self._inform_once, kind), INFORM_BACKOFF, interrupt=self._interrupt)
             for kind in ("Pod", "Job")
         ]
+        logs = self._pod_logs
+        streams = WorkSet(
+            "k8s-pod-logs", logs.following, logs.step, RETRY_SECONDS, wake=logs.wake, interrupt=self._interrupt
+        )
+        return [*informers, streams]
 
     # -- informers --------------------------------------------------------------------------------------
 
