@@ -23,6 +23,7 @@ from kiln.db import migrate
 from kiln.db.session import Database
 from kiln.db.tables import Job, JobEvent, Organization, Quota, User
 from kiln.domain.states import JobState
+from kiln.scheduler import loop as loop_module
 from kiln.scheduler.loop import MAX_LAUNCHES, Reconciler
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
@@ -185,6 +186,48 @@ def test_a_burst_is_started_and_finished_with_one_write_transaction_per_pass(
         ("STARTING", "RUNNING"),
         ("RUNNING", "SUCCEEDED"),
     ]
+
+
+def test_a_pass_woken_only_by_running_attempts_does_not_read_the_queue(
+    db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last step of submit → RUNNING: a shim says its command runs, and the pass that writes RUNNING decides
+    no placement (nothing it depends on changed), so it does not read the queue; a pass woken for the queue, or
+    one that sees an attempt end, does."""
+    first, second, third = add_jobs(db, 3, cpus=1.0)  # two fit at once
+    backend = FakeBackend(cpus=2.0)
+    loop = reconciler(db, tmp_path, backend)
+    loop.run_once()
+    assert states(db) == {first: "STARTING", second: "STARTING", third: "QUEUED"}
+    decided: list[set[str]] = []
+    original = loop_module.gather
+
+    def counting(s: Session, backend: Backend, now: datetime, released: Any = ()) -> Any:
+        decided.append(set(released))
+        return original(s, backend, now, released=released)
+
+    monkeypatch.setattr(loop_module, "gather", counting)
+    backend.phase[first] = running()
+    loop.wake(first)
+    loop.run_once(full=False)
+    assert states(db)[first] == "RUNNING" and decided == []
+
+    loop.wake()  # a submit, a cancel, a quota change: the queue is read
+    loop.run_once(full=False)
+    assert decided == [set()] and states(db)[third] == "QUEUED"
+
+    backend.phase[first] = exited(0)  # an end frees a place: decided in the same pass
+    loop.wake(first)
+    loop.run_once(full=False)
+    assert decided[-1] == {first} and states(db) == {first: "SUCCEEDED", second: "STARTING", third: "STARTING"}
+
+    # A queued job cancelled (it is not active: nothing to observe) may have held others back: decided too.
+    (fourth,) = add_jobs(db, 1, cpus=1.0, prefix="later")
+    with db.transaction() as s:
+        s.get(Job, fourth).state = JobState.CANCELLED  # type: ignore[union-attr]
+    loop.wake(fourth)
+    loop.run_once(full=False)
+    assert len(decided) == 3
 
 
 def test_an_attempt_seen_ending_frees_its_place_in_the_same_pass(

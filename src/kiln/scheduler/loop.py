@@ -100,6 +100,7 @@ class Reconciler:
         self.owner = settings.resolved_instance_id
         self._wake = threading.Event()
         self._dirty: set[str] = set()  # jobs whose attempts reported a change since the last pass
+        self._rescheduled = False  # woken for the queue (a submit, a cancel, a quota), not only for attempts
         self._dirty_lock = threading.Lock()
         self._next_sweep = 0.0
         self._first_pass = True
@@ -120,9 +121,11 @@ class Reconciler:
 
     def wake(self, job_id: str | None = None) -> None:
         """Run a pass now. With a job id, that job's attempt changed (the shim said so) and is observed."""
-        if job_id is not None:
-            with self._dirty_lock:
+        with self._dirty_lock:
+            if job_id is not None:
                 self._dirty.add(job_id)
+            else:
+                self._rescheduled = True
         self._wake.set()
 
     def task(self) -> Task:
@@ -160,10 +163,17 @@ class Reconciler:
             self._next_sweep = now + self.settings.reconcile_interval
         with self._dirty_lock:
             dirty, self._dirty = self._dirty, set()
+            rescheduled, self._rescheduled = self._rescheduled, False
         first, self._first_pass = self._first_pass, False
         full = full or first
         seen = [self.observer.look(job) for job in self._to_observe(full, dirty)]
-        plan = self._plan({x.job.id for x in seen if x.ended})
+        released = {x.job.id for x in seen if x.ended}
+        # A pass woken only by running attempts that changed and none of which ended (a shim saying its command
+        # runs) changes nothing a placement depends on: it writes what it saw without reading the queue (the
+        # submit → RUNNING path's last step; issue 27). A woken job no longer active (a queued job cancelled)
+        # may have held others back: that pass decides.
+        decide = full or rescheduled or bool(released) or bool(self._leftover) or len(seen) < len(dirty)
+        plan = self._plan(released) if decide else Plan()
         launches = self._write(seen, plan, full=full, first=first)
         self.starter.start(launches, committed_at=time.monotonic())
         if self._leftover:
