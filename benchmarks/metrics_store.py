@@ -32,6 +32,7 @@ from tests.helpers import seed_jobs  # noqa: E402
 from kiln.db import migrate  # noqa: E402
 from kiln.db.session import Database  # noqa: E402
 from kiln.db.tables import Job  # noqa: E402
+from kiln.metrics.spools import ServerSpools  # noqa: E402
 from kiln.tasks.metrics_ingest import MetricsIngester, MetricsStore  # noqa: E402
 from kiln.usecases.identity import Principal  # noqa: E402
 from kiln.usecases.metrics import MetricsService, SeriesQuery  # noqa: E402
@@ -63,7 +64,7 @@ def ingest(url: str, home: Path, steps: int) -> dict[str, float]:
             ]
             write_spool(home, job_id, lines, f"worker{w}-sdk.jsonl")
             total += steps * 10
-    ingester = MetricsIngester(db, MetricsStore(db), home)
+    ingester = MetricsIngester(db, MetricsStore(db), ServerSpools(home))
     started = time.perf_counter()
     stored = ingester.ingest_now()
     elapsed = time.perf_counter() - started
@@ -83,7 +84,7 @@ def downsample(url: str, home: Path, n: int) -> dict[str, object]:
     write_spool(home, "job-long", lines)
     store = MetricsStore(db)
     t0 = time.perf_counter()
-    MetricsIngester(db, store, home).ingest_now()
+    MetricsIngester(db, store, ServerSpools(home)).ingest_now()
     ingest_s = time.perf_counter() - t0
     service = MetricsService(db, _Jobs(), store)  # type: ignore[arg-type]
     admin = Principal(

@@ -14,6 +14,7 @@ from kiln.db import migrate
 from kiln.db.session import Database
 from kiln.db.tables import Job, utcnow
 from kiln.domain.states import JobState
+from kiln.metrics.spools import ServerSpools
 from kiln.storage.logs import LogStore
 from kiln.tasks.log_metrics import MARKER, LogMetrics
 from kiln.tasks.metrics_ingest import MetricsIngester, MetricsStore
@@ -62,7 +63,7 @@ def world(database_url: str, tmp_path: Path) -> Any:
 
     w = World()
     w.db, w.logs, w.jobs_dir, w.job, w.update, w.spool = db, logs, jobs_dir, job, update, spool  # type: ignore[attr-defined]
-    w.extractor = lambda: LogMetrics(db, logs, jobs_dir, ["kubernetes"])  # type: ignore[attr-defined]
+    w.extractor = lambda: LogMetrics(db, logs, ServerSpools(jobs_dir), ["kubernetes"])  # type: ignore[attr-defined]
     yield w
     db.dispose()
 
@@ -111,7 +112,7 @@ def test_attempts_spool_apart_and_an_ended_job_is_read_to_its_end(world: Any) ->
     extractor.run_once()
     world.logs.append(job, "O", ["acc 0.3"])
     world.update(job, state=JobState.SUCCEEDED, finished_at=utcnow())
-    ingester = MetricsIngester(world.db, MetricsStore(world.db), world.jobs_dir)
+    ingester = MetricsIngester(world.db, MetricsStore(world.db), ServerSpools(world.jobs_dir))
     marker = world.jobs_dir / job / "metrics" / MARKER
     # The job has ended; its last line is not extracted yet: the marker, there since the extractor's first pass
     # over the job, keeps the ingester on it.

@@ -283,6 +283,7 @@ def test_a_draining_marker_keeps_an_ended_job_read(database_url: str, tmp_path: 
     reading the ended job's spool files until the marker goes, and only then forgets the job."""
     from kiln.db.tables import utcnow
     from kiln.domain.states import JobState
+    from kiln.metrics.spools import ServerSpools
     from kiln.tasks.metrics_ingest import MetricsIngester, MetricsStore
 
     db = Database(database_url)
@@ -290,7 +291,7 @@ def test_a_draining_marker_keeps_an_ended_job_read(database_url: str, tmp_path: 
         migrate.upgrade(db.engine)
         ended = {"state": JobState.SUCCEEDED, "finished_at": utcnow()}
         seed_jobs(db, "org-d", "usr-d", {"job-marked": ended, "job-plain": ended})
-        ingester = MetricsIngester(db, MetricsStore(db), tmp_path)
+        ingester = MetricsIngester(db, MetricsStore(db), ServerSpools(tmp_path))
         files = {}
         for job_id in ("job-marked", "job-plain"):
             (tmp_path / job_id / "metrics").mkdir(parents=True)

@@ -234,3 +234,22 @@ def declared(backend: object) -> frozenset[str]:
     """The names of the capabilities ``backend`` (an instance or a class) declares, e.g. {"Preemptible"}."""
     cls = backend if isinstance(backend, type) else type(backend)
     return frozenset(c.__name__ for c in CAPABILITIES if issubclass(cls, c))
+
+
+class MetricSpools(abc.ABC):
+    """The backend's attempts spool their metrics into files on this machine (one writer per file, named
+    ``<src>-a<attempt>-<member>.jsonl``: kiln.injob.spool), which the server's ingester reads
+    (kiln.tasks.metrics_ingest). Where those files are is the backend's layout, found from the attempt's handle:
+    the server that reads them may not be the one that launched the attempt (it adopted the job), and each server
+    on a machine has a home of its own. A backend without it spools nothing; the server then extracts a job's
+    metrics from its log into spool files of its own (kiln.metrics.spools.ServerSpools)."""
+
+    @abc.abstractmethod
+    def metric_spool(self, job_id: str, handle: dict[str, Any] | None) -> Path:
+        """The directory of the spool files of the job whose current attempt ``handle`` names (None: none
+        launched yet): in the home of whichever server on this machine launched it. It may not exist yet."""
+
+    @abc.abstractmethod
+    def remove_metric_spool(self, job_id: str, handle: dict[str, Any] | None) -> None:
+        """Remove the job's spool files (it is being deleted: no point of it may be stored after this).
+        Idempotent: removing what is gone removes nothing."""

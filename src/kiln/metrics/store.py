@@ -2,7 +2,11 @@
 cursors and events, one transaction per batch.
 
 Exactly once: a batch's points and the new byte offset of every file it came from are committed in one
-transaction (``metric_cursors``), so a server that stops anywhere resumes from the last committed offset.
+transaction (``metric_cursors``), so a server that stops anywhere resumes from the last committed offset. Each
+offset moves by compare-and-set: the batch commits only if every cursor of it is still where its reader found it
+(``CursorUpdate.expected``), so that two readers of one spool file (two servers on one machine, one of them
+stalled past the job's lease) never both store the same lines: the later one's batch is rolled back whole
+(``CursorMoved``) and it reads on from the offset the other committed.
 """
 
 from __future__ import annotations
@@ -56,18 +60,34 @@ def _is_scalar(row: Row) -> bool:
 
 @dataclass
 class CursorUpdate:
+    """A spool file's cursor moved from ``expected`` (the committed offset its reader started from; None: the
+    file has no cursor yet) to ``offset``."""
+
     job_id: str
     file: str
     offset: int
     errors: int  # new malformed lines in this batch
     first_error: str = ""
+    expected: int | None = None
 
 
 @dataclass
 class _FileState:
+    """What a reader knows of a file's committed cursor; ``committed``: a cursor row exists (offset is its)."""
+
     offset: int = 0
     errors: int = 0
     reported: bool = False
+    committed: bool = False
+
+
+class CursorMoved(Exception):
+    """Another reader moved these files' cursors (job id, file) since this one read them: its batch was rolled
+    back, nothing of it stored. Read them again from the committed offsets."""
+
+    def __init__(self, moved: list[tuple[str, str]]) -> None:
+        super().__init__(f"cursors moved by another reader: {moved}")
+        self.moved = moved
 
 
 class MetricsStore:
@@ -91,10 +111,26 @@ class MetricsStore:
         files: dict[tuple[str, str], _FileState] | None = None,
     ) -> int:
         """Store ``(job_id, parsed, is_gang)`` batches and advance ``cursors``, atomically. Returns the points
-        stored. ``files`` (the ingester's cursor cache) is updated after the commit."""
+        stored. ``files`` (the ingester's cursor cache) is updated after the commit. ``CursorMoved`` (nothing
+        stored) where a cursor is no longer at its ``expected`` offset."""
         batches = list(batches)
         with self._lock, self.db.bulk_transaction() as s:
             conn = s.connection()
+            # The cursors first: the compare-and-set locks their rows (PostgreSQL), in one order for every reader,
+            # so that a second reader of the same files waits here, before any work, and then finds them moved.
+            cursors = sorted(cursors, key=lambda c: (c.job_id, c.file))
+            reported: list[tuple[str, str, int]] = []
+            moved: list[tuple[str, str]] = []
+            for cur in cursors:
+                state = files.get((cur.job_id, cur.file)) if files is not None else None
+                total = (state.errors if state else 0) + cur.errors
+                report = total > 0 and not (state and state.reported)
+                if not self._advance(conn, cur, total, report or bool(state and state.reported)):
+                    moved.append((cur.job_id, cur.file))
+                elif report:
+                    reported.append((cur.job_id, cur.file, total))
+            if moved:
+                raise CursorMoved(moved)  # rolled back: no point of the batch is stored
             new_series: dict[tuple[str, str, str], tuple[int, str]] = {}
             stored = 0
             for job_id, parsed, gang in batches:
@@ -114,24 +150,18 @@ class MetricsStore:
                             for member, reason, message in parsed.events
                         ],
                     )
-            reported: list[tuple[str, str, int]] = []
-            for cur in cursors:
-                state = files.get((cur.job_id, cur.file)) if files is not None else None
-                total = (state.errors if state else 0) + cur.errors
-                report = total > 0 and not (state and state.reported)
-                self._advance(conn, cur, total, report or bool(state and state.reported))
-                if report:
-                    reported.append((cur.job_id, cur.file, total))
-                    conn.execute(
-                        insert(EVENTS),
-                        {
-                            "job_id": cur.job_id,
-                            "time": utcnow(),
-                            "reason": SPOOL_ERROR,
-                            "message": f"{cur.file}: {total} malformed line(s) skipped"
-                            + (f" (first: {cur.first_error})" if cur.first_error else ""),
-                        },
-                    )
+            for job_id, file, total in reported:
+                first_error = next(c.first_error for c in cursors if c.job_id == job_id and c.file == file)
+                conn.execute(
+                    insert(EVENTS),
+                    {
+                        "job_id": job_id,
+                        "time": utcnow(),
+                        "reason": SPOOL_ERROR,
+                        "message": f"{file}: {total} malformed line(s) skipped"
+                        + (f" (first: {first_error})" if first_error else ""),
+                    },
+                )
         # Committed: now the caches may learn what the database knows.
         self._series.update(new_series)
         if files is not None:
@@ -139,27 +169,29 @@ class MetricsStore:
                 state = files.setdefault((cur.job_id, cur.file), _FileState())
                 state.offset = cur.offset
                 state.errors += cur.errors
+                state.committed = True
                 if any(r[0] == cur.job_id and r[1] == cur.file for r in reported):
                     state.reported = True
         self.points_ingested += stored
         return stored
 
-    def _advance(self, conn: Connection, cur: CursorUpdate, errors: int, reported: bool) -> None:
-        row = {
-            "job_id": cur.job_id,
-            "file": cur.file,
-            "offset": cur.offset,
-            "errors": errors,
-            "reported": reported,
-            "updated_at": utcnow(),
-        }
-        stmt = self._dialect_insert(CURSORS).values(row)
-        conn.execute(
-            stmt.on_conflict_do_update(
-                index_elements=["job_id", "file"],
-                set_={k: stmt.excluded[k] for k in ("offset", "errors", "reported", "updated_at")},
+    def _advance(self, conn: Connection, cur: CursorUpdate, errors: int, reported: bool) -> bool:
+        """Move one cursor from ``cur.expected`` to ``cur.offset``; False (nothing changed) where another reader
+        moved it first. On PostgreSQL a concurrent mover's row lock is waited out and the condition checked
+        against what it committed (READ COMMITTED); SQLite's writers are serialised already."""
+        values = {"offset": cur.offset, "errors": errors, "reported": reported, "updated_at": utcnow()}
+        c = CURSORS.c
+        if cur.expected is None:  # the file's first batch: its cursor row must not exist yet
+            stmt = self._dialect_insert(CURSORS).values(job_id=cur.job_id, file=cur.file, **values)
+            stmt = stmt.on_conflict_do_nothing(index_elements=["job_id", "file"])
+        else:
+            stmt = (
+                update(CURSORS)
+                .where(c.job_id == cur.job_id, c.file == cur.file, c.offset == cur.expected)
+                .values(**values)
             )
-        )
+        # RETURNING, not the row count: psycopg reports none (-1) for an INSERT ... ON CONFLICT DO NOTHING.
+        return conn.execute(stmt.returning(c.offset)).first() is not None
 
     def _series_ids(
         self,

@@ -18,6 +18,7 @@ from kiln.db import migrate
 from kiln.db.session import Database
 from kiln.domain.catalog import DEFAULT_CATALOG, load_catalog_file
 from kiln.errors import KilnError
+from kiln.metrics.spools import metric_spools
 from kiln.metrics.store import MetricsStore
 from kiln.platform.server_metrics import ServerMetrics
 from kiln.routing.router import Router
@@ -94,15 +95,21 @@ class Platform:
             settings.server_heartbeat_seconds,
             on_count=self.rate_limiter.share,
         )
-        # Metrics: the store both ingestion paths write through, the task that tails the jobs' spool files (a
-        # shim wakes it: the backend's metrics_ready), and the server's own numbers for /metrics. A trial's new
-        # objective points are judged at once by the studies task, whichever path stored them.
+        # Metrics: the store both ingestion paths write through, the task that tails the jobs' spool files where
+        # the backend puts them (a shim wakes it: the backend's metrics_ready), and the server's own numbers for
+        # /metrics. A trial's new objective points are judged at once by the studies task, whichever path stored
+        # them.
         self.metrics_store = MetricsStore(self.db)
-        self.metrics_ingester = MetricsIngester(
-            self.db, self.metrics_store, settings.jobs_dir, on_ingested=self._judge_trials
-        )
         self.prometheus = ServerMetrics(self.db, lambda: self.metrics_store.points_ingested)
         self.backend = self._backend()
+        self.metric_spools = metric_spools(self.backend, settings.jobs_dir)
+        self.metrics_ingester = MetricsIngester(
+            self.db,
+            self.metrics_store,
+            self.metric_spools,
+            owner=settings.resolved_instance_id,
+            on_ingested=self._judge_trials,
+        )
         # The Idempotency-Keys of every create (jobs, studies, services, model versions): one store of keys.
         self.idempotency = Idempotency(self.db, settings.idempotency_retention_seconds)
         # Datasets and model versions a job reads: pinned at submit, resolved to files when an attempt starts.
@@ -142,7 +149,7 @@ class Platform:
             else host_runtime_builder(self.catalog, settings.resolved_runtimes_dir)
         )
         shimless = [] if isinstance(self.backend, ExtractsMetrics) else [self.backend.name]
-        self.log_metrics = LogMetrics(self.db, self.logs, settings.jobs_dir, shimless)
+        self.log_metrics = LogMetrics(self.db, self.logs, self.metric_spools, shimless)
         self.metrics = MetricsService(self.db, self.jobs, self.metrics_store, on_ingested=self._judge_trials)
         # Tuning studies: the use cases, and the task that runs their trials as jobs.
         self.study_driver = StudyDriver(self.db, self.jobs, settings.home, self.metrics_ingester.ingest_now)
@@ -219,13 +226,18 @@ class Platform:
             self.logs,
             self.catalog,
             wake=self._wake,
-            metrics_ready=self.metrics_ingester.wake,
+            metrics_ready=self._metrics_ready,
         )
         return registry.create(self.settings.backend, deps)
 
     def _wake(self, job_id: str | None = None) -> None:
         """The reconciler's wake-up, for the backend built before it (the reconciler drives the backend)."""
         self.reconciler.wake(job_id)
+
+    def _metrics_ready(self, job_id: str | None = None) -> None:
+        """The metrics ingester's wake-up, for the backend built before it (the ingester reads the spool files
+        where the backend says they are)."""
+        self.metrics_ingester.wake(job_id)
 
     def _judge_trials(self, job_ids: set[str]) -> None:
         """New points of these jobs were stored: the studies task (built after the metrics) judges the trials."""

@@ -4,11 +4,12 @@ On the local executor each attempt's shim reads the job's log and spools the poi
 (``kiln.injob.extract``). A pod has no shim, but its output reaches Kiln's own log store (the Kubernetes
 controller streams it there, tagged per member like the shim's lines), so the server runs the same extractor over
 that file: built-in recognition and the spec's ``metrics.patterns``, keeping the names ``metrics.include`` and
-``metrics.exclude`` let through, no change to the job. The points go to the same spool files
-(``log-a<attempt>-<member>.jsonl`` in the job's metrics directory) that the ingester already reads, so storage,
-queries and exactly-once ingestion are shared with every other source.
+``metrics.exclude`` let through, no change to the job. The points go to the same kind of spool files
+(``log-a<attempt>-<member>.jsonl``, in the job's spool directory in this server's home:
+kiln.metrics.spools.ServerSpools) that the ingester already reads, so storage, queries and exactly-once ingestion
+are shared with every other source.
 
-Where extraction stands is kept in ``metrics/logtail.json`` (attempt, byte offset), written after the points
+Where extraction stands is kept in that directory's ``logtail.json`` (attempt, byte offset), written after the points
 before it are spooled: a server that stops resumes there (a crash between the two repeats at most one pass's
 points). Until an ended job's log is read to its end, a ``draining-server`` marker keeps the ingester looking.
 """
@@ -27,6 +28,7 @@ from typing import Any
 
 from sqlalchemy import and_, or_, select
 
+from kiln.backends.capabilities import MetricSpools
 from kiln.db.session import Database
 from kiln.db.tables import Job, utcnow
 from kiln.domain.states import TERMINAL_STATES, JobState
@@ -131,11 +133,12 @@ class LogMetrics:
     """The server's extraction thread for the jobs of ``backends`` (those without a shim of their own)."""
 
     def __init__(
-        self, db: Database, logs: LogStore, jobs_dir: Path, backends: Iterable[str], interval: float = 0.5
+        self, db: Database, logs: LogStore, spools: MetricSpools, backends: Iterable[str], interval: float = 0.5
     ) -> None:
+        """``spools``: where the spool files go (those the ingester reads: the server's own for such backends)."""
         self.db = db
         self.logs = logs
-        self.jobs_dir = jobs_dir
+        self.spools = spools
         self.backends = sorted(set(backends))
         self.interval = interval
         self._tails: dict[str, _State] = {}
@@ -182,7 +185,7 @@ class LogMetrics:
         return read
 
     def _directory(self, job_id: str) -> Path:
-        return self.jobs_dir / job_id / "metrics"
+        return self.spools.metric_spool(job_id, None)  # this server's own: no attempt writes there
 
     def _open(self, job_id: str, attempt: int, metrics: dict[str, Any]) -> _State:
         directory = self._directory(job_id)

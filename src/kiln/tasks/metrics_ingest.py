@@ -1,9 +1,15 @@
-"""Metrics ingestion: the background task that tails the spool files of jobs
-(``$KILN_HOME/jobs/<job_id>/metrics/*.jsonl``) and hands what it reads to the writer. The spool-line parser is
-``metrics_parse``, the writer ``metrics_store`` (both re-exported here).
+"""Metrics ingestion: the background task that tails the spool files of jobs (``*.jsonl`` in the directory the
+backend's :class:`~kiln.backends.capabilities.MetricSpools` names for a job's attempt, or the server's own for a
+backend without one) and hands what it reads to the writer. The spool-line parser is ``metrics_parse``, the
+writer ``metrics_store`` (both re-exported here).
 
 Exactly once: a batch's points and the new byte offset of every file it came from are committed in one
-transaction (``metric_cursors``), so a server that stops anywhere resumes from the last committed offset.
+transaction (``metric_cursors``), so a server that stops anywhere resumes from the last committed offset; each
+offset moves by compare-and-set (``CursorMoved``), so that two servers reading one spool never both store a line.
+
+Which server reads a job (``MetricsIngester`` says why): the one holding its lease while it runs; anyone once
+nobody holds it.
+
 Fair: every pass reads at most ``max_bytes_per_file`` from each file in turn (round robin), so a job that floods
 metrics only delays the others by one slice. Only complete lines are consumed; a partial last line is read when
 its newline has arrived.
@@ -18,21 +24,23 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from sqlalchemy import and_, or_, select
 
+from kiln.backends.capabilities import MetricSpools
 from kiln.db.session import Database
 from kiln.db.tables import Job, MetricCursor, utcnow
 from kiln.domain.states import TERMINAL_STATES, JobState
 from kiln.metrics.parse import Parsed, Row, complete_lines, parse_lines
-from kiln.metrics.store import CHUNK, CursorUpdate, MetricsStore, _FileState
+from kiln.metrics.store import CHUNK, CursorMoved, CursorUpdate, MetricsStore, _FileState
 from kiln.tasks.runner import Task, TaskContext
 
 __all__ = [
     "CHUNK",
+    "CursorMoved",
     "CursorUpdate",
     "MetricsIngester",
     "MetricsStore",
@@ -58,26 +66,43 @@ class _Job:
     id: str
     terminal: bool
     gang: bool
+    handle: dict[str, Any] | None = None  # the job's current attempt: where its spool is
 
 
 class MetricsIngester:
     """The background task (``task()``): every ``interval`` seconds, drain the spool files of running jobs and of
-    jobs that ended (or stopped running) until their files are fully consumed."""
+    jobs that ended (or stopped running) until their files are fully consumed.
+
+    Which server reads a job: the spool is found from the attempt's handle, so every server on the machine could
+    read every job's (an attempt stays in the home of the server that launched it, and goes on running there
+    after another server adopted the job). A running job is read by the server that holds its lease (``owner``,
+    as the scheduler records it: ``Job.lease_owner``): the one whose reconciler watches the attempt, and whose
+    checkpoint sync and log shipping serve the job too. So the job's metrics follow it when a survivor adopts it
+    from a server that died (that one's home keeps the spool; the survivor reads it there), and two live servers
+    never read one spool in turn. A job nobody holds — its holder's lease ran out (it died, or it is stalled), or
+    it ended (the lease is cleared then) — is read by any server that finds its spool, until drained. Exactly
+    once never rests on this rule, only on the cursors' compare-and-set: a reader that was stalled past the lease
+    (or two draining an ended job) loses the race for a batch, stores nothing of it, and reads on from the offset
+    the other committed."""
 
     def __init__(
         self,
         db: Database,
         store: MetricsStore,
-        jobs_dir: Path,
+        spools: MetricSpools,
         *,
+        owner: str | None = None,
         interval: float = 0.25,
         max_bytes_per_file: int = 1024 * 1024,
         batch_points: int = 20_000,
         on_ingested: Callable[[set[str]], None] | None = None,
     ) -> None:
+        """``spools``: where each job's spool files are (the backend's, or the server's own); ``owner``: this
+        server in the jobs' leases (None: every job, whoever holds it)."""
         self.db = db
         self.store = store
-        self.jobs_dir = jobs_dir
+        self.spools = spools
+        self.owner = owner
         self.interval = interval
         self.max_bytes_per_file = max_bytes_per_file
         # Called after a pass that stored points, with the jobs they were of (the studies task judges them).
@@ -88,7 +113,7 @@ class MetricsIngester:
         self._known_jobs: set[str] = set()  # jobs whose cursors were loaded
         self._draining: dict[str, _Job] = {}  # stopped running; drained, then forgotten
         self._done: dict[str, float] = {}  # ended and drained (monotonic time): not looked at again
-        self._running: set[str] = set()
+        self._running: dict[str, _Job] = {}
         self._since: Any = None  # ended jobs are looked for from here on
         self._pass_lock = threading.Lock()
         self._task: Task | None = None
@@ -126,18 +151,18 @@ class MetricsIngester:
         self._since = now - timedelta(minutes=2)
         with self.db.read() as s:
             rows = s.execute(
-                select(Job.id, Job.state, Job.workers).where(
+                select(Job.id, Job.state, Job.workers, Job.handle, Job.lease_owner, Job.lease_expires_at).where(
                     or_(
                         Job.state.in_(ACTIVE),
                         and_(Job.state.in_([str(x) for x in TERMINAL_STATES]), Job.finished_at > since),
                     )
                 )
             ).all()
-        running = set()
+        running: dict[str, _Job] = {}
         jobs: dict[str, _Job] = {}
-        for job_id, state, workers in rows:
+        for job_id, state, workers, handle, owner, expires in rows:
             terminal = JobState(state) in TERMINAL_STATES
-            job = _Job(job_id, terminal, (workers or 1) > 1)
+            job = _Job(job_id, terminal, (workers or 1) > 1, handle)
             if terminal:
                 if job_id in self._done:
                     continue
@@ -145,15 +170,28 @@ class MetricsIngester:
                     self._draining[job_id] = job
                 else:
                     self._draining[job_id].terminal = True
+                    self._draining[job_id].handle = handle
+            elif self._held_elsewhere(owner, expires, now):
+                # Another live server reads it: left alone, and what this one knew of its cursors forgotten (read
+                # again should the job come back to it).
+                self._running.pop(job_id, None)
+                self._draining.pop(job_id, None)
+                self._forget(job_id)
             else:
-                running.add(job_id)
+                running[job_id] = job
                 jobs[job_id] = job
-        for job_id in self._running - running:  # stopped running without ending (preempted, restarting)
-            self._draining.setdefault(job_id, _Job(job_id, False, False))
+        for job_id in self._running.keys() - running.keys():  # stopped running without ending (preempted, ...)
+            self._draining.setdefault(job_id, _Job(job_id, False, False, self._running[job_id].handle))
         self._running = running
         for job_id, job in self._draining.items():
             jobs.setdefault(job_id, job)
         return list(jobs.values())
+
+    def _held_elsewhere(self, owner: str | None, expires: datetime | None, now: datetime) -> bool:
+        """Does another server hold the job's lease now (not one that ran out)?"""
+        if self.owner is None or owner is None or owner == self.owner:
+            return False
+        return expires is not None and expires > now
 
     def _load_cursors(self, job_id: str) -> None:
         if job_id in self._known_jobs:
@@ -164,8 +202,14 @@ class MetricsIngester:
                     MetricCursor.job_id == job_id
                 )
             ):
-                self._files[(job_id, file)] = _FileState(offset, errors, reported)
+                self._files[(job_id, file)] = _FileState(offset, errors, reported, committed=True)
         self._known_jobs.add(job_id)
+
+    def _forget(self, job_id: str) -> None:
+        """Drop what this reader knows of the job's cursors: the next read loads them from the database."""
+        self._known_jobs.discard(job_id)
+        for key in [k for k in self._files if k[0] == job_id]:
+            del self._files[key]
 
     def ingest_now(self) -> int:
         """One pass: read every candidate file to its last complete line, in round-robin slices, in large
@@ -178,7 +222,7 @@ class MetricsIngester:
         jobs = self._candidates()
         work: list[tuple[_Job, str, Path, int]] = []  # (job, file name, path, size)
         for job in jobs:
-            directory = self.jobs_dir / job.id / "metrics"
+            directory = self.spools.metric_spool(job.id, job.handle)
             try:
                 entries = [
                     e for e in os.scandir(directory) if e.name.endswith(".jsonl") and e.is_file(follow_symlinks=False)
@@ -207,34 +251,51 @@ class MetricsIngester:
                 for cur in cursors:  # already read in this batch but not committed yet
                     if cur.job_id == job.id and cur.file == name:
                         offset = cur.offset
-                if size < offset:  # replaced or truncated: start again
-                    offset = 0
-                chunk, advanced = self._read(path, offset)
+                chunk, offset, advanced = self._read(path, offset)
                 if advanced == 0:
                     continue
                 parsed = parse_lines(chunk)
                 pending.append((job.id, parsed, job.gang))
                 if parsed.points:
                     ingested.add(job.id)
-                _merge_cursor(cursors, CursorUpdate(job.id, name, offset + advanced, parsed.errors, parsed.first_error))
+                expected = state.offset if state.committed else None
+                new = CursorUpdate(job.id, name, offset + advanced, parsed.errors, parsed.first_error, expected)
+                _merge_cursor(cursors, new)
                 points += len(parsed.points)
                 if offset + advanced < size:
                     still.append(item)
                 if points >= self.batch_points:
-                    stored += self.store.write(pending, cursors, self._files)
+                    stored += self._write(pending, cursors)
                     pending, cursors, points = [], [], 0
             active = still
         if pending or cursors:
-            stored += self.store.write(pending, cursors, self._files)
+            stored += self._write(pending, cursors)
         self.ingested_jobs = ingested
         self._forget_drained()
         return stored
 
-    def _read(self, path: Path, offset: int) -> tuple[bytes, int]:
-        """(complete lines from offset, bytes consumed). A line longer than a slice is read whole (if its newline
-        has arrived) and then skipped by the parser as malformed if it is."""
+    def _write(self, pending: list[tuple[str, Parsed, bool]], cursors: list[CursorUpdate]) -> int:
+        """One batch stored; 0 where another reader moved a cursor of it first (nothing of it is stored then):
+        the jobs' cursors are loaded again, and their files read on from there."""
+        try:
+            return self.store.write(pending, cursors, self._files)
+        except CursorMoved as exc:
+            log.debug("%s; reading on from where it left them", exc)
+            for job_id in sorted({job_id for job_id, _ in exc.moved}):
+                self._forget(job_id)
+                self._load_cursors(job_id)
+            return 0
+
+    def _read(self, path: Path, offset: int) -> tuple[bytes, int, int]:
+        """(complete lines from offset, the offset read from, bytes consumed): from 0 where the file is shorter
+        than offset now (replaced or truncated). A line longer than a slice is read whole (if its newline has
+        arrived) and then skipped by the parser as malformed if it is."""
         try:
             with _open_spool(path) as fh:
+                # Asked of the open file, not of the listing at the pass's start: a cursor another reader moved
+                # meanwhile may be past what the listing saw, and is no truncation.
+                if os.fstat(fh.fileno()).st_size < offset:
+                    offset = 0
                 fh.seek(offset)
                 data = fh.read(self.max_bytes_per_file)
                 end = complete_lines(data)
@@ -245,8 +306,8 @@ class MetricsIngester:
                     data += more
                     end = complete_lines(data)
         except OSError:
-            return b"", 0
-        return data[:end], end
+            return b"", offset, 0
+        return data[:end], offset, end
 
     def _forget_drained(self) -> None:
         """Jobs that stopped running and whose files are consumed (up to a partial line that will never end)."""
@@ -257,7 +318,7 @@ class MetricsIngester:
             if job_id in self._running:
                 self._draining.pop(job_id)
                 continue
-            directory = self.jobs_dir / job_id / "metrics"
+            directory = self.spools.metric_spool(job_id, self._draining[job_id].handle)
             drained = True
             try:
                 for entry in os.scandir(directory):
@@ -280,9 +341,7 @@ class MetricsIngester:
                 job = self._draining.pop(job_id)
                 if job.terminal:
                     self._done[job_id] = time.monotonic()
-                self._known_jobs.discard(job_id)
-                for key in [k for k in self._files if k[0] == job_id]:
-                    del self._files[key]
+                self._forget(job_id)
 
 
 def _merge_cursor(cursors: list[CursorUpdate], new: CursorUpdate) -> None:

@@ -6,13 +6,12 @@ from __future__ import annotations
 import logging
 import shutil
 from collections.abc import Callable
-from pathlib import Path
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from kiln.backends.base import Backend
-from kiln.backends.capabilities import JobFiles
+from kiln.backends.capabilities import JobFiles, MetricSpools
 from kiln.db.tables import Job, JobEvent, MetricChunk, MetricCursor, MetricPoint, MetricSeries
 from kiln.domain.states import JobState
 from kiln.errors import Conflict
@@ -33,16 +32,16 @@ class JobRemoval:
         store: ObjectStore,
         backend: Backend | None = None,
         *,
-        jobs_dir: Path | None = None,
+        spools: MetricSpools | None = None,
         drain_metrics: Callable[[], object] | None = None,
     ) -> None:
-        """``jobs_dir``: where the local executor keeps jobs' files (their metric spools under ``<id>/metrics``);
-        ``drain_metrics``: one pass of the metrics ingester, which waits for a pass under way."""
+        """``spools``: where jobs' metric spool files are (the backend's, or the server's own: those the metrics
+        ingester reads); ``drain_metrics``: one pass of the metrics ingester, which waits for a pass under way."""
         self.jobs = jobs
         self.logs = logs
         self.store = store
         self.backend = backend
-        self.jobs_dir = jobs_dir
+        self.spools = spools
         self.drain_metrics = drain_metrics
 
     def delete(self, principal: Principal, job_id: str) -> None:
@@ -50,11 +49,12 @@ class JobRemoval:
         would go on writing what is removed here."""
         principal.require("jobs:write")
         with self.jobs.db.read() as s:
-            self._check_ended(s, principal, job_id)
-        # A job that ended moments ago may still have metric points on their way in: its spool goes first, then
-        # a pass of the ingester waits out one under way, so that no point arrives for rows deleted below.
-        if self.jobs_dir is not None:
-            shutil.rmtree(self.jobs_dir / job_id / "metrics", ignore_errors=True)
+            ended = self._check_ended(s, principal, job_id)
+        # A job that ended moments ago may still have metric points on their way in: its spool goes first (where
+        # its last attempt's server put it), then a pass of the ingester waits out one under way, so that no point
+        # arrives for rows deleted below.
+        if self.spools is not None:
+            self.spools.remove_metric_spool(job_id, ended.handle)
         if self.drain_metrics is not None:
             self.drain_metrics()
         with self.jobs.db.transaction() as s:

@@ -149,7 +149,7 @@ def delete_job(job_id: JobId, caller: Caller, kiln: Kiln) -> Response:
         kiln.logs,
         kiln.store,
         kiln.backend,
-        jobs_dir=kiln.settings.jobs_dir,
+        spools=kiln.metric_spools,
         drain_metrics=kiln.metrics_ingester.ingest_now,
     )
     removal.delete(caller, job_id)

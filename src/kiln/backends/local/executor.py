@@ -7,6 +7,7 @@ Layout under ``$KILN_HOME/jobs/<job>/``::
     checkpoints/   $KILN_CHECKPOINT_DIR, kept across restarts of the job
     site/          where pip installs from prepare_command land (the shared runtime stays clean)
     home/          $HOME of a sandboxed job
+    metrics/       $KILN_METRICS_DIR, the metric spool files the server's ingester reads (``metric_spool``)
     attempts/<n>/  shim.json (what to run), launch.json (the launch), shim.lock + shim.pid (the shim holding the
                    attempt's claim: kiln.injob.claim), status.json, exit.json, shim.log
     attempts/<n>/members/<role>-<i>/   the same, per member of a distributed job (gang.json lists them)
@@ -42,6 +43,7 @@ from kiln.backends.capabilities import (
     CheckpointSyncer,
     ExtractsMetrics,
     JobFiles,
+    MetricSpools,
     OutputCollector,
     Preemptible,
     SpecValidator,
@@ -95,6 +97,7 @@ class LocalBackend(
     LocalRuntimeBuilder,
     BackgroundWork,  # the shims' notes, spare networks
     WorkDirs,
+    MetricSpools,  # each job's metrics/, beside its work dir
 ):
     name = "local"
 
@@ -259,12 +262,22 @@ class LocalBackend(
         return self.jobs_dir / job_id
 
     def work_dir(self, job_id: str, handle: dict[str, Any] | None) -> Path:
-        """In the home of the server that launched the attempt: its handle's directory, ``<jobs dir>/<job>/attempts
-        /<n>``, says which (with several servers on one database any of them may have placed it); else this one's."""
+        return self._launched_job_dir(job_id, handle) / "work"
+
+    def metric_spool(self, job_id: str, handle: dict[str, Any] | None) -> Path:
+        return self._launched_job_dir(job_id, handle) / "metrics"
+
+    def remove_metric_spool(self, job_id: str, handle: dict[str, Any] | None) -> None:
+        jobfiles.remove_tree(self.metric_spool(job_id, handle))
+
+    def _launched_job_dir(self, job_id: str, handle: dict[str, Any] | None) -> Path:
+        """The job's directory in the home of the server that launched the attempt: its handle's directory,
+        ``<jobs dir>/<job>/attempts/<n>``, says which (with several servers on one database any of them may have
+        placed it); else this one's."""
         recorded = (handle or {}).get("dir")
         if isinstance(recorded, str) and os.path.isabs(recorded):
-            return Path(recorded).parent.parent / "work"
-        return self.job_dir(job_id) / "work"
+            return Path(recorded).parent.parent
+        return self.job_dir(job_id)
 
     def handle_for(self, job_id: str, attempt: int) -> dict[str, Any]:
         # "log": the file the attempt writes its log to, for whichever server on this machine ships it.

@@ -105,9 +105,14 @@ def sweep(jobs_dir: Path) -> None:
 
 def free(job_dir: Path) -> None:
     for name in RELEASED:
-        path = job_dir / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        remove_tree(job_dir / name)
     (job_dir / RELEASE_MARKER).unlink(missing_ok=True)
+
+
+def remove_tree(path: Path) -> None:
+    """``path`` gone, whatever it is: a directory with what is in it (a link in it is removed, never followed),
+    or a file or a link. Nothing there is no error."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
