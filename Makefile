@@ -6,7 +6,7 @@ KILN_HOST ?= 127.0.0.1
 KILN_PORT ?= 8080
 
 .PHONY: run install dev test lint typecheck unit bench bench-smoke clean services mount-tools sandbox-tools \
-	node-tools console console-tools browser-tools
+	node-tools console console-tools browser-tools slurm-tools slurm-up slurm-down
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Kiln needs Python >= 3.11"'
@@ -68,6 +68,32 @@ sandbox-tools:
 			echo "WARNING: install $(SANDBOX_PACKAGES) (as root: apt-get install $(SANDBOX_PACKAGES)); jobs are refused without them"; \
 		fi; \
 	fi
+
+# Debian's Slurm and MUNGE: the tests start a real two-node cluster of them (tests/slurm_cluster.py: slurmctld and
+# two slurmd in network namespaces on a private bridge, its own munged), and stop it after. Installing starts nothing
+# here (no systemd); the cluster needs root for its namespaces.
+SLURM_PACKAGES := slurmctld slurmd slurm-client munge
+slurm-tools:
+	@if ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmd >/dev/null 2>&1 || \
+			! command -v sbatch >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then \
+		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+			echo "installing $(SLURM_PACKAGES) with apt-get (the Slurm tests run a two-node cluster of them)"; \
+			export DEBIAN_FRONTEND=noninteractive; \
+			apt-get install -y -q --no-install-recommends $(SLURM_PACKAGES) >/dev/null 2>&1 || \
+				{ apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(SLURM_PACKAGES) >/dev/null; }; \
+		else \
+			echo "WARNING: install $(SLURM_PACKAGES) (as root: apt-get install $(SLURM_PACKAGES)); the Slurm tests need them"; \
+		fi; \
+	fi
+
+# The test cluster for a developer, in the foreground until Ctrl-C (it prints the SLURM_CONF to use); slurm-down
+# removes what one that was killed left behind (its daemons, namespaces and bridge). Standard library only: any
+# Python 3.11 runs it, no virtual environment needed.
+slurm-up: slurm-tools
+	$(PYTHON) -m tests.slurm_cluster up
+
+slurm-down:
+	$(PYTHON) -m tests.slurm_cluster down
 
 # Node.js runs the API docs page's signing script in its tests (Debian's package, where the machine has none).
 node-tools:
@@ -152,7 +178,7 @@ typecheck: dev
 
 # Two workers (pytest-xdist), a test file at a time each (the long files' tests one by one), the longest first
 # (tests/conftest.py): the suite is mostly waiting on real servers and jobs.
-test: dev services mount-tools sandbox-tools node-tools browser-tools console lint typecheck
+test: dev services mount-tools sandbox-tools node-tools browser-tools slurm-tools console lint typecheck
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --durations=25
 
 unit: dev

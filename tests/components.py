@@ -45,6 +45,11 @@ COMPONENTS: dict[str, tuple[str, str]] = {
         "`make browser-tools` as root (Debian: apt-get install chromium); playwright: pip install -e '.[dev]' "
         "(`make dev`; `playwright install` is not needed)",
     ),
+    "slurm": (
+        "Slurm and MUNGE (slurmctld, slurmd, the client tools, munged) with ip, nsenter and unshare, run as root "
+        "(the two-node test cluster, tests/slurm_cluster.py)",
+        "`make slurm-tools` as root (Debian: apt-get install slurmctld slurmd slurm-client munge)",
+    ),
 }
 
 
@@ -90,6 +95,10 @@ def missing(component: str) -> str | None:
         problems = [] if os.access("/usr/bin/chromium", os.X_OK) else ["no /usr/bin/chromium"]
         module = _missing_module("playwright")
         return "; ".join(problems + ([module] if module else [])) or None
+    if component == "slurm":
+        from tests.slurm_cluster import slurm_problem
+
+        return slurm_problem()
     raise KeyError(f"no check for component {component!r} (known: {', '.join(COMPONENTS)})")
 
 

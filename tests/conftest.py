@@ -13,6 +13,7 @@ from _pytest.nodeid import NodeId
 
 from tests.components import ENV, OPTED_OUT, check_opt_outs, require
 from tests.kilnserver import KilnServer
+from tests.slurm_cluster import SlurmCluster
 
 PG_ADMIN_URL = os.environ.get("KILN_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 _pg_problem: list[str] = []
@@ -83,6 +84,18 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServ
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A real two-node Slurm cluster on this machine (tests/slurm_cluster.py), started once per session.
+
+    It is one per machine (fixed names, a machine-wide lock): the tests that use it are one unit of work under
+    pytest-xdist (``pytest_collection_modifyitems`` below), so a single worker starts it."""
+    require("slurm")
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
+    yield cluster
+    cluster.stop()
+
+
 @pytest.fixture
 def python_runtime() -> dict[str, str]:
     """A custom runtime that starts instantly: this interpreter (bring-your-own-Python)."""
@@ -130,6 +143,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: igno
 # Files whose tests are long and share nothing (each starts its own servers): each of their tests is a unit of
 # work of its own, so that two workers share them. Every other file is one unit: its module-scoped servers start once.
 SPLIT_FILES = frozenset({"tests/e2e/test_benchmarks_smoke.py", "tests/integration/test_crash_safety.py"})
+# Session fixtures of which a machine holds one at a time (fixed names and ports): the tests that use one, whatever
+# their files, are one unit of work, so that one worker starts it, and the other does not wait for it all the run.
+MACHINE_WIDE_FIXTURES = ("slurm_cluster",)
 # The longest units first, longest first (make test's durations): a worker that draws one of them near the end of
 # the run runs it alone while the other waits. xdist's default order (--loadscope-reorder: the units with the most
 # tests first) put the one-test files, the long end-to-end ones, last whatever the collection order said, so the
@@ -178,4 +194,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # is built from Item._id): with --dist loadgroup every test was its own unit, and a file's module-scoped
         # servers started on both workers. So the unit is written into the id here.
         group = item.nodeid.translate(str.maketrans("[]@", "()_")) if path in SPLIT_FILES else path
+        group = next((name for name in MACHINE_WIDE_FIXTURES if name in getattr(item, "fixturenames", ())), group)
         item._id = NodeId.parse(f"{item.nodeid}@{group}")  # type: ignore[attr-defined]
