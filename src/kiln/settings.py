@@ -7,17 +7,20 @@ Nothing else in the code base reads ``os.environ`` for configuration.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import socket
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from kiln.auth.credfile import client_dir
 from kiln.domain import limits
+from kiln.domain.spec import PRIORITIES
 
 
 def _split_rules(text: str) -> list[str]:
@@ -77,6 +80,137 @@ class KubernetesSettings(BaseSettings):
     verify_ssl: bool = Field(True, description="Verify the API server's certificate (with api_url).")
     kubeconfig: str | None = Field(None, description="A kubeconfig file, when not running in the cluster.")
     image_pull_grace: float = Field(60.0, ge=0, description="Seconds an image pull may fail before the job does.")
+
+
+_SLURM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+:-]*")  # partitions, accounts, QOS, gres types: no spaces, no ','
+_SLURM_COMMANDS = ("sbatch", "squeue", "scontrol", "scancel", "sacct")
+
+
+class SlurmSettings(BaseSettings):
+    """Settings of the Slurm backend (``settings.slurm``): ``KILN_SLURM_*`` environment variables, maps and lists
+    as JSON. The Slurm commands themselves read the cluster's configuration the way they always do (``SLURM_CONF``
+    in the server's environment, else the compiled-in path): Kiln passes its environment through to them."""
+
+    model_config = SettingsConfigDict(env_prefix="KILN_SLURM_", extra="ignore")
+
+    partition: str | None = Field(
+        None, description="Partition of every job (--partition); None: the cluster's default."
+    )
+    account: str | None = Field(None, description="Account jobs are charged to (--account); None: the user's default.")
+    qos: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description='Spec priority → Slurm QOS (--qos), e.g. {"high": "kiln-high", "low": "scavenger"}; a priority '
+        "not named: no --qos (the account's default).",
+    )
+    extra_directives: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description='Extra "#SBATCH" options every job script carries, as a JSON list, e.g. ["--exclusive", '
+        '"--mail-type=NONE"]: each one option starting with "--", on one line.',
+    )
+    gpu_types: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description='resources.gpu_type → the cluster\'s GRES type, e.g. {"H200": "h200"}; else the type as given '
+        "(--gres=gpu:TYPE:N).",
+    )
+    python: str = Field(
+        "python3",
+        description="The Python 3 on the nodes that runs Kiln's programs in a job (fetch, sync) and the jobs of the "
+        "default runtime: a command name looked up on the node's PATH, or an absolute path. It needs tarfile's "
+        "data filter: 3.12, or 3.8.17, 3.9.17, 3.10.12, 3.11.4 and later.",
+    )
+    runtimes: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="Catalog runtime → its Python interpreter on the nodes (a venv the operator made), e.g. "
+        '{"pytorch": "/opt/venvs/torch/bin/python", "pytorch-2.4.1": "/opt/venvs/torch241/bin/python"}: the '
+        "catalog entry's name (FRAMEWORK-VERSION, as `kiln runtimes list` shows it) first, then FRAMEWORK. Only "
+        "the default runtime (python) needs no entry: it is KILN_SLURM_PYTHON.",
+    )
+    scratch_dir: str | None = Field(
+        None,
+        description="A directory on every node (local disk) under which each job gets a directory of its own for "
+        "its code, inputs, outputs and checkpoints, removed when it ends; None: the node's $TMPDIR, else /tmp.",
+    )
+    log_dir: str = Field(
+        "/tmp",
+        description="Where on the node a job's --output and --error files go (kiln-JOB-aN.SLURMID.out/.err): an "
+        "existing directory on the nodes.",
+    )
+    upload_timeout: int = Field(
+        600, ge=1, description="Seconds a job waits, once its command ended, for its outputs to reach the store."
+    )
+    sbatch: str | None = Field(None, description="Path of sbatch; None: found on the server's PATH.")
+    squeue: str | None = Field(None, description="Path of squeue; None: found on the server's PATH.")
+    scontrol: str | None = Field(None, description="Path of scontrol; None: found on the server's PATH.")
+    scancel: str | None = Field(None, description="Path of scancel; None: found on the server's PATH.")
+    sacct: str | None = Field(None, description="Path of sacct; None: found on the server's PATH.")
+
+    @field_validator("qos", "gpu_types", "runtimes", "extra_directives", mode="before")
+    @classmethod
+    def _json(cls, value: object, info: ValidationInfo) -> object:
+        if not isinstance(value, str):
+            return value
+        try:
+            return json.loads(value)
+        except ValueError:
+            example = '["--exclusive"]' if info.field_name == "extra_directives" else '{"high": "kiln-high"}'
+            raise ValueError(f"not JSON: write it as JSON, e.g. {example}") from None
+
+    @field_validator("partition", "account")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_NAME.fullmatch(value):
+            raise ValueError(f"{value!r} is not a Slurm name (letters, digits and _.+:-, no spaces or commas)")
+        return value
+
+    @field_validator("qos")
+    @classmethod
+    def _qos(cls, value: dict[str, str]) -> dict[str, str]:
+        for priority, qos in value.items():
+            if priority not in PRIORITIES:
+                raise ValueError(f"{priority!r} is not a job priority ({', '.join(PRIORITIES)})")
+            if not _SLURM_NAME.fullmatch(qos):
+                raise ValueError(f"{priority}: {qos!r} is not a Slurm QOS name (letters, digits and _.+:-)")
+        return value
+
+    @field_validator("gpu_types")
+    @classmethod
+    def _gres_types(cls, value: dict[str, str]) -> dict[str, str]:
+        for gpu_type, gres in value.items():
+            if not _SLURM_NAME.fullmatch(gres) or ":" in gres:
+                raise ValueError(f"{gpu_type}: {gres!r} is not a GRES type (letters, digits and _.+-)")
+        return value
+
+    @field_validator("extra_directives")
+    @classmethod
+    def _directives(cls, value: list[str]) -> list[str]:
+        for line in value:
+            if any(c in line for c in "\n\r\x00"):
+                raise ValueError(f"{line!r}: one option per entry, on one line")
+            if not line.startswith("--") or len(line) < 3 or line[2].isspace():
+                raise ValueError(f"{line!r}: each entry is one long option starting with '--', e.g. --exclusive")
+        return value
+
+    @field_validator("python", "scratch_dir", "log_dir", *_SLURM_COMMANDS)
+    @classmethod
+    def _paths(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or any(c in value for c in "\n\r\x00")):
+            raise ValueError(f"{value!r}: a path or command name on one line")
+        return value
+
+    @field_validator("scratch_dir", "log_dir")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"{value!r}: an absolute path on the nodes")
+        return value
+
+    @field_validator("runtimes")
+    @classmethod
+    def _runtimes(cls, value: dict[str, str]) -> dict[str, str]:
+        for runtime, python in value.items():
+            if not python.startswith("/") or any(c in python for c in "\n\r\x00"):
+                raise ValueError(f"{runtime}: {python!r} is not an absolute path of an interpreter on the nodes")
+        return value
 
 
 class Settings(BaseSettings):
@@ -306,6 +440,10 @@ class Settings(BaseSettings):
     # Read from its own KILN_KUBERNETES_* variables (an invalid one is named by its variable at start).
     kubernetes: KubernetesSettings = Field(
         default_factory=KubernetesSettings, description="Settings of the Kubernetes backend (KILN_KUBERNETES_*)."
+    )
+    # Read from its own KILN_SLURM_* variables, as the Kubernetes branch.
+    slurm: SlurmSettings = Field(
+        default_factory=SlurmSettings, description="Settings of the Slurm backend (KILN_SLURM_*, docs/slurm.md)."
     )
 
     # Scheduling

@@ -89,6 +89,8 @@ def settings_problems(exc: ValidationError) -> str:
 def _env_prefix(model: str) -> str:
     if model == "KubernetesSettings":
         return "KILN_KUBERNETES_"
+    if model == "SlurmSettings":
+        return "KILN_SLURM_"
     return "KILN_"
 
 

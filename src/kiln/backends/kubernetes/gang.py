@@ -9,7 +9,7 @@ from typing import Any
 
 from kiln.backends.kubernetes.inputs import KubeConfig, RenderInput
 from kiln.backends.kubernetes.names import HOSTFILE, base_name
-from kiln.domain.distributed import Member, gang_members, hostfile_text, member_env
+from kiln.domain.distributed import DistributedSpec, Member, gang_members, hostfile_text, member_env
 from kiln.domain.spec import JobSpec
 
 SSH_KEY_PLACEHOLDER = "REPLACE-WITH-AN-SSH-KEY"
@@ -36,15 +36,24 @@ def gang_env(job: RenderInput, cfg: KubeConfig) -> tuple[dict[str, str], dict[st
         for role, index in gang_members(dist)
     ]
     hostfile = hostfile_text(dist, members) if dist.framework == "mpi" else None
+    shared, files = split_member_env(job.job_id, dist, members, HOSTFILE if dist.framework == "mpi" else None)
+    return shared, files, hostfile
+
+
+def split_member_env(
+    job_id: str, dist: DistributedSpec, members: list[Member], hostfile: str | None
+) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """:func:`~kiln.domain.distributed.member_env` of every process of the gang, split as the entrypoint sources
+    it: ``(shared, files)``, ``shared`` the values every process has, ``files`` ``{"ROLE-INDEX-LOCAL.env": only
+    what differs}`` (also the Slurm backend's, whose members' hosts are only known on the nodes)."""
     per_proc: dict[str, dict[str, str]] = {}
     for me, member in enumerate(members):
-        envs = member_env(job.job_id, dist, members, me, hostfile=HOSTFILE if dist.framework == "mpi" else None)
-        for local, env in enumerate(envs):
+        for local, env in enumerate(member_env(job_id, dist, members, me, hostfile=hostfile)):
             per_proc[f"{member.role}-{member.index}-{local}.env"] = env
     all_envs = list(per_proc.values())
     shared = {k: v for k, v in all_envs[0].items() if all(e.get(k) == v for e in all_envs[1:])}
     files = {name: {k: v for k, v in env.items() if k not in shared} for name, env in per_proc.items()}
-    return shared, files, hostfile
+    return shared, files
 
 
 def launcher_gang(spec: JobSpec) -> bool:

@@ -1,0 +1,195 @@
+"""The program every member of a Kiln job runs on its Slurm node (standard library only; it never imports kiln).
+
+The job's sbatch script (``render.py``) writes the attempt's archive, a zip whose ``__main__.py`` is this file,
+to ``$KILN_SLURM_SCRATCH/kiln-$SLURM_JOB_ID.pyz`` and runs ``PYTHON ARCHIVE COMMAND [ARG...]``: in the batch
+step for a job of one member, or through ``srun`` (one task per node, after ``sbcast`` copied the archive to every
+node) for a gang, ``$SLURM_PROCID`` being the member's place in the gang's fixed order (workers, then parameter
+servers). The archive holds ``node.json`` (the members, the code bundle's digest, the inputs), Kubernetes' pod
+programs unchanged (``podfetch.py``, ``podsync.py``, ``entrypoint.sh``), the metrics SDK (``kiln_sdk.py``), the
+job's ``params.json`` and, for a gang, the env files of :func:`kiln.domain.distributed.member_env`, rendered with
+the placeholder host ``@KILN_HOST_i@`` for member ``i``: Slurm picks the nodes only once the job starts.
+
+What it does, in order:
+
+1. its directory ``$KILN_SLURM_SCRATCH/kiln-$SLURM_JOB_ID/ROLE-INDEX`` with ``conf``, ``work``, ``outputs``,
+   ``checkpoints``, ``metrics`` and ``run`` (what a pod's emptyDirs are), and the job's ``KILN_*`` directories
+   pointing there;
+2. the archive's files into ``conf``, each ``@KILN_HOST_i@`` replaced by the ``i``-th host of
+   ``$SLURM_JOB_NODELIST`` (expanded here, :func:`expand_hostlist`: no ``scontrol`` needed); with one task per
+   node, task ``i`` runs on node ``i``, which it checks against ``$SLURMD_NODENAME``;
+3. ``podfetch.py``: the job's stored checkpoints, the code bundle, the inputs (into ``work/PATH``), all with the job
+   token; a failure ends the member with the fetcher's exit code before anything runs;
+4. ``podsync.py`` in the background and ``entrypoint.sh COMMAND...`` in a session of its own: prepare, the command
+   (once per local process), finish; when it has ended the sync uploads the checkpoints and outputs, the entrypoint
+   waits for it and exits with the command's code;
+5. SIGTERM and SIGINT (``scancel``, the time limit, ``srun`` passing them on) go to the entrypoint, which stops
+   the job's whole process tree; once it exits the sync is stopped, the member's directory removed, and the
+   member exits with the entrypoint's code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import zipfile
+
+HOST_PLACEHOLDER = "@KILN_HOST_{}@"
+SYNC_STOP_SECONDS = 30
+_PLACEHOLDER = re.compile(r"@KILN_HOST_(\d+)@")
+
+
+def _split_top(text: str) -> list[str]:
+    """``a[1-2],b`` → ``["a[1-2]", "b"]``: commas outside brackets separate the items."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += (char == "[") - (char == "]")
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _expand(item: str) -> list[str]:
+    start = item.find("[")
+    if start < 0:
+        return [item]
+    end = item.index("]", start)
+    prefix, body, tails = item[:start], item[start + 1 : end], _expand(item[end + 1 :])
+    out: list[str] = []
+    for part in body.split(","):
+        low, _, high = part.partition("-")
+        numbers = [low] if not high else [f"{n:0{len(low)}d}" for n in range(int(low), int(high) + 1)]
+        out.extend(prefix + number + tail for number in numbers for tail in tails)
+    return out
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's compressed host list (``node[01-03,7],gpu-[1-2]-ib``) as names, in its order."""
+    return [host for item in _split_top(text) for host in _expand(item)]
+
+
+def _say(text: str) -> None:
+    print(f"kiln: {text}", file=sys.stderr, flush=True)
+
+
+def _unpack(archive: str, conf: str, hosts: list[str]) -> None:
+    """The archive's files into ``conf``, host placeholders resolved."""
+
+    def host(match: re.Match[str]) -> str:
+        index = int(match.group(1))
+        if index >= len(hosts):
+            raise SystemExit(f"kiln: member {index} has no node: SLURM_JOB_NODELIST lists {len(hosts)}")
+        return hosts[index]
+
+    with zipfile.ZipFile(archive) as zf:
+        for name in zf.namelist():
+            if name in ("__main__.py", "node.json") or name.endswith("/"):
+                continue
+            data = zf.read(name)
+            if name.endswith(".env") or name == "hostfile":
+                data = _PLACEHOLDER.sub(host, data.decode()).encode()
+            target = os.path.join(conf, name)
+            with open(target, "wb") as fh:
+                fh.write(data)
+            os.chmod(target, 0o755 if name.endswith((".sh", ".py")) else 0o644)
+
+
+def main(argv: list[str]) -> int:
+    env = dict(os.environ)
+    archive = os.path.abspath(sys.argv[0])
+    procid = int(env.get("SLURM_PROCID") or 0)
+    hosts = expand_hostlist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "")
+    with zipfile.ZipFile(archive) as zf:
+        node = json.loads(zf.read("node.json"))
+    members = node["members"]
+    if not 0 <= procid < len(members):
+        _say(f"task {procid} is not a member of this gang of {len(members)}")
+        return 2
+    role, index = members[procid]
+    if len(members) > 1 and procid < len(hosts) and env.get("SLURMD_NODENAME") not in (None, hosts[procid]):
+        _say(f"warning: task {procid} runs on {env.get('SLURMD_NODENAME')}, not {hosts[procid]} (its address)")
+    scratch = env.get("KILN_SLURM_SCRATCH") or env.get("TMPDIR") or "/tmp"
+    member_dir = os.path.join(scratch, f"kiln-{env.get('SLURM_JOB_ID', 'nojob')}", f"{role}-{index}")
+    dirs = {name: os.path.join(member_dir, name) for name in ("conf", "work", "outputs", "checkpoints", "run")}
+    for path in dirs.values():
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    _unpack(archive, dirs["conf"], hosts)
+    env.update(
+        {
+            "KILN_ROLE": role,
+            "JOB_COMPLETION_INDEX": str(index),  # the entrypoint's and the sync's member index, as in a pod
+            "KILN_PROCS": str(node["procs"] if role == "worker" else 1),
+            "KILN_CONF_DIR": dirs["conf"],
+            "KILN_WORK_DIR": dirs["work"],
+            "KILN_OUTPUT_DIR": dirs["outputs"],
+            "KILN_CHECKPOINT_DIR": dirs["checkpoints"],
+            "KILN_RUN_DIR": dirs["run"],
+            "KILN_TENSORBOARD_DIR": os.path.join(member_dir, "metrics", "tensorboard"),
+            "KILN_NOTICE_FILE": os.path.join(dirs["run"], "notice.json"),
+            "KILN_PARAMS_FILE": os.path.join(dirs["conf"], "params.json"),
+        }
+    )
+    inputs = []
+    for item in node["inputs"]:
+        where = os.path.join(dirs["work"], item["path"])
+        env[item["env"]] = where
+        inputs.append({**item["source"], "dir": where})
+    fetch_env = {**env, "KILN_CODE_SHA256": node["code_sha256"], "KILN_INPUTS": json.dumps(inputs)}
+    python = sys.executable or "python3"
+    fetched = subprocess.run([python, os.path.join(dirs["conf"], "podfetch.py")], env=fetch_env, check=False)
+    code = fetched.returncode
+    if code != 0:
+        _say(f"fetching the code, inputs and checkpoints failed (exit code {code}); the command did not run")
+    else:
+        code = _run(python, dirs, env, argv)
+    shutil.rmtree(member_dir, ignore_errors=True)
+    try:  # the job's directory, once its last member on this node is done
+        os.rmdir(os.path.dirname(member_dir))
+    except OSError:
+        pass
+    if env.get("SLURMD_NODENAME") != env.get("KILN_SLURM_BATCH_NODE"):
+        try:  # the batch script removes its own copy; sbcast's copies on the other nodes go with their member
+            os.unlink(archive)
+        except OSError:
+            pass
+    return code
+
+
+def _run(python: str, dirs: dict[str, str], env: dict[str, str], argv: list[str]) -> int:
+    """podsync beside the entrypoint; signals passed on to the entrypoint; the entrypoint's exit code."""
+    sync = subprocess.Popen([python, os.path.join(dirs["conf"], "podsync.py")], env=env)
+    entry = subprocess.Popen(
+        ["/bin/sh", os.path.join(dirs["conf"], "entrypoint.sh"), *argv],
+        env=env,
+        cwd=dirs["work"],
+        start_new_session=True,  # its `kill 0` reaches the job's processes, not this one nor the sync
+    )
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            entry.send_signal(signum)
+        except OSError:
+            pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    code = entry.wait()
+    sync.send_signal(signal.SIGTERM)
+    try:
+        sync.wait(timeout=SYNC_STOP_SECONDS)
+    except subprocess.TimeoutExpired:
+        sync.kill()
+        sync.wait()
+    return 128 - code if code < 0 else code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
