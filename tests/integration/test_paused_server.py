@@ -91,7 +91,15 @@ def test_a_server_paused_past_its_leases_and_resumed_undoes_nothing(
         # B takes over: the task leases, then A's running jobs (adopted: same machine).
         until(lambda: all(leases().get(scope, ("",))[0] == "server-b" for scope in SCOPES), "B takes the leases")
         owners = f"SELECT lease_owner FROM jobs WHERE id IN ({', '.join(repr(j) for j in held)})"
-        until(lambda: {owner for (owner,) in rows(owners)} == {"server-b"}, "B adopts A's jobs")
+        try:
+            until(lambda: {owner for (owner,) in rows(owners)} == {"server-b"}, "B adopts A's jobs")
+        except AssertionError as exc:  # what B saw: a rare failure under make test's load left nothing else to read
+            jobs = rows("SELECT id, state, lease_owner, lease_expires_at, now() AT TIME ZONE 'utc' FROM jobs")
+            sessions = rows(
+                "SELECT pid, state, wait_event_type, wait_event, left(query, 120) FROM pg_stat_activity"
+                " WHERE datname = current_database()"
+            )
+            raise AssertionError(f"{exc}\njobs: {jobs}\nsessions: {sessions}\nB's log: {b.log()}") from None
         cancelled, finished, kept = held
         through_b.cancel(cancelled)
         go(finished)
