@@ -138,6 +138,13 @@ class SlurmSettings(BaseSettings):
     upload_timeout: int = Field(
         600, ge=1, description="Seconds a job waits, once its command ended, for its outputs to reach the store."
     )
+    poll_seconds: float = Field(
+        1.0,
+        gt=0,
+        le=60,
+        description="Seconds between the controller's squeue calls (one per pass for all of Kiln's jobs); 0.2 while "
+        "a job submitted in the last minute is not running yet.",
+    )
     sbatch: str | None = Field(None, description="Path of sbatch; None: found on the server's PATH.")
     squeue: str | None = Field(None, description="Path of squeue; None: found on the server's PATH.")
     scontrol: str | None = Field(None, description="Path of scontrol; None: found on the server's PATH.")
@@ -432,10 +439,10 @@ class Settings(BaseSettings):
         "costs it; past it the files are no longer read and the job's log says so (bytes, or e.g. 64M).",
     )
 
-    backend: Literal["local", "kubernetes"] = Field(
+    backend: Literal["local", "kubernetes", "slurm"] = Field(
         "local",
-        description="Where jobs run: processes on this machine, or a Kubernetes cluster (settings KILN_KUBERNETES_*, "
-        "docs/kubernetes.md).",
+        description="Where jobs run: processes on this machine, a Kubernetes cluster (settings KILN_KUBERNETES_*, "
+        "docs/kubernetes.md) or a Slurm cluster (settings KILN_SLURM_*, docs/slurm.md).",
     )
     # Read from its own KILN_KUBERNETES_* variables (an invalid one is named by its variable at start).
     kubernetes: KubernetesSettings = Field(

@@ -14,6 +14,7 @@ from kiln.errors import BackendUnavailable
 BACKENDS: dict[str, str] = {
     "local": "kiln.backends.local.executor:LocalBackend",
     "kubernetes": "kiln.backends.kubernetes.backend:KubernetesBackend",
+    "slurm": "kiln.backends.slurm.backend:SlurmBackend",
 }
 
 

@@ -53,6 +53,9 @@ MARKER = f"{DRAINING_PREFIX}server"
 ACTIVE = [str(JobState.STARTING), str(JobState.RUNNING), str(JobState.RESTARTING)]
 PASS_BYTES = 8 * 1024 * 1024  # at most this much of one job's log per pass (others get their turn)
 RECENT = timedelta(minutes=10)  # ended jobs whose log is still read to its end
+# Lines Kiln's own programs in a pod or on a Slurm node write into the job's output ("kiln-sync: ok checkpoints=1
+# outputs=2 bytes=…"): reports of the platform, never the job's metrics.
+IN_JOB_PROGRAMS = (b"kiln-sync: ", b"kiln-fetch: ", b"kiln: ")
 
 
 class MemberTail(LogTail):
@@ -92,7 +95,7 @@ class MemberTail(LogTail):
             self.close_members()
             self.attempt += 1
             return
-        if stream not in (b"O", b"E"):
+        if stream not in (b"O", b"E") or parts[2].startswith(IN_JOB_PROGRAMS):
             return
         if not self.patterns and not _HINT_BYTES.search(parts[2]):
             return

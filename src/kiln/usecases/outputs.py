@@ -127,14 +127,15 @@ class OutputService:
         self._check_quota(principal, size)
         self.store.put_file(tmp, key)
 
-    def append_log(self, principal: Principal, job_id: str, body: bytes) -> int:
-        """Append lines to the job's log as its stdout (a job on another machine streams its output here)."""
+    def append_log(self, principal: Principal, job_id: str, body: bytes, stream: str = "O") -> int:
+        """Append lines to the job's log (a job on another machine streams its output here): ``stream`` is O
+        (stdout) or E (stderr), tagged with the member in a gang (O@worker1)."""
         principal.require("jobs:report")
         job = self.jobs.get(principal, job_id)
         if JobState(job.state).terminal:
             raise Conflict(f"job {job_id} has ended; its log is closed")
         lines = body.decode("utf-8", errors="replace").splitlines()
-        self.logs.append(job_id, "O", lines)
+        self.logs.append(job_id, stream, lines)
         return len(lines)
 
     def list_files(self, principal: Principal, job_id: str, kind: FileKind) -> list[ArtifactRead]:

@@ -250,9 +250,21 @@ async def put_checkpoint(job_id: JobId, path: FilePath, request: Request, caller
     responses=errors(400, 404, 409, 422),
     openapi_extra=TEXT_BODY,
 )
-async def append_logs(job_id: JobId, request: Request, caller: Caller, kiln: Kiln) -> dict[str, int]:
+async def append_logs(
+    job_id: JobId,
+    request: Request,
+    caller: Caller,
+    kiln: Kiln,
+    stream: Annotated[
+        str,
+        Query(
+            pattern=r"^[OE](@(worker|ps)[0-9]{1,4})?$",
+            description="O (stdout) or E (stderr), with the member of a gang: O@worker1, E@ps0",
+        ),
+    ] = "O",
+) -> dict[str, int]:
     body = await request.body()
-    return {"lines": await run_in_threadpool(kiln.outputs.append_log, caller, job_id, body)}
+    return {"lines": await run_in_threadpool(kiln.outputs.append_log, caller, job_id, body, stream)}
 
 
 @router.get(
