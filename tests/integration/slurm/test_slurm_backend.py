@@ -167,7 +167,7 @@ def test_logs_reach_the_server_while_the_job_runs_and_it_sees_no_server_secret(
 def test_a_spec_slurm_can_never_run_is_refused_at_submit_in_slurms_words(client: Client) -> None:
     with pytest.raises(InvalidInput, match="Requested node configuration is not available"):
         client.submit({"command": "true", "resources": {"cpus": 1, "gpus": 3}})
-    with pytest.raises(InvalidInput, match="runtime.image"):
+    with pytest.raises(InvalidInput, match=r"runtime\.image"):
         client.submit({"command": "true", "runtime": {"image": "python:3.12"}})
     assert not [j for j in client.list_jobs(limit=200) if j.spec.resources.gpus == 3]  # nothing half-made
 
@@ -261,5 +261,5 @@ def test_a_tuning_studys_trials_run_on_slurm(client: Client, slurm_cluster: Slur
     trials = client.study_trials(study.id)
     assert len(trials) == 3
     for trial in trials:
-        assert trial.value is not None, trial
+        assert trial.value is not None and trial.job_id is not None, trial
         assert [row["state"] for row in slurm_jobs(slurm_cluster, trial.job_id)] == ["COMPLETED"]

@@ -269,6 +269,11 @@ class SlurmBackend(Backend, BackgroundWork, SpecValidator, Preemptible):
         if attempt.final is not None:
             return attempt.final
         name = job_name(attempt.job_id, attempt.attempt)
+        if self._queue_at is None:  # nothing listed yet (a server that just started): list now, once
+            try:
+                self._pass()
+            except BackendError:
+                pass
         with self._lock:
             queue_at, found = self._queue_at, list(self._queue.get(name, ()))
         if queue_at is None or (attempt.submitted_at is not None and queue_at < attempt.submitted_at):

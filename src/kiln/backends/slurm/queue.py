@@ -104,7 +104,7 @@ ENDED: dict[str, tuple[Phase, str, str]] = {
 
 def status_of(entry: QueueEntry, stopping: tuple[str, str] | None = None) -> AttemptStatus:
     """Where the attempt ``entry`` is. ``stopping``: (reason, message) of Kiln's own cancel or preemption, which
-    names how an attempt that did not complete ended."""
+    names how the attempt ended, whatever its exit code (a job that checkpoints on SIGTERM exits 0)."""
     where = f"Slurm job {entry.slurm_id}"
     if entry.state in PENDING:
         why = f" ({entry.reason})" if entry.reason else ""
@@ -116,8 +116,12 @@ def status_of(entry: QueueEntry, stopping: tuple[str, str] | None = None) -> Att
     code = entry.exit_code if phase is Phase.EXITED else None
     if entry.state == "FAILED" and entry.reason and entry.reason != "NonZeroExitCode":
         said = f"failed: {entry.reason}"  # e.g. BadConstraints: Slurm could never run it as asked
+        if not entry.reason.startswith("RaisedSignal"):
+            # Slurm failed it, not its script (BadConstraints, JobLaunchFailure, ...): the controller's exit_code
+            # 1 then is a mark, not the script's wait status (not SIGHUP, 129).
+            code = None
     message = f"{where} {said}" + (f" (exit code {code})" if code else "")
-    if stopping is not None and reason != "Completed":
+    if stopping is not None:  # a job that obeyed Kiln's SIGTERM and exited 0 was still cancelled or preempted
         reason, message = stopping
     running_at = entry.start if entry.start and entry.nodes else None
     return AttemptStatus(phase, code, reason, message, running_at=running_at, finished_at=entry.end)
@@ -138,7 +142,8 @@ class NodeEntry:
 
     @property
     def usable(self) -> bool:
-        flags = set(self.state.replace("+", " ").split())
+        # scontrol marks a node that does not answer with * (DOWN*, IDLE*+DRAIN)
+        flags = set(self.state.replace("*", "+NOT_RESPONDING+").replace("+", " ").split())
         return not flags & {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING", "FUTURE"}
 
 
