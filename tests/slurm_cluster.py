@@ -22,6 +22,11 @@ Why each piece:
 - **Two nodes.** Each slurmd has a network and a UTS namespace of its own (``nsenter --net`` + ``unshare --uts``;
   not ``ip netns exec``, which remounts /sys and breaks slurmd), so a job spanning two nodes sees two hostnames
   and two addresses. The filesystem is shared: a job's output lands where the test reads it.
+- **Names.** Each slurmd also has a mount namespace of its own (``unshare --mount --propagation slave``: every
+  mount of the machine still reaches it) in which a hosts file of the cluster's is bind-mounted on /etc/hosts, so
+  the nodes resolve each other's names (node1, node2) and the controller's, as a cluster's DNS makes them: a gang's
+  members find each other by name (PyTorch's gloo binds to the address its hostname resolves to). The machine's
+  own /etc/hosts is left alone.
 - **Resources.** Each node has ``CPUs=2`` (what this 2-CPU machine has, so each slurmd's own view matches; two nodes
   together oversubscribe it twice, which is harmless for tests' tiny jobs), ``RealMemory`` 4000 MB with
   ``DefMemPerCPU`` = half of it (a job without ``--mem`` would otherwise be given the whole node's memory, and jobs
@@ -332,6 +337,14 @@ class SlurmCluster:
                     os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(1, 3))
         self.conf_path.write_text(self._slurm_conf())
         (self.conf_path.parent / "gres.conf").write_text(self._gres_conf())
+        (self.root / "etc" / "hosts").write_text(self._hosts())
+
+    def _hosts(self) -> str:
+        """The nodes' /etc/hosts: loopback, the machine (the controller's hostname) and every node."""
+        controller = socket.gethostname().split(".")[0]
+        lines = ["127.0.0.1 localhost", f"{CONTROLLER.address} {controller}"]
+        lines += [f"{host.address} {host.name}" for host in NODES]
+        return "\n".join(lines) + "\n"
 
     def _slurm_conf(self) -> str:
         r = self.root
@@ -438,13 +451,17 @@ PartitionName={PARTITION} Nodes={",".join(self.nodes)} Default=YES MaxTime=INFIN
         )
         _wait_for("munged's socket", self._munge_ready, 20)
         self._spawn("slurmctld", CONTROLLER, [_tool("slurmctld"), "-D", "-f", str(self.conf_path)])
+        hosts = self.root / "etc" / "hosts"
         for host in NODES:
-            script = f'hostname {host.name} && exec "$0" -D -f "$1" -N {host.name}'
+            script = f'hostname {host.name} && mount --bind "$2" /etc/hosts && exec "$0" -D -f "$1" -N {host.name}'
             self._spawn(
                 f"slurmd-{host.name}",
                 host,
-                [_tool("unshare"), "--uts", "--", "sh", "-c", script, _tool("slurmd"), str(self.conf_path)],
-            )
+                [
+                    _tool("unshare"), "--uts", "--mount", "--propagation", "slave", "--",
+                    "sh", "-c", script, _tool("slurmd"), str(self.conf_path), str(hosts),
+                ],
+            )  # fmt: skip
         _wait_for("every node to be idle in sinfo", self._all_idle, self.start_timeout, interval=0.25)
 
     def _munge_ready(self) -> bool | None:

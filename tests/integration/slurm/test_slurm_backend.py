@@ -263,3 +263,28 @@ def test_a_tuning_studys_trials_run_on_slurm(client: Client, slurm_cluster: Slur
     for trial in trials:
         assert trial.value is not None and trial.job_id is not None, trial
         assert [row["state"] for row in slurm_jobs(slurm_cluster, trial.job_id)] == ["COMPLETED"]
+
+
+def test_a_two_worker_ddp_job_spans_both_nodes_and_ends_with_equal_weights(
+    client: Client, slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """The torch-ddp example (gloo) as a gang of one worker per Slurm node: they rendezvous at worker 0's node
+    address, and DDP must leave both with the same parameters (each prints its digest; worker 0 uploads its own)."""
+    example = REPO / "examples" / "torch-ddp"
+    spec = yaml.safe_load((example / "kiln.yaml").read_text())
+    spec["env"]["STEPS"] = "60"
+    job = client.run(spec, code_dir=example)
+    done = client.wait(job.id, timeout=600)
+    lines = client.stream_logs(job.id, follow=False)
+    assert done.state == "SUCCEEDED", (done.message, [str(line) for line in lines][-30:])
+    [slurm] = slurm_jobs(slurm_cluster, job.id)
+    assert (slurm["state"], slurm["nodes"]) == ("COMPLETED", "node[1-2]"), slurm
+    digests = {
+        line.worker: line.text.split("digest=")[1].split()[0]
+        for line in lines
+        if line.source == "stdout" and "done digest=" in line.text
+    }
+    assert set(digests) == {"worker0", "worker1"}, digests  # each member's lines, tagged, from its own node
+    assert digests["worker0"] == digests["worker1"], digests  # gradients were all-reduced across the nodes
+    [rank0] = [p for p in client.download(job.id, tmp_path / "out") if p.name == "rank0.json"]
+    assert json.loads(rank0.read_text())["world_size"] == 2

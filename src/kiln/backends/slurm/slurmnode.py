@@ -40,6 +40,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -95,6 +96,31 @@ def _say(text: str) -> None:
     print(f"kiln: {text}", file=sys.stderr, flush=True)
 
 
+def reachable(hosts: list[str]) -> list[str]:
+    """Each node as the gang's members can reach it: its name where that resolves, else its ``NodeAddr`` as Slurm
+    knows it (``scontrol show node -o``: the address slurmctld reaches it at), else the name as it is."""
+    missing = []
+    for host in hosts:
+        try:
+            socket.getaddrinfo(host, None)
+        except OSError:
+            missing.append(host)
+    if not missing:
+        return hosts
+    addresses: dict[str, str] = {}
+    try:
+        done = subprocess.run(
+            ["scontrol", "show", "node", "-o", ",".join(missing)], capture_output=True, text=True, timeout=30
+        )
+        for line in done.stdout.splitlines():
+            fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
+            if fields.get("NodeName") and fields.get("NodeAddr"):
+                addresses[fields["NodeName"]] = fields["NodeAddr"]
+    except (OSError, subprocess.SubprocessError) as exc:
+        _say(f"cannot ask scontrol for the addresses of {', '.join(missing)}: {exc}")
+    return [addresses.get(host, host) for host in hosts]
+
+
 def _unpack(archive: str, conf: str, hosts: list[str]) -> None:
     """The archive's files into ``conf``, host placeholders resolved."""
 
@@ -136,7 +162,7 @@ def main(argv: list[str]) -> int:
     dirs = {name: os.path.join(member_dir, name) for name in ("conf", "work", "outputs", "checkpoints", "run")}
     for path in dirs.values():
         os.makedirs(path, mode=0o700, exist_ok=True)
-    _unpack(archive, dirs["conf"], hosts)
+    _unpack(archive, dirs["conf"], reachable(hosts) if len(members) > 1 else hosts)
     env.update(
         {
             "KILN_ROLE": role,
