@@ -10,12 +10,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import psutil
 
 from kiln.sdk.client import Client
 from kiln.sdk.config import read_config_file
+
+if TYPE_CHECKING:
+    from tests.slurm_cluster import SlurmCluster
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_RUNTIMES = REPO / ".cache" / "test-runtimes"
@@ -139,3 +143,30 @@ class KilnServer:
             point = line.split()[4]
             if point.startswith(str(self.home) + "/"):
                 subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+
+
+class SlurmServer(KilnServer):
+    """A Kiln server whose jobs run on the Slurm test cluster (tests/slurm_cluster.py): ``KILN_BACKEND=slurm``, the
+    cluster's ``SLURM_CONF``, listening on the cluster's bridge, where the nodes reach it; the nodes' Python is
+    this interpreter (the nodes see this machine's files)."""
+
+    def __init__(self, home: Path, cluster: SlurmCluster, **settings: str) -> None:
+        scratch, logs = home.parent / "slurm-scratch", home.parent / "slurm-logs"
+        scratch.mkdir(parents=True, exist_ok=True)
+        logs.mkdir(parents=True, exist_ok=True)
+        super().__init__(
+            home,
+            backend="slurm",
+            host=cluster.bridge_address,
+            slurm_python=sys.executable,
+            slurm_scratch_dir=str(scratch),
+            slurm_log_dir=str(logs),
+            **settings,
+        )
+        self.env["KILN_PUBLIC_ENDPOINT"] = self.url
+        self.env["SLURM_CONF"] = str(cluster.conf_path)
+        self.scratch = scratch
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.env['KILN_HOST']}:{self.port}"

@@ -143,7 +143,7 @@ class SlurmSettings(BaseSettings):
         gt=0,
         le=60,
         description="Seconds between the controller's squeue calls (one per pass for all of Kiln's jobs); 0.2 while "
-        "a job submitted in the last minute is not running yet.",
+        "a job submitted in the last minute has not ended.",
     )
     sbatch: str | None = Field(None, description="Path of sbatch; None: found on the server's PATH.")
     squeue: str | None = Field(None, description="Path of squeue; None: found on the server's PATH.")

@@ -21,6 +21,7 @@ import pytest
 from tests.components import require
 from tests.conftest import postgres_available
 from tests.kilnserver import REPO
+from tests.slurm_cluster import SlurmCluster
 
 BENCHMARKS = REPO / "benchmarks"
 # Imported by the benchmarks, never run on their own.
@@ -30,13 +31,16 @@ NEEDS = {"console.py": ("chromium",), "input_modes.py": ("fuse",), "failover.py"
 # Seconds a smoke run may take, where more than the default: a runtime to build on a machine that has none yet.
 SLOW = {"tuning.py": 1200, "serving.py": 1800, "metrics_ingest.py": 1500}
 DEFAULT_LIMIT = 300
+# Benchmarks that run on a machine-wide test fixture: smoked by a test of their own that takes the fixture (and is
+# grouped with the other tests that use it), given the running one (slurm_submit.py: the Slurm test cluster).
+ON_FIXTURE = {"slurm_submit.py"}
 
 TABLE_HEADER = re.compile(r"^metric\s+value\s+baseline\s+ratio\s+target\s+result$", re.MULTILINE)
 TOTAL = re.compile(r"^total \d+s$", re.MULTILINE)
 
 
 def scripts() -> list[str]:
-    return sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in HELPERS)
+    return sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in HELPERS | ON_FIXTURE)
 
 
 def _param(name: str) -> object:
@@ -56,10 +60,27 @@ def test_every_benchmark_is_a_script_or_a_declared_helper() -> None:
 def test_a_benchmark_runs_to_its_results_table(script: str, tmp_path: Path) -> None:
     if "postgresql" in NEEDS.get(script, ()):  # its mark alone checks nothing: PostgreSQL's check is a connection
         require("postgresql", postgres_available())
+    _smoke(script, tmp_path)
+
+
+@pytest.mark.timeout(DEFAULT_LIMIT + 60)
+def test_the_slurm_benchmark_runs_to_its_results_table(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    _smoke("slurm_submit.py", tmp_path, "--slurm-conf", str(slurm_cluster.conf_path))
+
+
+def _smoke(script: str, tmp_path: Path, *extra: str) -> None:
     started = time.monotonic()
     try:
         run = subprocess.run(
-            [sys.executable, "-u", str(BENCHMARKS / script), "--smoke", "--json", str(tmp_path / "figures.json")],
+            [
+                sys.executable,
+                "-u",
+                str(BENCHMARKS / script),
+                "--smoke",
+                "--json",
+                str(tmp_path / "figures.json"),
+                *extra,
+            ],
             cwd=REPO,
             capture_output=True,
             text=True,

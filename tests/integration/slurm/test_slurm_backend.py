@@ -8,7 +8,6 @@ the test runtimes a local server builds into .cache/test-runtimes, named in ``KI
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,38 +20,11 @@ import yaml
 from kiln.errors import InvalidInput
 from kiln.sdk.client import Client
 from tests.helpers import log_text
-from tests.kilnserver import REPO, TEST_RUNTIMES, KilnServer
+from tests.kilnserver import REPO, TEST_RUNTIMES, KilnServer, SlurmServer
 from tests.slurm_cluster import SlurmCluster
 
 RUNTIMES = {"sklearn": "sklearn-1.9", "pytorch": "pytorch-2.13"}
 WAIT = 180  # seconds for a job: they take a few here, much longer on a loaded two-CPU machine
-
-
-class SlurmServer(KilnServer):
-    """A Kiln server whose jobs run on the test cluster: it listens on the bridge, where the nodes reach it."""
-
-    def __init__(self, home: Path, cluster: SlurmCluster, **settings: str) -> None:
-        scratch, logs = home.parent / "slurm-scratch", home.parent / "slurm-logs"
-        scratch.mkdir(parents=True, exist_ok=True)
-        logs.mkdir(parents=True, exist_ok=True)
-        runtimes = {name: str(TEST_RUNTIMES / entry / "bin" / "python") for name, entry in RUNTIMES.items()}
-        super().__init__(
-            home,
-            backend="slurm",
-            host=cluster.bridge_address,
-            slurm_python=sys.executable,
-            slurm_scratch_dir=str(scratch),
-            slurm_log_dir=str(logs),
-            slurm_runtimes=json.dumps(runtimes),
-            **settings,
-        )
-        self.env["KILN_PUBLIC_ENDPOINT"] = self.url
-        self.env["SLURM_CONF"] = str(cluster.conf_path)
-        self.scratch = scratch
-
-    @property
-    def url(self) -> str:
-        return f"http://{SlurmCluster.bridge_address}:{self.port}"
 
 
 def _install_runtimes(tmp: Path) -> None:
@@ -80,7 +52,8 @@ def _install_runtimes(tmp: Path) -> None:
 def server(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmServer]:
     root = tmp_path_factory.mktemp("slurm-kiln")
     _install_runtimes(root)
-    server = SlurmServer(root / "home", slurm_cluster).start()
+    runtimes = {name: str(TEST_RUNTIMES / entry / "bin" / "python") for name, entry in RUNTIMES.items()}
+    server = SlurmServer(root / "home", slurm_cluster, slurm_runtimes=json.dumps(runtimes)).start()
     yield server
     server.stop()
     slurm_cluster.run("scancel", "--user=root", check=False)

@@ -154,9 +154,9 @@ fi
 sync_timeout="${KILN_SYNC_TIMEOUT:-0}"
 if [ "$sync_timeout" -gt 0 ] 2>/dev/null; then
     : > "$run_dir/ended-$member"
-    waited=0
-    while [ ! -f "$run_dir/synced-$member" ] && [ "$waited" -lt "$sync_timeout" ]; do
-        sleep 1
+    waited=0  # tenths of a second: the sync of a small job's outputs takes well under one
+    while [ ! -f "$run_dir/synced-$member" ] && [ "$waited" -lt "$((sync_timeout * 10))" ]; do
+        sleep 0.1
         waited=$((waited + 1))
     done
     if [ -f "$run_dir/synced-$member" ]; then

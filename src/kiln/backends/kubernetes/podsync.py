@@ -194,8 +194,8 @@ class Syncer:
                 next_sync = time.monotonic() + self.interval
             time.sleep(0.2)
         # A native sidecar that exits is started again: it stays until the pod goes (SIGTERM).
-        while not self.stopping:
-            time.sleep(1)
+        while not self.stopping:  # short naps: a SIGTERM's wait for it to exit is at most one of them
+            time.sleep(0.1)
         if self.member == UPLOADER and not os.path.exists(synced):
             self.sync_checkpoints()  # the pod is being deleted before the command ended: keep what we can
         return 0

@@ -10,7 +10,7 @@ run with the server's environment, so ``SLURM_CONF`` points them at any cluster.
 - Status: ONE ``squeue --states=all`` call per pass lists every Kiln job of the server's user (pending, running, and
   ended ones for Slurm's ``MinJobAge``), into a cache that ``poll`` reads (:mod:`kiln.backends.slurm.queue` maps
   the states). The pass is the backend's ``slurm-queue`` background work, run by the server's task runner every
-  ``KILN_SLURM_POLL_SECONDS``, sooner (0.2 s) while an attempt submitted in the last minute is not running yet, and at
+  ``KILN_SLURM_POLL_SECONDS``, sooner (0.2 s) while an attempt submitted in the last minute has not ended, and at
   once after a submit; a change of an attempt's state wakes the reconciler for its job. A failing ``squeue`` (the
   controller unreachable) is the task's error, which ``/readyz`` shows; jobs then wait.
 - ``cancel``: ``scancel`` by name (the whole step tree, SIGTERM then SIGKILL after the cluster's ``KillWait``).
@@ -52,7 +52,7 @@ from kiln.settings import SlurmSettings
 log = logging.getLogger(__name__)
 
 COMMAND_TIMEOUT = 30.0
-FAST_POLL = 0.2  # seconds between queue passes while a fresh submission is not running yet
+FAST_POLL = 0.2  # seconds between queue passes while a submission of the last FAST_WINDOW has not ended
 FAST_WINDOW = 60.0  # how long after its submission an attempt counts as fresh
 NODE_REFRESH = 30.0
 VALIDATED_FOR = 60.0  # seconds a set of directives sbatch --test-only accepted is not asked about again
@@ -198,7 +198,7 @@ class SlurmBackend(Backend, BackgroundWork, SpecValidator, Preemptible):
                     if attempt.slurm_id is None:
                         attempt.slurm_id = listed[0].slurm_id
                 fresh = attempt.submitted_at is not None and started - attempt.submitted_at < FAST_WINDOW
-                if fresh and attempt.final is None and state in (None, "PENDING", "CONFIGURING"):
+                if fresh and attempt.final is None:  # its start, or a short job's end, is seen within FAST_POLL
                     fast = True
             due = [a for a in self._attempts.values() if a.kill_at is not None and a.kill_at <= started]
             for attempt in due:
