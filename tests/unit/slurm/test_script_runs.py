@@ -10,6 +10,7 @@ machine has one, so nothing of Kiln but what the script carries is used."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -25,12 +26,19 @@ from kiln.settings import SlurmSettings
 from tests.kilnserver import KilnServer
 from tests.tenancy_helpers import Api, job_spec, tar_gz
 
+TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+# Streams a node may not post: Kiln's own K (a job must not forge Kiln's messages), a made-up member, a line break.
+BAD_STREAMS = (
+    *("K", "K@worker0", "O@evil", "O@chief0", "O@worker", "E@ps", "O@worker12345", "O@worker1@ps0"),
+    *("OE", "o", "", "E@ps0 ", "O\n", "O@worker1\n"),
+)
 HOLDER = "import os, sys, time; open(sys.argv[1], 'w').write(os.environ['KILN_JOB_TOKEN']); time.sleep(300)"
 
 TRAIN = b"""
 import os, sys, kiln
 print("training on", open("settings.txt").read().strip(), "as", os.environ["KILN_JOB_ID"], flush=True)
 print("cwd is the work dir:", os.getcwd() == os.environ["KILN_WORK_DIR"], flush=True)
+print("a warning on stderr", file=sys.stderr, flush=True)
 with open(os.path.join(os.environ["KILN_OUTPUT_DIR"], "model.txt"), "w") as fh:
     fh.write("weights=42\\n")
 with open(os.path.join(os.environ["KILN_CHECKPOINT_DIR"], "step-1.ckpt"), "w") as fh:
@@ -162,6 +170,24 @@ def _listing(api: Api, job_id: str, kind: str) -> dict[str, int]:
     return {item["path"]: item["size"] for item in api.ok("GET", f"/jobs/{job_id}/{kind}")["items"]}
 
 
+def _log(api: Api, job_id: str) -> list[tuple[str, str]]:
+    """The job's log as the server serves it: (stream, text) of each line ``<time> <stream> <text>``."""
+    response = api.get(f"/jobs/{job_id}/logs")
+    assert response.status_code == 200, response.text
+    lines = []
+    for line in response.text.splitlines():
+        when, _, rest = line.partition(" ")
+        stream, _, text = rest.partition(" ")
+        assert TIMESTAMP.fullmatch(when), f"not a log line: {line!r}"
+        lines.append((stream, text))
+    return lines
+
+
+def _members(log: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The lines the job's members sent (O and E, tagged or not): not Kiln's own (K)."""
+    return [(stream, text) for stream, text in log if stream[0] in "OE"]
+
+
 def test_the_script_fetches_the_code_runs_the_command_and_uploads_its_outputs(make_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     server, api, sha, job_id, token = _setup(make_server, {"train.py": TRAIN, "settings.txt": b"lr=0.1\n"})
     spec = JobSpec.model_validate(
@@ -179,6 +205,16 @@ def test_the_script_fetches_the_code_runs_the_command_and_uploads_its_outputs(ma
     assert "preparing in work" in result.stdout and "finished with 0" in result.stdout
     assert f"kiln-fetch: code {sha[:12]} unpacked" in result.stdout
     assert "kiln-sync: ok checkpoints=1 outputs=1" in result.stderr
+    # The command's output is in the job's log on the server (the node posted it: the server cannot read the
+    # node's files), stdout as O and stderr as E, untagged (one member), by the time the script has ended.
+    sent = _members(_log(api, job_id))
+    assert ("O", f"training on lr=0.1 as {job_id}") in sent
+    assert ("O", "cwd is the work dir: True") in sent
+    assert ("O", "preparing in work") in sent and ("O", "finished with 0") in sent
+    assert any(s == "O" and t.startswith(f"kiln-fetch: code {sha[:12]} unpacked") for s, t in sent)
+    assert ("E", "a warning on stderr") in sent
+    assert ("O", "a warning on stderr") not in sent
+    assert {stream for stream, _ in sent} == {"O", "E"}
     # What the job left is in the store, through the API, as the server lists it.
     assert _listing(api, job_id, "artifacts") == {"model.txt": len("weights=42\n")}
     assert api.get(f"/jobs/{job_id}/artifacts/model.txt").content == b"weights=42\n"
@@ -205,11 +241,18 @@ def test_a_wrong_token_fails_before_the_command_runs(make_server, tmp_path: Path
     server, api, sha, job_id, _token = _setup(make_server, {"train.py": TRAIN, "settings.txt": b"x\n"})
     spec = JobSpec.model_validate({"command": "python3 train.py"})
     job = SlurmJob(job_id, "org-unused", 1, spec, endpoint=server.url, token="not-a-token", code_sha256=sha)
+    began = time.monotonic()
     result = _run_script(tmp_path, render(job, _settings(tmp_path)), "localhost")
+    took = time.monotonic() - began
     assert result.returncode != 0
     assert "kiln-fetch:" in result.stderr and "the command did not run" in result.stderr
     assert "training on" not in result.stdout
     assert _listing(api, job_id, "artifacts") == {}
+    # The shipper's first post was refused: it said so, posted nothing more, and the member ended at once (not
+    # after LOG_CLOSE_SECONDS of trying to send what it had).
+    assert "the server takes no more log lines (401)" in result.stderr
+    assert took < 60, f"the script took {took:.0f} s"
+    assert _members(_log(api, job_id)) == []
 
 
 @pytest.mark.parametrize("procs", [1, 2])
@@ -232,3 +275,44 @@ def test_a_pytorch_gang_rendezvous_through_the_hosts_of_the_node_list(make_serve
     assert calls[0].startswith("--force ") and "--ntasks=2" in calls[1]
     assert api.get(f"/jobs/{job_id}/artifacts/rendezvous.txt").text == ",".join(map(str, range(1, world)))
     assert "ok skipped: only worker-0 uploads (this is worker-1)" in result.stderr
+    # Each member posted its own lines to the job's log, tagged with its name, as the local executor tags them.
+    # (A worker's local processes share its stdout and, unbuffered, print a line's text and its newline in two
+    # writes: two ranks of one worker may share a line. Both are still that worker's.)
+    sent = _members(_log(api, job_id))
+    for rank in range(world):
+        said = [(s, t) for s, t in sent if f"rank {rank} of {world} local {rank % procs} " in t]
+        assert {s for s, _ in said} == {f"O@worker{rank // procs}"}, f"rank {rank}: {said}"
+    assert {stream for stream, _ in sent} >= {"O@worker0", "O@worker1"}
+    assert {stream.partition("@")[2] for stream, _ in sent} == {"worker0", "worker1"}  # none untagged
+
+
+def test_posted_log_lines_name_a_valid_stream(make_server) -> None:  # type: ignore[no-untyped-def]
+    """What a node may post to the job's log with its token: O or E, with a gang member's tag; not Kiln's own K
+    (a job must not forge Kiln's messages) nor a made-up member."""
+    server, api, _sha, job_id, token = _setup(make_server, {"train.py": TRAIN})
+    node = Api(server.url, token=token)
+    try:
+        for stream in BAD_STREAMS:
+            answer = node.request(
+                "POST",
+                f"/jobs/{job_id}/logs",
+                params={"stream": stream},
+                content=b"forged\n",
+                content_type="text/plain",
+            )
+            assert answer.status_code == 422, f"stream={stream!r}: {answer.status_code} {answer.text}"
+        # The same token and body with valid streams are taken (so the 422s above were the stream's).
+        for stream in ("O", "E", "O@worker1", "E@ps0", "O@worker9999"):
+            answer = node.request(
+                "POST", f"/jobs/{job_id}/logs", params={"stream": stream}, content=f"from {stream}\n".encode()
+            )
+            assert answer.status_code == 200 and answer.json() == {"lines": 1}, answer.text
+        answer = node.request("POST", f"/jobs/{job_id}/logs", content=b"no stream given\n")
+        assert answer.status_code == 200, answer.text
+    finally:
+        node.close()
+    sent = _members(_log(api, job_id))
+    assert sent == [(s, f"from {s}") for s in ("O", "E", "O@worker1", "E@ps0", "O@worker9999")] + [
+        ("O", "no stream given")
+    ]
+    assert all(text != "forged" for _, text in _log(api, job_id))
