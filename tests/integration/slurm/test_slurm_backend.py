@@ -24,6 +24,9 @@ from tests.kilnserver import REPO, TEST_RUNTIMES, KilnServer, SlurmServer
 from tests.slurm_cluster import SlurmCluster
 
 RUNTIMES = {"sklearn": "sklearn-1.9", "pytorch": "pytorch-2.13"}
+# The module's server first installs the test runtimes where none are built yet (up to 900 s, in the setup of the
+# module's first test).
+pytestmark = pytest.mark.timeout(1200)
 WAIT = 180  # seconds for a job: they take a few here, much longer on a loaded two-CPU machine
 
 
@@ -238,6 +241,7 @@ def test_a_tuning_studys_trials_run_on_slurm(client: Client, slurm_cluster: Slur
         assert [row["state"] for row in slurm_jobs(slurm_cluster, trial.job_id)] == ["COMPLETED"]
 
 
+@pytest.mark.timeout(900)  # the job waits up to 600 s
 def test_a_two_worker_ddp_job_spans_both_nodes_and_ends_with_equal_weights(
     client: Client, slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
