@@ -259,6 +259,7 @@ async def append_logs(
         str,
         Query(
             pattern=r"^[OE](@(worker|ps)[0-9]{1,4})?$",
+            max_length=12,
             description="O (stdout) or E (stderr), with the member of a gang: O@worker1, E@ps0",
         ),
     ] = "O",
