@@ -49,6 +49,9 @@ class KilnServer:
                 "KILN_KILL_GRACE_SECONDS": "3",
                 "KILN_RECONCILE_INTERVAL": "0.2",
                 "KILN_ALLOWED_PYTHON_ROOTS": json.dumps(TEST_PYTHON_ROOTS),
+                # A server that never gets ready is sent SIGABRT (below): Python then writes every thread's stack
+                # to the log, which says where it hung.
+                "PYTHONFAULTHANDLER": "1",
             }
         )
         if database_url:
@@ -80,11 +83,21 @@ class KilnServer:
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)
+        self._abort()
         raise RuntimeError(f"kiln server not ready after {timeout}s:\n{self.log()}")
+
+    def _abort(self) -> None:
+        """SIGABRT a server that hangs: its fault handler writes the stack of every thread to the log."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGABRT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
 
     def log(self) -> str:
         try:
-            return self.log_path.read_text(errors="replace")[-5000:]
+            return self.log_path.read_text(errors="replace")[-12000:]
         except OSError:
             return ""
 
