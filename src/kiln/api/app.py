@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,6 +16,7 @@ from kiln.api import docs, session
 from kiln.api.auth import SignatureMiddleware
 from kiln.api.console import ConsoleFallback, console_dir
 from kiln.api.errors import RouteMethods, install_error_handlers
+from kiln.api.notebook_proxy import NotebookProxy
 from kiln.api.nul import NulGuard
 from kiln.api.prometheus import RequestMetricsMiddleware
 from kiln.api.prometheus import router as prometheus_router
@@ -27,6 +27,7 @@ from kiln.api.routers import (
     metrics,
     models,
     nodes,
+    notebooks,
     runtimes,
     scheduling,
     services,
@@ -69,10 +70,6 @@ def create_app(settings: Settings | None = None, platform: Platform | None = Non
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         running = platform or start_platform(settings)
         app.state.platform = running
-        # Everything loaded so far lives as long as the server: take it out of the collector's sight, so that
-        # the garbage collections that requests trigger scan only what requests allocate.
-        gc.collect()
-        gc.freeze()
         # Request work in threads is short (a query, a nonce insert): a few threads do it with less contention
         # and far better tail latency than many. Nothing waits in a thread (log following is async).
         to_thread.current_default_thread_limiter().total_tokens = settings.worker_threads
@@ -99,12 +96,28 @@ def create_app(settings: Settings | None = None, platform: Platform | None = Non
     app.add_middleware(SignatureMiddleware)
     app.add_middleware(RequestMetricsMiddleware)  # outermost: times refused requests too
     mounted: list[tuple[str, APIRouter]] = [("", system.health), ("", prometheus_router), ("", docs.router)]
-    modules = (system, session, blobs, datasets, models, jobs, studies, services, scheduling, nodes, runtimes, metrics)
+    modules = (
+        system,
+        session,
+        blobs,
+        datasets,
+        models,
+        jobs,
+        studies,
+        services,
+        notebooks,
+        scheduling,
+        nodes,
+        runtimes,
+        metrics,
+    )
     api_routers = [module.router for module in modules] + [studies.job_router] + list(tenancy.routers)
     mounted += [(API_PREFIX, router) for router in api_routers]
     for prefix, router in mounted:
         app.include_router(router, prefix=prefix)
     app.state.route_methods = _route_methods(app, mounted)
+    # JupyterLab of each notebook, HTTP and WebSocket, behind Kiln's authentication (kiln.api.notebook_proxy).
+    app.mount("/notebooks", NotebookProxy(), name="notebook-proxy")
     # The web console answers what no route does (kiln.api.console): a route added later still wins.
     app.router.default = ConsoleFallback(console_dir(settings), app.router.not_found)
     return app

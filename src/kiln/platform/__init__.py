@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import gc
 import logging
 import os
 from pathlib import Path
@@ -33,6 +34,7 @@ from kiln.tasks.log_metrics import LogMetrics
 from kiln.tasks.log_shipping import LogShipping
 from kiln.tasks.metrics_ingest import MetricsIngester
 from kiln.tasks.nonce_flush import nonce_flush
+from kiln.tasks.notebooks import NotebookControl
 from kiln.tasks.presence import ServerPresence
 from kiln.tasks.purges import purges
 from kiln.tasks.runner import Task, TaskRunner
@@ -50,6 +52,7 @@ from kiln.usecases.jobs import JobService
 from kiln.usecases.metrics import MetricsService
 from kiln.usecases.model_registry import ModelRegistry
 from kiln.usecases.nodes import NodeService
+from kiln.usecases.notebooks import NotebookService
 from kiln.usecases.outputs import OutputService
 from kiln.usecases.quotas import QuotaService
 from kiln.usecases.recovery import announce_offline_actions
@@ -183,6 +186,11 @@ class Platform:
             settings.endpoint,
             self.idempotency,
         )
+        # Notebooks: JupyterLab as jobs of category dev, reached through the proxy (kiln.api.notebook_proxy).
+        self.notebooks = NotebookService(
+            self.db, self.jobs, self.store, settings.endpoint, self._wake_notebooks, self.quotas, self.idempotency
+        )
+        self.notebook_control = NotebookControl(self.db, self.notebooks, self.backend, self.logs)
         self.checkpoints = CheckpointSync(
             self.db, self.backend, settings.checkpoint_sync_seconds, owner=settings.resolved_instance_id
         )
@@ -205,11 +213,15 @@ class Platform:
             self.study_driver.task(),
             self.serving_control.task(),
             self.routes.task(),
+            self.notebook_control.task(),
             nonce_flush(nonces) if nonces is not None else None,
             *purges(self.identity, self.audit, self.idempotency),
             *backend_tasks(self.backend),
         ]
         return [task for task in tasks if task is not None]
+
+    def _wake_notebooks(self) -> None:
+        self.tasks.wake("notebooks")
 
     def _cold_start(self, service_id: str) -> None:
         """A predict found no replica it can reach: the service wants one (recorded for whichever server runs the
@@ -269,6 +281,13 @@ class Platform:
         announce_offline_actions(self.db)  # what `kiln admin` did while no server ran, logged once
         creds = self.identity.bootstrap() if self.settings.bootstrap else None
         self.servers.beat()  # counted before the first request: its limits are shared from the start
+        # Everything loaded so far lives as long as the server: out of the collector's sight, so that the
+        # collections requests trigger scan only what they allocate. Done here, before the task threads start:
+        # a collection runs the finalizers of whatever garbage any thread left, in the collecting thread, and one
+        # in the application's startup (with the tasks running) is the one place a server was seen to hang on
+        # its way up (CI, stop 40: "Waiting for application startup." for 120 s, not reproduced since).
+        gc.collect()
+        gc.freeze()
         self.tasks.start()
         return creds
 
