@@ -153,6 +153,13 @@ class NoReplica(KilnError):
     status = 503
 
 
+class NotebookUnavailable(KilnError):
+    """A notebook's JupyterLab did not answer Kiln's proxy (it is stopping, or it died)."""
+
+    code = "notebook_unavailable"
+    status = 502
+
+
 class PredictFailed(KilnError):
     """A replica took the prediction and failed it, or could not be reached."""
 

@@ -22,16 +22,24 @@ from typing import Any
 import pytest
 
 from kiln.injob import notebook
+from tests.kilnserver import TEST_RUNTIMES, KilnServer
 from tests.unit.test_injob_notebook import BASE_URL, JOB_TOKEN, NOTEBOOK_ID, SRC, FakeHomeApi, make_tar
 
 
-@pytest.fixture
-def lab_python() -> str:
-    """TEMPORARY, until conftest provides ``lab_python``: the interpreter of an environment with jupyterlab,
-    from $LAB_PYTHON (e.g. /tmp/labvenv/bin/python)."""
-    python = os.environ.get("LAB_PYTHON", "")
-    assert python, "set LAB_PYTHON to the python of a virtualenv with jupyterlab (pip install 'jupyterlab>=4')"
-    return python
+@pytest.fixture(scope="module")
+def lab_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The python runtime's ``+lab`` variant (what a notebook on the python runtime runs in), from the test
+    runtimes, built through a Kiln server (``kiln runtimes install``) where it is not yet."""
+    python = TEST_RUNTIMES / "python-3+lab" / "bin" / "python"
+    if not (TEST_RUNTIMES / "python-3+lab" / ".kiln-ready").exists():
+        server = KilnServer(tmp_path_factory.mktemp("lab-runtime") / "home").start()
+        try:
+            with server.client() as client:
+                client.install_runtime("python", "3+lab")
+                client.wait_runtime("python-3+lab", timeout=600)
+        finally:
+            server.stop()
+    return str(python)
 
 
 @pytest.fixture
@@ -87,7 +95,7 @@ def tcp_listeners(pid: int) -> list[str]:
     return listening
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(900)  # the python runtime's +lab variant may be built first (about 40 s; more on a loaded machine)
 def test_jupyterlab_serves_the_restored_home_on_its_socket_and_the_home_is_saved_on_stop(
     lab_python: str, api: FakeHomeApi, tmp_path: Path
 ) -> None:

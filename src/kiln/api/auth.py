@@ -38,7 +38,7 @@ log = logging.getLogger("kiln.auth")
 API_PREFIX = "/api/v1/"
 PUBLIC_PATHS = {"/api/v1/openapi.json", "/api/v1/docs", "/api/v1/docs/oauth2-redirect"}
 # Routes whose body is streamed and hashed by the route itself (content-addressed or job-token uploads).
-STREAMED_UPLOAD = re.compile(r"/api/v1/blobs/[^/]+|/api/v1/jobs/[^/]+/artifacts/.+")
+STREAMED_UPLOAD = re.compile(r"/api/v1/blobs/[^/]+|/api/v1/jobs/[^/]+/artifacts/.+|/api/v1/notebooks/[^/]+/home")
 # The one route a service token (``Bearer kst.…``) reaches; any other answers 403 before a route runs.
 SERVICE_TOKEN_ROUTE = ("POST", re.compile(r"/api/v1/services/[^/]+/predict"))
 # POSTs that change nothing (a predict: a body in, an answer out) are audited only when refused, not once per answer.

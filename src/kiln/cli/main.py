@@ -64,6 +64,7 @@ COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     "jobs": _group("jobs"),
     "studies": _group("studies"),
     "services": _group("services"),
+    "notebooks": _group("notebooks"),
     "runtimes": _group("runtimes"),
     "data": _group("data"),
     "models": _group("models"),

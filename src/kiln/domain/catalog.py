@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kiln.domain.notebooks import LAB_PACKAGES, LAB_SUFFIX
 from kiln.domain.spec import RuntimeSpec
 from kiln.errors import InvalidInput
 
@@ -34,7 +35,17 @@ class Catalog:
 
     def resolve(self, framework: str, version: str | None = None) -> CatalogEntry:
         """The entry for a framework and version (default version when None); InvalidInput names what
-        exists when nothing matches."""
+        exists when nothing matches. ``VERSION+lab`` is that entry with JupyterLab added (a notebook's runtime:
+        kiln.domain.notebooks), a managed environment of its own."""
+        if version is not None and version.endswith(LAB_SUFFIX):
+            base = self.resolve(framework, version.removesuffix(LAB_SUFFIX))
+            return CatalogEntry(
+                base.framework,
+                base.version + LAB_SUFFIX,
+                base.packages + LAB_PACKAGES,
+                base.image,
+                description=f"{(base.description or base.name).rstrip('.')}, with JupyterLab",
+            )
         candidates = [e for e in self.entries if e.framework == framework]
         if not candidates:
             raise InvalidInput(

@@ -53,3 +53,16 @@ def parse_duration(value: str | int | float, field: str | None = None) -> float:
     if math.isinf(seconds):
         raise DurationError(f"{where}{value!r} is out of range for a duration")
     return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """``90`` → ``1m30s``, ``7200`` → ``2h``, ``0.5`` → ``0.5s``: as parse_duration reads it back."""
+    if seconds < 60 and seconds != int(seconds):
+        return f"{seconds:g}s"
+    rest = round(seconds)
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if rest >= size:
+            parts.append(f"{rest // size}{unit}")
+            rest %= size
+    return "".join(parts) or "0s"

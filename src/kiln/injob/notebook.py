@@ -53,6 +53,7 @@ from urllib.parse import quote, urlsplit
 
 STATE_FILE = ".kiln-notebook.json"
 SOCKET_FILE = ".kiln-notebook.sock"
+INPUTS_LINK = "data"  # in the home: the job's inputs (a link to the work dir's data/)
 RUNTIME_DIR = ".kiln-jupyter-runtime"  # in the work dir: its files (one holds the token) are not the home's
 UPLOAD_FILE = ".kiln-home-upload.tar.gz"
 EXIT_CONFIG = 2
@@ -364,7 +365,31 @@ def _excluded(config_home: Path, work_dir: Path | None) -> tuple[str, ...]:
     excluded: tuple[str, ...] = NOT_SAVED
     if work_dir is not None and work_dir != config_home and work_dir.is_relative_to(config_home):
         excluded += (work_dir.relative_to(config_home).as_posix(),)  # the state file holds the token
+    if work_dir is not None and _is_inputs_link(config_home / INPUTS_LINK, work_dir):
+        excluded += (INPUTS_LINK,)  # the job's inputs, linked in: not the home's to keep
     return excluded
+
+
+def _is_inputs_link(link: Path, work_dir: Path) -> bool:
+    try:
+        return link.is_symlink() and os.readlink(link) == str(work_dir / INPUTS_LINK)
+    except OSError:
+        return False
+
+
+def link_inputs(home: Path, work_dir: Path) -> None:
+    """The job's inputs (staged under the work dir's ``data/``) as ``data`` in the home, where JupyterLab's file
+    browser and a notebook's relative paths find them (``data/NAME``), unless the home has a ``data`` of its own."""
+    staged, link = work_dir / INPUTS_LINK, home / INPUTS_LINK
+    if not staged.is_dir():
+        return
+    if link.is_symlink():
+        link.unlink()  # a link saved by an earlier start (or made by the user): this start's inputs replace it
+    if link.exists():
+        say(f"inputs: {link} is the home's own, so the inputs are at {staged} (and $KILN_INPUT_<NAME>)")
+        return
+    link.symlink_to(staged, target_is_directory=True)
+    say(f"inputs: at {link} (and $KILN_INPUT_<NAME>)")
 
 
 def home_signature(home: Path, work_dir: Path | None = None) -> str:
@@ -613,6 +638,7 @@ def main() -> int:
         say(f"notebook home restored: {written} entries")
         if skipped:
             say(f"notebook home: skipped {len(skipped)} entries of the stored home: {_said(skipped)}", error=True)
+    link_inputs(config.home, config.work_dir)
     sync = HomeSync(config, home_signature(config.home, config.work_dir) if restored is not None else None)
     token = secrets.token_urlsafe(32)
     (config.work_dir / STATE_FILE).unlink(missing_ok=True)

@@ -57,6 +57,7 @@ from kiln.sdk.download_marks import mark_download
 from kiln.sdk.job_actions import JobActionsMixin
 from kiln.sdk.logs import LogLine, LogParser
 from kiln.sdk.models import ModelsMixin
+from kiln.sdk.notebooks import NotebooksMixin
 from kiln.sdk.packaging import DEFAULT_MAX_CODE_BYTES, build_bundle
 from kiln.sdk.retries import RETRY_ERRORS, RETRY_STATUSES, SAFE_METHODS, RetryPolicy, retry_after
 from kiln.sdk.runtimes import RuntimesMixin
@@ -80,7 +81,16 @@ def _check_segments(path: str) -> None:
             raise BadRequest(f"{what} (in the request path {path})")
 
 
-class Client(JobActionsMixin, TenancyMixin, DatasetsMixin, ModelsMixin, RuntimesMixin, StudiesMixin, ServicesMixin):
+class Client(
+    JobActionsMixin,
+    TenancyMixin,
+    DatasetsMixin,
+    ModelsMixin,
+    RuntimesMixin,
+    StudiesMixin,
+    ServicesMixin,
+    NotebooksMixin,
+):
     """A connection to one Kiln server: signed with an access key, or carrying a running job's token."""
 
     def __init__(
@@ -239,6 +249,21 @@ class Client(JobActionsMixin, TenancyMixin, DatasetsMixin, ModelsMixin, Runtimes
                     response = again
                     response.read()
         return response
+
+    def signed_headers(self, method: str, url_path: str, query: str = "", body: bytes = b"") -> dict[str, str]:
+        """The headers that sign a request to ``url_path`` outside /api/v1 (a notebook's JupyterLab through Kiln's
+        proxy, or the WebSocket handshake of its kernel channels, signed as a GET with an empty body); ``query``
+        as sent, RFC 3986 encoded."""
+        if self._job_token:
+            return {"Authorization": f"Bearer {self._job_token}"}
+        return signing.sign_headers(
+            access_key=self.access_key,
+            secret_key=self._secret_key,
+            method=method,
+            path=httpx.URL(self.endpoint + url_path).raw_path.decode(),
+            query=query,
+            content_sha256=signing.body_sha256(body),
+        )
 
     def _raise_for(self, response: httpx.Response) -> None:
         """The server's error as the same ``kiln.errors`` class, its message kept; a refused authentication

@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from kiln.db.session import Database
-from kiln.db.tables import Blob, DataBlob, DataUpload, Job, Organization, Quota, utcnow
+from kiln.db.tables import Blob, DataBlob, DataUpload, Job, Notebook, Organization, Quota, utcnow
 from kiln.domain.quantities import MILLI, format_bytes, millicores
 from kiln.domain.quota import CATEGORIES, FIELDS, TOTAL, Limits, OrgUsage, blocked_by, never_fits
 from kiln.domain.schemas import QuotaCategory, QuotaFields, QuotaReport, QuotaSet
@@ -82,10 +82,11 @@ def storage_used(s: Session, org_id: str, logs: LogStore | None = None) -> int:
     logged = s.scalar(select(func.coalesce(func.sum(Job.log_bytes), 0)).where(Job.org_id == org_id)) or 0
     data = s.scalar(select(func.coalesce(func.sum(DataBlob.size), 0)).where(DataBlob.org_id == org_id)) or 0
     uploads = s.scalar(select(func.coalesce(func.sum(DataUpload.size), 0)).where(DataUpload.org_id == org_id)) or 0
+    homes = s.scalar(select(func.coalesce(func.sum(Notebook.home_size), 0)).where(Notebook.org_id == org_id)) or 0
     if logs is not None:
         running = select(Job.id, Job.log_bytes).where(Job.org_id == org_id, Job.state.in_(ACTIVE))
         logged += sum(max(0, logs.size(job_id) - (recorded or 0)) for job_id, recorded in s.execute(running))
-    return int(blobs) + int(outputs) + int(logged) + int(data) + int(uploads)
+    return int(blobs) + int(outputs) + int(logged) + int(data) + int(uploads) + int(homes)
 
 
 class Admission:

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 from kiln.backends.capabilities import RuntimeBuilder
 from kiln.domain.catalog import CatalogEntry
+from kiln.domain.notebooks import LAB_SUFFIX
 from kiln.domain.runtime_builds import BuildInfo, RuntimeBuildRead, RuntimeDetail
 from kiln.domain.schemas import RuntimeRead
 from kiln.errors import InvalidInput, NotFound
@@ -73,7 +74,11 @@ class RuntimeService:
         )
 
     def _entry(self, name: str) -> CatalogEntry:
-        """The entry named ``name`` (``pytorch-2.13``), or a framework's default (``pytorch``)."""
+        """The entry named ``name`` (``pytorch-2.13``), or a framework's default (``pytorch``); with ``+lab``
+        (``pytorch-2.13+lab``), that entry with JupyterLab: a notebook's runtime."""
+        if name.endswith(LAB_SUFFIX):
+            base = self._entry(name.removesuffix(LAB_SUFFIX))
+            return self.builder.runtime_catalog.resolve(base.framework, base.version + LAB_SUFFIX)
         for entry in self.builder.runtime_catalog.entries:
             if entry.name == name:
                 return entry

@@ -252,6 +252,18 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ("GET", "/api/v1/services/{service}/logs"): [Case("scoped")],  # no replica ran: A's reader gets 404 too
     ("POST", "/api/v1/services/{service}/predict"): [Case("scoped", body={"inputs": [[0.0]]})],
     ("DELETE", "/api/v1/services/{service}"): [Case("scoped", owner="admin", last=True)],
+    # Notebooks: A's is stopped (its job never ran). B's own create asks for more than any machine has (422):
+    # creating a notebook of B's own would start a JupyterLab; B's reach into A's is what is tested.
+    ("POST", "/api/v1/notebooks"): [
+        Case("self", body={"name": "intruder-nb", "resources": {"cpus": 1000}}, cross=frozenset({403, 422}))
+    ],
+    ("GET", "/api/v1/notebooks"): [Case("self", cross=OWN_OK)],
+    ("GET", "/api/v1/notebooks/{notebook}"): [Case("scoped", reader="member")],
+    ("GET", "/api/v1/notebooks/{notebook}/home"): [Case("scoped", reader="member")],
+    ("PUT", "/api/v1/notebooks/{notebook}/home"): [Case("scoped", body=ARTIFACT)],
+    ("POST", "/api/v1/notebooks/{notebook}/start"): [Case("scoped")],
+    ("POST", "/api/v1/notebooks/{notebook}/stop"): [Case("scoped", owner="member")],
+    ("DELETE", "/api/v1/notebooks/{notebook}"): [Case("scoped", owner="member", last=True)],
     ("GET", "/api/v1/models"): [Case("self", cross=OWN_OK)],
     ("GET", "/api/v1/models/{model}"): [Case("scoped", reader="member")],
     ("GET", "/api/v1/models/{model}/versions"): [Case("scoped", reader="member")],
@@ -617,6 +629,10 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
         svc = member.ok(
             "POST", "/services", json_body={"spec": {**SERVICE_SPEC, "name": service, "model": f"{served}@1"}}
         )
+        # A notebook, stopped at once (its job is cancelled before it starts a JupyterLab).
+        notebook = f"alpha-nb-{tag}"
+        nb = member.ok("POST", "/notebooks", json_body={"name": notebook, "runtime": {"framework": "python"}})
+        member.ok("POST", f"/notebooks/{notebook}/stop")
         # A study: its one trial waits on the quota behind the running job, so the study stays RUNNING.
         study = member.ok("POST", "/studies", json_body={"spec": {**STUDY_SPEC, "name": f"alpha-study-{tag}"}})
         deadline = time.monotonic() + 30
@@ -646,10 +662,11 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
             "alias": [Choice("alias", alias, "no-such-alias")],
             "served": [Choice("served-model", served, "no-such-model")],
             "service": [Choice("service", service, "no-such-service")],
+            "notebook": [Choice("notebook", notebook, "no-such-notebook")],
         }
         sensitive = {a.id, a.name, sha, log_marker, artifact_marker, artifact}
         sensitive |= {dataset, data_sha, draft["id"], upload["id"], study["id"], study["name"], model, alias}
-        sensitive |= {served, service, svc["id"]}
+        sensitive |= {served, service, svc["id"], notebook, nb["id"]}
         sensitive |= {job["id"] for job in (finished, running, queued)}
         for account in a.accounts.values():
             sensitive |= {account.user_id, account.user_name, account.key_id, account.secret}

@@ -6,6 +6,7 @@ from kiln.db.tables.base import Base, UTCDateTime, utcnow
 from kiln.db.tables.datasets import DataBlob, Dataset, DatasetFile, DatasetVersion, DataUpload, DataUploadPart
 from kiln.db.tables.jobs import Blob, Job, JobEvent, Quota, Server, TaskLease
 from kiln.db.tables.metrics import MetricChunk, MetricCursor, MetricPoint, MetricSeries
+from kiln.db.tables.notebooks import Notebook
 from kiln.db.tables.registry import Model, ModelAlias, ModelFile, ModelVersion
 from kiln.db.tables.serving import Service, ServiceKey, ServiceReplica, ServiceTraffic
 from kiln.db.tables.studies import TuningEvent, TuningStudy, TuningTrial
@@ -33,6 +34,7 @@ __all__ = [
     "ModelFile",
     "ModelVersion",
     "Nonce",
+    "Notebook",
     "OfflineAction",
     "Organization",
     "Quota",

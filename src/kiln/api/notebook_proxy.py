@@ -1,0 +1,398 @@
+"""The notebook proxy: ``/notebooks/{id}/…`` (HTTP and WebSocket) forwarded to the notebook's JupyterLab.
+
+JupyterLab listens on a Unix socket in its job's work dir (kiln.injob.notebook), inside the job's network
+namespace: nothing else reaches it, and no port is open anywhere. Every request here is authenticated first —
+a signed request (as any API request) or the console's session cookie — and must be from the notebook's own user
+(another user of the organisation: 403; of another organisation: 404, as for anything of theirs). A request
+authenticated by the cookie that changes something, and every WebSocket opened with it, must come from a page of
+this server: its ``Origin`` (or ``Referer``) names this host (the cookie is ``SameSite=Strict`` too), so no other
+site can make a signed-in browser act in a notebook.
+
+Forwarded, a request carries JupyterLab's token (Kiln's, never the caller's credentials: the ``Authorization``
+header and Kiln's session cookie are removed). What passes counts as activity for the idle check: any request
+that changes something, and every message a client sends on a WebSocket (a cell run, a keystroke in a terminal),
+never the polling an open tab does (GETs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse
+from starlette.types import Message, Receive, Scope, Send
+from websockets.asyncio.client import ClientConnection, unix_connect
+from websockets.exceptions import ConnectionClosed
+
+from kiln.api import session
+from kiln.api.errors import error_response
+from kiln.auth import signing
+from kiln.backends.capabilities import WorkDirs
+from kiln.errors import Conflict, CsrfRefused, KilnError, NotebookUnavailable, PayloadTooLarge, Unauthenticated
+from kiln.usecases.identity import AuthFailure, Principal
+
+log = logging.getLogger("kiln.notebooks")
+
+PREFIX = "/notebooks/"
+STATE_FILE = ".kiln-notebook.json"
+MAX_BODY = 256 * 1024 * 1024  # a request's body (a notebook saved through the contents API)
+TARGET_TTL = 2.0  # seconds a (caller, notebook) → socket lookup is used
+SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+}
+WS_DROPPED = HOP_BY_HOP | {
+    "host",
+    "sec-websocket-key",
+    "sec-websocket-version",
+    "sec-websocket-extensions",
+    "sec-websocket-protocol",
+    "authorization",
+    "cookie",
+}
+CROSS_SITE = (
+    "this request changes something in a notebook and is authenticated by the console's session cookie: it must "
+    "come from a page of this server (its Origin header names another site, or it has none)"
+)
+
+
+@dataclass
+class Target:
+    notebook_id: str
+    socket: str  # the socket's absolute path, in the job's work dir
+    token: str
+    at: float
+
+
+class NotebookProxy:
+    """The ASGI application mounted at ``/notebooks``."""
+
+    def __init__(self) -> None:
+        self._targets: dict[tuple[str, str], Target] = {}
+        self._clients: dict[str, tuple[int, httpx.AsyncClient]] = {}  # socket path → (O_PATH fd, client)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            return
+        path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")  # the whole path, as sent
+        notebook_id = path[len(PREFIX) :].split("/", 1)[0] if path.startswith(PREFIX) else ""
+        websocket = scope["type"] == "websocket"
+        try:
+            if not notebook_id or len(notebook_id) > 40:
+                raise Conflict("name a notebook: /notebooks/{id}/lab")
+            body = b"" if websocket else await _read_body(receive)
+            principal, cookie = await self._authenticate(scope, body)
+            if cookie and (websocket or scope["method"] not in SAFE_METHODS) and not _same_origin(scope):
+                raise CsrfRefused(CROSS_SITE)
+            target = await self._target(scope, principal, notebook_id)
+        except (KilnError, AuthFailure) as exc:
+            await self._refuse(scope, receive, send, exc)
+            return
+        platform = scope["app"].state.platform
+        if websocket:
+            await self._websocket(scope, receive, send, target, platform)
+        else:
+            if scope["method"] not in SAFE_METHODS:
+                platform.notebooks.touch(target.notebook_id)
+            if await self._http(scope, send, body, target):
+                return
+            # Not reached: the lookup may be stale (stopped since), or the kept-alive client's socket gone. Look
+            # again (a stopped notebook is then a 409 saying so) and try once more.
+            self._forget(target)
+            try:
+                target = await self._target(scope, principal, notebook_id)
+            except KilnError as exc:
+                await self._refuse(scope, receive, send, exc)
+                return
+            if not await self._http(scope, send, body, target):
+                self._forget(target)
+                message = f"notebook {notebook_id} did not answer; it may be stopping or starting again"
+                await error_response(NotebookUnavailable(message))(scope, _no_body, send)
+
+    # ---- who asks, and where it goes
+
+    async def _authenticate(self, scope: Scope, body: bytes) -> tuple[Principal, bool]:
+        app = scope["app"]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if headers.get("authorization", "").startswith(signing.ALGORITHM):
+            principal = await run_in_threadpool(
+                app.state.platform.identity.authenticate,
+                method="GET" if scope["type"] == "websocket" else scope["method"],
+                path=(scope.get("raw_path") or scope["path"].encode()).decode("latin-1"),
+                query=scope.get("query_string", b"").decode("latin-1"),
+                headers=headers,
+                body_sha256=signing.body_sha256(body),
+            )
+            return principal, False
+        token = session.session_cookie(headers)
+        if token is None:
+            raise Unauthenticated("a notebook opens for a signed-in user: sign in to the console (or sign the request)")
+        principal, _ = await session.authenticate(app, token)
+        return principal, True
+
+    async def _target(self, scope: Scope, principal: Principal, notebook_id: str) -> Target:
+        key = (principal.key_id, notebook_id)
+        known = self._targets.get(key)
+        if known is not None and time.monotonic() - known.at < TARGET_TTL:
+            return known
+        platform = scope["app"].state.platform
+        _, job = await run_in_threadpool(platform.notebooks.target, principal, notebook_id)
+        backend = platform.backend
+        if not isinstance(backend, WorkDirs):
+            raise Conflict(f"notebooks are reached through Kiln on the local executor; this server runs {backend.name}")
+        work = backend.work_dir(job.id, job.handle)
+        state = await run_in_threadpool(_state_file, work)
+        if state is None:
+            raise Conflict(f"notebook {notebook_id} is starting: JupyterLab is not answering yet")
+        target = Target(notebook_id, os.path.abspath(work / state[0]), state[1], time.monotonic())
+        if len(self._targets) > 10_000:
+            self._targets.clear()
+        self._targets[key] = target
+        return target
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, exc: KilnError | AuthFailure) -> None:
+        if isinstance(exc, AuthFailure):
+            status, body = 401, exc.to_body()
+        else:
+            status, body = exc.status, exc.to_body()
+        log.info("%s %s %s: %s", status, scope.get("method", "WS"), scope["path"], body.get("message", ""))
+        if scope["type"] == "websocket":
+            await receive()  # websocket.connect
+            await send({"type": "websocket.close", "code": 4000 + status, "reason": str(body.get("code", ""))})
+            return
+        if isinstance(exc, KilnError):
+            await error_response(exc)(scope, receive, send)
+        else:
+            await JSONResponse(body, status_code=status)(scope, receive, send)
+
+    # ---- HTTP
+
+    def _client(self, socket_path: str) -> httpx.AsyncClient:
+        known = self._clients.get(socket_path)
+        if known is not None:
+            return known[1]
+        fd = _open_socket(socket_path)
+        transport = httpx.AsyncHTTPTransport(uds=f"/proc/self/fd/{fd}")
+        client = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(300.0, connect=5.0), trust_env=False)
+        self._clients[socket_path] = (fd, client)
+        return client
+
+    def _forget(self, target: Target) -> None:
+        """Drop what was known of where ``target`` listens: its lookups and its client (closed soon)."""
+        self._targets = {k: v for k, v in self._targets.items() if v.socket != target.socket}
+        known = self._clients.pop(target.socket, None)
+        if known is not None:
+            task = asyncio.ensure_future(known[1].aclose())
+            task.add_done_callback(lambda _: os.close(known[0]))
+
+    async def _http(self, scope: Scope, send: Send, body: bytes, target: Target) -> bool:
+        """Forward the request and its answer; False when JupyterLab could not be reached (nothing was sent)."""
+        headers = _forwarded_headers(scope, target.token, drop=HOP_BY_HOP | {"authorization"})
+        url = "http://notebook" + (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+        query = _without_token(scope.get("query_string", b"").decode("latin-1"))
+        if query:
+            url += "?" + query
+        try:
+            client = self._client(target.socket)
+            request = client.build_request(scope["method"], url, headers=headers, content=body)
+            upstream = await client.send(request, stream=True)
+        except (OSError, httpx.HTTPError):
+            return False
+        try:
+            out = [
+                (k.encode("latin-1"), v.encode("latin-1"))
+                for k, v in upstream.headers.multi_items()
+                if k.lower() not in HOP_BY_HOP
+            ]
+            if "content-length" in upstream.headers:
+                out.append((b"content-length", upstream.headers["content-length"].encode("latin-1")))
+            await send({"type": "http.response.start", "status": upstream.status_code, "headers": out})
+            async for chunk in upstream.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await upstream.aclose()
+        return True
+
+    # ---- WebSocket
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send, target: Target, platform: Any) -> None:
+        first = await receive()
+        if first["type"] != "websocket.connect":
+            return
+        path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+        query = _without_token(scope.get("query_string", b"").decode("latin-1"))
+        if query:
+            path += "?" + query
+        headers = _forwarded_headers(scope, target.token, drop=WS_DROPPED)
+        protocols = [p for p in scope.get("subprotocols", []) if p]
+        try:
+            fd = _open_socket(target.socket)
+        except OSError:
+            await send({"type": "websocket.close", "code": 1011, "reason": "notebook not answering"})
+            return
+        try:
+            upstream = await unix_connect(
+                f"/proc/self/fd/{fd}",
+                uri=f"ws://notebook{path}",
+                additional_headers=headers,
+                subprotocols=protocols or None,  # type: ignore[arg-type]
+                max_size=None,
+                open_timeout=10,
+                compression=None,
+            )
+        except Exception as exc:  # refused by JupyterLab (a kernel gone: 404), or not answering
+            os.close(fd)
+            log.info("notebook %s: WebSocket %s refused upstream: %s", target.notebook_id, path, exc)
+            await send({"type": "websocket.close", "code": 1011, "reason": "refused by the notebook"})
+            return
+        os.close(fd)  # connected: the descriptor named the socket's file only for connect()
+        await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
+        try:
+            await _pump(receive, send, upstream, lambda: platform.notebooks.touch(target.notebook_id))
+        finally:
+            await upstream.close()
+
+
+async def _no_body() -> Message:
+    return {"type": "http.disconnect"}
+
+
+async def _pump(receive: Receive, send: Send, upstream: ClientConnection, touch: Any) -> None:
+    """Both directions until either side closes."""
+
+    async def client_to_notebook() -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            touch()
+            if message.get("bytes") is not None:
+                await upstream.send(message["bytes"])
+            elif message.get("text") is not None:
+                await upstream.send(message["text"])
+
+    async def notebook_to_client() -> None:
+        try:
+            async for data in upstream:
+                if isinstance(data, bytes):
+                    await send({"type": "websocket.send", "bytes": data})
+                else:
+                    await send({"type": "websocket.send", "text": data})
+        except ConnectionClosed:
+            pass
+        try:
+            await send({"type": "websocket.close", "code": upstream.close_code or 1000})
+        except Exception:  # the client went first
+            pass
+
+    tasks = [asyncio.ensure_future(client_to_notebook()), asyncio.ensure_future(notebook_to_client())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _open_socket(path: str) -> int:
+    """An ``O_PATH`` descriptor of the socket file at ``path``, never through a symbolic link (the work dir is
+    the job's to write): connecting to ``/proc/self/fd/N`` reaches that very file, whatever its path's length."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConnectionRefusedError(f"{path} is not a socket")
+    return fd
+
+
+def _state_file(work: Path) -> tuple[str, str] | None:
+    """(socket's file name, token) from the launcher's state file in the work dir, or None before it is there.
+    The job wrote it: the socket must be a plain name in that dir."""
+    try:
+        fd = os.open(work / STATE_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd) as fh:
+            data = json.loads(fh.read(65536))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    name, token = data.get("socket"), data.get("token")
+    if not isinstance(name, str) or not name or "/" in name or "\x00" in name or name in (".", ".."):
+        return None
+    if not isinstance(token, str) or not token or len(token) > 256 or not token.isascii() or not token.isprintable():
+        return None
+    return name, token
+
+
+def _forwarded_headers(scope: Scope, token: str, drop: set[str]) -> list[tuple[str, str]]:
+    """The caller's headers, less hop-by-hop ones and Kiln's credentials, with JupyterLab's token."""
+    out: list[tuple[str, str]] = []
+    for raw_key, raw_value in scope["headers"]:
+        key, value = raw_key.decode("latin-1").lower(), raw_value.decode("latin-1")
+        if key in drop or key.startswith("x-kiln-"):
+            continue
+        if key == "cookie":
+            value = _without_kiln_cookie(value)
+            if not value:
+                continue
+        out.append((key, value))
+    out.append(("authorization", f"token {token}"))
+    return out
+
+
+def _without_token(query: str) -> str:
+    """The query less any ``token`` parameter: JupyterLab takes one over the token Kiln sends (a wrong one
+    would be refused), and the caller's is never needed."""
+    if "token" not in query:
+        return query
+    return "&".join(p for p in query.split("&") if p and p.split("=", 1)[0] != "token")
+
+
+def _without_kiln_cookie(header: str) -> str:
+    parts = [p.strip() for p in header.split(";")]
+    return "; ".join(p for p in parts if p and p.split("=", 1)[0].strip() != session.COOKIE)
+
+
+def _same_origin(scope: Scope) -> bool:
+    """Whether the request's Origin (or, without one, its Referer) is this server as the request addressed it."""
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    host = headers.get("host", "")
+    origin = headers.get("origin") or headers.get("referer")
+    if not origin or not host or origin == "null":
+        return False
+    return urlsplit(origin).netloc.lower() == host.lower()
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise PayloadTooLarge(f"a request to a notebook carries at most {MAX_BODY} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)

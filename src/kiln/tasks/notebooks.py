@@ -1,0 +1,154 @@
+"""The notebook task: writes down what the proxy passed, sees when a notebook's JupyterLab answers, when its job
+ended by itself or never got JupyterLab to answer (saying why: the launcher's last lines), and stops notebooks
+that are idle.
+
+Idle, predictably: no kernel busy, no terminal open, and no action through the proxy (a request that changes
+something, a message on a WebSocket: a cell run, a keystroke) for the notebook's ``idle_timeout``. A kernel busy
+computing is never idle, however long it runs; a tab left open, which only polls, is. A culled notebook is
+STOPPED with its reason as its message and on its job's events; ``kiln notebooks start`` brings it back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from sqlalchemy import select
+
+from kiln.backends.base import Backend
+from kiln.backends.capabilities import WorkDirs
+from kiln.db.session import Database
+from kiln.db.tables import Job, Notebook, utcnow
+from kiln.domain.durations import format_duration
+from kiln.domain.notebooks import NotebookSpec
+from kiln.domain.states import JobState
+from kiln.routing.replica_http import socket_address
+from kiln.storage.logs import LogStore
+from kiln.tasks.runner import Task, TaskContext
+from kiln.usecases.notebooks import RUNNING, NotebookService, notebook_path
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = ".kiln-notebook.json"
+INTERVAL = 2.0
+START_TIMEOUT = 300.0  # seconds a RUNNING job may take to get JupyterLab answering
+BUSY = {"busy", "starting"}
+
+
+class NotebookControl:
+    def __init__(self, db: Database, notebooks: NotebookService, backend: Backend, logs: LogStore) -> None:
+        self.db = db
+        self.notebooks = notebooks
+        self.work_dirs = backend if isinstance(backend, WorkDirs) else None
+        self.logs = logs
+
+    def task(self) -> Task:
+        return Task.of("notebooks", self.run_once, INTERVAL)
+
+    def run_once(self, ctx: TaskContext | None = None) -> None:
+        self.notebooks.flush_activity()
+        with self.db.read() as s:
+            rows = s.execute(
+                select(Notebook, Job).join(Job, Job.id == Notebook.job_id).where(Notebook.desired == RUNNING)
+            ).all()
+            for notebook, job in rows:
+                s.expunge(notebook)
+                s.expunge(job)
+        for notebook, job in rows:
+            try:
+                self._check(notebook, job)
+            except Exception:
+                log.exception("notebook %s: check failed", notebook.id)
+
+    def _check(self, notebook: Notebook, job: Job) -> None:
+        state = JobState(job.state)
+        if state.terminal:
+            self.notebooks.ended(notebook.id, job.id, self._why_ended(job))
+            return
+        if state is not JobState.RUNNING:
+            return
+        lab = self._lab(job)
+        if notebook.ready_job != job.id:
+            if lab is not None and _get(lab, notebook.id, "api/status") is not None:
+                self.notebooks.answered(notebook.id, job.id)
+                log.info("notebook %s (%s) answers in job %s", notebook.name, notebook.id, job.id)
+            elif job.started_at is not None and utcnow() - job.started_at > timedelta(seconds=START_TIMEOUT):
+                why = f"JupyterLab did not answer within {format_duration(START_TIMEOUT)}: {self._last_lines(job)}"
+                self.notebooks.cull(notebook.id, job.id, why)
+            return
+        spec = NotebookSpec.model_validate(notebook.spec)
+        if not spec.idle_timeout or lab is None:
+            return
+        if self._active(lab, notebook.id):
+            self.notebooks.record_activity({notebook.id: utcnow()})
+            return
+        since = notebook.last_activity or job.started_at or utcnow()
+        if utcnow() - since > timedelta(seconds=spec.idle_timeout):
+            why = (
+                f"culled: idle for {format_duration(spec.idle_timeout)} (no kernel busy, no terminal, no action "
+                f"through the proxy since {since:%Y-%m-%d %H:%M:%S} UTC); `kiln notebooks start {notebook.name}` "
+                "brings it back with its home"
+            )
+            if self.notebooks.cull(notebook.id, job.id, why):
+                log.info("notebook %s (%s) %s", notebook.name, notebook.id, why)
+
+    def _lab(self, job: Job) -> tuple[str, str] | None:
+        """(socket path, token) of the job's JupyterLab, from the launcher's state file."""
+        if self.work_dirs is None:
+            return None
+        work = self.work_dirs.work_dir(job.id, job.handle)
+        try:
+            fd = os.open(work / STATE_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd) as fh:
+                data = json.loads(fh.read(65536))
+            name, token = str(data["socket"]), str(data["token"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if not name or "/" in name or "\x00" in name:
+            return None
+        return os.path.abspath(work / name), token
+
+    def _active(self, lab: tuple[str, str], notebook_id: str) -> bool:
+        """A kernel busy, or a terminal open."""
+        kernels = _get(lab, notebook_id, "api/kernels")
+        if isinstance(kernels, list) and any(k.get("execution_state") in BUSY for k in kernels if isinstance(k, dict)):
+            return True
+        terminals = _get(lab, notebook_id, "api/terminals")
+        return isinstance(terminals, list) and len(terminals) > 0
+
+    def _why_ended(self, job: Job) -> str:
+        if job.state == JobState.CANCELLED:
+            return f"its job {job.id} was cancelled: {job.message}"
+        return f"its job {job.id} ended ({str(job.state).lower()}, {job.reason}): {self._last_lines(job)}"
+
+    def _last_lines(self, job: Job, count: int = 5) -> str:
+        try:
+            tail = self.logs.path(job.id).read_bytes()[-8192:].decode("utf-8", "replace").splitlines()
+        except OSError:
+            tail = []
+        lines = [line.strip() for line in tail if line.strip()][-count:]
+        return " | ".join(lines)[:1500] if lines else "(it printed nothing)"
+
+
+def _get(lab: tuple[str, str], notebook_id: str, what: str) -> Any:
+    """GET ``what`` of JupyterLab's REST API over its socket; None when it does not answer 200."""
+    socket_path, token = lab
+    try:
+        with socket_address(socket_path) as address:
+            transport = httpx.HTTPTransport(uds=address)
+            with httpx.Client(transport=transport, timeout=5.0, trust_env=False) as client:
+                answer = client.get(
+                    f"http://notebook{notebook_path(notebook_id)}{what}", headers={"Authorization": f"token {token}"}
+                )
+    except (OSError, httpx.HTTPError):
+        return None
+    if answer.status_code != 200:
+        return None
+    try:
+        return answer.json()
+    except ValueError:
+        return None
