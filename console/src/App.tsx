@@ -10,6 +10,7 @@ import { JobDetail } from "./pages/JobDetail";
 import { Jobs } from "./pages/Jobs";
 import { JobSubmit } from "./pages/JobSubmit";
 import { ModelDetail, Models } from "./pages/Models";
+import { Notebooks } from "./pages/Notebooks";
 import { Overview } from "./pages/Overview";
 import { ServiceDetail, Services } from "./pages/Services";
 import { SignIn } from "./pages/SignIn";
@@ -21,6 +22,7 @@ const NAV: [string, string][] = [
   ["/studies", "Studies"],
   ["/models", "Models"],
   ["/services", "Services"],
+  ["/notebooks", "Notebooks"],
   ["/datasets", "Datasets"],
   ["/admin", "Admin"],
 ];
@@ -37,6 +39,7 @@ const ROUTES: [string, Page][] = [
   ["/models/:name", (p) => <ModelDetail name={p.name} />],
   ["/services", () => <Services />],
   ["/services/:name", (p) => <ServiceDetail name={p.name} />],
+  ["/notebooks", () => <Notebooks />],
   ["/datasets", () => <Datasets />],
   ["/datasets/:name", (p) => <DatasetDetail name={p.name} />],
   ["/admin", () => <Admin />],

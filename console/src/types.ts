@@ -58,6 +58,7 @@ export type Trial = Sent<Schemas["TrialRead"]>;
 
 export type Replica = Sent<Schemas["ReplicaRead"]>;
 export type Service = Sent<Schemas["ServiceRead"]>;
+export type Notebook = Sent<Schemas["NotebookRead"]>;
 
 export type ModelSummary = Sent<Schemas["ModelSummary"]>;
 export type ModelRead = Sent<Schemas["ModelRead"]>;

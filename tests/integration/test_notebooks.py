@@ -100,6 +100,50 @@ def _execute(ws: ClientConnection, code: str, timeout: float = 60.0) -> tuple[st
     raise AssertionError(f"no reply to {code!r} within {timeout}s; printed {printed}")
 
 
+@pytest.mark.needs("chromium")
+@pytest.mark.timeout(400)
+def test_the_console_lists_the_notebook_and_opens_it_in_chromium_to_run_a_cell(
+    server: KilnServer, people: dict[str, Client], notebook: str
+) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.browser import launch
+
+    owner = people["owner"]
+    wait_ms = 60_000  # JupyterLab's first load on a loaded 2-CPU machine
+    with sync_playwright() as playwright:
+        browser = launch(playwright)
+        try:
+            context = browser.new_context(viewport={"width": 1280, "height": 800})
+            context.set_default_timeout(wait_ms)
+            page = context.new_page()
+            page.goto(server.url + "/notebooks")  # signed out: the console's sign-in, then back here
+            page.get_by_label("Access key id").fill(owner.access_key or "")
+            page.get_by_label("Secret key").fill(owner._secret_key or "")
+            page.get_by_role("button", name="Sign in").click()
+            row = page.get_by_test_id("notebook-row").filter(has_text="explore")
+            expect(row).to_contain_text("RUNNING")
+            with context.expect_page() as opened:
+                row.get_by_test_id("open-notebook").click()
+            lab = opened.value
+            expect(lab).to_have_url(f"{server.url}/notebooks/{notebook}/lab", timeout=wait_ms)
+            # A new notebook from the launcher: once its kernel's channels are open (a WebSocket through the proxy;
+            # JupyterLab shows the kernel idle before that, and a cell run earlier is dropped), a cell typed and run.
+            with lab.expect_websocket(lambda ws: "/channels" in ws.url, timeout=wait_ms):
+                lab.locator('.jp-LauncherCard[data-category="Notebook"]').first.click()
+            expect(lab.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]')).to_have_count(1)
+            cell = lab.locator(".jp-Notebook .jp-Cell .cm-content").first
+            cell.click()
+            lab.keyboard.type("print(6 * 7)")
+            expect(cell).to_contain_text("print(6 * 7)")
+            lab.keyboard.press("Shift+Enter")
+            expect(lab.locator(".jp-OutputArea-output").first).to_contain_text("42", timeout=wait_ms)
+        finally:
+            browser.close()
+    names = [item["name"] for item in owner.notebook_request(notebook, "GET", "api/contents").json()["content"]]
+    assert any(name.endswith(".ipynb") for name in names), names  # the page saved its notebook into the home
+
+
 @pytest.mark.timeout(900)
 def test_a_cell_reads_the_staged_dataset_and_its_file_outlives_a_stop(
     server: KilnServer, people: dict[str, Client], notebook: str

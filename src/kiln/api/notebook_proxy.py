@@ -95,6 +95,9 @@ class NotebookProxy:
         path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")  # the whole path, as sent
         notebook_id = path[len(PREFIX) :].split("/", 1)[0] if path.startswith(PREFIX) else ""
         websocket = scope["type"] == "websocket"
+        if not notebook_id and not websocket:  # /notebooks itself: the console's page that lists them
+            await scope["app"].router.default(scope, receive, send)
+            return
         try:
             if not notebook_id or len(notebook_id) > 40:
                 raise Conflict("name a notebook: /notebooks/{id}/lab")

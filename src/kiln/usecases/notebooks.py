@@ -299,7 +299,7 @@ class NotebookService:
         principal.require("notebooks:write")
         with self.db.transaction() as s:
             notebook = self.load(s, principal, ref, lock=True)
-            self._check_owner(principal, notebook, "delete")
+            self._check_owner(principal, notebook, "delete", admins_may=True)
             self._stop(s, notebook, f"deleted by {principal.user_name}")
             org_id, notebook_id = notebook.org_id, notebook.id
             s.delete(notebook)
@@ -310,8 +310,11 @@ class NotebookService:
             pass
 
     @staticmethod
-    def _check_owner(principal: Principal, notebook: Notebook, what: str) -> None:
-        """A notebook runs code as its user, with their data: it opens (and starts) for its user alone."""
+    def _check_owner(principal: Principal, notebook: Notebook, what: str, *, admins_may: bool = False) -> None:
+        """A notebook runs code as its user, with their data: it opens (and starts) for its user alone; an
+        organisation's admins may stop and delete its notebooks (someone who left, a notebook holding GPUs)."""
+        if admins_may and principal.role == "admin":
+            return
         if notebook.user_id != principal.user_id and not principal.platform_admin:
             raise Forbidden(f"notebook {notebook.name} is another user's: only its user may {what} it")
 
