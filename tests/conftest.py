@@ -162,6 +162,7 @@ LONGEST_FIRST = (
     "tests/e2e/test_tuning_digits.py",
     "tests/integration/test_studies_semantics.py",
     "tests/e2e/test_console.py",
+    "tests/integration/test_notebooks.py",
     "tests/integration/tenancy/test_quota.py",
     "tests/e2e/test_cli_runtimes.py",
     "tests/integration/tenancy/test_isolation_matrix.py",
