@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from kiln.injob import notebook
+from kiln.injob import notebook, notebook_home
 from kiln.injob.notebook import NotebookConfig
 
 SRC = str(Path(notebook.__file__).resolve().parents[2])
@@ -265,7 +265,7 @@ def test_the_archive_holds_the_home_and_round_trips(tmp_path: Path, home: Path) 
 
 def test_a_file_that_shrinks_while_it_is_archived_does_not_break_the_archive(tmp_path: Path) -> None:
     source = io.BytesIO(b"abc")
-    padded = notebook._Exactly(source, 6)
+    padded = notebook_home._Exactly(source, 6)
     assert padded.read(4) + padded.read(4) + padded.read(4) == b"abc\0\0\0"
 
 
