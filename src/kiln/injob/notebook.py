@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from kiln.injob import statefile
 from kiln.injob.notebook_home import (  # noqa: F401 - NOT_SAVED and home_signature: part of this module's face
     NOT_SAVED,
     _said,
@@ -296,17 +297,8 @@ def lab_status(socket_path: str, base_url: str, token: str | None) -> int | None
 
 
 def write_state(directory: Path, state: dict[str, Any]) -> Path:
-    """``state`` as ``directory/.kiln-notebook.json``, readable by this user only, appearing whole or not at all."""
-    path = directory / STATE_FILE
-    tmp = directory / f".{STATE_FILE}.{os.getpid()}.tmp"
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(state, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    return path
+    """``state`` as the state file in ``directory`` (kiln.injob.statefile: mode 0600, whole or not at all)."""
+    return statefile.write_state(directory / STATE_FILE, state)
 
 
 def exit_status(returncode: int) -> int:

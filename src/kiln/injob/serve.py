@@ -46,6 +46,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, cast
 
+from kiln.injob import statefile
 from kiln.injob.serve_batch import Batcher
 from kiln.injob.serve_predictors import Predictor, load_predictor
 from kiln.injob.serve_schema import InputSchema, InvalidInput
@@ -167,17 +168,8 @@ def listen_address(environ: Mapping[str, str]) -> str | tuple[str, int]:
 
 
 def write_state(directory: Path, state: dict[str, Any]) -> Path:
-    """``state`` as ``directory/.kiln-replica.json``, readable by this user only, appearing whole or not at all."""
-    path = directory / STATE_FILE
-    tmp = directory / f".{STATE_FILE}.{os.getpid()}.tmp"
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(state, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    return path
+    """``state`` as the state file in ``directory`` (kiln.injob.statefile: mode 0600, whole or not at all)."""
+    return statefile.write_state(directory / STATE_FILE, state)
 
 
 class ReplicaServer(ThreadingHTTPServer):

@@ -240,7 +240,7 @@ class JobService:
         bundle is stored already (a client packs its code, asks this, and uploads only what is missing)."""
         spec = self._checked_spec(principal, body.spec)
         with self.db.read() as s:
-            self._check_admission(s, principal, spec)
+            self.check_admission(s, principal, spec)
             stored = None if not body.code_sha256 else s.get(Blob, (principal.org_id, body.code_sha256)) is not None
         return JobDryRun(spec=spec, name=spec.display_name, code_sha256=body.code_sha256, code_stored=stored)
 
@@ -290,7 +290,7 @@ class JobService:
             raise InvalidInput(f"resources: the job {impossible}", details={"field": "spec.resources"})
         return spec
 
-    def _check_admission(self, s: Session, principal: Principal, spec: JobSpec, category: str = CATEGORY) -> None:
+    def check_admission(self, s: Session, principal: Principal, spec: JobSpec, category: str = CATEGORY) -> None:
         """The organisation's side: a quota the job can ever fit, and the priority it may use."""
         if self.quotas is not None:
             cpus, gpus, memory = _totals(spec)
@@ -304,7 +304,7 @@ class JobService:
         now = utcnow()
         # One transaction: the checks that read, the job, its event and the request's Idempotency-Key.
         with self.db.transaction() as s:
-            self._check_admission(s, principal, spec)
+            self.check_admission(s, principal, spec)
             if code_sha256 and s.get(Blob, (principal.org_id, code_sha256)) is None:
                 raise InvalidInput(
                     f"code_sha256: no uploaded bundle {code_sha256}; upload it with PUT /api/v1/blobs/{{sha256}}"
@@ -356,7 +356,7 @@ class JobService:
         tuning study checks its trial spec so, a service its replica's (quota category ``serve``)."""
         spec = self._checked_spec(principal, spec)
         with self.db.read() as s:
-            self._check_admission(s, principal, spec, category)
+            self.check_admission(s, principal, spec, category)
             if code_sha256 and s.get(Blob, (principal.org_id, code_sha256)) is None:
                 raise InvalidInput(
                     f"code_sha256: no uploaded bundle {code_sha256}; upload it with PUT /api/v1/blobs/{{sha256}}"

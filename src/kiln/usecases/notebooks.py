@@ -218,7 +218,7 @@ class NotebookService:
         return read
 
     def _start_job(self, s: Session, principal: Principal, notebook: Notebook, spec: JobSpec, note: str) -> None:
-        self.jobs._check_admission(s, principal, spec, CATEGORY)
+        self.jobs.check_admission(s, principal, spec, CATEGORY)
         job = self.jobs.new_job(s, notebook.org_id, notebook.user_id, spec, None, note, category=CATEGORY)
         s.flush()
         notebook.job_id = job.id

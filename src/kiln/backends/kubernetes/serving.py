@@ -182,8 +182,9 @@ def _shipped_files() -> tuple[dict[str, str], list[dict[str, str]]]:
         {"key": "kiln_sdk.py", "path": "pylib/kiln/__init__.py"},
         {"key": "kiln_injob.py", "path": "pylib/kiln/injob/__init__.py"},
     ]
-    # serve.py and the helper modules it may import (serve_*.py): all standard library, none imports more of Kiln.
-    for module in [runtime / "serve.py", *sorted(runtime.glob("serve_*.py"))]:
+    # serve.py and the helper modules it may import (serve_*.py, statefile.py): all standard library, none imports
+    # more of Kiln.
+    for module in [runtime / "serve.py", *sorted(runtime.glob("serve_*.py")), runtime / "statefile.py"]:
         files[module.name] = module.read_text(encoding="utf-8")
         items.append({"key": module.name, "path": f"pylib/kiln/injob/{module.name}"})
     return files, items
