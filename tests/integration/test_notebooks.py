@@ -7,10 +7,12 @@ second notebook with a short idle timeout.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -289,3 +291,59 @@ def test_an_idle_notebook_is_culled_and_a_busy_kernel_is_never_idle(
     assert any("culled: idle" in event.message for event in events), events
     owner.delete_notebook("idle")
     assert all(nb.name != "idle" for nb in owner.list_notebooks())
+
+
+def _event_file_bytes(tmp: Path, values: list[float]) -> bytes:
+    """A TensorBoard event file as ``torch.utils.tensorboard``'s ``add_scalar`` writes one, by tensorboard's own
+    writer: scalars ``loss`` at steps 0, 1, 2…"""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    writer = EventFileWriter(str(tmp))
+    for step, value in enumerate(values):
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag="loss", simple_value=value)])
+        writer.add_event(event_pb2.Event(wall_time=1000.0 + step, step=step, summary=summary))
+    writer.close()
+    (path,) = tmp.glob("events.out.tfevents.*")
+    return path.read_bytes()
+
+
+@pytest.mark.timeout(600)
+def test_tensorboard_over_a_finished_job_answers_its_scalars_through_the_proxy(
+    server: KilnServer, people: dict[str, Client], tmp_path: Path
+) -> None:
+    owner, stranger = people["owner"], people["stranger"]
+    values = [2.5, 1.25, 0.625]
+    blob = base64.b64encode(_event_file_bytes(tmp_path, values)).decode()
+    write = (
+        "import base64, os\n"
+        "where = os.path.join(os.environ['KILN_TENSORBOARD_DIR'], 'train')\n"
+        "os.makedirs(where, exist_ok=True)\n"
+        f"open(os.path.join(where, 'events.out.tfevents.1.worker'), 'wb').write(base64.b64decode('{blob}'))\n"
+    )
+    job = owner.submit({"name": "mnist-run", "command": ["python", "-c", write], "runtime": {"framework": "python"}})
+    assert owner.wait(job.id, timeout=240).state == "SUCCEEDED"
+    # Another organisation's user cannot point a TensorBoard at the job; a bad job id is named.
+    spec = {"name": "tb-stolen", "kind": "tensorboard", "jobs": [job.id]}
+    with pytest.raises(NotFound, match=job.id):
+        stranger.create_notebook(spec)
+    board = owner.create_notebook({"name": "tb-mnist", "kind": "tensorboard", "jobs": [job.id]})
+    assert board.url.endswith(f"/notebooks/{board.id}/"), board.url
+    ready = owner.wait_notebook("tb-mnist", timeout=START_TIMEOUT)
+    assert ready.state == "RUNNING", (ready.state, ready.message)
+    deadline = time.monotonic() + 60  # TensorBoard loads the log dir in the background (reload interval 5 s)
+    while True:
+        runs = owner.notebook_request(board.id, "GET", "data/runs")
+        assert runs.status_code == 200, runs.text
+        if "mnist-run/train" in runs.json():
+            break
+        assert time.monotonic() < deadline, runs.json()
+        time.sleep(1)
+    answer = owner.notebook_request(board.id, "GET", "data/plugin/scalars/scalars?run=mnist-run%2Ftrain&tag=loss")
+    assert answer.status_code == 200, answer.text
+    assert [(step, value) for _, step, value in answer.json()] == list(enumerate(values))
+    # Through the proxy only: unsigned, or another organisation's user, is refused.
+    assert httpx.get(f"{server.url}/notebooks/{board.id}/data/runs").status_code == 401
+    with pytest.raises(NotFound):
+        stranger.notebook_request(board.id, "GET", "data/runs")
+    owner.delete_notebook("tb-mnist")

@@ -1,5 +1,5 @@
 import { useState } from "preact/hooks";
-import { filePath, post, seg, url } from "../api";
+import { ApiError, filePath, post, seg, url } from "../api";
 import { ActionButton, Code, Empty, ErrorBox, KeyValues, Loading, Section, StateBadge, Tabs } from "../components/ui";
 import { bytes, commandText, cpus, since, time } from "../format";
 import { useApi } from "../hooks";
@@ -37,6 +37,18 @@ export function JobDetail({ id }: { id: string }) {
     await post(`/jobs/${seg(j.id)}/cancel`);
     job.reload();
   };
+  // TensorBoard over this job's event files: one per job (tb-<id>), created or started again, then listed with
+  // the notebooks, where it opens once it answers.
+  const tensorboard = async () => {
+    const name = `tb-${j.id.replace(/^job-/, "")}`;
+    try {
+      await post("/notebooks", { name, kind: "tensorboard", jobs: [j.id] });
+    } catch (err) {
+      if (!(err instanceof ApiError) || err.status !== 409) throw err;
+      await post(`/notebooks/${seg(name)}/start`);
+    }
+    navigate("/notebooks");
+  };
   const rerun = async () => {
     const next = await post<Job>(`/jobs/${seg(j.id)}/rerun`, {});
     navigate(`/jobs/${seg(next.id)}`);
@@ -57,6 +69,9 @@ export function JobDetail({ id }: { id: string }) {
                 {j.cancel_requested ? "Cancelling…" : "Cancel job"}
               </ActionButton>
             ) : null}
+            <ActionButton onClick={tensorboard} data-testid="job-tensorboard">
+              TensorBoard
+            </ActionButton>
             <ActionButton onClick={rerun} data-testid="rerun-job">
               Resubmit
             </ActionButton>

@@ -41,7 +41,7 @@ export function Notebooks() {
                   <tr key={nb.id} data-testid="notebook-row">
                     <td>
                       {nb.state === "RUNNING" && mine ? (
-                        <a href={`/notebooks/${seg(nb.id)}/lab`} target="_blank" rel="noopener" data-testid="open-notebook">
+                        <a href={`/notebooks/${seg(nb.id)}/${nb.spec.kind === "tensorboard" ? "" : "lab"}`} target="_blank" rel="noopener" data-testid="open-notebook">
                           {nb.name}
                         </a>
                       ) : (
@@ -52,8 +52,9 @@ export function Notebooks() {
                       <StateBadge state={nb.state} />
                     </td>
                     <td class="mono small">
-                      {nb.spec.runtime.framework}
-                      {nb.spec.runtime.version ? `==${nb.spec.runtime.version}` : ""}
+                      {nb.spec.kind === "tensorboard"
+                        ? `TensorBoard: ${(nb.spec.jobs ?? []).join(", ")}`
+                        : `${nb.spec.runtime.framework}${nb.spec.runtime.version ? `==${nb.spec.runtime.version}` : ""}`}
                     </td>
                     <td>{nb.last_activity ? ago(nb.last_activity) : "-"}</td>
                     <td class="small muted">{nb.message}</td>

@@ -80,6 +80,7 @@ class Target:
     socket: str  # the socket's absolute path, in the job's work dir
     token: str
     at: float
+    every_request: bool = False  # a TensorBoard: any request is someone looking (it has no kernel to be busy)
 
 
 class NotebookProxy:
@@ -113,7 +114,7 @@ class NotebookProxy:
         if websocket:
             await self._websocket(scope, receive, send, target, platform)
         else:
-            if scope["method"] not in SAFE_METHODS:
+            if scope["method"] not in SAFE_METHODS or target.every_request:
                 platform.notebooks.touch(target.notebook_id)
             if await self._http(scope, send, body, target):
                 return
@@ -157,15 +158,16 @@ class NotebookProxy:
         if known is not None and time.monotonic() - known.at < TARGET_TTL:
             return known
         platform = scope["app"].state.platform
-        _, job = await run_in_threadpool(platform.notebooks.target, principal, notebook_id)
+        _, job, kind = await run_in_threadpool(platform.notebooks.target, principal, notebook_id)
         backend = platform.backend
         if not isinstance(backend, WorkDirs):
             raise Conflict(f"notebooks are reached through Kiln on the local executor; this server runs {backend.name}")
         work = backend.work_dir(job.id, job.handle)
         state = await run_in_threadpool(_state_file, work)
         if state is None:
-            raise Conflict(f"notebook {notebook_id} is starting: JupyterLab is not answering yet")
-        target = Target(notebook_id, os.path.abspath(work / state[0]), state[1], time.monotonic())
+            raise Conflict(f"notebook {notebook_id} is starting: it is not answering yet")
+        every = kind == "tensorboard"
+        target = Target(notebook_id, os.path.abspath(work / state[0]), state[1], time.monotonic(), every)
         if len(self._targets) > 10_000:
             self._targets.clear()
         self._targets[key] = target

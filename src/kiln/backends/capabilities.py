@@ -63,6 +63,16 @@ class CheckpointSyncer(abc.ABC):
         its files where that server put them. Returns (files, bytes)."""
 
 
+class EventSyncer(abc.ABC):
+    """The server copies a job's TensorBoard event files into the store, while it runs and when each attempt ends
+    (what ``kiln tensorboard`` reads)."""
+
+    @abc.abstractmethod
+    def sync_events(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
+        """Copy the ``events.out.tfevents.*`` files under the job's TensorBoard dir that changed since the last
+        call into the store under ``dest_prefix``. Returns (files copied, bytes kept for the job in all)."""
+
+
 @dataclass
 class Work:
     """One piece of a backend's background work, run by the server's task runner as a task named ``name`` on every
@@ -223,6 +233,7 @@ CAPABILITIES: tuple[type[abc.ABC], ...] = (
     Preemptible,
     OutputCollector,
     CheckpointSyncer,
+    EventSyncer,
     JobFiles,
     ExtractsMetrics,
     RuntimeBuilder,

@@ -65,6 +65,7 @@ COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     "studies": _group("studies"),
     "services": _group("services"),
     "notebooks": _group("notebooks"),
+    "tensorboard": _function("tensorboard", "tensorboard"),
     "runtimes": _group("runtimes"),
     "data": _group("data"),
     "models": _group("models"),

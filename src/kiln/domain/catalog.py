@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kiln.domain.notebooks import LAB_PACKAGES, LAB_SUFFIX
+from kiln.domain.notebooks import VARIANTS
 from kiln.domain.spec import RuntimeSpec
 from kiln.errors import InvalidInput
 
@@ -36,16 +36,17 @@ class Catalog:
     def resolve(self, framework: str, version: str | None = None) -> CatalogEntry:
         """The entry for a framework and version (default version when None); InvalidInput names what
         exists when nothing matches. ``VERSION+lab`` is that entry with JupyterLab added (a notebook's runtime:
-        kiln.domain.notebooks), a managed environment of its own."""
-        if version is not None and version.endswith(LAB_SUFFIX):
-            base = self.resolve(framework, version.removesuffix(LAB_SUFFIX))
-            return CatalogEntry(
-                base.framework,
-                base.version + LAB_SUFFIX,
-                base.packages + LAB_PACKAGES,
-                base.image,
-                description=f"{(base.description or base.name).rstrip('.')}, with JupyterLab",
-            )
+        kiln.domain.notebooks), ``VERSION+tensorboard`` with TensorBoard: each a managed environment of its own."""
+        for suffix, (packages, what) in VARIANTS.items():
+            if version is not None and version.endswith(suffix):
+                base = self.resolve(framework, version.removesuffix(suffix))
+                return CatalogEntry(
+                    base.framework,
+                    base.version + suffix,
+                    base.packages + packages,
+                    base.image,
+                    description=f"{(base.description or base.name).rstrip('.')}, with {what}",
+                )
         candidates = [e for e in self.entries if e.framework == framework]
         if not candidates:
             raise InvalidInput(

@@ -6,6 +6,11 @@ a catalog runtime): placed by the scheduler, run under the shim in the job's san
 job. JupyterLab listens only on a Unix socket in the job's work dir, with a random token; users reach it through
 Kiln's authenticated proxy under ``/notebooks/{id}/``. The job's ``$HOME`` is the notebook's persistent home, kept
 in the store between starts.
+
+A notebook of kind ``tensorboard`` (``kiln tensorboard JOB…``) is the same machinery around TensorBoard instead:
+its job runs ``python -m kiln.injob.tensorboard`` in the ``+tensorboard`` variant of its runtime, which copies the
+named jobs' TensorBoard event files (kept in the store while they run and when they end) into a log dir with one
+run per job and serves TensorBoard over them, reached through the same proxy.
 """
 
 from __future__ import annotations
@@ -13,9 +18,9 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kiln.domain import limits
 from kiln.domain.durations import parse_duration
@@ -26,6 +31,12 @@ NOTEBOOK_LABEL = "kiln-notebook"  # on each of a notebook's jobs: the notebook's
 CATEGORY = "dev"  # the quota category of notebook jobs
 LAB_SUFFIX = "+lab"  # a catalog version with JupyterLab added: pytorch 2.13 → pytorch 2.13+lab
 LAB_PACKAGES = ("jupyterlab>=4.6,<5",)
+TENSORBOARD_SUFFIX = "+tensorboard"  # python 3 → python 3+tensorboard: a TensorBoard session's runtime
+TENSORBOARD_PACKAGES = ("tensorboard>=2.17,<3",)
+VARIANTS = {LAB_SUFFIX: (LAB_PACKAGES, "JupyterLab"), TENSORBOARD_SUFFIX: (TENSORBOARD_PACKAGES, "TensorBoard")}
+MAX_TENSORBOARD_JOBS = 20
+JOB_ID = re.compile(r"^job-[0-9a-z]{16}$")
+NotebookKind = Literal["jupyterlab", "tensorboard"]
 DEFAULT_IDLE_TIMEOUT = 3600.0
 MAX_HOME_BYTES = 10 * 1024**3  # one notebook home, compressed
 
@@ -45,6 +56,14 @@ class NotebookSpec(_Strict):
     env: dict[EnvName, EnvValue] = Field(default_factory=dict, max_length=limits.MAX_ENV_VARS)
     inputs: list[InputSpec] = Field(default_factory=list, max_length=limits.MAX_INPUTS)
     network: NetworkMode = Field("isolated", description="As a job's (isolated, none or host).")
+    kind: NotebookKind = Field(
+        "jupyterlab", description="jupyterlab, or tensorboard: TensorBoard over the event files of `jobs`."
+    )
+    jobs: list[Annotated[str, Field(max_length=40)]] = Field(
+        default_factory=list,
+        max_length=MAX_TENSORBOARD_JOBS,
+        description="kind tensorboard: the jobs (ids) whose TensorBoard event files it shows, one run per job.",
+    )
     idle_timeout: float | None = Field(
         DEFAULT_IDLE_TIMEOUT,
         ge=0,
@@ -67,9 +86,34 @@ class NotebookSpec(_Strict):
     def _runtime(cls, value: RuntimeSpec) -> RuntimeSpec:
         if not value.framework:
             raise ValueError("a notebook runs a catalog runtime (framework and version; `kiln runtimes list`)")
-        if value.version and value.version.endswith(LAB_SUFFIX):
-            raise ValueError(f"name the runtime without {LAB_SUFFIX!r}: Kiln adds JupyterLab itself")
+        for suffix, (_, what) in VARIANTS.items():
+            if value.version and value.version.endswith(suffix):
+                raise ValueError(f"name the runtime without {suffix!r}: Kiln adds {what} itself")
         return value
+
+    @field_validator("jobs")
+    @classmethod
+    def _jobs(cls, value: list[str]) -> list[str]:
+        for job_id in value:
+            if not JOB_ID.fullmatch(job_id):
+                raise ValueError(f"{job_id[:80]!r} is not a job id (job-…, as `kiln jobs list` shows)")
+        return list(dict.fromkeys(value))
+
+    @model_validator(mode="after")
+    def _kind(self) -> NotebookSpec:
+        if self.kind == "tensorboard":
+            if not self.jobs:
+                raise ValueError("a tensorboard shows the event files of jobs: name at least one in `jobs`")
+            if self.inputs:
+                raise ValueError("a tensorboard reads its jobs' event files: it takes no `inputs`")
+        elif self.jobs:
+            raise ValueError("`jobs` is for kind tensorboard; a jupyterlab notebook reads data through `inputs`")
+        return self
+
+    @property
+    def suffix(self) -> str:
+        """The catalog variant its runtime runs in."""
+        return TENSORBOARD_SUFFIX if self.kind == "tensorboard" else LAB_SUFFIX
 
     @field_validator("idle_timeout", mode="before")
     @classmethod
@@ -104,3 +148,20 @@ class NotebookRead(BaseModel):
 
 class NotebookList(BaseModel):
     items: list[NotebookRead]
+
+
+class EventFile(BaseModel):
+    path: str = Field(description="Relative to the job's TensorBoard dir.")
+    size: int
+
+
+class EventSource(BaseModel):
+    """One job a TensorBoard shows: its state and its event files kept in the store."""
+
+    job_id: str
+    state: str = Field(description="The job's state (DELETED: it was deleted since).")
+    files: list[EventFile]
+
+
+class EventSources(BaseModel):
+    items: list[EventSource]

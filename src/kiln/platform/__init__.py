@@ -28,7 +28,7 @@ from kiln.settings import Settings
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore
 from kiln.tasks.backend_work import backend_tasks
-from kiln.tasks.checkpoint_sync import CheckpointSync
+from kiln.tasks.checkpoint_sync import CheckpointSync, EventSync
 from kiln.tasks.leases import TaskLeases
 from kiln.tasks.log_metrics import LogMetrics
 from kiln.tasks.log_shipping import LogShipping
@@ -194,6 +194,9 @@ class Platform:
         self.checkpoints = CheckpointSync(
             self.db, self.backend, settings.checkpoint_sync_seconds, owner=settings.resolved_instance_id
         )
+        self.event_sync = EventSync(
+            self.db, self.backend, settings.tensorboard_sync_seconds, owner=settings.resolved_instance_id
+        )
         self.log_shipping = LogShipping(self.db, self.logs, settings.resolved_instance_id, settings.log_ship_seconds)
         # Every piece of background work is a task of one runner, which /readyz and /metrics report.
         self.tasks = TaskRunner(TaskLeases(self.db, settings.resolved_instance_id), settings.lease_seconds)
@@ -209,6 +212,7 @@ class Platform:
             self.metrics_ingester.task(),
             self.log_metrics.task(),
             self.checkpoints.task(),
+            self.event_sync.task(),
             self.log_shipping.task(),
             self.study_driver.task(),
             self.serving_control.task(),

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from kiln.backends.base import Backend, Phase
-from kiln.backends.capabilities import CheckpointSyncer, OutputCollector, Preemptible
+from kiln.backends.capabilities import CheckpointSyncer, EventSyncer, OutputCollector, Preemptible
 from kiln.db.tables import Job
 from kiln.domain.states import JobState
 from kiln.scheduler.passes import Seen
 from kiln.settings import Settings
-from kiln.storage.keys import checkpoints_prefix, outputs_prefix
+from kiln.storage.keys import checkpoints_prefix, events_prefix, outputs_prefix
 from kiln.storage.logs import LogStore
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,12 @@ class Observer:
         except Exception as exc:
             seen.copy_error += f"; keeping checkpoints in the store failed: {type(exc).__name__}: {exc}"
             log.warning("job %s: keeping checkpoints failed: %s", job.id, exc)
+        try:
+            if isinstance(backend, EventSyncer):  # counted with the outputs in the organisation's storage
+                seen.copied_bytes += backend.sync_events(handle, events_prefix(job.org_id, job.id))[1]
+        except Exception as exc:
+            seen.copy_error += f"; keeping TensorBoard event files failed: {type(exc).__name__}: {exc}"
+            log.warning("job %s: keeping TensorBoard event files failed: %s", job.id, exc)
         if status.phase is Phase.LOST:
             self.backend.cleanup(handle)
         return seen

@@ -283,6 +283,19 @@ class Settings(BaseSettings):
         description="How often running jobs' $KILN_CHECKPOINT_DIR is copied to the store (0: only at "
         "the end of each attempt).",
     )
+    tensorboard_sync_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="How often running jobs' TensorBoard event files are copied to the store, where `kiln "
+        "tensorboard` reads them (0: only at the end of each attempt).",
+    )
+    tensorboard_keep_bytes: int = Field(
+        256 * 1024**2,
+        ge=0,
+        le=limits.MAX_RESOURCE_BYTES,
+        description="Bytes of TensorBoard event files kept in the store per job (counted in the organisation's "
+        "storage); files past it are left out and the server's log says so (bytes, or e.g. 1G).",
+    )
     log_ship_seconds: float = Field(
         2.0,
         ge=0,
@@ -377,7 +390,9 @@ class Settings(BaseSettings):
                 raise ValueError(f"{item!r} is not an IP address or a network such as 10.0.0.0/8") from None
         return networks
 
-    @field_validator("job_disk_default", "job_log_default", "job_tensorboard_bytes", mode="before")
+    @field_validator(
+        "job_disk_default", "job_log_default", "job_tensorboard_bytes", "tensorboard_keep_bytes", mode="before"
+    )
     @classmethod
     def _disk_quantity(cls, value: object) -> object:
         if isinstance(value, str) and value.strip() and not value.strip().isdigit():

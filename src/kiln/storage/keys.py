@@ -20,6 +20,12 @@ def checkpoints_prefix(org_id: str, job_id: str) -> str:
     return f"orgs/{org_id}/jobs/{job_id}/checkpoints"
 
 
+def events_prefix(org_id: str, job_id: str) -> str:
+    """A job's TensorBoard event files (``events.out.tfevents.*`` under its TensorBoard dir), kept while it runs
+    and when each attempt ends: what ``kiln tensorboard`` shows."""
+    return f"orgs/{org_id}/jobs/{job_id}/tensorboard"
+
+
 def log_prefix(org_id: str, job_id: str) -> str:
     """A job's log as shipped by the server writing it: segments named by the offset of their first byte."""
     return f"orgs/{org_id}/jobs/{job_id}/log"

@@ -2,27 +2,35 @@
 store every ``checkpoint_sync_seconds`` (and once more when each attempt ends, by the reconciler). A background
 task of its own (kiln.tasks.runner), so that copying a large checkpoint never delays the reconcile loop. Each
 job by the server holding its lease (the one whose reconciler watches it: with several servers, not each of
-them), from its attempt's own files (which another server may have started, on this machine)."""
+them), from its attempt's own files (which another server may have started, on this machine).
+
+``EventSync`` is the same round for TensorBoard event files, every ``tensorboard_sync_seconds``: what ``kiln
+tensorboard`` shows of a running job."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 from sqlalchemy import select
 
 from kiln.backends.base import Backend
-from kiln.backends.capabilities import CheckpointSyncer
+from kiln.backends.capabilities import CheckpointSyncer, EventSyncer
 from kiln.db.session import Database
 from kiln.db.tables import Job
 from kiln.domain.states import JobState
-from kiln.storage.keys import checkpoints_prefix
+from kiln.storage.keys import checkpoints_prefix, events_prefix
 from kiln.tasks.runner import Task, TaskContext
 
 log = logging.getLogger(__name__)
 
 
 class CheckpointSync:
+    name = "checkpoint-sync"
+    what = "checkpoints"
+    capability: type = CheckpointSyncer
+
     def __init__(self, db: Database, backend: Backend, interval: float, owner: str | None = None) -> None:
         """``owner``: this server in the jobs' leases (None: every running job)."""
         self.db = db
@@ -34,9 +42,9 @@ class CheckpointSync:
     def task(self) -> Task | None:
         """A round every ``interval`` (None when syncing is off: ``checkpoint_sync_seconds`` 0, or a backend
         whose jobs upload their checkpoints themselves)."""
-        if self.interval <= 0 or not isinstance(self.backend, CheckpointSyncer):
+        if self.interval <= 0 or not isinstance(self.backend, self.capability):
             return None
-        return Task("checkpoint-sync", self._round, self.interval, first_delay=self.interval)
+        return Task(self.name, self._round, self.interval, first_delay=self.interval)
 
     def _round(self, ctx: TaskContext) -> None:
         self._stop = ctx.stopping  # a long round ends between jobs when the server stops
@@ -44,8 +52,7 @@ class CheckpointSync:
 
     def run_once(self) -> int:
         """One round over the running jobs; files copied."""
-        backend = self.backend
-        if not isinstance(backend, CheckpointSyncer):
+        if not isinstance(self.backend, self.capability):
             return 0
         with self.db.read() as s:
             query = select(Job.id, Job.org_id, Job.attempt, Job.handle).where(
@@ -60,8 +67,21 @@ class CheckpointSync:
                 break
             try:
                 handle = dict(handle or {"job_id": job_id, "attempt": attempt})
-                files, _ = backend.sync_checkpoints(handle, checkpoints_prefix(org_id, job_id))
-                total += files
+                total += self.sync(handle, org_id, job_id)
             except Exception as exc:  # a store that is down: try again next round
-                log.warning("job %s: keeping checkpoints in the store failed: %s", job_id, exc)
+                log.warning("job %s: keeping %s in the store failed: %s", job_id, self.what, exc)
         return total
+
+    def sync(self, handle: dict[str, Any], org_id: str, job_id: str) -> int:
+        assert isinstance(self.backend, CheckpointSyncer)
+        return self.backend.sync_checkpoints(handle, checkpoints_prefix(org_id, job_id))[0]
+
+
+class EventSync(CheckpointSync):
+    name = "event-sync"
+    what = "TensorBoard event files"
+    capability = EventSyncer
+
+    def sync(self, handle: dict[str, Any], org_id: str, job_id: str) -> int:
+        assert isinstance(self.backend, EventSyncer)
+        return self.backend.sync_events(handle, events_prefix(org_id, job_id))[0]

@@ -6,6 +6,9 @@ Idle, predictably: no kernel busy, no terminal open, and no action through the p
 something, a message on a WebSocket: a cell run, a keystroke) for the notebook's ``idle_timeout``. A kernel busy
 computing is never idle, however long it runs; a tab left open, which only polls, is. A culled notebook is
 STOPPED with its reason as its message and on its job's events; ``kiln notebooks start`` brings it back.
+
+A TensorBoard has no kernel: it is idle when nothing reached it through the proxy (any request: an open tab that
+reloads is someone looking) for its ``idle_timeout``.
 """
 
 from __future__ import annotations
@@ -72,26 +75,33 @@ class NotebookControl:
         if state is not JobState.RUNNING:
             return
         lab = self._lab(job)
+        spec = NotebookSpec.model_validate(notebook.spec)
+        probe = "data/environment" if spec.kind == "tensorboard" else "api/status"
         if notebook.ready_job != job.id:
-            if lab is not None and _get(lab, notebook.id, "api/status") is not None:
+            if lab is not None and _get(lab, notebook.id, probe) is not None:
                 self.notebooks.answered(notebook.id, job.id)
                 log.info("notebook %s (%s) answers in job %s", notebook.name, notebook.id, job.id)
             elif job.started_at is not None and utcnow() - job.started_at > timedelta(seconds=START_TIMEOUT):
-                why = f"JupyterLab did not answer within {format_duration(START_TIMEOUT)}: {self._last_lines(job)}"
+                what = "TensorBoard" if spec.kind == "tensorboard" else "JupyterLab"
+                why = f"{what} did not answer within {format_duration(START_TIMEOUT)}: {self._last_lines(job)}"
                 self.notebooks.cull(notebook.id, job.id, why)
             return
-        spec = NotebookSpec.model_validate(notebook.spec)
         if not spec.idle_timeout or lab is None:
             return
-        if self._active(lab, notebook.id):
+        if spec.kind != "tensorboard" and self._active(lab, notebook.id):
             self.notebooks.record_activity({notebook.id: utcnow()})
             return
         since = notebook.last_activity or job.started_at or utcnow()
         if utcnow() - since > timedelta(seconds=spec.idle_timeout):
+            rule = (
+                "nothing reached it through the proxy"
+                if spec.kind == "tensorboard"
+                else "no kernel busy, no terminal, no action through the proxy"
+            )
             why = (
-                f"culled: idle for {format_duration(spec.idle_timeout)} (no kernel busy, no terminal, no action "
-                f"through the proxy since {since:%Y-%m-%d %H:%M:%S} UTC); `kiln notebooks start {notebook.name}` "
-                "brings it back with its home"
+                f"culled: idle for {format_duration(spec.idle_timeout)} ({rule} since {since:%Y-%m-%d %H:%M:%S} "
+                f"UTC); `kiln notebooks start {notebook.name}` brings it back"
+                + ("" if spec.kind == "tensorboard" else " with its home")
             )
             if self.notebooks.cull(notebook.id, job.id, why):
                 log.info("notebook %s (%s) %s", notebook.name, notebook.id, why)

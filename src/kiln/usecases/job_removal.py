@@ -15,7 +15,7 @@ from kiln.backends.capabilities import JobFiles, MetricSpools
 from kiln.db.tables import Job, JobEvent, MetricChunk, MetricCursor, MetricPoint, MetricSeries
 from kiln.domain.states import JobState
 from kiln.errors import Conflict
-from kiln.storage.keys import checkpoints_prefix, outputs_prefix
+from kiln.storage.keys import checkpoints_prefix, events_prefix, outputs_prefix
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore
 from kiln.usecases.identity import Principal
@@ -72,7 +72,11 @@ class JobRemoval:
             s.expunge(job)
             s.execute(delete(Job).where(Job.id == job_id))
         # The row is gone (the job answers 404 and its output bytes no longer count): now its files.
-        for prefix in (outputs_prefix(org_id, job_id), checkpoints_prefix(org_id, job_id)):
+        for prefix in (
+            outputs_prefix(org_id, job_id),
+            checkpoints_prefix(org_id, job_id),
+            events_prefix(org_id, job_id),
+        ):
             for rel, _ in self.store.list(prefix):
                 self.store.delete(f"{prefix}/{rel}")
         local = self.store.local_path(outputs_prefix(org_id, job_id))

@@ -3,11 +3,13 @@ and the idle check need (kiln.domain.notebooks).
 
 A start submits a job of quota category ``dev`` through the same checks and admission as any job; a stop cancels
 that job (its launcher saves the home first); the notebook task (kiln.tasks.notebooks) notices when JupyterLab
-answers, when the job ended by itself, and culls idle notebooks.
+answers, when the job ended by itself, and culls idle notebooks. A TensorBoard (kind ``tensorboard``) is the same,
+its launcher reading the event files of the jobs it shows from here (``events``, ``open_event``).
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -22,8 +24,9 @@ from kiln.db.tables import Job, Notebook, utcnow
 from kiln.domain.ids import new_id
 from kiln.domain.notebooks import (
     CATEGORY,
-    LAB_SUFFIX,
     NOTEBOOK_LABEL,
+    EventFile,
+    EventSource,
     NotebookRead,
     NotebookSpec,
     NotebookState,
@@ -31,6 +34,7 @@ from kiln.domain.notebooks import (
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState
 from kiln.errors import Conflict, Forbidden, InvalidInput, KilnError, NotFound
+from kiln.storage.keys import events_prefix
 from kiln.storage.store import ObjectStore
 from kiln.usecases.idempotency import Idempotency, IdempotentRequest, Remember
 from kiln.usecases.identity import Principal
@@ -51,25 +55,45 @@ def notebook_path(notebook_id: str) -> str:
     return f"/notebooks/{notebook_id}/"
 
 
-def job_spec(notebook_id: str, spec: NotebookSpec, version: str, sync_seconds: float) -> JobSpec:
-    """The job one start of the notebook runs: the launcher (kiln.injob.notebook) in the +lab variant of the
-    notebook's runtime, at catalog version ``version``."""
+def opens_at(spec: dict[str, object]) -> str:
+    """Where under its path a notebook opens: JupyterLab's ``lab``, TensorBoard's root."""
+    return "" if spec.get("kind") == "tensorboard" else "lab"
+
+
+def run_names(jobs: list[tuple[str, str]]) -> dict[str, str]:
+    """A TensorBoard run name for each (job id, job name): the name, made safe as a directory name; with the id
+    where two jobs share one."""
+    safe = {job_id: re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")[:60] or job_id for job_id, name in jobs}
+    counts: dict[str, int] = {}
+    for name in safe.values():
+        counts[name] = counts.get(name, 0) + 1
+    return {job_id: name if counts[name] == 1 else f"{name}-{job_id}" for job_id, name in safe.items()}
+
+
+def job_spec(
+    notebook_id: str, spec: NotebookSpec, version: str, sync_seconds: float, runs: dict[str, str] | None = None
+) -> JobSpec:
+    """The job one start of the notebook runs: the launcher (kiln.injob.notebook, or kiln.injob.tensorboard with
+    ``runs``: job id → run name) in the +lab (+tensorboard) variant of the notebook's runtime, at catalog version
+    ``version``."""
+    tensorboard = spec.kind == "tensorboard"
+    params: dict[str, object] = {"notebook_id": notebook_id, "base_url": notebook_path(notebook_id)}
+    if tensorboard:  # params are scalars: "job-…=run,job-…=run" (run names have neither '=' nor ',')
+        params["runs"] = ",".join(f"{job_id}={run}" for job_id, run in (runs or {}).items())
+    else:
+        params["sync_seconds"] = sync_seconds
     return JobSpec.model_validate(
         {
-            "name": f"notebook {spec.name}",
-            "command": ["python", "-m", "kiln.injob.notebook"],
-            "runtime": {"framework": spec.runtime.framework, "version": version + LAB_SUFFIX},
+            "name": f"{'tensorboard' if tensorboard else 'notebook'} {spec.name}",
+            "command": ["python", "-m", f"kiln.injob.{'tensorboard' if tensorboard else 'notebook'}"],
+            "runtime": {"framework": spec.runtime.framework, "version": version + spec.suffix},
             "resources": spec.resources.model_dump(exclude_none=True),
             "env": spec.env,
             "inputs": [item.model_dump(exclude_none=True) for item in spec.inputs],
             "network": spec.network,
             "labels": {NOTEBOOK_LABEL: notebook_id},
-            "params": {
-                "notebook_id": notebook_id,
-                "base_url": notebook_path(notebook_id),
-                "sync_seconds": sync_seconds,
-            },
-            "metrics": {"builtin": False, "system": True},
+            "params": params,
+            "metrics": {"builtin": False, "system": True, "tensorboard": False},
         }
     )
 
@@ -140,7 +164,7 @@ class NotebookService:
             message=message,
             spec=NotebookSpec.model_validate(notebook.spec),
             job_id=notebook.job_id,
-            url=f"{self.endpoint}{notebook_path(notebook.id)}lab",
+            url=f"{self.endpoint}{notebook_path(notebook.id)}{opens_at(notebook.spec)}",
             last_activity=notebook.last_activity,
             created_at=notebook.created_at,
             updated_at=notebook.updated_at,
@@ -164,8 +188,9 @@ class NotebookService:
     def _checked_job(self, principal: Principal, notebook_id: str, spec: NotebookSpec) -> JobSpec:
         """The job of a start of ``spec``, through every check a submit makes (quota category ``dev``)."""
         entry = self.jobs.catalog.resolve(spec.runtime.framework or "python", spec.runtime.version)
+        runs = self._runs(principal, spec) if spec.kind == "tensorboard" else None
         try:
-            job = job_spec(notebook_id, spec, entry.version, self.sync_seconds)
+            job = job_spec(notebook_id, spec, entry.version, self.sync_seconds, runs)
             return self.jobs.check_submit(principal, job, None, category=CATEGORY)
         except KilnError as exc:
             if isinstance(exc, InvalidInput):
@@ -173,6 +198,13 @@ class NotebookService:
             raise
         except ValueError as exc:  # the spec's env or inputs, as a job's
             raise InvalidInput(f"notebook: {exc}", details={"field": "spec"}) from None
+
+    def _runs(self, principal: Principal, spec: NotebookSpec) -> dict[str, str]:
+        """The run name of each job a TensorBoard shows; 404 for a job the caller cannot read."""
+        principal.require("jobs:read")
+        with self.db.read() as s:
+            named = [(job_id, self.jobs.load(s, principal, job_id).name or job_id) for job_id in spec.jobs]
+        return run_names(named)
 
     def create(
         self, principal: Principal, spec: NotebookSpec, idempotency: IdempotentRequest | None = None
@@ -320,8 +352,9 @@ class NotebookService:
 
     # ---- the proxy and the idle check
 
-    def target(self, principal: Principal, notebook_id: str) -> tuple[str, Job]:
-        """(notebook id, its running job) for the proxy: the caller's own notebook of their organisation."""
+    def target(self, principal: Principal, notebook_id: str) -> tuple[str, Job, str]:
+        """(notebook id, its running job, its kind) for the proxy: the caller's own notebook of their
+        organisation."""
         principal.require("notebooks:write")
         with self.db.read() as s:
             notebook = self.load(s, principal, notebook_id)
@@ -335,7 +368,7 @@ class NotebookService:
                     + ("; start it with `kiln notebooks start`" if state != NotebookState.STARTING else "; wait")
                 )
             s.expunge(job)
-            return notebook.id, job
+            return notebook.id, job, str(notebook.spec.get("kind") or "jupyterlab")
 
     def touch(self, notebook_id: str) -> None:
         """An action through the proxy (kept in memory; the notebook task writes it down)."""
@@ -355,6 +388,51 @@ class NotebookService:
                 when = seen[notebook.id]
                 if notebook.last_activity is None or notebook.last_activity < when:
                     notebook.last_activity = when
+
+    # ---- a TensorBoard's event files
+
+    def _source(
+        self, s: Session, principal: Principal, notebook_id: str, job_id: str | None
+    ) -> tuple[Notebook, Job | None]:
+        notebook = self._home_notebook(s, principal, notebook_id)
+        jobs = list(notebook.spec.get("jobs") or [])
+        if notebook.spec.get("kind") != "tensorboard":
+            raise NotFound(f"notebook {notebook.name} is not a tensorboard: it has no event files")
+        if job_id is None:
+            return notebook, None
+        job = s.get(Job, job_id) if job_id in jobs else None
+        if job is None or job.org_id != notebook.org_id:
+            raise NotFound(f"job {job_id} is not one of tensorboard {notebook.name}'s")
+        return notebook, job
+
+    def events(self, principal: Principal, notebook_id: str) -> list[EventSource]:
+        """Each job a TensorBoard shows: its state and its event files kept in the store (path, size)."""
+        with self.db.read() as s:
+            notebook, _ = self._source(s, principal, notebook_id, None)
+            jobs = {j.id: j for j in s.scalars(select(Job).where(Job.id.in_(list(notebook.spec.get("jobs") or []))))}
+            found = [(job_id, jobs.get(job_id)) for job_id in notebook.spec.get("jobs") or []]
+        answer: list[EventSource] = []
+        for job_id, job in found:
+            if job is None or job.org_id != notebook.org_id:
+                answer.append(EventSource(job_id=job_id, state="DELETED", files=[]))
+                continue
+            kept = self.store.list(events_prefix(job.org_id, job.id))
+            files = [EventFile(path=rel, size=size) for rel, size in kept]
+            answer.append(EventSource(job_id=job_id, state=str(job.state), files=files))
+        return answer
+
+    def open_event(self, principal: Principal, notebook_id: str, job_id: str, path: str, offset: int) -> IO[bytes]:
+        """One of a TensorBoard's jobs' event files, from byte ``offset`` on."""
+        with self.db.read() as s:
+            _, job = self._source(s, principal, notebook_id, job_id)
+            assert job is not None
+            prefix = events_prefix(job.org_id, job.id)
+        if path not in {rel for rel, _ in self.store.list(prefix)}:
+            raise NotFound(f"job {job_id} has no event file {path!r}")
+        handle = self.store.open(f"{prefix}/{path}")
+        if offset:
+            handle.seek(offset)
+        return handle
 
     # ---- the home
 

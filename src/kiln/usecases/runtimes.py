@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from kiln.backends.capabilities import RuntimeBuilder
 from kiln.domain.catalog import CatalogEntry
-from kiln.domain.notebooks import LAB_SUFFIX
+from kiln.domain.notebooks import VARIANTS
 from kiln.domain.runtime_builds import BuildInfo, RuntimeBuildRead, RuntimeDetail
 from kiln.domain.schemas import RuntimeRead
 from kiln.errors import InvalidInput, NotFound
@@ -75,10 +75,11 @@ class RuntimeService:
 
     def _entry(self, name: str) -> CatalogEntry:
         """The entry named ``name`` (``pytorch-2.13``), or a framework's default (``pytorch``); with ``+lab``
-        (``pytorch-2.13+lab``), that entry with JupyterLab: a notebook's runtime."""
-        if name.endswith(LAB_SUFFIX):
-            base = self._entry(name.removesuffix(LAB_SUFFIX))
-            return self.builder.runtime_catalog.resolve(base.framework, base.version + LAB_SUFFIX)
+        (``pytorch-2.13+lab``), that entry with JupyterLab: a notebook's runtime (``+tensorboard``: a TensorBoard's)."""
+        for suffix in VARIANTS:
+            if name.endswith(suffix):
+                base = self._entry(name.removesuffix(suffix))
+                return self.builder.runtime_catalog.resolve(base.framework, base.version + suffix)
         for entry in self.builder.runtime_catalog.entries:
             if entry.name == name:
                 return entry

@@ -261,6 +261,9 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ("GET", "/api/v1/notebooks/{notebook}"): [Case("scoped", reader="member")],
     ("GET", "/api/v1/notebooks/{notebook}/home"): [Case("scoped", reader="member")],
     ("PUT", "/api/v1/notebooks/{notebook}/home"): [Case("scoped", body=ARTIFACT)],
+    # A TensorBoard's event files (A's notebook is JupyterLab: its own member gets 404 too; no reader control).
+    ("GET", "/api/v1/notebooks/{notebook}/events"): [Case("scoped")],
+    ("GET", "/api/v1/notebooks/{notebook}/events/{job_id}/{path}"): [Case("scoped")],
     ("POST", "/api/v1/notebooks/{notebook}/start"): [Case("scoped")],
     ("POST", "/api/v1/notebooks/{notebook}/stop"): [Case("scoped", owner="admin")],
     ("DELETE", "/api/v1/notebooks/{notebook}"): [Case("scoped", owner="admin", last=True)],

@@ -43,3 +43,34 @@ def test_a_failed_jobs_files_go_once_kept_long_enough(tmp_path: Path) -> None:
     (failed / "release.json").write_text(json.dumps({"keep_until": time.time() - 1}))
     jobfiles.sweep(jobs)
     assert sorted(p.name for p in failed.iterdir()) == ["metrics"]
+
+
+def test_event_files_are_kept_incrementally_never_through_a_link_and_within_their_budget(tmp_path: Path) -> None:
+    from kiln.storage.store import ObjectStore
+
+    store = ObjectStore(str(tmp_path / "store"))
+    victim = tmp_path / "jobs" / "job-victim" / "tensorboard"
+    victim.mkdir(parents=True)
+    (victim / "events.out.tfevents.1.victim").write_bytes(b"another job's scalars")
+    job = tmp_path / "jobs" / "job-mine"
+    tb = job / "work" / "logs"
+    (tb / "train").mkdir(parents=True)
+    (tb / "train" / "events.out.tfevents.1.host").write_bytes(b"a" * 10)
+    (tb / "notes.txt").write_text("not an event file")
+    (tb / "events.out.tfevents.2.host.tmp").write_bytes(b"half written")
+    (tb / "events.out.tfevents.3.link").symlink_to(victim / "events.out.tfevents.1.victim")
+    (tb / "other").symlink_to(victim, target_is_directory=True)
+    prefix = "orgs/o/jobs/job-mine/tensorboard"
+    assert jobfiles.sync_events(store, job, "work/logs", prefix, 100) == (1, 10)
+    assert store.list(prefix) == [("train/events.out.tfevents.1.host", 10)]
+    assert jobfiles.sync_events(store, job, "work/logs", prefix, 100) == (0, 10)  # nothing changed: nothing copied
+    with open(tb / "train" / "events.out.tfevents.1.host", "ab") as fh:
+        fh.write(b"b" * 5)
+    (tb / "events.out.tfevents.4.host").write_bytes(b"c" * 200)  # past the budget: left out
+    assert jobfiles.sync_events(store, job, "work/logs", prefix, 100) == (1, 15)
+    assert store.list(prefix) == [("train/events.out.tfevents.1.host", 15)]
+    # The job swaps a directory of its TensorBoard path for a link to another job's: nothing is read through it.
+    (job / "work" / "logs").rename(job / "work" / "old")
+    (job / "work" / "logs").symlink_to(victim, target_is_directory=True)
+    assert jobfiles.sync_events(store, job, "work/logs", prefix, 100) == (0, 15)
+    assert all("victim" not in rel for rel, _ in store.list(prefix))

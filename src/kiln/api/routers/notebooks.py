@@ -1,5 +1,6 @@
 """Notebooks: create (and start), read, list, start, stop, delete; the home a notebook's launcher restores and
-saves. JupyterLab itself is reached under ``/notebooks/{id}/`` (kiln.api.notebook_proxy)."""
+saves; the event files a TensorBoard's launcher reads. JupyterLab (or TensorBoard) itself is reached under
+``/notebooks/{id}/`` (kiln.api.notebook_proxy)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
@@ -17,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from kiln.api.deps import Caller, Kiln
 from kiln.api.idempotency import Idempotent, mark_replayed, replayable
 from kiln.api.responses import errors, raw_body
-from kiln.domain.notebooks import MAX_HOME_BYTES, NotebookList, NotebookRead, NotebookSpec
+from kiln.domain.notebooks import MAX_HOME_BYTES, EventSources, NotebookList, NotebookRead, NotebookSpec
 from kiln.errors import InvalidInput, PayloadTooLarge
 
 router = APIRouter(prefix="/notebooks", tags=["notebooks"], responses=errors(403))
@@ -135,3 +136,40 @@ async def put_notebook_home(notebook: NotebookRef, request: Request, caller: Cal
     finally:
         path.unlink(missing_ok=True)
     return Response(status_code=204)
+
+
+@router.get(
+    "/{notebook}/events",
+    response_model=EventSources,
+    summary="A TensorBoard's jobs and their TensorBoard event files kept in the store",
+    responses=errors(404, 422),
+)
+def list_notebook_events(notebook: NotebookRef, caller: Caller, kiln: Kiln) -> EventSources:
+    return EventSources(items=kiln.notebooks.events(caller, notebook))
+
+
+@router.get(
+    "/{notebook}/events/{job_id}/{path:path}",
+    summary="One event file of a TensorBoard's job, from a byte offset on (event files only grow)",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+        **errors(404, 422),
+    },
+)
+def get_notebook_event_file(
+    notebook: NotebookRef,
+    job_id: Annotated[str, PathParam(max_length=64)],
+    path: Annotated[str, PathParam(max_length=1024)],
+    caller: Caller,
+    kiln: Kiln,
+    offset: Annotated[int, Query(ge=0, le=2**50, description="The first byte to send")] = 0,
+) -> StreamingResponse:
+    handle = kiln.notebooks.open_event(caller, notebook, job_id, path, offset)
+
+    def chunks() -> Iterator[bytes]:
+        with handle:
+            while block := handle.read(1024 * 1024):
+                yield block
+
+    return StreamingResponse(chunks(), media_type="application/octet-stream")

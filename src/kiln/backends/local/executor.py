@@ -41,6 +41,7 @@ from kiln.backends.base import AttemptStatus, Backend, BackendDeps, Inventory, L
 from kiln.backends.capabilities import (
     BackgroundWork,
     CheckpointSyncer,
+    EventSyncer,
     ExtractsMetrics,
     JobFiles,
     MetricSpools,
@@ -92,6 +93,7 @@ class LocalBackend(
     Preemptible,
     OutputCollector,
     CheckpointSyncer,
+    EventSyncer,
     JobFiles,
     ExtractsMetrics,  # each attempt's shim extracts them
     LocalRuntimeBuilder,
@@ -553,6 +555,25 @@ class LocalBackend(
 
     def sync_checkpoints(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
         return jobfiles.sync_checkpoints(self.store, self._job_dir_of(handle), dest_prefix)
+
+    def sync_events(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
+        job_dir = self._job_dir_of(handle)
+        return jobfiles.sync_events(
+            self.store, job_dir, self._events_dir(handle, job_dir), dest_prefix, self.settings.tensorboard_keep_bytes
+        )
+
+    @staticmethod
+    def _events_dir(handle: dict[str, Any], job_dir: Path) -> str:
+        """The attempt's TensorBoard dir relative to its job directory: ``tensorboard``, or the spec's
+        ``metrics.tensorboard_dir`` under ``work`` (as its shim was told: the server wrote its shim.json)."""
+        for _, _, member_dir in member_dirs(handle):
+            config = read_json(member_dir / "shim.json") or {}
+            named = (config.get("metrics") or {}).get("tensorboard_dir")
+            if isinstance(named, str):
+                with contextlib.suppress(ValueError):
+                    return Path(named).relative_to(job_dir).as_posix()
+            break
+        return "tensorboard"
 
     def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
         # The attempt's own job directory (dir is <job>/attempts/<n>): another server's on this machine, for an

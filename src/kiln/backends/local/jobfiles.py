@@ -83,6 +83,77 @@ def sync_checkpoints(store: ObjectStore, job_dir: Path, dest_prefix: str) -> tup
     return files, copied
 
 
+EVENT_FILE = "events.out.tfevents."
+EVENTS_SYNCED = "events.synced.json"
+
+
+def _open_dir_beneath(root: Path, rel: str) -> int | None:
+    """``root/rel`` opened as a directory without following a link at any level of ``rel`` (the job may have
+    swapped any of them for a link to another job's files); None when it is not there."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in Path(rel).parts:
+            if part in ("", ".", "..", "/"):
+                raise OSError(f"{rel!r}: not a plain relative path")
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def sync_events(store: ObjectStore, job_dir: Path, rel: str, dest_prefix: str, max_bytes: int) -> tuple[int, int]:
+    """The TensorBoard event files (``events.out.tfevents.*``, at any depth) under ``job_dir/rel`` that changed
+    since the last call, copied into the store under ``dest_prefix`` at their relative paths; at most
+    ``max_bytes`` kept for the job in all (a file that would pass it is left out, and said once). Event files
+    only grow, so a copy is at worst a little behind. Returns (files copied, bytes kept in all)."""
+    state_path = job_dir / EVENTS_SYNCED
+    synced: dict[str, Any] = read_json(state_path) or {}
+    top = _open_dir_beneath(job_dir, rel)
+    if top is None:
+        return 0, sum(int(v[0]) for v in synced.values() if isinstance(v, list))
+    files, changed = 0, False
+    try:
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        for dirpath, dirnames, filenames, dirfd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+            dirnames.sort()
+            for name in sorted(filenames):
+                if not name.startswith(EVENT_FILE) or name.endswith(".tmp"):
+                    continue
+                rel_name = os.path.normpath(os.path.join(dirpath, name))
+                try:
+                    fd = os.open(name, flags, dir_fd=dirfd)
+                except OSError:
+                    continue  # a link, or gone
+                with os.fdopen(fd, "rb") as fh:
+                    st = os.fstat(fh.fileno())
+                    signature = [st.st_size, st.st_mtime_ns]
+                    if not stat.S_ISREG(st.st_mode) or synced.get(rel_name) == signature:
+                        continue
+                    kept = sum(int(v[0]) for k, v in synced.items() if k != rel_name and isinstance(v, list))
+                    if kept + st.st_size > max_bytes:
+                        if synced.get(rel_name) != "over":
+                            log.warning(
+                                "%s: TensorBoard file %s not kept: the job's event files would pass %d bytes",
+                                job_dir.name,
+                                rel_name,
+                                max_bytes,
+                            )
+                            synced[rel_name] = "over"
+                            changed = True
+                        continue
+                    store.put_file(Path(f"/proc/self/fd/{fh.fileno()}"), f"{dest_prefix}/{safe_key(rel_name)}")
+                synced[rel_name] = signature
+                files += 1
+    finally:
+        os.close(top)
+    if files or changed:
+        write_json_atomic(state_path, synced)
+    return files, sum(int(v[0]) for v in synced.values() if isinstance(v, list))
+
+
 def release(job_dir: Path, keep_seconds: float) -> None:
     """The job ended: free its files now, or (``keep_seconds``: it failed) mark them to go after that long."""
     if not job_dir.is_dir():
