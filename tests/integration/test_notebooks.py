@@ -308,13 +308,14 @@ def _event_file_bytes(tmp: Path, values: list[float]) -> bytes:
     return path.read_bytes()
 
 
-@pytest.mark.timeout(600)
-def test_tensorboard_over_a_finished_job_answers_its_scalars_through_the_proxy(
-    server: KilnServer, people: dict[str, Client], tmp_path: Path
-) -> None:
-    owner, stranger = people["owner"], people["stranger"]
-    values = [2.5, 1.25, 0.625]
-    blob = base64.b64encode(_event_file_bytes(tmp_path, values)).decode()
+VALUES = [2.5, 1.25, 0.625]
+
+
+@pytest.fixture(scope="module")
+def tb_job(people: dict[str, Client], tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A finished job of the owner's that wrote a TensorBoard event file (``train/``: scalars ``loss``)."""
+    owner = people["owner"]
+    blob = base64.b64encode(_event_file_bytes(tmp_path_factory.mktemp("tb"), VALUES)).decode()
     write = (
         "import base64, os\n"
         "where = os.path.join(os.environ['KILN_TENSORBOARD_DIR'], 'train')\n"
@@ -323,11 +324,18 @@ def test_tensorboard_over_a_finished_job_answers_its_scalars_through_the_proxy(
     )
     job = owner.submit({"name": "mnist-run", "command": ["python", "-c", write], "runtime": {"framework": "python"}})
     assert owner.wait(job.id, timeout=240).state == "SUCCEEDED"
-    # Another organisation's user cannot point a TensorBoard at the job; a bad job id is named.
-    spec = {"name": "tb-stolen", "kind": "tensorboard", "jobs": [job.id]}
-    with pytest.raises(NotFound, match=job.id):
-        stranger.create_notebook(spec)
-    board = owner.create_notebook({"name": "tb-mnist", "kind": "tensorboard", "jobs": [job.id]})
+    return job.id
+
+
+@pytest.mark.timeout(600)
+def test_tensorboard_over_a_finished_job_answers_its_scalars_through_the_proxy(
+    server: KilnServer, people: dict[str, Client], tb_job: str
+) -> None:
+    owner, stranger = people["owner"], people["stranger"]
+    # Another organisation's user cannot point a TensorBoard at the job.
+    with pytest.raises(NotFound, match=tb_job):
+        stranger.create_notebook({"name": "tb-stolen", "kind": "tensorboard", "jobs": [tb_job]})
+    board = owner.create_notebook({"name": "tb-mnist", "kind": "tensorboard", "jobs": [tb_job], "idle_timeout": "10s"})
     assert board.url.endswith(f"/notebooks/{board.id}/"), board.url
     ready = owner.wait_notebook("tb-mnist", timeout=START_TIMEOUT)
     assert ready.state == "RUNNING", (ready.state, ready.message)
@@ -341,9 +349,54 @@ def test_tensorboard_over_a_finished_job_answers_its_scalars_through_the_proxy(
         time.sleep(1)
     answer = owner.notebook_request(board.id, "GET", "data/plugin/scalars/scalars?run=mnist-run%2Ftrain&tag=loss")
     assert answer.status_code == 200, answer.text
-    assert [(step, value) for _, step, value in answer.json()] == list(enumerate(values))
+    assert [(step, value) for _, step, value in answer.json()] == list(enumerate(VALUES))
     # Through the proxy only: unsigned, or another organisation's user, is refused.
     assert httpx.get(f"{server.url}/notebooks/{board.id}/data/runs").status_code == 401
     with pytest.raises(NotFound):
         stranger.notebook_request(board.id, "GET", "data/runs")
+    # Someone looking (any request: TensorBoard has no kernel) keeps it up past its idle timeout; then it stops.
+    looked = time.monotonic()
+    while time.monotonic() - looked < 16:
+        assert owner.notebook_request(board.id, "GET", "data/environment").status_code == 200
+        time.sleep(2)
+    assert owner.get_notebook("tb-mnist").state == "RUNNING"
+    deadline = time.monotonic() + 60
+    while (current := owner.get_notebook("tb-mnist")).state != "STOPPED":
+        assert time.monotonic() < deadline, (current.state, current.message)
+        time.sleep(1)
+    assert current.message.startswith("culled: idle for 10s (nothing reached it through the proxy"), current.message
     owner.delete_notebook("tb-mnist")
+
+
+@pytest.mark.needs("chromium")
+@pytest.mark.timeout(400)
+def test_a_jobs_console_page_starts_a_tensorboard_that_opens_in_chromium(
+    server: KilnServer, people: dict[str, Client], tb_job: str
+) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.browser import launch
+
+    owner = people["owner"]
+    with sync_playwright() as playwright:
+        browser = launch(playwright)
+        try:
+            context = browser.new_context(viewport={"width": 1280, "height": 800})
+            context.set_default_timeout(60_000)
+            page = context.new_page()
+            page.goto(f"{server.url}/jobs/{tb_job}")
+            page.get_by_label("Access key id").fill(owner.access_key or "")
+            page.get_by_label("Secret key").fill(owner._secret_key or "")
+            page.get_by_role("button", name="Sign in").click()
+            page.get_by_test_id("job-tensorboard").click()
+            expect(page).to_have_url(f"{server.url}/notebooks")
+            row = page.get_by_test_id("notebook-row").filter(has_text=f"tb-{tb_job.removeprefix('job-')}")
+            expect(row).to_contain_text("RUNNING", timeout=240_000)  # the first start builds +tensorboard
+            with context.expect_page() as opened:
+                row.get_by_test_id("open-notebook").click()
+            board = opened.value
+            expect(board).to_have_title("TensorBoard")
+            expect(board.get_by_text("mnist-run/train").first).to_be_visible()
+        finally:
+            browser.close()
+    owner.delete_notebook(f"tb-{tb_job.removeprefix('job-')}")
