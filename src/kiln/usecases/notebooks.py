@@ -394,7 +394,7 @@ class NotebookService:
     def _source(
         self, s: Session, principal: Principal, notebook_id: str, job_id: str | None
     ) -> tuple[Notebook, Job | None]:
-        notebook = self._home_notebook(s, principal, notebook_id)
+        notebook = self._home_notebook(s, principal, notebook_id, "read the event files of")
         jobs = list(notebook.spec.get("jobs") or [])
         if notebook.spec.get("kind") != "tensorboard":
             raise NotFound(f"notebook {notebook.name} is not a tensorboard: it has no event files")
@@ -436,7 +436,9 @@ class NotebookService:
 
     # ---- the home
 
-    def _home_notebook(self, s: Session, principal: Principal, notebook_id: str) -> Notebook:
+    def _home_notebook(
+        self, s: Session, principal: Principal, notebook_id: str, what: str = "read the home of"
+    ) -> Notebook:
         """The notebook whose home the caller may read or replace: its running job's launcher (a job token), or
         its user."""
         notebook = s.get(Notebook, notebook_id)
@@ -445,7 +447,7 @@ class NotebookService:
                 raise NotFound(f"notebook {notebook_id} not found")
             return notebook
         notebook = self.load(s, principal, notebook_id)
-        self._check_owner(principal, notebook, "read the home of")
+        self._check_owner(principal, notebook, what)
         return notebook
 
     def open_home(self, principal: Principal, notebook_id: str) -> IO[bytes] | None:
