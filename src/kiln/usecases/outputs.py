@@ -19,16 +19,17 @@ from starlette.concurrency import run_in_threadpool
 
 from kiln.domain.schemas import ArtifactRead
 from kiln.domain.states import JobState
-from kiln.errors import Conflict, DigestMismatch, NotFound
-from kiln.storage.keys import blob_key, checkpoints_prefix, outputs_prefix
+from kiln.errors import Conflict, DigestMismatch, InvalidInput, NotFound
+from kiln.storage.keys import blob_key, checkpoints_prefix, events_prefix, outputs_prefix
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore, safe_key
 from kiln.usecases.identity import Principal
 from kiln.usecases.jobs import JobService
 from kiln.usecases.quotas import QuotaService
 
-FileKind = Literal["artifact", "checkpoint"]
-PREFIXES = {"artifact": outputs_prefix, "checkpoint": checkpoints_prefix}
+FileKind = Literal["artifact", "checkpoint", "event"]
+PREFIXES = {"artifact": outputs_prefix, "checkpoint": checkpoints_prefix, "event": events_prefix}
+EVENT_FILE = "events.out.tfevents."  # what a job's TensorBoard dir may send as "event" files
 
 
 # While a file streams in, the storage quota is checked every this many bytes: a body over the quota is cut
@@ -96,6 +97,8 @@ class OutputService:
         job = await run_in_threadpool(self.jobs.get, principal, job_id)
         if JobState(job.state).terminal:
             raise Conflict(f"job {job_id} has ended; its {kind}s are final")
+        if kind == "event" and not safe_key(path).rsplit("/", 1)[-1].startswith(EVENT_FILE):
+            raise InvalidInput(f"{path!r}: TensorBoard event files only ({EVENT_FILE}*)", details={"field": "path"})
         key = f"{PREFIXES[kind](job.org_id, job.id)}/{safe_key(path)}"
         fd, name = tempfile.mkstemp(dir=self.tmp_dir, prefix=f"{kind}-")
         tmp = Path(name)

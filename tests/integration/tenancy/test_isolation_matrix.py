@@ -153,6 +153,7 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ("GET", "/api/v1/jobs/{job_id}/checkpoints"): [Case("scoped", reader="member")],
     ("PUT", "/api/v1/jobs/{job_id}/checkpoints/{path}"): [Case("scoped", body=ARTIFACT, owner="admin")],
     ("GET", "/api/v1/jobs/{job_id}/checkpoints/{path}"): [Case("scoped", reader="member")],
+    ("PUT", "/api/v1/jobs/{job_id}/tensorboard/{path}"): [Case("scoped", body=ARTIFACT)],
     ("POST", "/api/v1/jobs/{job_id}/metrics"): [Case("scoped", body=METRICS, owner="admin")],
     ("GET", "/api/v1/jobs/{job_id}/metrics"): [
         Case("scoped", reader="member"),

@@ -181,6 +181,44 @@ def test_restore_then_only_new_checkpoints_are_sent(make_server, tmp_path: Path)
     api.ok("POST", f"/jobs/{job_id}/cancel")
 
 
+def test_the_sidecar_keeps_a_pods_tensorboard_event_files_and_nothing_else_of_that_dir(
+    make_server, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """What ``kiln tensorboard`` reads of a pod: its event files, as they grow; the route takes nothing else."""
+    server: KilnServer = make_server()
+    api = Api.admin(server)
+    job_id, token = _holder(api, server, "holder")
+    tb = tmp_path / "tb"
+    (tb / "train").mkdir(parents=True)
+    (tb / "train" / "events.out.tfevents.1.pod").write_bytes(b"first")
+    (tb / "notes.txt").write_text("not an event file")
+    env = _pod_env(
+        tmp_path, server.url, job_id, token, KILN_CHECKPOINT_SYNC_SECONDS="0.3", KILN_TENSORBOARD_DIR=str(tb)
+    )
+
+    def kept() -> dict[str, bytes]:
+        return {
+            p.name: p.read_bytes() for p in server.home.rglob("*") if p.is_file() and f"{job_id}/tensorboard" in str(p)
+        }
+
+    sidecar = _sidecar(env)
+    try:
+        _wait(lambda: kept() == {"events.out.tfevents.1.pod": b"first"}, what="the event file")
+        with open(tb / "train" / "events.out.tfevents.1.pod", "ab") as fh:
+            fh.write(b"+more")
+        _wait(lambda: kept() == {"events.out.tfevents.1.pod": b"first+more"}, what="what it gained")
+    finally:
+        _stop(sidecar)
+    refused = httpx.put(
+        f"{server.url}/api/v1/jobs/{job_id}/tensorboard/notes.txt",
+        content=b"x",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert refused.status_code in (400, 422) and "event files only" in refused.text, refused.text
+    assert "notes.txt" not in kept()
+    api.ok("POST", f"/jobs/{job_id}/cancel")
+
+
 def test_an_unreachable_server_gives_an_error_marker_not_a_hang(tmp_path: Path) -> None:
     env = _pod_env(tmp_path, f"http://127.0.0.1:{free_port()}", "job-x", "kiln-job-token")
     (Path(env["KILN_CHECKPOINT_DIR"]) / "c.pt").write_bytes(b"c")

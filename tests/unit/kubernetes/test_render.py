@@ -219,8 +219,9 @@ def test_single_job() -> None:
     assert init_env["KILN_CHECKPOINT_DIR"] == env["KILN_CHECKPOINT_DIR"]  # restored before the command runs
     secret = objects[0]
     assert secret["stringData"] == {"token": "tok"}
-    # The sync sidecar: a native sidecar in the init image, with the token, sharing the output, checkpoint and
-    # run volumes (outputs and checkpoints read-only); the entrypoint waits for it at most upload_timeout.
+    # The sync sidecar: a native sidecar in the init image, with the token, sharing the output, checkpoint, metrics
+    # (for TensorBoard event files) and run volumes (all but run read-only); the entrypoint waits for it at most
+    # upload_timeout.
     assert (sync["name"], sync["restartPolicy"], sync["image"]) == ("kiln-sync", "Always", "python:3.11-slim")
     assert sync["command"] == ["python3", "/etc/kiln/podsync.py"]
     sync_env = env_of(sync)
@@ -232,8 +233,10 @@ def test_single_job() -> None:
         "kiln-conf": ("/etc/kiln", True),
         "kiln-outputs": (main_mounts["kiln-outputs"], True),
         "kiln-checkpoints": (main_mounts["kiln-checkpoints"], True),
+        "kiln-metrics": (main_mounts["kiln-metrics"], True),
         "kiln-run": (main_mounts["kiln-run"], False),
     }
+    assert sync_env["KILN_TENSORBOARD_DIR"] == env["KILN_TENSORBOARD_DIR"]
     assert {"podfetch.py", "podsync.py"} <= set(files_of(objects))
     cfg = KubeConfig(checkpoint_sync_seconds=30, upload_timeout=90)
     other = rendered(spec(), cfg)[-1]["spec"]["template"]["spec"]

@@ -244,6 +244,18 @@ async def put_checkpoint(job_id: JobId, path: FilePath, request: Request, caller
     return await _put_file(job_id, "checkpoint", path, request, caller, kiln)
 
 
+@router.put(
+    "/{job_id}/tensorboard/{path:path}",
+    response_model=ArtifactRead,
+    status_code=201,
+    summary="Upload a TensorBoard event file (a running job, with its job token: a pod's sync sidecar)",
+    responses=errors(400, 404, 409, 422),
+    openapi_extra=BINARY_BODY,
+)
+async def put_event_file(job_id: JobId, path: FilePath, request: Request, caller: Caller, kiln: Kiln) -> ArtifactRead:
+    return await _put_file(job_id, "event", path, request, caller, kiln)
+
+
 @router.post(
     "/{job_id}/logs",
     summary="Append lines to the job's log (a running job, with its job token)",

@@ -10,6 +10,7 @@ KILN_ENDPOINT, KILN_JOB_TOKEN  the API and the attempt's job token (``Authorizat
 KILN_JOB_ID                    the job
 KILN_OUTPUT_DIR                uploaded as the job's artifacts once the command has ended
 KILN_CHECKPOINT_DIR            uploaded as the job's checkpoints: what changed, every sync interval
+KILN_TENSORBOARD_DIR           its ``events.out.tfevents.*`` files uploaded likewise (what ``kiln tensorboard`` reads)
 KILN_RUN_DIR                   the pod's shared run directory: markers and the sync state
 KILN_CHECKPOINT_SYNC_SECONDS   the interval (0: only once the command has ended)
 KILN_ROLE, JOB_COMPLETION_INDEX  the member, ``ROLE-INDEX``: only ``worker-0`` uploads (see below)
@@ -21,6 +22,9 @@ the checkpoint directory whose size or mtime differ from what the store was last
 carries the file's SHA-256 (``X-Kiln-Content-SHA256``): a file rewritten in place while it is read is refused
 by the server and sent again next round, so write checkpoints to a temporary name and rename them. Symbolic
 links and anything resolving outside the directory are skipped.
+
+The TensorBoard event files under ``KILN_TENSORBOARD_DIR`` go the same way, at the same times
+(``PUT /api/v1/jobs/{id}/tensorboard/{path}``; their sync state keyed ``tensorboard/<path>``).
 
 When the entrypoint writes ``$KILN_RUN_DIR/ended-MEMBER`` (the command and finish_command are over) it does a
 last checkpoint pass, uploads every file of the output directory as the job's artifacts
@@ -52,6 +56,9 @@ RETRIES = 3
 MAX_REPORTED = 20
 
 
+EVENT_FILE = "events.out.tfevents."
+
+
 class Unreachable(Exception):
     """The API cannot be reached: the rest of the pass would fail the same way."""
 
@@ -63,6 +70,7 @@ class Syncer:
         self.job_id = env.get("KILN_JOB_ID", "")
         self.output_dir = env.get("KILN_OUTPUT_DIR", "/kiln/outputs")
         self.checkpoint_dir = env.get("KILN_CHECKPOINT_DIR", "/kiln/checkpoints")
+        self.tensorboard_dir = env.get("KILN_TENSORBOARD_DIR", "")
         self.run_dir = env.get("KILN_RUN_DIR", "/kiln/run")
         self.interval = float(env.get("KILN_CHECKPOINT_SYNC_SECONDS") or 0)
         self.member = f"{env.get('KILN_ROLE') or 'worker'}-{env.get('JOB_COMPLETION_INDEX') or '0'}"
@@ -125,18 +133,23 @@ class Syncer:
                     out.append((rel, path))
         return out
 
-    def _upload_dir(self, root: str, kind: str, what: str, incremental: bool) -> tuple[int, int]:
+    def _upload_dir(
+        self, root: str, kind: str, what: str, incremental: bool, key: str = "", only: str = ""
+    ) -> tuple[int, int]:
         """Upload the files of ``root`` as ``kind`` (only what changed since the store got it, when
-        ``incremental``); (files, bytes). An unreachable server ends the pass."""
+        ``incremental``: the sync state's entry ``key + path``; only names starting with ``only``); (files,
+        bytes). An unreachable server ends the pass."""
         files = size = 0
         for rel, path in self._files(root):
+            if only and not os.path.basename(rel).startswith(only):
+                continue
             try:
                 before = podfetch.signature(path)
-                if incremental and self.state.get(rel) == before:
+                if incremental and self.state.get(key + rel) == before:
                     continue
                 sent = self._put(kind, rel, path)
                 if incremental and podfetch.signature(path) == before:  # else it changed meanwhile: next pass
-                    self.state[rel] = before
+                    self.state[key + rel] = before
                     podfetch.save_state(self.run_dir, self.state)
                 files, size = files + 1, size + sent
             except Unreachable as exc:
@@ -147,7 +160,14 @@ class Syncer:
         return files, size
 
     def sync_checkpoints(self) -> tuple[int, int]:
-        return self._upload_dir(self.checkpoint_dir, "checkpoints", "checkpoint", incremental=True)
+        """The checkpoints that changed, and the TensorBoard event files that grew."""
+        files, size = self._upload_dir(self.checkpoint_dir, "checkpoints", "checkpoint", incremental=True)
+        if self.tensorboard_dir and os.path.isdir(self.tensorboard_dir):
+            events = self._upload_dir(
+                self.tensorboard_dir, "tensorboard", "event file", True, key="tensorboard/", only=EVENT_FILE
+            )
+            files, size = files + events[0], size + events[1]
+        return files, size
 
     def upload_outputs(self) -> tuple[int, int]:
         return self._upload_dir(self.output_dir, "artifacts", "output", incremental=False)

@@ -326,9 +326,9 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
     ]
     init_mounts = [m for m in mounts if m["name"] in ("kiln-conf", "kiln-work", "kiln-checkpoints", "kiln-run")]
     sync_mounts = [
-        {**m, "readOnly": True} if m["name"] in ("kiln-outputs", "kiln-checkpoints") else m
+        {**m, "readOnly": True} if m["name"] in ("kiln-outputs", "kiln-checkpoints", "kiln-metrics") else m
         for m in mounts
-        if m["name"] in ("kiln-conf", "kiln-outputs", "kiln-checkpoints", "kiln-run")
+        if m["name"] in ("kiln-conf", "kiln-outputs", "kiln-checkpoints", "kiln-metrics", "kiln-run")
     ]
     fetch_inputs = []
     for i, item in enumerate(spec.inputs):
@@ -364,13 +364,15 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
     }
 
     def sync_container(role: str) -> dict[str, Any]:
-        """The native sidecar (Kubernetes >= 1.29) that uploads checkpoints and outputs: see podsync.py."""
+        """The native sidecar (Kubernetes >= 1.29) that uploads checkpoints, TensorBoard event files and outputs:
+        see podsync.py."""
         env = {
             "KILN_ENDPOINT": _k8s_escape(endpoint),
             "KILN_JOB_ID": _k8s_escape(job.job_id),
             "KILN_ROLE": role,
             "KILN_OUTPUT_DIR": OUTPUT_DIR,
             "KILN_CHECKPOINT_DIR": CHECKPOINT_DIR,
+            "KILN_TENSORBOARD_DIR": f"{METRICS_DIR}/tensorboard",
             "KILN_RUN_DIR": RUN_DIR,
             "KILN_CHECKPOINT_SYNC_SECONDS": f"{cfg.checkpoint_sync_seconds:g}",
             "PYTHONUNBUFFERED": "1",
