@@ -143,7 +143,36 @@ def test_the_console_lists_the_notebook_and_opens_it_in_chromium_to_run_a_cell(
         finally:
             browser.close()
     names = [item["name"] for item in owner.notebook_request(notebook, "GET", "api/contents").json()["content"]]
-    assert any(name.endswith(".ipynb") for name in names), names  # the page saved its notebook into the home
+    saved = [name for name in names if name.endswith(".ipynb") and name != "Welcome to Kiln.ipynb"]
+    assert saved, names  # the page saved its notebook into the home
+
+
+@pytest.mark.timeout(300)
+def test_the_notebook_says_what_persists_in_its_welcome_notebook_and_each_terminal(
+    server: KilnServer, people: dict[str, Client], notebook: str
+) -> None:
+    owner = people["owner"]
+    welcome = owner.notebook_request(notebook, "GET", "api/contents/Welcome%20to%20Kiln.ipynb?content=1")
+    assert welcome.status_code == 200, welcome.text
+    first = "".join(welcome.json()["content"]["cells"][0]["source"])
+    assert "persist" in first and "gone when the notebook stops" in first, first
+    made = owner.notebook_request(notebook, "POST", "api/terminals")
+    assert made.status_code == 200, made.text
+    name = made.json()["name"]
+    subpath = f"terminals/websocket/{name}"
+    headers = owner.notebook_websocket_headers(notebook, subpath)
+    printed = ""
+    try:
+        with connect(f"ws://127.0.0.1:{server.port}/notebooks/{notebook}/{subpath}", additional_headers=headers) as ws:
+            deadline = time.monotonic() + 60
+            while "persist" not in printed:
+                assert time.monotonic() < deadline, printed
+                message = json.loads(ws.recv(timeout=30))
+                if message[0] == "stdout":
+                    printed += message[1]
+    finally:
+        owner.notebook_request(notebook, "DELETE", f"api/terminals/{name}")
+    assert "Kiln notebook: the files under" in printed and "gone when the notebook stops" in printed, printed
 
 
 @pytest.mark.timeout(900)

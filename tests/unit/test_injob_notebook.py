@@ -643,3 +643,23 @@ def test_the_config_is_checked(tmp_path: Path) -> None:
             notebook.read_config(env)
     with pytest.raises(ValueError, match="KILN_JOB_TOKEN not set"):
         notebook.read_config({**env, "KILN_JOB_TOKEN": ""})
+
+
+def test_a_new_home_gets_a_welcome_notebook_and_terminals_a_banner_saying_what_persists(tmp_path: Path) -> None:
+    home, work_dir = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work_dir.mkdir()
+    config = NotebookConfig("nb-1", "/notebooks/nb-1/", 60.0, "http://127.0.0.1:1", "t", home, work_dir)
+    path = notebook.welcome(config)
+    assert path == home / notebook.WELCOME_FILE
+    body = json.loads(path.read_text())
+    assert body["nbformat"] == 4 and body["cells"][0]["cell_type"] == "markdown"
+    assert f"the files under {home}" in "".join(body["cells"][0]["source"])
+    path.write_text("the user's own")
+    assert notebook.welcome(config) is None and path.read_text() == "the user's own"  # never overwritten
+    shell = Path(notebook.lab_env(config)["SHELL"])
+    assert shell.parent == work_dir  # Kiln's, not the home's
+    done = subprocess.run([str(shell), "-c", "echo shell=$SHELL"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"Kiln notebook: the files under {home} (your home, ~) persist"), done.stdout
+    assert "shell=/" in done.stdout and ".kiln-shell" not in done.stdout.splitlines()[-1]

@@ -25,7 +25,9 @@ job's work dir, also the cwd), ``$KILN_ENDPOINT`` and ``$KILN_JOB_TOKEN`` (Kiln'
    file is removed, exit 0. JupyterLab exiting on its own: the home is saved the same way, and its exit code is
    the job's (1 if it exits 0 before it was ever ready). A bad config: exit 2.
 
-Lines starting ``kiln: `` are Kiln's own (never parsed as metrics); the first says which directory persists.
+Lines starting ``kiln: `` are Kiln's own (never parsed as metrics); the first says which directory persists. The
+notebook says it too: a new home gets ``Welcome to Kiln.ipynb`` (its first cell), and each JupyterLab terminal
+prints it first (``$SHELL`` is ``.kiln-shell`` in the work dir, which prints it and runs bash, else sh).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ import os
 import re
 import secrets
 import select
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -64,6 +68,8 @@ STATE_FILE = ".kiln-notebook.json"
 SOCKET_FILE = ".kiln-notebook.sock"
 RUNTIME_DIR = ".kiln-jupyter-runtime"  # in the work dir: its files (one holds the token) are not the home's
 UPLOAD_FILE = ".kiln-home-upload.tar.gz"
+SHELL_FILE = ".kiln-shell"  # in the work dir: the terminals' shell, which prints the banner
+WELCOME_FILE = "Welcome to Kiln.ipynb"  # written into a new home
 EXIT_CONFIG = 2
 EXIT_RESTORE = 4
 SYNC_SECONDS = 60.0
@@ -259,10 +265,54 @@ def lab_command(config: NotebookConfig, token: str) -> list[str]:
     return command
 
 
+def banner(config: NotebookConfig) -> str:
+    """What the notebook says of what persists: in each terminal it opens and in a new home's welcome notebook."""
+    return (
+        f"Kiln notebook: the files under {config.home} (your home, ~) persist: saved every "
+        f"{config.sync_seconds:g}s when something changed, and when the notebook stops. Anything outside it is "
+        "gone when the notebook stops. The job's inputs are under ~/data (read-only, not saved)."
+    )
+
+
+def shell_wrapper(config: NotebookConfig) -> Path:
+    """A terminal's shell: prints the banner, then runs the user's shell (bash where there is one) as a login
+    shell. In the work dir, not the home (it is Kiln's, not the user's to keep)."""
+    path = config.work_dir / SHELL_FILE
+    real = shutil.which("bash") or "/bin/sh"
+    text = (
+        "#!/bin/sh\n"
+        f"printf '%s\\n\\n' {shlex.quote(banner(config))}\n"
+        f"SHELL={shlex.quote(real)}; export SHELL\n"
+        'exec "$SHELL" "$@"\n'
+    )
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def welcome(config: NotebookConfig) -> Path | None:
+    """A new home's first notebook, its first cell saying what persists (never over a file of that name)."""
+    path = config.home / WELCOME_FILE
+    cell = {
+        "cell_type": "markdown",
+        "metadata": {},
+        "source": [f"## Welcome\n\n{banner(config)}\n\nDelete this notebook when you no longer need it."],
+    }
+    body = {"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except OSError:
+        return None
+    with os.fdopen(fd, "w") as fh:
+        json.dump(body, fh, indent=1)
+    return path
+
+
 def lab_env(config: NotebookConfig) -> dict[str, str]:
     runtime = config.work_dir / RUNTIME_DIR
     runtime.mkdir(mode=0o700, exist_ok=True)
-    return {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime)}
+    # JupyterLab's terminals run $SHELL as a login shell: the wrapper says what persists first.
+    return {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime), "SHELL": str(shell_wrapper(config))}
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -362,6 +412,7 @@ def main() -> int:
         return EXIT_RESTORE
     if restored is None:
         say("notebook home: nothing saved yet, starting with an empty home")
+        welcome(config)
     else:
         written, skipped = restored
         say(f"notebook home restored: {written} entries")
