@@ -125,8 +125,8 @@ def test_a_server_paused_past_its_leases_and_resumed_undoes_nothing(
     assert after_events == before_events, rows(f"SELECT job_id, reason FROM job_events WHERE id > {before_events[1]}")
     assert rows("SELECT id, state, attempt, lease_owner FROM jobs ORDER BY id") == before_jobs
     assert {scope: leases()[scope] for scope in SCOPES} == before_leases
-    # No backend call: every attempt's last launch (the local executor records each in launch.json) was made
-    # before the resume.
+    # No backend call: every attempt's last launch was asked for before the resume (the local executor records in
+    # launch.json when, before the spawn: a thread paused waiting for its shim to spawn records it after the resume).
     for job_id, handle in rows("SELECT id, handle FROM jobs"):
         launched = json.loads((Path(handle["dir"]) / "launch.json").read_text())["at"]
         assert launched < resumed_at, f"{job_id} was launched {launched - resumed_at:.2f} s after A resumed"

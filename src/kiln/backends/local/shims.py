@@ -61,15 +61,16 @@ class ShimLauncher:
     # -- launching ------------------------------------------------------------------------------------
 
     def launch(self, member_dir: Path, token: str | None) -> int:
-        """Start the shim of ``member_dir`` (its ``shim.json`` written) and record the launch."""
+        """Start the shim of ``member_dir`` (its ``shim.json`` written) and record the launch: ``at`` is when it
+        was asked for (before the spawn, which waits on the launcher process: a server paused in that wait records
+        the launch after it resumes, though it made it before)."""
+        asked = time.time()
         pid = self._spawn(member_dir)
         try:
             created = psutil.Process(pid).create_time()
         except psutil.Error:
             created = 0.0
-        write_json_atomic(
-            member_dir / LAUNCH_FILE, {"pid": pid, "create_time": created, "launch": token, "at": time.time()}
-        )
+        write_json_atomic(member_dir / LAUNCH_FILE, {"pid": pid, "create_time": created, "launch": token, "at": asked})
         return pid
 
     def launched(self, member_dir: Path) -> bool:
