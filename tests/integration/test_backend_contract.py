@@ -24,6 +24,7 @@ from kiln.backends import registry
 from kiln.backends.base import AttemptStatus, Backend, Launch, Phase
 from kiln.backends.capabilities import (
     CheckpointSyncer,
+    EventSyncer,
     OutputCollector,
     Preemptible,
     declared,
@@ -51,6 +52,7 @@ DECLARED = {
         "Preemptible",
         "OutputCollector",
         "CheckpointSyncer",
+        "EventSyncer",
         "JobFiles",
         "ExtractsMetrics",
         "RuntimeBuilder",
@@ -75,6 +77,11 @@ with open(os.path.join(ck, "attempts.txt"), "a") as f:
     f.write(os.environ["KILN_ATTEMPT"] + "\\n")
 with open(os.path.join(out, "result.txt"), "w") as f:
     f.write("attempt " + os.environ["KILN_ATTEMPT"])
+if os.environ.get("KILN_TENSORBOARD_DIR"):  # what a TensorBoard reads (EventSyncer)
+    tb = os.path.join(os.environ["KILN_TENSORBOARD_DIR"], "train")
+    os.makedirs(tb, exist_ok=True)
+    with open(os.path.join(tb, "events.out.tfevents.1.contract"), "a") as f:
+        f.write("attempt " + os.environ["KILN_ATTEMPT"])
 def obey(*_):
     notice = os.environ["KILN_NOTICE_FILE"]
     with open("obeyed", "w") as f:
@@ -488,6 +495,21 @@ def test_outputs_are_collected_into_the_store(capable: Harness) -> None:
     assert backend.collect_outputs(handle, "outputs/job-out") == (files, size)  # idempotent
     assert isinstance(capable, LocalHarness)
     assert read(capable.store, "outputs/job-out/result.txt") == b"attempt 1"
+
+
+@pytest.mark.parametrize("capable", declaring(EventSyncer), indirect=True)
+def test_event_files_reach_the_store_while_the_job_runs_and_once_more_at_its_end(capable: Harness) -> None:
+    backend = capable.backend
+    assert isinstance(backend, EventSyncer) and isinstance(capable, LocalHarness)
+    first = capable.launch("job-ev", attempt=1)
+    handle = backend.start(first)
+    capable.running(first)
+    assert backend.sync_events(handle, "tensorboard/job-ev") == (1, len("attempt 1"))  # while it runs
+    assert read(capable.store, "tensorboard/job-ev/train/events.out.tfevents.1.contract") == b"attempt 1"
+    assert backend.sync_events(handle, "tensorboard/job-ev") == (0, len("attempt 1"))  # only what changed
+    capable.drive(first, 0)
+    assert wait_status(backend, handle, ended).exit_code == 0
+    assert backend.sync_events(handle, "tensorboard/job-ev") == (0, len("attempt 1"))
 
 
 @pytest.mark.parametrize("capable", declaring(CheckpointSyncer), indirect=True)
