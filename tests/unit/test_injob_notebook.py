@@ -10,7 +10,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -419,15 +421,15 @@ def test_the_sync_saves_only_a_changed_home_and_retries_a_refused_save(
 
 FAKE_LAB = '''
 """A fake ``python -m jupyterlab`` for the launcher's tests: answers GET {base_url}api/status with 200 to its
-token (403 otherwise) on its Unix socket; FAKE_LAB_EXIT=N: exits N after 0.5 s; FAKE_LAB_NEVER_READY: answers
-503; FAKE_LAB_IGNORE_TERM: ignores SIGTERM."""
+token (403 otherwise) on its Unix socket (or, with --ServerApp.port, TCP on 127.0.0.1); FAKE_LAB_EXIT=N: exits
+N after 0.5 s; FAKE_LAB_NEVER_READY: answers 503; FAKE_LAB_IGNORE_TERM: ignores SIGTERM."""
 import json, os, signal, socketserver, sys, threading, time
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 args = dict(arg[2:].split("=", 1) for arg in sys.argv[1:] if "=" in arg)
 with open("fake-lab-argv.json", "w") as fh:
     json.dump(sys.argv[1:], fh)
-sock, token, base = args["ServerApp.sock"], args["IdentityProvider.token"], args["ServerApp.base_url"]
+token, base = args["IdentityProvider.token"], args["ServerApp.base_url"]
 
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
@@ -450,9 +452,12 @@ else:
 if os.environ.get("FAKE_LAB_EXIT"):
     threading.Timer(0.5, lambda: os._exit(int(os.environ["FAKE_LAB_EXIT"]))).start()
 time.sleep(float(os.environ.get("FAKE_LAB_DELAY", "0.3")))  # not ready at once: the launcher polls
-server = Server(sock, Handler)
-os.chmod(sock, int(args["ServerApp.sock_mode"], 8))
-print("fake jupyterlab serving on", sock, flush=True)
+if "ServerApp.port" in args:
+    server = ThreadingHTTPServer(("127.0.0.1", int(args["ServerApp.port"])), Handler)
+else:
+    server = Server(args["ServerApp.sock"], Handler)
+    os.chmod(args["ServerApp.sock"], int(args["ServerApp.sock_mode"], 8))
+print("fake jupyterlab serving", flush=True)
 server.serve_forever()
 '''
 
@@ -461,7 +466,9 @@ class Launcher:
     """One ``python -m kiln.injob.notebook`` with the fake jupyterlab, its work dir's path longer than a socket
     address holds (108 bytes)."""
 
-    def __init__(self, root: Path, api: FakeHomeApi, sync_seconds: float = 60, **env: str) -> None:
+    def __init__(
+        self, root: Path, api: FakeHomeApi, sync_seconds: float = 60, params: dict[str, Any] | None = None, **env: str
+    ) -> None:
         fake = root / "fakelab"
         (fake / "jupyterlab").mkdir(parents=True)
         (fake / "jupyterlab" / "__init__.py").write_text("")
@@ -470,13 +477,14 @@ class Launcher:
         self.home.mkdir()
         self.work = root / ("w" * 60) / ("o" * 60) / "work"
         self.work.mkdir(parents=True)
-        params = root / "params.json"
-        params.write_text(json.dumps({"notebook_id": NOTEBOOK_ID, "base_url": BASE_URL, "sync_seconds": sync_seconds}))
+        params_file = root / "params.json"
+        config = {"notebook_id": NOTEBOOK_ID, "base_url": BASE_URL, "sync_seconds": sync_seconds, **(params or {})}
+        params_file.write_text(json.dumps(config))
         environ = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "FAKE_LAB_"))}
         environ.update(
             HOME=str(self.home),
             KILN_WORK_DIR=str(self.work),
-            KILN_PARAMS_FILE=str(params),
+            KILN_PARAMS_FILE=str(params_file),
             KILN_ENDPOINT=api.url,
             KILN_JOB_TOKEN=JOB_TOKEN,
             KILN_JOB_ID="job-1",
@@ -645,21 +653,157 @@ def test_the_config_is_checked(tmp_path: Path) -> None:
         notebook.read_config({**env, "KILN_JOB_TOKEN": ""})
 
 
-def test_a_new_home_gets_a_welcome_notebook_and_terminals_a_banner_saying_what_persists(tmp_path: Path) -> None:
+# --- port mode (a Kubernetes pod), the welcome notebook and the terminals' banner -------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def dirs(tmp_path: Path) -> tuple[Path, Path]:
     home, work_dir = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work_dir.mkdir()
-    config = NotebookConfig("nb-1", "/notebooks/nb-1/", 60.0, "http://127.0.0.1:1", "t", home, work_dir)
+    return home, work_dir
+
+
+@pytest.mark.timeout(30)
+def test_port_mode_needs_a_port_and_the_injected_token(tmp_path: Path) -> None:
+    params = tmp_path / "params.json"
+    env = {"KILN_PARAMS_FILE": str(params), "KILN_ENDPOINT": "http://10.0.2.2:8080", "KILN_JOB_TOKEN": "t"}
+    env |= {"HOME": str(tmp_path), "KILN_WORK_DIR": str(tmp_path), "KILN_NOTEBOOK_TOKEN": "injected-token"}
+    params.write_text(json.dumps({"notebook_id": NOTEBOOK_ID, "base_url": BASE_URL}))
+    socket_mode = notebook.read_config(env)
+    assert (socket_mode.port, socket_mode.lab_token) == (None, "")  # the token env means nothing without a port
+    params.write_text(json.dumps({"notebook_id": NOTEBOOK_ID, "base_url": BASE_URL, "port": 8888}))
+    config = notebook.read_config(env)
+    assert (config.port, config.lab_token) == (8888, "injected-token")
+    for missing in ({}, {"KILN_NOTEBOOK_TOKEN": ""}, {"KILN_NOTEBOOK_TOKEN": "  "}):
+        without = {k: v for k, v in env.items() if k != "KILN_NOTEBOOK_TOKEN"} | missing
+        with pytest.raises(ValueError, match="KILN_NOTEBOOK_TOKEN not set"):
+            notebook.read_config(without)
+    for bad in (0, 65536, -1, "8888", 8888.0, True, None):
+        params.write_text(json.dumps({"notebook_id": NOTEBOOK_ID, "base_url": BASE_URL, "port": bad}))
+        if bad is None:  # "port": null is no port
+            assert notebook.read_config(env).port is None
+            continue
+        with pytest.raises(ValueError, match=r"port: the TCP port"):
+            notebook.read_config(env)
+
+
+@pytest.mark.timeout(30)
+def test_port_mode_listens_on_tcp_and_socket_mode_is_unchanged(tmp_path: Path) -> None:
+    home, work_dir = dirs(tmp_path)
+    on_socket = NotebookConfig(NOTEBOOK_ID, BASE_URL, 60.0, "http://127.0.0.1:1", "t", home, work_dir)
+    command = notebook.lab_command(on_socket, "tok")
+    assert "--ServerApp.sock=.kiln-notebook.sock" in command and "--ServerApp.sock_mode=0600" in command
+    assert not any(arg.startswith(("--ServerApp.ip", "--ServerApp.port")) for arg in command)
+    on_port = NotebookConfig(NOTEBOOK_ID, BASE_URL, 60.0, "http://127.0.0.1:1", "t", home, work_dir, 8888, "k")
+    command = notebook.lab_command(on_port, "k")
+    assert [arg for arg in command if arg.startswith(("--ServerApp.ip", "--ServerApp.port", "--ServerApp.sock"))] == [
+        "--ServerApp.ip=0.0.0.0",
+        "--ServerApp.port=8888",
+        "--ServerApp.port_retries=0",
+    ]
+    assert "--IdentityProvider.token=k" in command and f"--ServerApp.base_url={BASE_URL}" in command
+
+
+@pytest.mark.timeout(30)
+def test_the_launcher_in_port_mode_serves_on_tcp_with_the_injected_token(api: FakeHomeApi, tmp_path: Path) -> None:
+    port = free_port()
+    launcher = Launcher(tmp_path, api, params={"port": port}, KILN_NOTEBOOK_TOKEN="injected-token")
+    state = launcher.wait_ready(timeout=10)
+    assert state == {"port": port, "pid": state["pid"], "base_url": BASE_URL}  # the token is Kiln's already
+    argv = json.loads((launcher.work / "fake-lab-argv.json").read_text())
+    assert "--IdentityProvider.token=injected-token" in argv and f"--ServerApp.port={port}" in argv
+    assert not any(arg.startswith("--ServerApp.sock") for arg in argv)
+    assert notebook.lab_status(port, BASE_URL, "injected-token") == 200
+    assert notebook.lab_status(port, BASE_URL, None) == 403
+    assert not (launcher.work / notebook.SOCKET_FILE).exists()
+    code, _, err = launcher.stop(timeout=10)
+    assert code == 0, err
+
+
+@pytest.mark.timeout(30)
+def test_the_launcher_in_port_mode_without_a_token_is_a_config_error(api: FakeHomeApi, tmp_path: Path) -> None:
+    launcher = Launcher(tmp_path, api, params={"port": free_port()})
+    _, err = launcher.proc.communicate(timeout=10)
+    assert launcher.proc.returncode == notebook.EXIT_CONFIG
+    assert "kiln: notebook: KILN_NOTEBOOK_TOKEN not set" in err
+    assert not (launcher.work / "fake-lab-argv.json").exists() and api.saved == []
+
+
+@pytest.mark.timeout(30)
+def test_a_new_home_gets_a_welcome_notebook_saying_what_persists_never_over_a_file(tmp_path: Path) -> None:
+    home, work_dir = dirs(tmp_path)
+    config = NotebookConfig("nb-1", "/notebooks/nb-1/", 30.0, "http://127.0.0.1:1", "t", home, work_dir)
     path = notebook.welcome(config)
-    assert path == home / notebook.WELCOME_FILE
+    assert path == home / "Welcome to Kiln.ipynb"
     body = json.loads(path.read_text())
-    assert body["nbformat"] == 4 and body["cells"][0]["cell_type"] == "markdown"
-    assert f"the files under {home}" in "".join(body["cells"][0]["source"])
+    assert (body["nbformat"], body["nbformat_minor"]) == (4, 5) and isinstance(body["metadata"], dict)
+    first = body["cells"][0]
+    assert first["cell_type"] == "markdown" and first["id"] and isinstance(first["metadata"], dict)
+    text = "".join(first["source"])
+    assert f"the files under {home} (your home, ~) persist: saved every 30s when something changed" in text
+    assert "and when the notebook stops" in text and "Anything outside it is gone when the notebook stops" in text
+    assert "inputs are under ~/data (read-only, not saved)" in text
     path.write_text("the user's own")
     assert notebook.welcome(config) is None and path.read_text() == "the user's own"  # never overwritten
-    shell = Path(notebook.lab_env(config)["SHELL"])
-    assert shell.parent == work_dir  # Kiln's, not the home's
-    done = subprocess.run([str(shell), "-c", "echo shell=$SHELL"], capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"Kiln notebook: the files under {home} (your home, ~) persist"), done.stdout
-    assert "shell=/" in done.stdout and ".kiln-shell" not in done.stdout.splitlines()[-1]
+
+
+@pytest.mark.timeout(60)
+def test_the_welcome_notebook_is_written_only_for_a_new_home(api: FakeHomeApi, tmp_path: Path) -> None:
+    launcher = Launcher(tmp_path / "new", api)
+    launcher.wait_ready(timeout=10)
+    launcher.stop(timeout=10)
+    assert (launcher.home / notebook.WELCOME_FILE).exists()
+    api.stored = make_tar(("file", "mine.ipynb", b"{}"))  # a home saved without it: the user deleted it
+    again = Launcher(tmp_path / "restored", api)
+    again.wait_ready(timeout=10)
+    again.stop(timeout=10)
+    assert not (again.home / notebook.WELCOME_FILE).exists() and (again.home / "mine.ipynb").exists()
+
+
+@pytest.mark.timeout(30)
+def test_terminals_run_bash_with_kilns_rcfile_that_prints_the_banner_then_the_users_bashrc(tmp_path: Path) -> None:
+    home, work_dir = dirs(tmp_path)
+    config = NotebookConfig("nb-1", "/notebooks/nb-1/", 60.0, "http://127.0.0.1:1", "t", home, work_dir)
+    env = notebook.lab_env(config)
+    assert env.get("SHELL") == os.environ.get("SHELL")  # IPython's !cmd runs $SHELL: no banner there
+    config_dir = Path(env["JUPYTER_CONFIG_PATH"].split(os.pathsep)[0])
+    assert config_dir == work_dir / notebook.CONFIG_DIR  # Kiln's, in the work dir: not the home's
+    settings = json.loads((config_dir / "jupyter_server_config.json").read_text())
+    bash = shutil.which("bash")
+    assert bash is not None, "these tests run where there is bash"
+    rcfile = work_dir / notebook.RC_FILE
+    assert settings == {"ServerApp": {"terminado_settings": {"shell_command": [bash, "--rcfile", str(rcfile), "-i"]}}}
+    assert not any(p.name.startswith(".kiln") for p in home.iterdir())
+    (home / ".bashrc").write_text("echo users-bashrc-ran\n")
+    done = subprocess.run(
+        [bash, "--rcfile", str(rcfile), "-i"],
+        input="echo typed-command\nexit\n",
+        env={"HOME": str(home), "PATH": os.environ["PATH"], "TERM": "dumb"},
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    lines = done.stdout.splitlines()
+    assert lines[0] == notebook.banner(config), done.stdout + done.stderr
+    assert lines[0].startswith(f"Kiln notebook: the files under {home} (your home, ~) persist")
+    assert lines.index("users-bashrc-ran") < lines.index("typed-command")
+
+
+@pytest.mark.timeout(30)
+def test_the_config_dir_keeps_other_config_paths_and_without_bash_leaves_the_default_shell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home, work_dir = dirs(tmp_path)
+    config = NotebookConfig("nb-1", "/notebooks/nb-1/", 60.0, "http://127.0.0.1:1", "t", home, work_dir)
+    monkeypatch.setenv("JUPYTER_CONFIG_PATH", f"/opt/a{os.pathsep}/opt/b")
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bash-here"))
+    env = notebook.lab_env(config)
+    assert env["JUPYTER_CONFIG_PATH"].split(os.pathsep) == [str(work_dir / notebook.CONFIG_DIR), "/opt/a", "/opt/b"]
+    assert json.loads((work_dir / notebook.CONFIG_DIR / "jupyter_server_config.json").read_text()) == {}
+    assert not (work_dir / notebook.RC_FILE).exists()

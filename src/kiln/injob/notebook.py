@@ -3,10 +3,11 @@ notebook's runtime (the ``+lab`` variant, which has ``jupyterlab``), with none o
 
 Its config is the job's params, read from the JSON file ``$KILN_PARAMS_FILE``::
 
-    {"notebook_id": "nb-…", "base_url": "/notebooks/nb-…/", "sync_seconds": 60}
+    {"notebook_id": "nb-…", "base_url": "/notebooks/nb-…/", "sync_seconds": 60, "port": 8888}
 
-with ``$HOME`` (the notebook's home: JupyterLab's root, the directory that persists), ``$KILN_WORK_DIR`` (the
-job's work dir, also the cwd), ``$KILN_ENDPOINT`` and ``$KILN_JOB_TOKEN`` (Kiln's API, as this job).
+(``port`` optional: see 2.) with ``$HOME`` (the notebook's home: JupyterLab's root, the directory that
+persists), ``$KILN_WORK_DIR`` (the job's work dir, also the cwd), ``$KILN_ENDPOINT`` and ``$KILN_JOB_TOKEN``
+(Kiln's API, as this job).
 
 1. It restores the home: ``GET /api/v1/notebooks/{id}/home`` is a gzip'd tar (200) or nothing yet (204). Only
    regular files, directories and symbolic links that stay in the home are written, never through a symbolic
@@ -17,7 +18,10 @@ job's work dir, also the cwd), ``$KILN_ENDPOINT`` and ``$KILN_JOB_TOKEN`` (Kiln'
    ``GET {base_url}api/status`` answers 200 with that token. Then it writes ``{"socket", "token", "pid",
    "base_url"}`` to ``$KILN_WORK_DIR/.kiln-notebook.json`` (atomically, mode 0600): Kiln's proxy connects to
    the socket's file from outside the job's network namespace with that token (kiln.api.notebook_proxy). No
-   TCP port is opened.
+   TCP port is opened. With ``port`` (a Kubernetes pod: kiln.backends.kubernetes.notebooks), JupyterLab listens
+   on ``0.0.0.0:<port>`` instead, with the token Kiln injects as ``$KILN_NOTEBOOK_TOKEN`` (required then), is
+   probed on ``127.0.0.1:<port>``, and the state file says ``{"port", "pid", "base_url"}`` (the token is Kiln's
+   already); the pod's NetworkPolicy admits only Kiln's server pods to that port.
 3. Every ``sync_seconds`` it saves the home when something in it changed (``PUT`` of a gzip'd tar, built
    outside the home), leaving out caches (``NOT_SAVED``). A refused save (413: over the organisation's quota)
    is said in the log and tried again at the next round; the previous save stays.
@@ -27,7 +31,11 @@ job's work dir, also the cwd), ``$KILN_ENDPOINT`` and ``$KILN_JOB_TOKEN`` (Kiln'
 
 Lines starting ``kiln: `` are Kiln's own (never parsed as metrics); the first says which directory persists. The
 notebook says it too: a new home gets ``Welcome to Kiln.ipynb`` (its first cell), and each JupyterLab terminal
-prints it first (``$SHELL`` is ``.kiln-shell`` in the work dir, which prints it and runs bash, else sh).
+prints it first: where there is bash, a terminal runs ``bash --rcfile .kiln-bashrc -i`` (in the work dir, not the
+home: it prints the banner, then reads /etc/bash.bashrc and ~/.bashrc as bash would), set as
+``ServerApp.terminado_settings`` in a ``jupyter_server_config.json`` of Kiln's own config dir in the work dir, named
+by ``$JUPYTER_CONFIG_PATH`` (not ``--config``, which would skip the user's ``~/.jupyter`` and the image's config).
+``$SHELL`` is left alone: IPython runs ``!cmd`` with it, and a banner there would be in every command's output.
 """
 
 from __future__ import annotations
@@ -68,7 +76,9 @@ STATE_FILE = ".kiln-notebook.json"
 SOCKET_FILE = ".kiln-notebook.sock"
 RUNTIME_DIR = ".kiln-jupyter-runtime"  # in the work dir: its files (one holds the token) are not the home's
 UPLOAD_FILE = ".kiln-home-upload.tar.gz"
-SHELL_FILE = ".kiln-shell"  # in the work dir: the terminals' shell, which prints the banner
+RC_FILE = ".kiln-bashrc"  # in the work dir: a terminal's bash reads it, and it prints the banner
+CONFIG_DIR = ".kiln-jupyter-config"  # in the work dir: on $JUPYTER_CONFIG_PATH, Kiln's jupyter_server_config.json
+TOKEN_ENV = "KILN_NOTEBOOK_TOKEN"  # with a port: JupyterLab's token, injected by Kiln (a Kubernetes Secret)
 WELCOME_FILE = "Welcome to Kiln.ipynb"  # written into a new home
 EXIT_CONFIG = 2
 EXIT_RESTORE = 4
@@ -95,6 +105,8 @@ class NotebookConfig:
     job_token: str
     home: Path
     work_dir: Path
+    port: int | None = None  # None: the Unix socket SOCKET_FILE; else TCP on every address of the pod
+    lab_token: str = ""  # with a port: $KILN_NOTEBOOK_TOKEN
 
     @property
     def home_url(self) -> str:
@@ -129,7 +141,16 @@ def read_config(env: Mapping[str, str]) -> NotebookConfig:
     work_dir = Path(os.path.realpath(env.get("KILN_WORK_DIR") or os.getcwd()))
     if not work_dir.is_dir():
         raise ValueError(f"KILN_WORK_DIR: {work_dir} is not a directory")
-    return NotebookConfig(notebook_id, base_url, float(sync), endpoint, env["KILN_JOB_TOKEN"], home, work_dir)
+    port, lab_token = params.get("port"), ""
+    if port is not None:
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise ValueError(f"port: the TCP port JupyterLab listens on (1..65535), got {port!r}")
+        lab_token = env.get(TOKEN_ENV, "")
+        if not lab_token.strip():
+            raise ValueError(f"{TOKEN_ENV} not set: with a port, JupyterLab's token is the one Kiln injects")
+    return NotebookConfig(
+        notebook_id, base_url, float(sync), endpoint, env["KILN_JOB_TOKEN"], home, work_dir, port, lab_token
+    )
 
 
 # --- Kiln's API ------------------------------------------------------------------------------------------------
@@ -243,14 +264,18 @@ class HomeSync:
 
 
 def lab_command(config: NotebookConfig, token: str) -> list[str]:
-    """JupyterLab on ``SOCKET_FILE`` (relative to the work dir, its cwd) under ``config.base_url``."""
+    """JupyterLab on ``SOCKET_FILE`` (relative to the work dir, its cwd), or on TCP ``config.port`` of every
+    address, under ``config.base_url``."""
+    if config.port is None:
+        listen = [f"--ServerApp.sock={SOCKET_FILE}", "--ServerApp.sock_mode=0600"]
+    else:  # port_retries=0: a port taken fails the start, never a silent move to the next port
+        listen = ["--ServerApp.ip=0.0.0.0", f"--ServerApp.port={config.port}", "--ServerApp.port_retries=0"]
     command = [
         sys.executable,
         "-m",
         "jupyterlab",
         "--no-browser",
-        f"--ServerApp.sock={SOCKET_FILE}",
-        "--ServerApp.sock_mode=0600",
+        *listen,
         f"--IdentityProvider.token={token}",  # jupyter_server 2.x: ServerApp.token is its deprecated alias
         f"--ServerApp.base_url={config.base_url}",
         f"--ServerApp.root_dir={config.home}",
@@ -274,20 +299,31 @@ def banner(config: NotebookConfig) -> str:
     )
 
 
-def shell_wrapper(config: NotebookConfig) -> Path:
-    """A terminal's shell: prints the banner, then runs the user's shell (bash where there is one) as a login
-    shell. In the work dir, not the home (it is Kiln's, not the user's to keep)."""
-    path = config.work_dir / SHELL_FILE
-    real = shutil.which("bash") or "/bin/sh"
-    text = (
-        "#!/bin/sh\n"
+def terminal_rcfile(config: NotebookConfig) -> Path:
+    """What a terminal's bash reads (``--rcfile``): the banner, then what an interactive bash reads itself
+    (--rcfile replaces both). In the work dir, not the home: it is Kiln's, not the user's to keep."""
+    path = config.work_dir / RC_FILE
+    path.write_text(
+        "# Kiln: JupyterLab's terminals run `bash --rcfile <this file> -i`.\n"
         f"printf '%s\\n\\n' {shlex.quote(banner(config))}\n"
-        f"SHELL={shlex.quote(real)}; export SHELL\n"
-        'exec "$SHELL" "$@"\n'
+        "if [ -f /etc/bash.bashrc ]; then . /etc/bash.bashrc; fi\n"
+        'if [ -f "$HOME/.bashrc" ]; then . "$HOME/.bashrc"; fi\n'
     )
-    path.write_text(text)
-    path.chmod(0o755)
     return path
+
+
+def lab_settings(config: NotebookConfig) -> Path:
+    """Kiln's config dir for JupyterLab (its ``jupyter_server_config.json``): where there is bash, terminals run
+    it with :func:`terminal_rcfile`; else JupyterLab's default shell (no banner)."""
+    directory = config.work_dir / CONFIG_DIR
+    directory.mkdir(mode=0o700, exist_ok=True)
+    settings: dict[str, Any] = {}
+    bash = shutil.which("bash")
+    if bash is not None:
+        shell = [bash, "--rcfile", str(terminal_rcfile(config)), "-i"]
+        settings["ServerApp"] = {"terminado_settings": {"shell_command": shell}}
+    (directory / "jupyter_server_config.json").write_text(json.dumps(settings, indent=1))
+    return directory
 
 
 def welcome(config: NotebookConfig) -> Path | None:
@@ -295,6 +331,7 @@ def welcome(config: NotebookConfig) -> Path | None:
     path = config.home / WELCOME_FILE
     cell = {
         "cell_type": "markdown",
+        "id": "kiln-welcome",  # nbformat 4.5: every cell has an id
         "metadata": {},
         "source": [f"## Welcome\n\n{banner(config)}\n\nDelete this notebook when you no longer need it."],
     }
@@ -309,10 +346,12 @@ def welcome(config: NotebookConfig) -> Path | None:
 
 
 def lab_env(config: NotebookConfig) -> dict[str, str]:
+    """JupyterLab's environment: its runtime files and Kiln's config dir in the work dir. The config dir comes
+    after the user's own (``~/.jupyter`` is read first and wins) and before the image's."""
     runtime = config.work_dir / RUNTIME_DIR
     runtime.mkdir(mode=0o700, exist_ok=True)
-    # JupyterLab's terminals run $SHELL as a login shell: the wrapper says what persists first.
-    return {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime), "SHELL": str(shell_wrapper(config))}
+    paths = [str(lab_settings(config)), *filter(None, os.environ.get("JUPYTER_CONFIG_PATH", "").split(os.pathsep))]
+    return {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime), "JUPYTER_CONFIG_PATH": os.pathsep.join(paths)}
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -331,9 +370,14 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-def lab_status(socket_path: str, base_url: str, token: str | None) -> int | None:
-    """The HTTP status of ``GET {base_url}api/status`` over the Unix socket (None: nothing answers yet)."""
-    conn = _UnixConnection(socket_path, PROBE_TIMEOUT)
+def lab_status(address: str | int, base_url: str, token: str | None) -> int | None:
+    """The HTTP status of ``GET {base_url}api/status`` over the Unix socket ``address``, or TCP port ``address``
+    of 127.0.0.1 (None: nothing answers yet)."""
+    conn: http.client.HTTPConnection
+    if isinstance(address, int):
+        conn = http.client.HTTPConnection("127.0.0.1", address, timeout=PROBE_TIMEOUT)
+    else:
+        conn = _UnixConnection(address, PROBE_TIMEOUT)
     try:
         headers = {"Authorization": f"token {token}"} if token else {}
         conn.request("GET", f"{base_url}api/status", headers=headers)
@@ -420,7 +464,9 @@ def main() -> int:
             say(f"notebook home: skipped {len(skipped)} entries of the stored home: {_said(skipped)}", error=True)
     link_inputs(config.home, config.work_dir)
     sync = HomeSync(config, home_signature(config.home, config.work_dir) if restored is not None else None)
-    token = secrets.token_urlsafe(32)
+    token = config.lab_token if config.port is not None else secrets.token_urlsafe(32)
+    address: str | int = SOCKET_FILE if config.port is None else config.port
+    where: dict[str, Any] = {"socket": SOCKET_FILE, "token": token} if config.port is None else {"port": config.port}
     (config.work_dir / STATE_FILE).unlink(missing_ok=True)
     stop = _Stop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -433,11 +479,8 @@ def main() -> int:
         stop.terminate()
     state: Path | None = None
     while not stop.requested and child.poll() is None:
-        if lab_status(SOCKET_FILE, config.base_url, token) == 200:
-            state = write_state(
-                config.work_dir,
-                {"socket": SOCKET_FILE, "token": token, "pid": child.pid, "base_url": config.base_url},
-            )
+        if lab_status(address, config.base_url, token) == 200:
+            state = write_state(config.work_dir, {**where, "pid": child.pid, "base_url": config.base_url})
             say(f"notebook ready (the files under $HOME persist: {config.home})")
             break
         time.sleep(READY_POLL)
