@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 app = typer.Typer(help="JupyterLab on the platform's machines, reached through Kiln.", no_args_is_help=True)
 
+EXAMPLE_NOTEBOOK_ID = "nb-0000000000example"
 NotebookArg = Annotated[str, typer.Argument(help="The notebook's name (or id).")]
 Wait = Annotated[bool, typer.Option("--wait/--no-wait", help="Wait until JupyterLab answers (or it stops).")]
 Timeout = Annotated[float, typer.Option(min=1, help="Seconds --wait waits at most.")]
@@ -71,29 +72,38 @@ def _wait(client: object, name: str, timeout: float) -> NotebookRead:
     return notebook
 
 
-@app.command()
-def create(
-    name: NotebookArg,
-    runtime: Annotated[str, typer.Option(help="Catalog runtime: FRAMEWORK or FRAMEWORK==VERSION.")] = "python",
-    cpus: Annotated[float | None, typer.Option(help="CPU cores to reserve.")] = None,
-    memory: Annotated[str | None, typer.Option(help="Memory to reserve and enforce, e.g. 8G.")] = None,
-    gpus: Annotated[int | None, typer.Option(help="Whole GPUs to reserve.")] = None,
-    inputs: Annotated[
-        list[str] | None,
-        typer.Option("--input", "-i", metavar=INPUT_FORMAT, help="A dataset at /data/NAME (or PATH), repeatable."),
-    ] = None,
-    idle_timeout: Annotated[
-        str, typer.Option("--idle-timeout", help="Stop after this long idle (e.g. 30m, 2h); 0: never.")
-    ] = "1h",
-    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE, repeatable.")] = None,
-    wait: Wait = True,
-    timeout: Timeout = 900.0,
-) -> None:
-    """Create a notebook and start it: JupyterLab in the runtime (with JupyterLab added), in a job of quota category
-    dev, its home kept between starts. Prints its URL once it answers."""
+# What `create` and `render` take: the notebook's spec.
+Runtime = Annotated[str, typer.Option(help="Catalog runtime: FRAMEWORK or FRAMEWORK==VERSION.")]
+Cpus = Annotated[float | None, typer.Option(help="CPU cores to reserve.")]
+Memory = Annotated[str | None, typer.Option(help="Memory to reserve and enforce, e.g. 8G.")]
+Gpus = Annotated[int | None, typer.Option(help="Whole GPUs to reserve.")]
+Inputs = Annotated[
+    list[str] | None,
+    typer.Option("--input", "-i", metavar=INPUT_FORMAT, help="A dataset at /data/NAME (or PATH), repeatable."),
+]
+IdleTimeout = Annotated[str, typer.Option("--idle-timeout", help="Stop after this long idle (e.g. 30m, 2h); 0: never.")]
+Env = Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE, repeatable.")]
+
+
+def _problems(exc: ValidationError) -> str:
+    problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+    return problems.replace("Value error, ", "")
+
+
+def notebook_spec(
+    name: str,
+    runtime: str,
+    cpus: float | None,
+    memory: str | None,
+    gpus: int | None,
+    inputs: list[str] | None,
+    idle_timeout: str,
+    env: list[str] | None,
+) -> NotebookSpec:
+    """The spec the options say, or a usage error saying what is wrong."""
     try:
         resources = {k: v for k, v in {"cpus": cpus, "memory": memory, "gpus": gpus}.items() if v is not None}
-        spec = NotebookSpec.model_validate(
+        return NotebookSpec.model_validate(
             {
                 "name": name,
                 "runtime": parse_runtime(runtime),
@@ -106,14 +116,73 @@ def create(
     except SpecError as exc:
         fail(str(exc), EXIT_USAGE)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        fail(problems.replace("Value error, ", ""), EXIT_USAGE)
+        fail(_problems(exc), EXIT_USAGE)
+
+
+@app.command()
+def create(
+    name: NotebookArg,
+    runtime: Runtime = "python",
+    cpus: Cpus = None,
+    memory: Memory = None,
+    gpus: Gpus = None,
+    inputs: Inputs = None,
+    idle_timeout: IdleTimeout = "1h",
+    env: Env = None,
+    wait: Wait = True,
+    timeout: Timeout = 900.0,
+) -> None:
+    """Create a notebook and start it: JupyterLab in the runtime (with JupyterLab added), in a job of quota category
+    dev, its home kept between starts. Prints its URL once it answers."""
+    spec = notebook_spec(name, runtime, cpus, memory, gpus, inputs, idle_timeout, env)
     with connect() as client:
         notebook = client.create_notebook(spec)
         info(f"created notebook {notebook.name} ({notebook.id}); starting JupyterLab in job {notebook.job_id}")
         if wait:
             notebook = _wait(client, notebook.id, timeout)
     print(notebook.url)
+
+
+@app.command()
+def render(
+    name: NotebookArg,
+    runtime: Runtime = "python",
+    cpus: Cpus = None,
+    memory: Memory = None,
+    gpus: Gpus = None,
+    inputs: Inputs = None,
+    idle_timeout: IdleTimeout = "1h",
+    env: Env = None,
+    namespace: Annotated[str | None, typer.Option(help="Namespace (default: KILN_KUBERNETES_NAMESPACE).")] = None,
+    endpoint: Annotated[str, typer.Option(help="The Kiln API as pods reach it.")] = "http://kiln:8080",
+) -> None:
+    """Print the Kubernetes manifests one start of this notebook would be (YAML documents): its job's objects with
+    JupyterLab on the pod's port 8888, a Service and a NetworkPolicy admitting only Kiln's server. No server needed:
+    example ids, placeholder tokens, the image from the built-in catalog, the cluster's settings from
+    KILN_KUBERNETES_*."""
+    spec = notebook_spec(name, runtime, cpus, memory, gpus, inputs, idle_timeout, env)
+    from kiln.backends.kubernetes.notebooks import render_notebook
+    from kiln.backends.kubernetes.render import to_yaml
+    from kiln.backends.kubernetes.settings import KubernetesSettings, kube_config
+    from kiln.cli.render import EXAMPLE_JOB_ID, EXAMPLE_ORG_ID
+    from kiln.domain.catalog import DEFAULT_CATALOG
+    from kiln.errors import KilnError
+    from kiln.usecases.notebooks import HOME_SYNC_SECONDS, job_spec
+
+    try:
+        settings = KubernetesSettings()
+        cfg = kube_config(settings, **({"namespace": namespace} if namespace else {}))
+    except ValueError as exc:
+        fail(f"kubernetes settings: {exc}", EXIT_USAGE)
+    try:
+        entry = DEFAULT_CATALOG.resolve(spec.runtime.framework or "python", spec.runtime.version)
+        job = job_spec(EXAMPLE_NOTEBOOK_ID, spec, entry.version, HOME_SYNC_SECONDS)
+        objects = render_notebook(EXAMPLE_NOTEBOOK_ID, job, EXAMPLE_JOB_ID, EXAMPLE_ORG_ID, 1, cfg, endpoint=endpoint)
+    except ValidationError as exc:
+        fail(f"notebook: {_problems(exc)}", EXIT_USAGE)
+    except KilnError as exc:
+        fail(f"notebook: {exc.message}", EXIT_USAGE)
+    typer.echo(to_yaml(objects), nl=False)
 
 
 @app.command("list")
