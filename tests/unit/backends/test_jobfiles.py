@@ -74,3 +74,16 @@ def test_event_files_are_kept_incrementally_never_through_a_link_and_within_thei
     (job / "work" / "logs").symlink_to(victim, target_is_directory=True)
     assert jobfiles.sync_events(store, job, "work/logs", prefix, 100) == (0, 15)
     assert all("victim" not in rel for rel, _ in store.list(prefix))
+
+
+def test_an_attempts_tensorboard_dir_is_the_one_its_shim_was_told(tmp_path: Path) -> None:
+    job = tmp_path / "job-1"
+    attempt = job / "attempts" / "1"
+    attempt.mkdir(parents=True)
+    members = [("worker", 0, attempt)]
+    assert jobfiles.events_dir(members, job) == "tensorboard"  # no shim.json yet: the default
+    config = {"metrics": {"tensorboard_dir": str(job / "work" / "runs" / "tb")}}
+    (attempt / "shim.json").write_text(json.dumps(config))
+    assert jobfiles.events_dir(members, job) == "work/runs/tb"
+    (attempt / "shim.json").write_text(json.dumps({"metrics": {"tensorboard_dir": "/elsewhere"}}))
+    assert jobfiles.events_dir(members, job) == "tensorboard"  # never outside the job's directory

@@ -558,26 +558,10 @@ class LocalBackend(
 
     def sync_events(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
         job_dir = self._job_dir_of(handle)
-        return jobfiles.sync_events(
-            self.store, job_dir, self._events_dir(handle, job_dir), dest_prefix, self.settings.tensorboard_keep_bytes
-        )
-
-    @staticmethod
-    def _events_dir(handle: dict[str, Any], job_dir: Path) -> str:
-        """The attempt's TensorBoard dir relative to its job directory: ``tensorboard``, or the spec's
-        ``metrics.tensorboard_dir`` under ``work`` (as its shim was told: the server wrote its shim.json)."""
-        for _, _, member_dir in member_dirs(handle):
-            config = read_json(member_dir / "shim.json") or {}
-            named = (config.get("metrics") or {}).get("tensorboard_dir")
-            if isinstance(named, str):
-                with contextlib.suppress(ValueError):
-                    return Path(named).relative_to(job_dir).as_posix()
-            break
-        return "tensorboard"
+        rel = jobfiles.events_dir(member_dirs(handle), job_dir)
+        return jobfiles.sync_events(self.store, job_dir, rel, dest_prefix, self.settings.tensorboard_keep_bytes)
 
     def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
-        # The attempt's own job directory (dir is <job>/attempts/<n>): another server's on this machine, for an
-        # attempt this one adopted.
         return jobfiles.copy_tree(self.store, self._job_dir_of(handle) / "outputs", dest_prefix)
 
     def release(self, handle: dict[str, Any], keep: bool) -> None:

@@ -8,6 +8,7 @@ swap any part of a path for a link to files the server must not copy into its st
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -102,6 +103,17 @@ def _open_dir_beneath(root: Path, rel: str) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+def events_dir(members: list[tuple[str, int, Path]], job_dir: Path) -> str:
+    """An attempt's TensorBoard dir relative to its job directory: ``tensorboard``, or the spec's
+    ``metrics.tensorboard_dir`` under ``work``, as its shim was told (the server wrote the members' shim.json)."""
+    for _, _, member_dir in members[:1]:
+        named = ((read_json(member_dir / "shim.json") or {}).get("metrics") or {}).get("tensorboard_dir")
+        if isinstance(named, str):
+            with contextlib.suppress(ValueError):
+                return Path(named).relative_to(job_dir).as_posix()
+    return "tensorboard"
 
 
 def sync_events(store: ObjectStore, job_dir: Path, rel: str, dest_prefix: str, max_bytes: int) -> tuple[int, int]:
