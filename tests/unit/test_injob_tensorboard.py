@@ -63,10 +63,12 @@ def test_a_tensorboard_spec_names_jobs_and_only_a_tensorboard_does() -> None:
         ({"name": "nb", "jobs": [JOB_A]}, "is for kind tensorboard"),
         ({"name": "tb", "kind": "tensorboard", "jobs": [JOB_A], "inputs": [{"dataset": "d@1"}]}, "no `inputs`"),
         ({"name": "tb", "kind": "tensorboard", "jobs": [JOB_A], "runtime": {"version": "3+tensorboard"}}, "without"),
+        ({"name": "tb", "kind": "tensorboard", "jobs": [JOB_A], "network": "host"}, "no token of its own"),
     ):
         with pytest.raises(ValidationError, match=says):
             NotebookSpec.model_validate(spec)
     assert NotebookSpec.model_validate({"name": "tb", "kind": "tensorboard", "jobs": [JOB_A, JOB_A]}).jobs == [JOB_A]
+    assert NotebookSpec.model_validate({"name": "nb", "network": "host"}).network == "host"  # a 0600 socket guards it
 
 
 def test_event_files_land_under_their_run_and_nowhere_else() -> None:

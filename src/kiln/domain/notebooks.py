@@ -106,6 +106,12 @@ class NotebookSpec(_Strict):
                 raise ValueError("a tensorboard shows the event files of jobs: name at least one in `jobs`")
             if self.inputs:
                 raise ValueError("a tensorboard reads its jobs' event files: it takes no `inputs`")
+            if self.network == "host":
+                raise ValueError(
+                    "network: host cannot run a tensorboard: TensorBoard has no token of its own and listens on "
+                    "127.0.0.1, which on the machine's own network every process there reaches; use network: "
+                    "isolated (its own namespace, where Kiln alone reaches it)"
+                )
         elif self.jobs:
             raise ValueError("`jobs` is for kind tensorboard; a jupyterlab notebook reads data through `inputs`")
         return self
