@@ -6,7 +6,9 @@ no admission, no RBAC, no scheduler or kubelet. What it does implement:
   (``PUT``, ``409 Conflict`` on a stale ``resourceVersion``) of namespaced secrets, configmaps, services, pods,
   ``batch/v1`` jobs, ``apps/v1`` deployments, ``autoscaling/v2`` horizontalpodautoscalers and
   ``networking.k8s.io/v1`` networkpolicies (stored only: nothing enforces them), and a list of nodes;
-  a Secret's ``stringData`` is stored base64-encoded in ``data``, as the API server does;
+  a Secret's ``stringData`` is stored base64-encoded in ``data``, as the API server does; a ClusterIP Service
+  gets a ``clusterIP`` from :attr:`FakeKubeAPI.cluster_ips` (a test's loopback address, where it plays the pod),
+  else ``10.96.0.N``;
 - a Deployment's ``metadata.generation`` (1 at create, +1 whenever its ``spec`` changes) and a status that only a
   test hook sets (:meth:`FakeKubeAPI.set_deployment_ready`): no pods are made for it, no rollout happens;
 - ``409 AlreadyExists`` on a duplicate create, ``404 NotFound`` on a missing object;
@@ -16,7 +18,9 @@ no admission, no RBAC, no scheduler or kubelet. What it does implement:
 - a tiny "job controller": creating a Job creates ``parallelism`` pods (indexed: ``JOB_COMPLETION_INDEX`` and
   the completion-index label/annotation) that stay ``Pending`` until a test hook moves them; a failed pod fails
   the Job (``backoffLimit: 0``), all pods succeeded (or the successPolicy index) completes it; deleting a Job
-  deletes its pods (any propagation policy);
+  deletes its pods (any propagation policy) — or, with :attr:`FakeKubeAPI.graceful_pods`, marks it and its
+  pods still running with a ``deletionTimestamp`` and keeps them (a pod's grace period: its container is told
+  to stop and exits in its own time) until :meth:`FakeKubeAPI.finish_deletions`;
 - pod logs (``/log``, ``follow``, ``timestamps``, ``sinceTime``), appended by a test hook;
 - test hooks to drive pods: running, succeeded, failed (exit code, OOMKilled), evicted, image pull back-off,
   unschedulable, phase Unknown, deleted.
@@ -136,6 +140,9 @@ class FakeKubeAPI:
         self.cond = threading.Condition()
         self.expire_next_watch = 0  # watches still to answer with 410
         self.requests: list[tuple[str, str]] = []  # (method, path?query) of every request, for assertions
+        self.cluster_ips: list[str] = []  # the next Services' clusterIPs, in order of creation
+        self.graceful_pods = False  # a deleted Job's running pods stay, terminating, until finish_deletions()
+        self._next_ip = 1
         self.closed = False
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -219,6 +226,13 @@ class FakeKubeAPI:
             if kind == "Deployment":
                 meta["generation"] = 1
                 obj["status"] = {}
+            spec = obj.get("spec") or {}
+            if kind == "Service" and spec.get("type", "ClusterIP") == "ClusterIP" and not spec.get("clusterIP"):
+                if self.cluster_ips:
+                    spec["clusterIP"] = self.cluster_ips.pop(0)
+                else:
+                    spec["clusterIP"] = f"10.96.0.{self._next_ip}"
+                    self._next_ip += 1
             obj = self._store(kind, obj, "ADDED")
             if kind == "Job":
                 obj.setdefault("status", {})
@@ -302,9 +316,27 @@ class FakeKubeAPI:
 
     def delete(self, kind: str, namespace: str, name: str) -> Obj:
         with self.cond:
-            obj = self.objects.pop((kind, namespace, name), None)
+            obj = self.objects.get((kind, namespace, name))
             if obj is None:
                 raise ApiError(404, "NotFound", f'{kind.lower()}s "{name}" not found')
+            if kind == "Job" and self.graceful_pods:
+                running = [
+                    pod
+                    for (k, ns, _), pod in self.objects.items()
+                    if k == "Pod"
+                    and ns == namespace
+                    and any(
+                        o.get("uid") == obj["metadata"]["uid"] for o in pod["metadata"].get("ownerReferences") or []
+                    )
+                    and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+                ]
+                if running:
+                    for terminating in [obj, *running]:
+                        terminating["metadata"].setdefault("deletionTimestamp", now_iso())
+                        terminating["metadata"]["resourceVersion"] = self._next_rv()
+                        self._emit(terminating["kind"], "MODIFIED", terminating)
+                    return copy.deepcopy(obj)
+            self.objects.pop((kind, namespace, name))
             if kind == "Job":
                 for (k, ns, pod_name), pod in list(self.objects.items()):
                     owners = pod["metadata"].get("ownerReferences") or []
@@ -319,6 +351,14 @@ class FakeKubeAPI:
         if obj is not None:
             obj["metadata"]["resourceVersion"] = self._next_rv()
             self._emit(kind, "DELETED", obj)
+
+    def finish_deletions(self, namespace: str = "kiln") -> None:
+        """The terminating pods' containers have exited: they, and the Jobs being deleted, are gone now."""
+        with self.cond:
+            for (kind, ns, name), obj in list(self.objects.items()):
+                if kind in ("Pod", "Job") and ns == namespace and obj["metadata"].get("deletionTimestamp"):
+                    self._delete_locked(kind, ns, name)
+            self.cond.notify_all()
 
     def delete_collection(self, kind: str, namespace: str, selector: str | None) -> Obj:
         listed = self.list(kind, namespace, selector)

@@ -56,8 +56,9 @@ DECLARED = {
         "JobFiles",
         "ExtractsMetrics",
         "RuntimeBuilder",
+        "NotebookHost",
     },
-    "kubernetes": {"SpecValidator", "Preemptible", "ServiceDeployer"},
+    "kubernetes": {"SpecValidator", "Preemptible", "ServiceDeployer", "NotebookHost"},
     "slurm": {"SpecValidator", "Preemptible"},
 }
 # Backends whose harness needs a machine-wide fixture: their run of this suite is in another module, with the tests

@@ -15,6 +15,7 @@ from kiln.backends.base import Launch, Phase
 from kiln.backends.capabilities import OutputCollector
 from kiln.backends.kubernetes.backend import KubernetesBackend
 from kiln.backends.kubernetes.render import KubeConfig, cleanup_selector, main_job_name
+from kiln.domain.catalog import DEFAULT_CATALOG, Catalog, CatalogEntry
 from kiln.domain.spec import JobSpec
 from kiln.errors import InvalidInput
 from kiln.injob.logline import parse_tagged
@@ -60,7 +61,7 @@ class Env:
         self.backends: list[KubernetesBackend] = []
         self.runners: list[TaskRunner] = []
 
-    def backend(self, config: KubeConfig | None = None) -> KubernetesBackend:
+    def backend(self, config: KubeConfig | None = None, catalog: Catalog | None = None) -> KubernetesBackend:
         backend = KubernetesBackend(
             self.fake.api_client(),
             config or KubeConfig(namespace="kiln"),
@@ -69,6 +70,7 @@ class Env:
             state_dir=self.tmp / "state",
             image_pull_grace=0.0,
             watch_timeout=2,
+            catalog=catalog,
         )
         self.backends.append(backend)
         self.runners.append(run_background_work(backend))  # its informers, as a server's task runner runs them
@@ -124,6 +126,17 @@ def test_job_success(env: Env) -> None:
     wait_for(lambda: len(log_lines(env.logs, "job-ok")) == 2)
     assert log_lines(env.logs, "job-ok") == [("", "epoch 1"), ("", "epoch 2")]  # a single worker: untagged
     assert not isinstance(backend, OutputCollector)  # the pod's sidecar uploads its outputs: nothing to collect
+
+
+def test_a_catalog_runtime_runs_the_image_of_the_servers_catalog(env: Env) -> None:
+    own = DEFAULT_CATALOG.extended([CatalogEntry("pytorch", "9.9", (), "registry.example/torch:9.9", default=True)])
+    backend, fake = env.backend(catalog=own), env.fake
+    spec = JobSpec.model_validate({"command": "python train.py", "runtime": {"framework": "pytorch"}})
+    backend.validate(spec)
+    backend.start(Launch("job-img", ORG, 1, spec, cpus=1, memory=None, gpus=(), code_key=None, job_token="tok"))
+    [job] = fake.jobs()
+    [container] = [c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "job"]
+    assert container["image"] == "registry.example/torch:9.9"  # the operator's entry, not the built-in one
 
 
 def test_worker_failure_names_the_worker_and_stops_the_gang(env: Env) -> None:

@@ -115,6 +115,8 @@ def _content(obj: dict[str, Any]) -> dict[str, Any]:
     body = {k: v for k, v in obj.items() if k in ("spec", "data", "immutable", "type")}
     if obj["kind"] == "Secret":
         body["data"] = sorted(_secret_data(obj) if "data" in obj else obj["stringData"])
+    if obj["kind"] == "Service":  # the cluster IP the API server gave it
+        body["spec"] = {k: v for k, v in body["spec"].items() if k not in ("clusterIP", "clusterIPs")}
     if obj["kind"] == "Deployment":
         template = json.loads(json.dumps(body["spec"]["template"]))
         template["metadata"]["labels"].pop(LABEL_REVISION)

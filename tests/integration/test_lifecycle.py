@@ -159,6 +159,9 @@ def test_bad_input_is_refused_and_nothing_is_written(shared_server):
     with pytest.raises(InvalidInput) as err:
         client.request("POST", "/jobs", json_body={"spec": {"command": "true"}, "code_sha256": "a" * 64})
     assert "code_sha256" in err.value.message
+    with pytest.raises(InvalidInput) as err:  # Kiln's own mark of a notebook's job (it changes how it renders)
+        client.request("POST", "/jobs", json_body={"spec": {"command": "true", "labels": {"kiln-notebook": "nb-x"}}})
+    assert "kiln-notebook" in err.value.message
     assert len(client.list_jobs(limit=500)) == before
     with pytest.raises(NotFound):
         client.get_job("job-doesnotexist")

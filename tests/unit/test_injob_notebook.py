@@ -684,6 +684,13 @@ def test_port_mode_needs_a_port_and_the_injected_token(tmp_path: Path) -> None:
         without = {k: v for k, v in env.items() if k != "KILN_NOTEBOOK_TOKEN"} | missing
         with pytest.raises(ValueError, match="KILN_NOTEBOOK_TOKEN not set"):
             notebook.read_config(without)
+    assert (config.ip, config.probe_host) == ("0.0.0.0", "127.0.0.1")
+    params.write_text(json.dumps({"notebook_id": NOTEBOOK_ID, "base_url": BASE_URL, "port": 8888, "ip": "127.3.4.5"}))
+    assert (notebook.read_config(env).ip, notebook.read_config(env).probe_host) == ("127.3.4.5", "127.3.4.5")
+    for ip in ("localhost", "0.0.0.0 --ServerApp.token=x", 7):
+        params.write_text(json.dumps({"notebook_id": NOTEBOOK_ID, "base_url": BASE_URL, "port": 8888, "ip": ip}))
+        with pytest.raises(ValueError, match="ip: the address"):
+            notebook.read_config(env)
     for bad in (0, 65536, -1, "8888", 8888.0, True, None):
         params.write_text(json.dumps({"notebook_id": NOTEBOOK_ID, "base_url": BASE_URL, "port": bad}))
         if bad is None:  # "port": null is no port
@@ -719,8 +726,8 @@ def test_the_launcher_in_port_mode_serves_on_tcp_with_the_injected_token(api: Fa
     argv = json.loads((launcher.work / "fake-lab-argv.json").read_text())
     assert "--IdentityProvider.token=injected-token" in argv and f"--ServerApp.port={port}" in argv
     assert not any(arg.startswith("--ServerApp.sock") for arg in argv)
-    assert notebook.lab_status(port, BASE_URL, "injected-token") == 200
-    assert notebook.lab_status(port, BASE_URL, None) == 403
+    assert notebook.lab_status(("127.0.0.1", port), BASE_URL, "injected-token") == 200
+    assert notebook.lab_status(("127.0.0.1", port), BASE_URL, None) == 403
     assert not (launcher.work / notebook.SOCKET_FILE).exists()
     code, _, err = launcher.stop(timeout=10)
     assert code == 0, err

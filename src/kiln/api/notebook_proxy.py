@@ -1,7 +1,9 @@
 """The notebook proxy: ``/notebooks/{id}/…`` (HTTP and WebSocket) forwarded to the notebook's JupyterLab.
 
-JupyterLab listens on a Unix socket in its job's work dir (kiln.injob.notebook), inside the job's network
-namespace: nothing else reaches it, and no port is open anywhere. Every request here is authenticated first —
+Where JupyterLab answers is its backend's to say (:class:`~kiln.backends.capabilities.NotebookHost`): on the
+local executor a Unix socket in its job's work dir (kiln.injob.notebook), inside the job's network namespace:
+nothing else reaches it, and no port is open anywhere; on Kubernetes the notebook's ClusterIP Service, whose
+NetworkPolicy admits only Kiln's server. Every request here is authenticated first —
 a signed request (as any API request) or the console's session cookie — and must be from the notebook's own user
 (another user of the organisation: 403; of another organisation: 404, as for anything of theirs). A request
 authenticated by the cookie that changes something, and every WebSocket opened with it, must come from a page of
@@ -17,13 +19,11 @@ never the polling an open tab does (GETs).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import stat
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -31,22 +31,21 @@ import httpx
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse
 from starlette.types import Message, Receive, Scope, Send
-from websockets.asyncio.client import ClientConnection, unix_connect
+from websockets.asyncio.client import ClientConnection, connect, unix_connect
 from websockets.exceptions import ConnectionClosed
 
 from kiln.api import session
 from kiln.api.errors import error_response
 from kiln.auth import signing
-from kiln.backends.capabilities import WorkDirs
+from kiln.backends.capabilities import NotebookAddress, NotebookHost
 from kiln.errors import Conflict, CsrfRefused, KilnError, NotebookUnavailable, PayloadTooLarge, Unauthenticated
 from kiln.usecases.identity import AuthFailure, Principal
 
 log = logging.getLogger("kiln.notebooks")
 
 PREFIX = "/notebooks/"
-STATE_FILE = ".kiln-notebook.json"
 MAX_BODY = 256 * 1024 * 1024  # a request's body (a notebook saved through the contents API)
-TARGET_TTL = 2.0  # seconds a (caller, notebook) → socket lookup is used
+TARGET_TTL = 2.0  # seconds a (caller, notebook) → address lookup is used
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 HOP_BY_HOP = {
     "connection",
@@ -77,10 +76,14 @@ CROSS_SITE = (
 @dataclass
 class Target:
     notebook_id: str
-    socket: str  # the socket's absolute path, in the job's work dir
-    token: str
+    address: NotebookAddress
     at: float
     every_request: bool = False  # a TensorBoard: any request is someone looking (it has no kernel to be busy)
+
+    @property
+    def key(self) -> str:
+        """What one kept-alive client serves: the socket's path, or the URL."""
+        return self.address.socket or self.address.url
 
 
 class NotebookProxy:
@@ -88,7 +91,8 @@ class NotebookProxy:
 
     def __init__(self) -> None:
         self._targets: dict[tuple[str, str], Target] = {}
-        self._clients: dict[str, tuple[int, httpx.AsyncClient]] = {}  # socket path → (O_PATH fd, client)
+        # socket path or URL → (the socket's O_PATH fd or None, client)
+        self._clients: dict[str, tuple[int | None, httpx.AsyncClient]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -160,14 +164,12 @@ class NotebookProxy:
         platform = scope["app"].state.platform
         _, job, kind = await run_in_threadpool(platform.notebooks.target, principal, notebook_id)
         backend = platform.backend
-        if not isinstance(backend, WorkDirs):
-            raise Conflict(f"notebooks are reached through Kiln on the local executor; this server runs {backend.name}")
-        work = backend.work_dir(job.id, job.handle)
-        state = await run_in_threadpool(_state_file, work)
-        if state is None:
+        if not isinstance(backend, NotebookHost):
+            raise Conflict(f"this server's backend ({backend.name}) does not run notebooks")
+        address = await run_in_threadpool(backend.notebook_address, job.id, job.handle)
+        if address is None:
             raise Conflict(f"notebook {notebook_id} is starting: it is not answering yet")
-        every = kind == "tensorboard"
-        target = Target(notebook_id, os.path.abspath(work / state[0]), state[1], time.monotonic(), every)
+        target = Target(notebook_id, address, time.monotonic(), kind == "tensorboard")
         if len(self._targets) > 10_000:
             self._targets.clear()
         self._targets[key] = target
@@ -190,33 +192,40 @@ class NotebookProxy:
 
     # ---- HTTP
 
-    def _client(self, socket_path: str) -> httpx.AsyncClient:
-        known = self._clients.get(socket_path)
+    def _client(self, target: Target) -> httpx.AsyncClient:
+        known = self._clients.get(target.key)
         if known is not None:
             return known[1]
-        fd = _open_socket(socket_path)
-        transport = httpx.AsyncHTTPTransport(uds=f"/proc/self/fd/{fd}")
-        client = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(300.0, connect=5.0), trust_env=False)
-        self._clients[socket_path] = (fd, client)
+        timeout = httpx.Timeout(300.0, connect=5.0)
+        fd = None
+        if target.address.socket:
+            fd = _open_socket(target.address.socket)
+            transport = httpx.AsyncHTTPTransport(uds=f"/proc/self/fd/{fd}")
+        else:
+            transport = httpx.AsyncHTTPTransport()
+        client = httpx.AsyncClient(transport=transport, timeout=timeout, trust_env=False)
+        self._clients[target.key] = (fd, client)
         return client
 
     def _forget(self, target: Target) -> None:
         """Drop what was known of where ``target`` listens: its lookups and its client (closed soon)."""
-        self._targets = {k: v for k, v in self._targets.items() if v.socket != target.socket}
-        known = self._clients.pop(target.socket, None)
+        self._targets = {k: v for k, v in self._targets.items() if v.key != target.key}
+        known = self._clients.pop(target.key, None)
         if known is not None:
+            fd = known[0]
             task = asyncio.ensure_future(known[1].aclose())
-            task.add_done_callback(lambda _: os.close(known[0]))
+            if fd is not None:
+                task.add_done_callback(lambda _: os.close(fd))
 
     async def _http(self, scope: Scope, send: Send, body: bytes, target: Target) -> bool:
         """Forward the request and its answer; False when JupyterLab could not be reached (nothing was sent)."""
-        headers = _forwarded_headers(scope, target.token, drop=HOP_BY_HOP | {"authorization"})
-        url = "http://notebook" + (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+        headers = _forwarded_headers(scope, target.address.token, drop=HOP_BY_HOP | {"authorization"})
+        url = target.address.url + (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
         query = _without_token(scope.get("query_string", b"").decode("latin-1"))
         if query:
             url += "?" + query
         try:
-            client = self._client(target.socket)
+            client = self._client(target)
             request = client.build_request(scope["method"], url, headers=headers, content=body)
             upstream = await client.send(request, stream=True)
         except (OSError, httpx.HTTPError):
@@ -247,29 +256,31 @@ class NotebookProxy:
         query = _without_token(scope.get("query_string", b"").decode("latin-1"))
         if query:
             path += "?" + query
-        headers = _forwarded_headers(scope, target.token, drop=WS_DROPPED)
+        headers = _forwarded_headers(scope, target.address.token, drop=WS_DROPPED)
         protocols = [p for p in scope.get("subprotocols", []) if p]
+        options: dict[str, Any] = {
+            "additional_headers": headers,
+            "subprotocols": protocols or None,
+            "max_size": None,
+            "open_timeout": 10,
+            "compression": None,
+        }
+        socket = target.address.socket
+        fd = None
         try:
-            fd = _open_socket(target.socket)
-        except OSError:
-            await send({"type": "websocket.close", "code": 1011, "reason": "notebook not answering"})
-            return
-        try:
-            upstream = await unix_connect(
-                f"/proc/self/fd/{fd}",
-                uri=f"ws://notebook{path}",
-                additional_headers=headers,
-                subprotocols=protocols or None,  # type: ignore[arg-type]
-                max_size=None,
-                open_timeout=10,
-                compression=None,
-            )
+            if socket:
+                fd = _open_socket(socket)
+                upstream = await unix_connect(f"/proc/self/fd/{fd}", uri=f"ws://notebook{path}", **options)
+            else:
+                url = "ws" + target.address.url.removeprefix("http") + path
+                upstream = await connect(url, proxy=None, **options)  # never through $HTTPS_PROXY
         except Exception as exc:  # refused by JupyterLab (a kernel gone: 404), or not answering
-            os.close(fd)
             log.info("notebook %s: WebSocket %s refused upstream: %s", target.notebook_id, path, exc)
             await send({"type": "websocket.close", "code": 1011, "reason": "refused by the notebook"})
             return
-        os.close(fd)  # connected: the descriptor named the socket's file only for connect()
+        finally:
+            if fd is not None:  # the descriptor named the socket's file only for connect()
+                os.close(fd)
         await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
         try:
             await _pump(receive, send, upstream, lambda: platform.notebooks.touch(target.notebook_id))
@@ -326,25 +337,6 @@ def _open_socket(path: str) -> int:
         os.close(fd)
         raise ConnectionRefusedError(f"{path} is not a socket")
     return fd
-
-
-def _state_file(work: Path) -> tuple[str, str] | None:
-    """(socket's file name, token) from the launcher's state file in the work dir, or None before it is there.
-    The job wrote it: the socket must be a plain name in that dir."""
-    try:
-        fd = os.open(work / STATE_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd) as fh:
-            data = json.loads(fh.read(65536))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    name, token = data.get("socket"), data.get("token")
-    if not isinstance(name, str) or not name or "/" in name or "\x00" in name or name in (".", ".."):
-        return None
-    if not isinstance(token, str) or not token or len(token) > 256 or not token.isascii() or not token.isprintable():
-        return None
-    return name, token
 
 
 def _forwarded_headers(scope: Scope, token: str, drop: set[str]) -> list[tuple[str, str]]:

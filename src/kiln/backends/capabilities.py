@@ -126,6 +126,26 @@ class WorkDirs(abc.ABC):
         the home of whichever server on this machine launched it."""
 
 
+class NotebookAddress(NamedTuple):
+    """Where Kiln's notebook proxy reaches the server of a notebook's attempt (JupyterLab, TensorBoard): ``url``
+    (``http://host:port``), or with ``socket`` a Unix socket on this machine (``url`` is then ``http://notebook``);
+    ``token`` is the server's own, sent as ``Authorization: token …`` (never the caller's credentials)."""
+
+    url: str
+    token: str
+    socket: str | None = None
+
+
+class NotebookHost(abc.ABC):
+    """Runs notebooks (kiln.usecases.notebooks) where Kiln's proxy can reach them: the local executor on a Unix
+    socket in the job's work dir, Kubernetes behind a ClusterIP Service per notebook."""
+
+    @abc.abstractmethod
+    def notebook_address(self, job_id: str, handle: dict[str, Any] | None) -> NotebookAddress | None:
+        """Where the notebook server of the job's attempt ``handle`` answers; None while it is not there yet
+        (the launcher has not said where, the Service has no address)."""
+
+
 class JobFiles(abc.ABC):
     """Keeps files of a job on the server's machine (work dir, outputs, checkpoints) that outlive its attempts."""
 
@@ -238,6 +258,7 @@ CAPABILITIES: tuple[type[abc.ABC], ...] = (
     ExtractsMetrics,
     RuntimeBuilder,
     ServiceDeployer,
+    NotebookHost,
 )
 
 

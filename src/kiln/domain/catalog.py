@@ -3,6 +3,7 @@ local executor, an image on container backends)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -20,6 +21,7 @@ class CatalogEntry:
     image: str
     default: bool = False
     description: str = ""
+    derived: bool = False  # a variant Kiln made (base entry + its packages, the base's image), not the catalog's
 
     @property
     def name(self) -> str:
@@ -36,7 +38,11 @@ class Catalog:
     def resolve(self, framework: str, version: str | None = None) -> CatalogEntry:
         """The entry for a framework and version (default version when None); InvalidInput names what
         exists when nothing matches. ``VERSION+lab`` is that entry with JupyterLab added (a notebook's runtime:
-        kiln.domain.notebooks), ``VERSION+tensorboard`` with TensorBoard: each a managed environment of its own."""
+        kiln.domain.notebooks), ``VERSION+tensorboard`` with TensorBoard: each a managed environment of its own,
+        unless the catalog has an entry of that very version (an operator's image with JupyterLab in it)."""
+        exact = [e for e in self.entries if e.framework == framework and e.version == version]
+        if exact:
+            return exact[0]
         for suffix, (packages, what) in VARIANTS.items():
             if version is not None and version.endswith(suffix):
                 base = self.resolve(framework, version.removesuffix(suffix))
@@ -46,6 +52,7 @@ class Catalog:
                     base.packages + packages,
                     base.image,
                     description=f"{(base.description or base.name).rstrip('.')}, with {what}",
+                    derived=True,
                 )
         candidates = [e for e in self.entries if e.framework == framework]
         if not candidates:
@@ -88,7 +95,8 @@ class CatalogFileEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     framework: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
-    version: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    # "+lab" (+tensorboard): the operator's own variant of a version, e.g. an image with JupyterLab in it
+    version: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*(\+lab|\+tensorboard)?$")
     packages: list[str] = Field(default_factory=list)
     image: str = ""
     default: bool = False
@@ -111,6 +119,14 @@ def load_catalog_file(text: str, source: str) -> list[CatalogEntry]:
             parsed = CatalogFileEntry.model_validate(item)
         except ValidationError as exc:
             raise InvalidInput(f"{source}: entry {index}: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from exc
+        for suffix, (needed, what) in VARIANTS.items():
+            names = {re.split(r"[<>=!~\[; ]", p, maxsplit=1)[0].lower() for p in parsed.packages}
+            wanted = re.split(r"[<>=!~\[; ]", needed[0], maxsplit=1)[0]
+            if parsed.version.endswith(suffix) and parsed.packages and wanted not in names:
+                raise InvalidInput(
+                    f"{source}: entry {index}: version {parsed.version} is a {what} variant: its packages must "
+                    f"include {wanted} (or give no packages: an image that has it)"
+                )
         entries.append(
             CatalogEntry(
                 parsed.framework,

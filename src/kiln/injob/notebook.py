@@ -19,9 +19,10 @@ persists), ``$KILN_WORK_DIR`` (the job's work dir, also the cwd), ``$KILN_ENDPOI
    "base_url"}`` to ``$KILN_WORK_DIR/.kiln-notebook.json`` (atomically, mode 0600): Kiln's proxy connects to
    the socket's file from outside the job's network namespace with that token (kiln.api.notebook_proxy). No
    TCP port is opened. With ``port`` (a Kubernetes pod: kiln.backends.kubernetes.notebooks), JupyterLab listens
-   on ``0.0.0.0:<port>`` instead, with the token Kiln injects as ``$KILN_NOTEBOOK_TOKEN`` (required then), is
-   probed on ``127.0.0.1:<port>``, and the state file says ``{"port", "pid", "base_url"}`` (the token is Kiln's
-   already); the pod's NetworkPolicy admits only Kiln's server pods to that port.
+   on ``0.0.0.0:<port>`` (or the param ``ip``) instead, with the token Kiln injects as ``$KILN_NOTEBOOK_TOKEN``
+   (required then), is probed on ``127.0.0.1:<port>`` (on ``ip`` when it names one address), and the state
+   file says ``{"port", "pid", "base_url"}`` (the token is Kiln's already); the pod's NetworkPolicy admits only
+   Kiln's server pods to that port.
 3. Every ``sync_seconds`` it saves the home when something in it changed (``PUT`` of a gzip'd tar, built
    outside the home), leaving out caches (``NOT_SAVED``). A refused save (413: over the organisation's quota)
    is said in the log and tried again at the next round; the previous save stays.
@@ -41,6 +42,7 @@ by ``$JUPYTER_CONFIG_PATH`` (not ``--config``, which would skip the user's ``~/.
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
 import os
 import re
@@ -107,6 +109,12 @@ class NotebookConfig:
     work_dir: Path
     port: int | None = None  # None: the Unix socket SOCKET_FILE; else TCP on every address of the pod
     lab_token: str = ""  # with a port: $KILN_NOTEBOOK_TOKEN
+    ip: str = "0.0.0.0"  # with a port: the address JupyterLab listens on (every IPv4 one of the pod; "::" for IPv6)
+
+    @property
+    def probe_host(self) -> str:
+        """Where the launcher itself asks JupyterLab whether it is up: loopback when it listens everywhere."""
+        return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.ip, self.ip)
 
     @property
     def home_url(self) -> str:
@@ -141,7 +149,15 @@ def read_config(env: Mapping[str, str]) -> NotebookConfig:
     work_dir = Path(os.path.realpath(env.get("KILN_WORK_DIR") or os.getcwd()))
     if not work_dir.is_dir():
         raise ValueError(f"KILN_WORK_DIR: {work_dir} is not a directory")
-    port, lab_token = params.get("port"), ""
+    port, lab_token, ip = params.get("port"), "", params.get("ip", "0.0.0.0")
+    try:
+        if not isinstance(ip, str):
+            raise ValueError(ip)
+        ipaddress.ip_address(ip)
+    except ValueError:
+        raise ValueError(
+            f"ip: the address JupyterLab listens on with a port (0.0.0.0, ::, or one), got {ip!r}"
+        ) from None
     if port is not None:
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             raise ValueError(f"port: the TCP port JupyterLab listens on (1..65535), got {port!r}")
@@ -149,7 +165,7 @@ def read_config(env: Mapping[str, str]) -> NotebookConfig:
         if not lab_token.strip():
             raise ValueError(f"{TOKEN_ENV} not set: with a port, JupyterLab's token is the one Kiln injects")
     return NotebookConfig(
-        notebook_id, base_url, float(sync), endpoint, env["KILN_JOB_TOKEN"], home, work_dir, port, lab_token
+        notebook_id, base_url, float(sync), endpoint, env["KILN_JOB_TOKEN"], home, work_dir, port, lab_token, ip
     )
 
 
@@ -269,7 +285,7 @@ def lab_command(config: NotebookConfig, token: str) -> list[str]:
     if config.port is None:
         listen = [f"--ServerApp.sock={SOCKET_FILE}", "--ServerApp.sock_mode=0600"]
     else:  # port_retries=0: a port taken fails the start, never a silent move to the next port
-        listen = ["--ServerApp.ip=0.0.0.0", f"--ServerApp.port={config.port}", "--ServerApp.port_retries=0"]
+        listen = [f"--ServerApp.ip={config.ip}", f"--ServerApp.port={config.port}", "--ServerApp.port_retries=0"]
     command = [
         sys.executable,
         "-m",
@@ -370,12 +386,12 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-def lab_status(address: str | int, base_url: str, token: str | None) -> int | None:
-    """The HTTP status of ``GET {base_url}api/status`` over the Unix socket ``address``, or TCP port ``address``
-    of 127.0.0.1 (None: nothing answers yet)."""
+def lab_status(address: str | tuple[str, int], base_url: str, token: str | None) -> int | None:
+    """The HTTP status of ``GET {base_url}api/status`` over the Unix socket ``address``, or TCP ``(host, port)``
+    (None: nothing answers yet)."""
     conn: http.client.HTTPConnection
-    if isinstance(address, int):
-        conn = http.client.HTTPConnection("127.0.0.1", address, timeout=PROBE_TIMEOUT)
+    if isinstance(address, tuple):
+        conn = http.client.HTTPConnection(*address, timeout=PROBE_TIMEOUT)
     else:
         conn = _UnixConnection(address, PROBE_TIMEOUT)
     try:
@@ -465,7 +481,7 @@ def main() -> int:
     link_inputs(config.home, config.work_dir)
     sync = HomeSync(config, home_signature(config.home, config.work_dir) if restored is not None else None)
     token = config.lab_token if config.port is not None else secrets.token_urlsafe(32)
-    address: str | int = SOCKET_FILE if config.port is None else config.port
+    address = SOCKET_FILE if config.port is None else (config.probe_host, config.port)
     where: dict[str, Any] = {"socket": SOCKET_FILE, "token": token} if config.port is None else {"port": config.port}
     (config.work_dir / STATE_FILE).unlink(missing_ok=True)
     stop = _Stop()

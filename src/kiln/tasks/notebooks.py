@@ -13,9 +13,8 @@ reloads is someone looking) for its ``idle_timeout``.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
-import os
 from datetime import timedelta
 from typing import Any
 
@@ -23,7 +22,7 @@ import httpx
 from sqlalchemy import select
 
 from kiln.backends.base import Backend
-from kiln.backends.capabilities import WorkDirs
+from kiln.backends.capabilities import NotebookAddress, NotebookHost
 from kiln.db.session import Database
 from kiln.db.tables import Job, Notebook, utcnow
 from kiln.domain.durations import format_duration
@@ -36,7 +35,6 @@ from kiln.usecases.notebooks import RUNNING, NotebookService, notebook_path
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = ".kiln-notebook.json"
 INTERVAL = 2.0
 START_TIMEOUT = 300.0  # seconds a RUNNING job may take to get JupyterLab answering
 BUSY = {"busy", "starting"}
@@ -46,7 +44,7 @@ class NotebookControl:
     def __init__(self, db: Database, notebooks: NotebookService, backend: Backend, logs: LogStore) -> None:
         self.db = db
         self.notebooks = notebooks
-        self.work_dirs = backend if isinstance(backend, WorkDirs) else None
+        self.host = backend if isinstance(backend, NotebookHost) else None
         self.logs = logs
 
     def task(self) -> Task:
@@ -106,23 +104,17 @@ class NotebookControl:
             if self.notebooks.cull(notebook.id, job.id, why):
                 log.info("notebook %s (%s) %s", notebook.name, notebook.id, why)
 
-    def _lab(self, job: Job) -> tuple[str, str] | None:
-        """(socket path, token) of the job's JupyterLab, from the launcher's state file."""
-        if self.work_dirs is None:
+    def _lab(self, job: Job) -> NotebookAddress | None:
+        """Where the job's JupyterLab (TensorBoard) answers, as its backend says."""
+        if self.host is None:
             return None
-        work = self.work_dirs.work_dir(job.id, job.handle)
         try:
-            fd = os.open(work / STATE_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            with os.fdopen(fd) as fh:
-                data = json.loads(fh.read(65536))
-            name, token = str(data["socket"]), str(data["token"])
-        except (OSError, ValueError, KeyError, TypeError):
+            return self.host.notebook_address(job.id, job.handle)
+        except Exception as exc:  # the backend's API unreachable: not answering, this time
+            log.warning("notebook job %s: where it answers is unknown: %s", job.id, exc)
             return None
-        if not name or "/" in name or "\x00" in name:
-            return None
-        return os.path.abspath(work / name), token
 
-    def _active(self, lab: tuple[str, str], notebook_id: str) -> bool:
+    def _active(self, lab: NotebookAddress, notebook_id: str) -> bool:
         """A kernel busy, or a terminal open."""
         kernels = _get(lab, notebook_id, "api/kernels")
         if isinstance(kernels, list) and any(k.get("execution_state") in BUSY for k in kernels if isinstance(k, dict)):
@@ -144,16 +136,16 @@ class NotebookControl:
         return " | ".join(lines)[:1500] if lines else "(it printed nothing)"
 
 
-def _get(lab: tuple[str, str], notebook_id: str, what: str) -> Any:
-    """GET ``what`` of JupyterLab's REST API over its socket; None when it does not answer 200."""
-    socket_path, token = lab
+def _get(lab: NotebookAddress, notebook_id: str, what: str) -> Any:
+    """GET ``what`` of JupyterLab's REST API (its socket's or its URL's); None when it does not answer 200."""
+    url = f"{lab.url}{notebook_path(notebook_id)}{what}"
+    headers = {"Authorization": f"token {lab.token}"}
     try:
-        with socket_address(socket_path) as address:
+        with contextlib.ExitStack() as stack:
+            address = stack.enter_context(socket_address(lab.socket)) if lab.socket else None
             transport = httpx.HTTPTransport(uds=address)
             with httpx.Client(transport=transport, timeout=5.0, trust_env=False) as client:
-                answer = client.get(
-                    f"http://notebook{notebook_path(notebook_id)}{what}", headers={"Authorization": f"token {token}"}
-                )
+                answer = client.get(url, headers=headers)
     except (OSError, httpx.HTTPError):
         return None
     if answer.status_code != 200:

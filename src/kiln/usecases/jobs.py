@@ -16,6 +16,7 @@ from kiln.db.tables import Blob, Job, JobEvent, Organization, User, utcnow
 from kiln.domain.catalog import Catalog
 from kiln.domain.ids import new_id
 from kiln.domain.job_requests import JobDryRun, JobRerun
+from kiln.domain.notebooks import NOTEBOOK_LABEL
 from kiln.domain.schemas import EventRead, JobList, JobRead, JobSubmit
 from kiln.domain.spec import PRIORITIES, InputSpec, JobSpec
 from kiln.domain.states import JobState, Reason
@@ -270,9 +271,16 @@ class JobService:
         spec = self._checked_spec(principal, spec)
         return self._create(principal, spec, code, f"rerun of {job_id} by {principal.user_name}", remember)
 
-    def _checked_spec(self, principal: Principal, spec: JobSpec) -> JobSpec:
-        """The checks of a submit that need no transaction; the spec with its inputs pinned."""
+    def _checked_spec(self, principal: Principal, spec: JobSpec, *, kiln_labels: bool = False) -> JobSpec:
+        """The checks of a submit that need no transaction; the spec with its inputs pinned. ``kiln_labels``: the
+        spec is Kiln's own (a notebook's start), which alone may carry Kiln's labels."""
         principal.require("jobs:write")
+        if not kiln_labels and NOTEBOOK_LABEL in spec.labels:
+            raise InvalidInput(
+                f"labels: {NOTEBOOK_LABEL} is Kiln's own (it marks a notebook's job); name the label otherwise, or "
+                "start the notebook with `kiln notebooks start`",
+                details={"field": f"spec.labels.{NOTEBOOK_LABEL}"},
+            )
         self.catalog.check(spec.runtime)
         if spec.network == "host" and not {principal.org_id, principal.org_name} & set(self.network_host_orgs):
             raise Forbidden(
@@ -350,11 +358,18 @@ class JobService:
         return job
 
     def check_submit(
-        self, principal: Principal, spec: JobSpec, code_sha256: str | None, *, category: str = CATEGORY
+        self,
+        principal: Principal,
+        spec: JobSpec,
+        code_sha256: str | None,
+        *,
+        category: str = CATEGORY,
+        kiln_labels: bool = False,
     ) -> JobSpec:
         """Every check a submit of ``spec`` makes (its inputs pinned in what is returned), creating nothing: a
-        tuning study checks its trial spec so, a service its replica's (quota category ``serve``)."""
-        spec = self._checked_spec(principal, spec)
+        tuning study checks its trial spec so, a service its replica's (quota category ``serve``), a notebook its
+        start's (``kiln_labels``: Kiln's own spec)."""
+        spec = self._checked_spec(principal, spec, kiln_labels=kiln_labels)
         with self.db.read() as s:
             self.check_admission(s, principal, spec, category)
             if code_sha256 and s.get(Blob, (principal.org_id, code_sha256)) is None:

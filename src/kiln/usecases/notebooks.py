@@ -191,7 +191,7 @@ class NotebookService:
         runs = self._runs(principal, spec) if spec.kind == "tensorboard" else None
         try:
             job = job_spec(notebook_id, spec, entry.version, self.sync_seconds, runs)
-            return self.jobs.check_submit(principal, job, None, category=CATEGORY)
+            return self.jobs.check_submit(principal, job, None, category=CATEGORY, kiln_labels=True)
         except KilnError as exc:
             if isinstance(exc, InvalidInput):
                 raise InvalidInput(f"notebook: {exc.message}", details={"field": "spec"}) from None

@@ -87,3 +87,30 @@ def test_an_attempts_tensorboard_dir_is_the_one_its_shim_was_told(tmp_path: Path
     assert jobfiles.events_dir(members, job) == "work/runs/tb"
     (attempt / "shim.json").write_text(json.dumps({"metrics": {"tensorboard_dir": "/elsewhere"}}))
     assert jobfiles.events_dir(members, job) == "tensorboard"  # never outside the job's directory
+
+
+def test_a_notebooks_address_is_what_its_state_file_names_in_the_work_dir_and_nothing_else(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    assert jobfiles.notebook_address(work) is None  # not there yet: not answering
+    state = work / jobfiles.NOTEBOOK_STATE
+    state.write_text(json.dumps({"socket": ".kiln-notebook.sock", "token": "t0k", "pid": 1}))
+    address = jobfiles.notebook_address(work)
+    assert address is not None
+    assert (address.socket, address.token, address.url) == (str(work / ".kiln-notebook.sock"), "t0k", "http://notebook")
+    for bad in (
+        {"socket": "../../server.sock", "token": "t"},  # out of the work dir
+        {"socket": "/run/kiln.sock", "token": "t"},
+        {"socket": "..", "token": "t"},
+        {"socket": "s", "token": ""},
+        {"socket": "s", "token": "x" * 300},
+        {"socket": "s", "token": "line\nbreak"},
+        {"socket": 7, "token": "t"},
+        ["s", "t"],
+    ):
+        state.write_text(json.dumps(bad))
+        assert jobfiles.notebook_address(work) is None, bad
+    state.unlink()
+    (tmp_path / "elsewhere.json").write_text(json.dumps({"socket": "s", "token": "t"}))
+    state.symlink_to(tmp_path / "elsewhere.json")  # the job's link: never followed
+    assert jobfiles.notebook_address(work) is None

@@ -20,7 +20,7 @@ def test_the_registered_backends_load_by_name() -> None:
 def test_a_backend_that_fails_to_import_is_listed_with_its_error() -> None:
     found = {info.name: info for info in registry.listing(BROKEN)}
     assert found["local"].loaded and found["local"].error is None
-    assert found["kubernetes"].capabilities == {"SpecValidator", "Preemptible", "ServiceDeployer"}
+    assert found["kubernetes"].capabilities == {"SpecValidator", "Preemptible", "ServiceDeployer", "NotebookHost"}
     broken = found["nomad"]
     assert not broken.loaded and broken.capabilities == frozenset()
     assert broken.error == (
@@ -52,7 +52,7 @@ def test_a_target_that_is_not_a_backend_is_refused() -> None:
 
 def test_capabilities_are_declared_not_defaulted() -> None:
     """A backend does what it declares and nothing else: no no-op methods or flags stand in for a capability."""
-    assert declared(KubernetesBackend) == {"SpecValidator", "Preemptible", "ServiceDeployer"}
+    assert declared(KubernetesBackend) == {"SpecValidator", "Preemptible", "ServiceDeployer", "NotebookHost"}
     assert isinstance(object.__new__(KubernetesBackend), Preemptible | SpecValidator)
     for method in ("collect_outputs", "sync_checkpoints", "release", "sweep"):
         assert not hasattr(KubernetesBackend, method), method

@@ -84,6 +84,9 @@ def test_catalog_file_adds_and_replaces_entries() -> None:
         ("- {framework: x, version: '1', pakages: []}", "pakages"),
         ("- {framework: '../x', version: '1'}", "framework"),
         ("- [unclosed", "not valid YAML"),
+        ("- {framework: x, version: '1+lab', packages: [numpy]}", "must include jupyterlab"),
+        ("- {framework: x, version: '1+tensorboard', packages: [numpy]}", "must include tensorboard"),
+        ("- {framework: x, version: '1+gpu'}", "version"),
     ],
 )
 def test_catalog_file_errors_name_the_problem(text: str, needle: str) -> None:
@@ -92,3 +95,22 @@ def test_catalog_file_errors_name_the_problem(text: str, needle: str) -> None:
     with pytest.raises(InvalidInput) as err:
         load_catalog_file(text, "extra.yaml")
     assert "extra.yaml" in err.value.message and needle in err.value.message
+
+
+def test_a_lab_variant_is_derived_unless_the_catalog_has_that_very_version() -> None:
+    from kiln.domain.catalog import load_catalog_file
+
+    derived = DEFAULT_CATALOG.resolve("python", "3+lab")
+    base = DEFAULT_CATALOG.resolve("python", "3")
+    assert derived.derived and not base.derived
+    assert derived.image == base.image and derived.packages[: len(base.packages)] == base.packages
+    assert any(p.startswith("jupyterlab") for p in derived.packages)
+    own = load_catalog_file(
+        "- {framework: python, version: '3.12+lab', image: 'registry.example/python-lab:3.12'}\n"
+        "- {framework: python, version: '3.11+lab', packages: ['jupyterlab==4.6.0', numpy]}\n",
+        "extra.yaml",
+    )
+    catalog = DEFAULT_CATALOG.extended(own)
+    chosen = catalog.resolve("python", "3.12+lab")
+    assert (chosen.image, chosen.derived) == ("registry.example/python-lab:3.12", False)  # the operator's image
+    assert catalog.resolve("python", "3.11+lab").packages == ("jupyterlab==4.6.0", "numpy")

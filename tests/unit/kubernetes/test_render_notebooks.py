@@ -97,9 +97,9 @@ def test_every_manifest_validates_strictly(case: str, version: str) -> None:
 @pytest.mark.timeout(60)
 def test_the_service_selects_exactly_this_attempts_pod_on_8888() -> None:
     objects = rendered(attempt=2)
-    name = notebook_service_name(NOTEBOOK)
-    assert name == notebook_service_name(NOTEBOOK) == f"kiln-{NOTEBOOK}"  # deterministic: the proxy finds it
-    assert notebook_service_name("NB_odd/Id") == notebook_service_name("NB_odd/Id") != "NB_odd/Id"
+    name = notebook_service_name(JOB, 2)
+    assert name == f"kiln-{JOB}-a2-notebook" and len(name) <= 63  # each start's own: never the last start's
+    assert notebook_service_name(JOB, 3) != name
     service = one(objects, "Service", name)
     assert service["spec"]["type"] == "ClusterIP"
     selector = service["spec"]["selector"]
@@ -130,7 +130,7 @@ def test_the_service_selects_exactly_this_attempts_pod_on_8888() -> None:
 def test_the_network_policy_admits_only_the_server_pods_on_8888() -> None:
     cfg = KubeConfig(server_pod_labels={"app": "kiln-server"}, server_namespace="kiln-system")
     objects = rendered(cfg=cfg)
-    policy = one(objects, "NetworkPolicy", notebook_service_name(NOTEBOOK))["spec"]
+    policy = one(objects, "NetworkPolicy", notebook_service_name(JOB, 2))["spec"]
     assert selects(policy["podSelector"]["matchLabels"], pod_of(objects)["metadata"]["labels"])
     assert policy["policyTypes"] == ["Ingress"]  # egress stays the attempt's policy's
     server = {
@@ -231,3 +231,38 @@ def test_the_cli_prints_the_manifests_and_refuses_a_bad_spec() -> None:
     assert created.exit_code == 2 and created.output == bad.output
     unknown = runner.invoke(app, ["notebooks", "render", "ok", "--runtime", "nosuch"])
     assert unknown.exit_code == 2 and "unknown framework 'nosuch'" in unknown.output, unknown.output
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.needs("kubernetes-validate")
+def test_jupyterlab_comes_from_the_operators_lab_image_or_is_installed_into_the_base_image_at_start() -> None:
+    from kiln.backends.kubernetes.notebooks import LAB_DIR
+    from kiln.domain.catalog import load_catalog_file
+    from kiln.domain.notebooks import LAB_PACKAGES
+
+    base = DEFAULT_CATALOG.resolve("pytorch", None)
+    objects = rendered(notebook_job(env={"PIP_INDEX_URL": "https://pypi.example/simple", "OTHER": "x"}))
+    pod = pod_of(objects)["spec"]
+    container = container_of(objects)
+    assert container["image"] == base.image  # the runtime's own image, JupyterLab added at start
+    [install] = [c for c in pod["initContainers"] if c["name"] == "kiln-lab"]
+    assert install["image"] == base.image and install["command"][-len(LAB_PACKAGES) :] == list(LAB_PACKAGES)
+    assert f"--target {LAB_DIR}/site" in install["command"][2]
+    assert {e["name"]: e.get("value") for e in install["env"]}["PIP_INDEX_URL"] == "https://pypi.example/simple"
+    assert not {"OTHER", "KILN_JOB_TOKEN", "KILN_NOTEBOOK_TOKEN"} & {e["name"] for e in install["env"]}  # no secrets
+    assert "nvidia.com/gpu" not in json.dumps(install["resources"])
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["PYTHONPATH"].split(":")[0] == f"{LAB_DIR}/site"
+    assert {"name": "kiln-lab", "mountPath": LAB_DIR, "readOnly": True} in container["volumeMounts"]
+
+    own = DEFAULT_CATALOG.extended(
+        load_catalog_file(
+            f"- {{framework: pytorch, version: '{base.version}+lab', image: 'registry.example/pytorch-lab:1'}}\n",
+            "extra.yaml",
+        )
+    )
+    objects = rendered(catalog=own)
+    assert container_of(objects)["image"] == "registry.example/pytorch-lab:1"  # the operator's, as it is
+    assert not [c for c in pod_of(objects)["spec"].get("initContainers", []) if c["name"] == "kiln-lab"]
+    for version in (OLDEST, VERSIONS[-1]):
+        validate_strict(rendered(), version)

@@ -29,6 +29,12 @@
   docs/kubernetes.md.
 - ``nodes``: the cluster's nodes (allocatable cpu, memory, ``nvidia.com/gpu``, labels), listed at most every
   ``node_refresh`` seconds.
+- Notebooks (:class:`~kiln.backends.capabilities.NotebookHost`): a notebook's job (its ``kiln-notebook`` label,
+  which only Kiln's notebook service sets) renders with
+  :func:`~kiln.backends.kubernetes.notebooks.render_notebook`: JupyterLab on the pod's port 8888 with a token this
+  start makes (kept in the attempt's Secret), behind a ClusterIP Service that only Kiln's server may reach;
+  ``notebook_address`` is that Service's cluster IP and the Secret's token. TensorBoard sessions are refused: their
+  server has no token of its own, and on the local executor only a 0600 Unix socket guards it.
 - Model services (:class:`~kiln.backends.capabilities.ServiceDeployer`): a service is a Deployment behind a
   ClusterIP Service (+ an HPA), not jobs; :class:`~kiln.backends.kubernetes.service_objects.ServiceObjects`
   applies, reads and deletes them.
@@ -36,8 +42,10 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +61,8 @@ from kubernetes import client
 from kiln.backends.base import AttemptStatus, Backend, BackendDeps, Inventory, Launch, Phase
 from kiln.backends.capabilities import (
     BackgroundWork,
+    NotebookAddress,
+    NotebookHost,
     Preemptible,
     ServiceAddress,
     ServiceDeployer,
@@ -61,24 +71,27 @@ from kiln.backends.capabilities import (
     WorkSet,
 )
 from kiln.backends.kubernetes.gang import new_ssh_keypair
-from kiln.backends.kubernetes.inputs import KubeConfig, RenderInput
+from kiln.backends.kubernetes.inputs import KubeConfig, RenderInput, resolve_image
 from kiln.backends.kubernetes.kubeapi import KubeObjects
 from kiln.backends.kubernetes.names import (
     LABEL_ATTEMPT,
     LABEL_JOB,
     LABEL_ROLE,
     MANAGED_BY,
+    base_name,
     cleanup_selector,
     label_value,
 )
+from kiln.backends.kubernetes.notebooks import NOTEBOOK_PORT, TOKEN_KEY, notebook_service_name, render_notebook
 from kiln.backends.kubernetes.podlogs import RETRY_SECONDS, TERMINAL, PodLogs, iter_lines
 from kiln.backends.kubernetes.render import GPU_RESOURCE, render
 from kiln.backends.kubernetes.service_objects import ServiceObjects
 from kiln.backends.kubernetes.settings import api_client, job_network, kube_config
 from kiln.backends.kubernetes.status import status_from
-from kiln.domain.catalog import Catalog
+from kiln.domain.catalog import DEFAULT_CATALOG, Catalog
+from kiln.domain.notebooks import NOTEBOOK_LABEL
 from kiln.domain.serving import ServiceSpec
-from kiln.domain.spec import JobSpec
+from kiln.domain.spec import JobSpec, command_argv
 from kiln.errors import BackendError, InvalidInput
 from kiln.storage.logs import LogStore
 
@@ -101,6 +114,20 @@ def _key_of(obj: Obj) -> Key | None:
     return labels[LABEL_JOB], labels[LABEL_ATTEMPT]
 
 
+def _notebook_of(spec: JobSpec) -> str | None:
+    """The notebook whose start ``spec`` is (kiln.usecases.notebooks.job_spec labels it), or None; InvalidInput
+    for a TensorBoard."""
+    notebook = spec.labels.get(NOTEBOOK_LABEL)
+    if notebook is not None and command_argv(spec.command)[-1:] == ["kiln.injob.tensorboard"]:
+        raise InvalidInput(
+            "TensorBoard sessions run on the local executor only: TensorBoard has no token of its own, so on a "
+            "cluster nothing but the network would guard it; open the jobs' event files with `kiln jobs files` "
+            "(the `tensorboard/` prefix), or run TensorBoard on a server with the local executor",
+            details={"field": "spec.kind"},
+        )
+    return notebook
+
+
 def _parse_quantity(value: Any) -> float:
     from kubernetes.utils import parse_quantity
 
@@ -117,9 +144,10 @@ class _Attempt:
     stopping: tuple[str, str] | None = None  # (reason, message) once we deleted its Jobs
     final: AttemptStatus | None = None
     ended: bool = False  # its Jobs were deleted because the attempt ended (the rest of a gang)
+    notebook: NotebookAddress | None = None  # where its notebook answers, once read from the cluster
 
 
-class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer, BackgroundWork):
+class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer, NotebookHost, BackgroundWork):
     """Not :class:`~kiln.backends.capabilities.ExtractsMetrics` (no shim in a pod: the server extracts metrics
     from the logs it streams in), nor an output or checkpoint collector (the pods' sidecars upload them)."""
 
@@ -163,6 +191,7 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer, Ba
         self.cfg = config
         self.namespace = config.namespace
         self._kube = KubeObjects(self.core, self.batch, self.custom, self.namespace, self.networking)
+        self.catalog = catalog  # the server's (the built-in one and the operator's file): where images come from
         self._services = ServiceObjects(api_client, self._kube, config, catalog, endpoint or "http://kiln:8080")
         self.endpoint = endpoint
         self.logs = logs
@@ -340,7 +369,14 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer, Ba
                 "network: isolated (the outside world under the operator's egress rules) or none",
                 details={"field": "spec.network"},
             )
-        render(RenderInput("validate", "validate", 1, spec, token="x"), self.cfg)  # raises InvalidInput
+        notebook = _notebook_of(spec)
+        if notebook is not None:  # raises InvalidInput
+            render_notebook(
+                notebook, spec, "validate", "validate", 1, self.cfg, token="x", notebook_token="x", catalog=self.catalog
+            )
+        else:
+            image = resolve_image(spec, self.catalog or DEFAULT_CATALOG)
+            render(RenderInput("validate", "validate", 1, spec, image=image, token="x"), self.cfg)
 
     def handle_for(self, job_id: str, attempt: int) -> dict[str, Any]:
         return {"job_id": job_id, "attempt": attempt, "namespace": self.namespace}
@@ -353,20 +389,37 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer, Ba
         if spec.distributed is not None and spec.distributed.framework == "mpi":
             private, public = new_ssh_keypair()  # used only if the Secret does not exist yet
         code_sha = launch.code_key.rsplit("/", 1)[-1].split(".", 1)[0] if launch.code_key else None
-        objects = render(
-            RenderInput(
-                job_id=launch.job_id,
-                org_id=launch.org_id,
-                attempt=launch.attempt,
-                spec=spec,
-                code_sha256=code_sha,
-                endpoint=self.endpoint or launch.api_endpoint or "http://kiln:8080",
+        endpoint = self.endpoint or launch.api_endpoint or "http://kiln:8080"
+        notebook = _notebook_of(spec)
+        if notebook is not None:  # its token is this start's (a Secret that exists already keeps its own)
+            objects = render_notebook(
+                notebook,
+                spec,
+                launch.job_id,
+                launch.org_id,
+                launch.attempt,
+                self.cfg,
+                endpoint=endpoint,
                 token=launch.job_token,
-                ssh_private_key=private,
-                ssh_public_key=public,
-            ),
-            self.cfg,
-        )
+                notebook_token=secrets.token_urlsafe(32),
+                catalog=self.catalog,
+            )
+        else:
+            objects = render(
+                RenderInput(
+                    job_id=launch.job_id,
+                    org_id=launch.org_id,
+                    attempt=launch.attempt,
+                    spec=spec,
+                    image=resolve_image(spec, self.catalog or DEFAULT_CATALOG),
+                    code_sha256=code_sha,
+                    endpoint=endpoint,
+                    token=launch.job_token,
+                    ssh_private_key=private,
+                    ssh_public_key=public,
+                ),
+                self.cfg,
+            )
         jobs = [o for o in objects if o["kind"] == "Job"]
         others = [o for o in objects if o["kind"] != "Job"]
         for obj in others:
@@ -456,6 +509,27 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer, Ba
         selector = cleanup_selector(attempt.job_id, attempt.attempt)
         for kind in ("Job", "Pod", "Service", "NetworkPolicy", "ConfigMap", "Secret"):
             self._kube.delete_matching(kind, selector, "Background" if kind == "Job" else None)
+
+    # -- notebooks -------------------------------------------------------------------------------------------
+
+    def notebook_address(self, job_id: str, handle: dict[str, Any] | None) -> NotebookAddress | None:
+        """The notebook Service's cluster IP on port 8888 and the token in the attempt's Secret, read once per
+        attempt (then kept: neither changes while the attempt lives); None while the Service has no IP."""
+        if not handle:
+            return None
+        attempt = self._track(job_id, int(handle["attempt"]))
+        if attempt.notebook is not None:
+            return attempt.notebook
+        service = self._kube.read("Service", notebook_service_name(job_id, attempt.attempt))
+        secret = self._kube.read("Secret", base_name(job_id, attempt.attempt))
+        ip = str(((service or {}).get("spec") or {}).get("clusterIP") or "")
+        encoded = ((secret or {}).get("data") or {}).get(TOKEN_KEY)
+        if not ip or ip == "None" or not encoded:
+            return None
+        token = base64.b64decode(encoded).decode()
+        host = f"[{ip}]" if ":" in ip else ip
+        attempt.notebook = NotebookAddress(f"http://{host}:{NOTEBOOK_PORT}", token)
+        return attempt.notebook
 
     # -- model services -------------------------------------------------------------------------------------------
 

@@ -76,6 +76,18 @@ class KubeObjects:
         except ApiException as exc:
             raise BackendError(f"get {kind} {name}: {exc.status} {exc.reason}", retryable=True) from exc
 
+    def read(self, kind: str, name: str) -> Obj | None:
+        """The object ``kind``/``name`` of the namespace, None when there is none."""
+        from kubernetes.client.exceptions import ApiException
+
+        api, suffix = self.api(kind)
+        try:
+            return self.call(f"read {kind} {name}", getattr(api, f"read_namespaced_{suffix}"), name, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise BackendError(f"read {kind} {name}: {exc.status} {exc.reason}", retryable=True) from exc
+
     def patch(self, obj: Obj, body: Obj) -> None:
         from kubernetes.client.exceptions import ApiException
 

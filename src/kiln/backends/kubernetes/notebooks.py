@@ -14,11 +14,18 @@ and adjusts what a notebook needs on a cluster:
 - ``$HOME`` is an emptyDir at :data:`HOME_DIR` (the home the launcher restores and saves, as the local
   executor's), and each dataset input at ``/data/NAME`` is mounted at ``<work dir>/data/NAME`` too, read-only,
   so the launcher links it into the home as ``data/`` as it does on the local executor;
-- a ClusterIP Service named from the notebook's id (:func:`notebook_service_name`) selects exactly this attempt's
-  pod on :data:`NOTEBOOK_PORT`, where Kiln's proxy reaches it;
+- a ClusterIP Service named from the attempt (:func:`notebook_service_name`: each start's own, so a start never
+  meets the objects of the one before it, still being removed) selects exactly this attempt's pod on
+  :data:`NOTEBOOK_PORT`, where Kiln's proxy reaches it (the backend's ``notebook_address``: the Service's cluster
+  IP and the token in the attempt's Secret);
 - a NetworkPolicy admits only Kiln's server pods to that port (the attempt's own policy, render.py's, admits only
   the attempt's pods and the server pods anyway; NetworkPolicies add up, never subtract). ``network: host`` is
   refused: no NetworkPolicy applies to a ``hostNetwork`` pod, and the node's port would be open to anyone;
+- the image: the catalog's entry for the runtime's ``+lab`` version where the operator's catalog has one (an
+  image with JupyterLab in it), else the base version's image, into which an init container (``kiln-lab``, the
+  same image) installs the variant's packages (``jupyterlab``) with the image's own pip into an emptyDir at
+  :data:`LAB_DIR`, on the job container's ``PYTHONPATH``: the pod needs a package index then (PyPI, or
+  ``PIP_INDEX_URL`` in the notebook's ``env``, which the init container gets with every other ``PIP_*``);
 - every object carries ``kiln.io/notebook: <id>`` beside the labels every object of an attempt carries.
 """
 
@@ -28,19 +35,21 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from kiln.backends.kubernetes.inputs import KubeConfig, RenderInput
+from kiln.backends.kubernetes.inputs import KubeConfig, RenderInput, resolve_image
 from kiln.backends.kubernetes.names import (
     LABEL_ATTEMPT,
     LABEL_JOB,
     MANAGED_BY,
     WORK_DIR,
-    dns_label,
+    base_name,
     label_value,
 )
 
 # The server peer of every other NetworkPolicy of Kiln's (netpol.py): the server pods, in their namespace.
 from kiln.backends.kubernetes.netpol import _server_peer
 from kiln.backends.kubernetes.render import render
+from kiln.domain.catalog import DEFAULT_CATALOG, Catalog
+from kiln.domain.notebooks import LAB_PACKAGES
 from kiln.domain.spec import JobSpec
 from kiln.errors import InvalidInput
 
@@ -52,6 +61,7 @@ TOKEN_KEY = "notebook-token"  # in the attempt's Secret, beside the job token
 TOKEN_ENV = "KILN_NOTEBOOK_TOKEN"  # what the launcher reads (kiln.injob.notebook.TOKEN_ENV)
 NOTEBOOK_TOKEN_PLACEHOLDER = "REPLACE-WITH-THE-NOTEBOOK-TOKEN"
 HOME_DIR = "/kiln/home"
+LAB_DIR = "/kiln/lab"  # the init container's install of JupyterLab: LAB_DIR/site on PYTHONPATH
 LAUNCHER_DIR = "/kiln/notebook-launcher"
 LAUNCHER_MODULES = ("__init__.py", "notebook.py", "notebook_home.py", "statefile.py")  # of kiln.injob
 PACKAGE_KEY = "kiln-package.py"
@@ -65,10 +75,10 @@ LAUNCHER_ARGS = [
 ]
 
 
-def notebook_service_name(notebook_id: str) -> str:
-    """The Service (and NetworkPolicy) of a notebook: ``kiln-<notebook id>`` as a DNS label, the same for every
-    start, so Kiln's proxy finds it at ``<name>.<namespace>.svc:8888``."""
-    return dns_label(f"kiln-{notebook_id}")
+def notebook_service_name(job_id: str, attempt: int) -> str:
+    """The Service, NetworkPolicy and launcher ConfigMap of one start of a notebook: ``<attempt's base>-notebook``
+    (three kinds: one name)."""
+    return f"{base_name(job_id, attempt)}-notebook"
 
 
 def render_notebook(
@@ -84,11 +94,13 @@ def render_notebook(
     token: str | None = None,
     notebook_token: str | None = None,
     owner_uid: str | None = None,
+    catalog: Catalog | None = None,
 ) -> list[Obj]:
     """The manifests of one start of notebook ``notebook_id`` whose job (``spec``, from
     ``kiln.usecases.notebooks.job_spec``) is ``job_id`` attempt ``attempt``: render()'s objects adjusted (see the
     module docstring), then the launcher's ConfigMap, the Service and the NetworkPolicy, in creation order (the Job
-    last). ``token``/``notebook_token`` None: placeholders (a client-side render)."""
+    last). ``token``/``notebook_token`` None: placeholders (a client-side render); ``catalog``: the server's (the
+    built-in one by default), where the runtime's image comes from."""
     if spec.network == "host":
         raise InvalidInput(
             "network: host cannot run a notebook on Kubernetes: no NetworkPolicy applies to a pod on the node's "
@@ -98,6 +110,9 @@ def render_notebook(
     if spec.distributed is not None:
         raise InvalidInput("a notebook runs one pod: it has no `distributed`", details={"field": "spec.distributed"})
     launched = spec.model_copy(update={"params": {**spec.params, "port": NOTEBOOK_PORT}})
+    runtime = spec.runtime
+    entry = (catalog or DEFAULT_CATALOG).resolve(runtime.framework or "python", runtime.version)
+    image = image or resolve_image(spec, catalog or DEFAULT_CATALOG)
     job = RenderInput(
         job_id, org_id, attempt, launched, image=image, endpoint=endpoint, token=token, owner_uid=owner_uid
     )
@@ -116,9 +131,11 @@ def render_notebook(
         LABEL_ATTEMPT: str(attempt),
         LABEL_NOTEBOOK: notebook,
     }
-    launcher = _launcher_config_map(secret["metadata"])
-    _adjust_pod(pod["spec"], secret["metadata"]["name"], launcher["metadata"]["name"], spec)
-    name = notebook_service_name(notebook_id)
+    name = notebook_service_name(job_id, attempt)
+    launcher = _launcher_config_map(secret["metadata"], name)
+    _adjust_pod(pod["spec"], secret["metadata"]["name"], name, spec)
+    if entry.derived:
+        _install_lab(pod["spec"], image)
     service: Obj = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -150,14 +167,14 @@ def _meta(shared: Obj, name: str) -> Obj:
     return out
 
 
-def _launcher_config_map(shared: Obj) -> Obj:
+def _launcher_config_map(shared: Obj, name: str) -> Obj:
     source = Path(__file__).parents[2] / "injob"
     data = {name: (source / name).read_text(encoding="utf-8") for name in LAUNCHER_MODULES}
     data[PACKAGE_KEY] = ""  # an empty `kiln` package: the launcher's alone
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(shared, f"{shared['name']}-notebook"),
+        "metadata": _meta(shared, name),
         "immutable": True,
         "data": data,
     }
@@ -190,3 +207,35 @@ def _adjust_pod(pod: Obj, secret: str, launcher: str, spec: JobSpec) -> None:
     for i, item in enumerate(spec.inputs):  # render() mounts input i as volume kiln-input-i at item.where
         if item.dataset is not None and item.path is None:
             mounts.append({"name": f"kiln-input-{i}", "mountPath": f"{WORK_DIR}{item.where}", "readOnly": True})
+
+
+def _install_lab(pod: Obj, image: str) -> None:
+    """An init container that installs JupyterLab with the image's pip into an emptyDir on PYTHONPATH."""
+    container = next(c for c in pod["containers"] if c["name"] == "job")
+    script = (
+        f"set -e; mkdir -p {LAB_DIR}/tmp; py=$(command -v python3 || command -v python); "
+        f'exec "$py" -m pip install --no-cache-dir --disable-pip-version-check --no-warn-script-location '
+        f'--target {LAB_DIR}/site "$@"'
+    )
+    env = [e for e in container["env"] if e["name"].startswith("PIP_") and "value" in e]
+    env += [{"name": "HOME", "value": f"{LAB_DIR}/tmp"}, {"name": "TMPDIR", "value": f"{LAB_DIR}/tmp"}]
+    install = {
+        "name": "kiln-lab",
+        "image": image,
+        "command": ["/bin/sh", "-c", script, "kiln-lab", *LAB_PACKAGES],
+        "env": env,
+        "resources": {  # the job's cpu and memory (a pod's request is the larger of an init container's and the rest)
+            part: {k: v for k, v in amounts.items() if k in ("cpu", "memory")}
+            for part, amounts in container["resources"].items()
+        },
+        "volumeMounts": [{"name": "kiln-lab", "mountPath": LAB_DIR}],
+        "securityContext": dict(container.get("securityContext") or {}),
+    }
+    pod["initContainers"] = [*pod.get("initContainers", []), install]
+    pod["volumes"].append({"name": "kiln-lab", "emptyDir": {}})
+    container["volumeMounts"].append({"name": "kiln-lab", "mountPath": LAB_DIR, "readOnly": True})
+    path = next((e for e in container["env"] if e["name"] == "PYTHONPATH" and "value" in e), None)
+    if path is None:
+        container["env"].append({"name": "PYTHONPATH", "value": f"{LAB_DIR}/site"})
+    else:
+        path["value"] = f"{LAB_DIR}/site:{path['value']}"

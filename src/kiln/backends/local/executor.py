@@ -45,6 +45,8 @@ from kiln.backends.capabilities import (
     ExtractsMetrics,
     JobFiles,
     MetricSpools,
+    NotebookAddress,
+    NotebookHost,
     OutputCollector,
     Preemptible,
     SpecValidator,
@@ -100,6 +102,7 @@ class LocalBackend(
     BackgroundWork,  # the shims' notes, spare networks
     WorkDirs,
     MetricSpools,  # each job's metrics/, beside its work dir
+    NotebookHost,  # on a Unix socket in the job's work dir
 ):
     name = "local"
 
@@ -268,6 +271,9 @@ class LocalBackend(
 
     def metric_spool(self, job_id: str, handle: dict[str, Any] | None) -> Path:
         return self._launched_job_dir(job_id, handle) / "metrics"
+
+    def notebook_address(self, job_id: str, handle: dict[str, Any] | None) -> NotebookAddress | None:
+        return jobfiles.notebook_address(self.work_dir(job_id, handle))
 
     def remove_metric_spool(self, job_id: str, handle: dict[str, Any] | None) -> None:
         jobfiles.remove_tree(self.metric_spool(job_id, handle))

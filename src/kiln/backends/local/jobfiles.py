@@ -9,6 +9,7 @@ swap any part of a path for a link to files the server must not copy into its st
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kiln.backends.capabilities import NotebookAddress
 from kiln.backends.local.attemptdir import read_json, write_json_atomic
 from kiln.storage.store import ObjectStore, safe_key
 
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 # attempts/ holds the small records of how each attempt ended.
 RELEASED = ("work", "outputs", "checkpoints", "site", "home", "tensorboard", "code.tar.gz")
 RELEASE_MARKER = "release.json"
+NOTEBOOK_STATE = ".kiln-notebook.json"  # written by the notebook launcher (kiln.injob.statefile)
 
 
 def files_beneath(root: Path) -> Iterator[tuple[str, int]]:
@@ -199,3 +202,23 @@ def remove_tree(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+
+
+def notebook_address(work: Path) -> NotebookAddress | None:
+    """Where the notebook server of a job answers, from the launcher's state file in its work dir (``socket``:
+    the Unix socket's name in that dir, ``token``); None before the file is there. The job wrote it: the socket
+    must be a plain name in the work dir, and the file is read without following a link."""
+    try:
+        fd = os.open(work / NOTEBOOK_STATE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd) as fh:
+            data = json.loads(fh.read(65536))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    name, token = data.get("socket"), data.get("token")
+    if not isinstance(name, str) or not name or "/" in name or "\x00" in name or name in (".", ".."):
+        return None
+    if not isinstance(token, str) or not token or len(token) > 256 or not token.isascii() or not token.isprintable():
+        return None
+    return NotebookAddress("http://notebook", token, os.path.abspath(work / name))
