@@ -82,13 +82,15 @@ def _channels(client: Client, server: KilnServer, notebook_id: str, kernel: str)
 
 
 def _execute(ws: ClientConnection, code: str, timeout: float = 60.0) -> tuple[str, str]:
-    """Run ``code`` on the kernel: (status of the reply, what it printed)."""
+    """Run ``code`` on the kernel: (status of the reply, what it printed). The reply (shell channel) may come before
+    the output (iopub): what it printed is complete once the kernel says, on iopub, that it is idle again."""
     session, msg_id = uuid.uuid4().hex, uuid.uuid4().hex
     header = {"msg_id": msg_id, "username": "test", "session": session, "msg_type": "execute_request", "version": "5.3"}
     content = {"code": code, "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False}
     ws.send(json.dumps({"header": header, "parent_header": {}, "metadata": {}, "content": content, "channel": "shell"}))
     printed, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    status, idle = None, False
+    while time.monotonic() < deadline and (status is None or not idle):
         msg = json.loads(ws.recv(timeout=deadline - time.monotonic()))
         if msg.get("parent_header", {}).get("msg_id") != msg_id:
             continue
@@ -98,8 +100,12 @@ def _execute(ws: ClientConnection, code: str, timeout: float = 60.0) -> tuple[st
         elif kind == "error":
             printed.append("\n".join(msg["content"]["traceback"]))
         elif kind == "execute_reply":
-            return str(msg["content"]["status"]), "".join(printed)
-    raise AssertionError(f"no reply to {code!r} within {timeout}s; printed {printed}")
+            status = str(msg["content"]["status"])
+        elif kind == "status" and msg["content"].get("execution_state") == "idle":
+            idle = True
+    if status is None or not idle:
+        raise AssertionError(f"no reply to {code!r} within {timeout}s; printed {printed}")
+    return status, "".join(printed)
 
 
 @pytest.mark.needs("chromium")
