@@ -16,6 +16,7 @@ from kiln.api import docs, session
 from kiln.api.auth import SignatureMiddleware
 from kiln.api.console import ConsoleFallback, console_dir
 from kiln.api.errors import RouteMethods, install_error_handlers
+from kiln.api.mlflow import create_mlflow_app
 from kiln.api.notebook_proxy import NotebookProxy
 from kiln.api.nul import NulGuard
 from kiln.api.prometheus import RequestMetricsMiddleware
@@ -118,6 +119,8 @@ def create_app(settings: Settings | None = None, platform: Platform | None = Non
     app.state.route_methods = _route_methods(app, mounted)
     # JupyterLab of each notebook, HTTP and WebSocket, behind Kiln's authentication (kiln.api.notebook_proxy).
     app.mount("/notebooks", NotebookProxy(), name="notebook-proxy")
+    # MLflow's tracking protocol, for MLflow's client (kiln.api.mlflow); authenticated by kiln.api.auth.
+    app.mount("/mlflow", create_mlflow_app(lambda: app.state.platform), name="mlflow")
     # The web console answers what no route does (kiln.api.console): a route added later still wins.
     app.router.default = ConsoleFallback(console_dir(settings), app.router.not_found)
     return app

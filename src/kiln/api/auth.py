@@ -6,14 +6,18 @@ and every refused one lands in the audit trail whatever route it hit (a predict,
 when refused).
 
 A request is authenticated by its signature, a bearer token (a job's or a service's), or, with neither, the web
-console's session cookie (kiln.api.session): a request that carries both a signature and the cookie is judged by
-its signature alone. A cookie-authenticated request that changes something must carry the session's CSRF token
-(``X-Kiln-CSRF``), or it is refused with 403 ``csrf`` before any route runs.
+console's session cookie (kiln.api.session); under ``/mlflow/`` (MLflow's tracking protocol, kiln.api.mlflow) also
+by HTTP basic authentication with an access key's id and secret, as MLflow's client sends
+``MLFLOW_TRACKING_USERNAME``/``PASSWORD`` — only over HTTPS or from this machine unless the operator allows plain
+HTTP (``KILN_MLFLOW_BASIC_AUTH_OVER_HTTP``), since the secret itself crosses the wire. A request that carries both a
+signature and the cookie is judged by its signature alone. A cookie-authenticated request that changes something
+must carry the session's CSRF token (``X-Kiln-CSRF``), or it is refused with 403 ``csrf`` before any route runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import re
@@ -36,6 +40,7 @@ from kiln.usecases.identity import AuthFailure, Principal
 log = logging.getLogger("kiln.auth")
 
 API_PREFIX = "/api/v1/"
+MLFLOW_PREFIX = "/mlflow/"  # MLflow's tracking protocol (kiln.api.mlflow)
 PUBLIC_PATHS = {"/api/v1/openapi.json", "/api/v1/docs", "/api/v1/docs/oauth2-redirect"}
 # Routes whose body is streamed and hashed by the route itself (content-addressed or job-token uploads).
 STREAMED_UPLOAD = re.compile(r"/api/v1/blobs/[^/]+|/api/v1/jobs/[^/]+/artifacts/.+|/api/v1/notebooks/[^/]+/home")
@@ -45,7 +50,15 @@ SERVICE_TOKEN_ROUTE = ("POST", re.compile(r"/api/v1/services/[^/]+/predict"))
 # A record per predict was a write transaction per request at serving rates: the writes queued for SQLite's write
 # lock on every worker thread, and a predict whose route or key cache had just expired waited behind them for its own
 # lookup, hundreds of milliseconds (the tail of a predict at 16 clients, issue 26). The router counts the answers.
-READ_BY_POST = (SERVICE_TOKEN_ROUTE,)
+# MLflow's logging calls (a training loop's log_metric, each step) are audited only when refused, for the same reason.
+MLFLOW_LOGGING = ("POST", re.compile(r"/mlflow/api/2\.0/mlflow/runs/(log-metric|log-parameter|log-batch|set-tag)"))
+READ_BY_POST = (SERVICE_TOKEN_ROUTE, MLFLOW_LOGGING)
+LOOPBACK = re.compile(r"^(127\.\d+\.\d+\.\d+|::1|localhost)$")
+BASIC_OVER_HTTP = (
+    "HTTP basic authentication sends the access key's secret itself: this server takes it over HTTPS or from this "
+    "machine only (the operator allows plain HTTP with KILN_MLFLOW_BASIC_AUTH_OVER_HTTP); use https://, or a job's "
+    "MLFLOW_TRACKING_TOKEN"
+)
 MAX_SIGNED_BODY = limits.MAX_SIGNED_BODY_BYTES
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
 REPLAYED = idempotency.REPLAYED_HEADER.lower().encode()  # as the response's raw headers name it
@@ -70,7 +83,7 @@ class SignatureMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] != "http" or not path.startswith(API_PREFIX) or path in PUBLIC_PATHS:
+        if scope["type"] != "http" or not path.startswith((API_PREFIX, MLFLOW_PREFIX)) or path in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
         method = scope["method"]
@@ -219,6 +232,14 @@ class SignatureMiddleware:
         if auth.startswith("Bearer kst."):  # a service token: it may predict on its service, nothing else
             principal = await run_in_threadpool(platform.serving.authenticate_token, auth[7:].strip())  # type: ignore[attr-defined]
             return principal, _capped(receive, MAX_SIGNED_BODY), None
+        if auth.startswith("Basic ") and path.startswith(MLFLOW_PREFIX):
+            key_id, secret = _basic_credentials(auth[6:].strip())
+            client = (scope.get("client") or ("", 0))[0]
+            allowed = platform.settings.mlflow_basic_auth_over_http  # type: ignore[attr-defined]
+            if scope.get("scheme") != "https" and not LOOPBACK.match(client) and not allowed:
+                raise AuthFailure("insecure", f"basic auth over http from {client}", message=BASIC_OVER_HTTP)
+            principal = await run_in_threadpool(identity.authenticate_key, key_id, secret)
+            return principal, _capped(receive, MAX_SIGNED_BODY), None
         if auth.startswith("Bearer "):
             principal = await run_in_threadpool(identity.authenticate_job_token, auth[7:].strip())
             # The body is not read here (nothing signs it), so the routes that read it whole (logs, metrics, parts)
@@ -260,6 +281,19 @@ def _in_background(fn: Callable[[str], None], arg: str) -> None:
     task = asyncio.get_running_loop().create_task(run_in_threadpool(fn, arg))
     _background.add(task)
     task.add_done_callback(_background.discard)
+
+
+def _basic_credentials(encoded: str) -> tuple[str, str]:
+    """(key id, secret) from a basic Authorization's base64 ``id:secret``."""
+    try:
+        key_id, sep, secret = base64.b64decode(encoded, validate=True).decode("utf-8").partition(":")
+    except (ValueError, UnicodeDecodeError):
+        raise AuthFailure(
+            "malformed", "basic auth not base64", message="basic authentication: not base64 id:secret"
+        ) from None
+    if not sep or not key_id or not secret:
+        raise AuthFailure("malformed", "basic auth without a pair", message="basic authentication: give id:secret")
+    return key_id, secret
 
 
 def _offers_credentials(headers: dict[str, str]) -> bool:

@@ -62,6 +62,7 @@ COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     "serve": _function("services", "serve"),
     "predict": _function("services", "predict"),
     "jobs": _group("jobs"),
+    "runs": _group("runs"),
     "studies": _group("studies"),
     "services": _group("services"),
     "notebooks": _group("notebooks"),

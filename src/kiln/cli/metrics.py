@@ -36,8 +36,9 @@ class MetricsOutput(StrEnum):
     csv = "csv"
 
 
-def sparkline(values: list[float], width: int = SPARK_WIDTH) -> str:
-    """A compact unicode trend of ``values`` (averaged into ``width`` cells)."""
+def sparkline(values: list[float], width: int = SPARK_WIDTH, bounds: tuple[float, float] | None = None) -> str:
+    """A compact unicode trend of ``values`` (averaged into ``width`` cells), on the scale ``bounds`` (low, high)
+    when given (several runs' lines drawn comparable), else on their own."""
     values = [v for v in values if isinstance(v, int | float) and v == v and abs(v) != float("inf")]
     if not values:
         return ""
@@ -47,7 +48,8 @@ def sparkline(values: list[float], width: int = SPARK_WIDTH) -> str:
             part = values[i * len(values) // width : (i + 1) * len(values) // width] or [values[-1]]
             cells.append(sum(part) / len(part))
         values = cells
-    low, high = min(values), max(values)
+    low, high = bounds if bounds is not None else (min(values), max(values))
+    values = [min(high, max(low, v)) for v in values]
     if high == low:
         return SPARKS[3] * len(values)
     return "".join(SPARKS[min(7, int((v - low) / (high - low) * 8))] for v in values)

@@ -168,6 +168,18 @@ def run(
     ] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE, repeatable.")] = None,
     label: Annotated[list[str] | None, typer.Option("--label", "-l", help="KEY=VALUE, repeatable.")] = None,
+    param: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--param",
+            "-p",
+            help="NAME=VALUE, repeatable: the job's params (KILN_PARAM_NAME, $KILN_PARAMS_FILE), recorded by its run; "
+            "numbers and true/false are typed.",
+        ),
+    ] = None,
+    experiment: Annotated[
+        str | None, typer.Option(help="The experiment the job's run belongs to (default: Default).")
+    ] = None,
     timeout: Annotated[
         str | None, typer.Option(help="Wall-clock limit per run, seconds or e.g. 90s, 15m, 2h, 1d, 1h30m.")
     ] = None,
@@ -230,6 +242,8 @@ def run(
             gpu_type=gpu_type,
             inputs=[parse_input(text) for text in inputs or []],
             network=network,
+            params=parse_pairs(param, "--param"),
+            experiment=experiment,
         )
         spec = build_spec(file, flags)
     except SpecError as exc:

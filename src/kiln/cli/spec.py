@@ -48,6 +48,22 @@ class Overrides:
     gpu_type: str | None = None
     inputs: list[dict[str, str]] = field(default_factory=list)
     network: str | None = None
+    params: dict[str, str] = field(default_factory=dict)  # --param: typed by param_value
+    experiment: str | None = None
+
+
+def param_value(text: str) -> bool | int | float | str:
+    """A ``--param`` value as the spec's params hold it: true/false, an integer, a number, else the text."""
+    if text in ("true", "false"):
+        return text == "true"
+    for kind in (int, float):
+        try:
+            value = kind(text)
+        except ValueError:
+            continue
+        if kind is int or (isinstance(value, float) and value == value and abs(value) != float("inf")):
+            return value
+    return text
 
 
 def parse_pairs(values: list[str] | None, flag: str) -> dict[str, str]:
@@ -172,7 +188,8 @@ def apply_overrides(data: dict[str, Any], flags: Overrides) -> dict[str, Any]:
         data["runtime"] = parse_runtime(flags.runtime)
     if flags.python is not None:
         data["runtime"] = {"python": flags.python}
-    for key, extra in (("env", flags.env), ("labels", flags.labels)):
+    params = {k: param_value(v) for k, v in flags.params.items()}
+    for key, extra in (("env", flags.env), ("labels", flags.labels), ("params", params)):
         if extra:
             current = data.get(key) or {}
             data[key] = {**current, **extra} if isinstance(current, dict) else current
@@ -186,6 +203,8 @@ def apply_overrides(data: dict[str, Any], flags: Overrides) -> dict[str, Any]:
         data["priority"] = flags.priority
     if flags.network is not None:
         data["network"] = flags.network
+    if flags.experiment is not None:
+        data["experiment"] = flags.experiment
     return data
 
 

@@ -28,6 +28,7 @@ READ = frozenset(
         "orgs:read",
         "quota:read",
         "keys:read",
+        "runs:read",
     }
 )
 MEMBER = READ | {
@@ -40,6 +41,7 @@ MEMBER = READ | {
     "jobs:report",
     "blobs:write",
     "keys:self",
+    "runs:write",
 }
 ADMIN = MEMBER | {"users:read", "users:manage", "keys:manage", "audit:read"}
 PLATFORM = ADMIN | {"orgs:manage", "quota:set", "runtimes:install"}

@@ -404,7 +404,14 @@ class JobSpec(_Strict):
         default_factory=dict,
         max_length=MAX_PARAMS,
         description="Parameters (a tuning study's trials get them from its sampler): in the job as "
-        "KILN_PARAM_<NAME> and in the JSON file $KILN_PARAMS_FILE.",
+        "KILN_PARAM_<NAME> and in the JSON file $KILN_PARAMS_FILE; its run records them.",
+    )
+    experiment: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        pattern=r"^[^\x00-\x1f]+$",
+        description="The experiment its run belongs to (made on first use); default: Default.",
     )
 
     @field_validator("name")

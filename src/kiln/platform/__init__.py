@@ -60,6 +60,7 @@ from kiln.usecases.runtimes import RuntimeService
 from kiln.usecases.scheduling import SchedulingService
 from kiln.usecases.serving import ServingService
 from kiln.usecases.studies import StudyService
+from kiln.usecases.tracking import TrackingService
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,7 @@ class Platform:
         shimless = [] if isinstance(self.backend, ExtractsMetrics) else [self.backend.name]
         self.log_metrics = LogMetrics(self.db, self.logs, self.metric_spools, shimless)
         self.metrics = MetricsService(self.db, self.jobs, self.metrics_store, on_ingested=self._judge_trials)
+        self.tracking = TrackingService(self.db, self.metrics_store)  # experiments and runs (every job is a run)
         # Tuning studies: the use cases, and the task that runs their trials as jobs.
         self.study_driver = StudyDriver(self.db, self.jobs, settings.home, self.metrics_ingester.ingest_now)
         self.studies = StudyService(self.db, self.jobs, self.study_driver.wake, self.idempotency)

@@ -64,6 +64,7 @@ from kiln.sdk.runtimes import RuntimesMixin
 from kiln.sdk.services import ServicesMixin
 from kiln.sdk.studies import StudiesMixin
 from kiln.sdk.tenancy import TenancyMixin
+from kiln.sdk.tracking import TrackingMixin
 from kiln.settings import ClientSettings
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ class Client(
     StudiesMixin,
     ServicesMixin,
     NotebooksMixin,
+    TrackingMixin,
 ):
     """A connection to one Kiln server: signed with an access key, or carrying a running job's token."""
 

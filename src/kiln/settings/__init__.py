@@ -106,6 +106,11 @@ class Settings(BaseSettings):
     )
     rate_limit_burst: int = Field(400, description="Requests an access key may make at once above the rate.")
     audit_retention_days: float = Field(90.0, description="How long audit records are kept.")
+    mlflow_basic_auth_over_http: bool = Field(
+        False,
+        description="Take MLflow clients' basic authentication (an access key's id and secret) over plain HTTP from "
+        "other machines too; by default only over HTTPS (through a trusted proxy) or from this machine.",
+    )
     job_token_ttl_seconds: float = Field(
         48 * 3600.0,
         description="Longest life of a job token; it also dies as soon as the attempt it was given to ends.",

@@ -7,12 +7,12 @@ import logging
 import shutil
 from collections.abc import Callable
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
 from kiln.backends.base import Backend
 from kiln.backends.capabilities import JobFiles, MetricSpools
-from kiln.db.tables import Job, JobEvent, MetricChunk, MetricCursor, MetricPoint, MetricSeries
+from kiln.db.tables import Job, JobEvent, MetricCursor
 from kiln.domain.states import JobState
 from kiln.errors import Conflict
 from kiln.storage.keys import checkpoints_prefix, events_prefix, outputs_prefix
@@ -20,6 +20,7 @@ from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore
 from kiln.usecases.identity import Principal
 from kiln.usecases.jobs import JobService
+from kiln.usecases.tracking import remove_run_rows
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +64,7 @@ class JobRemoval:
             handle = dict(job.handle or {"job_id": job_id, "attempt": job.attempt})
             # The foreign keys cascade on both databases, but rows written through the bulk engine (SQLite
             # without foreign keys) would not: delete every dependent row by name.
-            series = select(MetricSeries.id).where(MetricSeries.job_id == job_id).scalar_subquery()
-            s.execute(delete(MetricPoint).where(MetricPoint.series_id.in_(series)))
-            s.execute(delete(MetricChunk).where(MetricChunk.series_id.in_(series)))
-            s.execute(delete(MetricSeries).where(MetricSeries.job_id == job_id))
+            remove_run_rows(s, job_id)  # its run: params, tags, metric series
             s.execute(delete(MetricCursor).where(MetricCursor.job_id == job_id))
             s.execute(delete(JobEvent).where(JobEvent.job_id == job_id))
             s.expunge(job)

@@ -27,6 +27,7 @@ from kiln.usecases.identity import Principal
 from kiln.usecases.lifecycle import create_job, record, transition
 from kiln.usecases.quotas import QuotaService
 from kiln.usecases.scheduler_inputs import never_fits, node_of
+from kiln.usecases.tracking import record_job_run
 
 # The quota category of training jobs; serving and dev environments will use "serve" and "dev".
 CATEGORY = "train"
@@ -355,6 +356,7 @@ class JobService:
             backend=self.backend_name,
         )
         create_job(s, job, note, now=now)
+        record_job_run(s, job, spec)  # every job is a run (kiln.usecases.tracking)
         return job
 
     def check_submit(

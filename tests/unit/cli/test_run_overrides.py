@@ -45,3 +45,14 @@ def test_pids_and_log_limit_flags_set_the_jobs_limits() -> None:
     assert (spec.resources.pids, spec.resources.log) == (64, 100 * 1024**2)
     with pytest.raises(SpecError, match="pids"):
         build_spec(None, Overrides(command=["true"], pids=2))  # the sandbox's own processes need more
+
+
+def test_param_flags_are_typed_and_merge_over_the_files_params(tmp_path: Path) -> None:
+    spec_file = tmp_path / "kiln.yaml"
+    spec_file.write_text("command: python train.py\nparams: {lr: 0.1, layers: 2}\nexperiment: base\n")
+    flags = Overrides(params={"lr": "0.01", "opt": "adam", "wd": "1e-4", "bn": "false"}, experiment="mnist sweeps")
+    spec = build_spec(spec_file, flags)
+    assert spec.params == {"lr": 0.01, "layers": 2, "opt": "adam", "wd": 1e-4, "bn": False}
+    assert spec.experiment == "mnist sweeps"
+    with pytest.raises(SpecError, match="params"):
+        build_spec(None, Overrides(command=["true"], params={"not a name": "1"}))

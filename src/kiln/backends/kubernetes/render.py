@@ -76,6 +76,8 @@ from kiln.backends.kubernetes.names import (
 )
 from kiln.backends.kubernetes.netpol import job_network_policy
 from kiln.domain.spec import JobSpec, command_argv, format_param, input_env_name, param_env_name
+from kiln.domain.tracking import TOKEN_ENV as TRACKING_TOKEN_ENV
+from kiln.domain.tracking import tracking_env
 from kiln.errors import InvalidInput
 
 ANNOTATION_LABELS = "kiln.io/labels"  # the user's labels as given (JSON), when any had to be renamed
@@ -298,6 +300,9 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
     }
     if spec.metrics.watch:  # kiln.log sends these metrics' points at once (a study's objective)
         static_env["KILN_WATCH_METRICS"] = ",".join(spec.metrics.watch)
+    mlflow = "MLFLOW_TRACKING_URI" not in spec.env  # the team's own tracker, if it names one
+    if mlflow:  # MLflow's client logs into the job's run (its token: MLFLOW_TRACKING_TOKEN, from the Secret)
+        static_env.update(tracking_env(endpoint, job.job_id))
     for item in spec.inputs:
         static_env[input_env_name(item.ref)] = item.where
 
@@ -405,6 +410,7 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
             "env": [
                 *({"name": k, "value": _k8s_escape(v)} for k, v in env.items()),
                 {"name": "KILN_JOB_TOKEN", "valueFrom": secret_ref},
+                *([{"name": TRACKING_TOKEN_ENV, "valueFrom": secret_ref}] if mlflow else []),
             ],
             "resources": {"requests": dict(compute), "limits": limits},
             "volumeMounts": mounts,

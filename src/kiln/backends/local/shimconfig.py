@@ -13,6 +13,8 @@ from typing import Any, NamedTuple
 import kiln as kiln_package
 from kiln.backends.base import Launch, ResolvedInput
 from kiln.domain.spec import format_param, param_env_name
+from kiln.domain.tracking import TOKEN_ENV as TRACKING_TOKEN_ENV
+from kiln.domain.tracking import tracking_env
 from kiln.errors import BackendError
 from kiln.injob.fusetools import AWS_ENV
 from kiln.settings import Settings
@@ -83,6 +85,9 @@ def job_env(
         env["KILN_JOB_TOKEN"] = launch.job_token
     if launch.api_endpoint:
         env["KILN_ENDPOINT"] = launch.api_endpoint
+        if launch.job_token and "MLFLOW_TRACKING_URI" not in launch.spec.env:  # the team's own tracker wins
+            env.update(tracking_env(launch.api_endpoint, launch.job_id))  # MLflow's client: the job's run
+            env[TRACKING_TOKEN_ENV] = launch.job_token
     return env
 
 

@@ -65,6 +65,8 @@ from kiln.backends.kubernetes.render import TOKEN_PLACEHOLDER
 from kiln.domain.catalog import DEFAULT_CATALOG
 from kiln.domain.distributed import Member, gang_members
 from kiln.domain.spec import JobSpec, command_argv, format_param, input_env_name, param_env_name
+from kiln.domain.tracking import TOKEN_ENV as TRACKING_TOKEN_ENV
+from kiln.domain.tracking import tracking_env
 from kiln.errors import InvalidInput
 from kiln.settings import SlurmSettings
 
@@ -261,6 +263,8 @@ def _job_env(job: SlurmJob, settings: SlurmSettings) -> dict[str, str]:
     }
     if spec.metrics.watch:  # kiln.log sends these metrics' points at once (a study's objective)
         env["KILN_WATCH_METRICS"] = ",".join(spec.metrics.watch)
+    if "MLFLOW_TRACKING_URI" not in spec.env:  # MLflow's client logs into the job's run (token: the job's)
+        env.update(tracking_env(job.endpoint, job.job_id))
     return env
 
 
@@ -331,6 +335,8 @@ def render(job: SlurmJob, settings: SlurmSettings) -> str:
     lines += ["set -u", 'export PATH="${PATH:-/usr/local/bin:/usr/bin:/bin}"']
     lines += [f"export {key}={shlex.quote(value)}" for key, value in _job_env(job, settings).items()]
     lines.append(f"export KILN_JOB_TOKEN={shlex.quote(job.token or TOKEN_PLACEHOLDER)}")
+    if "MLFLOW_TRACKING_URI" not in spec.env:
+        lines.append(f'export {TRACKING_TOKEN_ENV}="$KILN_JOB_TOKEN"')
     if "/" in python:  # the job's interpreter first on its PATH (a bare name is looked up on the node's PATH)
         lines.append(f'export PATH={shlex.quote(python.rsplit("/", 1)[0])}:"$PATH"')
     scratch = shlex.quote(settings.scratch_dir) if settings.scratch_dir else '"${TMPDIR:-/tmp}"'

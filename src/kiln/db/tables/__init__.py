@@ -10,6 +10,7 @@ from kiln.db.tables.notebooks import Notebook
 from kiln.db.tables.registry import Model, ModelAlias, ModelFile, ModelVersion
 from kiln.db.tables.serving import Service, ServiceKey, ServiceReplica, ServiceTraffic
 from kiln.db.tables.studies import TuningEvent, TuningStudy, TuningTrial
+from kiln.db.tables.tracking import Experiment, Run, RunParam, RunTag
 
 __all__ = [
     "AccessKey",
@@ -22,6 +23,7 @@ __all__ = [
     "Dataset",
     "DatasetFile",
     "DatasetVersion",
+    "Experiment",
     "IdempotencyKey",
     "Job",
     "JobEvent",
@@ -38,6 +40,9 @@ __all__ = [
     "OfflineAction",
     "Organization",
     "Quota",
+    "Run",
+    "RunParam",
+    "RunTag",
     "Server",
     "Service",
     "ServiceKey",

@@ -20,12 +20,15 @@ from kiln.db.tables.base import Base, utcnow
 
 
 class MetricSeries(Base):
-    """One metric of one job member (``worker0``): scalar or text, its x axis, and running totals for summaries."""
+    """One metric of one run's member (``worker0``): scalar or text, its x axis, and running totals for summaries.
+    ``job_id`` is the run's id (a job's run has the job's id; a run logged from outside Kiln has none)."""
 
     __tablename__ = "metric_series"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    # No foreign key: a run logged from outside Kiln has series and no job; deleting a run or a job deletes its
+    # series by name (job_removal, tracking), as the bulk engine (SQLite without foreign keys) needs anyway.
+    job_id: Mapped[str] = mapped_column(String(32))
     worker: Mapped[str] = mapped_column(String(64))
     name: Mapped[str] = mapped_column(String(200))
     kind: Mapped[str] = mapped_column(String(8))  # scalar | text

@@ -1,0 +1,696 @@
+"""Experiment tracking use cases: experiments, runs, what is logged to them, and run search (kiln.domain.tracking).
+
+Who may do what: reading needs ``runs:read`` (every role), creating and logging ``runs:write`` (members); a job's
+token logs to its own job's run only (``jobs:report``) and reads its organisation's experiments. Another
+organisation's experiment or run is 404, as anything of theirs.
+
+Search filters and orders in the database: params by text, or as numbers where the filter gives a number (their
+``number`` column, indexed by key), metrics by each series' last value (``metric_series.last_value``, kept by the
+metrics store at ingestion), attributes by column. A job's run takes its status from the job's state.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, case, delete, exists, false, func, insert, not_, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from kiln.db.session import Database
+from kiln.db.tables import (
+    Experiment,
+    Job,
+    MetricChunk,
+    MetricPoint,
+    MetricSeries,
+    Run,
+    RunParam,
+    RunTag,
+    User,
+    utcnow,
+)
+from kiln.domain import tracking
+from kiln.domain.ids import new_id
+from kiln.domain.run_search import Condition, OrderKey, SearchSyntaxError, parse_filter, parse_order_by
+from kiln.domain.spec import JobSpec
+from kiln.domain.tracking import ACTIVE, DELETED, Batch
+from kiln.domain.tracking import MetricPoint as LoggedPoint
+from kiln.errors import Conflict, Forbidden, InvalidInput, NotFound
+from kiln.metrics.parse import Parsed, Row
+from kiln.metrics.store import MetricsStore
+from kiln.usecases.identity import Principal
+
+
+@dataclass
+class ExperimentView:
+    id: str
+    name: str
+    lifecycle_stage: str
+    created_ms: int
+    updated_ms: int
+    tags: dict[str, str]
+
+
+@dataclass
+class RunView:
+    id: str
+    experiment_id: str
+    name: str
+    user: str
+    status: str
+    start_time: int | None
+    end_time: int | None
+    lifecycle_stage: str
+    job_id: str | None
+    params: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    metrics: list[LoggedPoint] = field(default_factory=list)  # each metric's latest point
+
+
+def _ms(value: datetime | None) -> int | None:
+    return None if value is None else int(value.timestamp() * 1000)
+
+
+def _page(token: str | None) -> int:
+    if not token:
+        return 0
+    try:
+        offset = int(base64.urlsafe_b64decode(token.encode() + b"==").decode())
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidInput("page_token: not a token this server gave", details={"field": "page_token"}) from None
+    if offset < 0:
+        raise InvalidInput("page_token: not a token this server gave", details={"field": "page_token"})
+    return offset
+
+
+def _token(offset: int) -> str:
+    return base64.urlsafe_b64encode(str(offset).encode()).decode().rstrip("=")
+
+
+def experiment_id_for(s: Session, org_id: str, name: str | None) -> str:
+    """The id of the organisation's experiment ``name`` (Default when None), made on first use."""
+    name = name or tracking.DEFAULT_EXPERIMENT
+    found = s.scalar(select(Experiment.id).where(Experiment.org_id == org_id, Experiment.name == name))
+    if found is not None:
+        return found
+    now = utcnow()
+    experiment = Experiment(id=new_id("exp"), org_id=org_id, name=name, lifecycle_stage=ACTIVE, tags={})
+    experiment.created_at = experiment.updated_at = now
+    try:
+        with s.begin_nested():
+            s.add(experiment)
+            s.flush()
+    except IntegrityError:  # another transaction made it first
+        found = s.scalar(select(Experiment.id).where(Experiment.org_id == org_id, Experiment.name == name))
+        if found is None:
+            raise
+        return found
+    return experiment.id
+
+
+def record_job_run(s: Session, job: Job, spec: JobSpec) -> None:
+    """A new job's run: in its spec's experiment, with its params and its labels as tags (same transaction)."""
+    s.add(
+        Run(
+            id=job.id,
+            org_id=job.org_id,
+            experiment_id=experiment_id_for(s, job.org_id, spec.experiment),
+            job_id=job.id,
+            user_id=job.user_id,
+            name=job.name or job.id,
+            status="SCHEDULED",
+            start_time=_ms(job.created_at) or int(time.time() * 1000),
+            lifecycle_stage=ACTIVE,
+        )
+    )
+    s.flush()
+    params = [
+        {"run_id": job.id, "key": k, "value": text, "number": tracking.param_number(text)}
+        for k, v in spec.params.items()
+        for text in [tracking.param_text(v)]
+    ]
+    if params:
+        s.execute(insert(RunParam), params)
+    tags = [{"run_id": job.id, "key": f"kiln.label.{k}", "value": v} for k, v in spec.labels.items()]
+    if tags:
+        s.execute(insert(RunTag), tags)
+
+
+def remove_run_rows(s: Session, run_id: str) -> None:
+    """Delete a run's rows (its params, tags, metric series and the run), by name: the bulk engine's rows have
+    no foreign keys to cascade on SQLite."""
+    series = select(MetricSeries.id).where(MetricSeries.job_id == run_id).scalar_subquery()
+    s.execute(delete(MetricPoint).where(MetricPoint.series_id.in_(series)))
+    s.execute(delete(MetricChunk).where(MetricChunk.series_id.in_(series)))
+    s.execute(delete(MetricSeries).where(MetricSeries.job_id == run_id))
+    s.execute(delete(RunParam).where(RunParam.run_id == run_id))
+    s.execute(delete(RunTag).where(RunTag.run_id == run_id))
+    s.execute(delete(Run).where(Run.id == run_id))
+
+
+def _status_expr() -> ColumnElement[Any]:
+    """A run's status in SQL: a job's run's from its job's state (the query joins Job), another's as stored."""
+    by_state = case(
+        *[(Job.state == state, status) for status in tracking.RUN_STATUSES for state in tracking.job_states(status)],
+        else_=Run.status,
+    )
+    return case((Run.job_id.is_(None), Run.status), else_=by_state)
+
+
+_ATTRIBUTES = {
+    "run_id": lambda: Run.id,
+    "run_name": lambda: Run.name,
+    "user_id": lambda: User.name,
+    "start_time": lambda: Run.start_time,
+    "end_time": lambda: Run.end_time,
+    "lifecycle_stage": lambda: Run.lifecycle_stage,
+    "experiment_id": lambda: Run.experiment_id,
+    "status": _status_expr,
+}
+
+
+def _compare(column: Any, op: str, value: Any) -> ColumnElement[bool]:
+    match op:
+        case "=":
+            return column == value  # type: ignore[no-any-return]
+        case "!=":
+            return column != value  # type: ignore[no-any-return]
+        case "<":
+            return column < value  # type: ignore[no-any-return]
+        case "<=":
+            return column <= value  # type: ignore[no-any-return]
+        case ">":
+            return column > value  # type: ignore[no-any-return]
+        case ">=":
+            return column >= value  # type: ignore[no-any-return]
+        case "LIKE":
+            return column.like(value)  # type: ignore[no-any-return]
+        case "ILIKE":
+            return func.lower(column).like(func.lower(value))
+        case "IN":
+            return column.in_(list(value))  # type: ignore[no-any-return]
+        case "NOT IN":
+            return column.not_in(list(value))  # type: ignore[no-any-return]
+    raise InvalidInput(f"filter: operator {op} is not supported here", details={"field": "filter"})
+
+
+def _condition(cond: Condition) -> ColumnElement[bool]:
+    if cond.entity == "attribute":
+        column = _ATTRIBUTES.get(cond.key)
+        if column is None:
+            raise InvalidInput(f"filter: attributes.{cond.key} cannot be searched", details={"field": "filter"})
+        return _compare(column(), cond.op, cond.value)
+    if cond.entity == "metric":
+        found = exists().where(MetricSeries.job_id == Run.id, MetricSeries.name == cond.key)
+        if cond.op in ("IS NULL", "IS NOT NULL"):
+            return not_(found) if cond.op == "IS NULL" else found
+        return found.where(_compare(MetricSeries.last_value, cond.op, cond.value))
+    table: Any = RunParam if cond.entity == "param" else RunTag
+    found = exists().where(table.run_id == Run.id, table.key == cond.key)
+    if cond.op in ("IS NULL", "IS NOT NULL"):
+        return not_(found) if cond.op == "IS NULL" else found
+    column = table.number if (cond.entity == "param" and cond.numeric) else table.value
+    return found.where(_compare(column, cond.op, cond.value))
+
+
+def _order(key: OrderKey) -> list[Any]:
+    if key.entity == "attribute":
+        column = _ATTRIBUTES.get(key.key)
+        if column is None:
+            raise InvalidInput(f"order_by: attributes.{key.key} cannot be ordered by", details={"field": "order_by"})
+        columns = [column()]
+    elif key.entity == "metric":
+        columns = [
+            select(func.max(MetricSeries.last_value))
+            .where(MetricSeries.job_id == Run.id, MetricSeries.name == key.key)
+            .scalar_subquery()
+        ]
+    elif key.entity == "param":
+        columns = [
+            select(RunParam.number).where(RunParam.run_id == Run.id, RunParam.key == key.key).scalar_subquery(),
+            select(RunParam.value).where(RunParam.run_id == Run.id, RunParam.key == key.key).scalar_subquery(),
+        ]
+    else:
+        columns = [select(RunTag.value).where(RunTag.run_id == Run.id, RunTag.key == key.key).scalar_subquery()]
+    return [(c.desc() if key.descending else c.asc()).nulls_last() for c in columns]
+
+
+class TrackingService:
+    def __init__(self, db: Database, store: MetricsStore) -> None:
+        self.db = db
+        self.store = store
+
+    # ---- who may
+
+    @staticmethod
+    def _may_read(principal: Principal) -> None:
+        if principal.job_id is None:
+            principal.require("runs:read")
+
+    @staticmethod
+    def _may_write(principal: Principal, run: Run) -> None:
+        if principal.job_id is not None:
+            if run.job_id != principal.job_id:
+                raise Forbidden(f"{principal.describe()} logs to its own job's run only, not to run {run.id}")
+            principal.require("jobs:report")
+        else:
+            principal.require("runs:write")
+
+    # ---- experiments
+
+    def _experiment(self, s: Session, principal: Principal, experiment_id: str) -> Experiment:
+        if experiment_id == tracking.DEFAULT_EXPERIMENT_ALIAS:
+            experiment_id = experiment_id_for(s, principal.org_id, None)
+        found = s.scalar(
+            select(Experiment).where(Experiment.id == experiment_id, Experiment.org_id == principal.org_id)
+        )
+        if found is None:
+            raise NotFound(f"experiment {experiment_id} not found")
+        return found
+
+    @staticmethod
+    def _experiment_view(experiment: Experiment) -> ExperimentView:
+        return ExperimentView(
+            experiment.id,
+            experiment.name,
+            experiment.lifecycle_stage,
+            _ms(experiment.created_at) or 0,
+            _ms(experiment.updated_at) or 0,
+            {str(k): str(v) for k, v in (experiment.tags or {}).items()},
+        )
+
+    def create_experiment(self, principal: Principal, name: str, tags: dict[str, str] | None = None) -> str:
+        principal.require("runs:write")
+        name = _experiment_name(name)
+        for key in tags or {}:
+            tracking.check_key(key, "tag") if key else None
+        with self.db.transaction() as s:
+            taken = s.scalar(
+                select(Experiment.id).where(Experiment.org_id == principal.org_id, Experiment.name == name)
+            )
+            if taken is not None:
+                raise Conflict(f"experiment {name!r} exists (id {taken})")
+            experiment = Experiment(
+                id=new_id("exp"), org_id=principal.org_id, name=name, lifecycle_stage=ACTIVE, tags=dict(tags or {})
+            )
+            s.add(experiment)
+            s.flush()
+            return experiment.id
+
+    def get_experiment(self, principal: Principal, experiment_id: str) -> ExperimentView:
+        self._may_read(principal)
+        with self.db.transaction() as s:  # the Default experiment is made on first use
+            return self._experiment_view(self._experiment(s, principal, experiment_id))
+
+    def experiment_by_name(self, principal: Principal, name: str) -> ExperimentView:
+        self._may_read(principal)
+        with self.db.transaction() as s:
+            if name == tracking.DEFAULT_EXPERIMENT:
+                experiment_id_for(s, principal.org_id, None)
+            found = s.scalar(select(Experiment).where(Experiment.org_id == principal.org_id, Experiment.name == name))
+            if found is None:
+                raise NotFound(f"experiment {name!r} not found")
+            return self._experiment_view(found)
+
+    def search_experiments(
+        self, principal: Principal, view: str = "ACTIVE_ONLY", max_results: int = 1000, page_token: str | None = None
+    ) -> tuple[list[ExperimentView], str | None]:
+        self._may_read(principal)
+        offset = _page(page_token)
+        max_results = _bounded(max_results, tracking.MAX_SEARCH_RESULTS)
+        with self.db.transaction() as s:
+            experiment_id_for(s, principal.org_id, None)
+            query = select(Experiment).where(Experiment.org_id == principal.org_id)
+            query = query.where(_stage_filter(Experiment.lifecycle_stage, view))
+            rows = list(
+                s.scalars(query.order_by(Experiment.created_at, Experiment.id).offset(offset).limit(max_results + 1))
+            )
+            views = [self._experiment_view(e) for e in rows[:max_results]]
+        return views, _token(offset + max_results) if len(rows) > max_results else None
+
+    def set_experiment_stage(self, principal: Principal, experiment_id: str, stage: str) -> None:
+        principal.require("runs:write")
+        with self.db.transaction() as s:
+            experiment = self._experiment(s, principal, experiment_id)
+            if experiment.name == tracking.DEFAULT_EXPERIMENT and stage == DELETED:
+                raise InvalidInput("the Default experiment cannot be deleted", details={"field": "experiment_id"})
+            experiment.lifecycle_stage = stage
+            experiment.updated_at = utcnow()
+
+    def rename_experiment(self, principal: Principal, experiment_id: str, name: str) -> None:
+        principal.require("runs:write")
+        name = _experiment_name(name)
+        with self.db.transaction() as s:
+            experiment = self._experiment(s, principal, experiment_id)
+            taken = s.scalar(
+                select(Experiment.id).where(Experiment.org_id == principal.org_id, Experiment.name == name)
+            )
+            if taken is not None and taken != experiment.id:
+                raise Conflict(f"experiment {name!r} exists (id {taken})")
+            experiment.name = name
+            experiment.updated_at = utcnow()
+
+    def set_experiment_tag(self, principal: Principal, experiment_id: str, key: str, value: str) -> None:
+        principal.require("runs:write")
+        tracking.check_key(key, "tag")
+        with self.db.transaction() as s:
+            experiment = self._experiment(s, principal, experiment_id)
+            experiment.tags = {**(experiment.tags or {}), key: _bounded_text(value, tracking.MAX_TAG_VALUE, "tag")}
+            experiment.updated_at = utcnow()
+
+    # ---- runs
+
+    def _run(self, s: Session, principal: Principal, run_id: str) -> Run:
+        found = s.scalar(select(Run).where(Run.id == run_id, Run.org_id == principal.org_id))
+        if found is None:
+            raise NotFound(f"run {run_id} not found")
+        return found
+
+    def create_run(
+        self,
+        principal: Principal,
+        experiment_id: str,
+        name: str | None = None,
+        start_time: int | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> RunView:
+        """A run without a job (logged from outside Kiln), RUNNING."""
+        principal.require("runs:write")
+        tags = {
+            tracking.check_key(k, "tag"): _bounded_text(v, tracking.MAX_TAG_VALUE, "tag")
+            for k, v in (tags or {}).items()
+        }
+        name = (name or tags.get("mlflow.runName") or "").strip()[: tracking.MAX_RUN_NAME]
+        with self.db.transaction() as s:
+            experiment = self._experiment(s, principal, experiment_id)
+            if experiment.lifecycle_stage != ACTIVE:
+                raise InvalidInput(f"experiment {experiment.name} is deleted; restore it first")
+            run_id = new_id("run")
+            s.add(
+                Run(
+                    id=run_id,
+                    org_id=principal.org_id,
+                    experiment_id=experiment.id,
+                    user_id=principal.user_id,
+                    name=name or run_id,
+                    status="RUNNING",
+                    start_time=start_time if start_time is not None else int(time.time() * 1000),
+                    lifecycle_stage=ACTIVE,
+                )
+            )
+            s.flush()
+            if tags:
+                s.execute(insert(RunTag), [{"run_id": run_id, "key": k, "value": v} for k, v in tags.items()])
+        return self.get_run(principal, run_id)
+
+    def get_run(self, principal: Principal, run_id: str) -> RunView:
+        self._may_read(principal)
+        with self.db.read() as s:
+            self._run(s, principal, run_id)
+            return self._views(s, [run_id])[0]
+
+    def update_run(
+        self,
+        principal: Principal,
+        run_id: str,
+        status: str | None = None,
+        end_time: int | None = None,
+        name: str | None = None,
+    ) -> RunView:
+        """A run's status, end time and name, as its client sets them; a job's run keeps its job's status (the
+        client ending it changes nothing but its name)."""
+        if status is not None and status not in tracking.RUN_STATUSES:
+            raise InvalidInput(f"status: one of {', '.join(tracking.RUN_STATUSES)}", details={"field": "status"})
+        with self.db.transaction() as s:
+            run = self._run(s, principal, run_id)
+            self._may_write(principal, run)
+            if run.job_id is None:
+                if status is not None:
+                    run.status = status
+                    if status in tracking.ENDED and end_time is None and run.end_time is None:
+                        end_time = int(time.time() * 1000)
+                if end_time is not None:
+                    run.end_time = end_time
+            if name:
+                run.name = name.strip()[: tracking.MAX_RUN_NAME]
+        return self.get_run(principal, run_id)
+
+    def set_run_stage(self, principal: Principal, run_id: str, stage: str) -> None:
+        with self.db.transaction() as s:
+            run = self._run(s, principal, run_id)
+            principal.require("runs:write")
+            run.lifecycle_stage = stage
+
+    def log(self, principal: Principal, run_id: str, batch: Batch) -> int:
+        """Store a batch of metrics, params and tags; params are written once (the same value again is no
+        change, another one is refused). Returns the metric points stored."""
+        if len(batch.metrics) > tracking.MAX_BATCH_METRICS:
+            raise InvalidInput(
+                f"metrics: at most {tracking.MAX_BATCH_METRICS} in one batch", details={"field": "metrics"}
+            )
+        if len(batch.params) > tracking.MAX_BATCH_PARAMS:
+            raise InvalidInput(f"params: at most {tracking.MAX_BATCH_PARAMS} in one batch", details={"field": "params"})
+        if len(batch.tags) > tracking.MAX_BATCH_TAGS:
+            raise InvalidInput(f"tags: at most {tracking.MAX_BATCH_TAGS} in one batch", details={"field": "tags"})
+        params = {
+            _key(k, "param"): _bounded_text(v, tracking.MAX_PARAM_VALUE, f"param {k}") for k, v in batch.params.items()
+        }
+        tags = {_key(k, "tag"): _bounded_text(v, tracking.MAX_TAG_VALUE, f"tag {k}") for k, v in batch.tags.items()}
+        rows = [_row(point) for point in batch.metrics]
+        with self.db.transaction() as s:
+            run = self._run(s, principal, run_id)
+            self._may_write(principal, run)
+            if run.lifecycle_stage != ACTIVE:
+                raise InvalidInput(f"run {run_id} is deleted; restore it first")
+            if params:
+                self._log_params(s, run_id, params)
+            if tags:
+                self._set_tags(s, run_id, tags)
+        if not rows:
+            return 0
+        return self.store.write([(run_id, Parsed(points=rows), False)])
+
+    def _log_params(self, s: Session, run_id: str, params: dict[str, str]) -> None:
+        known = dict(
+            s.execute(select(RunParam.key, RunParam.value).where(RunParam.run_id == run_id, RunParam.key.in_(params)))
+            .tuples()
+            .all()
+        )
+        for key, value in params.items():
+            if key in known and known[key] != value:
+                raise InvalidInput(
+                    f"param {key} of run {run_id} is {known[key][:200]!r}; a param is logged once (another value: "
+                    f"{value[:200]!r})",
+                    details={"field": f"params.{key}"},
+                )
+        new = [
+            {"run_id": run_id, "key": k, "value": v, "number": tracking.param_number(v)}
+            for k, v in params.items()
+            if k not in known
+        ]
+        if new:
+            s.execute(insert(RunParam), new)
+
+    def _set_tags(self, s: Session, run_id: str, tags: dict[str, str]) -> None:
+        s.execute(delete(RunTag).where(RunTag.run_id == run_id, RunTag.key.in_(tags)))
+        s.execute(insert(RunTag), [{"run_id": run_id, "key": k, "value": v} for k, v in tags.items()])
+        name = tags.get("mlflow.runName")
+        if name:
+            s.execute(update(Run).where(Run.id == run_id).values(name=name.strip()[: tracking.MAX_RUN_NAME]))
+
+    def delete_tag(self, principal: Principal, run_id: str, key: str) -> None:
+        with self.db.transaction() as s:
+            run = self._run(s, principal, run_id)
+            self._may_write(principal, run)
+            if s.execute(delete(RunTag).where(RunTag.run_id == run_id, RunTag.key == key)).rowcount == 0:  # type: ignore[attr-defined]
+                raise NotFound(f"run {run_id} has no tag {key[:200]!r}")
+
+    def metric_history(
+        self, principal: Principal, run_id: str, key: str, max_results: int = 25000, page_token: str | None = None
+    ) -> tuple[list[LoggedPoint], str | None]:
+        """Every point of a run's metric ``key`` in the order logged (all members' series, worker0 first)."""
+        self._may_read(principal)
+        offset = _page(page_token)
+        max_results = _bounded(max_results, 100_000)
+        with self.db.read() as s:
+            self._run(s, principal, run_id)
+            series = select(MetricSeries.id).where(MetricSeries.job_id == run_id, MetricSeries.name == key)
+            rows = s.execute(
+                select(MetricPoint.step, MetricPoint.time, MetricPoint.value, MetricPoint.text)
+                .join(MetricSeries, MetricSeries.id == MetricPoint.series_id)
+                .where(MetricPoint.series_id.in_(series))
+                .order_by(MetricSeries.worker, MetricPoint.series_id, MetricPoint.seq)
+                .offset(offset)
+                .limit(max_results + 1)
+            ).all()
+        points = [
+            LoggedPoint(key, _float(value, text), round(t * 1000), int(step or 0))
+            for step, t, value, text in rows[:max_results]
+        ]
+        return points, _token(offset + max_results) if len(rows) > max_results else None
+
+    # ---- search
+
+    def search_runs(
+        self,
+        principal: Principal,
+        experiment_ids: Iterable[str],
+        filter_string: str | None = None,
+        view: str = "ACTIVE_ONLY",
+        max_results: int = tracking.DEFAULT_SEARCH_RESULTS,
+        order_by: list[str] | None = None,
+        page_token: str | None = None,
+    ) -> tuple[list[RunView], str | None]:
+        self._may_read(principal)
+        try:
+            conditions = parse_filter(filter_string)
+            order = parse_order_by(order_by)
+        except SearchSyntaxError as exc:
+            raise InvalidInput(
+                str(exc), details={"field": "filter" if "order" not in str(exc) else "order_by"}
+            ) from None
+        offset = _page(page_token)
+        max_results = _bounded(max_results, tracking.MAX_SEARCH_RESULTS)
+        with self.db.transaction() as s:
+            ids = [
+                experiment_id_for(s, principal.org_id, None) if e == tracking.DEFAULT_EXPERIMENT_ALIAS else e
+                for e in experiment_ids
+            ]
+            query = (
+                select(Run.id)
+                .outerjoin(Job, Job.id == Run.job_id)
+                .join(User, User.id == Run.user_id)
+                .where(Run.org_id == principal.org_id)
+                .where(Run.experiment_id.in_(ids) if ids else false())
+                .where(_stage_filter(Run.lifecycle_stage, view))
+            )
+            for cond in conditions:
+                query = query.where(_condition(cond))
+            ordering = [c for key in order for c in _order(key)]
+            ordering += [Run.start_time.desc().nulls_last(), Run.id.desc()]
+            found = list(s.scalars(query.order_by(*ordering).offset(offset).limit(max_results + 1)))
+            views = self._views(s, found[:max_results])
+        return views, _token(offset + max_results) if len(found) > max_results else None
+
+    def _views(self, s: Session, run_ids: list[str]) -> list[RunView]:
+        """The runs ``run_ids`` (in that order) with their params, tags and each metric's latest point."""
+        if not run_ids:
+            return []
+        rows = s.execute(
+            select(Run, Job.state, Job.finished_at, User.name)
+            .outerjoin(Job, Job.id == Run.job_id)
+            .join(User, User.id == Run.user_id)
+            .where(Run.id.in_(run_ids))
+        ).all()
+        views: dict[str, RunView] = {}
+        for run, job_state, finished_at, user in rows:
+            job_run = run.job_id is not None and job_state is not None
+            views[run.id] = RunView(
+                id=run.id,
+                experiment_id=run.experiment_id,
+                name=run.name,
+                user=user,
+                status=tracking.run_status(job_state) if job_run else run.status,
+                start_time=run.start_time,
+                end_time=_ms(finished_at) if job_run else run.end_time,
+                lifecycle_stage=run.lifecycle_stage,
+                job_id=run.job_id,
+            )
+        for run_id, key, value in s.execute(
+            select(RunParam.run_id, RunParam.key, RunParam.value).where(RunParam.run_id.in_(run_ids))
+        ):
+            views[run_id].params[key] = value
+        for run_id, key, value in s.execute(
+            select(RunTag.run_id, RunTag.key, RunTag.value).where(RunTag.run_id.in_(run_ids))
+        ):
+            views[run_id].tags[key] = value
+        latest = s.execute(
+            select(
+                MetricSeries.job_id,
+                MetricSeries.name,
+                MetricSeries.last_value,
+                MetricSeries.last_text,
+                MetricSeries.last_time,
+                MetricSeries.last_step,
+            )
+            .where(MetricSeries.job_id.in_(run_ids), MetricSeries.kind == "scalar")
+            .order_by(MetricSeries.job_id, MetricSeries.name, MetricSeries.worker)
+        )
+        seen: set[tuple[str, str]] = set()
+        for run_id, name, number, words, last_time, step in latest:
+            if (run_id, name) in seen or (number is None and words is None):
+                continue
+            seen.add((run_id, name))
+            point = LoggedPoint(name, _float(number, words), round((last_time or 0) * 1000), int(step or 0))
+            views[run_id].metrics.append(point)
+        return [views[r] for r in run_ids if r in views]
+
+
+def _stage_filter(column: Any, view: str) -> ColumnElement[bool]:
+    view = (view or "ACTIVE_ONLY").upper()
+    if view == "ACTIVE_ONLY":
+        return column == ACTIVE  # type: ignore[no-any-return]
+    if view == "DELETED_ONLY":
+        return column == DELETED  # type: ignore[no-any-return]
+    if view == "ALL":
+        return or_(column == ACTIVE, column == DELETED)
+    raise InvalidInput("view_type: ACTIVE_ONLY, DELETED_ONLY or ALL", details={"field": "view_type"})
+
+
+def _bounded(value: int, most: int) -> int:
+    if value < 1 or value > most:
+        raise InvalidInput(f"max_results: 1 to {most}", details={"field": "max_results"})
+    return value
+
+
+def _bounded_text(value: str, most: int, what: str) -> str:
+    if len(value) > most:
+        raise InvalidInput(f"{what}: at most {most} characters", details={"field": what})
+    if "\x00" in value:
+        raise InvalidInput(f"{what}: must not contain NUL", details={"field": what})
+    return value
+
+
+def _key(key: str, what: str) -> str:
+    try:
+        return tracking.check_key(key, what)
+    except ValueError as exc:
+        raise InvalidInput(str(exc), details={"field": what}) from None
+
+
+def _experiment_name(name: str) -> str:
+    name = (name or "").strip()
+    if not name or len(name) > tracking.MAX_EXPERIMENT_NAME or any(ord(c) < 32 for c in name):
+        raise InvalidInput(
+            f"experiment name: 1 to {tracking.MAX_EXPERIMENT_NAME} printable characters", details={"field": "name"}
+        )
+    return name
+
+
+def _row(point: LoggedPoint) -> Row:
+    key = point.key
+    if len(key) > 200:
+        raise InvalidInput(f"metric {key[:80]!r}…: at most 200 characters", details={"field": "metrics"})
+    _key(key, "metric")
+    value = float(point.value)
+    seconds = point.timestamp / 1000.0
+    if math.isfinite(value):
+        return (tracking.API_WORKER, key, "api", int(point.step), seconds, value, None)
+    text = "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return (tracking.API_WORKER, key, "api", int(point.step), seconds, None, text)
+
+
+def _float(value: float | None, text: str | None) -> float:
+    if value is not None:
+        return float(value)
+    try:
+        return float(text or "nan")
+    except ValueError:
+        return math.nan

@@ -1,0 +1,225 @@
+"""The official MLflow client (``mlflow-skinny``) against a real Kiln server at ``<endpoint>/mlflow``: experiments,
+runs, params, metrics, tags, history and search with MLflow's filter and order-by syntax; the same calls from inside
+a Kiln job with no configuration (Kiln sets MLflow's environment); and tenancy: another organisation's key sees
+none of it, a viewer cannot log.
+
+MLflow's client reads its credentials from the environment at each request, so each block below sets the
+environment of the identity it acts as."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from kiln.sdk.client import Client
+from tests.helpers import wait_for
+from tests.kilnserver import KilnServer
+from tests.tenancy_helpers import Api, Tenant, close_all, create_tenant
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
+    srv = KilnServer(tmp_path_factory.mktemp("mlflow") / "home", rate_limit_per_second="0").start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def tenants(server: KilnServer) -> Iterator[tuple[Tenant, Tenant]]:
+    admin = Api.admin(server)
+    labs, other = create_tenant(admin, "labs", ("member", "viewer")), create_tenant(admin, "other", ("member",))
+    yield labs, other
+    close_all(labs, other)
+    admin.close()
+
+
+@contextlib.contextmanager
+def acting_as(server: KilnServer, tenant: Tenant, role: str) -> Iterator[MlflowClient]:
+    account = tenant.accounts[role]
+    saved = {
+        k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+    }
+    os.environ.update(
+        MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",  # an error is the test's to see, not the client's to retry for minutes
+        MLFLOW_TRACKING_URI=f"{server.url}/mlflow",
+        MLFLOW_TRACKING_USERNAME=account.key_id,
+        MLFLOW_TRACKING_PASSWORD=account.secret,
+    )
+    mlflow.set_tracking_uri(f"{server.url}/mlflow")
+    try:
+        yield MlflowClient(f"{server.url}/mlflow")
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def test_the_mlflow_client_logs_reads_and_searches(server: KilnServer, tenants: tuple[Tenant, Tenant]) -> None:
+    labs, other = tenants
+    with acting_as(server, labs, "member") as client:
+        experiment = mlflow.set_experiment("mnist-sweep")
+        runs = {}
+        for lr, batch in ((0.01, 64), (0.1, 32), (0.001, 64)):
+            with mlflow.start_run(run_name=f"lr-{lr}") as run:
+                mlflow.log_params({"lr": lr, "batch": batch, "optimizer": "adam"})
+                for step in range(1000 if lr == 0.01 else 10):
+                    mlflow.log_metric("loss", 1.0 / (step + 1) + lr, step=step)
+                mlflow.log_metric("val_acc", 0.9 - lr)
+                mlflow.set_tag("team", "vision")
+                runs[lr] = run.info.run_id
+        got = client.get_run(runs[0.01])
+        assert got.info.status == "FINISHED" and got.info.end_time and got.info.run_name == "lr-0.01"
+        assert got.data.params == {"lr": "0.01", "batch": "64", "optimizer": "adam"}
+        assert got.data.tags["team"] == "vision"
+        assert got.data.metrics["loss"] == pytest.approx(1.0 / 1000 + 0.01)
+        history = client.get_metric_history(runs[0.01], "loss")
+        assert [m.step for m in history] == list(range(1000))
+        assert history[0].value == pytest.approx(1.01) and history[-1].value == pytest.approx(0.001 + 0.01)
+
+        found = mlflow.search_runs(
+            [experiment.experiment_id],
+            filter_string="params.batch = '64'",
+            order_by=["metrics.val_acc DESC"],
+            output_format="list",
+        )
+        assert [r.info.run_id for r in found] == [runs[0.001], runs[0.01]]  # best val_acc first
+        numeric = client.search_runs([experiment.experiment_id], "params.lr < 0.05 and metrics.val_acc > 0.895")
+        assert [r.info.run_id for r in numeric] == [runs[0.001]]
+        by_tag = client.search_runs([experiment.experiment_id], "tags.team = 'vision'", order_by=["params.lr ASC"])
+        assert [r.info.run_id for r in by_tag] == [runs[0.001], runs[0.01], runs[0.1]]  # numerically, not as text
+        with pytest.raises(MlflowException, match=r"INVALID_PARAMETER_VALUE|metrics"):
+            client.search_runs([experiment.experiment_id], "metrics.val_acc > 'high'")
+        with pytest.raises(MlflowException, match=r"logged once|INVALID_PARAMETER_VALUE"):
+            client.log_param(runs[0.01], "lr", "0.5")  # a param is written once
+
+    with acting_as(server, other, "member") as stranger:  # another organisation: none of it exists
+        with pytest.raises(MlflowException, match="RESOURCE_DOES_NOT_EXIST"):
+            stranger.get_run(runs[0.01])
+        assert stranger.get_experiment_by_name("mnist-sweep") is None
+        with pytest.raises(MlflowException, match="RESOURCE_DOES_NOT_EXIST"):
+            stranger.log_metric(runs[0.01], "loss", 0.0)
+
+    with acting_as(server, labs, "viewer") as viewer:  # reads, never logs
+        assert viewer.get_run(runs[0.01]).data.params["lr"] == "0.01"
+        with pytest.raises(MlflowException, match="PERMISSION_DENIED"):
+            viewer.log_metric(runs[0.01], "loss", 0.0)
+        with pytest.raises(MlflowException, match="PERMISSION_DENIED"):
+            viewer.create_experiment("not-mine")
+
+
+def test_a_job_logs_with_mlflow_unconfigured_and_its_params_are_searchable(
+    server: KilnServer, tenants: tuple[Tenant, Tenant]
+) -> None:
+    labs, _ = tenants
+    member = labs.accounts["member"]
+    kiln = Client(server.url, member.key_id, member.secret)
+    code = (
+        "import mlflow, os\n"
+        "assert os.environ['MLFLOW_TRACKING_URI'].endswith('/mlflow')\n"
+        "with mlflow.start_run() as run:\n"
+        "    assert run.info.run_id == os.environ['KILN_JOB_ID'], run.info.run_id\n"
+        "    mlflow.log_param('depth', 12)\n"
+        "    for step in range(5):\n"
+        "        mlflow.log_metric('acc', 0.5 + step / 10, step=step)\n"
+        "print('done')\n"
+    )
+    job = kiln.submit(
+        {
+            "command": ["python", "-c", code],
+            "runtime": {"python": sys.executable},
+            "params": {"lr": 0.02, "arch": "resnet"},
+            "experiment": "jobs-sweep",
+        }
+    )
+    done = wait_for(kiln, job.id, timeout=120)
+    assert done.state == "SUCCEEDED", (done.message, [ln.text for ln in kiln.stream_logs(job.id, follow=False)][-20:])
+    with acting_as(server, labs, "member") as client:
+        experiment = client.get_experiment_by_name("jobs-sweep")
+        assert experiment is not None
+        [run] = client.search_runs([experiment.experiment_id], "params.arch = 'resnet' and params.lr >= 0.02")
+        assert run.info.run_id == job.id and run.info.status == "FINISHED"
+        assert run.data.params == {"lr": "0.02", "arch": "resnet", "depth": "12"}  # the spec's and the job's own
+        assert run.data.metrics["acc"] == pytest.approx(0.9)
+        assert [m.value for m in client.get_metric_history(job.id, "acc")] == pytest.approx([0.5, 0.6, 0.7, 0.8, 0.9])
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and run.info.end_time is None:
+            run = client.get_run(job.id)
+        assert run.info.end_time is not None
+    kiln.close()
+
+
+def test_kiln_runs_lists_filters_sorts_and_compares_a_thousand_runs(
+    server: KilnServer, tenants: tuple[Tenant, Tenant], tmp_path: Path
+) -> None:
+    labs, _ = tenants
+    member = labs.accounts["member"]
+    expected: dict[str, tuple[float, float]] = {}
+    with acting_as(server, labs, "member") as client:
+        experiment_id = client.create_experiment("thousand")
+        for i in range(1000):
+            run = client.create_run(experiment_id, run_name=f"r{i:04d}")
+            lr, acc = i / 1000, ((i * 7919) % 1000) / 1000
+            client.log_batch(
+                run.info.run_id,
+                params=[Param("lr", str(lr)), Param("seed", str(i % 3))],
+                metrics=[Metric("val_acc", acc, 0, 0), Metric("loss", 1 - acc, 0, 0)],
+            )
+            expected[run.info.run_id] = (lr, acc)
+        first, second = list(expected)[:2]
+        for step in range(20):
+            client.log_metric(first, "curve", step / 20, step=step)
+            client.log_metric(second, "curve", 1 - step / 20, step=step)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "MLFLOW_"))}
+    env.update(
+        KILN_CONFIG=str(tmp_path / "cfg"),
+        KILN_ENDPOINT=server.url,
+        KILN_ACCESS_KEY=member.key_id,
+        KILN_SECRET_KEY=member.secret,
+        COLUMNS="200",
+    )
+
+    def kiln(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "kiln", *args], env=env, capture_output=True, text=True, timeout=120
+        )
+
+    listed = kiln(
+        "runs", "list", "-e", "thousand", "--filter", "params.lr < 0.1 and metrics.val_acc > 0.5",
+        "--sort", "-metrics.val_acc", "--columns", "params.lr,metrics.val_acc", "--limit", "1000", "-o", "json",
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    want = sorted(
+        (run_id for run_id, (lr, acc) in expected.items() if lr < 0.1 and acc > 0.5),
+        key=lambda r: expected[r][1],
+        reverse=True,
+    )
+    assert [r["id"] for r in rows] == want and len(want) > 10
+    table = kiln("runs", "list", "-e", "thousand", "--sort", "params.lr", "--columns", "params.lr,metrics.loss")
+    assert table.returncode == 0, table.stderr
+    lines = [ln for ln in table.stdout.splitlines() if ln.strip().startswith("run-")]
+    assert len(lines) == 100 and lines[0].split()[1] == "0.0" and lines[1].split()[1] == "0.001"  # numeric order
+    compared = kiln("runs", "compare", first, second, "--plot", "curve")
+    assert compared.returncode == 0, compared.stderr
+    assert "params.lr" in compared.stdout and "params.seed" in compared.stdout  # they differ
+    curve = next(ln for ln in compared.stdout.splitlines() if ln.strip().startswith("curve"))
+    up, down = curve.split()[-2:]
+    assert up[0] == down[-1] == "▁" and up[-1] == down[0] == "█"  # one scale: the rising and the falling line
+    bad = kiln("runs", "list", "-e", "thousand", "--filter", "metrics.val_acc > 'x'")
+    assert bad.returncode != 0 and "val_acc" in bad.stderr
