@@ -20,7 +20,7 @@ from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore
 from kiln.usecases.identity import Principal
 from kiln.usecases.jobs import JobService
-from kiln.usecases.tracking import remove_run_rows
+from kiln.usecases.run_rows import remove_run_rows
 
 log = logging.getLogger(__name__)
 

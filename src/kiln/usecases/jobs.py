@@ -26,8 +26,8 @@ from kiln.usecases.idempotency import Idempotency, IdempotentRequest, Remember
 from kiln.usecases.identity import Principal
 from kiln.usecases.lifecycle import create_job, record, transition
 from kiln.usecases.quotas import QuotaService
+from kiln.usecases.run_rows import record_job_run
 from kiln.usecases.scheduler_inputs import never_fits, node_of
-from kiln.usecases.tracking import record_job_run
 
 # The quota category of training jobs; serving and dev environments will use "serve" and "dev".
 CATEGORY = "train"

@@ -11,23 +11,18 @@ metrics store at ingestion), attributes by column. A job's run takes its status 
 
 from __future__ import annotations
 
-import base64
 import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
 
-from sqlalchemy import ColumnElement, case, delete, exists, false, func, insert, not_, or_, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import delete, false, insert, select, update
 from sqlalchemy.orm import Session
 
 from kiln.db.session import Database
 from kiln.db.tables import (
     Experiment,
     Job,
-    MetricChunk,
     MetricPoint,
     MetricSeries,
     Run,
@@ -38,14 +33,15 @@ from kiln.db.tables import (
 )
 from kiln.domain import tracking
 from kiln.domain.ids import new_id
-from kiln.domain.run_search import Condition, OrderKey, SearchSyntaxError, parse_filter, parse_order_by
-from kiln.domain.spec import JobSpec
+from kiln.domain.run_search import SearchSyntaxError, parse_filter, parse_order_by
 from kiln.domain.tracking import ACTIVE, DELETED, Batch
 from kiln.domain.tracking import MetricPoint as LoggedPoint
 from kiln.errors import Conflict, Forbidden, InvalidInput, NotFound
 from kiln.metrics.parse import Parsed, Row
 from kiln.metrics.store import MetricsStore
+from kiln.usecases import run_query
 from kiln.usecases.identity import Principal
+from kiln.usecases.run_rows import experiment_id_for, millis
 
 
 @dataclass
@@ -72,174 +68,6 @@ class RunView:
     params: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     metrics: list[LoggedPoint] = field(default_factory=list)  # each metric's latest point
-
-
-def _ms(value: datetime | None) -> int | None:
-    return None if value is None else int(value.timestamp() * 1000)
-
-
-def _page(token: str | None) -> int:
-    if not token:
-        return 0
-    try:
-        offset = int(base64.urlsafe_b64decode(token.encode() + b"==").decode())
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidInput("page_token: not a token this server gave", details={"field": "page_token"}) from None
-    if offset < 0:
-        raise InvalidInput("page_token: not a token this server gave", details={"field": "page_token"})
-    return offset
-
-
-def _token(offset: int) -> str:
-    return base64.urlsafe_b64encode(str(offset).encode()).decode().rstrip("=")
-
-
-def experiment_id_for(s: Session, org_id: str, name: str | None) -> str:
-    """The id of the organisation's experiment ``name`` (Default when None), made on first use."""
-    name = name or tracking.DEFAULT_EXPERIMENT
-    found = s.scalar(select(Experiment.id).where(Experiment.org_id == org_id, Experiment.name == name))
-    if found is not None:
-        return found
-    now = utcnow()
-    experiment = Experiment(id=new_id("exp"), org_id=org_id, name=name, lifecycle_stage=ACTIVE, tags={})
-    experiment.created_at = experiment.updated_at = now
-    try:
-        with s.begin_nested():
-            s.add(experiment)
-            s.flush()
-    except IntegrityError:  # another transaction made it first
-        found = s.scalar(select(Experiment.id).where(Experiment.org_id == org_id, Experiment.name == name))
-        if found is None:
-            raise
-        return found
-    return experiment.id
-
-
-def record_job_run(s: Session, job: Job, spec: JobSpec) -> None:
-    """A new job's run: in its spec's experiment, with its params and its labels as tags (same transaction)."""
-    s.add(
-        Run(
-            id=job.id,
-            org_id=job.org_id,
-            experiment_id=experiment_id_for(s, job.org_id, spec.experiment),
-            job_id=job.id,
-            user_id=job.user_id,
-            name=job.name or job.id,
-            status="SCHEDULED",
-            start_time=_ms(job.created_at) or int(time.time() * 1000),
-            lifecycle_stage=ACTIVE,
-        )
-    )
-    s.flush()
-    params = [
-        {"run_id": job.id, "key": k, "value": text, "number": tracking.param_number(text)}
-        for k, v in spec.params.items()
-        for text in [tracking.param_text(v)]
-    ]
-    if params:
-        s.execute(insert(RunParam), params)
-    tags = [{"run_id": job.id, "key": f"kiln.label.{k}", "value": v} for k, v in spec.labels.items()]
-    if tags:
-        s.execute(insert(RunTag), tags)
-
-
-def remove_run_rows(s: Session, run_id: str) -> None:
-    """Delete a run's rows (its params, tags, metric series and the run), by name: the bulk engine's rows have
-    no foreign keys to cascade on SQLite."""
-    series = select(MetricSeries.id).where(MetricSeries.job_id == run_id).scalar_subquery()
-    s.execute(delete(MetricPoint).where(MetricPoint.series_id.in_(series)))
-    s.execute(delete(MetricChunk).where(MetricChunk.series_id.in_(series)))
-    s.execute(delete(MetricSeries).where(MetricSeries.job_id == run_id))
-    s.execute(delete(RunParam).where(RunParam.run_id == run_id))
-    s.execute(delete(RunTag).where(RunTag.run_id == run_id))
-    s.execute(delete(Run).where(Run.id == run_id))
-
-
-def _status_expr() -> ColumnElement[Any]:
-    """A run's status in SQL: a job's run's from its job's state (the query joins Job), another's as stored."""
-    by_state = case(
-        *[(Job.state == state, status) for status in tracking.RUN_STATUSES for state in tracking.job_states(status)],
-        else_=Run.status,
-    )
-    return case((Run.job_id.is_(None), Run.status), else_=by_state)
-
-
-_ATTRIBUTES = {
-    "run_id": lambda: Run.id,
-    "run_name": lambda: Run.name,
-    "user_id": lambda: User.name,
-    "start_time": lambda: Run.start_time,
-    "end_time": lambda: Run.end_time,
-    "lifecycle_stage": lambda: Run.lifecycle_stage,
-    "experiment_id": lambda: Run.experiment_id,
-    "status": _status_expr,
-}
-
-
-def _compare(column: Any, op: str, value: Any) -> ColumnElement[bool]:
-    match op:
-        case "=":
-            return column == value  # type: ignore[no-any-return]
-        case "!=":
-            return column != value  # type: ignore[no-any-return]
-        case "<":
-            return column < value  # type: ignore[no-any-return]
-        case "<=":
-            return column <= value  # type: ignore[no-any-return]
-        case ">":
-            return column > value  # type: ignore[no-any-return]
-        case ">=":
-            return column >= value  # type: ignore[no-any-return]
-        case "LIKE":
-            return column.like(value)  # type: ignore[no-any-return]
-        case "ILIKE":
-            return func.lower(column).like(func.lower(value))
-        case "IN":
-            return column.in_(list(value))  # type: ignore[no-any-return]
-        case "NOT IN":
-            return column.not_in(list(value))  # type: ignore[no-any-return]
-    raise InvalidInput(f"filter: operator {op} is not supported here", details={"field": "filter"})
-
-
-def _condition(cond: Condition) -> ColumnElement[bool]:
-    if cond.entity == "attribute":
-        column = _ATTRIBUTES.get(cond.key)
-        if column is None:
-            raise InvalidInput(f"filter: attributes.{cond.key} cannot be searched", details={"field": "filter"})
-        return _compare(column(), cond.op, cond.value)
-    if cond.entity == "metric":
-        found = exists().where(MetricSeries.job_id == Run.id, MetricSeries.name == cond.key)
-        if cond.op in ("IS NULL", "IS NOT NULL"):
-            return not_(found) if cond.op == "IS NULL" else found
-        return found.where(_compare(MetricSeries.last_value, cond.op, cond.value))
-    table: Any = RunParam if cond.entity == "param" else RunTag
-    found = exists().where(table.run_id == Run.id, table.key == cond.key)
-    if cond.op in ("IS NULL", "IS NOT NULL"):
-        return not_(found) if cond.op == "IS NULL" else found
-    column = table.number if (cond.entity == "param" and cond.numeric) else table.value
-    return found.where(_compare(column, cond.op, cond.value))
-
-
-def _order(key: OrderKey) -> list[Any]:
-    if key.entity == "attribute":
-        column = _ATTRIBUTES.get(key.key)
-        if column is None:
-            raise InvalidInput(f"order_by: attributes.{key.key} cannot be ordered by", details={"field": "order_by"})
-        columns = [column()]
-    elif key.entity == "metric":
-        columns = [
-            select(func.max(MetricSeries.last_value))
-            .where(MetricSeries.job_id == Run.id, MetricSeries.name == key.key)
-            .scalar_subquery()
-        ]
-    elif key.entity == "param":
-        columns = [
-            select(RunParam.number).where(RunParam.run_id == Run.id, RunParam.key == key.key).scalar_subquery(),
-            select(RunParam.value).where(RunParam.run_id == Run.id, RunParam.key == key.key).scalar_subquery(),
-        ]
-    else:
-        columns = [select(RunTag.value).where(RunTag.run_id == Run.id, RunTag.key == key.key).scalar_subquery()]
-    return [(c.desc() if key.descending else c.asc()).nulls_last() for c in columns]
 
 
 class TrackingService:
@@ -281,8 +109,8 @@ class TrackingService:
             experiment.id,
             experiment.name,
             experiment.lifecycle_stage,
-            _ms(experiment.created_at) or 0,
-            _ms(experiment.updated_at) or 0,
+            millis(experiment.created_at) or 0,
+            millis(experiment.updated_at) or 0,
             {str(k): str(v) for k, v in (experiment.tags or {}).items()},
         )
 
@@ -323,17 +151,17 @@ class TrackingService:
         self, principal: Principal, view: str = "ACTIVE_ONLY", max_results: int = 1000, page_token: str | None = None
     ) -> tuple[list[ExperimentView], str | None]:
         self._may_read(principal)
-        offset = _page(page_token)
+        offset = run_query.page_offset(page_token)
         max_results = _bounded(max_results, tracking.MAX_SEARCH_RESULTS)
         with self.db.transaction() as s:
             experiment_id_for(s, principal.org_id, None)
             query = select(Experiment).where(Experiment.org_id == principal.org_id)
-            query = query.where(_stage_filter(Experiment.lifecycle_stage, view))
+            query = query.where(run_query.stage_filter(Experiment.lifecycle_stage, view))
             rows = list(
                 s.scalars(query.order_by(Experiment.created_at, Experiment.id).offset(offset).limit(max_results + 1))
             )
             views = [self._experiment_view(e) for e in rows[:max_results]]
-        return views, _token(offset + max_results) if len(rows) > max_results else None
+        return views, run_query.page_token(offset + max_results) if len(rows) > max_results else None
 
     def set_experiment_stage(self, principal: Principal, experiment_id: str, stage: str) -> None:
         principal.require("runs:write")
@@ -517,7 +345,7 @@ class TrackingService:
     ) -> tuple[list[LoggedPoint], str | None]:
         """Every point of a run's metric ``key`` in the order logged (all members' series, worker0 first)."""
         self._may_read(principal)
-        offset = _page(page_token)
+        offset = run_query.page_offset(page_token)
         max_results = _bounded(max_results, 100_000)
         with self.db.read() as s:
             self._run(s, principal, run_id)
@@ -534,7 +362,7 @@ class TrackingService:
             LoggedPoint(key, _float(value, text), round(t * 1000), int(step or 0))
             for step, t, value, text in rows[:max_results]
         ]
-        return points, _token(offset + max_results) if len(rows) > max_results else None
+        return points, run_query.page_token(offset + max_results) if len(rows) > max_results else None
 
     # ---- search
 
@@ -556,7 +384,7 @@ class TrackingService:
             raise InvalidInput(
                 str(exc), details={"field": "filter" if "order" not in str(exc) else "order_by"}
             ) from None
-        offset = _page(page_token)
+        offset = run_query.page_offset(page_token)
         max_results = _bounded(max_results, tracking.MAX_SEARCH_RESULTS)
         with self.db.transaction() as s:
             ids = [
@@ -569,15 +397,15 @@ class TrackingService:
                 .join(User, User.id == Run.user_id)
                 .where(Run.org_id == principal.org_id)
                 .where(Run.experiment_id.in_(ids) if ids else false())
-                .where(_stage_filter(Run.lifecycle_stage, view))
+                .where(run_query.stage_filter(Run.lifecycle_stage, view))
             )
             for cond in conditions:
-                query = query.where(_condition(cond))
-            ordering = [c for key in order for c in _order(key)]
+                query = query.where(run_query.condition(cond))
+            ordering = [c for key in order for c in run_query.order(key)]
             ordering += [Run.start_time.desc().nulls_last(), Run.id.desc()]
             found = list(s.scalars(query.order_by(*ordering).offset(offset).limit(max_results + 1)))
             views = self._views(s, found[:max_results])
-        return views, _token(offset + max_results) if len(found) > max_results else None
+        return views, run_query.page_token(offset + max_results) if len(found) > max_results else None
 
     def _views(self, s: Session, run_ids: list[str]) -> list[RunView]:
         """The runs ``run_ids`` (in that order) with their params, tags and each metric's latest point."""
@@ -599,7 +427,7 @@ class TrackingService:
                 user=user,
                 status=tracking.run_status(job_state) if job_run else run.status,
                 start_time=run.start_time,
-                end_time=_ms(finished_at) if job_run else run.end_time,
+                end_time=millis(finished_at) if job_run else run.end_time,
                 lifecycle_stage=run.lifecycle_stage,
                 job_id=run.job_id,
             )
@@ -631,17 +459,6 @@ class TrackingService:
             point = LoggedPoint(name, _float(number, words), round((last_time or 0) * 1000), int(step or 0))
             views[run_id].metrics.append(point)
         return [views[r] for r in run_ids if r in views]
-
-
-def _stage_filter(column: Any, view: str) -> ColumnElement[bool]:
-    view = (view or "ACTIVE_ONLY").upper()
-    if view == "ACTIVE_ONLY":
-        return column == ACTIVE  # type: ignore[no-any-return]
-    if view == "DELETED_ONLY":
-        return column == DELETED  # type: ignore[no-any-return]
-    if view == "ALL":
-        return or_(column == ACTIVE, column == DELETED)
-    raise InvalidInput("view_type: ACTIVE_ONLY, DELETED_ONLY or ALL", details={"field": "view_type"})
 
 
 def _bounded(value: int, most: int) -> int:

@@ -157,16 +157,13 @@ class LocalBackend(
 
     def _open_notify_socket(self) -> None:
         """Bind the datagram socket the shims send their notes to (read by ``_listen_once``)."""
-        settings_run = self.settings.run_dir
-        settings_run.mkdir(parents=True, exist_ok=True)
-        path = str(settings_run / "notify.sock")
+        self.settings.run_dir.mkdir(parents=True, exist_ok=True)
+        path = str(self.settings.run_dir / "notify.sock")
         if len(path) > MAX_UNIX_SOCKET_PATH or self._wake is None:
             log.info("shim notifications off (socket path too long or no waker); polling only")
             return
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        except FileNotFoundError:
-            pass
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         sock.bind(path)
         self._sock = sock
@@ -218,10 +215,8 @@ class LocalBackend(
         self.shims.close()
         if self._sock is not None:
             sock, self._sock = self._sock, None
-            try:
+            with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             sock.close()
 
     # -- contract -------------------------------------------------------------------------------------

@@ -1,0 +1,82 @@
+"""A run's rows as other use cases make and remove them: a new job's run (in the job's transaction), an
+organisation's experiment by name (made on first use), and everything of a run when its job is deleted."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+from sqlalchemy import delete, insert, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from kiln.db.tables import Experiment, Job, MetricChunk, MetricPoint, MetricSeries, Run, RunParam, RunTag, utcnow
+from kiln.domain import tracking
+from kiln.domain.ids import new_id
+from kiln.domain.spec import JobSpec
+from kiln.domain.tracking import ACTIVE
+
+
+def millis(value: datetime | None) -> int | None:
+    return None if value is None else int(value.timestamp() * 1000)
+
+
+def experiment_id_for(s: Session, org_id: str, name: str | None) -> str:
+    """The id of the organisation's experiment ``name`` (Default when None), made on first use."""
+    name = name or tracking.DEFAULT_EXPERIMENT
+    found = s.scalar(select(Experiment.id).where(Experiment.org_id == org_id, Experiment.name == name))
+    if found is not None:
+        return found
+    now = utcnow()
+    experiment = Experiment(id=new_id("exp"), org_id=org_id, name=name, lifecycle_stage=ACTIVE, tags={})
+    experiment.created_at = experiment.updated_at = now
+    try:
+        with s.begin_nested():
+            s.add(experiment)
+            s.flush()
+    except IntegrityError:  # another transaction made it first
+        found = s.scalar(select(Experiment.id).where(Experiment.org_id == org_id, Experiment.name == name))
+        if found is None:
+            raise
+        return found
+    return experiment.id
+
+
+def record_job_run(s: Session, job: Job, spec: JobSpec) -> None:
+    """A new job's run: in its spec's experiment, with its params and its labels as tags (same transaction)."""
+    s.add(
+        Run(
+            id=job.id,
+            org_id=job.org_id,
+            experiment_id=experiment_id_for(s, job.org_id, spec.experiment),
+            job_id=job.id,
+            user_id=job.user_id,
+            name=job.name or job.id,
+            status="SCHEDULED",
+            start_time=millis(job.created_at) or int(time.time() * 1000),
+            lifecycle_stage=ACTIVE,
+        )
+    )
+    s.flush()
+    params = [
+        {"run_id": job.id, "key": k, "value": text, "number": tracking.param_number(text)}
+        for k, v in spec.params.items()
+        for text in [tracking.param_text(v)]
+    ]
+    if params:
+        s.execute(insert(RunParam), params)
+    tags = [{"run_id": job.id, "key": f"kiln.label.{k}", "value": v} for k, v in spec.labels.items()]
+    if tags:
+        s.execute(insert(RunTag), tags)
+
+
+def remove_run_rows(s: Session, run_id: str) -> None:
+    """Delete a run's rows (its params, tags, metric series and the run), by name: the bulk engine's rows have
+    no foreign keys to cascade on SQLite."""
+    series = select(MetricSeries.id).where(MetricSeries.job_id == run_id).scalar_subquery()
+    s.execute(delete(MetricPoint).where(MetricPoint.series_id.in_(series)))
+    s.execute(delete(MetricChunk).where(MetricChunk.series_id.in_(series)))
+    s.execute(delete(MetricSeries).where(MetricSeries.job_id == run_id))
+    s.execute(delete(RunParam).where(RunParam.run_id == run_id))
+    s.execute(delete(RunTag).where(RunTag.run_id == run_id))
+    s.execute(delete(Run).where(Run.id == run_id))
