@@ -70,7 +70,9 @@ def acting_as(server: KilnServer, tenant: Tenant, role: str) -> Iterator[MlflowC
                 os.environ[key] = value
 
 
-def test_the_mlflow_client_logs_reads_and_searches(server: KilnServer, tenants: tuple[Tenant, Tenant]) -> None:
+def test_the_mlflow_client_logs_reads_and_searches(
+    server: KilnServer, tenants: tuple[Tenant, Tenant], tmp_path: Path
+) -> None:
     labs, other = tenants
     with acting_as(server, labs, "member") as client:
         experiment = mlflow.set_experiment("mnist-sweep")
@@ -82,6 +84,9 @@ def test_the_mlflow_client_logs_reads_and_searches(server: KilnServer, tenants: 
                     mlflow.log_metric("loss", 1.0 / (step + 1) + lr, step=step)
                 mlflow.log_metric("val_acc", 0.9 - lr)
                 mlflow.set_tag("team", "vision")
+                if lr == 0.01:
+                    mlflow.log_text("a confusion matrix\n", "eval/confusion.txt")
+                    mlflow.log_dict({"classes": 10}, "config.json")
                 runs[lr] = run.info.run_id
         got = client.get_run(runs[0.01])
         assert got.info.status == "FINISHED" and got.info.end_time and got.info.run_name == "lr-0.01"
@@ -107,6 +112,14 @@ def test_the_mlflow_client_logs_reads_and_searches(server: KilnServer, tenants: 
             client.search_runs([experiment.experiment_id], "metrics.val_acc > 'high'")
         with pytest.raises(MlflowException, match=r"logged once|INVALID_PARAMETER_VALUE"):
             client.log_param(runs[0.01], "lr", "0.5")  # a param is written once
+        listed = {(f.path, f.is_dir) for f in client.list_artifacts(runs[0.01])}
+        assert listed == {("config.json", False), ("eval", True)}
+        assert [f.path for f in client.list_artifacts(runs[0.01], "eval")] == ["eval/confusion.txt"]
+        fetched = client.download_artifacts(runs[0.01], "eval/confusion.txt", str(tmp_path))
+        assert Path(fetched).read_text() == "a confusion matrix\n"
+        assert json.loads(Path(client.download_artifacts(runs[0.01], "config.json", str(tmp_path))).read_text()) == {
+            "classes": 10
+        }
 
     with acting_as(server, other, "member") as stranger:  # another organisation: none of it exists
         with pytest.raises(MlflowException, match="RESOURCE_DOES_NOT_EXIST"):
@@ -114,6 +127,11 @@ def test_the_mlflow_client_logs_reads_and_searches(server: KilnServer, tenants: 
         assert stranger.get_experiment_by_name("mnist-sweep") is None
         with pytest.raises(MlflowException, match="RESOURCE_DOES_NOT_EXIST"):
             stranger.log_metric(runs[0.01], "loss", 0.0)
+        with pytest.raises(MlflowException, match="RESOURCE_DOES_NOT_EXIST"):
+            stranger.get_metric_history(runs[0.01], "loss")
+        with pytest.raises(Exception, match=r"404|RESOURCE_DOES_NOT_EXIST"):
+            stranger.download_artifacts(runs[0.01], "eval/confusion.txt", str(tmp_path / "stolen"))
+        assert not stranger.search_runs([experiment.experiment_id])  # their experiment id: nothing of it
 
     with acting_as(server, labs, "viewer") as viewer:  # reads, never logs
         assert viewer.get_run(runs[0.01]).data.params["lr"] == "0.01"
@@ -124,7 +142,7 @@ def test_the_mlflow_client_logs_reads_and_searches(server: KilnServer, tenants: 
 
 
 def test_a_job_logs_with_mlflow_unconfigured_and_its_params_are_searchable(
-    server: KilnServer, tenants: tuple[Tenant, Tenant]
+    server: KilnServer, tenants: tuple[Tenant, Tenant], tmp_path: Path
 ) -> None:
     labs, _ = tenants
     member = labs.accounts["member"]
@@ -137,6 +155,7 @@ def test_a_job_logs_with_mlflow_unconfigured_and_its_params_are_searchable(
         "    mlflow.log_param('depth', 12)\n"
         "    for step in range(5):\n"
         "        mlflow.log_metric('acc', 0.5 + step / 10, step=step)\n"
+        "    mlflow.log_text('from the job', 'report.txt')\n"
         "print('done')\n"
     )
     job = kiln.submit(
@@ -161,6 +180,9 @@ def test_a_job_logs_with_mlflow_unconfigured_and_its_params_are_searchable(
         while time.monotonic() < deadline and run.info.end_time is None:
             run = client.get_run(job.id)
         assert run.info.end_time is not None
+        got = client.download_artifacts(job.id, "report.txt", str(tmp_path))
+        assert Path(got).read_text() == "from the job"
+    assert "report.txt" in {a.path for a in kiln.artifacts(job.id)}  # the job's outputs: one place for both
     kiln.close()
 
 

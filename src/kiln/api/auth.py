@@ -43,7 +43,10 @@ API_PREFIX = "/api/v1/"
 MLFLOW_PREFIX = "/mlflow/"  # MLflow's tracking protocol (kiln.api.mlflow)
 PUBLIC_PATHS = {"/api/v1/openapi.json", "/api/v1/docs", "/api/v1/docs/oauth2-redirect"}
 # Routes whose body is streamed and hashed by the route itself (content-addressed or job-token uploads).
-STREAMED_UPLOAD = re.compile(r"/api/v1/blobs/[^/]+|/api/v1/jobs/[^/]+/artifacts/.+|/api/v1/notebooks/[^/]+/home")
+STREAMED_UPLOAD = re.compile(
+    r"/api/v1/blobs/[^/]+|/api/v1/jobs/[^/]+/artifacts/.+|/api/v1/notebooks/[^/]+/home"
+    r"|/mlflow/api/2\.0/mlflow-artifacts/artifacts/.+"
+)
 # The one route a service token (``Bearer kst.…``) reaches; any other answers 403 before a route runs.
 SERVICE_TOKEN_ROUTE = ("POST", re.compile(r"/api/v1/services/[^/]+/predict"))
 # POSTs that change nothing (a predict: a body in, an answer out) are audited only when refused, not once per answer.
@@ -239,7 +242,7 @@ class SignatureMiddleware:
             if scope.get("scheme") != "https" and not LOOPBACK.match(client) and not allowed:
                 raise AuthFailure("insecure", f"basic auth over http from {client}", message=BASIC_OVER_HTTP)
             principal = await run_in_threadpool(identity.authenticate_key, key_id, secret)
-            return principal, _capped(receive, MAX_SIGNED_BODY), None
+            return principal, receive if streamed else _capped(receive, MAX_SIGNED_BODY), None
         if auth.startswith("Bearer "):
             principal = await run_in_threadpool(identity.authenticate_job_token, auth[7:].strip())
             # The body is not read here (nothing signs it), so the routes that read it whole (logs, metrics, parts)

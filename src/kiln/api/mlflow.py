@@ -1,6 +1,7 @@
 """MLflow's REST tracking protocol, served under ``/mlflow`` (``MLFLOW_TRACKING_URI=<endpoint>/mlflow``), so that code
-instrumented for MLflow logs into Kiln unchanged: experiments, runs, params, metrics, tags, metric history and run
-search, translated to Kiln's tracking use cases (kiln.usecases.tracking), where every job is a run.
+instrumented for MLflow logs into Kiln unchanged: experiments, runs, params, metrics, tags, metric history, run
+search and artifacts (``mlflow-artifacts``), translated to Kiln's tracking use cases (kiln.usecases.tracking,
+kiln.usecases.run_artifacts), where every job is a run.
 
 Authentication is the signature middleware's (kiln.api.auth): an access key as basic authentication
 (``MLFLOW_TRACKING_USERNAME``/``PASSWORD``), a job's token as a bearer token (``MLFLOW_TRACKING_TOKEN``, which Kiln
@@ -23,15 +24,26 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 
 from kiln.api.deps import caller_of
-from kiln.domain import tracking
+from kiln.api.routers.jobs import at_most
+from kiln.domain import limits, tracking
 from kiln.domain.tracking import Batch, MetricPoint
-from kiln.errors import Conflict, Forbidden, InvalidInput, KilnError, NotFound, PayloadTooLarge, Unauthenticated
+from kiln.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    KilnError,
+    NotFound,
+    PayloadTooLarge,
+    Unauthenticated,
+)
 from kiln.usecases.tracking import ExperimentView, RunView
 
 PREFIX = "/api/2.0/mlflow"
+ARTIFACTS = "/api/2.0/mlflow-artifacts/artifacts"
 Text = Annotated[str, Field(max_length=8000)]
 Key = Annotated[str, Field(max_length=tracking.MAX_KEY)]
 Id = Annotated[str, Field(max_length=64)]
@@ -40,6 +52,7 @@ _CODES: list[tuple[type[KilnError], int, str]] = [
     (NotFound, 404, "RESOURCE_DOES_NOT_EXIST"),
     (Conflict, 400, "RESOURCE_ALREADY_EXISTS"),
     (InvalidInput, 400, "INVALID_PARAMETER_VALUE"),
+    (BadRequest, 400, "INVALID_PARAMETER_VALUE"),
     (Forbidden, 403, "PERMISSION_DENIED"),
     (Unauthenticated, 401, "UNAUTHENTICATED"),
     (PayloadTooLarge, 413, "INVALID_PARAMETER_VALUE"),
@@ -431,6 +444,15 @@ def create_mlflow_app(platform: Callable[[], Any]) -> FastAPI:
             answer["next_page_token"] = token
         return answer
 
+    @app.post(f"{PREFIX}/logged-models/search")
+    async def search_logged_models(request: Request) -> dict[str, Any]:
+        """Kiln keeps no logged models (its model registry registers a job's outputs): none match. MLflow's client
+        asks this whenever it lists or downloads a run's artifacts by path."""
+        principal = caller_of(request)
+        if principal.job_id is None:
+            principal.require("runs:read")
+        return {"models": []}
+
     @app.get(f"{PREFIX}/metrics/get-history")
     async def get_metric_history(
         request: Request,
@@ -446,5 +468,32 @@ def create_mlflow_app(platform: Callable[[], Any]) -> FastAPI:
         if token:
             answer["next_page_token"] = token
         return answer
+
+    # ---- artifacts (mlflow-artifacts: the run's artifact_uri resolves here)
+
+    def artifacts_of(_request: Request) -> Any:
+        return platform().run_artifacts
+
+    @app.put(f"{ARTIFACTS}/{{path:path}}")
+    async def upload_artifact(request: Request, path: str) -> dict[str, Any]:
+        length = request.headers.get("content-length", "")
+        if length.isascii() and length.isdigit() and int(length) > limits.MAX_FILE_BYTES:
+            raise PayloadTooLarge(f"an artifact is at most {limits.MAX_FILE_BYTES} bytes, not {length}")
+        chunks = at_most(request.stream(), limits.MAX_FILE_BYTES)
+        await artifacts_of(request).upload(caller_of(request), path, chunks)
+        return {}
+
+    @app.get(ARTIFACTS)
+    async def list_artifacts(request: Request, path: Annotated[str, Query(max_length=4000)] = "") -> dict[str, Any]:
+        entries = await run_in_threadpool(artifacts_of(request).listing, caller_of(request), path)
+        files = [
+            {"path": e.path, "is_dir": e.is_dir, **({} if e.size is None else {"file_size": e.size})} for e in entries
+        ]
+        return {"files": files}
+
+    @app.get(f"{ARTIFACTS}/{{path:path}}")
+    async def download_artifact(request: Request, path: str) -> StreamingResponse:
+        chunks = await run_in_threadpool(artifacts_of(request).read, caller_of(request), path)
+        return StreamingResponse(chunks, media_type="application/octet-stream")
 
     return app

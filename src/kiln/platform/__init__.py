@@ -56,6 +56,7 @@ from kiln.usecases.notebooks import NotebookService
 from kiln.usecases.outputs import OutputService
 from kiln.usecases.quotas import QuotaService
 from kiln.usecases.recovery import announce_offline_actions
+from kiln.usecases.run_artifacts import RunArtifacts
 from kiln.usecases.runtimes import RuntimeService
 from kiln.usecases.scheduling import SchedulingService
 from kiln.usecases.serving import ServingService
@@ -156,6 +157,7 @@ class Platform:
         self.log_metrics = LogMetrics(self.db, self.logs, self.metric_spools, shimless)
         self.metrics = MetricsService(self.db, self.jobs, self.metrics_store, on_ingested=self._judge_trials)
         self.tracking = TrackingService(self.db, self.metrics_store)  # experiments and runs (every job is a run)
+        self.run_artifacts = RunArtifacts(self.tracking, self.outputs, self.store, self.blobs.tmp_dir, self.quotas)
         # Tuning studies: the use cases, and the task that runs their trials as jobs.
         self.study_driver = StudyDriver(self.db, self.jobs, settings.home, self.metrics_ingester.ingest_now)
         self.studies = StudyService(self.db, self.jobs, self.study_driver.wake, self.idempotency)

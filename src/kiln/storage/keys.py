@@ -10,6 +10,11 @@ def blob_key(org_id: str, sha256: str) -> str:
     return f"orgs/{org_id}/blobs/{sha256}.tar.gz"
 
 
+def run_artifacts_prefix(org_id: str, run_id: str) -> str:
+    """The artifacts of a run logged from outside Kiln (a job's run's artifacts are its outputs)."""
+    return f"orgs/{org_id}/runs/{run_id}/artifacts"
+
+
 def outputs_prefix(org_id: str, job_id: str) -> str:
     """Everything a job's attempts wrote to ``$KILN_OUTPUT_DIR``."""
     return f"orgs/{org_id}/jobs/{job_id}/outputs"

@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from kiln.db.session import Database
-from kiln.db.tables import Blob, DataBlob, DataUpload, Job, Notebook, Organization, Quota, utcnow
+from kiln.db.tables import Blob, DataBlob, DataUpload, Job, Notebook, Organization, Quota, Run, utcnow
 from kiln.domain.quantities import MILLI, format_bytes, millicores
 from kiln.domain.quota import CATEGORIES, FIELDS, TOTAL, Limits, OrgUsage, blocked_by, never_fits
 from kiln.domain.schemas import QuotaCategory, QuotaFields, QuotaReport, QuotaSet
@@ -73,16 +73,18 @@ def lock_org(s: Session, org_id: str) -> None:
 
 
 def storage_used(s: Session, org_id: str, logs: LogStore | None = None) -> int:
-    """Bytes the organisation stores: code bundles, job outputs, job logs, dataset blobs (each stored once however
-    many versions share it) and the full size of every open dataset upload (reserved when it is opened). A log
-    counts its size when the job's latest attempt ended; with ``logs``, a running job's counts its size now (a
-    look at the files of the organisation's running jobs only)."""
+    """Bytes the organisation stores: code bundles, job outputs, job logs, notebook homes, the artifacts of runs
+    logged from outside Kiln, dataset blobs (each stored once however many versions share it) and the full size of
+    every open dataset upload (reserved when it is opened). A log counts its size when the job's latest attempt
+    ended; with ``logs``, a running job's counts its size now (a look at the files of the organisation's running
+    jobs only)."""
     blobs = s.scalar(select(func.coalesce(func.sum(Blob.size), 0)).where(Blob.org_id == org_id)) or 0
     outputs = s.scalar(select(func.coalesce(func.sum(Job.output_bytes), 0)).where(Job.org_id == org_id)) or 0
     logged = s.scalar(select(func.coalesce(func.sum(Job.log_bytes), 0)).where(Job.org_id == org_id)) or 0
     data = s.scalar(select(func.coalesce(func.sum(DataBlob.size), 0)).where(DataBlob.org_id == org_id)) or 0
     uploads = s.scalar(select(func.coalesce(func.sum(DataUpload.size), 0)).where(DataUpload.org_id == org_id)) or 0
     homes = s.scalar(select(func.coalesce(func.sum(Notebook.home_size), 0)).where(Notebook.org_id == org_id)) or 0
+    homes += s.scalar(select(func.coalesce(func.sum(Run.artifact_bytes), 0)).where(Run.org_id == org_id)) or 0
     if logs is not None:
         running = select(Job.id, Job.log_bytes).where(Job.org_id == org_id, Job.state.in_(ACTIVE))
         logged += sum(max(0, logs.size(job_id) - (recorded or 0)) for job_id, recorded in s.execute(running))

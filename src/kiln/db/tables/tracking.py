@@ -45,6 +45,8 @@ class Run(Base):
     start_time: Mapped[int | None] = mapped_column(BigInteger, default=None)  # ms since the epoch
     end_time: Mapped[int | None] = mapped_column(BigInteger, default=None)
     lifecycle_stage: Mapped[str] = mapped_column(String(16), default="active")  # active | deleted
+    # Bytes of its artifacts in the store (a run without a job; a job's artifacts are its outputs): storage quota.
+    artifact_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (

@@ -77,6 +77,7 @@ def upgrade() -> None:
         sa.Column("start_time", sa.BigInteger(), nullable=True),
         sa.Column("end_time", sa.BigInteger(), nullable=True),
         sa.Column("lifecycle_stage", sa.String(length=16), nullable=False),
+        sa.Column("artifact_bytes", sa.BigInteger(), server_default="0", nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(["org_id"], ["organizations.id"]),
         sa.ForeignKeyConstraint(["experiment_id"], ["experiments.id"]),
