@@ -164,6 +164,7 @@ def test_a_job_logs_with_mlflow_unconfigured_and_its_params_are_searchable(
             "runtime": {"python": sys.executable},
             "params": {"lr": 0.02, "arch": "resnet"},
             "experiment": "jobs-sweep",
+            "labels": {"git.commit": "4b825dc6", "git.dirty": "true"},  # what `kiln run` sets from a git checkout
         }
     )
     done = wait_for(kiln, job.id, timeout=120)
@@ -175,6 +176,10 @@ def test_a_job_logs_with_mlflow_unconfigured_and_its_params_are_searchable(
         assert run.info.run_id == job.id and run.info.status == "FINISHED"
         assert run.data.params == {"lr": "0.02", "arch": "resnet", "depth": "12"}  # the spec's and the job's own
         assert run.data.metrics["acc"] == pytest.approx(0.9)
+        assert (
+            run.data.tags["mlflow.source.git.commit"] == "4b825dc6" and run.data.tags["kiln.source.git.dirty"] == "true"
+        )
+        assert run.data.tags["kiln.job_id"] == job.id
         assert [m.value for m in client.get_metric_history(job.id, "acc")] == pytest.approx([0.5, 0.6, 0.7, 0.8, 0.9])
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and run.info.end_time is None:

@@ -257,6 +257,10 @@ def run(
 
     with connect() as client:
         bundle = None if no_code else pack_code(directory)
+        if bundle is not None:  # the run records where the code came from: its git commit, and whether it was dirty
+            from kiln.sdk.source_info import source_labels
+
+            spec = spec.model_copy(update={"labels": {**spec.labels, **source_labels(directory, spec.labels)}})
         try:
             checked = check_and_upload(client, spec, bundle, dry_run)
             if dry_run:

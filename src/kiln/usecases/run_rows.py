@@ -43,7 +43,9 @@ def experiment_id_for(s: Session, org_id: str, name: str | None) -> str:
 
 
 def record_job_run(s: Session, job: Job, spec: JobSpec) -> None:
-    """A new job's run: in its spec's experiment, with its params and its labels as tags (same transaction)."""
+    """A new job's run: in its spec's experiment, with its params, its labels as tags, its code bundle's digest and
+    (labels ``kiln run`` sets from a git checkout) its commit and whether the tree was dirty, in the caller's
+    transaction."""
     s.add(
         Run(
             id=job.id,
@@ -66,6 +68,10 @@ def record_job_run(s: Session, job: Job, spec: JobSpec) -> None:
     if params:
         s.execute(insert(RunParam), params)
     tags = [{"run_id": job.id, "key": f"kiln.label.{k}", "value": v} for k, v in spec.labels.items()]
+    known = {"git.commit": "mlflow.source.git.commit", "git.dirty": "kiln.source.git.dirty"}  # kiln run sets them
+    tags += [{"run_id": job.id, "key": known[k], "value": v} for k, v in spec.labels.items() if k in known]
+    if job.code_sha256:
+        tags.append({"run_id": job.id, "key": "kiln.code_sha256", "value": job.code_sha256})
     if tags:
         s.execute(insert(RunTag), tags)
 
