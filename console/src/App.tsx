@@ -11,6 +11,7 @@ import { Jobs } from "./pages/Jobs";
 import { JobSubmit } from "./pages/JobSubmit";
 import { ModelDetail, Models } from "./pages/Models";
 import { Notebooks } from "./pages/Notebooks";
+import { Runs } from "./pages/Runs";
 import { Overview } from "./pages/Overview";
 import { ServiceDetail, Services } from "./pages/Services";
 import { SignIn } from "./pages/SignIn";
@@ -19,6 +20,7 @@ import { Studies, StudyDetail } from "./pages/Studies";
 const NAV: [string, string][] = [
   ["/", "Overview"],
   ["/jobs", "Jobs"],
+  ["/runs", "Runs"],
   ["/studies", "Studies"],
   ["/models", "Models"],
   ["/services", "Services"],
@@ -33,6 +35,7 @@ const ROUTES: [string, Page][] = [
   ["/jobs", () => <Jobs />],
   ["/jobs/new", () => <JobSubmit />],
   ["/jobs/:id", (p) => <JobDetail id={p.id} />],
+  ["/runs", () => <Runs />],
   ["/studies", () => <Studies />],
   ["/studies/:id", (p) => <StudyDetail id={p.id} />],
   ["/models", () => <Models />],

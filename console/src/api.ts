@@ -139,3 +139,25 @@ function fieldErrors(details: unknown): string[] {
     })
     .filter((line) => line && !line.endsWith(": "));
 }
+
+/** A read of MLflow's tracking protocol that Kiln serves at /mlflow (runs and experiments: every job is a run),
+ * with the session cookie; its errors ({error_code, message}) as ApiError. */
+export async function tracking<T>(endpoint: string, query?: Query, signal?: AbortSignal): Promise<T> {
+  let response: Response;
+  try {
+    response = await fetch(`/mlflow/api/2.0/mlflow/${endpoint}${queryString(query)}`, {
+      headers: { Accept: "application/json" },
+      credentials: "same-origin",
+      signal,
+    });
+  } catch (err) {
+    if (err instanceof DOMException && err.name === "AbortError") throw err;
+    throw new ApiError(0, "network", "cannot reach the Kiln server (is it running?)");
+  }
+  const body = await response.json().catch(() => ({}));
+  if (!response.ok) {
+    if (response.status === 401) unauthorized();
+    throw new ApiError(response.status, body.error_code ?? String(response.status), body.message ?? response.statusText);
+  }
+  return body as T;
+}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -250,3 +251,58 @@ def test_kiln_runs_lists_filters_sorts_and_compares_a_thousand_runs(
     assert up[0] == down[-1] == "▁" and up[-1] == down[0] == "█"  # one scale: the rising and the falling line
     bad = kiln("runs", "list", "-e", "thousand", "--filter", "metrics.val_acc > 'x'")
     assert bad.returncode != 0 and "val_acc" in bad.stderr
+
+
+@pytest.mark.needs("chromium")
+@pytest.mark.timeout(300)
+def test_the_consoles_runs_table_sorts_by_a_metric_column_on_the_server(
+    server: KilnServer, tenants: tuple[Tenant, Tenant]
+) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.browser import launch
+
+    labs, _ = tenants
+    member = labs.accounts["member"]
+    names = {}
+    with acting_as(server, labs, "member") as client:
+        experiment_id = client.create_experiment("browse")
+        for name, acc, lr in (("alpha", 0.7, "0.1"), ("beta", 0.9, "0.01"), ("gamma", 0.8, "0.05")):
+            run = client.create_run(experiment_id, run_name=name)
+            client.log_batch(run.info.run_id, params=[Param("lr", lr)], metrics=[Metric("val_acc", acc, 0, 0)])
+            names[run.info.run_id] = name
+    with sync_playwright() as playwright:
+        browser = launch(playwright)
+        try:
+            page = browser.new_context().new_page()
+            page.set_default_timeout(30_000)
+            page.goto(server.url + "/runs?experiment=browse")
+            page.get_by_label("Access key id").fill(member.key_id)
+            page.get_by_label("Secret key").fill(member.secret)
+            page.get_by_role("button", name="Sign in").click()
+            rows = page.get_by_test_id("run-row")
+            expect(rows).to_have_count(3)
+
+            def order() -> list[str]:
+                return [names[r] for r in rows.evaluate_all("rs => rs.map(r => r.dataset.run)")]
+
+            page.get_by_test_id("sort-metrics.val_acc").click()  # descending first, sorted by the server
+            expect(page).to_have_url(re.compile(r"sort=-metrics\.val_acc"))
+            expect(rows.first).to_contain_text("beta")
+            assert order() == ["beta", "gamma", "alpha"]
+            page.get_by_test_id("sort-metrics.val_acc").click()
+            expect(rows.first).to_contain_text("alpha")
+            assert order() == ["alpha", "gamma", "beta"]
+            page.get_by_test_id("runs-filter").fill("params.lr < 0.06")  # numerically
+            page.get_by_role("button", name="Filter").click()
+            expect(rows).to_have_count(2)
+            assert order() == ["gamma", "beta"]
+            page.get_by_label("compare gamma").check()
+            page.get_by_label("compare beta").check()
+            compare = page.get_by_test_id("runs-compare")
+            expect(compare).to_contain_text("params.lr")
+            expect(compare).to_contain_text("0.8")
+            chart = page.get_by_test_id("compare-chart-val_acc")  # one line per ticked run, one point each
+            expect(chart).to_have_attribute("data-points", "2")
+        finally:
+            browser.close()
