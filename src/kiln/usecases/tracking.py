@@ -134,14 +134,27 @@ class TrackingService:
 
     def get_experiment(self, principal: Principal, experiment_id: str) -> ExperimentView:
         self._may_read(principal)
-        with self.db.transaction() as s:  # the Default experiment is made on first use
+        if experiment_id == tracking.DEFAULT_EXPERIMENT_ALIAS:
+            experiment_id = self._default_made(principal.org_id)  # made on first use
+        with self.db.read() as s:
             return self._experiment_view(self._experiment(s, principal, experiment_id))
+
+    def _default_made(self, org_id: str) -> str:
+        """The organisation's Default experiment's id; made (a write) only the first time."""
+        with self.db.read() as s:
+            found = s.scalar(
+                select(Experiment.id).where(Experiment.org_id == org_id, Experiment.name == tracking.DEFAULT_EXPERIMENT)
+            )
+        if found is not None:
+            return found
+        with self.db.transaction() as s:
+            return experiment_id_for(s, org_id, None)
 
     def experiment_by_name(self, principal: Principal, name: str) -> ExperimentView:
         self._may_read(principal)
-        with self.db.transaction() as s:
-            if name == tracking.DEFAULT_EXPERIMENT:
-                experiment_id_for(s, principal.org_id, None)
+        if name == tracking.DEFAULT_EXPERIMENT:
+            self._default_made(principal.org_id)
+        with self.db.read() as s:  # a read: searches and the console ask this at every page
             found = s.scalar(select(Experiment).where(Experiment.org_id == principal.org_id, Experiment.name == name))
             if found is None:
                 raise NotFound(f"experiment {name!r} not found")
@@ -153,8 +166,8 @@ class TrackingService:
         self._may_read(principal)
         offset = run_query.page_offset(page_token)
         max_results = _bounded(max_results, tracking.MAX_SEARCH_RESULTS)
-        with self.db.transaction() as s:
-            experiment_id_for(s, principal.org_id, None)
+        self._default_made(principal.org_id)
+        with self.db.read() as s:
             query = select(Experiment).where(Experiment.org_id == principal.org_id)
             query = query.where(run_query.stage_filter(Experiment.lifecycle_stage, view))
             rows = list(
@@ -386,11 +399,11 @@ class TrackingService:
             ) from None
         offset = run_query.page_offset(page_token)
         max_results = _bounded(max_results, tracking.MAX_SEARCH_RESULTS)
-        with self.db.transaction() as s:
-            ids = [
-                experiment_id_for(s, principal.org_id, None) if e == tracking.DEFAULT_EXPERIMENT_ALIAS else e
-                for e in experiment_ids
-            ]
+        ids = [
+            self._default_made(principal.org_id) if e == tracking.DEFAULT_EXPERIMENT_ALIAS else e
+            for e in experiment_ids
+        ]
+        with self.db.read() as s:  # a read: on SQLite a search never waits for, or blocks, a writer
             query = (
                 select(Run.id)
                 .outerjoin(Job, Job.id == Run.job_id)
