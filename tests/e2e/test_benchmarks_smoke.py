@@ -29,7 +29,7 @@ HELPERS = {"report.py", "s3bench.py", "scheduler_loop.py"}
 # Components a benchmark needs beyond what every Kiln server does (tests/components.py: KILN_TEST_WITHOUT skips).
 NEEDS = {"console.py": ("chromium",), "input_modes.py": ("fuse",), "failover.py": ("postgresql",)}
 # Seconds a smoke run may take, where more than the default: a runtime to build on a machine that has none yet.
-SLOW = {"tuning.py": 1200, "serving.py": 1800, "metrics_ingest.py": 1500, "notebooks.py": 900}
+SLOW = {"tuning.py": 1200, "serving.py": 1800, "metrics_ingest.py": 1500, "notebooks.py": 900, "tracking.py": 900}
 DEFAULT_LIMIT = 300
 # Benchmarks that run on a machine-wide test fixture: smoked by a test of their own that takes the fixture (and is
 # grouped with the other tests that use it), given the running one (slurm_submit.py: the Slurm test cluster).
