@@ -306,3 +306,60 @@ def test_the_consoles_runs_table_sorts_by_a_metric_column_on_the_server(
             expect(chart).to_have_attribute("data-points", "2")
         finally:
             browser.close()
+
+
+PNG_JOB = """
+import json, os, struct, zlib
+out = os.environ["KILN_OUTPUT_DIR"]
+def chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+rows = b"".join(b"\\x00" + bytes([255, 0, 0, 0, 0, 255, 0, 255, 0]) for _ in range(2))  # 3x2 pixels, RGB
+png = b"\\x89PNG\\r\\n\\x1a\\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 3, 2, 8, 2, 0, 0, 0))
+png += chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+open(os.path.join(out, "confusion.png"), "wb").write(png)
+open(os.path.join(out, "scores.csv"), "w").write("epoch,acc\\n" + "".join(f"{i},{i / 100}\\n" for i in range(50)))
+json.dump({"layers": [64, 32], "dropout": 0.1}, open(os.path.join(out, "config.json"), "w"))
+open(os.path.join(out, "model.bin"), "wb").write(b"\\x00" * 64)
+"""
+
+
+@pytest.mark.needs("chromium")
+@pytest.mark.timeout(300)
+def test_the_console_previews_a_jobs_image_csv_and_json_artifacts(
+    server: KilnServer, tenants: tuple[Tenant, Tenant]
+) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.browser import launch
+
+    labs, _ = tenants
+    member = labs.accounts["member"]
+    kiln = Client(server.url, member.key_id, member.secret)
+    job = kiln.submit({"command": ["python", "-c", PNG_JOB], "runtime": {"python": sys.executable}})
+    assert wait_for(kiln, job.id, timeout=120).state == "SUCCEEDED"
+    kiln.close()
+    with sync_playwright() as playwright:
+        browser = launch(playwright)
+        try:
+            page = browser.new_context().new_page()
+            page.set_default_timeout(30_000)
+            page.goto(f"{server.url}/jobs/{job.id}?tab=artifacts")
+            page.get_by_label("Access key id").fill(member.key_id)
+            page.get_by_label("Secret key").fill(member.secret)
+            page.get_by_role("button", name="Sign in").click()
+            rows = page.get_by_test_id("artifact-row")
+            expect(rows).to_have_count(4)
+            expect(rows.filter(has_text="model.bin").get_by_test_id("artifact-preview")).to_have_count(0)  # binary
+
+            rows.filter(has_text="scores.csv").get_by_test_id("artifact-preview").click()
+            table = page.get_by_test_id("preview-table")
+            expect(table.locator("th").first).to_have_text("epoch")
+            expect(table.locator("tbody tr")).to_have_count(20)  # the first rows only
+            rows.filter(has_text="config.json").get_by_test_id("artifact-preview").click()
+            expect(page.get_by_test_id("preview-text")).to_contain_text('"dropout": 0.1')
+            rows.filter(has_text="confusion.png").get_by_test_id("artifact-preview").click()
+            image = page.get_by_test_id("preview-image")
+            expect(image).to_be_visible()
+            assert image.evaluate("img => img.complete && img.naturalWidth") == 3  # decoded: a real PNG
+        finally:
+            browser.close()

@@ -1,4 +1,4 @@
-import { useState } from "preact/hooks";
+import { useEffect, useState } from "preact/hooks";
 import { ApiError, filePath, post, seg, url } from "../api";
 import { ActionButton, Code, Empty, ErrorBox, KeyValues, Loading, Section, StateBadge, Tabs } from "../components/ui";
 import { bytes, commandText, cpus, since, time } from "../format";
@@ -219,8 +219,74 @@ function Artifacts({ job }: { job: Job }) {
   );
 }
 
+const IMAGE = /\.(png|jpe?g|gif|webp)$/i;
+const TEXT = /\.(txt|log|md|py|ya?ml|toml|cfg|ini|sh|json|jsonl|csv|tsv)$/i;
+const MAX_PREVIEW = { image: 20 * 1024 * 1024, text: 2 * 1024 * 1024 };
+const previewable = (f: Artifact): boolean =>
+  (IMAGE.test(f.path) && f.size <= MAX_PREVIEW.image) || (TEXT.test(f.path) && f.size <= MAX_PREVIEW.text);
+
+/** A file shown in the page: an image as itself, JSON pretty-printed, CSV/TSV as a table of its first rows, other
+ * text as its first lines. */
+function Preview({ href, file, onClose }: { href: string; file: Artifact; onClose: () => void }) {
+  const [text, setText] = useState<string | null>(null);
+  const [failed, setFailed] = useState<string | null>(null);
+  const image = IMAGE.test(file.path);
+  useEffect(() => {
+    if (image) return undefined;
+    const abort = new AbortController();
+    fetch(href, { credentials: "same-origin", signal: abort.signal })
+      .then((r) => (r.ok ? r.text() : Promise.reject(new Error(`HTTP ${r.status}`))))
+      .then(setText)
+      .catch((err) => err.name !== "AbortError" && setFailed(String(err.message ?? err)));
+    return () => abort.abort();
+  }, [href]);
+  let body;
+  if (image) body = <img src={href} alt={file.path} class="preview-image" data-testid="preview-image" />;
+  else if (failed) body = <p class="error">{failed}</p>;
+  else if (text === null) body = <Loading />;
+  else if (/\.json$/i.test(file.path)) {
+    let shown = text;
+    try {
+      shown = JSON.stringify(JSON.parse(text), null, 2);
+    } catch {
+      /* not JSON after all: as it is */
+    }
+    body = <pre class="preview-text" data-testid="preview-text">{shown.split("\n").slice(0, 400).join("\n")}</pre>;
+  } else if (/\.(csv|tsv)$/i.test(file.path)) {
+    const sep = /\.tsv$/i.test(file.path) ? "\t" : ",";
+    const rows = text.split(/\r?\n/).filter(Boolean).slice(0, 21).map((line) => line.split(sep));
+    body = (
+      <div class="table-wrap">
+        <table data-testid="preview-table">
+          <thead>
+            <tr>{rows[0]?.map((cell, i) => <th key={i}>{cell}</th>)}</tr>
+          </thead>
+          <tbody>
+            {rows.slice(1).map((row, r) => (
+              <tr key={r}>{row.map((cell, i) => <td key={i} class="mono small">{cell}</td>)}</tr>
+            ))}
+          </tbody>
+        </table>
+        <p class="muted small">the first {rows.length - 1} rows</p>
+      </div>
+    );
+  } else body = <pre class="preview-text" data-testid="preview-text">{text.split("\n").slice(0, 400).join("\n")}</pre>;
+  return (
+    <div class="card" data-testid="preview">
+      <div class="card-head">
+        <strong class="mono">{file.path}</strong> <span class="muted small">{bytes(file.size)}</span>{" "}
+        <button type="button" class="link" onClick={onClose}>
+          close
+        </button>
+      </div>
+      {body}
+    </div>
+  );
+}
+
 function FileBrowser({ title, kind, job, loaded }: { title: string; kind: string; job: Job; loaded: { data?: Items<Artifact>; error: unknown } }) {
   const [dir, setDir] = useState("");
+  const [shown, setShown] = useState<Artifact | null>(null);
   const files = loaded.data?.items ?? [];
   const inDir = files.filter((f) => f.path.startsWith(dir));
   const folders = new Map<string, { files: number; size: number }>();
@@ -264,6 +330,7 @@ function FileBrowser({ title, kind, job, loaded }: { title: string; kind: string
                 <tr>
                   <th scope="col">Name</th>
                   <th scope="col">Size</th>
+                  <th scope="col"></th>
                 </tr>
               </thead>
               <tbody>
@@ -286,11 +353,19 @@ function FileBrowser({ title, kind, job, loaded }: { title: string; kind: string
                       </a>
                     </td>
                     <td>{bytes(f.size)}</td>
+                    <td>
+                      {previewable(f) ? (
+                        <button type="button" class="link" data-testid="artifact-preview" onClick={() => setShown(f)}>
+                          preview
+                        </button>
+                      ) : null}
+                    </td>
                   </tr>
                 ))}
               </tbody>
             </table>
           </div>
+          {shown ? <Preview href={url(`/jobs/${seg(job.id)}/${kind}/${filePath(shown.path)}`)} file={shown} onClose={() => setShown(null)} /> : null}
         </>
       )}
     </Section>
