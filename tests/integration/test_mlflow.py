@@ -304,6 +304,11 @@ def test_the_consoles_runs_table_sorts_by_a_metric_column_on_the_server(
             expect(compare).to_contain_text("0.8")
             chart = page.get_by_test_id("compare-chart-val_acc")  # one line per ticked run, one point each
             expect(chart).to_have_attribute("data-points", "2")
+            page.get_by_test_id("runs-columns").fill("metrics.val_acc")  # the columns chosen: only that one
+            page.get_by_role("button", name="Columns").click()
+            expect(page).to_have_url(re.compile(r"columns=metrics\.val_acc"))
+            expect(page.get_by_test_id("sort-params.lr")).to_have_count(0)
+            expect(page.get_by_test_id("sort-metrics.val_acc")).to_have_count(1)
         finally:
             browser.close()
 

@@ -93,6 +93,7 @@ export function Runs() {
   }, [experiment, filter, sort]);
 
   const columns = query.get("columns")?.split(",").filter(Boolean) ?? defaultColumns(runs ?? []);
+  const [columnDraft, setColumnDraft] = useState<string | null>(null);
   const sortBy = (column: string) => setQuery({ sort: sort === `-${column}` ? column : `-${column}` });
   const chosen = (runs ?? []).filter((r) => picked.includes(r.info.run_id));
 
@@ -118,6 +119,22 @@ export function Runs() {
         >
           <input class="mono" data-testid="runs-filter" placeholder="params.lr < 0.1 and metrics.val_acc > 0.9" value={draft} onInput={(e) => setDraft((e.target as HTMLInputElement).value)} />
           <button type="submit" class="btn">Filter</button>
+        </form>
+        <form
+          onSubmit={(e) => {
+            e.preventDefault();
+            setQuery({ columns: (columnDraft ?? columns.join(",")).replace(/\s+/g, "") });
+          }}
+        >
+          <input
+            class="mono"
+            aria-label="Columns"
+            data-testid="runs-columns"
+            title="params.X, metrics.X or tags.X, comma-separated"
+            value={columnDraft ?? columns.join(",")}
+            onInput={(e) => setColumnDraft((e.target as HTMLInputElement).value)}
+          />
+          <button type="submit" class="btn">Columns</button>
         </form>
       </div>
       <ErrorBox error={error} />
