@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Header, Request, Response
 
+from kiln.api.responses import errors
 from kiln.domain.idempotency import HEADER, KEY_PATTERN, MAX_KEY_LENGTH, REPLAYED_HEADER
 from kiln.usecases.audit import AuditEntry
 from kiln.usecases.idempotency import IdempotentRequest
@@ -77,10 +78,11 @@ REPLAYED: dict[str, Any] = {
 
 
 def replayable(responses: dict[int | str, dict[str, Any]]) -> dict[int | str, dict[str, Any]]:
-    """``responses=`` of a create route with the replay header on its 201 entry."""
+    """``responses=`` of a create route with the replay header on its 201 entry, and its 409: an Idempotency-Key
+    reused with another request, or whose resource has been removed since (every such route answers it)."""
     created = dict(responses.get(201, {"description": "Created"}))
     created["headers"] = {**created.get("headers", {}), **REPLAYED}
-    return {**responses, 201: created}
+    return {**errors(409), **responses, 201: created}
 
 
 def mark_replayed(response: Response, request: IdempotentRequest | None) -> None:
