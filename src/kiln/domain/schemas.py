@@ -142,6 +142,30 @@ class ArtifactList(BaseModel):
     items: list[ArtifactRead]
 
 
+class TensorBoardImage(BaseModel):
+    """One image in a job's TensorBoard event files, and where it is: GET .../tensorboard-images/image with its
+    file, offset and index serves its bytes."""
+
+    tag: str = Field(description="As written; '<dir>/<tag>' for an event file in a subdirectory (as for scalars)")
+    step: int
+    wall_time: float = Field(description="Seconds since 1970, as the event says")
+    file: str = Field(description="The event file, relative to the job's TensorBoard dir")
+    offset: int = Field(description="The byte offset of the image's record in the file")
+    index: int = Field(description="Which image of the record (a TF2 image summary holds several)")
+    width: int = Field(description="Pixels, as the summary says (0: not said)")
+    height: int
+    size: int = Field(description="The encoded image's bytes")
+    media_type: str | None = Field(description="image/png, image/jpeg, image/gif or image/webp; None: not served")
+
+
+class TensorBoardImageList(BaseModel):
+    items: list[TensorBoardImage] = Field(description="Sorted by tag, then step")
+    truncated: bool = Field(
+        False, description="Not every image was listed: a file was read only up to the cap, or too many images"
+    )
+    notes: list[str] = Field(default_factory=list, description="Per file, why it was not read whole, or skipped")
+
+
 class RuntimeRead(BaseModel):
     name: str
     framework: str

@@ -45,6 +45,7 @@ from kiln.domain.schemas import (
     MetricSeriesSummary,
     MetricsIngested,
     MetricsSummary,
+    TensorBoardImageList,
     WhoAmI,
     WhyRead,
 )
@@ -420,6 +421,16 @@ class Client(
     def artifacts(self, job_id: str) -> list[ArtifactRead]:
         data = self.request("GET", f"/jobs/{job_id}/artifacts").json()
         return [ArtifactRead.model_validate(a) for a in data["items"]]
+
+    def tensorboard_images(self, job_id: str) -> TensorBoardImageList:
+        """The images in the job's TensorBoard event files (``add_image``, ``tf.summary.image``), sorted by tag and
+        step: each names its event file, offset and index, which ``tensorboard_image`` takes."""
+        return TensorBoardImageList.model_validate(self.request("GET", f"/jobs/{job_id}/tensorboard-images").json())
+
+    def tensorboard_image(self, job_id: str, file: str, offset: int, index: int = 0) -> bytes:
+        """One image's bytes (PNG, JPEG, GIF or WebP), as ``tensorboard_images`` listed it."""
+        params = {"file": file, "offset": offset, "index": index}
+        return self.request("GET", f"/jobs/{job_id}/tensorboard-images/image", params=params).content
 
     def download(
         self,

@@ -9,17 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import os
+import posixpath
 import tempfile
+import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Literal
 
 from starlette.concurrency import run_in_threadpool
 
-from kiln.domain.schemas import ArtifactRead
+from kiln.domain import limits
+from kiln.domain.schemas import ArtifactRead, TensorBoardImage, TensorBoardImageList
 from kiln.domain.states import JobState
 from kiln.errors import Conflict, DigestMismatch, InvalidInput, NotFound
+from kiln.metrics import tbimages
 from kiln.storage.keys import blob_key, checkpoints_prefix, events_prefix, outputs_prefix
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore, safe_key
@@ -36,6 +42,13 @@ EVENT_FILE = "events.out.tfevents."  # what a job's TensorBoard dir may send as 
 # short instead of filling the server's disk first.
 QUOTA_CHECK_BYTES = 64 * 1024**2
 
+# A listing of a job's TensorBoard images reads no more event files once it has read this much of them (each file
+# at most tbimages.MAX_FILE_BYTES), and gives at most tbimages.MAX_IMAGES images in all.
+MAX_IMAGE_LISTING_BYTES = 1024**3
+# Event files' listings kept by (key, size): a file's records never change, and one that grew is listed again.
+# At most this many images in all (about 200 bytes each).
+MAX_CACHED_IMAGES = 200_000
+
 
 class OutputService:
     def __init__(
@@ -46,6 +59,8 @@ class OutputService:
         self.jobs = jobs
         self.logs = logs
         self.store = store
+        self._listings: OrderedDict[tuple[str, int], tbimages.ImageListing] = OrderedDict()
+        self._listings_lock = threading.Lock()
 
     def read_log(self, principal: Principal, job_id: str, offset: int, limit: int) -> tuple[bytes, int, bool]:
         """(whole lines from offset, next offset, whether the job has ended). Through any server: what this
@@ -159,3 +174,91 @@ class OutputService:
         if not self.store.exists(key):
             raise NotFound(f"job {job_id} has no {kind} {path!r}")
         return key, self.store.size(key)
+
+    # -- TensorBoard images ---------------------------------------------------------------------------------------
+
+    def tensorboard_images(self, principal: Principal, job_id: str) -> TensorBoardImageList:
+        """Every image in the job's TensorBoard event files kept in the store (what ``EventSync`` and a pod's
+        sidecar copied there), sorted by tag and step. Tags of a file in a subdirectory are ``<dir>/<tag>``, as
+        its scalars are named. Bounded: ``MAX_IMAGE_LISTING_BYTES`` read and ``tbimages.MAX_IMAGES`` images in
+        all; ``truncated`` and ``notes`` say when something was left out."""
+        job = self.jobs.get(principal, job_id)
+        prefix = PREFIXES["event"](job.org_id, job.id)
+        items: list[TensorBoardImage] = []
+        notes: list[str] = []
+        truncated = False
+        budget = MAX_IMAGE_LISTING_BYTES
+        for path, size in self.store.list(prefix):
+            if not posixpath.basename(path).startswith(EVENT_FILE):
+                continue
+            left = tbimages.MAX_IMAGES - len(items)
+            if budget <= 0 or left <= 0:
+                truncated = True
+                notes.append(f"{path}: not read (the listing's limit was reached)")
+                continue
+            try:
+                listing = self._event_images(f"{prefix}/{path}", size)
+            except NotFound:
+                continue  # removed since it was listed
+            budget -= listing.read
+            truncated = truncated or listing.truncated or len(listing.images) > left
+            if listing.note:
+                notes.append(f"{path}: {listing.note}")
+            elif len(listing.images) > left:
+                notes.append(f"{path}: only its first {left} images are listed")
+            run = posixpath.dirname(path)
+            items.extend(
+                TensorBoardImage(
+                    tag=f"{run}/{image.tag}" if run else image.tag,
+                    step=image.step,
+                    wall_time=image.wall_time if math.isfinite(image.wall_time) else 0.0,
+                    file=path,
+                    offset=image.offset,
+                    index=image.index,
+                    width=image.width,
+                    height=image.height,
+                    size=image.size,
+                    media_type=image.media_type,
+                )
+                for image in listing.images[:left]
+            )
+        items.sort(key=lambda i: (i.tag, i.step, i.wall_time, i.file, i.offset, i.index))
+        return TensorBoardImageList(items=items, truncated=truncated, notes=notes)
+
+    def _event_images(self, key: str, size: int) -> tbimages.ImageListing:
+        """One event file's listing: from the cache while the file has not grown (records never change)."""
+        with self._listings_lock:
+            cached = self._listings.get((key, size))
+            if cached is not None:
+                self._listings.move_to_end((key, size))
+                return cached
+        with self.store.open(key) as fh:
+            listing = tbimages.list_images(fh, size=size)
+        with self._listings_lock:
+            self._listings[(key, size)] = listing
+            while sum(len(x.images) + 1 for x in self._listings.values()) > MAX_CACHED_IMAGES:
+                self._listings.popitem(last=False)
+        return listing
+
+    def tensorboard_image(
+        self, principal: Principal, job_id: str, file: str, offset: int, index: int
+    ) -> tuple[bytes, str]:
+        """(bytes, media type) of one image of the job's TensorBoard event files: ``file`` relative to its
+        TensorBoard dir, the record at byte ``offset`` (as listed), the ``index``-th image of that record."""
+        job = self.jobs.get(principal, job_id)
+        if not 0 <= offset <= limits.MAX_INT64:
+            raise InvalidInput(f"offset {offset} is not a byte offset", details={"field": "offset"})
+        if not 0 <= index < tbimages.MAX_IMAGES:
+            raise InvalidInput(f"index {index} is not 0 to {tbimages.MAX_IMAGES - 1}", details={"field": "index"})
+        path = safe_key(file)
+        if not posixpath.basename(path).startswith(EVENT_FILE):
+            raise InvalidInput(f"{file!r}: TensorBoard event files only ({EVENT_FILE}*)", details={"field": "file"})
+        key = f"{PREFIXES['event'](job.org_id, job.id)}/{path}"
+        if not self.store.exists(key):
+            raise NotFound(f"job {job_id} has no TensorBoard event file {file!r}")
+        size = self.store.size(key)
+        try:
+            with self.store.open(key) as fh:
+                return tbimages.read_image(fh, offset, index, size=size)
+        except tbimages.NoImage as exc:
+            raise NotFound(f"TensorBoard event file {file!r} of job {job_id}: {exc}") from None

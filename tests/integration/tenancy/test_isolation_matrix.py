@@ -20,6 +20,7 @@ so new routes cannot slip past the matrix. On failure the whole table of (who, m
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import itertools
 import json
@@ -39,6 +40,7 @@ from kiln.auth.secrets import new_access_key_id
 from kiln.domain.ids import new_id
 from kiln.sdk.client import Client
 from tests.tenancy_helpers import Api, Tenant, close_all, create_tenant, job_spec, tar_gz
+from tests.tensorboard_events import event_file, file_version, image_event, png
 
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
 PLACEHOLDER = re.compile(r"\{([a-z_0-9]+)\}")
@@ -52,6 +54,11 @@ X_SHA = hashlib.sha256(b"x").hexdigest()
 SMALL_BLOBS = b'{"blobs": [{"sha256": "%s", "size": 1}]}\nx' % X_SHA.encode()  # POST /uploads/blobs
 METRICS = b'{"t": 1.0, "s": 1, "w": "worker0", "m": {"intruder": 1.0}}\n'
 OWN_PAIR = object()  # {"key_id", "secret"} of the caller's own access key (the console's sign-in)
+# A TensorBoard event file with one image (its second record), which every job of A has: the finished one wrote
+# it to its TensorBoard dir, the others had it uploaded as a pod's sidecar does.
+TB_FILE = "events.out.tfevents.1800000000.matrix"
+TB_EVENTS, _TB_OFFSETS = event_file([file_version(), image_event("samples", 7, png(), 3, 2, 1_800_000_000.0)])
+TB_IMAGE = (("file", TB_FILE), ("offset", str(_TB_OFFSETS[1])), ("index", "0"))
 
 
 @dataclass(frozen=True)
@@ -154,6 +161,9 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ("PUT", "/api/v1/jobs/{job_id}/checkpoints/{path}"): [Case("scoped", body=ARTIFACT, owner="admin")],
     ("GET", "/api/v1/jobs/{job_id}/checkpoints/{path}"): [Case("scoped", reader="member")],
     ("PUT", "/api/v1/jobs/{job_id}/tensorboard/{path}"): [Case("scoped", body=ARTIFACT)],
+    # The images in a job's event files: A's member reads the list and the image of every job; B gets 404.
+    ("GET", "/api/v1/jobs/{job_id}/tensorboard-images"): [Case("scoped", reader="member")],
+    ("GET", "/api/v1/jobs/{job_id}/tensorboard-images/image"): [Case("scoped", query=TB_IMAGE, reader="member")],
     ("POST", "/api/v1/jobs/{job_id}/metrics"): [Case("scoped", body=METRICS, owner="admin")],
     ("GET", "/api/v1/jobs/{job_id}/metrics"): [
         Case("scoped", reader="member"),
@@ -590,7 +600,8 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
         log_marker, artifact_marker, artifact = f"alpha-log-{tag}", f"alpha-artifact-{tag}", f"alpha-out-{tag}.txt"
         finished = member.submit(
             f'echo {log_marker}; echo {artifact_marker} > "$KILN_OUTPUT_DIR/{artifact}"; '
-            f'echo {artifact_marker} > "$KILN_CHECKPOINT_DIR/{artifact}"'
+            f'echo {artifact_marker} > "$KILN_CHECKPOINT_DIR/{artifact}"; '
+            f'printf %s {base64.b64encode(TB_EVENTS).decode()} | base64 -d > "$KILN_TENSORBOARD_DIR/{TB_FILE}"'
         )
         assert member.wait(finished["id"])["state"] == "SUCCEEDED"
         bundle, sha = tar_gz({"train.py": f"print('{tag}')\n".encode()})
@@ -604,9 +615,18 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
             member.ok("POST", f"/jobs/{job['id']}/logs", content=f"{log_marker}\n".encode())
             member.ok("PUT", f"/jobs/{job['id']}/artifacts/{artifact}", content=artifact_marker.encode())
             member.ok("PUT", f"/jobs/{job['id']}/checkpoints/{artifact}", content=artifact_marker.encode())
+            member.ok("PUT", f"/jobs/{job['id']}/tensorboard/{TB_FILE}", content=TB_EVENTS)
         assert [x["path"] for x in member.ok("GET", f"/jobs/{finished['id']}/artifacts")["items"]] == [artifact]
         assert [x["path"] for x in member.ok("GET", f"/jobs/{finished['id']}/checkpoints")["items"]] == [artifact]
         assert log_marker in member.get(f"/jobs/{finished['id']}/logs").text
+        deadline = time.monotonic() + 20  # the finished job's event file is copied as its attempt ends
+        for job in (finished, running, queued):
+            while not (images := member.ok("GET", f"/jobs/{job['id']}/tensorboard-images")["items"]):
+                assert time.monotonic() < deadline, f"{job['id']}: no TensorBoard image listed"
+                time.sleep(0.1)
+            assert [(i["tag"], i["step"], i["file"], i["offset"]) for i in images] == [
+                ("samples", 7, TB_FILE, _TB_OFFSETS[1])
+            ], images
 
         # A dataset (its file named like the artifact, so one {path} binding serves both), a draft ready to
         # commit, and an open upload session.

@@ -1,5 +1,5 @@
-"""Jobs: submit (or check a submit: a dry run), read, list, cancel, rerun, delete, events, logs, artifacts and
-checkpoints."""
+"""Jobs: submit (or check a submit: a dry run), read, list, cancel, rerun, delete, events, logs, artifacts,
+checkpoints and the images in their TensorBoard event files."""
 
 from __future__ import annotations
 
@@ -18,9 +18,18 @@ from kiln.api.responses import REDIRECT, errors, links, raw_body, with_links
 from kiln.auth import signing
 from kiln.domain import limits
 from kiln.domain.job_requests import JobDryRun, JobRerun
-from kiln.domain.schemas import ArtifactList, ArtifactRead, EventList, JobList, JobRead, JobSubmit
+from kiln.domain.schemas import (
+    ArtifactList,
+    ArtifactRead,
+    EventList,
+    JobList,
+    JobRead,
+    JobSubmit,
+    TensorBoardImageList,
+)
 from kiln.domain.states import JobState
 from kiln.errors import PayloadTooLarge
+from kiln.metrics.tbimages import MAX_IMAGES, MEDIA_TYPES
 from kiln.usecases.job_removal import JobRemoval
 from kiln.usecases.outputs import FileKind
 
@@ -196,6 +205,54 @@ def list_artifacts(job_id: JobId, caller: Caller, kiln: Kiln) -> ArtifactList:
 )
 def list_checkpoints(job_id: JobId, caller: Caller, kiln: Kiln) -> ArtifactList:
     return ArtifactList(items=kiln.outputs.list_files(caller, job_id, "checkpoint"))
+
+
+@router.get(
+    "/{job_id}/tensorboard-images",
+    response_model=TensorBoardImageList,
+    summary="The images in the job's TensorBoard event files: tag, step and where each is, by tag then step",
+    responses=errors(404, 422),
+)
+def tensorboard_images(job_id: JobId, caller: Caller, kiln: Kiln) -> Response:
+    return model_response(kiln.outputs.tensorboard_images(caller, job_id))
+
+
+# An event file's records never change once written: an image, named by its file, offset and index, is the same
+# for as long as it exists. Private: it is the organisation's.
+IMAGE_CACHE = "private, max-age=86400"
+
+
+@router.get(
+    "/{job_id}/tensorboard-images/image",
+    response_class=Response,
+    summary="One image of the job's TensorBoard event files, as listed (file, offset, index): PNG, JPEG, GIF or WebP",
+    responses={
+        200: {
+            "description": "The image's bytes",
+            "content": {kind: {"schema": {"type": "string", "format": "binary"}} for kind in MEDIA_TYPES},
+            "headers": {"Cache-Control": {"schema": {"type": "string"}, "description": IMAGE_CACHE}},
+        },
+        **errors(400, 404, 422),
+    },
+)
+def tensorboard_image(
+    job_id: JobId,
+    caller: Caller,
+    kiln: Kiln,
+    file: Annotated[
+        str,
+        Query(
+            min_length=1,
+            max_length=limits.MAX_PATH_LENGTH,
+            description="The event file, relative to the job's TensorBoard dir (as listed)",
+        ),
+    ],
+    offset: Annotated[int, Query(ge=0, le=limits.MAX_INT64, description="The byte offset of the image's record")],
+    index: Annotated[int, Query(ge=0, lt=MAX_IMAGES, description="Which image of the record")] = 0,
+) -> Response:
+    data, media_type = kiln.outputs.tensorboard_image(caller, job_id, file, offset, index)
+    headers = {"Cache-Control": IMAGE_CACHE, "X-Content-Type-Options": "nosniff"}
+    return Response(data, media_type=media_type, headers=headers)
 
 
 async def at_most(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
