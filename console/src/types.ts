@@ -47,6 +47,8 @@ export type SeriesData = Omit<Sent<Schemas["MetricSeriesData"]>, "points"> & { p
 export type MetricsSummary = Answer<"/api/v1/jobs/{job_id}/metrics/summary">;
 
 export type Artifact = Sent<Schemas["ArtifactRead"]>;
+export type TensorBoardImage = Sent<Schemas["TensorBoardImage"]>;
+export type TensorBoardImages = Sent<Schemas["TensorBoardImageList"]>;
 export type Runtime = Sent<Schemas["RuntimeRead"]>;
 
 export type NodeGpu = Sent<Schemas["NodeGpu"]>;

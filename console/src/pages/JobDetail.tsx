@@ -5,7 +5,7 @@ import { bytes, commandText, cpus, since, time } from "../format";
 import { useApi } from "../hooks";
 import { Link, navigate, useLocation } from "../router";
 import { useAbilities } from "../session";
-import { isActive, type Artifact, type Items, type Job, type JobEvent, type Why } from "../types";
+import { isActive, type Artifact, type Items, type Job, type JobEvent, type TensorBoardImage, type TensorBoardImages, type Why } from "../types";
 import { JobLogs } from "./JobLogs";
 import { JobMetrics } from "./JobMetrics";
 
@@ -207,14 +207,75 @@ function WhyWaiting({ job }: { job: Job }) {
   );
 }
 
-/** The job's artifacts and checkpoints as folders to browse; each file downloads with the session cookie. */
+/** The job's artifacts and checkpoints as folders to browse; each file downloads with the session cookie. Above
+ * them, the images of its TensorBoard event files, when it wrote any. */
 function Artifacts({ job }: { job: Job }) {
   const artifacts = useApi<Items<Artifact>>(`/jobs/${seg(job.id)}/artifacts`, undefined, isActive(job.state) ? 5000 : false);
   const checkpoints = useApi<Items<Artifact>>(`/jobs/${seg(job.id)}/checkpoints`);
   return (
     <div class="stack">
+      <TensorBoardImagesSection job={job} />
       <FileBrowser title="Artifacts" kind="artifacts" job={job} loaded={artifacts} />
       <FileBrowser title="Checkpoints" kind="checkpoints" job={job} loaded={checkpoints} />
+    </div>
+  );
+}
+
+/** The images the job wrote with TensorBoard (add_image, tf.summary.image): per tag, the image(s) of one step, the
+ * last one first, another chosen from the tag's steps. Shown only when there are some. */
+function TensorBoardImagesSection({ job }: { job: Job }) {
+  const listed = useApi<TensorBoardImages>(`/jobs/${seg(job.id)}/tensorboard-images`, undefined, isActive(job.state) ? 10000 : false);
+  const items = (listed.data?.items ?? []).filter((i) => i.media_type);
+  if (!items.length) return null;
+  const tags = new Map<string, TensorBoardImage[]>();
+  for (const item of items) tags.set(item.tag, [...(tags.get(item.tag) ?? []), item]);
+  return (
+    <Section title="TensorBoard images" id="tensorboard-images">
+      {listed.data?.truncated ? <p class="muted small">Not every image is listed: {listed.data.notes.join("; ")}</p> : null}
+      <div class="stack">
+        {[...tags.entries()].map(([tag, images]) => (
+          <TensorBoardTag key={tag} job={job} tag={tag} images={images} />
+        ))}
+      </div>
+    </Section>
+  );
+}
+
+function TensorBoardTag({ job, tag, images }: { job: Job; tag: string; images: TensorBoardImage[] }) {
+  const steps = [...new Set(images.map((i) => i.step))]; // sorted by the server
+  const [chosen, setChosen] = useState<number | null>(null);
+  const step = chosen !== null && steps.includes(chosen) ? chosen : steps[steps.length - 1];
+  const shown = images.filter((i) => i.step === step);
+  const many = steps.length > 40;
+  return (
+    <div class="card" data-testid="tb-image-tag" data-tag={tag}>
+      <div class="card-head">
+        <strong class="mono">{tag}</strong>
+        <span data-testid="tb-image-step">step {step}</span>
+        <label class="small">
+          step{" "}
+          <select aria-label="step" value={String(step)} onChange={(e) => setChosen(Number((e.target as HTMLSelectElement).value))}>
+            {steps.map((s) => (
+              <option key={s} value={String(s)}>
+                {s}
+              </option>
+            ))}
+          </select>
+        </label>
+      </div>
+      {shown.map((i) => (
+        <img
+          key={`${i.file}:${i.offset}:${i.index}`}
+          src={url(`/jobs/${seg(job.id)}/tensorboard-images/image`, { file: i.file, offset: i.offset, index: i.index })}
+          alt={`${tag} at step ${step}${shown.length > 1 ? ` (${i.index + 1} of ${shown.length})` : ""}`}
+          width={i.width || undefined}
+          height={i.height || undefined}
+          class="preview-image tb-image"
+        />
+      ))}
+      <p class="muted small" data-testid="tb-image-steps">
+        {steps.length} step{steps.length === 1 ? "" : "s"}: {many ? `${steps.slice(0, 20).join(", ")} … ${steps.slice(-20).join(", ")}` : steps.join(", ")}
+      </p>
     </div>
   );
 }
