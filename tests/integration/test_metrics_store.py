@@ -341,3 +341,77 @@ def test_only_the_bulk_writer_skips_foreign_key_checks_and_only_on_sqlite(databa
                 s.connection().exec_driver_sql(orphan)
     finally:
         db.dispose()
+
+
+def test_appends_that_wait_for_the_writer_are_committed_together(database_url: str) -> None:
+    """``MetricsStore.append`` (the HTTP routes): callers that arrive while another batch is written wait, and
+    are then written in one transaction; each gets its own count back, every point is stored once with its
+    series' seq in order, and a failure of that transaction is raised to every caller of the group."""
+    import threading
+
+    from kiln.tasks.metrics_ingest import MetricsStore, parse_lines
+
+    db = Database(database_url)
+    try:
+        migrate.upgrade(db.engine)
+        seed_jobs(db, "org-g", "usr-g", {"job-g1": {}, "job-g2": {}})
+        store = MetricsStore(db)
+        transactions = 0
+        bulk = db.bulk_transaction
+
+        def counted() -> Any:
+            nonlocal transactions
+            transactions += 1
+            return bulk()
+
+        db.bulk_transaction = counted  # type: ignore[method-assign]
+        results: dict[int, Any] = {}
+
+        def caller(n: int) -> None:
+            job = "job-g1" if n % 2 else "job-g2"
+            lines = "".join(_line(100 * n + i, {"loss": float(n), f"only{n}": 1.0}) for i in range(n + 1))
+            try:
+                results[n] = store.append([(job, parse_lines(lines), False)])
+            except Exception as exc:  # noqa: BLE001 - the test looks at it
+                results[n] = exc
+
+        store._lock.acquire()  # a writer is busy: the callers queue up behind it
+        threads = [threading.Thread(target=caller, args=(n,)) for n in range(1, 9)]
+        for t in threads:
+            t.start()
+        _wait(lambda: len(store._queue) == 8, 10, "eight queued callers")
+        store._lock.release()
+        for t in threads:
+            t.join(10)
+        assert results == {n: 2 * (n + 1) for n in range(1, 9)}  # each caller's own points
+        assert transactions == 1  # one group, one transaction
+        with db.read() as s:
+            rows = s.connection().exec_driver_sql(
+                "SELECT s.job_id, s.name, s.count, count(p.seq), min(p.seq), max(p.seq) FROM metric_series s "
+                "JOIN metric_points p ON p.series_id = s.id WHERE s.job_id LIKE 'job-g%%' "
+                "GROUP BY s.job_id, s.name, s.count"
+            ).all()
+        by_name = {(job, name): (count, n, low, high) for job, name, count, n, low, high in rows}
+        odd, even = [n for n in range(1, 9) if n % 2], [n for n in range(1, 9) if not n % 2]
+        assert by_name[("job-g1", "loss")] == (sum(n + 1 for n in odd),) * 2 + (0, sum(n + 1 for n in odd) - 1)
+        assert by_name[("job-g2", "loss")] == (sum(n + 1 for n in even),) * 2 + (0, sum(n + 1 for n in even) - 1)
+        assert by_name[("job-g1", "only3")] == (4, 4, 0, 3)
+
+        # The group's transaction fails (the database, forced here): every caller of the group gets the error.
+        def failing() -> Any:
+            raise RuntimeError("database gone")
+
+        db.bulk_transaction = failing  # type: ignore[method-assign]
+        results.clear()
+        store._lock.acquire()
+        threads = [threading.Thread(target=caller, args=(n,)) for n in (1, 2, 3)]
+        for t in threads:
+            t.start()
+        _wait(lambda: len(store._queue) == 3, 10, "three queued callers")
+        store._lock.release()
+        for t in threads:
+            t.join(10)
+        assert all(isinstance(results[n], RuntimeError) for n in (1, 2, 3)), results
+        assert store._queue == []
+    finally:
+        db.dispose()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -9,7 +10,7 @@ from contextlib import asynccontextmanager
 from anyio import to_thread
 from fastapi import FastAPI
 from fastapi.routing import APIRoute, APIRouter
-from starlette.routing import Route, compile_path
+from starlette.routing import Mount, Route, compile_path
 
 from kiln import __version__
 from kiln.api import docs, session
@@ -74,6 +75,9 @@ def create_app(settings: Settings | None = None, platform: Platform | None = Non
         # Request work in threads is short (a query, a nonce insert): a few threads do it with less contention
         # and far better tail latency than many. Nothing waits in a thread (log following is async).
         to_thread.current_default_thread_limiter().total_tokens = settings.worker_threads
+        # What start-up made lives as long as the server: out of the collector's sight, so that the full
+        # collections that request work triggers (thousands of points per metrics batch) do not walk it again.
+        gc.freeze()
         try:
             yield
         finally:
@@ -117,10 +121,14 @@ def create_app(settings: Settings | None = None, platform: Platform | None = Non
     for prefix, router in mounted:
         app.include_router(router, prefix=prefix)
     app.state.route_methods = _route_methods(app, mounted)
-    # JupyterLab of each notebook, HTTP and WebSocket, behind Kiln's authentication (kiln.api.notebook_proxy).
-    app.mount("/notebooks", NotebookProxy(), name="notebook-proxy")
-    # MLflow's tracking protocol, for MLflow's client (kiln.api.mlflow); authenticated by kiln.api.auth.
-    app.mount("/mlflow", create_mlflow_app(lambda: app.state.platform), name="mlflow")
+    # JupyterLab of each notebook, HTTP and WebSocket, behind Kiln's authentication (kiln.api.notebook_proxy); and
+    # MLflow's tracking protocol, for MLflow's client (kiln.api.mlflow), authenticated by kiln.api.auth. First in
+    # the routing table: their prefixes are their own, and a log-batch then does not try every API route first
+    # (a tenth of a small request's time).
+    app.router.routes[0:0] = [
+        Mount("/notebooks", NotebookProxy(), name="notebook-proxy"),
+        Mount("/mlflow", create_mlflow_app(lambda: app.state.platform), name="mlflow"),
+    ]
     # The web console answers what no route does (kiln.api.console): a route added later still wins.
     app.router.default = ConsoleFallback(console_dir(settings), app.router.not_found)
     return app

@@ -15,21 +15,21 @@ MLflow); requests with fields it does not use (``run_uuid`` beside ``run_id``) a
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, NotRequired
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, StreamingResponse
+from typing_extensions import TypedDict
 
 from kiln.api.deps import caller_of
 from kiln.api.routers.jobs import at_most
 from kiln.domain import limits, tracking
-from kiln.domain.tracking import Batch, MetricPoint
+from kiln.domain.tracking import Batch, MetricPoint, PointIn
 from kiln.errors import (
     BadRequest,
     Conflict,
@@ -80,6 +80,15 @@ class MetricIn(_Body):
     value: float
     timestamp: int = Field(ge=0, le=10**15)
     step: int = Field(0, ge=-(2**63), le=2**63 - 1)
+
+
+class MetricItem(TypedDict):
+    """A point of a log-batch: validated into a plain dict (a model per point would cost more than storing it)."""
+
+    key: Key
+    value: float
+    timestamp: Annotated[int, Field(ge=0, le=10**15)]
+    step: NotRequired[Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]]
 
 
 class ParamIn(_Body):
@@ -157,7 +166,7 @@ class DeleteTag(RunRef):
 
 
 class LogBatch(RunRef):
-    metrics: list[MetricIn] = Field(default_factory=list, max_length=tracking.MAX_BATCH_METRICS)
+    metrics: list[MetricItem] = Field(default_factory=list, max_length=tracking.MAX_BATCH_METRICS)
     params: list[ParamIn] = Field(default_factory=list, max_length=tracking.MAX_BATCH_PARAMS)
     tags: list[TagIn] = Field(default_factory=list, max_length=tracking.MAX_BATCH_TAGS)
 
@@ -221,13 +230,16 @@ def _run(view: RunView) -> dict[str, Any]:
 
 async def _body(request: Request, model: type[_Body]) -> Any:
     raw = await request.body()
-    try:
-        data = json.loads(raw or b"{}")
-    except ValueError:
-        raise InvalidInput("the request body is not JSON") from None
-    if not isinstance(data, dict):
-        raise InvalidInput("the request body is not a JSON object")
-    return model.model_validate(data)
+    try:  # parsed and validated in one go by pydantic's own JSON reader (no Python dict of the body between)
+        return model.model_validate_json(raw or b"{}")
+    except ValidationError as exc:
+        errors = exc.errors()
+        kind, where = (errors[0]["type"], errors[0]["loc"]) if errors else ("", ())
+        if kind == "json_invalid":
+            raise InvalidInput("the request body is not JSON") from None
+        if kind == "model_type" and not where:
+            raise InvalidInput("the request body is not a JSON object") from None
+        raise
 
 
 def _query(request: Request, model: type[_Body]) -> Any:
@@ -385,9 +397,8 @@ def create_mlflow_app(platform: Callable[[], Any]) -> FastAPI:
     @app.post(f"{PREFIX}/runs/log-metric")
     async def log_metric(request: Request) -> dict[str, Any]:
         body: LogMetric = await _body(request, LogMetric)
-        return await log(
-            request, body.id, Batch(metrics=[MetricPoint(body.key, body.value, body.timestamp, body.step)])
-        )
+        point: PointIn = {"key": body.key, "value": body.value, "timestamp": body.timestamp, "step": body.step}
+        return await log(request, body.id, Batch(metrics=[point]))
 
     @app.post(f"{PREFIX}/runs/log-parameter")
     async def log_parameter(request: Request) -> dict[str, Any]:
@@ -414,7 +425,7 @@ def create_mlflow_app(platform: Callable[[], Any]) -> FastAPI:
                 raise InvalidInput(f"param {p.key} is given twice with different values", details={"field": "params"})
             params[p.key] = p.value
         batch = Batch(
-            metrics=[MetricPoint(m.key, m.value, m.timestamp, m.step) for m in body.metrics],
+            metrics=body.metrics,  # type: ignore[arg-type]  # the same keys, with pydantic's constraints
             params=params,
             tags={t.key: t.value for t in body.tags},
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import NotRequired, TypedDict
 
 from kiln.domain.states import JobState
 
@@ -88,11 +89,21 @@ class MetricPoint:
     step: int = 0
 
 
+class PointIn(TypedDict):
+    """A metric point as a client sends it (MLflow's JSON shape, validated): a plain dict, since a log-batch
+    brings a thousand of them and an object per point would cost more than storing it."""
+
+    key: str
+    value: float
+    timestamp: int  # ms since the epoch
+    step: NotRequired[int]  # 0 when not given
+
+
 @dataclass
 class Batch:
     """What one ``log-batch`` (or one log-metric, log-param, set-tag) brings to a run."""
 
-    metrics: list[MetricPoint] = field(default_factory=list)
+    metrics: list[PointIn] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
 

@@ -90,14 +90,26 @@ class CursorMoved(Exception):
         self.moved = moved
 
 
+@dataclass
+class _Queued:
+    """One caller's batches waiting for a group commit (``MetricsStore.append``)."""
+
+    batches: list[tuple[str, Parsed, bool]]
+    done: bool = False
+    stored: int = 0
+    error: BaseException | None = None
+
+
 class MetricsStore:
     """Writes parsed batches: series (created on first sight), points, chunk summaries, cursors and events, all
-    in one transaction per batch. Shared by the ingester thread and the HTTP route."""
+    in one transaction per batch. Shared by the ingester thread and the HTTP routes (``append``)."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
         self._series: dict[tuple[str, str, str], tuple[int, str]] = {}  # (job, worker, name) -> (id, axis)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one writer at a time (and the caches with it)
+        self._queue: list[_Queued] = []  # appends waiting for the next group commit
+        self._queue_lock = threading.Lock()
         self._merge_stmt: Any = None  # the chunk-merging upsert, built on first use
         self.points_ingested = 0  # since start, both paths (Prometheus)
 
@@ -113,8 +125,19 @@ class MetricsStore:
         """Store ``(job_id, parsed, is_gang)`` batches and advance ``cursors``, atomically. Returns the points
         stored. ``files`` (the ingester's cursor cache) is updated after the commit. ``CursorMoved`` (nothing
         stored) where a cursor is no longer at its ``expected`` offset."""
-        batches = list(batches)
-        with self._lock, self.db.bulk_transaction() as s:
+        with self._lock:
+            return self._write(list(batches), cursors, files)
+
+    def _write(
+        self,
+        batches: list[tuple[str, Parsed, bool]],
+        cursors: Sequence[CursorUpdate],
+        files: dict[tuple[str, str], _FileState] | None,
+        per_caller: list[_Queued] | None = None,
+    ) -> int:
+        """``write`` with the writer's lock held; ``per_caller``: the group of appends these batches are, each
+        told its own count of points stored."""
+        with self.db.bulk_transaction() as s:
             conn = s.connection()
             # The cursors first: the compare-and-set locks their rows (PostgreSQL), in one order for every reader,
             # so that a second reader of the same files waits here, before any work, and then finds them moved.
@@ -133,9 +156,10 @@ class MetricsStore:
                 raise CursorMoved(moved)  # rolled back: no point of the batch is stored
             new_series: dict[tuple[str, str, str], tuple[int, str]] = {}
             stored = 0
+            counts: list[int] = []
             for job_id, parsed, gang in batches:
-                if parsed.points:
-                    stored += self._write_points(conn, job_id, parsed.points, new_series)
+                counts.append(self._write_points(conn, job_id, parsed.points, new_series) if parsed.points else 0)
+                stored += counts[-1]
                 if parsed.events:
                     now = utcnow()
                     conn.execute(
@@ -173,7 +197,38 @@ class MetricsStore:
                 if any(r[0] == cur.job_id and r[1] == cur.file for r in reported):
                     state.reported = True
         self.points_ingested += stored
+        if per_caller is not None:
+            at = 0
+            for queued in per_caller:
+                queued.stored = sum(counts[at : at + len(queued.batches)])
+                at += len(queued.batches)
         return stored
+
+    def append(self, batches: list[tuple[str, Parsed, bool]]) -> int:
+        """``write`` for the HTTP routes (a remote job's points, MLflow's log-batch): stored and committed when it
+        returns, by a group commit. Requests that arrive while another batch is being written wait for the writer
+        and are then written together, in one transaction: a commit and the per-transaction work are paid once
+        for all of them (most of a 1,000-point request's cost), not once each. An error of that transaction is
+        every waiting caller's (their points are validated before, so it is the database's)."""
+        me = _Queued(list(batches))
+        with self._queue_lock:
+            self._queue.append(me)
+        with self._lock:
+            if not me.done:  # no writer took it with its group: this caller writes the group now
+                with self._queue_lock:
+                    group, self._queue = self._queue, []
+                try:
+                    self._write([batch for queued in group for batch in queued.batches], (), None, per_caller=group)
+                except BaseException as exc:
+                    for queued in group:
+                        queued.error = exc
+                    raise
+                finally:
+                    for queued in group:
+                        queued.done = True
+        if me.error is not None:
+            raise me.error
+        return me.stored
 
     def _advance(self, conn: Connection, cur: CursorUpdate, errors: int, reported: bool) -> bool:
         """Move one cursor from ``cur.expected`` to ``cur.offset``; False (nothing changed) where another reader

@@ -34,7 +34,7 @@ from kiln.db.tables import (
 from kiln.domain import tracking
 from kiln.domain.ids import new_id
 from kiln.domain.run_search import SearchSyntaxError, parse_filter, parse_order_by
-from kiln.domain.tracking import ACTIVE, DELETED, Batch
+from kiln.domain.tracking import ACTIVE, DELETED, Batch, PointIn
 from kiln.domain.tracking import MetricPoint as LoggedPoint
 from kiln.errors import Conflict, Forbidden, InvalidInput, NotFound
 from kiln.metrics.parse import Parsed, Row
@@ -304,8 +304,9 @@ class TrackingService:
             _key(k, "param"): _bounded_text(v, tracking.MAX_PARAM_VALUE, f"param {k}") for k, v in batch.params.items()
         }
         tags = {_key(k, "tag"): _bounded_text(v, tracking.MAX_TAG_VALUE, f"tag {k}") for k, v in batch.tags.items()}
-        rows = [_row(point) for point in batch.metrics]
-        with self.db.transaction() as s:
+        rows = _rows(batch.metrics)
+        # Metrics alone (most batches) only read the run here: no write lock taken for it.
+        with self.db.transaction() if params or tags else self.db.read() as s:
             run = self._run(s, principal, run_id)
             self._may_write(principal, run)
             if run.lifecycle_stage != ACTIVE:
@@ -316,7 +317,7 @@ class TrackingService:
                 self._set_tags(s, run_id, tags)
         if not rows:
             return 0
-        return self.store.write([(run_id, Parsed(points=rows), False)])
+        return self.store.append([(run_id, Parsed(points=rows), False)])
 
     def _log_params(self, s: Session, run_id: str, params: dict[str, str]) -> None:
         known = dict(
@@ -504,17 +505,25 @@ def _experiment_name(name: str) -> str:
     return name
 
 
-def _row(point: LoggedPoint) -> Row:
-    key = point.key
-    if len(key) > 200:
-        raise InvalidInput(f"metric {key[:80]!r}…: at most 200 characters", details={"field": "metrics"})
-    _key(key, "metric")
-    value = float(point.value)
-    seconds = point.timestamp / 1000.0
-    if math.isfinite(value):
-        return (tracking.API_WORKER, key, "api", int(point.step), seconds, value, None)
-    text = "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return (tracking.API_WORKER, key, "api", int(point.step), seconds, None, text)
+def _rows(points: list[PointIn]) -> list[Row]:
+    """The store's rows of a batch's points; each distinct key is checked once (a batch repeats a few keys)."""
+    worker = tracking.API_WORKER
+    keys: set[str] = set()
+    rows: list[Row] = []
+    append = rows.append
+    for point in points:
+        key, value, timestamp, step = point["key"], point["value"], point["timestamp"], point.get("step", 0)
+        if key not in keys:
+            if len(key) > 200:
+                raise InvalidInput(f"metric {key[:80]!r}…: at most 200 characters", details={"field": "metrics"})
+            keys.add(_key(key, "metric"))
+        value = float(value)
+        if value - value == 0.0:  # finite (NaN and the infinities give NaN)
+            append((worker, key, "api", step, timestamp / 1000.0, value, None))
+        else:
+            text = "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+            append((worker, key, "api", step, timestamp / 1000.0, None, text))
+    return rows
 
 
 def _float(value: float | None, text: str | None) -> float:
