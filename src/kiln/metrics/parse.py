@@ -23,9 +23,30 @@ INT64 = 2**63
 Row = tuple[str, str, str, int | None, float, float | None, str | None]
 
 
+class Columns:
+    """One series' points of a batch, column by column, in the order they came: what the writer inserts. The
+    parser appends to the columns directly (no tuple per point, no regrouping afterwards: most of a batch's
+    Python cost)."""
+
+    __slots__ = ("source", "steps", "texts", "times", "values")
+
+    def __init__(self, source: str) -> None:
+        self.source = source  # the series' first point's (it decides a new series' source)
+        self.steps: list[int | None] = []
+        self.times: list[float] = []
+        self.values: list[float | None] = []  # finite numbers; None where the point is text or non-finite
+        self.texts: list[str | None] = []  # text and "nan"/"inf"/"-inf"; None where ``values`` has the number
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+
 @dataclass
 class Parsed:
-    points: list[Row] = field(default_factory=list)
+    """A batch: its points by series, ``(worker, name)`` → :class:`Columns`, in the order the series first
+    appear."""
+
+    series: dict[tuple[str, str], Columns] = field(default_factory=dict)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (member, reason, message)
     errors: int = 0
     first_error: str = ""
@@ -34,6 +55,38 @@ class Parsed:
         self.errors += 1
         if not self.first_error:
             self.first_error = why
+
+    @property
+    def count(self) -> int:
+        """The batch's points."""
+        return sum(len(c) for c in self.series.values())
+
+    def add(self, row: Row) -> None:
+        """One point, for writers that have rows (MLflow's log-batch)."""
+        worker, name, source, step, t, value, text = row
+        columns = self.series.get((worker, name))
+        if columns is None:
+            columns = self.series[(worker, name)] = Columns(source)
+        columns.steps.append(step)
+        columns.times.append(t)
+        columns.values.append(value)
+        columns.texts.append(text)
+
+    @classmethod
+    def of(cls, rows: list[Row]) -> Parsed:
+        parsed = cls()
+        for row in rows:
+            parsed.add(row)
+        return parsed
+
+    @property
+    def points(self) -> list[Row]:
+        """Every point as a row, series by series (for reading a batch; the writer takes the columns)."""
+        return [
+            (worker, name, c.source, step, t, value, text)
+            for (worker, name), c in self.series.items()
+            for step, t, value, text in zip(c.steps, c.times, c.values, c.texts, strict=True)
+        ]
 
 
 def _number(value: Any) -> float | None:
@@ -64,7 +117,11 @@ def parse_lines(data: bytes | str, parsed: Parsed | None = None) -> Parsed:
     "nan"/"inf"/"-inf", in ``text``), other strings in ``text``."""
     parsed = parsed or Parsed()
     raw = data.encode("utf-8", errors="surrogatepass") if isinstance(data, str) else data
-    append = parsed.points.append
+    series = parsed.series
+    # Per series, the four columns' append methods (looked up once per series, not once per point).
+    appends: dict[tuple[str, str], tuple[Any, Any, Any, Any]] = {
+        key: (c.steps.append, c.times.append, c.values.append, c.texts.append) for key, c in series.items()
+    }
     for line in raw.split(b"\n"):
         try:
             obj = _loads(line)
@@ -101,28 +158,42 @@ def parse_lines(data: bytes | str, parsed: Parsed | None = None) -> Parsed:
         src = obj.get("src") or "sdk"
         if src not in SOURCES:
             src = "sdk"
-        for name, raw in metrics.items():
+        for name, raw_value in metrics.items():
             if not 0 < len(name) <= MAX_NAME:
                 parsed.error("metric name empty or longer than 200 characters")
                 continue
-            kind = type(raw)
+            kind = type(raw_value)
+            value: float | None = None
+            text: str | None = None
             if kind is float:
-                if raw - raw == 0.0:  # finite (NaN and the infinities give NaN)
-                    append((worker, name, src, step, t, raw, None))
+                if raw_value - raw_value == 0.0:  # finite (NaN and the infinities give NaN)
+                    value = raw_value
                 else:
-                    append((worker, name, src, step, t, None, str(raw)))
+                    text = str(raw_value)
             elif kind is int or kind is bool:
                 try:
-                    number = float(raw)
+                    value = float(raw_value)
                 except OverflowError:  # an integer beyond a double: the infinity of its sign
-                    append((worker, name, src, step, t, None, "inf" if raw > 0 else "-inf"))
-                    continue
-                append((worker, name, src, step, t, number, None))
+                    text = "inf" if raw_value > 0 else "-inf"
             elif kind is str:
-                special = NONFINITE.get(raw.strip().lower())
-                append((worker, name, src, step, t, None, special or raw[:10000]))
+                text = NONFINITE.get(raw_value.strip().lower()) or raw_value[:10000]
             else:
                 parsed.error(f"metric {name[:40]!r}: value is neither a number nor a string")
+                continue
+            key = (worker, name)
+            put = appends.get(key)
+            if put is None:
+                columns = series[key] = Columns(src)
+                put = appends[key] = (
+                    columns.steps.append,
+                    columns.times.append,
+                    columns.values.append,
+                    columns.texts.append,
+                )
+            put[0](step)
+            put[1](t)
+            put[2](value)
+            put[3](text)
     return parsed
 
 

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from operator import itemgetter
 from typing import Any, cast
 
 from sqlalchemy import (
@@ -41,7 +39,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from kiln.db.session import Database
 from kiln.db.tables import JobEvent, MetricChunk, MetricCursor, MetricPoint, MetricSeries, utcnow
-from kiln.metrics.parse import Parsed, Row
+from kiln.metrics.parse import Columns, Parsed
 
 SERIES = cast(Table, MetricSeries.__table__)
 POINTS = cast(Table, MetricPoint.__table__)
@@ -54,8 +52,8 @@ INSERT_ROWS = 150  # points per INSERT statement on SQLite (900 parameters: unde
 SPOOL_ERROR = "MetricsSpoolError"
 
 
-def _is_scalar(row: Row) -> bool:
-    return row[5] is not None or (row[6] is not None and row[6] in ("nan", "inf", "-inf"))
+def _is_scalar(value: float | None, text: str | None) -> bool:
+    return value is not None or (text is not None and text in ("nan", "inf", "-inf"))
 
 
 @dataclass
@@ -158,7 +156,7 @@ class MetricsStore:
             stored = 0
             counts: list[int] = []
             for job_id, parsed, gang in batches:
-                counts.append(self._write_points(conn, job_id, parsed.points, new_series) if parsed.points else 0)
+                counts.append(self._write_points(conn, job_id, parsed.series, new_series) if parsed.series else 0)
                 stored += counts[-1]
                 if parsed.events:
                     now = utcnow()
@@ -252,7 +250,7 @@ class MetricsStore:
         self,
         conn: Connection,
         job_id: str,
-        groups: dict[tuple[str, str], list[Row]],
+        groups: dict[tuple[str, str], Columns],
         new_series: dict[tuple[str, str, str], tuple[int, str]],
     ) -> dict[tuple[str, str], tuple[int, str]]:
         found: dict[tuple[str, str], tuple[int, str]] = {}
@@ -268,15 +266,15 @@ class MetricsStore:
             now = utcnow()
             values = []
             for worker, name in missing:
-                first = groups[(worker, name)][0]  # the series' first point decides its kind, source and axis
+                first = groups[(worker, name)]  # the series' first point decides its kind, source and axis
                 values.append(
                     {
                         "job_id": job_id,
                         "worker": worker,
                         "name": name,
-                        "kind": "scalar" if _is_scalar(first) else "text",
-                        "source": first[2],
-                        "axis": "step" if first[3] is not None else "time",
+                        "kind": "scalar" if _is_scalar(first.values[0], first.texts[0]) else "text",
+                        "source": first.source,
+                        "axis": "step" if first.steps[0] is not None else "time",
                         "count": 0,
                         "created_at": now,
                     }
@@ -300,41 +298,39 @@ class MetricsStore:
         self,
         conn: Connection,
         job_id: str,
-        rows: list[Row],
+        groups: dict[tuple[str, str], Columns],
         new_series: dict[tuple[str, str, str], tuple[int, str]],
     ) -> int:
         """A job's points: each series' running totals advanced (which also hands out the points' ``seq``), the
-        points inserted and the chunk summaries merged. Column lists per series, so that the per-point work is
-        done by C builtins (list comprehensions, min/max/index over slices, slice assignment); the series update
+        points inserted and the chunk summaries merged. Column lists per series (as the parser made them), so that
+        the per-point work is done by C builtins (min/max/index over slices, slice assignment); the series update
         is one statement built once (no SQL compiled per series per batch)."""
-        groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
-        for key, row in zip(map(_KEY, rows), rows, strict=True):
-            groups[key].append(row)
         ids = self._series_ids(conn, job_id, groups, new_series)
         columns: list[tuple[int, int, list[Any], list[Any], list[Any], list[Any]]] = []
         chunks: list[dict[str, Any]] = []
+        total = 0
         for key, group in groups.items():
             sid, axis = ids[key]
             n = len(group)
-            steps: list[Any] = [r[3] for r in group]
-            times: list[Any] = [r[4] for r in group]
-            values: list[Any] = [r[5] for r in group]
-            texts: list[Any] = [r[6] for r in group]
+            total += n
+            steps: list[Any] = group.steps
+            times: list[Any] = group.times
+            values: list[Any] = group.values
+            texts: list[Any] = group.texts
             all_finite = None not in values
             finite = values if all_finite else [v for v in values if v is not None]
             all_steps = None not in steps
             first_step = steps[0] if all_steps else next((x for x in steps if x is not None), None)
-            last = group[-1]
             count = conn.execute(
                 _SERIES_UPDATE,
                 {
                     "p_sid": sid,
                     "p_n": n,
                     "p_first_step": first_step,
-                    "p_last_step": last[3],
-                    "p_time": last[4],
-                    "p_value": last[5],
-                    "p_text": last[6],
+                    "p_last_step": steps[-1],
+                    "p_time": times[-1],
+                    "p_value": values[-1],
+                    "p_text": texts[-1],
                     "p_low": min(finite) if finite else None,
                     "p_high": max(finite) if finite else None,
                 },
@@ -356,7 +352,7 @@ class MetricsStore:
             self._insert_points(conn, columns)
         if chunks:
             self._merge_chunks(conn, chunks)
-        return len(rows)
+        return total
 
     def _insert_points(
         self, conn: Connection, columns: list[tuple[int, int, list[Any], list[Any], list[Any], list[Any]]]
@@ -417,9 +413,6 @@ class MetricsStore:
             }
             stmt = self._merge_stmt = insert_.on_conflict_do_update(index_elements=["series_id", "chunk"], set_=merged)
         conn.execute(stmt, rows)
-
-
-_KEY = itemgetter(0, 1)  # a row's series within its job: (worker, name)
 
 
 def _series_update() -> Any:

@@ -256,12 +256,12 @@ class MetricsIngester:
                     continue
                 parsed = parse_lines(chunk)
                 pending.append((job.id, parsed, job.gang))
-                if parsed.points:
+                if parsed.series:
                     ingested.add(job.id)
                 expected = state.offset if state.committed else None
                 new = CursorUpdate(job.id, name, offset + advanced, parsed.errors, parsed.first_error, expected)
                 _merge_cursor(cursors, new)
-                points += len(parsed.points)
+                points += parsed.count
                 if offset + advanced < size:
                     still.append(item)
                 if points >= self.batch_points:

@@ -99,8 +99,8 @@ class MetricsService:
             job = self.jobs.load(s, principal, job_id)
             gang = (job.workers or 1) > 1
         parsed = parse_lines(body)
-        stored = self.store.append([(job_id, parsed, gang)]) if (parsed.points or parsed.events) else 0
-        if parsed.points and self.on_ingested is not None:
+        stored = self.store.append([(job_id, parsed, gang)]) if (parsed.series or parsed.events) else 0
+        if parsed.series and self.on_ingested is not None:
             self.on_ingested({job_id})  # a trial's report: its pruner judges it now
         return MetricsIngested(points=stored, events=len(parsed.events), errors=parsed.errors)
 

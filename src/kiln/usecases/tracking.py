@@ -37,7 +37,7 @@ from kiln.domain.run_search import SearchSyntaxError, parse_filter, parse_order_
 from kiln.domain.tracking import ACTIVE, DELETED, Batch, PointIn
 from kiln.domain.tracking import MetricPoint as LoggedPoint
 from kiln.errors import Conflict, Forbidden, InvalidInput, NotFound
-from kiln.metrics.parse import Parsed, Row
+from kiln.metrics.parse import Columns, Parsed
 from kiln.metrics.store import MetricsStore
 from kiln.usecases import run_query
 from kiln.usecases.identity import Principal
@@ -304,7 +304,7 @@ class TrackingService:
             _key(k, "param"): _bounded_text(v, tracking.MAX_PARAM_VALUE, f"param {k}") for k, v in batch.params.items()
         }
         tags = {_key(k, "tag"): _bounded_text(v, tracking.MAX_TAG_VALUE, f"tag {k}") for k, v in batch.tags.items()}
-        rows = _rows(batch.metrics)
+        parsed = _parsed(batch.metrics)
         # Metrics alone (most batches) only read the run here: no write lock taken for it.
         with self.db.transaction() if params or tags else self.db.read() as s:
             run = self._run(s, principal, run_id)
@@ -315,9 +315,9 @@ class TrackingService:
                 self._log_params(s, run_id, params)
             if tags:
                 self._set_tags(s, run_id, tags)
-        if not rows:
+        if not parsed.series:
             return 0
-        return self.store.append([(run_id, Parsed(points=rows), False)])
+        return self.store.append([(run_id, parsed, False)])
 
     def _log_params(self, s: Session, run_id: str, params: dict[str, str]) -> None:
         known = dict(
@@ -505,25 +505,29 @@ def _experiment_name(name: str) -> str:
     return name
 
 
-def _rows(points: list[PointIn]) -> list[Row]:
-    """The store's rows of a batch's points; each distinct key is checked once (a batch repeats a few keys)."""
+def _parsed(points: list[PointIn]) -> Parsed:
+    """The store's batch of a log-batch's points, column by column; each distinct key is checked once (a batch
+    repeats a few keys)."""
     worker = tracking.API_WORKER
-    keys: set[str] = set()
-    rows: list[Row] = []
-    append = rows.append
+    parsed = Parsed()
+    series = parsed.series
     for point in points:
         key, value, timestamp, step = point["key"], point["value"], point["timestamp"], point.get("step", 0)
-        if key not in keys:
+        columns = series.get((worker, key))
+        if columns is None:
             if len(key) > 200:
                 raise InvalidInput(f"metric {key[:80]!r}…: at most 200 characters", details={"field": "metrics"})
-            keys.add(_key(key, "metric"))
+            columns = series[(worker, _key(key, "metric"))] = Columns("api")
         value = float(value)
+        columns.steps.append(step)
+        columns.times.append(timestamp / 1000.0)
         if value - value == 0.0:  # finite (NaN and the infinities give NaN)
-            append((worker, key, "api", step, timestamp / 1000.0, value, None))
+            columns.values.append(value)
+            columns.texts.append(None)
         else:
-            text = "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-            append((worker, key, "api", step, timestamp / 1000.0, None, text))
-    return rows
+            columns.values.append(None)
+            columns.texts.append("nan" if math.isnan(value) else ("inf" if value > 0 else "-inf"))
+    return parsed
 
 
 def _float(value: float | None, text: str | None) -> float:
