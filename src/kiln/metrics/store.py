@@ -389,9 +389,10 @@ class MetricsStore:
             if many:
                 sql = f"INSERT INTO metric_points ({names}) VALUES {', '.join([one] * INSERT_ROWS)}"
                 cursor.executemany(sql, cast(Sequence[Any], (flat[i : i + width] for i in range(0, many, width))))
-            if many < len(flat):
-                sql = f"INSERT INTO metric_points ({names}) VALUES {one}"
-                cursor.executemany(sql, cast(Sequence[Any], (flat[i : i + 6] for i in range(many, len(flat), 6))))
+            if many < len(flat):  # the rest (fewer than INSERT_ROWS) in one statement, not a statement a row
+                rest = (len(flat) - many) // 6
+                sql = f"INSERT INTO metric_points ({names}) VALUES {', '.join([one] * rest)}"
+                cursor.execute(sql, flat[many:])
         finally:
             cursor.close()
 

@@ -91,6 +91,18 @@ class TrackingService:
         else:
             principal.require("runs:write")
 
+    @classmethod
+    def _may_log(cls, principal: Principal, run_id: str, job_id: str | None, stage: str) -> None:
+        """``_may_write``, and the run must not be deleted."""
+        if principal.job_id is not None:
+            if job_id != principal.job_id:
+                raise Forbidden(f"{principal.describe()} logs to its own job's run only, not to run {run_id}")
+            principal.require("jobs:report")
+        else:
+            principal.require("runs:write")
+        if stage != ACTIVE:
+            raise InvalidInput(f"run {run_id} is deleted; restore it first")
+
     # ---- experiments
 
     def _experiment(self, s: Session, principal: Principal, experiment_id: str) -> Experiment:
@@ -305,16 +317,22 @@ class TrackingService:
         }
         tags = {_key(k, "tag"): _bounded_text(v, tracking.MAX_TAG_VALUE, f"tag {k}") for k, v in batch.tags.items()}
         parsed = _parsed(batch.metrics)
-        # Metrics alone (most batches) only read the run here: no write lock taken for it.
-        with self.db.transaction() if params or tags else self.db.read() as s:
-            run = self._run(s, principal, run_id)
-            self._may_write(principal, run)
-            if run.lifecycle_stage != ACTIVE:
-                raise InvalidInput(f"run {run_id} is deleted; restore it first")
-            if params:
-                self._log_params(s, run_id, params)
-            if tags:
-                self._set_tags(s, run_id, tags)
+        if params or tags:
+            with self.db.transaction() as s:
+                run = self._run(s, principal, run_id)
+                self._may_log(principal, run.id, run.job_id, run.lifecycle_stage)
+                if params:
+                    self._log_params(s, run_id, params)
+                if tags:
+                    self._set_tags(s, run_id, tags)
+        else:  # metrics alone (most batches): the run's three columns read, no write lock taken for it
+            with self.db.read() as s:
+                found = s.execute(
+                    select(Run.job_id, Run.lifecycle_stage).where(Run.id == run_id, Run.org_id == principal.org_id)
+                ).first()
+            if found is None:
+                raise NotFound(f"run {run_id} not found")
+            self._may_log(principal, run_id, *found)
         if not parsed.series:
             return 0
         return self.store.append([(run_id, parsed, False)])
