@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import mlflow
 import pytest
@@ -109,6 +110,11 @@ def test_the_mlflow_client_logs_reads_and_searches(
         assert [r.info.run_id for r in numeric] == [runs[0.001]]
         by_tag = client.search_runs([experiment.experiment_id], "tags.team = 'vision'", order_by=["params.lr ASC"])
         assert [r.info.run_id for r in by_tag] == [runs[0.001], runs[0.01], runs[0.1]]  # numerically, not as text
+        ids = [experiment.experiment_id]
+        assert not client.search_runs(ids, "params.optimizer LIKE 'Ad%'")  # LIKE minds the case (SQLite too)
+        assert len(client.search_runs(ids, "params.optimizer ILIKE 'Ad%'")) == 3
+        assert len(client.search_runs(ids, "params.optimizer LIKE 'a_a%'")) == 3
+        assert not client.search_runs(ids, "params.optimizer LIKE 'a*'")  # GLOB's wildcards are plain characters
         with pytest.raises(MlflowException, match=r"INVALID_PARAMETER_VALUE|metrics"):
             client.search_runs([experiment.experiment_id], "metrics.val_acc > 'high'")
         with pytest.raises(MlflowException, match=r"logged once|INVALID_PARAMETER_VALUE"):
@@ -271,6 +277,7 @@ def test_the_consoles_runs_table_sorts_by_a_metric_column_on_the_server(
             run = client.create_run(experiment_id, run_name=name)
             client.log_batch(run.info.run_id, params=[Param("lr", lr)], metrics=[Metric("val_acc", acc, 0, 0)])
             names[run.info.run_id] = name
+    ids = {name: run_id for run_id, name in names.items()}
     with sync_playwright() as playwright:
         browser = launch(playwright)
         try:
@@ -297,13 +304,27 @@ def test_the_consoles_runs_table_sorts_by_a_metric_column_on_the_server(
             page.get_by_role("button", name="Filter").click()
             expect(rows).to_have_count(2)
             assert order() == ["gamma", "beta"]
+            asked: list[str] = []
+            page.on("request", lambda r: asked.append(r.url) if "/metrics" in r.url else None)
             page.get_by_label("compare gamma").check()
-            page.get_by_label("compare beta").check()
+            with page.expect_response(lambda r: "/api/v1/runs/metrics?" in r.url) as answered:
+                page.get_by_label("compare beta").check()
             compare = page.get_by_test_id("runs-compare")
             expect(compare).to_contain_text("params.lr")
             expect(compare).to_contain_text("0.8")
             chart = page.get_by_test_id("compare-chart-val_acc")  # one line per ticked run, one point each
             expect(chart).to_have_attribute("data-points", "2")
+            # The overlaid chart's data came in one downsampled request for both runs, none from get-history; the
+            # runs compared are in the page's URL, so the same view opens from it directly.
+            sent = parse_qs(urlsplit(answered.value.url).query)
+            assert answered.value.ok
+            assert sorted(sent["run"]) == sorted([ids["gamma"], ids["beta"]]) and sent["name"] == ["val_acc"]
+            assert int(sent["downsample"][0]) >= 200
+            assert not [u for u in asked if "get-history" in u], asked
+            expect(page).to_have_url(re.compile(r"compare=run-"))
+            page.goto(page.url)
+            expect(page.get_by_test_id("compare-chart-val_acc")).to_have_attribute("data-points", "2")
+            page.wait_for_function("performance.getEntriesByName('kiln:compare-chart').length === 1")
             page.get_by_test_id("runs-columns").fill("metrics.val_acc")  # the columns chosen: only that one
             page.get_by_role("button", name="Columns").click()
             expect(page).to_have_url(re.compile(r"columns=metrics\.val_acc"))

@@ -8,7 +8,9 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from sqlalchemy import ColumnElement, case, exists, func, not_, or_, select
+from sqlalchemy import Boolean, ColumnElement, case, exists, func, not_, or_, select
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from kiln.db.tables import Job, MetricSeries, Run, RunParam, RunTag, User
 from kiln.domain import tracking
@@ -54,6 +56,35 @@ ATTRIBUTES = {
 }
 
 
+class CaseSensitiveLike(ColumnElement[bool]):
+    """MLflow's ``LIKE``: ``%`` and ``_`` wildcards, letters' case significant, on every database. PostgreSQL's
+    LIKE is that already; SQLite's ignores the case of ASCII letters, so there the pattern becomes a GLOB (which
+    does not), with GLOB's own wildcards quoted."""
+
+    type = Boolean()
+    inherit_cache = False  # a pattern per query: nothing to gain from caching the compiled form
+
+    def __init__(self, column: Any, pattern: str) -> None:
+        self.column = column
+        self.pattern = pattern
+
+
+def like_as_glob(pattern: str) -> str:
+    """A LIKE pattern as the GLOB pattern matching the same strings, case and all."""
+    special = {"%": "*", "_": "?", "*": "[*]", "?": "[?]", "[": "[[]"}
+    return "".join(special.get(ch, ch) for ch in pattern)
+
+
+@compiles(CaseSensitiveLike)
+def _like(element: CaseSensitiveLike, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(element.column.like(element.pattern), **kw)
+
+
+@compiles(CaseSensitiveLike, "sqlite")
+def _glob(element: CaseSensitiveLike, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(element.column.op("GLOB")(like_as_glob(element.pattern)), **kw)
+
+
 def compare_op(column: Any, op: str, value: Any) -> ColumnElement[bool]:
     match op:
         case "=":
@@ -69,7 +100,7 @@ def compare_op(column: Any, op: str, value: Any) -> ColumnElement[bool]:
         case ">=":
             return column >= value  # type: ignore[no-any-return]
         case "LIKE":
-            return column.like(value)  # type: ignore[no-any-return]
+            return CaseSensitiveLike(column, value)
         case "ILIKE":
             return func.lower(column).like(func.lower(value))
         case "IN":
