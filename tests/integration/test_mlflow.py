@@ -192,6 +192,9 @@ def test_a_job_logs_with_mlflow_unconfigured_and_its_params_are_searchable(
         while time.monotonic() < deadline and run.info.end_time is None:
             run = client.get_run(job.id)
         assert run.info.end_time is not None
+        ended = client.search_runs([experiment.experiment_id], f"attributes.end_time >= {run.info.end_time}")
+        assert [r.info.run_id for r in ended] == [job.id]  # a job's run is searched by its end like any run
+        assert not client.search_runs([experiment.experiment_id], f"attributes.end_time > {run.info.end_time}")
         got = client.download_artifacts(job.id, "report.txt", str(tmp_path))
         assert Path(got).read_text() == "from the job"
     assert "report.txt" in {a.path for a in kiln.artifacts(job.id)}  # the job's outputs: one place for both

@@ -1,8 +1,10 @@
-"""Migration 20261205_0016 on SQLite and PostgreSQL: every existing job becomes a run of its organisation's
-Default experiment with its spec's params, and metric series are no longer tied to jobs (a run logged from outside
-Kiln has series and no job)."""
+"""Migrations 20261205_0016 and 20261206_0017 on SQLite and PostgreSQL: every existing job becomes a run of its
+organisation's Default experiment with its spec's params (and an ended job's run its end time), and metric series
+are no longer tied to jobs (a run logged from outside Kiln has series and no job)."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime
 
 from sqlalchemy import select
 
@@ -21,6 +23,7 @@ def test_existing_jobs_become_runs_and_series_belong_to_runs(database_url: str) 
             s.flush()
             s.add(User(id="usr-1", org_id="org-1", name="ann"))
             s.flush()
+            ended = datetime(2026, 11, 30, 12, 0, 5, tzinfo=UTC)
             for job_id, params in (("job-a", {"lr": 0.01, "arch": "resnet", "bn": True}), ("job-b", {})):
                 s.add(
                     Job(
@@ -32,6 +35,7 @@ def test_existing_jobs_become_runs_and_series_belong_to_runs(database_url: str) 
                         state=JobState.SUCCEEDED,
                         created_at=utcnow(),
                         updated_at=utcnow(),
+                        finished_at=ended if job_id == "job-a" else None,  # 20261206_0017: the run's end
                     )
                 )
         migrate.upgrade(db.engine)
@@ -42,6 +46,7 @@ def test_existing_jobs_become_runs_and_series_belong_to_runs(database_url: str) 
             assert set(runs) == {"job-a", "job-b"}
             assert runs["job-a"].job_id == "job-a" and runs["job-a"].experiment_id == experiment.id
             assert runs["job-a"].name == "train job-a" and runs["job-a"].start_time is not None
+            assert runs["job-a"].end_time == int(ended.timestamp() * 1000) and runs["job-b"].end_time is None
             params = {(p.run_id, p.key): (p.value, p.number) for p in s.scalars(select(RunParam))}
             assert params == {
                 ("job-a", "lr"): ("0.01", 0.01),

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from kiln.db.tables import Job, JobEvent, utcnow
+from kiln.db.tables import Job, JobEvent, Run, utcnow
 from kiln.domain.states import TRANSITIONS, JobState, Reason
 from kiln.errors import IllegalTransition
 
@@ -65,6 +66,8 @@ def transition(
         job.finished_at = now
         job.lease_owner = None
         job.lease_expires_at = None
+        # The job's run ends with it (searched and sorted by its end time like a run logged from outside).
+        session.execute(update(Run).where(Run.id == job.id).values(end_time=int(now.timestamp() * 1000)))
     event = JobEvent(job_id=job.id, time=now, from_state=current, to_state=to, reason=reason, message=message)
     session.add(event)
     return event
