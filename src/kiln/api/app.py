@@ -30,6 +30,7 @@ from kiln.api.routers import (
     models,
     nodes,
     notebooks,
+    runs,
     runtimes,
     scheduling,
     services,
@@ -115,6 +116,7 @@ def create_app(settings: Settings | None = None, platform: Platform | None = Non
         nodes,
         runtimes,
         metrics,
+        runs,
     )
     api_routers = [module.router for module in modules] + [studies.job_router] + list(tenancy.routers)
     mounted += [(API_PREFIX, router) for router in api_routers]

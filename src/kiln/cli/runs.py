@@ -18,6 +18,12 @@ from kiln.sdk.tracking import TrackedRun
 
 app = typer.Typer(help="Runs: every job, and runs logged with MLflow's client; filter, sort, compare.")
 DEFAULT_COLUMNS = ("name", "status", "user")
+PLOT_POINTS = 500  # per run and metric of --plot, downsampled by the server keeping the shape
+
+
+def _numbers(points: list[list[Any]]) -> list[float]:
+    """The values of ``[step, time, value]`` points that are numbers (a text metric's are not)."""
+    return [float(p[2]) for p in points if isinstance(p[2], int | float) and not isinstance(p[2], bool)]
 
 
 def _sort_clause(text: str) -> str:
@@ -96,13 +102,16 @@ def compare(
     output: Output = OutputFormat.table,
 ) -> None:
     """Runs side by side: the params that differ (all with --all), each run's final metrics, and --plot
-    METRIC's history as a sparkline per run."""
+    METRIC's history as a sparkline per run (downsampled by the server to 500 points a run)."""
     if len(runs) < 2:
         fail("name at least two runs to compare", EXIT_USAGE)
     with connect() as client:
         found = [client.get_run(r) for r in runs]
+        # One request for every run and metric, each series downsampled by the server (a sparkline is 24 cells:
+        # a million-point history is not worth sending); a run's several workers' series one after the other.
+        series = client.compare_run_metrics([r.id for r in found], plot, downsample=PLOT_POINTS) if plot else {}
         histories = {
-            (run.id, metric): [p.value for p in client.metric_history(run.id, metric)]
+            (run.id, metric): [v for s in series.get(run.id, []) if s.name == metric for v in _numbers(s.points)]
             for metric in plot or []
             for run in found
         }

@@ -423,6 +423,12 @@ class MetricsCompare(BaseModel):
     jobs: dict[str, list[MetricSeriesData]]
 
 
+class RunMetrics(BaseModel):
+    """The same series of several runs, by run id (a job's run is its job id)."""
+
+    runs: dict[str, list[MetricSeriesData]]
+
+
 # -- datasets ---------------------------------------------------------------------------------------------------
 
 

@@ -22,10 +22,10 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from kiln.db.session import Database
-from kiln.db.tables import MetricChunk, MetricPoint, MetricSeries
+from kiln.db.tables import MetricChunk, MetricPoint, MetricSeries, Run
 from kiln.domain import limits
 from kiln.domain.schemas import MetricSeriesData, MetricSeriesSummary, MetricsIngested
-from kiln.errors import InvalidInput
+from kiln.errors import InvalidInput, NotFound
 from kiln.metrics.downsample import Point, m4, shape_preserving
 from kiln.metrics.parse import parse_lines
 from kiln.metrics.store import CHUNK, MetricsStore
@@ -134,6 +134,26 @@ class MetricsService:
             for job_id in job_ids:
                 self.jobs.load(s, principal, job_id)
             return {job_id: [self._data(s, x, q, budget) for x in self._series(s, job_id, q)] for job_id in job_ids}
+
+    def compare_runs(
+        self, principal: Principal, run_ids: list[str], q: SeriesQuery
+    ) -> dict[str, list[MetricSeriesData]]:
+        """The same series of several runs (MLflow's): a job's run is its job, a run logged from outside Kiln keeps
+        its series under its own id. Reading needs ``runs:read``; a job's token reads its own job's run only. Every
+        run is checked first: one that does not exist or is another organisation's fails the whole request (404),
+        so nothing of the others is sent either."""
+        if principal.job_id is None:
+            principal.require("runs:read")
+        _check(q)
+        if not run_ids or len(run_ids) > limits.MAX_COMPARE_JOBS:
+            raise InvalidInput(f"run: give 1 to {limits.MAX_COMPARE_JOBS} run ids", details={"field": "run"})
+        budget = PointBudget()
+        with self.db.read() as s:
+            found = set(s.scalars(select(Run.id).where(Run.id.in_(run_ids), Run.org_id == principal.org_id)))
+            for run_id in run_ids:
+                if run_id not in found or (principal.job_id is not None and run_id != principal.job_id):
+                    raise NotFound(f"run {run_id} not found")
+            return {run_id: [self._data(s, x, q, budget) for x in self._series(s, run_id, q)] for run_id in run_ids}
 
     def summary(self, principal: Principal, job_id: str) -> list[MetricSeriesSummary]:
         principal.require("jobs:read")

@@ -177,6 +177,11 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
         Case("scoped", query=(("jobs", "{job_id}"),), reader="member"),
         Case("scoped", query=(("jobs", "{job_id}"), ("names", "loss"), ("format", "csv")), reader="member"),
     ],
+    # Runs' metrics (every job is a run, its id the job's): one run of another organisation fails the whole request.
+    ("GET", "/api/v1/runs/metrics"): [
+        Case("scoped", query=(("run", "{job_id}"),), reader="member"),
+        Case("scoped", query=(("run", "{job_id}"), ("name", "loss"), ("downsample", "100")), reader="member"),
+    ],
     # Tuning studies: another organisation's study reads and stops like a missing one; its bundle cannot be named.
     ("POST", "/api/v1/studies"): [
         Case("self", body={"spec": STUDY_SPEC}, cross=OWN_OK),

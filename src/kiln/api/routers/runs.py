@@ -1,0 +1,58 @@
+"""Runs (MLflow's: every job is one, and so is every run logged with MLflow's client): their metrics compared,
+downsampled on the server, in one request. The runs themselves are read and written through MLflow's protocol at
+/mlflow (kiln.api.mlflow); its ``metrics/get-history`` sends every point, which a chart of runs of a million points
+each cannot wait for."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from fastapi.responses import Response
+from pydantic import StringConstraints
+
+from kiln.api.deps import Caller, Kiln, model_response
+from kiln.api.params import Step
+from kiln.api.responses import errors
+from kiln.api.routers.metrics import Downsample, Worker
+from kiln.domain import limits
+from kiln.domain.schemas import RunMetrics
+from kiln.domain.tracking import MAX_KEY
+from kiln.usecases.metrics import SeriesQuery
+
+router = APIRouter(tags=["runs"], responses=errors(403))
+
+RunIds = Annotated[
+    list[Annotated[str, StringConstraints(max_length=limits.MAX_ID_LENGTH)]],
+    Query(
+        min_length=1,
+        max_length=limits.MAX_COMPARE_JOBS,
+        description=f"A run id, repeated for each run (at most {limits.MAX_COMPARE_JOBS}); a job's run is its job id",
+    ),
+]
+MetricNames = Annotated[
+    list[Annotated[str, StringConstraints(max_length=MAX_KEY)]] | None,
+    Query(max_length=100, description="A metric name, repeated for each metric (default: every metric of the runs)"),
+]
+
+
+@router.get(
+    "/runs/metrics",
+    response_model=RunMetrics,
+    summary="The same metrics of several runs, downsampled (404 if any of them is not your organisation's)",
+    responses=errors(404, 422),
+)
+def compare_run_metrics(
+    caller: Caller,
+    kiln: Kiln,
+    run: RunIds,
+    name: MetricNames = None,
+    worker: Worker = None,
+    step_min: Step = None,
+    step_max: Step = None,
+    downsample: Downsample = None,
+) -> Response:
+    run_ids = list(dict.fromkeys(run))
+    names = list(dict.fromkeys(n for n in name or [] if n)) or None
+    data = kiln.metrics.compare_runs(caller, run_ids, SeriesQuery(names, worker, step_min, step_max, downsample))
+    return model_response(RunMetrics.model_construct(runs=data))
