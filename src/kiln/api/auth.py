@@ -241,7 +241,10 @@ class SignatureMiddleware:
             allowed = platform.settings.mlflow_basic_auth_over_http  # type: ignore[attr-defined]
             if scope.get("scheme") != "https" and not LOOPBACK.match(client) and not allowed:
                 raise AuthFailure("insecure", f"basic auth over http from {client}", message=BASIC_OVER_HTTP)
-            principal = await run_in_threadpool(identity.authenticate_key, key_id, secret)
+            # A cached key is checked right here (MLflow's client sends a request per batch); else in a thread.
+            principal = identity.authenticate_key(key_id, secret, blocking=False)
+            if principal is None:
+                principal = await run_in_threadpool(identity.authenticate_key, key_id, secret)
             return principal, receive if streamed else _capped(receive, MAX_SIGNED_BODY), None
         if auth.startswith("Bearer "):
             principal = await run_in_threadpool(identity.authenticate_job_token, auth[7:].strip())
