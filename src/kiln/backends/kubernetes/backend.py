@@ -7,10 +7,11 @@
   Once the main Job exists its uid goes onto every other object as an ownerReference (patched onto those
   created before it, set on the parameter servers' Job before it is created), so deleting that Job — or its
   TTL — removes everything.
-- Status comes from two informers (pods and Jobs with ``app.kubernetes.io/managed-by=kiln`` in the namespace):
-  list once, then watch from the list's resourceVersion, resume after each watch timeout from the last version
-  seen, re-list on ``410 Gone``; the objects live in an in-memory cache that the informers keep, each a piece of
-  the backend's ``background_work`` (one list or watch request a step) that the server's task runner runs.
+- Status comes from two informers (pods and Jobs with ``app.kubernetes.io/managed-by=kiln`` in the namespace;
+  :class:`~kiln.backends.kubernetes.informers.Informers`): list once, then watch from the list's resourceVersion,
+  resume after each watch timeout from the last version seen, re-list on ``410 Gone``; the objects live in the
+  backend's in-memory cache, which the informers keep, each a piece of the backend's ``background_work`` (one list
+  or watch request a step) that the server's task runner runs.
   ``poll`` reads that cache (it never lists per poll) and maps it with :func:`status_from`.
 - ``cancel``/``preempt`` delete the attempt's Jobs with ``propagationPolicy: Foreground``: the pods get SIGTERM
   and ``terminationGracePeriodSeconds`` (the ``termination_grace_seconds`` setting) before SIGKILL. There is
@@ -33,7 +34,7 @@
   which only Kiln's notebook service sets) renders with
   :func:`~kiln.backends.kubernetes.notebooks.render_notebook`: JupyterLab on the pod's port 8888 with a token this
   start makes (kept in the attempt's Secret), behind a ClusterIP Service that only Kiln's server may reach;
-  ``notebook_address`` is that Service's cluster IP and the Secret's token. TensorBoard sessions are refused: their
+  ``notebook_address`` is that Service's cluster IP and the Secret's token (``read_notebook_address``). TensorBoard sessions are refused: their
   server has no token of its own, and on the local executor only a 0600 Unix socket guards it.
 - Model services (:class:`~kiln.backends.capabilities.ServiceDeployer`): a service is a Deployment behind a
   ClusterIP Service (+ an HPA), not jobs; :class:`~kiln.backends.kubernetes.service_objects.ServiceObjects`
@@ -42,8 +43,6 @@
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import secrets
 import threading
@@ -71,33 +70,30 @@ from kiln.backends.capabilities import (
     WorkSet,
 )
 from kiln.backends.kubernetes.gang import new_ssh_keypair
+from kiln.backends.kubernetes.informers import INFORM_BACKOFF, KINDS, Informers
 from kiln.backends.kubernetes.inputs import KubeConfig, RenderInput, resolve_image
 from kiln.backends.kubernetes.kubeapi import KubeObjects
 from kiln.backends.kubernetes.names import (
     LABEL_ATTEMPT,
     LABEL_JOB,
     LABEL_ROLE,
-    MANAGED_BY,
-    base_name,
     cleanup_selector,
     label_value,
 )
-from kiln.backends.kubernetes.notebooks import NOTEBOOK_PORT, TOKEN_KEY, notebook_service_name, render_notebook
-from kiln.backends.kubernetes.podlogs import RETRY_SECONDS, TERMINAL, PodLogs, iter_lines
+from kiln.backends.kubernetes.notebooks import notebook_of, read_notebook_address, render_notebook
+from kiln.backends.kubernetes.podlogs import RETRY_SECONDS, TERMINAL, PodLogs
 from kiln.backends.kubernetes.render import GPU_RESOURCE, render
 from kiln.backends.kubernetes.service_objects import ServiceObjects
 from kiln.backends.kubernetes.settings import api_client, job_network, kube_config
 from kiln.backends.kubernetes.status import status_from
 from kiln.domain.catalog import DEFAULT_CATALOG, Catalog
-from kiln.domain.notebooks import NOTEBOOK_LABEL
 from kiln.domain.serving import ServiceSpec
-from kiln.domain.spec import JobSpec, command_argv
+from kiln.domain.spec import JobSpec
 from kiln.errors import BackendError, InvalidInput
 from kiln.storage.logs import LogStore
 
 log = logging.getLogger(__name__)
 
-INFORM_BACKOFF = 0.2  # seconds before the first re-list after a failed list or watch (doubling to 10 s)
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (kiln.io/job label value, attempt)
@@ -112,20 +108,6 @@ def _key_of(obj: Obj) -> Key | None:
     if LABEL_JOB not in labels or LABEL_ATTEMPT not in labels:
         return None
     return labels[LABEL_JOB], labels[LABEL_ATTEMPT]
-
-
-def _notebook_of(spec: JobSpec) -> str | None:
-    """The notebook whose start ``spec`` is (kiln.usecases.notebooks.job_spec labels it), or None; InvalidInput
-    for a TensorBoard."""
-    notebook = spec.labels.get(NOTEBOOK_LABEL)
-    if notebook is not None and command_argv(spec.command)[-1:] == ["kiln.injob.tensorboard"]:
-        raise InvalidInput(
-            "TensorBoard sessions run on the local executor only: TensorBoard has no token of its own, so on a "
-            "cluster nothing but the network would guard it; open the jobs' event files with `kiln jobs files` "
-            "(the `tensorboard/` prefix), or run TensorBoard on a server with the local executor",
-            details={"field": "spec.kind"},
-        )
-    return notebook
 
 
 def _parse_quantity(value: Any) -> float:
@@ -203,23 +185,33 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer, No
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._objects: dict[str, dict[str, Obj]] = {"Pod": {}, "Job": {}}  # kind → name → object
-        self._synced = {"Pod": threading.Event(), "Job": threading.Event()}
         self._attempts: dict[Key, _Attempt] = {}
         self._deleted: dict[Key, dict[str, Obj]] = {}  # pods deleted while they ran (not by us), per attempt
         self._nodes: list[Inventory] = []
         self._nodes_at = 0.0
         self._responses: set[Any] = set()  # open streams, shut down by close()
         self._pod_logs = PodLogs(self.core, self.namespace, logs, state_dir, self._stop, self._responses, self._pod)
-        # Each informer's place: the resourceVersion to watch from (None: list first) and its back-off.
-        self._versions: dict[str, str | None] = {"Pod": None, "Job": None}
-        self._backoff = {"Pod": INFORM_BACKOFF, "Job": INFORM_BACKOFF}
+        self._informers = Informers(
+            {"Pod": self.core.list_namespaced_pod, "Job": self.batch.list_namespaced_job},
+            self.namespace,
+            apply=self._apply,
+            known=self._known,
+            stop=self._stop,
+            responses=self._responses,
+            watch_timeout=watch_timeout,
+        )
 
     def background_work(self) -> list[Work | WorkSet]:
         """The informers of pods and Jobs (``k8s-pods``, ``k8s-jobs``), each one list or watch request a step, and
         the pods' log streams (``k8s-pod-logs``), one key per pod whose log is followed, a step following it."""
         informers: list[Work | WorkSet] = [
-            Work(f"k8s-{kind.lower()}s", partial(self._inform_once, kind), INFORM_BACKOFF, interrupt=self._interrupt)
-            for kind in ("Pod", "Job")
+            Work(
+                f"k8s-{kind.lower()}s",
+                partial(self._informers.inform_once, kind),
+                INFORM_BACKOFF,
+                interrupt=self._interrupt,
+            )
+            for kind in KINDS
         ]
         logs = self._pod_logs
         streams = WorkSet(
@@ -227,84 +219,11 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer, No
         )
         return [*informers, streams]
 
-    # -- informers --------------------------------------------------------------------------------------
+    # -- the informers' objects ---------------------------------------------------------------------------
 
-    def _list_call(self, kind: str) -> Callable[..., Any]:
-        return self.core.list_namespaced_pod if kind == "Pod" else self.batch.list_namespaced_job
-
-    def _inform_once(self, kind: str) -> float | None:
-        """One request of the informer of ``kind``: the list (at first, and after 410 Gone or an error), else one
-        watch from the last resourceVersion until the server's timeout. Returns 0 (the next request at once), or
-        the back-off after an error (doubling to 10 s), or None once the backend is closing."""
-        if self._stop.is_set():
-            return None
-        selector = f"{MANAGED_BY}=kiln"
-        call = self._list_call(kind)
-        version = self._versions[kind]
-        try:
-            if version is None:
-                resp = call(self.namespace, label_selector=selector, _preload_content=False)
-                listed = json.loads(resp.data)
-                self._replace(kind, listed.get("items") or [])
-                self._synced[kind].set()
-                self._versions[kind] = str((listed.get("metadata") or {}).get("resourceVersion") or "")
-            else:
-                version, gone = self._watch(kind, call, selector, version)
-                if gone:
-                    log.info("watch of %ss: resourceVersion %s expired (410 Gone); re-listing", kind, version)
-                self._versions[kind] = None if gone else version
-        except Exception as exc:
-            if self._stop.is_set():
-                return None
-            backoff = self._backoff[kind]
-            log.warning("watch of %ss failed (%s: %s); re-listing in %.1fs", kind, type(exc).__name__, exc, backoff)
-            self._versions[kind] = None
-            self._backoff[kind] = min(backoff * 2, 10.0)
-            return backoff
-        self._backoff[kind] = INFORM_BACKOFF
-        return 0.0
-
-    def _watch(self, kind: str, call: Callable[..., Any], selector: str, version: str) -> tuple[str, bool]:
-        """One watch request, until the server's timeout; (last resourceVersion seen, whether it was 410 Gone)."""
-        resp = call(
-            self.namespace,
-            label_selector=selector,
-            watch=True,
-            resource_version=version or None,
-            timeout_seconds=self.watch_timeout,
-            allow_watch_bookmarks=True,
-            _preload_content=False,
-            _request_timeout=(10, self.watch_timeout + 30),
-        )
-        self._responses.add(resp)
-        try:
-            for line in iter_lines(resp):
-                if self._stop.is_set():
-                    return version, False
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                obj = event.get("object") or {}
-                if event.get("type") == "ERROR":
-                    if obj.get("code") == 410:
-                        return version, True
-                    raise BackendError(f"watch error: {obj.get('reason')}: {obj.get('message')}", retryable=True)
-                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                if event.get("type") != "BOOKMARK":
-                    self._apply(kind, str(event.get("type")), obj)
-        finally:
-            self._responses.discard(resp)
-            resp.release_conn()
-        return version, False
-
-    def _replace(self, kind: str, items: list[Obj]) -> None:
-        fresh = {str(o["metadata"]["name"]) for o in items}
+    def _known(self, kind: str) -> list[Obj]:
         with self._lock:
-            gone = [old for name, old in self._objects[kind].items() if name not in fresh]
-        for old in gone:
-            self._apply(kind, "DELETED", old)
-        for obj in items:
-            self._apply(kind, "MODIFIED", obj)
+            return list(self._objects[kind].values())
 
     def _apply(self, kind: str, event: str, obj: Obj) -> None:
         name = str((obj.get("metadata") or {}).get("name"))
@@ -369,7 +288,7 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer, No
                 "network: isolated (the outside world under the operator's egress rules) or none",
                 details={"field": "spec.network"},
             )
-        notebook = _notebook_of(spec)
+        notebook = notebook_of(spec)
         if notebook is not None:  # raises InvalidInput
             render_notebook(
                 notebook, spec, "validate", "validate", 1, self.cfg, token="x", notebook_token="x", catalog=self.catalog
@@ -390,7 +309,7 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer, No
             private, public = new_ssh_keypair()  # used only if the Secret does not exist yet
         code_sha = launch.code_key.rsplit("/", 1)[-1].split(".", 1)[0] if launch.code_key else None
         endpoint = self.endpoint or launch.api_endpoint or "http://kiln:8080"
-        notebook = _notebook_of(spec)
+        notebook = notebook_of(spec)
         if notebook is not None:  # its token is this start's (a Secret that exists already keeps its own)
             objects = render_notebook(
                 notebook,
@@ -440,7 +359,7 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer, No
         attempt = self._track(handle["job_id"], int(handle["attempt"]))
         if attempt.final is not None:
             return attempt.final
-        if not all(event.wait(10) for event in self._synced.values()):
+        if not self._informers.wait_synced(10):
             return AttemptStatus(
                 Phase.STARTING, message="the controller has not listed the cluster's pods and Jobs yet"
             )
@@ -513,22 +432,12 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer, No
     # -- notebooks -------------------------------------------------------------------------------------------
 
     def notebook_address(self, job_id: str, handle: dict[str, Any] | None) -> NotebookAddress | None:
-        """The notebook Service's cluster IP on port 8888 and the token in the attempt's Secret, read once per
-        attempt (then kept: neither changes while the attempt lives); None while the Service has no IP."""
+        """Read once per attempt (then kept: neither the Service's IP nor the token changes while it lives)."""
         if not handle:
             return None
         attempt = self._track(job_id, int(handle["attempt"]))
-        if attempt.notebook is not None:
-            return attempt.notebook
-        service = self._kube.read("Service", notebook_service_name(job_id, attempt.attempt))
-        secret = self._kube.read("Secret", base_name(job_id, attempt.attempt))
-        ip = str(((service or {}).get("spec") or {}).get("clusterIP") or "")
-        encoded = ((secret or {}).get("data") or {}).get(TOKEN_KEY)
-        if not ip or ip == "None" or not encoded:
-            return None
-        token = base64.b64decode(encoded).decode()
-        host = f"[{ip}]" if ":" in ip else ip
-        attempt.notebook = NotebookAddress(f"http://{host}:{NOTEBOOK_PORT}", token)
+        if attempt.notebook is None:
+            attempt.notebook = read_notebook_address(self._kube, job_id, attempt.attempt)
         return attempt.notebook
 
     # -- model services -------------------------------------------------------------------------------------------

@@ -31,11 +31,14 @@ and adjusts what a notebook needs on a cluster:
 
 from __future__ import annotations
 
+import base64
 import copy
 from pathlib import Path
 from typing import Any
 
+from kiln.backends.capabilities import NotebookAddress
 from kiln.backends.kubernetes.inputs import KubeConfig, RenderInput, resolve_image
+from kiln.backends.kubernetes.kubeapi import KubeObjects
 from kiln.backends.kubernetes.names import (
     LABEL_ATTEMPT,
     LABEL_JOB,
@@ -49,8 +52,8 @@ from kiln.backends.kubernetes.names import (
 from kiln.backends.kubernetes.netpol import _server_peer
 from kiln.backends.kubernetes.render import render
 from kiln.domain.catalog import DEFAULT_CATALOG, Catalog
-from kiln.domain.notebooks import LAB_PACKAGES
-from kiln.domain.spec import JobSpec
+from kiln.domain.notebooks import LAB_PACKAGES, NOTEBOOK_LABEL
+from kiln.domain.spec import JobSpec, command_argv
 from kiln.errors import InvalidInput
 
 Obj = dict[str, Any]
@@ -73,6 +76,34 @@ LAUNCHER_ARGS = [
     f"import runpy, sys; sys.path.insert(0, {LAUNCHER_DIR!r}); "
     "runpy.run_module('kiln.injob.notebook', run_name='__main__', alter_sys=True)",
 ]
+
+
+def notebook_of(spec: JobSpec) -> str | None:
+    """The notebook whose start ``spec`` is (kiln.usecases.notebooks.job_spec labels it), or None; InvalidInput
+    for a TensorBoard."""
+    notebook = spec.labels.get(NOTEBOOK_LABEL)
+    if notebook is not None and command_argv(spec.command)[-1:] == ["kiln.injob.tensorboard"]:
+        raise InvalidInput(
+            "TensorBoard sessions run on the local executor only: TensorBoard has no token of its own, so on a "
+            "cluster nothing but the network would guard it; open the jobs' event files with `kiln jobs files` "
+            "(the `tensorboard/` prefix), or run TensorBoard on a server with the local executor",
+            details={"field": "spec.kind"},
+        )
+    return notebook
+
+
+def read_notebook_address(kube: KubeObjects, job_id: str, attempt: int) -> NotebookAddress | None:
+    """The notebook Service's cluster IP on port 8888 and the token in the attempt's Secret; None while the
+    Service has no IP (or either object is missing)."""
+    service = kube.read("Service", notebook_service_name(job_id, attempt))
+    secret = kube.read("Secret", base_name(job_id, attempt))
+    ip = str(((service or {}).get("spec") or {}).get("clusterIP") or "")
+    encoded = ((secret or {}).get("data") or {}).get(TOKEN_KEY)
+    if not ip or ip == "None" or not encoded:
+        return None
+    token = base64.b64decode(encoded).decode()
+    host = f"[{ip}]" if ":" in ip else ip
+    return NotebookAddress(f"http://{host}:{NOTEBOOK_PORT}", token)
 
 
 def notebook_service_name(job_id: str, attempt: int) -> str:
