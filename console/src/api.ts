@@ -2,6 +2,7 @@
 // POST /api/v1/session), the CSRF token as X-Kiln-CSRF on every request that changes something, and one place
 // that turns a 401 into "sign in again" and an error body into a message a person can read.
 
+import { takeEarly } from "./early";
 import { getSession } from "./session";
 
 export const API = "/api/v1";
@@ -64,15 +65,19 @@ function headers(method: string, json: boolean): Headers {
 /** The raw fetch (for streams and text bodies); errors are thrown as ApiError like request()'s. */
 export async function send(method: string, path: string, opts: Options = {}): Promise<Response> {
   const json = opts.body !== undefined;
+  const target = url(path, opts.query);
   let response: Response;
   try {
-    response = await fetch(url(path, opts.query), {
-      method,
-      headers: headers(method, json),
-      body: json ? JSON.stringify(opts.body) : undefined,
-      credentials: "same-origin",
-      signal: opts.signal,
-    });
+    const taken = takeEarly(method, target);
+    response = await (taken ??
+      fetch(target, {
+        method,
+        headers: headers(method, json),
+        body: json ? JSON.stringify(opts.body) : undefined,
+        credentials: "same-origin",
+        signal: opts.signal,
+      }));
+    if (taken && opts.signal?.aborted) throw new DOMException("the caller stopped waiting", "AbortError");
   } catch (err) {
     if (err instanceof DOMException && err.name === "AbortError") throw err;
     throw new ApiError(0, "network", "cannot reach the Kiln server (is it running?)");

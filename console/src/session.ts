@@ -2,6 +2,7 @@
 // token is read again from GET /api/v1/session when the page loads.
 
 import { useEffect, useState } from "preact/hooks";
+import { dropEarly } from "./early";
 import type { SessionBody, User } from "./types";
 
 let current: SessionBody | null = null;
@@ -12,6 +13,7 @@ export function getSession(): SessionBody | null {
 }
 
 export function setSession(session: SessionBody | null): void {
+  if (!session) dropEarly(); // what the page asked before signing in, or with a session now gone: not to be reused
   current = session;
   listeners.forEach((fn) => fn(session));
 }

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -625,3 +626,21 @@ def test_the_audit_tab_and_a_jobs_page_name_people(world: World, context: Browse
     details = page.get_by_test_id("job-details")
     expect(details).to_contain_text(member.user_name)
     assert member.user_id not in details.inner_text()
+
+
+def test_a_job_page_asks_for_its_session_job_and_metric_summary_once_each_at_the_start(
+    world: World, context: BrowserContext
+) -> None:
+    """public/early.js sends the session check, the job and (on the Metrics tab) its summary while the bundle loads;
+    the app takes those answers instead of asking again one after the other. What it got signed out (401s) is not
+    reused once signed in: sign_in starts on this page signed out."""
+    job_id = world.alpha_finished
+    page = sign_in(context, world.server.url, world.alpha["member"], f"/jobs/{job_id}?tab=metrics")
+    expect(page.get_by_test_id("job-detail")).to_have_attribute("data-job-id", job_id)
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(urlsplit(r.url).path) if "/api/v1/" in r.url else None)
+    page.reload()
+    expect(page.get_by_test_id("job-detail")).to_have_attribute("data-job-id", job_id)
+    expect(page.get_by_test_id("charts").locator("[aria-busy=true]")).to_have_count(0)  # the summary is in
+    for path in ("/api/v1/session", f"/api/v1/jobs/{job_id}", f"/api/v1/jobs/{job_id}/metrics/summary"):
+        assert asked.count(path) == 1, (path, asked)
