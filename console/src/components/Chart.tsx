@@ -37,6 +37,8 @@ interface Props {
   /** A drag selected this x range (null: reset), for a caller that reloads the range in more detail. */
   onZoom?: (range: [number, number] | null) => void;
   testid?: string;
+  /** A performance mark set when the first chart that names it has drawn (besides kiln:first-chart). */
+  mark?: string;
 }
 
 const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#be185d", "#4d7c0f", "#a16207", "#475569"];
@@ -86,6 +88,7 @@ function build(lines: ChartLine[], logScale: boolean, smoothing: number, xLabel:
 }
 
 let firstChartMarked = false;
+const marked = new Set<string>();
 
 export function Chart(props: Props) {
   const { title, lines, xTime = false, logScale = false, smoothing = 0, height = 220, yFormat, onZoom } = props;
@@ -137,6 +140,10 @@ export function Chart(props: Props) {
             if (!firstChartMarked) {
               firstChartMarked = true;
               performance.mark("kiln:first-chart");
+            }
+            if (props.mark && !marked.has(props.mark)) {
+              marked.add(props.mark);
+              performance.mark(props.mark);
             }
           },
         ],

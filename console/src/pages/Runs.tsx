@@ -1,12 +1,15 @@
-import { useEffect, useState } from "preact/hooks";
-import { tracking } from "../api";
+import { useEffect, useMemo, useRef, useState } from "preact/hooks";
+import { get, tracking } from "../api";
 import { Chart, type ChartLine } from "../components/Chart";
 import { Empty, ErrorBox, Loading, StateBadge } from "../components/ui";
+import { useWidth } from "../hooks";
 import { Link, setQuery, useLocation } from "../router";
+import type { SeriesData } from "../types";
 
 // Runs: every job is one (and so is every run logged with MLflow's client), read through the MLflow protocol Kiln
 // serves at /mlflow. Filtering and sorting are the server's (MLflow's filter syntax; a column header sorts); the
-// page's state is its URL (?experiment=&filter=&sort=&columns=), so a view can be shared.
+// page's state is its URL (?experiment=&filter=&sort=&columns=&compare=), so a view can be shared, the runs
+// compared included.
 
 interface KV {
   key: string;
@@ -63,7 +66,8 @@ export function Runs() {
   const [experiments, setExperiments] = useState<Experiment[]>([]);
   const [runs, setRuns] = useState<Run[] | undefined>(undefined);
   const [error, setError] = useState<unknown>(undefined);
-  const [picked, setPicked] = useState<string[]>([]);
+  const picked = (query.get("compare") ?? "").split(",").filter(Boolean);
+  const setPicked = (ids: string[]) => setQuery({ compare: ids.length ? ids.join(",") : null });
 
   useEffect(() => {
     tracking<{ experiments?: Experiment[] }>("experiments/search", { max_results: 1000 })
@@ -103,7 +107,7 @@ export function Runs() {
       <div class="card filter-bar">
         <label>
           Experiment{" "}
-          <select data-testid="runs-experiment" value={experiment} onChange={(e) => setQuery({ experiment: (e.target as HTMLSelectElement).value, sort: null, filter: null, columns: null })}>
+          <select data-testid="runs-experiment" value={experiment} onChange={(e) => setQuery({ experiment: (e.target as HTMLSelectElement).value, sort: null, filter: null, columns: null, compare: null })}>
             {[...new Set([experiment, ...experiments.map((x) => x.name)])].map((name) => (
               <option key={name} value={name}>
                 {name}
@@ -194,44 +198,87 @@ export function Runs() {
 }
 
 const CHARTED = 4; // metrics drawn, each with every ticked run's line
-const HISTORY = 5000; // points of each line
+
+/** Points of each line: about one a pixel of the chart's width (the server downsamples, keeping the shape). */
+function downsampleFor(width: number): number {
+  return Math.min(2000, Math.max(200, Math.round(width / 50) * 50));
+}
+
+/** The downsample for a chart this wide, kept while the width stays within a quarter of the one it was chosen
+ * for: a scroll bar coming or going does not ask for every series again. 0 until the width is known. */
+function useDownsample(width: number): number {
+  const chosenFor = useRef(0);
+  if (width > 0 && (!chosenFor.current || Math.abs(width - chosenFor.current) > chosenFor.current / 4)) chosenFor.current = width;
+  return chosenFor.current ? downsampleFor(chosenFor.current) : 0;
+}
+
+const finite = (v: unknown): number | null => (typeof v === "number" && Number.isFinite(v) ? v : null);
+
+/** One chart's lines: a line per run (and per worker, where a run has several), by step where its points have
+ * one, else by seconds since its first point. */
+function linesOf(key: string, runs: Run[], data: Record<string, SeriesData[]>): ChartLine[] {
+  const lines: ChartLine[] = [];
+  for (const run of runs) {
+    const series = (data[run.info.run_id] ?? []).filter((s) => s.name === key && s.kind === "scalar");
+    for (const s of series) {
+      const stepped = s.points.filter((pt) => pt[0] !== null);
+      const pts = stepped.length ? stepped : s.points;
+      const t0 = pts.length ? pts[0][1] : 0;
+      lines.push({
+        label: series.length > 1 ? `${run.info.run_name} · ${s.worker}` : run.info.run_name,
+        xs: pts.map((pt) => (stepped.length ? (pt[0] as number) : pt[1] - t0)),
+        ys: pts.map((pt) => finite(pt[2])),
+      });
+    }
+  }
+  return lines;
+}
 
 // The runs ticked in the table, side by side: the params that differ, every metric's last value, and the first
-// metrics' histories with one line per run, overlaid.
+// metrics' series with one line per run, overlaid: one request for every run and metric (GET /runs/metrics), each
+// series downsampled by the server to about the chart's width, so runs of a million points each load at once.
 function Compare({ runs }: { runs: Run[] }) {
   const params = [...new Set(runs.flatMap((r) => (r.data.params ?? []).map((p) => p.key)))].sort();
   const differ = params.filter((k) => new Set(runs.map((r) => value(r, `params.${k}`))).size > 1);
   const metrics = [...new Set(runs.flatMap((r) => (r.data.metrics ?? []).map((m) => m.key)))].sort();
-  const ids = runs.map((r) => r.info.run_id).join(",");
-  const [charts, setCharts] = useState<[string, ChartLine[]][]>([]);
+  const charted = metrics.slice(0, CHARTED);
+  const ids = runs.map((r) => r.info.run_id);
+  const [measure, width] = useWidth<HTMLDivElement>();
+  const downsample = useDownsample(width);
+  const [data, setData] = useState<Record<string, SeriesData[]> | undefined>(undefined);
+  const [error, setError] = useState<unknown>(undefined);
   useEffect(() => {
+    if (!downsample || !charted.length) return undefined;
     const abort = new AbortController();
-    Promise.all(
-      metrics.slice(0, CHARTED).map(async (key): Promise<[string, ChartLine[]]> => {
-        const lines = await Promise.all(
-          runs.map(async (run) => {
-            const answer = await tracking<{ metrics?: { step: number; value: number }[] }>(
-              "metrics/get-history",
-              { run_id: run.info.run_id, metric_key: key, max_results: HISTORY },
-              abort.signal,
-            );
-            const points = answer.metrics ?? [];
-            return { label: run.info.run_name, xs: points.map((p) => p.step), ys: points.map((p) => p.value) };
-          }),
-        );
-        return [key, lines];
-      }),
-    )
-      .then(setCharts)
-      .catch(() => setCharts([]));
+    get<{ runs: Record<string, SeriesData[]> }>("/runs/metrics", { run: ids, name: charted, downsample }, abort.signal)
+      .then((answer) => {
+        setData(answer.runs);
+        setError(undefined);
+      })
+      .catch((err) => !abort.signal.aborted && setError(err));
     return () => abort.abort();
-  }, [ids, metrics.join(",")]);
+  }, [ids.join(","), charted.join(","), downsample]);
+  const charts = useMemo(
+    () =>
+      data
+        ? charted.map((key) => {
+            const count = runs.reduce((n, r) => n + (data[r.info.run_id] ?? []).filter((s) => s.name === key).reduce((m, s) => m + s.count, 0), 0);
+            return { key, lines: linesOf(key, runs, data), count };
+          })
+        : undefined,
+    [data, ids.join(","), charted.join(",")],
+  );
   return (
-    <div class="card table-wrap" data-testid="runs-compare">
+    <div ref={measure} class="card table-wrap" data-testid="runs-compare" data-downsample={downsample}>
       <h2>Compare</h2>
-      {charts.map(([key, lines]) => (
-        <Chart key={key} title={key} lines={lines} xLabel="step" testid={`compare-chart-${key}`} />
-      ))}
+      <ErrorBox error={error} />
+      {charts ? (
+        charts.map(({ key, lines, count }) => (
+          <Chart key={key} title={key} lines={lines} count={count} xLabel="step" testid={`compare-chart-${key}`} mark="kiln:compare-chart" />
+        ))
+      ) : charted.length && !error ? (
+        <Loading />
+      ) : null}
       <table>
         <thead>
           <tr>
