@@ -34,8 +34,9 @@
   which only Kiln's notebook service sets) renders with
   :func:`~kiln.backends.kubernetes.notebooks.render_notebook`: JupyterLab on the pod's port 8888 with a token this
   start makes (kept in the attempt's Secret), behind a ClusterIP Service that only Kiln's server may reach;
-  ``notebook_address`` is that Service's cluster IP and the Secret's token (``read_notebook_address``). TensorBoard sessions are refused: their
-  server has no token of its own, and on the local executor only a 0600 Unix socket guards it.
+  ``notebook_address`` is that Service's cluster IP and the Secret's token (``read_notebook_address``).
+  TensorBoard sessions are refused: their server has no token of its own, and on the local executor only a 0600
+  Unix socket guards it.
 - Model services (:class:`~kiln.backends.capabilities.ServiceDeployer`): a service is a Deployment behind a
   ClusterIP Service (+ an HPA), not jobs; :class:`~kiln.backends.kubernetes.service_objects.ServiceObjects`
   applies, reads and deletes them.
