@@ -386,11 +386,15 @@ def test_appends_that_wait_for_the_writer_are_committed_together(database_url: s
         assert results == {n: 2 * (n + 1) for n in range(1, 9)}  # each caller's own points
         assert transactions == 1  # one group, one transaction
         with db.read() as s:
-            rows = s.connection().exec_driver_sql(
-                "SELECT s.job_id, s.name, s.count, count(p.seq), min(p.seq), max(p.seq) FROM metric_series s "
-                "JOIN metric_points p ON p.series_id = s.id WHERE s.job_id LIKE 'job-g%%' "
-                "GROUP BY s.job_id, s.name, s.count"
-            ).all()
+            rows = (
+                s.connection()
+                .exec_driver_sql(
+                    "SELECT s.job_id, s.name, s.count, count(p.seq), min(p.seq), max(p.seq) FROM metric_series s "
+                    "JOIN metric_points p ON p.series_id = s.id WHERE s.job_id LIKE 'job-g%%' "
+                    "GROUP BY s.job_id, s.name, s.count"
+                )
+                .all()
+            )
         by_name = {(job, name): (count, n, low, high) for job, name, count, n, low, high in rows}
         odd, even = [n for n in range(1, 9) if n % 2], [n for n in range(1, 9) if not n % 2]
         assert by_name[("job-g1", "loss")] == (sum(n + 1 for n in odd),) * 2 + (0, sum(n + 1 for n in odd) - 1)
