@@ -30,9 +30,13 @@ RunIds = Annotated[
         description=f"A run id, repeated for each run (at most {limits.MAX_COMPARE_JOBS}); a job's run is its job id",
     ),
 ]
+MAX_NAMES = 20  # with 50 run ids, the longest request (every value percent-encoded) stays under the head limit
 MetricNames = Annotated[
     list[Annotated[str, StringConstraints(max_length=MAX_KEY)]] | None,
-    Query(max_length=100, description="A metric name, repeated for each metric (default: every metric of the runs)"),
+    Query(
+        max_length=MAX_NAMES,
+        description=f"A metric name, repeated for each metric (at most {MAX_NAMES}; default: every metric of the runs)",
+    ),
 ]
 
 
