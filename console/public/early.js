@@ -1,16 +1,18 @@
 // The page's first requests, sent while the bundle still loads (index.html runs this script before the bundle; the
-// server's policy allows no inline script): the session check on every page, and on a job's page the job and, on
-// its Metrics or System tab, its metric summary. The app takes each answer once, for the same GET, instead of
-// sending it again after the one before (src/early.ts, src/api.ts: send), so the first chart waits for fewer round
-// trips; it forgets them all once signed out. An answer not taken within 10 s is dropped: later reads go to the
-// server.
+// server's policy allows no inline script): the session check on every page; on a job's page the job and, on its
+// Metrics or System tab, its metric summary; on the Runs page the experiments and the one it shows. The app takes
+// each answer once, for the same GET, instead of sending it again after the one before (src/early.ts, src/api.ts),
+// so the first chart waits for fewer round trips; it forgets them all once signed out. An answer not taken within
+// 10 s is dropped: later reads go to the server.
 (function () {
   var early = {};
-  var get = function (path) {
-    var url = "/api/v1" + path;
+  var ask = function (url) {
     var answer = fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" });
     answer.catch(function () {}); // a failure is the app's to report when it takes the answer
     early[url] = answer;
+  };
+  var get = function (path) {
+    ask("/api/v1" + path);
   };
   get("/session");
   var job = /^\/jobs\/([^/]+)$/.exec(location.pathname);
@@ -26,6 +28,13 @@
       var tab = new URLSearchParams(location.search).get("tab");
       if (tab === "metrics" || tab === "system") get("/jobs/" + id + "/metrics/summary");
     }
+  }
+  if (location.pathname === "/runs") {
+    // The Runs page: the experiments, and the one shown (its runs are searched by its id, once it is known).
+    var mlflow = "/mlflow/api/2.0/mlflow/";
+    var experiment = new URLSearchParams(location.search).get("experiment") || "Default";
+    ask(mlflow + "experiments/search?max_results=1000");
+    ask(mlflow + "experiments/get-by-name?" + new URLSearchParams({ experiment_name: experiment }).toString());
   }
   window.__kilnEarly = early;
   setTimeout(function () {

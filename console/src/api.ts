@@ -148,13 +148,12 @@ function fieldErrors(details: unknown): string[] {
 /** A read of MLflow's tracking protocol that Kiln serves at /mlflow (runs and experiments: every job is a run),
  * with the session cookie; its errors ({error_code, message}) as ApiError. */
 export async function tracking<T>(endpoint: string, query?: Query, signal?: AbortSignal): Promise<T> {
+  const target = `/mlflow/api/2.0/mlflow/${endpoint}${queryString(query)}`;
   let response: Response;
   try {
-    response = await fetch(`/mlflow/api/2.0/mlflow/${endpoint}${queryString(query)}`, {
-      headers: { Accept: "application/json" },
-      credentials: "same-origin",
-      signal,
-    });
+    const taken = takeEarly("GET", target);
+    response = await (taken ?? fetch(target, { headers: { Accept: "application/json" }, credentials: "same-origin", signal }));
+    if (taken && signal?.aborted) throw new DOMException("the caller stopped waiting", "AbortError");
   } catch (err) {
     if (err instanceof DOMException && err.name === "AbortError") throw err;
     throw new ApiError(0, "network", "cannot reach the Kiln server (is it running?)");

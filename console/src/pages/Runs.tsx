@@ -199,9 +199,10 @@ export function Runs() {
 
 const CHARTED = 4; // metrics drawn, each with every ticked run's line
 
-/** Points of each line: about one a pixel of the chart's width (the server downsamples, keeping the shape). */
+/** Points of each line: about one a pixel of the chart's width (the server downsamples, keeping the shape), at
+ * most 1,000: with several runs' lines overlaid, more would not show, and cost the server more. */
 function downsampleFor(width: number): number {
-  return Math.min(2000, Math.max(200, Math.round(width / 50) * 50));
+  return Math.min(1000, Math.max(200, Math.round(width / 50) * 50));
 }
 
 /** The downsample for a chart this wide, kept while the width stays within a quarter of the one it was chosen
