@@ -195,3 +195,52 @@ def test_mount_is_refused_at_submit_where_it_cannot_work(make_server, tmp_path: 
     ):
         client.submit({"command": "true", "inputs": [{"dataset": "digits", "mode": "mount"}]})
     assert client.list_jobs() == []
+
+
+WRITER = r"""
+import os, pathlib
+out = pathlib.Path(os.environ["KILN_OUTPUT_DIR"])
+(out / "model").mkdir()
+(out / "model" / "weights.bin").write_bytes(bytes(range(256)) * 40)
+(out / "rows.txt").write_text("1200\n")
+"""
+
+READ_PREP = r"""
+import hashlib, os, pathlib
+root = pathlib.Path(os.environ["KILN_INPUT_PREP"])
+print(sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()))
+weights = (root / "model" / "weights.bin").read_bytes()
+print((root / "rows.txt").read_text().strip(), hashlib.sha256(weights).hexdigest())
+"""
+
+
+def test_a_job_reads_an_ended_jobs_outputs(server: KilnServer) -> None:
+    """``inputs: [{job: ID, name: prep}]``: the outputs of a job that succeeded, staged read-only at /data/prep
+    ($KILN_INPUT_PREP), each file checked against the hash read at submit; refused at submit (naming the field)
+    while the job runs, when it failed, and when it is not the caller's organisation's."""
+    from tests.tenancy_helpers import Api, create_tenant
+
+    client = server.client()
+    py = {"runtime": {"python": sys.executable}}
+    first = client.submit({"command": [sys.executable, "-c", WRITER + "import time; time.sleep(2)"], **py})
+    with pytest.raises(InvalidInput, match=r"inputs\[0\]\.job: job .* is (QUEUED|STARTING|RUNNING); its outputs"):
+        client.submit({"command": "true", "inputs": [{"job": first.id}]})
+    assert wait_for(client, first.id, timeout=60).state == "SUCCEEDED"
+    reader = client.submit(
+        {"command": [sys.executable, "-c", READ_PREP], "inputs": [{"job": first.id, "name": "prep"}], **py}
+    )
+    done = wait_for(client, reader.id, timeout=60)
+    assert done.state == "SUCCEEDED", (done.message, log_text(client, reader.id))
+    weights = hashlib.sha256(bytes(range(256)) * 40).hexdigest()
+    assert log_text(client, reader.id) == ["['model/weights.bin', 'rows.txt']", f"1200 {weights}"]
+
+    failed = wait_for(client, client.submit({"command": "exit 3"}).id, timeout=60)
+    assert failed.state == "FAILED"
+    with pytest.raises(InvalidInput, match=r"inputs\[0\]\.job: job .* is FAILED"):
+        client.submit({"command": "true", "inputs": [{"job": failed.id}]})
+    with pytest.raises(ValueError, match=r"outputs are staged \(mode: stage\), not mounted"):  # the spec's own rule
+        client.submit({"command": "true", "inputs": [{"job": first.id, "mode": "mount"}]})
+
+    stranger = create_tenant(Api.admin(server), "outsiders", ("member",))["member"].api
+    answer = stranger.request("POST", "/jobs", json_body={"spec": {"command": "true", "inputs": [{"job": first.id}]}})
+    assert answer.status_code == 422 and f"no job {first.id} in this organisation" in answer.text, answer.text

@@ -278,8 +278,9 @@ def input_env_name(dataset: str) -> str:
 
 
 class InputSpec(_Strict):
-    """A dataset version, or a registered model's version, the job reads: staged (or mounted) read-only at
-    ``path`` before the command runs. Exactly one of ``dataset`` and ``model``."""
+    """What the job reads, staged (or mounted) read-only at ``path`` before the command runs: a dataset version, a
+    registered model's version, or the outputs of an ended job of the organisation. Exactly one of ``dataset``,
+    ``model`` and ``job``."""
 
     dataset: str | None = Field(
         None,
@@ -292,10 +293,24 @@ class InputSpec(_Strict):
         description="A registered model: NAME@VERSION, NAME@ALIAS or NAME (the latest); pinned to its version "
         "number at submit.",
     )
+    job: str | None = Field(
+        None,
+        max_length=64,
+        pattern=r"^[a-z]+-[0-9a-z]{1,40}$",
+        description="A job that succeeded: its outputs (what it wrote to $KILN_OUTPUT_DIR), as they were when it "
+        "ended.",
+    )
+    name: str | None = Field(
+        None,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="What the job calls it: $KILN_INPUT_<NAME> and the default path /data/NAME; default the "
+        "dataset's, the model's or the job's name.",
+    )
     path: str | None = Field(
         None,
         max_length=limits.MAX_PATH_LENGTH,
-        description="Where the job sees it; default /data/NAME (a dataset), /models/NAME (a model).",
+        description="Where the job sees it; default /data/NAME (a dataset, a job's outputs), /models/NAME (a model).",
     )
     mode: Literal["stage", "mount"] = Field("stage", description="Copy into a local cache, or mount (FUSE).")
 
@@ -315,14 +330,21 @@ class InputSpec(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> InputSpec:
-        if (self.dataset is None) == (self.model is None):
-            raise ValueError("give exactly one of dataset (NAME@VERSION) and model (NAME@VERSION|ALIAS)")
+        if [self.dataset, self.model, self.job].count(None) != 2:
+            raise ValueError("give exactly one of dataset (NAME@VERSION), model (NAME@VERSION|ALIAS) and job (JOB_ID)")
+        if self.job is not None and self.mode == "mount":
+            raise ValueError("a job's outputs are staged (mode: stage), not mounted")
         return self
 
     @property
     def ref(self) -> str:
-        """The dataset's or the model's reference, as given (or pinned)."""
-        return self.dataset if self.dataset is not None else self.model or ""
+        """The dataset's, the model's or the job's reference, as given (or pinned)."""
+        return self.dataset if self.dataset is not None else self.model if self.model is not None else self.job or ""
+
+    @property
+    def env(self) -> str:
+        """``KILN_INPUT_<NAME>``: where the job finds it."""
+        return input_env_name(self.name or self.ref)
 
     @field_validator("path")
     @classmethod
@@ -335,12 +357,13 @@ class InputSpec(_Strict):
         return value
 
     @property
-    def name(self) -> str:
-        return self.ref.split("@", 1)[0]
+    def label(self) -> str:
+        """Its name: as given, else the dataset's or the model's (without the version), or the job's id."""
+        return self.name or self.ref.split("@", 1)[0]
 
     @property
     def where(self) -> str:
-        return self.path or (f"/data/{self.name}" if self.dataset is not None else f"/models/{self.name}")
+        return self.path or (f"/models/{self.label}" if self.model is not None else f"/data/{self.label}")
 
 
 NetworkMode = Literal["isolated", "none", "host"]
@@ -485,7 +508,7 @@ class JobSpec(_Strict):
         seen_env: dict[str, str] = {}
         seen_path: set[str] = set()
         for item in self.inputs:
-            env = input_env_name(item.ref)
+            env = item.env
             if env in seen_env:
                 raise ValueError(f"inputs: {item.ref!r} and {seen_env[env]!r} would share {env}")
             seen_env[env] = item.ref

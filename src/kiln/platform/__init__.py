@@ -47,12 +47,13 @@ from kiln.usecases.blobs import BlobService
 from kiln.usecases.datasets import DatasetService
 from kiln.usecases.idempotency import Idempotency
 from kiln.usecases.identity import Credentials, IdentityService
-from kiln.usecases.inputs import dataset_pinner, input_resolver, model_pinner
+from kiln.usecases.inputs import dataset_pinner, input_resolver, job_output_pinner, model_pinner
 from kiln.usecases.jobs import JobService
 from kiln.usecases.metrics import MetricsService
 from kiln.usecases.model_registry import ModelRegistry
 from kiln.usecases.nodes import NodeService
 from kiln.usecases.notebooks import NotebookService
+from kiln.usecases.output_manifests import OutputManifests
 from kiln.usecases.outputs import OutputService
 from kiln.usecases.quotas import QuotaService
 from kiln.usecases.recovery import announce_offline_actions
@@ -122,13 +123,15 @@ class Platform:
         self.models = ModelRegistry(
             self.db, self.store, settings, self.quotas, self.metrics_ingester.ingest_now, self.idempotency
         )
+        # Ended jobs' outputs that other jobs read: checked and read at submit, staged when an attempt starts.
+        self.output_manifests = OutputManifests(self.db, self.store, self.models.tmp_dir)
         self.reconciler = Reconciler(
             self.db,
             self.backend,
             self.logs,
             settings,
             mint_token=self.identity.mint_job_token,
-            resolve_inputs=input_resolver(self.datasets, self.models),
+            resolve_inputs=input_resolver(self.datasets, self.models, self.output_manifests),
             on_admitted=self.prometheus.admission.observe,  # read for a whole pass in one query
         )
         self.jobs = JobService(
@@ -143,6 +146,7 @@ class Platform:
             backend_name=self.backend.name,
             resolve_dataset=dataset_pinner(self.datasets),
             pin_model=model_pinner(self.models),
+            pin_job=job_output_pinner(self.output_manifests),
         )
         self.scheduling = SchedulingService(self.db, self.backend, settings, self.jobs)
         self.nodes = NodeService(self.db, self.backend.nodes)

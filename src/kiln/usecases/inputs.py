@@ -1,17 +1,19 @@
 """A job's ``inputs``: pinned to a version at submit, resolved to files when an attempt starts. An input is a
 dataset version (``dataset: NAME@VERSION``) or a registered model's version (``model: NAME@VERSION|ALIAS``, pinned
-to the number); both are staged the same way, from the organisation's data blobs."""
+to the number), both staged from the organisation's data blobs, or an ended job's outputs (``job: ID``, read at
+submit: ``kiln.usecases.output_manifests``), staged from that job's outputs."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from kiln.backends.base import InputFile, ResolvedInput
-from kiln.domain.spec import InputSpec, JobSpec, input_env_name
+from kiln.domain.spec import InputSpec, JobSpec
 from kiln.errors import InvalidInput, NotFound
 from kiln.usecases.dataset_names import data_prefix
 from kiln.usecases.datasets import DatasetService
 from kiln.usecases.model_registry import ModelRegistry
+from kiln.usecases.output_manifests import OutputManifests
 
 
 def dataset_pinner(datasets: DatasetService) -> Callable[[str, str], tuple[str, int]]:
@@ -42,14 +44,30 @@ def model_pinner(models: ModelRegistry) -> Callable[[str, int, InputSpec], Input
     return pin
 
 
+def job_output_pinner(manifests: OutputManifests) -> Callable[[str, int, InputSpec], InputSpec]:
+    """(org id, index in ``inputs``, a job input) → the input, its job's outputs checked and read (a 422 naming
+    the field when the job is not the organisation's or has not succeeded)."""
+
+    def pin(org_id: str, index: int, item: InputSpec) -> InputSpec:
+        manifests.pin(org_id, item.job or "", f"spec.inputs[{index}].job")
+        return item
+
+    return pin
+
+
 def input_resolver(
-    datasets: DatasetService, models: ModelRegistry | None = None
+    datasets: DatasetService, models: ModelRegistry | None = None, manifests: OutputManifests | None = None
 ) -> Callable[[str, JobSpec], tuple[ResolvedInput, ...]]:
     """(org id, spec) → each input's files, at the version the spec pins."""
 
     def resolve(org_id: str, spec: JobSpec) -> tuple[ResolvedInput, ...]:
         out = []
         for item in spec.inputs:
+            if item.job is not None:
+                if manifests is None:
+                    raise NotFound(f"input job {item.job}: this server reads no job outputs as inputs")
+                out.append(manifests.get(org_id, item.job).resolved(org_id, item))
+                continue
             if item.model is not None:
                 if models is None:
                     raise NotFound(f"input {item.model}: this server keeps no models")
@@ -63,7 +81,7 @@ def input_resolver(
                     name=name,
                     version=version,
                     path=item.where,
-                    env=input_env_name(item.ref),
+                    env=item.env,
                     mode=item.mode,
                     files=tuple(InputFile(f.path, f.size, f.sha256, f.key) for f in files),
                     blob_prefix=data_prefix(org_id),

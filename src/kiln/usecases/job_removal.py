@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from kiln.backends.base import Backend
 from kiln.backends.capabilities import JobFiles, MetricSpools
-from kiln.db.tables import Job, JobEvent, MetricCursor
+from kiln.db.tables import Job, JobEvent, MetricCursor, OutputManifest
 from kiln.domain.states import JobState
 from kiln.errors import Conflict
 from kiln.storage.keys import checkpoints_prefix, events_prefix, outputs_prefix
@@ -67,6 +67,7 @@ class JobRemoval:
             remove_run_rows(s, job_id)  # its run: params, tags, metric series
             s.execute(delete(MetricCursor).where(MetricCursor.job_id == job_id))
             s.execute(delete(JobEvent).where(JobEvent.job_id == job_id))
+            s.execute(delete(OutputManifest).where(OutputManifest.job_id == job_id))
             s.expunge(job)
             s.execute(delete(Job).where(Job.id == job_id))
         # The row is gone (the job answers 404 and its output bytes no longer count): now its files.

@@ -190,6 +190,7 @@ class JobService:
         backend_name: str = "local",
         resolve_dataset: Callable[[str, str], tuple[str, int]] | None = None,
         pin_model: Callable[[str, int, InputSpec], InputSpec] | None = None,
+        pin_job: Callable[[str, int, InputSpec], InputSpec] | None = None,
     ) -> None:
         self.validate = validate
         # The Idempotency-Keys of creates (submit, rerun): the platform's, shared with the other creates.
@@ -204,6 +205,7 @@ class JobService:
         self.resolve_dataset = resolve_dataset
         # (org id, index, a model input) → the input pinned to a version number (kiln.usecases.inputs), or a 422.
         self.pin_model = pin_model
+        self.pin_job = pin_job  # (org id, index, a job input) → the input, its job's outputs read (or a 422)
         self.wake = wake
 
     def load(self, s: Session, principal: Principal, job_id: str, *, lock: bool = False) -> Job:
@@ -387,6 +389,11 @@ class JobService:
             raise InvalidInput("inputs: this server keeps no datasets", details={"field": "spec.inputs"})
         pinned = []
         for index, item in enumerate(spec.inputs):
+            if item.job is not None:  # an ended job's outputs
+                if self.pin_job is None:
+                    raise InvalidInput("inputs: this server reads no job outputs", details={"field": "spec.inputs"})
+                pinned.append(self.pin_job(principal.org_id, index, item))
+                continue
             if item.model is not None:  # a registered model's version
                 if self.pin_model is None:
                     raise InvalidInput("inputs: this server keeps no models", details={"field": "spec.inputs"})
@@ -399,7 +406,7 @@ class JobService:
                 why = exc.message
                 if not exc.details:
                     why = (
-                        f"no dataset {item.name!r} in organisation {principal.org_name} "
+                        f"no dataset {item.label!r} in organisation {principal.org_name} "
                         "(upload it with `kiln data put PATH NAME`)"
                     )
                 raise InvalidInput(

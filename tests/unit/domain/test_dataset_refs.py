@@ -81,7 +81,7 @@ def test_an_input_flag_with_a_bad_reference_is_the_specs_error_with_the_servers_
         build_spec(None, Overrides(command=["true"], inputs=[parse_input("Mnist@3:mount")]))
     assert f"inputs[0].dataset: dataset name 'Mnist': {NAME_RULE}" in str(info.value)
     latest = build_spec(None, Overrides(command=["true"], inputs=[parse_input("mnist@latest:mount")]))
-    assert latest.inputs[0].name == "mnist" and latest.inputs[0].where == "/data/mnist"
+    assert latest.inputs[0].label == "mnist" and latest.inputs[0].where == "/data/mnist"
 
 
 def test_versions_as_urls_write_them() -> None:

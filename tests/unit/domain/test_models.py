@@ -100,7 +100,7 @@ def test_a_registration_names_a_path_inside_the_jobs_outputs() -> None:
 
 def test_an_input_is_a_dataset_or_a_model_never_both() -> None:
     model = InputSpec.model_validate({"model": "digits@production"})
-    assert (model.ref, model.name, model.where, model.dataset) == (
+    assert (model.ref, model.label, model.where, model.dataset) == (
         "digits@production",
         "digits",
         "/models/digits",
@@ -108,7 +108,9 @@ def test_an_input_is_a_dataset_or_a_model_never_both() -> None:
     )
     data = InputSpec.model_validate({"dataset": "mnist@2"})
     assert (data.ref, data.where) == ("mnist@2", "/data/mnist")
-    for bad in ({}, {"dataset": "mnist", "model": "digits@1"}):
+    job = InputSpec.model_validate({"job": "job-01abc", "name": "prep"})
+    assert (job.ref, job.label, job.where, job.env) == ("job-01abc", "prep", "/data/prep", "KILN_INPUT_PREP")
+    for bad in ({}, {"dataset": "mnist", "model": "digits@1"}, {"dataset": "mnist", "job": "job-01abc"}):
         with pytest.raises(ValidationError, match="give exactly one of dataset"):
             InputSpec.model_validate(bad)
     with pytest.raises(ValidationError) as caught:

@@ -275,6 +275,13 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer, No
                 details={"field": "spec.runtime.python"},
             )
         for index, item in enumerate(spec.inputs):
+            if item.job is not None:
+                raise InvalidInput(
+                    f"inputs[{index}].job: another job's outputs are inputs on the local executor only for now (a "
+                    "pod's init container fetches datasets and models, not job outputs); register them as a dataset "
+                    "or a model version and read that",
+                    details={"field": f"spec.inputs[{index}].job"},
+                )
             if item.mode == "mount":
                 raise InvalidInput(
                     f"inputs[{index}].mode: mount is not available on the Kubernetes backend: an init container "

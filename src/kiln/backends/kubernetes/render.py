@@ -75,7 +75,7 @@ from kiln.backends.kubernetes.names import (
     user_labels,
 )
 from kiln.backends.kubernetes.netpol import job_network_policy
-from kiln.domain.spec import JobSpec, command_argv, format_param, input_env_name, param_env_name
+from kiln.domain.spec import JobSpec, command_argv, format_param, param_env_name
 from kiln.domain.tracking import TOKEN_ENV as TRACKING_TOKEN_ENV
 from kiln.domain.tracking import tracking_env
 from kiln.errors import InvalidInput
@@ -304,7 +304,7 @@ def render(job: RenderInput, cfg: KubeConfig) -> list[dict[str, Any]]:
     if mlflow:  # MLflow's client logs into the job's run (its token: MLFLOW_TRACKING_TOKEN, from the Secret)
         static_env.update(tracking_env(endpoint, job.job_id))
     for item in spec.inputs:
-        static_env[input_env_name(item.ref)] = item.where
+        static_env[item.env] = item.where
 
     volumes: list[dict[str, Any]] = [
         {

@@ -64,7 +64,7 @@ from kiln.backends.kubernetes.gang import env_file, split_member_env
 from kiln.backends.kubernetes.render import TOKEN_PLACEHOLDER
 from kiln.domain.catalog import DEFAULT_CATALOG
 from kiln.domain.distributed import Member, gang_members
-from kiln.domain.spec import JobSpec, command_argv, format_param, input_env_name, param_env_name
+from kiln.domain.spec import JobSpec, command_argv, format_param, param_env_name
 from kiln.domain.tracking import TOKEN_ENV as TRACKING_TOKEN_ENV
 from kiln.domain.tracking import tracking_env
 from kiln.errors import InvalidInput
@@ -140,6 +140,12 @@ def _check(job: SlurmJob) -> None:
             "spec.network",
         )
     for i, item in enumerate(spec.inputs):
+        if item.job is not None:
+            raise _refuse(
+                f"inputs[{i}].job: another job's outputs are inputs on the local executor only for now; register "
+                "them as a dataset or a model version and read that",
+                f"spec.inputs.{i}.job",
+            )
         if item.mode == "mount":
             raise _refuse(
                 f"inputs[{i}] ({item.ref}): mode: mount is not available on Slurm (no FUSE is assumed on the "
@@ -283,7 +289,7 @@ def _archive(job: SlurmJob) -> bytes:
                 "source": {"dataset": item.dataset} if item.dataset is not None else {"model": item.model},
                 # The local executor's rule: an input's path is taken inside the job's work dir.
                 "path": "/".join(p for p in item.where.split("/") if p),
-                "env": input_env_name(item.ref),
+                "env": item.env,
             }
             for item in spec.inputs
         ],

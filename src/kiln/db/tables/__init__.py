@@ -4,7 +4,7 @@ import this package; routes never do. Everything is importable from here: ``from
 from kiln.db.tables.accounts import AccessKey, AuditEvent, IdempotencyKey, Nonce, OfflineAction, Organization, User
 from kiln.db.tables.base import Base, UTCDateTime, utcnow
 from kiln.db.tables.datasets import DataBlob, Dataset, DatasetFile, DatasetVersion, DataUpload, DataUploadPart
-from kiln.db.tables.jobs import Blob, Job, JobEvent, Quota, Server, TaskLease
+from kiln.db.tables.jobs import Blob, Job, JobEvent, OutputManifest, Quota, Server, TaskLease
 from kiln.db.tables.metrics import MetricChunk, MetricCursor, MetricPoint, MetricSeries
 from kiln.db.tables.notebooks import Notebook
 from kiln.db.tables.registry import Model, ModelAlias, ModelFile, ModelVersion
@@ -39,6 +39,7 @@ __all__ = [
     "Notebook",
     "OfflineAction",
     "Organization",
+    "OutputManifest",
     "Quota",
     "Run",
     "RunParam",

@@ -128,3 +128,18 @@ class Server(Base):
     endpoint: Mapped[str] = mapped_column(Text, default="")
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     seen_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class OutputManifest(Base):
+    """An ended job's outputs, each file's path, size and SHA-256, read once: what a job that reads them as an
+    input (``inputs: [{job: ID}]``) stages and checks, and what a pipeline's cache keys on. Outputs are final once
+    the job has ended, so the manifest never changes; it goes with the job."""
+
+    __tablename__ = "output_manifests"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    org_id: Mapped[str] = mapped_column(String(32))
+    files: Mapped[list[Any]] = mapped_column(JSON, default=list)  # [[path, size, sha256], ...], sorted by path
+    digest: Mapped[str] = mapped_column(String(64))  # SHA-256 of the sorted (path, sha256) pairs
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
