@@ -1,23 +1,33 @@
 """The web console in Chromium: time to the first chart on a 1,000,000-point series and on a job with 50 metrics,
-against loading a static page of the same size, and the jobs list of 10,000 jobs scrolled without loading them all.
+against loading a static page of the same size; ten runs of 1,000,000 points each compared on the Runs page; and
+the jobs list of 10,000 jobs scrolled without loading them all.
 
-    .venv/bin/python benchmarks/console.py [--points 1000000] [--metrics 50] [--jobs 10000] [--runs 5] [--json PATH]
+    .venv/bin/python benchmarks/console.py [--points 1000000] [--metrics 50] [--compare-runs 10] [--jobs 10000]
+                                           [--runs 5] [--json PATH]
 
 One fresh ``kiln server`` (``tests.kilnserver.KilnServer``, rate limit off for the bulk writes) and one headless
 Chromium (Debian's /usr/bin/chromium through Playwright, ``tests/browser.py``); the console must be built (`make
-console`). Set-up, not timed: a member's two finished jobs get their metrics through ``POST /api/v1/jobs/{id}/metrics``
+console`). Set-up, not timed: a member's finished jobs get their metrics through ``POST /api/v1/jobs/{id}/metrics``
 (ndjson, 100,000 lines a request): "long" one series of ``--points`` steps, "wide" ``--metrics`` series of 1,000
-steps; ``--jobs`` finished jobs of another organisation are written straight into the database
-(``tests/helpers.py seed_jobs``) and its user gets a key.
+steps, and ``--compare-runs`` - 1 more jobs one ``--points`` series each (the runs compared, with "long");
+``--jobs`` finished jobs of another organisation are written straight into the database (``tests/helpers.py
+seed_jobs``) and its user gets a key.
 
 1. charts     each run, in a new browser profile (nothing cached, signed in through ``POST /api/v1/session``):
               ``/jobs/{id}?tab=metrics`` of "long" and of "wide", and the static page. Chart ready = the console's
               ``kiln:first-chart`` performance mark, set when uPlot has drawn its first chart (from the navigation's
-              start: the document, the bundle, the session check, the job, the summary and the downsampled series);
-              for "wide" also when every chart in view has drawn. Baseline: a static HTML page as large as the
-              "long" page's whole load (its document, assets and API answers, decoded bytes), served from this
-              process, to its first contentful paint and its load event. Medians of ``--runs``; target ≤ 1 s.
-2. jobs list  the seeded user's ``/jobs``: time to the first rows, then ``--screens`` mouse-wheel events of 2,000 px
+              start: the document; the bundle, with the session check, the job and the summary that
+              ``public/early.js`` asks for at once while it loads; then the downsampled series); for "wide" also
+              when every chart in view has drawn. Baseline: a static HTML page as large as the "long" page's whole
+              load (its document, assets and API answers, decoded bytes), served from this process, to its first
+              contentful paint and its load event. Medians of ``--runs``; target ≤ 0.5 s for "long", ≤ 1 s for
+              "wide".
+2. compare    each run, in a new browser profile: ``/runs?compare=ID,...`` (the Runs page keeps the runs compared in
+              its URL), from the navigation's start to the console's ``kiln:compare-chart`` mark (uPlot has drawn the
+              overlaid chart of the runs' ``loss``: document, bundle, session, the experiment, the runs table, then
+              one ``GET /api/v1/runs/metrics`` of every run, each series downsampled by the server to the chart's
+              width). Baseline: a static page as large as that load. Medians of ``--runs``; target ≤ 1 s.
+3. jobs list  the seeded user's ``/jobs``: time to the first rows, then ``--screens`` mouse-wheel events of 2,000 px
               (Chromium moves the list about 1,450 px for each), each waited for until its rows are drawn. Counted
               from the page's requests: ``GET /api/v1/jobs`` requests and the rows they returned, distinct jobs
               fetched, and the most rows in the DOM at once. Target: fewer jobs fetched than exist.
@@ -57,6 +67,8 @@ from kiln.domain.ids import new_id  # noqa: E402
 from kiln.domain.spec import JobSpec  # noqa: E402
 
 TARGET_CHART_S = 1.0
+TARGET_LONG_S = 0.5  # the long series' chart: its page's requests no longer wait for one another
+TARGET_COMPARE_S = 1.0
 BATCH = 100_000  # ndjson lines per POST (about 5 MB; the route takes up to 8 MiB)
 WAIT_MS = 120_000
 LIST_USER = "usr-console-bench"
@@ -91,6 +103,38 @@ TIMING = """() => {
         requests: res.length + 1,
         series_requests: series.length,
         series_s: series.map((r) => (r.responseEnd - r.requestStart) / 1000),
+        path,
+    };
+}"""
+# The Runs page's compare view, opened from its URL: when each answer on the way to the overlaid chart came.
+COMPARE_TIMING = """() => {
+    const nav = performance.getEntriesByType("navigation")[0];
+    const res = performance.getEntriesByType("resource");
+    const mark = performance.getEntriesByName("kiln:compare-chart")[0];
+    const url = (r) => new URL(r.name);
+    const isCompare = (r) => url(r).pathname === "/api/v1/runs/metrics";
+    const steps = {
+        bundle: (r) => url(r).pathname.startsWith("/assets/") && url(r).pathname.endsWith(".js"),
+        session: (r) => url(r).pathname === "/api/v1/session",
+        experiment: (r) => url(r).pathname.endsWith("/experiments/get-by-name"),
+        runs: (r) => url(r).pathname.endsWith("/runs/search"),
+        compare: isCompare,
+    };
+    const path = {document: nav.responseEnd / 1000};
+    for (const [name, test] of Object.entries(steps)) {
+        const hit = res.find(test);
+        if (hit) path[name] = hit.responseEnd / 1000;
+    }
+    const compare = res.filter(isCompare);
+    return {
+        compare_chart: mark ? mark.startTime / 1000 : null,
+        decoded_bytes: nav.decodedBodySize + res.reduce((n, r) => n + r.decodedBodySize, 0),
+        transfer_bytes: nav.transferSize + res.reduce((n, r) => n + r.transferSize, 0),
+        requests: res.length + 1,
+        compare_requests: compare.length,
+        compare_s: compare.map((r) => (r.responseEnd - r.requestStart) / 1000),
+        compare_bytes: compare.reduce((n, r) => n + r.decodedBodySize, 0),
+        history_requests: res.filter((r) => url(r).pathname.endsWith("/metrics/get-history")).length,
         path,
     };
 }"""
@@ -157,6 +201,29 @@ def setup_metrics(api: Api, points: int, metrics: int) -> dict[str, Any]:
         "wide_points": wide_stored,
         "ingest_points_per_s": stored / long_s,
     }
+
+
+def run_lines(points: int, k: int) -> list[str]:
+    """Run ``k``'s loss: the long series' curve, falling a little slower for each k (f-strings, not json.dumps:
+    ten runs of a million lines)."""
+    rate = 200_000 * (1 + 0.1 * k)
+    loss = (2.0 * math.exp(-i / rate) + 0.05 * math.sin(i / 500 + k) for i in range(points))
+    return [f'{{"t": {1.7e9 + i * 0.01!r}, "s": {i}, "m": {{"loss": {v!r}}}}}\n' for i, v in enumerate(loss)]
+
+
+def setup_compare(api: Api, points: int, n: int, long_id: str) -> list[str]:
+    """``n`` finished jobs (runs) of the member with a ``points`` series each: "long" and ``n - 1`` more."""
+    jobs = [api.submit("true", name=f"bench-run-{k:02d}", resources={"cpus": 0.1}) for k in range(1, n)]
+    for job in jobs:
+        api.wait(job["id"], timeout=120)
+    started = time.perf_counter()
+    stored = sum(post_series(api, job["id"], run_lines(points, k)) for k, job in enumerate(jobs, start=1))
+    print(
+        f'compare: {n} runs of {points:,} points ("long" and {n - 1} more: {stored:,} points stored in '
+        f"{time.perf_counter() - started:.1f}s)",
+        flush=True,
+    )
+    return [long_id, *(job["id"] for job in jobs)]
 
 
 def seed_list(home: Path, n: int) -> None:
@@ -260,6 +327,39 @@ def section_charts(browser: Browser, url: str, account: Account, ids: dict[str, 
     return {"page_decoded_bytes": size, "long": long_runs, "wide": wide_runs, "static": static_runs}
 
 
+def compare_run(browser: Browser, url: str, account: Account, run_ids: list[str]) -> dict[str, Any]:
+    """The Runs page opened on its compare view of ``run_ids`` (the view's state is in its URL)."""
+    context = signed_in(browser, url, account.key_id, account.secret)
+    try:
+        page = context.new_page()
+        page.goto(f"{url}/runs?compare={','.join(run_ids)}")
+        page.wait_for_selector("[data-testid=compare-chart-loss][data-ready=true]")
+        page.wait_for_function("performance.getEntriesByName('kiln:compare-chart').length > 0")
+        timing: dict[str, Any] = page.evaluate(COMPARE_TIMING)
+        chart = page.get_by_test_id("compare-chart-loss")
+        timing["drawn_points"] = int(chart.get_attribute("data-points") or 0)
+        timing["series_count"] = int(chart.get_attribute("data-count") or 0)
+        timing["downsample"] = int(page.get_by_test_id("runs-compare").get_attribute("data-downsample") or 0)
+        return timing
+    finally:
+        context.close()
+
+
+def section_compare(browser: Browser, url: str, account: Account, run_ids: list[str], runs: int) -> dict[str, Any]:
+    first = compare_run(browser, url, account, run_ids)  # a warm-up, and the size of the load
+    size = first["decoded_bytes"]
+    with tempfile.TemporaryDirectory() as tmp:
+        httpd, static_url = static_server(size, Path(tmp))
+        try:
+            compare_runs, static_runs = [], []
+            for _ in range(runs):
+                static_runs.append(static_run(browser, static_url))
+                compare_runs.append(compare_run(browser, url, account, run_ids))
+        finally:
+            httpd.shutdown()
+    return {"page_decoded_bytes": size, "compare": compare_runs, "static": static_runs}
+
+
 def section_jobs_list(browser: Browser, url: str, key_id: str, secret: str, screens: int) -> dict[str, Any]:
     context = signed_in(browser, url, key_id, secret)
     requests: list[dict[str, Any]] = []
@@ -326,8 +426,13 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--screens", type=int, default=40, help="scroll steps of 2,000 px in the jobs list")
+    parser.add_argument(
+        "--compare-runs", type=int, default=10, help="runs of --points each compared on the Runs page (at least 2)"
+    )
     parser.add_argument("--json", type=Path, default=None)
-    args = parse_args(parser, {"points": 2000, "metrics": 2, "jobs": 500, "runs": 1, "screens": 1})
+    args = parse_args(parser, {"points": 2000, "metrics": 2, "jobs": 500, "runs": 1, "screens": 1, "compare_runs": 2})
+    if not 2 <= args.compare_runs <= 50:
+        parser.error("--compare-runs: 2 to 50 (the Runs page compares two runs or more, the server at most 50)")
     started = time.monotonic()
     results: dict[str, Any] = {"args": vars(args) | {"json": str(args.json)}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -338,6 +443,7 @@ def main() -> None:
             tenant = create_tenant(admin, "console-bench", ("member",))
             member = tenant["member"]
             ids = setup_metrics(member.api, args.points, args.metrics)
+            ids["compare"] = setup_compare(member.api, args.points, args.compare_runs, ids["long"])
             server.stop()  # a running server keeps its SQLite database to itself: seed the jobs list in between
             seed_list(home, args.jobs)
             server.start()
@@ -348,13 +454,14 @@ def main() -> None:
                 print(f"Chromium {browser.version}; {args.runs} runs, each in a new browser profile", flush=True)
                 try:
                     charts = section_charts(browser, server.url, member, ids, args.runs)
+                    compared = section_compare(browser, server.url, member, ids["compare"], args.runs)
                     listing = section_jobs_list(browser, server.url, key_id, secret, args.screens)
                 finally:
                     browser.close()
         finally:
             admin.close()
             server.stop()
-    results["charts"], results["jobs_list"] = charts, listing
+    results["charts"], results["compare"], results["jobs_list"] = charts, compared, listing
     report(results, args)
     finish(results, results["table"], started, args.json)
 
@@ -380,6 +487,23 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
         print(f"    answers by (p50 s from the navigation): {path}; drawn {med(runs, 'first_chart'):.3f}")
     fcps, loads = (", ".join(f"{r[key]:.3f}" for r in static) for key in ("fcp", "load"))
     print(f"  static: first paint {fcps} s; load {loads} s")
+    compared = results["compare"]
+    cmp_runs, cmp_static = compared["compare"], compared["static"]
+    first = cmp_runs[0]
+    print(
+        f"\ncompare of {args.compare_runs} runs of {results['setup']['long_points']:,} points (/runs?compare=...): "
+        f"{compared['page_decoded_bytes'] / 1024:.0f} KiB decoded, {med(cmp_runs, 'requests'):.0f} requests, "
+        f"{med(cmp_runs, 'compare_requests'):.0f} GET /runs/metrics (p50 "
+        f"{statistics.median(x for r in cmp_runs for x in r['compare_s']):.3f}s, "
+        f"{first['compare_bytes'] / 1024:.0f} KiB), {first['history_requests']} get-history; "
+        f"{first['series_count']:,} points drawn as {first['drawn_points']:,} (downsample {first['downsample']})"
+    )
+    print("  overlaid chart " + ", ".join(f"{r['compare_chart']:.3f}" for r in cmp_runs) + " s")
+    steps = [key for key in first["path"] if all(key in r["path"] for r in cmp_runs)]
+    path = ", ".join(f"{key} {statistics.median(r['path'][key] for r in cmp_runs):.3f}" for key in steps)
+    print(f"    answers by (p50 s from the navigation): {path}; drawn {med(cmp_runs, 'compare_chart'):.3f}")
+    fcps, loads = (", ".join(f"{r[key]:.3f}" for r in cmp_static) for key in ("fcp", "load"))
+    print(f"  static (same size): first paint {fcps} s; load {loads} s")
     steps = listing["step_s"]
     print(
         f"\njobs list of {args.jobs:,}: first rows {listing['first_rows_s']:.3f}s; scrolled "
@@ -396,8 +520,8 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
             f"chart ready, {results['setup']['long_points']:,}-point series",
             med(long, "first_chart"),
             static_load,
-            f"<= {TARGET_CHART_S:g} s",
-            med(long, "first_chart") <= TARGET_CHART_S,
+            f"<= {TARGET_LONG_S:g} s",
+            med(long, "first_chart") <= TARGET_LONG_S,
             "ms",
         ),
         row(
@@ -414,6 +538,22 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
             static_load,
             "(info)",
             None,
+            "ms",
+        ),
+        row(
+            f"{args.compare_runs} runs compared: static page, same size: load",
+            med(cmp_static, "load"),
+            None,
+            "(baseline)",
+            None,
+            "ms",
+        ),
+        row(
+            f"{args.compare_runs} runs x {results['setup']['long_points']:,} points: overlaid chart ready",
+            med(cmp_runs, "compare_chart"),
+            med(cmp_static, "load"),
+            f"<= {TARGET_COMPARE_S:g} s",
+            med(cmp_runs, "compare_chart") <= TARGET_COMPARE_S,
             "ms",
         ),
         row("jobs list: first rows", listing["first_rows_s"], None, "(info)", None, "ms"),
