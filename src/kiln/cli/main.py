@@ -64,6 +64,7 @@ COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     "jobs": _group("jobs"),
     "runs": _group("runs"),
     "studies": _group("studies"),
+    "pipelines": _group("pipelines"),
     "services": _group("services"),
     "notebooks": _group("notebooks"),
     "tensorboard": _function("tensorboard", "tensorboard"),

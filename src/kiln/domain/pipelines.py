@@ -32,9 +32,11 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kiln.domain.pipeline_when import When, WhenError, parse_when
 from kiln.domain.serving import ServiceSpec
@@ -45,7 +47,8 @@ PIPELINE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 MAX_STEPS = 200
 MAX_RETRIES = 10
 MAX_BACKOFF = 3600.0
-STEP_FIELDS = {"depends_on", "retries", "retry_backoff", "cache", "when", "register_model", "serve"}
+STEP_FIELDS = {"depends_on", "retries", "retry_backoff", "cache", "when", "register_model", "serve", "code_sha256"}
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
 PIPELINE_FIELDS = {"name", "steps", "description"}
 REGISTER_FIELDS = {"name", "from", "path", "framework", "description"}
 
@@ -85,6 +88,7 @@ class Step:
     cache: bool = True
     when: When | None = None
     job: JobSpec | None = None  # a job step (its ``inputs`` without the step inputs)
+    code_sha256: str | None = None  # its own code bundle (else the run's)
     job_raw: dict[str, Any] = field(default_factory=dict)  # the job fields as written (what the cache key hashes)
     step_inputs: tuple[StepInput, ...] = ()
     register_model: RegisterModel | None = None
@@ -180,12 +184,20 @@ def _step(name: str, raw: Any) -> Step:
         except WhenError as exc:
             raise PipelineError(f"{where}.when", str(exc)) from None
     step = Step(name, tuple(depends), retries, float(backoff), cache, when)
+    code = raw.pop("code_sha256", None)
+    if code is not None and (not isinstance(code, str) or not SHA256.fullmatch(code)):
+        raise PipelineError(f"{where}.code_sha256", "the SHA-256 of an uploaded code bundle (64 hex digits)")
+    if "code" in raw:
+        raise PipelineError(
+            f"{where}.code", "a directory is packed by the CLI (kiln pipelines run); send its bundle as code_sha256"
+        )
+    step.code_sha256 = code
     register, serve = raw.pop("register_model", None), raw.pop("serve", None)
     if register is not None or serve is not None:
         if register is not None and serve is not None:
             raise PipelineError(where, "a step either registers a model or serves one, not both")
-        if raw:
-            field_name = sorted(raw)[0]
+        if raw or code is not None:
+            field_name = sorted(raw)[0] if raw else "code_sha256"
             raise PipelineError(f"{where}.{field_name}", "a built-in step (register_model, serve) takes no job fields")
         if register is not None:
             step.register_model = _register(where, register)
@@ -324,3 +336,67 @@ def cache_key(step: Step, code_sha256: str | None, inputs: list[str]) -> str:
         {"job": step.job_raw, "code": code_sha256, "inputs": inputs}, sort_keys=True, separators=(",", ":")
     )
     return hashlib.sha256(payload.encode()).hexdigest()
+
+
+# -- the API's shapes -------------------------------------------------------------------------------------------
+
+
+class RunState(StrEnum):
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+class StepState(StrEnum):
+    WAITING = "WAITING"  # for its upstream steps, or for its retry's back-off
+    RUNNING = "RUNNING"  # its job is queued or running
+    SUCCEEDED = "SUCCEEDED"
+    CACHED = "CACHED"  # an earlier job's result reused (``job_id`` is that job)
+    FAILED = "FAILED"
+    SKIPPED = "SKIPPED"  # an upstream step failed or was skipped, or its ``when`` was false
+    CANCELLED = "CANCELLED"
+
+
+STEP_DONE = frozenset({StepState.SUCCEEDED, StepState.CACHED})
+STEP_ENDED = STEP_DONE | {StepState.FAILED, StepState.SKIPPED, StepState.CANCELLED}
+
+
+class PipelineSubmit(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    spec: dict[str, Any] = Field(description="The pipeline: name and steps (docs/pipelines.md).")
+    code_sha256: str | None = Field(
+        None, pattern=r"^[0-9a-f]{64}$", description="The uploaded code bundle its job steps run (unless their own)."
+    )
+    use_cache: bool = Field(True, description="Reuse an earlier identical job step's result (false: run them all).")
+
+
+class PipelineStepRead(BaseModel):
+    name: str
+    kind: str
+    state: StepState
+    depends_on: list[str]
+    job_id: str | None = None
+    cached: bool = False
+    tries: int = 0
+    message: str = ""
+    result: dict[str, Any] = Field(default_factory=dict)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class PipelineRunRead(BaseModel):
+    id: str
+    name: str
+    state: RunState
+    message: str = ""
+    user: str
+    use_cache: bool
+    created_at: datetime
+    finished_at: datetime | None = None
+    steps: list[PipelineStepRead]
+
+
+class PipelineRunList(BaseModel):
+    items: list[PipelineRunRead]

@@ -29,6 +29,7 @@ READ = frozenset(
         "quota:read",
         "keys:read",
         "runs:read",
+        "pipelines:read",
     }
 )
 MEMBER = READ | {
@@ -42,6 +43,7 @@ MEMBER = READ | {
     "blobs:write",
     "keys:self",
     "runs:write",
+    "pipelines:write",
 }
 ADMIN = MEMBER | {"users:read", "users:manage", "keys:manage", "audit:read"}
 PLATFORM = ADMIN | {"orgs:manage", "quota:set", "runtimes:install"}

@@ -35,6 +35,7 @@ from kiln.tasks.log_shipping import LogShipping
 from kiln.tasks.metrics_ingest import MetricsIngester
 from kiln.tasks.nonce_flush import nonce_flush
 from kiln.tasks.notebooks import NotebookControl
+from kiln.tasks.pipelines import PipelineDriver
 from kiln.tasks.presence import ServerPresence
 from kiln.tasks.purges import purges
 from kiln.tasks.runner import Task, TaskRunner
@@ -55,6 +56,7 @@ from kiln.usecases.nodes import NodeService
 from kiln.usecases.notebooks import NotebookService
 from kiln.usecases.output_manifests import OutputManifests
 from kiln.usecases.outputs import OutputService
+from kiln.usecases.pipelines import PipelineService
 from kiln.usecases.quotas import QuotaService
 from kiln.usecases.recovery import announce_offline_actions
 from kiln.usecases.run_artifacts import RunArtifacts
@@ -194,6 +196,16 @@ class Platform:
             settings.endpoint,
             self.idempotency,
         )
+        # Pipelines: runs of declared steps (jobs, a model's registration, a service), driven by a leased task.
+        self.pipeline_driver = PipelineDriver(
+            self.db,
+            self.jobs,
+            self.output_manifests,
+            self.models,
+            self.serving,
+            drain_metrics=self.metrics_ingester.ingest_now,
+        )
+        self.pipelines = PipelineService(self.db, self.jobs, self.pipeline_driver.wake)
         # Notebooks: JupyterLab as jobs of category dev, reached through the proxy (kiln.api.notebook_proxy).
         self.notebooks = NotebookService(
             self.db, self.jobs, self.store, settings.endpoint, self._wake_notebooks, self.quotas, self.idempotency
@@ -223,6 +235,7 @@ class Platform:
             self.event_sync.task(),
             self.log_shipping.task(),
             self.study_driver.task(),
+            self.pipeline_driver.task(),
             self.serving_control.task(),
             self.routes.task(),
             self.notebook_control.task(),

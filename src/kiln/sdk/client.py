@@ -60,6 +60,7 @@ from kiln.sdk.logs import LogLine, LogParser
 from kiln.sdk.models import ModelsMixin
 from kiln.sdk.notebooks import NotebooksMixin
 from kiln.sdk.packaging import DEFAULT_MAX_CODE_BYTES, build_bundle
+from kiln.sdk.pipelines import PipelinesMixin
 from kiln.sdk.retries import RETRY_ERRORS, RETRY_STATUSES, SAFE_METHODS, RetryPolicy, retry_after
 from kiln.sdk.runtimes import RuntimesMixin
 from kiln.sdk.services import ServicesMixin
@@ -92,6 +93,7 @@ class Client(
     StudiesMixin,
     ServicesMixin,
     NotebooksMixin,
+    PipelinesMixin,
     TrackingMixin,
 ):
     """A connection to one Kiln server: signed with an access key, or carrying a running job's token."""

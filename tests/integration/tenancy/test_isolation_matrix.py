@@ -95,6 +95,7 @@ STUDY_SPEC = {
     "objective": {"metric": "x", "direction": "maximize"},
     "max_trials": 1,
 }
+PIPELINE_SPEC = {"name": "matrix-flow", "steps": {"only": job_spec("true")}}
 JOB = (("job_id", ("finished", "running", "queued")),)
 FINISHED = (("job_id", ("finished",)),)
 
@@ -201,6 +202,20 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ("GET", "/api/v1/studies/{study_id}/best"): [Case("scoped")],  # no trial succeeded: A's reader gets 404 too
     ("GET", "/api/v1/studies/{study_id}/events"): [Case("scoped", reader="member")],
     ("POST", "/api/v1/studies/{study_id}/stop"): [Case("scoped", owner="admin", last=True)],
+    # Pipelines: another organisation's run reads, cancels and resumes like a missing one; its bundle cannot be named.
+    ("POST", "/api/v1/pipelines/runs"): [
+        Case("self", body={"spec": PIPELINE_SPEC}, cross=OWN_OK),
+        Case(
+            "scoped",
+            body={"spec": PIPELINE_SPEC, "code_sha256": "{sha256}"},
+            cross=frozenset({403, 404, 422}),
+            owner="admin",
+        ),
+    ],
+    ("GET", "/api/v1/pipelines/runs"): [Case("self", cross=OWN_OK)],
+    ("GET", "/api/v1/pipelines/runs/{run_id}"): [Case("scoped", reader="member")],
+    ("POST", "/api/v1/pipelines/runs/{run_id}/resume"): [Case("scoped")],  # A's run is running: A gets 409
+    ("POST", "/api/v1/pipelines/runs/{run_id}/cancel"): [Case("scoped", owner="admin", last=True)],
     # The machines: A's running job takes its share on B's view, without its id or name (the leak check).
     ("GET", "/api/v1/nodes"): [Case("self", cross=OWN_OK)],
     ("GET", "/api/v1/runtimes"): [Case("self", cross=OWN_OK)],
@@ -574,6 +589,10 @@ def snapshot(admin: Api, a: Tenant, a_reader: Api, sha: str) -> dict[str, Any]:
             (x["id"], x["state"], x["trials"]["total"], json.dumps(x["spec"], sort_keys=True))
             for x in a_reader.ok("GET", "/studies")["items"]
         ),
+        "pipelines": sorted(
+            (x["id"], x["state"], json.dumps(x["steps"], sort_keys=True))
+            for x in a_reader.ok("GET", "/pipelines/runs")["items"]
+        ),
     }
     for job in jobs:
         out[job["id"]] = {
@@ -669,6 +688,13 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
             assert time.monotonic() < deadline, "the study never started its trial"
             time.sleep(0.05)
         member.wait_message(trials[0]["job_id"], "quota: count 1 of 1 in use")
+        # A pipeline run: its step's job waits on the quota too, so the run stays RUNNING.
+        prun = member.ok("POST", "/pipelines/runs", json_body={"spec": {**PIPELINE_SPEC, "name": f"alpha-flow-{tag}"}})
+        deadline = time.monotonic() + 30
+        while not (step_job := member.ok("GET", f"/pipelines/runs/{prun['id']}")["steps"][0]["job_id"]):
+            assert time.monotonic() < deadline, "the pipeline never started its step"
+            time.sleep(0.05)
+        member.wait_message(step_job, "quota: count 1 of 1 in use")
         bogus_bundle, bogus_sha = tar_gz({"train.py": b"print('nobody uploaded this')\n"})
         choices = {
             "job_id": [Choice(name, job["id"], new_id("job")) for name, job in _jobs(finished, running, queued)],
@@ -687,6 +713,7 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
             "upload_id": [Choice("upload", upload["id"], new_id("up"))],
             "number": [Choice("part", "1", "2")],
             "study_id": [Choice("study", study["id"], new_id("study"))],
+            "run_id": [Choice("pipeline-run", prun["id"], new_id("prun"))],
             "model": [Choice("model", model, "no-such-model")],
             "alias": [Choice("alias", alias, "no-such-alias")],
             "served": [Choice("served-model", served, "no-such-model")],
@@ -695,7 +722,7 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
         }
         sensitive = {a.id, a.name, sha, log_marker, artifact_marker, artifact}
         sensitive |= {dataset, data_sha, draft["id"], upload["id"], study["id"], study["name"], model, alias}
-        sensitive |= {served, service, svc["id"], notebook, nb["id"]}
+        sensitive |= {served, service, svc["id"], notebook, nb["id"], prun["id"], prun["name"]}
         sensitive |= {job["id"] for job in (finished, running, queued)}
         for account in a.accounts.values():
             sensitive |= {account.user_id, account.user_name, account.key_id, account.secret}

@@ -7,6 +7,7 @@ from kiln.db.tables.datasets import DataBlob, Dataset, DatasetFile, DatasetVersi
 from kiln.db.tables.jobs import Blob, Job, JobEvent, OutputManifest, Quota, Server, TaskLease
 from kiln.db.tables.metrics import MetricChunk, MetricCursor, MetricPoint, MetricSeries
 from kiln.db.tables.notebooks import Notebook
+from kiln.db.tables.pipelines import PipelineRun, PipelineStep
 from kiln.db.tables.registry import Model, ModelAlias, ModelFile, ModelVersion
 from kiln.db.tables.serving import Service, ServiceKey, ServiceReplica, ServiceTraffic
 from kiln.db.tables.studies import TuningEvent, TuningStudy, TuningTrial
@@ -40,6 +41,8 @@ __all__ = [
     "OfflineAction",
     "Organization",
     "OutputManifest",
+    "PipelineRun",
+    "PipelineStep",
     "Quota",
     "Run",
     "RunParam",

@@ -1,0 +1,147 @@
+"""``kiln pipelines``: run a pipeline file, follow, show, list, resume and cancel its runs."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from kiln.cli.common import Output, OutputFormat, connect, emit_json, emit_list, info, out
+from kiln.cli.output import fmt_time
+from kiln.domain.pipelines import STEP_ENDED, PipelineRunRead, RunState, StepState
+
+app = typer.Typer(help="Run pipelines: named steps with depends_on, passed outputs, caching, retries and resume.")
+
+RunArg = Annotated[str, typer.Argument(help="The pipeline run's id.")]
+STYLES = {
+    StepState.WAITING: "dim",
+    StepState.RUNNING: "blue",
+    StepState.SUCCEEDED: "green",
+    StepState.CACHED: "cyan",
+    StepState.FAILED: "red",
+    StepState.SKIPPED: "yellow",
+    StepState.CANCELLED: "magenta",
+    RunState.RUNNING: "blue",
+    RunState.SUCCEEDED: "green",
+    RunState.FAILED: "red",
+    RunState.CANCELLED: "magenta",
+}
+
+
+def _styled(state: str) -> Text:
+    return Text(state, style=STYLES.get(state, ""))  # type: ignore[call-overload]
+
+
+def run_detail(run: PipelineRunRead) -> None:
+    out.print(Text.assemble(f"{run.id}  {run.name}  ", _styled(run.state), f"  {run.message}".rstrip()))
+    table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
+    for column in ("STEP", "KIND", "STATE", "AFTER", "JOB", "TRIES", "MESSAGE"):
+        table.add_column(column)
+    for step in run.steps:
+        job = (step.job_id or "-") + (" (cached)" if step.cached else "")
+        tries = str(step.tries) if step.kind == "job" else "-"
+        after = ",".join(step.depends_on) or "-"
+        table.add_row(step.name, step.kind, _styled(step.state), after, job, tries, step.message)
+    out.print(table)
+
+
+def runs_table(runs: list[PipelineRunRead]) -> None:
+    table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
+    for column in ("RUN", "PIPELINE", "STATE", "STEPS", "STARTED", "BY"):
+        table.add_column(column)
+    for run in runs:
+        done = sum(step.state in (StepState.SUCCEEDED, StepState.CACHED) for step in run.steps)
+        table.add_row(
+            run.id, run.name, _styled(run.state), f"{done}/{len(run.steps)}", fmt_time(run.created_at), run.user
+        )
+    out.print(table)
+
+
+def _follow(client: object, run: PipelineRunRead) -> PipelineRunRead:
+    seen: dict[str, str] = {}
+    while True:
+        run = client.get_pipeline_run(run.id)  # type: ignore[attr-defined]
+        for step in run.steps:
+            if seen.get(step.name) != step.state:
+                seen[step.name] = step.state
+                detail = f" {step.job_id}" if step.job_id else ""
+                info(Text.assemble(f"{step.name}: ", _styled(step.state), f"{detail} {step.message}".rstrip()))
+        if run.state != RunState.RUNNING and all(step.state in STEP_ENDED for step in run.steps):
+            return run
+        time.sleep(0.5)
+
+
+@app.command("run")
+def run(
+    file: Annotated[Path, typer.Option("--file", "-f", help="The pipeline file (YAML).", exists=True, dir_okay=False)],
+    follow: Annotated[bool, typer.Option("--follow", help="Print each step's state until the run ends.")] = False,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Run every job step (reuse no earlier result).")] = False,
+    output: Output = OutputFormat.table,
+) -> None:
+    """Start a run of the pipeline in FILE: its job steps run the code of FILE's directory, or of their own
+    ``code:`` directory (relative to it). The run's id is the first word on stdout."""
+    spec = yaml.safe_load(file.read_text())
+    with connect() as client:
+        started = client.run_pipeline(spec, file.parent, use_cache=not no_cache)
+        print(started.id, file=sys.stdout, flush=True)
+        if not follow:
+            return
+        ended = _follow(client, started)
+    if output is OutputFormat.json:
+        emit_json(ended.model_dump(mode="json"))
+    else:
+        run_detail(ended)
+    if ended.state != RunState.SUCCEEDED:
+        raise typer.Exit(1)
+
+
+@app.command("list")
+def list_runs(
+    name: Annotated[str | None, typer.Option("--name", help="Only runs of this pipeline.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=200)] = 50,
+    output: Output = OutputFormat.table,
+) -> None:
+    """Pipeline runs, newest first."""
+    with connect() as client:
+        runs = client.list_pipeline_runs(name, limit)
+    emit_list(runs, output, runs_table, "no pipeline runs")
+
+
+@app.command()
+def show(run_id: RunArg, output: Output = OutputFormat.table) -> None:
+    """A run and every step: its state, its job (or the cached one) and why."""
+    with connect() as client:
+        found = client.get_pipeline_run(run_id)
+    if output is OutputFormat.json:
+        emit_json(found.model_dump(mode="json"))
+    else:
+        run_detail(found)
+
+
+@app.command()
+def resume(run_id: RunArg, output: Output = OutputFormat.table) -> None:
+    """Run a failed or cancelled run's failed, skipped and cancelled steps again, reusing the ones that succeeded."""
+    with connect() as client:
+        found = client.resume_pipeline_run(run_id)
+    if output is OutputFormat.json:
+        emit_json(found.model_dump(mode="json"))
+    else:
+        run_detail(found)
+
+
+@app.command()
+def cancel(run_id: RunArg, output: Output = OutputFormat.table) -> None:
+    """Cancel a running run: its waiting steps and running steps' jobs."""
+    with connect() as client:
+        found = client.cancel_pipeline_run(run_id)
+    if output is OutputFormat.json:
+        emit_json(found.model_dump(mode="json"))
+    else:
+        run_detail(found)

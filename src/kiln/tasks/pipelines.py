@@ -1,0 +1,377 @@
+"""The ``pipelines`` task: drives every running pipeline run, one server at a time (a leased task).
+
+A pass takes each running run and moves its steps on, one transition at a time, until none is left to make:
+
+- a **running** job step whose job ended: SUCCEEDED (its outputs read once, for the steps downstream and for the
+  cache: kiln.usecases.output_manifests), or, failed, WAITING for its next try after the back-off
+  (``retry_backoff`` seconds, doubling) while it has retries left, else FAILED;
+- a **waiting** step: SKIPPED when a step it depends on failed or was skipped, else, once they all succeeded (and
+  its retry's back-off has passed), its ``when`` is evaluated over their metrics and params (false: SKIPPED), then
+  a job step is either CACHED (an earlier job of the organisation ran the same job fields, code and inputs and
+  succeeded: its result is reused and no job starts) or gets its job (RUNNING), with each upstream step named in
+  its ``inputs`` staged from that step's job's outputs; a ``register_model`` step registers the version, a
+  ``serve`` step creates the service or rolls it to that version;
+- a run whose steps have all ended: SUCCEEDED, or FAILED when one failed.
+
+Every transition is its own fenced transaction (``ctx.transaction()``), which checks the step is still where the
+pass found it: a job is created in the same transaction that records it, so a server that dies anywhere leaves
+either both or neither, and a step never runs twice. The work that writes elsewhere (reading a job's outputs,
+registering a model, creating a service) comes before the transaction that records it, and is idempotent: a
+server that died in between does it again harmlessly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from kiln.db.session import Database
+from kiln.db.tables import Job, MetricSeries, PipelineRun, PipelineStep, RunParam, utcnow
+from kiln.domain.models import ModelRegister
+from kiln.domain.pipeline_when import Ref
+from kiln.domain.pipelines import STEP_DONE, Pipeline, RunState, Step, StepState, cache_key, parse_pipeline
+from kiln.domain.serving import ServiceSubmit, ServiceUpdate
+from kiln.domain.spec import InputSpec, JobSpec
+from kiln.domain.states import JobState
+from kiln.errors import Conflict, KilnError
+from kiln.tasks.runner import Task, TaskContext
+from kiln.usecases.jobs import JobService
+from kiln.usecases.model_registry import ModelRegistry
+from kiln.usecases.output_manifests import OutputManifests
+from kiln.usecases.pipelines import all_ended, run_principal
+from kiln.usecases.serving import ServingService
+
+log = logging.getLogger(__name__)
+
+INTERVAL = 0.25  # seconds between passes (a submit, a cancel or a resume wakes it at once)
+MAX_TRANSITIONS = 10_000  # a pass's bound (a run has at most 200 steps, each a few transitions)
+
+
+class PipelineDriver:
+    def __init__(
+        self,
+        db: Database,
+        jobs: JobService,
+        manifests: OutputManifests,
+        models: ModelRegistry | None = None,
+        serving: ServingService | None = None,
+        drain_metrics: Callable[[], int] | None = None,
+    ) -> None:
+        """``drain_metrics``: a pass of the metrics ingester, so that a ``when`` reads an upstream job's last
+        points (they may still be in its spool when its job ends)."""
+        self.drain_metrics = drain_metrics
+        self.db = db
+        self.jobs = jobs
+        self.manifests = manifests
+        self.models = models
+        self.serving = serving
+        self._task = Task("pipelines", self.run_once, INTERVAL, lease_scope="pipelines")
+
+    def task(self) -> Task:
+        return self._task
+
+    def wake(self) -> None:
+        self._task.wake.set()
+
+    def run_once(self, ctx: TaskContext) -> float | None:
+        with self.db.read() as s:
+            runs = list(s.scalars(select(PipelineRun.id).where(PipelineRun.state == RunState.RUNNING)))
+        soonest: float | None = None
+        for run_id in runs:
+            if ctx.stopping.is_set():
+                break
+            try:
+                wait = self._drive(ctx, run_id)
+            except Exception:  # one run's trouble never stops the others
+                log.exception("pipeline run %s: a pass failed; it is tried again", run_id)
+                wait = None
+            if wait is not None:
+                soonest = wait if soonest is None else min(soonest, wait)
+        return soonest
+
+    # -- one run ------------------------------------------------------------------------------------------
+
+    def _drive(self, ctx: TaskContext, run_id: str) -> float | None:
+        """Make every transition the run's steps are ready for; the seconds until a retry is due, if any."""
+        for _ in range(MAX_TRANSITIONS):
+            if ctx.stopping.is_set():
+                return None
+            with self.db.read() as s:
+                run = s.get(PipelineRun, run_id)
+                if run is None or run.state != RunState.RUNNING:
+                    return None
+                s.expunge(run)
+                rows = {r.name: r for r in s.scalars(select(PipelineStep).where(PipelineStep.run_id == run_id))}
+                for row in rows.values():
+                    s.expunge(row)
+                job_ids = [r.job_id for r in rows.values() if r.job_id]
+                jobs = {j.id: j for j in s.scalars(select(Job).where(Job.id.in_(job_ids)))} if job_ids else {}
+                for job in jobs.values():
+                    s.expunge(job)
+            pipeline = parse_pipeline(run.spec["pipeline"])
+            if all_ended(list(rows.values())):
+                self._finish(ctx, run, list(rows.values()))
+                return None
+            moved, due = False, None
+            for name, step in pipeline.steps.items():
+                row = rows[name]
+                if row.state == StepState.RUNNING:
+                    moved = self._running(ctx, run, step, row, jobs.get(row.job_id or ""))
+                elif row.state == StepState.WAITING:
+                    moved, wait = self._waiting(ctx, run, pipeline, step, row, rows, jobs)
+                    if wait is not None:
+                        due = wait if due is None else min(due, wait)
+                if moved:
+                    break
+            if not moved:
+                return due
+        return 0.0
+
+    def _set(self, ctx: TaskContext, row: PipelineStep, expected: str, **values: Any) -> bool:
+        """The step moves from ``expected`` (False: another server moved it first, nothing written)."""
+        with ctx.transaction() as s:
+            fresh = self._locked(s, row)
+            if fresh is None or fresh.state != expected or not self._run_running(s, row.run_id):
+                return False
+            for key, value in values.items():
+                setattr(fresh, key, value)
+        return True
+
+    @staticmethod
+    def _locked(s: Session, row: PipelineStep) -> PipelineStep | None:
+        pg = s.get_bind().dialect.name == "postgresql"
+        return s.get(PipelineStep, (row.run_id, row.name), with_for_update=pg)
+
+    @staticmethod
+    def _run_running(s: Session, run_id: str) -> bool:
+        return s.scalar(select(PipelineRun.state).where(PipelineRun.id == run_id)) == RunState.RUNNING
+
+    def _running(self, ctx: TaskContext, run: PipelineRun, step: Step, row: PipelineStep, job: Job | None) -> bool:
+        if job is None or not JobState(job.state).terminal:
+            return False
+        now = utcnow()
+        if job.state == JobState.SUCCEEDED:
+            try:
+                self.manifests.pin(run.org_id, job.id, f"steps.{step.name}")  # read once, for downstream and the cache
+            except KilnError as exc:
+                return self._set(
+                    ctx, row, StepState.RUNNING, state=StepState.FAILED, message=exc.message, finished_at=now
+                )
+            return self._set(ctx, row, StepState.RUNNING, state=StepState.SUCCEEDED, message="", finished_at=now)
+        why = f"job {job.id} {job.state}" + (f": {job.message}" if job.message else "")
+        if row.tries <= step.retries:
+            delay = step.retry_backoff * 2 ** max(row.tries - 1, 0)
+            message = f"{why}; try {row.tries + 1} of {step.retries + 1} in {delay:g} s"
+            return self._set(
+                ctx,
+                row,
+                StepState.RUNNING,
+                state=StepState.WAITING,
+                retry_at=now + timedelta(seconds=delay),
+                message=message,
+            )
+        return self._set(ctx, row, StepState.RUNNING, state=StepState.FAILED, message=why, finished_at=now)
+
+    def _waiting(
+        self,
+        ctx: TaskContext,
+        run: PipelineRun,
+        pipeline: Pipeline,
+        step: Step,
+        row: PipelineStep,
+        rows: dict[str, PipelineStep],
+        jobs: dict[str, Job],
+    ) -> tuple[bool, float | None]:
+        now = utcnow()
+        upstream = [rows[d] for d in step.depends_on]
+        broken = next(
+            (u for u in upstream if u.state in (StepState.FAILED, StepState.SKIPPED, StepState.CANCELLED)), None
+        )
+        if broken is not None:
+            why = f"upstream step {broken.name} {broken.state.lower()}"
+            return self._set(ctx, row, StepState.WAITING, state=StepState.SKIPPED, message=why, finished_at=now), None
+        if not all(u.state in STEP_DONE for u in upstream):
+            return False, None
+        if row.retry_at is not None and row.retry_at > now:
+            return False, (row.retry_at - now).total_seconds()
+        if step.when is not None:
+            if self.drain_metrics is not None:
+                self.drain_metrics()
+            with self.db.read() as s:
+                values = {ref: _value(s, rows[ref.step].job_id, ref) for ref in step.when.refs}
+            ok, why = step.when.evaluate(values)
+            if not ok:
+                text = f"when is false: {step.when.text}" + (f" ({why})" if why else "")
+                return self._set(
+                    ctx, row, StepState.WAITING, state=StepState.SKIPPED, message=text, finished_at=now
+                ), None
+        if step.kind == "job":
+            return self._start_job(ctx, run, step, row, rows), None
+        if step.kind == "register_model":
+            return self._register(ctx, run, step, row, rows), None
+        return self._serve(ctx, run, step, row, rows), None
+
+    def _start_job(
+        self, ctx: TaskContext, run: PipelineRun, step: Step, row: PipelineStep, rows: dict[str, PipelineStep]
+    ) -> bool:
+        now = utcnow()
+        spec = JobSpec.model_validate(run.spec["jobs"][step.name])
+        inputs = list(spec.inputs)
+        digests = [item.ref for item in inputs]  # pinned dataset and model versions never change
+        for dep in step.depends_on:  # a step after one that ran again runs again (a cached one: the same job)
+            digests.append(f"after {dep}:{rows[dep].job_id or rows[dep].result.get('model') or ''}")
+        try:
+            for item in step.step_inputs:
+                source = rows[item.step].job_id or ""
+                manifest = self.manifests.pin(run.org_id, source, f"steps.{step.name}.inputs")
+                inputs.append(InputSpec(job=source, name=item.step, path=item.path))
+                digests.append(f"{item.step}:{manifest.digest}")
+        except KilnError as exc:
+            return self._set(ctx, row, StepState.WAITING, state=StepState.FAILED, message=exc.message, finished_at=now)
+        labels = {**spec.labels, "pipeline": run.name, "pipeline-run": run.id, "pipeline-step": step.name}
+        labels["pipeline-try"] = str(row.attempts + 1)  # its jobs counted across retries and resumes
+        spec = spec.model_copy(update={"inputs": inputs, "labels": labels})
+        code = step.code_sha256 or run.code_sha256
+        key = cache_key(step, code, digests)
+        if run.use_cache and step.cache:
+            earlier = self._cached(run.org_id, key)
+            if earlier is not None:
+                return self._set(
+                    ctx,
+                    row,
+                    StepState.WAITING,
+                    state=StepState.CACHED,
+                    job_id=earlier,
+                    cached=True,
+                    cache_key=key,
+                    message=f"the result of job {earlier} (the same job, code and inputs)",
+                    started_at=now,
+                    finished_at=now,
+                )
+        with ctx.transaction() as s:
+            fresh = self._locked(s, row)
+            if fresh is None or fresh.state != StepState.WAITING or not self._run_running(s, row.run_id):
+                return False
+            job = self.jobs.new_job(
+                s, run.org_id, run.user_id, spec, code, f"step {step.name} of pipeline run {run.id}"
+            )
+            fresh.state, fresh.job_id, fresh.tries, fresh.cache_key = StepState.RUNNING, job.id, fresh.tries + 1, key
+            fresh.attempts += 1
+            fresh.cached, fresh.retry_at, fresh.started_at = False, None, fresh.started_at or now
+            fresh.message = f"job {job.id}" + (f" (try {fresh.tries} of {step.retries + 1})" if fresh.tries > 1 else "")
+        self.jobs.wake()
+        return True
+
+    def _cached(self, org_id: str, key: str) -> str | None:
+        """The job of an earlier step of the organisation with this cache key that succeeded (and still exists)."""
+        with self.db.read() as s:
+            found = s.execute(
+                select(PipelineStep.job_id)
+                .join(Job, Job.id == PipelineStep.job_id)
+                .where(
+                    PipelineStep.org_id == org_id,
+                    PipelineStep.cache_key == key,
+                    PipelineStep.state.in_([StepState.SUCCEEDED, StepState.CACHED]),
+                    Job.org_id == org_id,
+                    Job.state == JobState.SUCCEEDED,
+                )
+                .limit(1)
+            ).first()
+        return found[0] if found else None
+
+    def _register(
+        self, ctx: TaskContext, run: PipelineRun, step: Step, row: PipelineStep, rows: dict[str, PipelineStep]
+    ) -> bool:
+        assert step.register_model is not None
+        spec = step.register_model
+        now = utcnow()
+        try:
+            if self.models is None:
+                raise Conflict("this server keeps no models")
+            with self.db.read() as s:
+                principal = run_principal(s, run)
+            body = ModelRegister(
+                job_id=rows[spec.source].job_id or "",
+                path=spec.path,
+                framework=spec.framework,  # type: ignore[arg-type]
+                description=spec.description or f"pipeline {run.name}, run {run.id}",
+            )
+            version = self.models.register(principal, spec.name, body)
+        except (KilnError, ValueError) as exc:
+            message = exc.message if isinstance(exc, KilnError) else str(exc)
+            return self._set(ctx, row, StepState.WAITING, state=StepState.FAILED, message=message, finished_at=now)
+        ref = f"{version.name}@{version.version}"
+        return self._set(
+            ctx,
+            row,
+            StepState.WAITING,
+            state=StepState.SUCCEEDED,
+            result={"model": ref},
+            message=f"registered {ref}",
+            started_at=now,
+            finished_at=now,
+        )
+
+    def _serve(
+        self, ctx: TaskContext, run: PipelineRun, step: Step, row: PipelineStep, rows: dict[str, PipelineStep]
+    ) -> bool:
+        assert step.serve is not None and step.serve_model_step is not None
+        now = utcnow()
+        model = str((rows[step.serve_model_step].result or {}).get("model") or "")
+        try:
+            if self.serving is None:
+                raise Conflict("this server serves no models")
+            with self.db.read() as s:
+                principal = run_principal(s, run)
+            spec = step.serve.model_copy(update={"model": model})
+            try:
+                self.serving.create(principal, ServiceSubmit(spec=spec))
+                what = f"service {spec.name} created with {model}"
+            except Conflict:  # it exists: rolled to the new version
+                self.serving.update(principal, spec.name, ServiceUpdate(model=model))
+                what = f"service {spec.name} rolled to {model}"
+        except KilnError as exc:
+            return self._set(ctx, row, StepState.WAITING, state=StepState.FAILED, message=exc.message, finished_at=now)
+        return self._set(
+            ctx,
+            row,
+            StepState.WAITING,
+            state=StepState.SUCCEEDED,
+            result={"service": step.serve.name, "model": model},
+            message=what,
+            started_at=now,
+            finished_at=now,
+        )
+
+    def _finish(self, ctx: TaskContext, run: PipelineRun, rows: list[PipelineStep]) -> None:
+        failed = [r.name for r in rows if r.state == StepState.FAILED]
+        with ctx.transaction() as s:
+            fresh = s.get(PipelineRun, run.id, with_for_update=s.get_bind().dialect.name == "postgresql")
+            if fresh is None or fresh.state != RunState.RUNNING:
+                return
+            fresh.state = RunState.FAILED if failed else RunState.SUCCEEDED
+            fresh.message = f"failed: {', '.join(failed)}" if failed else ""
+            fresh.finished_at = fresh.updated_at = utcnow()
+
+
+def _value(s: Session, job_id: str | None, ref: Ref) -> float | str | None:
+    """An upstream step's metric (its last value; the first member's where a gang's members each have one) or
+    param, for its ``when``."""
+    if not job_id:
+        return None
+    if ref.kind == "params":
+        return s.scalar(select(RunParam.value).where(RunParam.run_id == job_id, RunParam.key == ref.key))
+    found = s.execute(
+        select(MetricSeries.last_value, MetricSeries.last_text)
+        .where(MetricSeries.job_id == job_id, MetricSeries.name == ref.key)
+        .order_by(MetricSeries.worker)
+        .limit(1)
+    ).first()
+    if found is None:
+        return None
+    return found[0] if found[0] is not None else found[1]

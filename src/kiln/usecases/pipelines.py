@@ -1,0 +1,225 @@
+"""Pipeline runs as the API sees them: submit one (the whole spec checked, every job step's job spec checked as a
+submit would be, before anything is created), read and list them, cancel one (its running steps' jobs cancelled),
+resume one (its failed, skipped and cancelled steps run again; the steps that succeeded are kept). The steps are
+driven by the ``pipelines`` task (kiln.tasks.pipelines)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from kiln.db.session import Database
+from kiln.db.tables import Organization, PipelineRun, PipelineStep, User, utcnow
+from kiln.domain.ids import new_id
+from kiln.domain.pipelines import (
+    STEP_ENDED,
+    PipelineError,
+    PipelineRunRead,
+    PipelineStepRead,
+    PipelineSubmit,
+    RunState,
+    StepState,
+    parse_pipeline,
+)
+from kiln.errors import Conflict, InvalidInput, KilnError, NotFound
+from kiln.usecases.identity import Principal
+from kiln.usecases.jobs import JobService
+
+MAX_LIST = 200
+
+
+def run_principal(s: Session, run: PipelineRun) -> Principal:
+    """The run's user as they are now (their role may have changed): what its built-in steps act as. NotFound
+    when the user is disabled."""
+    found = s.execute(
+        select(User, Organization).join(Organization, Organization.id == User.org_id).where(User.id == run.user_id)
+    ).first()
+    if found is None or found[0].disabled:
+        raise NotFound(f"the user who started pipeline run {run.id} is disabled or gone")
+    user, org = found
+    return Principal(user.id, user.name, org.id, org.name, "pipeline", user.role, user.platform_admin)
+
+
+class PipelineService:
+    def __init__(self, db: Database, jobs: JobService, wake: Callable[[], None]) -> None:
+        self.db = db
+        self.jobs = jobs
+        self.wake = wake
+
+    def submit(self, principal: Principal, body: PipelineSubmit) -> PipelineRunRead:
+        principal.require("pipelines:write")
+        try:
+            pipeline = parse_pipeline(body.spec)
+        except PipelineError as exc:
+            raise InvalidInput(f"{exc.field}: {exc.message}", details={"field": f"spec.{exc.field}"}) from None
+        checked: dict[str, Any] = {}
+        for name, step in pipeline.steps.items():
+            if step.job is None:
+                continue
+            if step.job.experiment is None:  # a pipeline's job steps are runs of its own experiment
+                step.job = step.job.model_copy(update={"experiment": pipeline.name})
+            try:
+                spec = self.jobs.check_submit(principal, step.job, step.code_sha256 or body.code_sha256)
+            except KilnError as exc:
+                field = str((exc.details or {}).get("field") or "").removeprefix("spec.")
+                raise InvalidInput(
+                    f"steps.{name}: {exc.message}",
+                    details={"field": f"spec.steps.{name}" + (f".{field}" if field else "")},
+                ) from None
+            checked[name] = spec.model_dump(mode="json")
+        now = utcnow()
+        run = PipelineRun(
+            id=new_id("prun"),
+            org_id=principal.org_id,
+            user_id=principal.user_id,
+            name=pipeline.name,
+            spec={"pipeline": body.spec, "jobs": checked},
+            code_sha256=body.code_sha256,
+            use_cache=body.use_cache,
+            state=RunState.RUNNING,
+            message="",
+            created_at=now,
+            updated_at=now,
+        )
+        with self.db.transaction() as s:
+            s.add(run)
+            s.flush()
+            for position, (name, step) in enumerate(pipeline.steps.items()):
+                s.add(
+                    PipelineStep(
+                        run_id=run.id,
+                        name=name,
+                        org_id=principal.org_id,
+                        position=position,
+                        kind=step.kind,
+                        state=StepState.WAITING,
+                        tries=0,
+                        attempts=0,
+                        cached=False,
+                        result={},
+                        message="",
+                    )
+                )
+            s.flush()
+            read = self._read(s, run, principal.user_name)
+        self.wake()
+        return read
+
+    def get(self, principal: Principal, run_id: str) -> PipelineRunRead:
+        principal.require("pipelines:read")
+        with self.db.read() as s:
+            run = self._load(s, principal, run_id)
+            return self._read(s, run)
+
+    def list_runs(self, principal: Principal, name: str | None = None, limit: int = 50) -> list[PipelineRunRead]:
+        principal.require("pipelines:read")
+        query = select(PipelineRun).where(PipelineRun.org_id == principal.org_id)
+        if name:
+            query = query.where(PipelineRun.name == name)
+        with self.db.read() as s:
+            runs = s.scalars(query.order_by(PipelineRun.created_at.desc()).limit(min(limit, MAX_LIST))).all()
+            return [self._read(s, run) for run in runs]
+
+    def cancel(self, principal: Principal, run_id: str) -> PipelineRunRead:
+        """Cancel a running run: its waiting and running steps are CANCELLED, and the running ones' jobs
+        cancelled."""
+        principal.require("pipelines:write")
+        with self.db.transaction() as s:
+            run = self._load(s, principal, run_id, lock=True)
+            if run.state != RunState.RUNNING:
+                raise Conflict(f"pipeline run {run_id} is {run.state}; only a running run is cancelled")
+            run.state = RunState.CANCELLED
+            run.message = f"cancelled by {principal.user_name}"
+            run.updated_at = run.finished_at = utcnow()
+            running = []
+            for step in self._steps(s, run.id):
+                if step.state in (StepState.WAITING, StepState.RUNNING):
+                    if step.state == StepState.RUNNING and step.job_id:
+                        running.append(step.job_id)
+                    step.state, step.message, step.finished_at = StepState.CANCELLED, "the run was cancelled", utcnow()
+        for job_id in running:
+            try:
+                self.jobs.cancel(principal, job_id)
+            except KilnError:  # it ended meanwhile
+                pass
+        self.wake()
+        return self.get(principal, run_id)
+
+    def resume(self, principal: Principal, run_id: str) -> PipelineRunRead:
+        """Run a failed or cancelled run's failed, skipped and cancelled steps again (from their first try); the
+        steps that succeeded (or were cached) are kept, and their results reused."""
+        principal.require("pipelines:write")
+        with self.db.transaction() as s:
+            run = self._load(s, principal, run_id, lock=True)
+            if run.state not in (RunState.FAILED, RunState.CANCELLED):
+                raise Conflict(f"pipeline run {run_id} is {run.state}; a failed or cancelled run is resumed")
+            again = 0
+            for step in self._steps(s, run.id):
+                if step.state in (StepState.FAILED, StepState.SKIPPED, StepState.CANCELLED):
+                    step.state, step.job_id, step.tries, step.retry_at = StepState.WAITING, None, 0, None
+                    step.message, step.started_at, step.finished_at = "", None, None
+                    again += 1
+            run.state, run.message, run.finished_at, run.updated_at = RunState.RUNNING, "", None, utcnow()
+            run.message = f"resumed by {principal.user_name}: {again} step(s) again"
+        self.wake()
+        return self.get(principal, run_id)
+
+    # -- reading ---------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _load(s: Session, principal: Principal, run_id: str, lock: bool = False) -> PipelineRun:
+        query = select(PipelineRun).where(PipelineRun.id == run_id, PipelineRun.org_id == principal.org_id)
+        if lock and s.get_bind().dialect.name == "postgresql":
+            query = query.with_for_update()
+        run = s.scalar(query)
+        if run is None:
+            raise NotFound(f"pipeline run {run_id} not found")
+        return run
+
+    @staticmethod
+    def _steps(s: Session, run_id: str) -> list[PipelineStep]:
+        return list(
+            s.scalars(select(PipelineStep).where(PipelineStep.run_id == run_id).order_by(PipelineStep.position))
+        )
+
+    def _read(self, s: Session, run: PipelineRun, user: str | None = None) -> PipelineRunRead:
+        if user is None:
+            user = s.scalar(select(User.name).where(User.id == run.user_id)) or run.user_id
+        raw_steps = (run.spec.get("pipeline") or {}).get("steps") or {}
+        steps = []
+        for row in self._steps(s, run.id):
+            raw = raw_steps.get(row.name) or {}
+            depends = raw.get("depends_on") or []
+            steps.append(
+                PipelineStepRead(
+                    name=row.name,
+                    kind=row.kind,
+                    state=StepState(row.state),
+                    depends_on=[depends] if isinstance(depends, str) else list(depends),
+                    job_id=row.job_id,
+                    cached=row.cached,
+                    tries=row.tries,
+                    message=row.message,
+                    result=dict(row.result or {}),
+                    started_at=row.started_at,
+                    finished_at=row.finished_at,
+                )
+            )
+        return PipelineRunRead(
+            id=run.id,
+            name=run.name,
+            state=RunState(run.state),
+            message=run.message,
+            user=user,
+            use_cache=run.use_cache,
+            created_at=run.created_at,
+            finished_at=run.finished_at,
+            steps=steps,
+        )
+
+
+def all_ended(steps: list[PipelineStep]) -> bool:
+    return all(StepState(step.state) in STEP_ENDED for step in steps)
