@@ -332,9 +332,13 @@ class PipelineDriver:
             try:
                 self.serving.create(principal, ServiceSubmit(spec=spec))
                 what = f"service {spec.name} created with {model}"
-            except Conflict:  # it exists: rolled to the new version
-                self.serving.update(principal, spec.name, ServiceUpdate(model=model))
-                what = f"service {spec.name} rolled to {model}"
+            except Conflict:  # it exists: rolled to the new version, unless it serves that one already
+                current = self.serving.get(principal, spec.name)
+                if f"{current.model_name}@{current.model_version}" == model:
+                    what = f"service {spec.name} serves {model} already"
+                else:
+                    self.serving.update(principal, spec.name, ServiceUpdate(model=model))
+                    what = f"service {spec.name} rolled to {model}"
         except KilnError as exc:
             return self._set(ctx, row, StepState.WAITING, state=StepState.FAILED, message=exc.message, finished_at=now)
         return self._set(
