@@ -135,6 +135,7 @@ class Platform:
             mint_token=self.identity.mint_job_token,
             resolve_inputs=input_resolver(self.datasets, self.models, self.output_manifests),
             on_admitted=self.prometheus.admission.observe,  # read for a whole pass in one query
+            on_ended=lambda: self.pipeline_driver.wake(),  # a step's job ended: its next step starts now
         )
         self.jobs = JobService(
             self.db,

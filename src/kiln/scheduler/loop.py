@@ -91,6 +91,7 @@ class Reconciler:
         *,
         resolve_inputs: Callable[[str, JobSpec], tuple[ResolvedInput, ...]] | None = None,
         on_admitted: Callable[[float], None] | None = None,
+        on_ended: Callable[[], None] | None = None,
     ) -> None:
         self.mint_token = mint_token
         self.db = db
@@ -116,6 +117,7 @@ class Reconciler:
         # The admission latency of each job a pass starts, in seconds from its entering the queue (submitted,
         # preempted or restarting) to STARTING: read for all of the pass's jobs in one query.
         self.on_admitted = on_admitted
+        self.on_ended = on_ended  # an attempt's end was recorded (a pipeline's next step may start now)
 
     # -- the background task --------------------------------------------------------------------------
 
@@ -404,6 +406,8 @@ class Reconciler:
             launches = relaunches + self._mark_starting(s, plan.starts, plan.names)
         if reattached:
             log.info("re-attached to %d running job(s)", reattached)
+        if self.on_ended is not None and any(x.ended for x in writes):
+            self.on_ended()
         for x in seen:
             for note in x.notes:
                 self.logs.append_system(x.job.id, note, log_source(x.handle))

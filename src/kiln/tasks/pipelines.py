@@ -2,8 +2,8 @@
 
 A pass takes each running run and moves its steps on, one transition at a time, until none is left to make:
 
-- a **running** job step whose job ended: SUCCEEDED (its outputs read once, for the steps downstream and for the
-  cache: kiln.usecases.output_manifests), or, failed, WAITING for its next try after the back-off
+- a **running** job step whose job ended: SUCCEEDED (its outputs are read once, by the first step that takes them
+  as an input: kiln.usecases.output_manifests), or, failed, WAITING for its next try after the back-off
   (``retry_backoff`` seconds, doubling) while it has retries left, else FAILED;
 - a **waiting** step: SKIPPED when a step it depends on failed or was skipped, else, once they all succeeded (and
   its retry's back-off has passed), its ``when`` is evaluated over their metrics and params (false: SKIPPED), then
@@ -52,6 +52,10 @@ INTERVAL = 0.25  # seconds between passes (a submit, a cancel or a resume wakes 
 MAX_TRANSITIONS = 10_000  # a pass's bound (a run has at most 200 steps, each a few transitions)
 
 
+class _Moved(Exception):
+    """A step was not where this pass found it (another server moved it, or the run stopped)."""
+
+
 class PipelineDriver:
     def __init__(
         self,
@@ -97,49 +101,56 @@ class PipelineDriver:
     # -- one run ------------------------------------------------------------------------------------------
 
     def _drive(self, ctx: TaskContext, run_id: str) -> float | None:
-        """Make every transition the run's steps are ready for; the seconds until a retry is due, if any."""
-        for _ in range(MAX_TRANSITIONS):
-            if ctx.stopping.is_set():
+        """Make every transition the run's steps are ready for, on what one read found (each written transition
+        applied to it too, so that the steps it unblocks move in the same pass); the seconds until a retry is due,
+        if any. A step another server moved meanwhile ends the pass: the next one reads afresh."""
+        with self.db.read() as s:
+            run = s.get(PipelineRun, run_id)
+            if run is None or run.state != RunState.RUNNING:
                 return None
-            with self.db.read() as s:
-                run = s.get(PipelineRun, run_id)
-                if run is None or run.state != RunState.RUNNING:
+            s.expunge(run)
+            rows = {r.name: r for r in s.scalars(select(PipelineStep).where(PipelineStep.run_id == run_id))}
+            for row in rows.values():
+                s.expunge(row)
+            job_ids = [r.job_id for r in rows.values() if r.job_id]
+            jobs = {j.id: j for j in s.scalars(select(Job).where(Job.id.in_(job_ids)))} if job_ids else {}
+            for job in jobs.values():
+                s.expunge(job)
+        pipeline = parse_pipeline(run.spec["pipeline"])
+        try:
+            for _ in range(MAX_TRANSITIONS):
+                if ctx.stopping.is_set():
                     return None
-                s.expunge(run)
-                rows = {r.name: r for r in s.scalars(select(PipelineStep).where(PipelineStep.run_id == run_id))}
-                for row in rows.values():
-                    s.expunge(row)
-                job_ids = [r.job_id for r in rows.values() if r.job_id]
-                jobs = {j.id: j for j in s.scalars(select(Job).where(Job.id.in_(job_ids)))} if job_ids else {}
-                for job in jobs.values():
-                    s.expunge(job)
-            pipeline = parse_pipeline(run.spec["pipeline"])
-            if all_ended(list(rows.values())):
-                self._finish(ctx, run, list(rows.values()))
-                return None
-            moved, due = False, None
-            for name, step in pipeline.steps.items():
-                row = rows[name]
-                if row.state == StepState.RUNNING:
-                    moved = self._running(ctx, run, step, row, jobs.get(row.job_id or ""))
-                elif row.state == StepState.WAITING:
-                    moved, wait = self._waiting(ctx, run, pipeline, step, row, rows, jobs)
-                    if wait is not None:
-                        due = wait if due is None else min(due, wait)
-                if moved:
-                    break
-            if not moved:
-                return due
+                if all_ended(list(rows.values())):
+                    self._finish(ctx, run, list(rows.values()))
+                    return None
+                moved, due = False, None
+                for name, step in pipeline.steps.items():
+                    row = rows[name]
+                    if row.state == StepState.RUNNING:
+                        moved |= self._running(ctx, run, step, row, jobs.get(row.job_id or ""))
+                    elif row.state == StepState.WAITING:
+                        went, wait = self._waiting(ctx, run, pipeline, step, row, rows, jobs)
+                        moved |= went
+                        if wait is not None:
+                            due = wait if due is None else min(due, wait)
+                if not moved:
+                    return due
+        except _Moved:
+            return 0.0
         return 0.0
 
     def _set(self, ctx: TaskContext, row: PipelineStep, expected: str, **values: Any) -> bool:
-        """The step moves from ``expected`` (False: another server moved it first, nothing written)."""
+        """The step moves from ``expected``, in the database and in ``row``; _Moved (nothing written) where another
+        server moved it first or the run is no longer running."""
         with ctx.transaction() as s:
             fresh = self._locked(s, row)
             if fresh is None or fresh.state != expected or not self._run_running(s, row.run_id):
-                return False
+                raise _Moved
             for key, value in values.items():
                 setattr(fresh, key, value)
+        for key, value in values.items():
+            setattr(row, key, value)
         return True
 
     @staticmethod
@@ -155,13 +166,7 @@ class PipelineDriver:
         if job is None or not JobState(job.state).terminal:
             return False
         now = utcnow()
-        if job.state == JobState.SUCCEEDED:
-            try:
-                self.manifests.pin(run.org_id, job.id, f"steps.{step.name}")  # read once, for downstream and the cache
-            except KilnError as exc:
-                return self._set(
-                    ctx, row, StepState.RUNNING, state=StepState.FAILED, message=exc.message, finished_at=now
-                )
+        if job.state == JobState.SUCCEEDED:  # its outputs are read by the first step that takes them as an input
             return self._set(ctx, row, StepState.RUNNING, state=StepState.SUCCEEDED, message="", finished_at=now)
         why = f"job {job.id} {job.state}" + (f": {job.message}" if job.message else "")
         if row.tries <= step.retries:
@@ -256,7 +261,7 @@ class PipelineDriver:
         with ctx.transaction() as s:
             fresh = self._locked(s, row)
             if fresh is None or fresh.state != StepState.WAITING or not self._run_running(s, row.run_id):
-                return False
+                raise _Moved
             job = self.jobs.new_job(
                 s, run.org_id, run.user_id, spec, code, f"step {step.name} of pipeline run {run.id}"
             )
@@ -264,6 +269,10 @@ class PipelineDriver:
             fresh.attempts += 1
             fresh.cached, fresh.retry_at, fresh.started_at = False, None, fresh.started_at or now
             fresh.message = f"job {job.id}" + (f" (try {fresh.tries} of {step.retries + 1})" if fresh.tries > 1 else "")
+            mirrored = {k: getattr(fresh, k) for k in ("state", "job_id", "tries", "attempts", "cache_key", "cached")}
+            mirrored.update(retry_at=None, started_at=fresh.started_at, message=fresh.message)
+        for key, value in mirrored.items():
+            setattr(row, key, value)
         self.jobs.wake()
         return True
 
