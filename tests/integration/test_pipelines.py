@@ -295,3 +295,57 @@ def test_the_cli_runs_a_pipeline_file_with_each_steps_own_code(server: KilnServe
     assert second["report"]["state"] == "SUCCEEDED" and second["report"]["job_id"] != first["report"]["job_id"]
     listed = kiln("pipelines", "list", "--name", "cli-flow")
     assert listed.returncode == 0 and listed.stdout.count("cli-flow") == 2, listed.stdout
+    scheduled = kiln("pipelines", "schedule", "-f", str(flow_dir / "pipeline.yaml"), "--cron", "0 3 * * *")
+    assert scheduled.returncode == 0 and scheduled.stdout.startswith("psch-"), scheduled.stdout + scheduled.stderr
+    schedule_id = scheduled.stdout.split()[0]
+    shown = kiln("pipelines", "schedules")
+    assert schedule_id in shown.stdout and "0 3 * * *" in shown.stdout, shown.stdout
+    assert kiln("pipelines", "unschedule", schedule_id).returncode == 0
+    assert schedule_id not in kiln("pipelines", "schedules").stdout
+
+
+def test_a_schedule_starts_runs_makes_up_a_missed_time_once_and_stops(server: KilnServer) -> None:
+    """Every two seconds: runs start; a schedule whose time passed ten times while nothing ran (its next time
+    put ten days back, as a server down that long would find it) starts one run, not ten; another organisation
+    sees and removes none of it; a bad cron is refused naming the field."""
+    import sqlite3
+
+    from kiln.db.tables import utcnow
+
+    client = server.client()
+    spec = {"name": "ticking", "steps": {"tick": {**job("print('tick')"), "cache": False}}}
+    with pytest.raises(InvalidInput, match="cron") as caught:
+        client.schedule_pipeline(spec, "every day")
+    assert (caught.value.details or {}).get("field") == "cron"
+    ticking = client.schedule_pipeline(spec, "* * * * * */2")
+    deadline = time.monotonic() + 30
+    while len(client.list_pipeline_runs(name="ticking")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(client.list_pipeline_runs(name="ticking")) >= 2
+    assert next(s for s in client.list_pipeline_schedules() if s.id == ticking.id).last_run_id is not None
+
+    stranger = create_tenant(Api.admin(server), "schedule-strangers", ("member",))["member"]
+    other = Client(server.url, stranger.key_id, stranger.secret)
+    assert other.list_pipeline_schedules() == []
+    with pytest.raises(NotFound):
+        other.unschedule_pipeline(ticking.id)
+    client.unschedule_pipeline(ticking.id)
+    time.sleep(0.5)  # a pass under way when it went may still have started one
+    count = len(client.list_pipeline_runs(name="ticking"))
+    time.sleep(3)
+    assert len(client.list_pipeline_runs(name="ticking")) == count  # stopped
+
+    nightly = client.schedule_pipeline({**spec, "name": "nightly"}, "0 3 * * *")
+    assert nightly.next_at > utcnow()
+    with sqlite3.connect(server.home / "kiln.db") as conn:  # the server's own file: it holds it, so no Database
+        conn.execute(
+            "UPDATE pipeline_schedules SET next_at = datetime(next_at, '-10 days') WHERE id = ?", (nightly.id,)
+        )
+    deadline = time.monotonic() + 30
+    while not client.list_pipeline_runs(name="nightly") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.5)  # what a second pass would start, if the next time were not after now
+    assert len(client.list_pipeline_runs(name="nightly")) == 1
+    after = next(s for s in client.list_pipeline_schedules() if s.id == nightly.id)
+    assert after.next_at > utcnow() and after.last_run_id == client.list_pipeline_runs(name="nightly")[0].id
+    client.unschedule_pipeline(nightly.id)

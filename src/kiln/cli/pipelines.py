@@ -15,7 +15,7 @@ from rich.text import Text
 
 from kiln.cli.common import Output, OutputFormat, connect, emit_json, emit_list, info, out
 from kiln.cli.output import fmt_time
-from kiln.domain.pipelines import STEP_ENDED, PipelineRunRead, RunState, StepState
+from kiln.domain.pipelines import STEP_ENDED, PipelineRunRead, PipelineScheduleRead, RunState, StepState
 
 app = typer.Typer(help="Run pipelines: named steps with depends_on, passed outputs, caching, retries and resume.")
 
@@ -145,3 +145,50 @@ def cancel(run_id: RunArg, output: Output = OutputFormat.table) -> None:
         emit_json(found.model_dump(mode="json"))
     else:
         run_detail(found)
+
+
+def schedules_table(schedules: list[PipelineScheduleRead]) -> None:
+    table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
+    for column in ("SCHEDULE", "PIPELINE", "CRON (UTC)", "NEXT", "LAST RUN", "BY", "NOTE"):
+        table.add_column(column)
+    for item in schedules:
+        table.add_row(
+            item.id, item.name, item.cron, fmt_time(item.next_at), item.last_run_id or "-", item.user, item.message
+        )
+    out.print(table)
+
+
+@app.command()
+def schedule(
+    file: Annotated[Path, typer.Option("--file", "-f", help="The pipeline file (YAML).", exists=True, dir_okay=False)],
+    cron: Annotated[str, typer.Option("--cron", help='When, in UTC: "0 3 * * *" is 03:00 every day.')],
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Each run runs every job step.")] = False,
+    output: Output = OutputFormat.table,
+) -> None:
+    """Run the pipeline in FILE on a cron schedule (its code packed now, as ``run`` packs it). A time the server
+    was down for is made up once when it comes back, never once per missed time. The schedule's id is the first
+    word on stdout."""
+    spec = yaml.safe_load(file.read_text())
+    with connect() as client:
+        made = client.schedule_pipeline(spec, cron, file.parent, use_cache=not no_cache)
+    if output is OutputFormat.json:
+        emit_json(made.model_dump(mode="json"))
+    else:
+        print(made.id, file=sys.stdout, flush=True)
+        info(f"next run {fmt_time(made.next_at)} ({made.cron}, UTC)")
+
+
+@app.command()
+def schedules(output: Output = OutputFormat.table) -> None:
+    """Your organisation's pipeline schedules: when each runs next, and its last run."""
+    with connect() as client:
+        found = client.list_pipeline_schedules()
+    emit_list(found, output, schedules_table, "no pipeline schedules")
+
+
+@app.command()
+def unschedule(schedule_id: Annotated[str, typer.Argument(help="The schedule's id.")]) -> None:
+    """Stop a pipeline schedule (its runs so far stay)."""
+    with connect() as client:
+        client.unschedule_pipeline(schedule_id)
+    info(f"schedule {schedule_id} removed")

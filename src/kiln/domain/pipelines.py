@@ -400,3 +400,47 @@ class PipelineRunRead(BaseModel):
 
 class PipelineRunList(BaseModel):
     items: list[PipelineRunRead]
+
+
+def check_cron(expression: str) -> str:
+    """A cron expression (five fields, in UTC; a sixth is seconds), else PipelineError naming ``cron``."""
+    from croniter import croniter
+
+    text = " ".join(expression.split())
+    if not text or len(text) > 128 or not croniter.is_valid(text) or len(text.split()) not in (5, 6):
+        raise PipelineError("cron", f"{expression!r} is not a cron expression (minute hour day month weekday, UTC)")
+    return text
+
+
+def next_time(expression: str, after: datetime) -> datetime:
+    """The first time of ``expression`` after ``after`` (an aware datetime, UTC)."""
+    from croniter import croniter
+
+    found = croniter(expression, after).get_next(datetime)
+    assert isinstance(found, datetime)
+    return found
+
+
+class PipelineScheduleSubmit(PipelineSubmit):
+    cron: str = Field(
+        max_length=128,
+        description="When, in UTC: minute hour day-of-month month day-of-week (`0 3 * * *`: 03:00 every day); a "
+        "sixth field is seconds.",
+    )
+
+
+class PipelineScheduleRead(BaseModel):
+    id: str
+    name: str
+    cron: str
+    next_at: datetime
+    last_run_id: str | None = None
+    last_at: datetime | None = None
+    message: str = Field("", description="Why the last time started no run, if it did not.")
+    use_cache: bool
+    user: str
+    created_at: datetime
+
+
+class PipelineScheduleList(BaseModel):
+    items: list[PipelineScheduleRead]

@@ -207,6 +207,7 @@ class Platform:
             drain_metrics=self.metrics_ingester.ingest_now,
         )
         self.pipelines = PipelineService(self.db, self.jobs, self.pipeline_driver.wake)
+        self.pipeline_driver.check = self.pipelines.check  # a scheduled run is checked as a submit is
         # Notebooks: JupyterLab as jobs of category dev, reached through the proxy (kiln.api.notebook_proxy).
         self.notebooks = NotebookService(
             self.db, self.jobs, self.store, settings.endpoint, self._wake_notebooks, self.quotas, self.idempotency

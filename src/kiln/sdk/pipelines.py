@@ -16,7 +16,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kiln.domain.pipelines import STEP_ENDED, PipelineRunList, PipelineRunRead, PipelineSubmit, RunState
+from kiln.domain.pipelines import (
+    STEP_ENDED,
+    PipelineRunList,
+    PipelineRunRead,
+    PipelineScheduleList,
+    PipelineScheduleRead,
+    PipelineScheduleSubmit,
+    PipelineSubmit,
+    RunState,
+)
 from kiln.errors import InvalidInput
 from kiln.sdk.packaging import DEFAULT_MAX_CODE_BYTES, build_bundle
 from kiln.sdk.transport import ClientTransport
@@ -41,6 +50,36 @@ class PipelinesMixin(ClientTransport):
     ) -> PipelineRunRead:
         """Start a run of the pipeline ``spec`` (the mapping of a pipeline.yaml). ``base_dir``: the directory its
         steps' ``code`` paths are relative to, and the code of the job steps that name none."""
+        spec, default = self._packed(spec, base_dir, max_bytes)
+        body = PipelineSubmit(spec=spec, code_sha256=default, use_cache=use_cache)
+        answer = self.request("POST", "/pipelines/runs", json_body=body.model_dump(mode="json", exclude_none=True))
+        return PipelineRunRead.model_validate(answer.json())
+
+    def schedule_pipeline(
+        self,
+        spec: dict[str, Any],
+        cron: str,
+        base_dir: Path | None = None,
+        *,
+        use_cache: bool = True,
+        max_bytes: int = DEFAULT_MAX_CODE_BYTES,
+    ) -> PipelineScheduleRead:
+        """Run the pipeline ``spec`` on the cron schedule ``cron`` (UTC), with its code packed as ``run_pipeline``
+        packs it (each run runs that code)."""
+        spec, default = self._packed(spec, base_dir, max_bytes)
+        body = PipelineScheduleSubmit(spec=spec, code_sha256=default, use_cache=use_cache, cron=cron)
+        answer = self.request("POST", "/pipelines/schedules", json_body=body.model_dump(mode="json", exclude_none=True))
+        return PipelineScheduleRead.model_validate(answer.json())
+
+    def list_pipeline_schedules(self) -> list[PipelineScheduleRead]:
+        return PipelineScheduleList.model_validate(self.request("GET", "/pipelines/schedules").json()).items
+
+    def unschedule_pipeline(self, schedule_id: str) -> None:
+        self.request("DELETE", f"/pipelines/schedules/{schedule_id}")
+
+    def _packed(self, spec: dict[str, Any], base_dir: Path | None, max_bytes: int) -> tuple[dict[str, Any], str | None]:
+        """The spec with each step's ``code`` directory packed, uploaded and named by its digest; and the digest of
+        ``base_dir``'s bundle (the other job steps' code), if given."""
         spec = copy.deepcopy(spec)
         bundles: dict[Path, str] = {}
 
@@ -62,10 +101,7 @@ class PipelinesMixin(ClientTransport):
                 if not directory.is_dir():
                     raise InvalidInput(f"steps.{name}.code: {directory} is not a directory")
                 step["code_sha256"] = bundle_of(directory)
-        default = bundle_of(base_dir) if base_dir is not None else None
-        body = PipelineSubmit(spec=spec, code_sha256=default, use_cache=use_cache)
-        answer = self.request("POST", "/pipelines/runs", json_body=body.model_dump(mode="json", exclude_none=True))
-        return PipelineRunRead.model_validate(answer.json())
+        return spec, (bundle_of(base_dir) if base_dir is not None else None)
 
     def get_pipeline_run(self, run_id: str) -> PipelineRunRead:
         return PipelineRunRead.model_validate(self.request("GET", f"/pipelines/runs/{run_id}").json())

@@ -31,19 +31,29 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from kiln.db.session import Database
-from kiln.db.tables import Job, MetricSeries, PipelineRun, PipelineStep, RunParam, utcnow
+from kiln.db.tables import Job, MetricSeries, PipelineRun, PipelineSchedule, PipelineStep, RunParam, utcnow
 from kiln.domain.models import ModelRegister
 from kiln.domain.pipeline_when import Ref
-from kiln.domain.pipelines import STEP_DONE, Pipeline, RunState, Step, StepState, cache_key, parse_pipeline
+from kiln.domain.pipelines import (
+    STEP_DONE,
+    Pipeline,
+    RunState,
+    Step,
+    StepState,
+    cache_key,
+    next_time,
+    parse_pipeline,
+)
 from kiln.domain.serving import ServiceSubmit, ServiceUpdate
 from kiln.domain.spec import InputSpec, JobSpec
 from kiln.domain.states import JobState
 from kiln.errors import Conflict, KilnError
 from kiln.tasks.runner import Task, TaskContext
+from kiln.usecases.identity import Principal
 from kiln.usecases.jobs import JobService
 from kiln.usecases.model_registry import ModelRegistry
 from kiln.usecases.output_manifests import OutputManifests
-from kiln.usecases.pipelines import all_ended, run_principal
+from kiln.usecases.pipelines import all_ended, new_run, run_principal
 from kiln.usecases.serving import ServingService
 
 log = logging.getLogger(__name__)
@@ -69,6 +79,9 @@ class PipelineDriver:
         """``drain_metrics``: a pass of the metrics ingester, so that a ``when`` reads an upstream job's last
         points (they may still be in its spool when its job ends)."""
         self.drain_metrics = drain_metrics
+        # (principal, spec, code) → (name, each job step's checked spec): a scheduled run's check, as a submit's
+        # (PipelineService.check, set once the service exists).
+        self.check: Callable[[Principal, dict[str, Any], str | None], tuple[str, dict[str, Any]]] | None = None
         self.db = db
         self.jobs = jobs
         self.manifests = manifests
@@ -83,6 +96,7 @@ class PipelineDriver:
         self._task.wake.set()
 
     def run_once(self, ctx: TaskContext) -> float | None:
+        self._scheduled(ctx)
         with self.db.read() as s:
             runs = list(s.scalars(select(PipelineRun.id).where(PipelineRun.state == RunState.RUNNING)))
         soonest: float | None = None
@@ -97,6 +111,51 @@ class PipelineDriver:
             if wait is not None:
                 soonest = wait if soonest is None else min(soonest, wait)
         return soonest
+
+    # -- schedules ----------------------------------------------------------------------------------------
+
+    def _scheduled(self, ctx: TaskContext) -> None:
+        """A run of each schedule whose time has come; its next time the first after now (so a server that was
+        down across several times starts one run, not one per time it missed)."""
+        now = utcnow()
+        with self.db.read() as s:
+            due = list(s.scalars(select(PipelineSchedule).where(PipelineSchedule.next_at <= now)))
+            for row in due:
+                s.expunge(row)
+        for row in due:
+            if ctx.stopping.is_set():
+                return
+            try:
+                self._start_scheduled(ctx, row)
+            except Exception:
+                log.exception("pipeline schedule %s: could not start its run; tried again", row.id)
+
+    def _start_scheduled(self, ctx: TaskContext, row: PipelineSchedule) -> None:
+        checked: tuple[str, dict[str, Any]] | None = None
+        why = ""
+        try:
+            with self.db.read() as s:
+                principal = run_principal(s, row.user_id, f"pipeline schedule {row.id}")
+            if self.check is None:
+                raise Conflict("this server checks no pipelines")
+            checked = self.check(principal, row.spec, row.code_sha256)  # its datasets' versions as they are now
+        except KilnError as exc:
+            why = exc.message
+        started = None
+        with ctx.transaction() as s:
+            fresh = s.get(PipelineSchedule, row.id, with_for_update=s.get_bind().dialect.name == "postgresql")
+            if fresh is None or fresh.next_at != row.next_at:
+                return  # removed, or its time taken meanwhile
+            now = utcnow()
+            if checked is not None:
+                name, jobs = checked
+                started = new_run(s, principal, name, row.spec, jobs, row.code_sha256, row.use_cache).id
+                fresh.last_run_id, fresh.message = started, ""
+            else:
+                fresh.message = f"{now:%Y-%m-%d %H:%M:%S} UTC started no run: {why}"
+            fresh.last_at, fresh.next_at = now, next_time(fresh.cron, now)
+        if started is not None:
+            log.info("pipeline schedule %s started run %s", row.id, started)
 
     # -- one run ------------------------------------------------------------------------------------------
 
@@ -303,7 +362,7 @@ class PipelineDriver:
             if self.models is None:
                 raise Conflict("this server keeps no models")
             with self.db.read() as s:
-                principal = run_principal(s, run)
+                principal = run_principal(s, run.user_id, f"pipeline run {run.id}")
             body = ModelRegister(
                 job_id=rows[spec.source].job_id or "",
                 path=spec.path,
@@ -336,7 +395,7 @@ class PipelineDriver:
             if self.serving is None:
                 raise Conflict("this server serves no models")
             with self.db.read() as s:
-                principal = run_principal(s, run)
+                principal = run_principal(s, run.user_id, f"pipeline run {run.id}")
             spec = step.serve.model_copy(update={"model": model})
             try:
                 self.serving.create(principal, ServiceSubmit(spec=spec))

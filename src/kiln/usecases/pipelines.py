@@ -12,16 +12,20 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from kiln.db.session import Database
-from kiln.db.tables import Organization, PipelineRun, PipelineStep, User, utcnow
+from kiln.db.tables import Organization, PipelineRun, PipelineSchedule, PipelineStep, User, utcnow
 from kiln.domain.ids import new_id
 from kiln.domain.pipelines import (
     STEP_ENDED,
     PipelineError,
     PipelineRunRead,
+    PipelineScheduleRead,
+    PipelineScheduleSubmit,
     PipelineStepRead,
     PipelineSubmit,
     RunState,
     StepState,
+    check_cron,
+    next_time,
     parse_pipeline,
 )
 from kiln.errors import Conflict, InvalidInput, KilnError, NotFound
@@ -31,14 +35,14 @@ from kiln.usecases.jobs import JobService
 MAX_LIST = 200
 
 
-def run_principal(s: Session, run: PipelineRun) -> Principal:
-    """The run's user as they are now (their role may have changed): what its built-in steps act as. NotFound
-    when the user is disabled."""
+def run_principal(s: Session, user_id: str, what: str) -> Principal:
+    """The user who started ``what`` (a run, a schedule) as they are now (their role may have changed): what
+    its steps act as. NotFound when the user is disabled."""
     found = s.execute(
-        select(User, Organization).join(Organization, Organization.id == User.org_id).where(User.id == run.user_id)
+        select(User, Organization).join(Organization, Organization.id == User.org_id).where(User.id == user_id)
     ).first()
     if found is None or found[0].disabled:
-        raise NotFound(f"the user who started pipeline run {run.id} is disabled or gone")
+        raise NotFound(f"the user who started {what} is disabled or gone")
     user, org = found
     return Principal(user.id, user.name, org.id, org.name, "pipeline", user.role, user.platform_admin)
 
@@ -51,8 +55,18 @@ class PipelineService:
 
     def submit(self, principal: Principal, body: PipelineSubmit) -> PipelineRunRead:
         principal.require("pipelines:write")
+        name, checked = self.check(principal, body.spec, body.code_sha256)
+        with self.db.transaction() as s:
+            run = new_run(s, principal, name, body.spec, checked, body.code_sha256, body.use_cache)
+            read = self._read(s, run, principal.user_name)
+        self.wake()
+        return read
+
+    def check(self, principal: Principal, spec: dict[str, Any], code_sha256: str | None) -> tuple[str, dict[str, Any]]:
+        """The pipeline's name and each job step's spec as a submit checks it (its inputs pinned); InvalidInput
+        naming ``spec.steps.STEP.field`` otherwise."""
         try:
-            pipeline = parse_pipeline(body.spec)
+            pipeline = parse_pipeline(spec)
         except PipelineError as exc:
             raise InvalidInput(f"{exc.field}: {exc.message}", details={"field": f"spec.{exc.field}"}) from None
         checked: dict[str, Any] = {}
@@ -62,51 +76,69 @@ class PipelineService:
             if step.job.experiment is None:  # a pipeline's job steps are runs of its own experiment
                 step.job = step.job.model_copy(update={"experiment": pipeline.name})
             try:
-                spec = self.jobs.check_submit(principal, step.job, step.code_sha256 or body.code_sha256)
+                job_spec = self.jobs.check_submit(principal, step.job, step.code_sha256 or code_sha256)
             except KilnError as exc:
                 field = str((exc.details or {}).get("field") or "").removeprefix("spec.")
                 raise InvalidInput(
                     f"steps.{name}: {exc.message}",
                     details={"field": f"spec.steps.{name}" + (f".{field}" if field else "")},
                 ) from None
-            checked[name] = spec.model_dump(mode="json")
+            checked[name] = job_spec.model_dump(mode="json")
+        return pipeline.name, checked
+
+    # -- schedules ----------------------------------------------------------------------------------------------
+
+    def schedule(self, principal: Principal, body: PipelineScheduleSubmit) -> PipelineScheduleRead:
+        """A pipeline run on a cron schedule: checked whole now, and each run's job steps again when it starts."""
+        principal.require("pipelines:write")
+        try:
+            cron = check_cron(body.cron)
+        except PipelineError as exc:
+            raise InvalidInput(f"cron: {exc.message}", details={"field": "cron"}) from None
+        name, _ = self.check(principal, body.spec, body.code_sha256)
         now = utcnow()
-        run = PipelineRun(
-            id=new_id("prun"),
+        row = PipelineSchedule(
+            id=new_id("psch"),
             org_id=principal.org_id,
             user_id=principal.user_id,
-            name=pipeline.name,
-            spec={"pipeline": body.spec, "jobs": checked},
+            name=name,
+            spec=body.spec,
             code_sha256=body.code_sha256,
             use_cache=body.use_cache,
-            state=RunState.RUNNING,
+            cron=cron,
+            next_at=next_time(cron, now),
             message="",
             created_at=now,
-            updated_at=now,
         )
         with self.db.transaction() as s:
-            s.add(run)
+            s.add(row)
             s.flush()
-            for position, (name, step) in enumerate(pipeline.steps.items()):
-                s.add(
-                    PipelineStep(
-                        run_id=run.id,
-                        name=name,
-                        org_id=principal.org_id,
-                        position=position,
-                        kind=step.kind,
-                        state=StepState.WAITING,
-                        tries=0,
-                        attempts=0,
-                        cached=False,
-                        result={},
-                        message="",
-                    )
-                )
-            s.flush()
-            read = self._read(s, run, principal.user_name)
+            read = _schedule_read(row, principal.user_name)
         self.wake()
         return read
+
+    def list_schedules(self, principal: Principal) -> list[PipelineScheduleRead]:
+        principal.require("pipelines:read")
+        with self.db.read() as s:
+            rows = s.execute(
+                select(PipelineSchedule, User.name)
+                .join(User, User.id == PipelineSchedule.user_id)
+                .where(PipelineSchedule.org_id == principal.org_id)
+                .order_by(PipelineSchedule.created_at)
+            ).all()
+            return [_schedule_read(row, user) for row, user in rows]
+
+    def unschedule(self, principal: Principal, schedule_id: str) -> None:
+        principal.require("pipelines:write")
+        with self.db.transaction() as s:
+            row = s.scalar(
+                select(PipelineSchedule).where(
+                    PipelineSchedule.id == schedule_id, PipelineSchedule.org_id == principal.org_id
+                )
+            )
+            if row is None:
+                raise NotFound(f"pipeline schedule {schedule_id} not found")
+            s.delete(row)
 
     def get(self, principal: Principal, run_id: str) -> PipelineRunRead:
         principal.require("pipelines:read")
@@ -219,6 +251,68 @@ class PipelineService:
             finished_at=run.finished_at,
             steps=steps,
         )
+
+
+def new_run(
+    s: Session,
+    principal: Principal,
+    name: str,
+    spec: dict[str, Any],
+    checked: dict[str, Any],
+    code_sha256: str | None,
+    use_cache: bool,
+) -> PipelineRun:
+    """A RUNNING run of ``spec`` and its WAITING steps, in the caller's transaction (the task wakes for it)."""
+    pipeline = parse_pipeline(spec)
+    now = utcnow()
+    run = PipelineRun(
+        id=new_id("prun"),
+        org_id=principal.org_id,
+        user_id=principal.user_id,
+        name=name,
+        spec={"pipeline": spec, "jobs": checked},
+        code_sha256=code_sha256,
+        use_cache=use_cache,
+        state=RunState.RUNNING,
+        message="",
+        created_at=now,
+        updated_at=now,
+    )
+    s.add(run)
+    s.flush()
+    for position, (step_name, step) in enumerate(pipeline.steps.items()):
+        s.add(
+            PipelineStep(
+                run_id=run.id,
+                name=step_name,
+                org_id=principal.org_id,
+                position=position,
+                kind=step.kind,
+                state=StepState.WAITING,
+                tries=0,
+                attempts=0,
+                cached=False,
+                result={},
+                message="",
+            )
+        )
+    s.flush()
+    return run
+
+
+def _schedule_read(row: PipelineSchedule, user: str) -> PipelineScheduleRead:
+    return PipelineScheduleRead(
+        id=row.id,
+        name=row.name,
+        cron=row.cron,
+        next_at=row.next_at,
+        last_run_id=row.last_run_id,
+        last_at=row.last_at,
+        message=row.message,
+        use_cache=row.use_cache,
+        user=user,
+        created_at=row.created_at,
+    )
 
 
 def all_ended(steps: list[PipelineStep]) -> bool:

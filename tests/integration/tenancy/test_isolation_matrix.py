@@ -216,6 +216,17 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ("GET", "/api/v1/pipelines/runs/{run_id}"): [Case("scoped", reader="member")],
     ("POST", "/api/v1/pipelines/runs/{run_id}/resume"): [Case("scoped")],  # A's run is running: A gets 409
     ("POST", "/api/v1/pipelines/runs/{run_id}/cancel"): [Case("scoped", owner="admin", last=True)],
+    ("POST", "/api/v1/pipelines/schedules"): [
+        Case("self", body={"spec": PIPELINE_SPEC, "cron": "0 0 1 1 *"}, cross=OWN_OK),
+        Case(
+            "scoped",
+            body={"spec": PIPELINE_SPEC, "cron": "0 0 1 1 *", "code_sha256": "{sha256}"},
+            cross=frozenset({403, 404, 422}),
+            owner="admin",
+        ),
+    ],
+    ("GET", "/api/v1/pipelines/schedules"): [Case("self", cross=OWN_OK)],
+    ("DELETE", "/api/v1/pipelines/schedules/{schedule_id}"): [Case("scoped", owner="admin", last=True)],
     # The machines: A's running job takes its share on B's view, without its id or name (the leak check).
     ("GET", "/api/v1/nodes"): [Case("self", cross=OWN_OK)],
     ("GET", "/api/v1/runtimes"): [Case("self", cross=OWN_OK)],
@@ -593,6 +604,7 @@ def snapshot(admin: Api, a: Tenant, a_reader: Api, sha: str) -> dict[str, Any]:
             (x["id"], x["state"], json.dumps(x["steps"], sort_keys=True))
             for x in a_reader.ok("GET", "/pipelines/runs")["items"]
         ),
+        "schedules": sorted(json.dumps(x, sort_keys=True) for x in a_reader.ok("GET", "/pipelines/schedules")["items"]),
     }
     for job in jobs:
         out[job["id"]] = {
@@ -695,6 +707,11 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
             assert time.monotonic() < deadline, "the pipeline never started its step"
             time.sleep(0.05)
         member.wait_message(step_job, "quota: count 1 of 1 in use")
+        schedule = member.ok(
+            "POST",
+            "/pipelines/schedules",
+            json_body={"spec": {**PIPELINE_SPEC, "name": f"alpha-nightly-{tag}"}, "cron": "0 0 1 1 *"},
+        )
         bogus_bundle, bogus_sha = tar_gz({"train.py": b"print('nobody uploaded this')\n"})
         choices = {
             "job_id": [Choice(name, job["id"], new_id("job")) for name, job in _jobs(finished, running, queued)],
@@ -714,6 +731,7 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
             "number": [Choice("part", "1", "2")],
             "study_id": [Choice("study", study["id"], new_id("study"))],
             "run_id": [Choice("pipeline-run", prun["id"], new_id("prun"))],
+            "schedule_id": [Choice("pipeline-schedule", schedule["id"], new_id("psch"))],
             "model": [Choice("model", model, "no-such-model")],
             "alias": [Choice("alias", alias, "no-such-alias")],
             "served": [Choice("served-model", served, "no-such-model")],
@@ -723,6 +741,7 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
         sensitive = {a.id, a.name, sha, log_marker, artifact_marker, artifact}
         sensitive |= {dataset, data_sha, draft["id"], upload["id"], study["id"], study["name"], model, alias}
         sensitive |= {served, service, svc["id"], notebook, nb["id"], prun["id"], prun["name"]}
+        sensitive |= {schedule["id"], schedule["name"]}
         sensitive |= {job["id"] for job in (finished, running, queued)}
         for account in a.accounts.values():
             sensitive |= {account.user_id, account.user_name, account.key_id, account.secret}

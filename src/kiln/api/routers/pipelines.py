@@ -1,15 +1,22 @@
-"""Pipelines: start a run of a pipeline spec, read and list runs, cancel one, resume one."""
+"""Pipelines: start a run of a pipeline spec, read and list runs, cancel one, resume one; run one on a schedule."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Response
 
 from kiln.api.deps import Caller, Kiln
 from kiln.api.responses import errors
 from kiln.domain import limits
-from kiln.domain.pipelines import PipelineRunList, PipelineRunRead, PipelineSubmit
+from kiln.domain.pipelines import (
+    PipelineRunList,
+    PipelineRunRead,
+    PipelineScheduleList,
+    PipelineScheduleRead,
+    PipelineScheduleSubmit,
+    PipelineSubmit,
+)
 
 router = APIRouter(prefix="/pipelines", tags=["pipelines"], responses=errors(403))
 RunId = Annotated[
@@ -61,3 +68,32 @@ def cancel_pipeline_run(run_id: RunId, caller: Caller, kiln: Kiln) -> PipelineRu
 )
 def resume_pipeline_run(run_id: RunId, caller: Caller, kiln: Kiln) -> PipelineRunRead:
     return kiln.pipelines.resume(caller, run_id)
+
+
+ScheduleId = Annotated[
+    str, Path(max_length=limits.MAX_ID_LENGTH, description="A pipeline schedule's id, e.g. psch-01jd5y3c2k7q4m9x")
+]
+
+
+@router.post(
+    "/schedules",
+    response_model=PipelineScheduleRead,
+    status_code=201,
+    summary="Run a pipeline on a cron schedule (UTC): checked whole now, each run's job steps again when it starts",
+    responses=errors(400, 422),
+)
+def create_pipeline_schedule(body: PipelineScheduleSubmit, caller: Caller, kiln: Kiln) -> PipelineScheduleRead:
+    return kiln.pipelines.schedule(caller, body)
+
+
+@router.get("/schedules", response_model=PipelineScheduleList, summary="Pipeline schedules")
+def list_pipeline_schedules(caller: Caller, kiln: Kiln) -> PipelineScheduleList:
+    return PipelineScheduleList(items=kiln.pipelines.list_schedules(caller))
+
+
+@router.delete(
+    "/schedules/{schedule_id}", status_code=204, summary="Stop a pipeline schedule", responses=errors(404, 422)
+)
+def delete_pipeline_schedule(schedule_id: ScheduleId, caller: Caller, kiln: Kiln) -> Response:
+    kiln.pipelines.unschedule(caller, schedule_id)
+    return Response(status_code=204)

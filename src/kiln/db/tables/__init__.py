@@ -7,7 +7,7 @@ from kiln.db.tables.datasets import DataBlob, Dataset, DatasetFile, DatasetVersi
 from kiln.db.tables.jobs import Blob, Job, JobEvent, OutputManifest, Quota, Server, TaskLease
 from kiln.db.tables.metrics import MetricChunk, MetricCursor, MetricPoint, MetricSeries
 from kiln.db.tables.notebooks import Notebook
-from kiln.db.tables.pipelines import PipelineRun, PipelineStep
+from kiln.db.tables.pipelines import PipelineRun, PipelineSchedule, PipelineStep
 from kiln.db.tables.registry import Model, ModelAlias, ModelFile, ModelVersion
 from kiln.db.tables.serving import Service, ServiceKey, ServiceReplica, ServiceTraffic
 from kiln.db.tables.studies import TuningEvent, TuningStudy, TuningTrial
@@ -42,6 +42,7 @@ __all__ = [
     "Organization",
     "OutputManifest",
     "PipelineRun",
+    "PipelineSchedule",
     "PipelineStep",
     "Quota",
     "Run",

@@ -52,3 +52,25 @@ class PipelineStep(Base):
     message: Mapped[str] = mapped_column(Text, default="")
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class PipelineSchedule(Base):
+    """A pipeline started on a cron schedule: each time ``next_at`` has passed, one run (its job steps checked
+    again then, their datasets' latest versions pinned), and ``next_at`` moves to the first time after now: a
+    server that was down across several times starts one run when it comes back, never one per missed time."""
+
+    __tablename__ = "pipeline_schedules"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    org_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"))
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"))
+    name: Mapped[str] = mapped_column(String(128))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the pipeline, as submitted
+    code_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
+    use_cache: Mapped[bool] = mapped_column(Boolean, default=True)
+    cron: Mapped[str] = mapped_column(String(128))  # in UTC; a sixth field is seconds
+    next_at: Mapped[datetime] = mapped_column(index=True)
+    last_run_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    last_at: Mapped[datetime | None] = mapped_column(default=None)
+    message: Mapped[str] = mapped_column(Text, default="")  # why the last time started no run, if it did not
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

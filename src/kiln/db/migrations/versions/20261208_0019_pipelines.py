@@ -1,4 +1,4 @@
-"""pipelines: runs of pipeline specs and their steps
+"""pipelines: runs of pipeline specs and their steps, and pipelines on a cron schedule
 
 Revision ID: 20261208_0019
 Revises: 20261207_0018
@@ -58,8 +58,29 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("run_id", "name"),
     )
     op.create_index("ix_pipeline_steps_cache_key", "pipeline_steps", ["cache_key"])
+    op.create_table(
+        "pipeline_schedules",
+        sa.Column("id", sa.String(length=32), nullable=False),
+        sa.Column("org_id", sa.String(length=32), nullable=False),
+        sa.Column("user_id", sa.String(length=32), nullable=False),
+        sa.Column("name", sa.String(length=128), nullable=False),
+        sa.Column("spec", sa.JSON(), nullable=False),
+        sa.Column("code_sha256", sa.String(length=64), nullable=True),
+        sa.Column("use_cache", sa.Boolean(), nullable=False),
+        sa.Column("cron", sa.String(length=128), nullable=False),
+        sa.Column("next_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("last_run_id", sa.String(length=32), nullable=True),
+        sa.Column("last_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("message", sa.Text(), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.ForeignKeyConstraint(["org_id"], ["organizations.id"], name="fk_pipeline_schedules_org_id_organizations"),
+        sa.ForeignKeyConstraint(["user_id"], ["users.id"], name="fk_pipeline_schedules_user_id_users"),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    op.create_index("ix_pipeline_schedules_next_at", "pipeline_schedules", ["next_at"])
 
 
 def downgrade() -> None:
+    op.drop_table("pipeline_schedules")
     op.drop_table("pipeline_steps")
     op.drop_table("pipeline_runs")
