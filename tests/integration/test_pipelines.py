@@ -293,8 +293,11 @@ def test_the_cli_runs_a_pipeline_file_with_each_steps_own_code(server: KilnServe
     assert second["prep"]["state"] == "CACHED" and second["prep"]["job_id"] == first["prep"]["job_id"]
     assert second["train"]["state"] == "SUCCEEDED" and second["train"]["job_id"] != first["train"]["job_id"]
     assert second["report"]["state"] == "SUCCEEDED" and second["report"]["job_id"] != first["report"]["job_id"]
-    listed = kiln("pipelines", "list", "--name", "cli-flow")
+    listed = kiln("pipelines", "runs", "cli-flow")
     assert listed.returncode == 0 and listed.stdout.count("cli-flow") == 2, listed.stdout
+    pipelines = kiln("pipelines", "list", "-o", "json")
+    assert pipelines.returncode == 0, pipelines.stderr
+    assert [(p["name"], p["runs"]) for p in json.loads(pipelines.stdout)] == [("cli-flow", 2)]
     scheduled = kiln("pipelines", "schedule", "-f", str(flow_dir / "pipeline.yaml"), "--cron", "0 3 * * *")
     assert scheduled.returncode == 0 and scheduled.stdout.startswith("psch-"), scheduled.stdout + scheduled.stderr
     schedule_id = scheduled.stdout.split()[0]

@@ -103,8 +103,32 @@ def run(
 
 
 @app.command("list")
+def list_pipelines(output: Output = OutputFormat.table) -> None:
+    """Your organisation's pipelines (by the name of their runs): how many runs, the last one and its state."""
+    with connect() as client:
+        runs = client.list_pipeline_runs(limit=200)
+    last: dict[str, PipelineRunRead] = {}
+    counts: dict[str, int] = {}
+    for item in runs:  # newest first
+        last.setdefault(item.name, item)
+        counts[item.name] = counts.get(item.name, 0) + 1
+    if output is OutputFormat.json:
+        emit_json([{"name": n, "runs": counts[n], "last_run": r.model_dump(mode="json")} for n, r in last.items()])
+        return
+    if not last:
+        info("no pipelines")
+        return
+    table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
+    for column in ("PIPELINE", "RUNS", "LAST RUN", "STATE", "STARTED"):
+        table.add_column(column)
+    for name, item in last.items():
+        table.add_row(name, str(counts[name]), item.id, _styled(item.state), fmt_time(item.created_at))
+    out.print(table)
+
+
+@app.command("runs")
 def list_runs(
-    name: Annotated[str | None, typer.Option("--name", help="Only runs of this pipeline.")] = None,
+    name: Annotated[str | None, typer.Argument(help="Only runs of this pipeline.")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=200)] = 50,
     output: Output = OutputFormat.table,
 ) -> None:
