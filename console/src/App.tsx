@@ -13,6 +13,7 @@ import { ModelDetail, Models } from "./pages/Models";
 import { Notebooks } from "./pages/Notebooks";
 import { Runs } from "./pages/Runs";
 import { Overview } from "./pages/Overview";
+import { PipelineRunDetail, Pipelines } from "./pages/Pipelines";
 import { ServiceDetail, Services } from "./pages/Services";
 import { SignIn } from "./pages/SignIn";
 import { Studies, StudyDetail } from "./pages/Studies";
@@ -22,6 +23,7 @@ const NAV: [string, string][] = [
   ["/jobs", "Jobs"],
   ["/runs", "Runs"],
   ["/studies", "Studies"],
+  ["/pipelines", "Pipelines"],
   ["/models", "Models"],
   ["/services", "Services"],
   ["/notebooks", "Notebooks"],
@@ -38,6 +40,8 @@ const ROUTES: [string, Page][] = [
   ["/runs", () => <Runs />],
   ["/studies", () => <Studies />],
   ["/studies/:id", (p) => <StudyDetail id={p.id} />],
+  ["/pipelines", () => <Pipelines />],
+  ["/pipelines/:id", (p) => <PipelineRunDetail id={p.id} />],
   ["/models", () => <Models />],
   ["/models/:name", (p) => <ModelDetail name={p.name} />],
   ["/services", () => <Services />],

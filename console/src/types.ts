@@ -58,6 +58,10 @@ export type InventoryNode = Sent<Schemas["NodeRead"]>;
 export type Study = Sent<Schemas["StudyRead"]>;
 export type Trial = Sent<Schemas["TrialRead"]>;
 
+export type PipelineRun = Sent<Schemas["PipelineRunRead"]>;
+export type PipelineStep = Sent<Schemas["PipelineStepRead"]>;
+export type PipelineSchedule = Sent<Schemas["PipelineScheduleRead"]>;
+
 export type Replica = Sent<Schemas["ReplicaRead"]>;
 export type Service = Sent<Schemas["ServiceRead"]>;
 export type Notebook = Sent<Schemas["NotebookRead"]>;

@@ -8,6 +8,7 @@ import { setQuery } from "../router";
 
 const TONE: Record<string, string> = {
   QUEUED: "wait",
+  WAITING: "wait",
   STARTING: "run",
   RUNNING: "run",
   RESTARTING: "warn",
@@ -16,9 +17,11 @@ const TONE: Record<string, string> = {
   DRAINING: "warn",
   DEGRADED: "warn",
   SUCCEEDED: "ok",
+  CACHED: "ok",
   READY: "ok",
   FAILED: "bad",
   PRUNED: "muted",
+  SKIPPED: "muted",
   CANCELLED: "muted",
   STOPPED: "muted",
   IDLE: "muted",
