@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow
 EXAMPLE = REPO / "examples" / "pipeline"
 
 
+@pytest.mark.timeout(1500)
 def test_the_example_pipeline_deploys_a_model_that_answers_and_reruns_from_the_cache(tmp_path: Path) -> None:
     server = KilnServer(tmp_path / "home", cpus="4", rate_limit_per_second="0").start()
     try:
@@ -39,7 +40,7 @@ def test_the_example_pipeline_deploys_a_model_that_answers_and_reruns_from_the_c
                 env=env,
                 capture_output=True,
                 text=True,
-                timeout=900,
+                timeout=600,
             )
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
             run_id, _, body = done.stdout.partition("\n")

@@ -252,6 +252,7 @@ def test_a_server_killed_mid_run_runs_no_step_twice(make_server) -> None:  # typ
     assert steps == {"a": 1, "b": 1, "c": 1}
 
 
+@pytest.mark.timeout(600)
 def test_the_cli_runs_a_pipeline_file_with_each_steps_own_code(server: KilnServer, tmp_path: Path) -> None:
     """``kiln pipelines run -f pipeline.yaml --follow``: the run id first on stdout; each step's ``code:`` directory
     is its own bundle, so that changing one step's code re-runs that step and the steps after it only."""

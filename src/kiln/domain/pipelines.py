@@ -367,7 +367,10 @@ class PipelineSubmit(BaseModel):
 
     spec: dict[str, Any] = Field(description="The pipeline: name and steps (docs/pipelines.md).")
     code_sha256: str | None = Field(
-        None, pattern=r"^[0-9a-f]{64}$", description="The uploaded code bundle its job steps run (unless their own)."
+        None,
+        max_length=64,
+        pattern=r"^[0-9a-f]{64}$",
+        description="The uploaded code bundle its job steps run (unless their own).",
     )
     use_cache: bool = Field(True, description="Reuse an earlier identical job step's result (false: run them all).")
 
