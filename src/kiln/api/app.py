@@ -38,6 +38,7 @@ from kiln.api.routers import (
     studies,
     system,
     tenancy,
+    usage,
 )
 from kiln.platform import Platform
 from kiln.settings import Settings
@@ -119,6 +120,7 @@ def create_app(settings: Settings | None = None, platform: Platform | None = Non
         runtimes,
         metrics,
         runs,
+        usage,
     )
     api_routers = [module.router for module in modules] + [studies.job_router] + list(tenancy.routers)
     mounted += [(API_PREFIX, router) for router in api_routers]

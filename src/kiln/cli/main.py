@@ -52,6 +52,15 @@ def _group(module: str) -> Callable[[typer.Typer], None]:
     return register
 
 
+def _group_of(module: str, name: str) -> Callable[[typer.Typer], None]:
+    """The Typer group ``app`` of ``module``, under ``name``."""
+
+    def register(app: typer.Typer) -> None:
+        app.add_typer(importlib.import_module(f"kiln.cli.{module}").app, name=name)
+
+    return register
+
+
 # Every command, in the order help lists them, and how to add it: only the module of the command a command line
 # names is imported (a CLI start-up of ~0.2 s instead of ~0.35 s), every one for the root's help or an unknown name.
 COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
@@ -78,6 +87,8 @@ COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     "keys": _group("keys"),
     "quota": _group("quota"),
     "audit": _function("audit", "audit"),
+    "usage": _function("usage", "usage"),
+    "prices": _group_of("usage", "prices"),
     "server": _function("server", "server"),
     "admin": _group("admin"),
 }

@@ -45,8 +45,8 @@ MEMBER = READ | {
     "runs:write",
     "pipelines:write",
 }
-ADMIN = MEMBER | {"users:read", "users:manage", "keys:manage", "audit:read"}
-PLATFORM = ADMIN | {"orgs:manage", "quota:set", "runtimes:install"}
+ADMIN = MEMBER | {"users:read", "users:manage", "keys:manage", "audit:read", "usage:read"}
+PLATFORM = ADMIN | {"orgs:manage", "quota:set", "runtimes:install", "prices:set"}
 JOB_TOKEN = frozenset({"jobs:read", "jobs:report"})
 SERVICE_TOKEN = frozenset({"services:predict"})  # an application calling one service, nothing else
 

@@ -65,6 +65,7 @@ from kiln.usecases.scheduling import SchedulingService
 from kiln.usecases.serving import ServingService
 from kiln.usecases.studies import StudyService
 from kiln.usecases.tracking import TrackingService
+from kiln.usecases.usage import UsageService
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,7 @@ class Platform:
         )
         self.pipelines = PipelineService(self.db, self.jobs, self.pipeline_driver.wake)
         self.pipeline_driver.check = self.pipelines.check  # a scheduled run is checked as a submit is
+        self.usage = UsageService(self.db)  # every attempt's hold, metered by the job state machine; prices
         # Notebooks: JupyterLab as jobs of category dev, reached through the proxy (kiln.api.notebook_proxy).
         self.notebooks = NotebookService(
             self.db, self.jobs, self.store, settings.endpoint, self._wake_notebooks, self.quotas, self.idempotency

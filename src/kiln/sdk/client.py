@@ -67,6 +67,7 @@ from kiln.sdk.services import ServicesMixin
 from kiln.sdk.studies import StudiesMixin
 from kiln.sdk.tenancy import TenancyMixin
 from kiln.sdk.tracking import TrackingMixin
+from kiln.sdk.usage import UsageMixin
 from kiln.settings import ClientSettings
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ class Client(
     NotebooksMixin,
     PipelinesMixin,
     TrackingMixin,
+    UsageMixin,
 ):
     """A connection to one Kiln server: signed with an access key, or carrying a running job's token."""
 

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from kiln.db.tables import Job, JobEvent, Run, utcnow
 from kiln.domain.states import TRANSITIONS, JobState, Reason
 from kiln.errors import IllegalTransition
+from kiln.usecases.usage import close_usage, open_usage
 
 # Where every job starts: in the queue, placed by the reconciler (its first event has no FROM state).
 INITIAL_STATE = JobState.QUEUED
@@ -58,9 +59,13 @@ def transition(
         job.started_at = job.started_at or now
         job.running_at = None
         job.exit_code = None
+        if job.allocation:  # placed: its hold is metered from now (kiln.usecases.usage)
+            open_usage(session, job, now)
     if to is JobState.RUNNING:
         job.running_at = now
     if to in (JobState.RESTARTING, JobState.QUEUED) or to.terminal:
+        if job.allocation:
+            close_usage(session, job.id, now)  # released: its hold ends now
         job.allocation = None
     if to.terminal:
         job.finished_at = now

@@ -227,6 +227,14 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ],
     ("GET", "/api/v1/pipelines/schedules"): [Case("self", cross=OWN_OK)],
     ("DELETE", "/api/v1/pipelines/schedules/{schedule_id}"): [Case("scoped", owner="admin", last=True)],
+    # Usage: an org admin reports on its own organisation; naming another is refused like a missing one. Prices are
+    # the platform's (anyone reads them, only the platform admin sets them).
+    ("GET", "/api/v1/usage"): [
+        Case("self", cross=OWN_OK),
+        Case("scoped", query=(("org", "{org}"),), cross=frozenset({403, 404}), reader="admin"),
+    ],
+    ("GET", "/api/v1/prices"): [Case("self", cross=OWN_OK)],
+    ("POST", "/api/v1/prices"): [Case("platform", body={"cpu_hour": 1.0}, cross=frozenset({403}))],
     # The machines: A's running job takes its share on B's view, without its id or name (the leak check).
     ("GET", "/api/v1/nodes"): [Case("self", cross=OWN_OK)],
     ("GET", "/api/v1/runtimes"): [Case("self", cross=OWN_OK)],

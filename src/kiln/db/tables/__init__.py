@@ -12,6 +12,7 @@ from kiln.db.tables.registry import Model, ModelAlias, ModelFile, ModelVersion
 from kiln.db.tables.serving import Service, ServiceKey, ServiceReplica, ServiceTraffic
 from kiln.db.tables.studies import TuningEvent, TuningStudy, TuningTrial
 from kiln.db.tables.tracking import Experiment, Run, RunParam, RunTag
+from kiln.db.tables.usage import Price, UsageRecord
 
 __all__ = [
     "AccessKey",
@@ -44,6 +45,7 @@ __all__ = [
     "PipelineRun",
     "PipelineSchedule",
     "PipelineStep",
+    "Price",
     "Quota",
     "Run",
     "RunParam",
@@ -58,6 +60,7 @@ __all__ = [
     "TuningStudy",
     "TuningTrial",
     "UTCDateTime",
+    "UsageRecord",
     "User",
     "utcnow",
 ]

@@ -1,0 +1,133 @@
+"""``kiln usage``: CPU, memory and GPU time held, and its cost, grouped (org admins: their organisation; the
+platform admin: any or all). ``kiln prices``: the price table, versioned in time."""
+
+from __future__ import annotations
+
+import sys
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.table import Table
+
+from kiln.cli.common import connect, emit_json, info, out
+from kiln.cli.output import fmt_time
+from kiln.cli.parsing import TIME_HINT, parse_time
+from kiln.domain.usage import GROUPS, UsageReport
+
+app = typer.Typer(help="The price table (the platform admin sets it).", no_args_is_help=True)
+
+
+class UsageFormat(StrEnum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+def _time(value: str | None, flag: str) -> str | None:
+    if value is None:
+        return None
+    try:
+        return parse_time(value).isoformat()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=flag) from None
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:,.2f}"
+
+
+def usage_table(report: UsageReport) -> None:
+    table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
+    for column in (report.by.upper(), "ATTEMPTS", "CPU-H", "GIB-H", "GPU-H", "COST"):
+        table.add_column(column, justify="left" if column == report.by.upper() else "right")
+    for row in report.rows:
+        label = row.name if row.name == row.key else f"{row.name} ({row.key})"
+        table.add_row(
+            label,
+            str(row.attempts),
+            _hours(row.cpu_seconds),
+            _hours(row.memory_gib_seconds),
+            _hours(row.gpu_seconds),
+            f"{row.cost:,.2f}",
+        )
+    table.add_row(
+        "total", "", _hours(report.cpu_seconds), _hours(report.memory_gib_seconds), _hours(report.gpu_seconds),
+        f"{report.cost:,.2f}",
+    )  # fmt: skip
+    out.print(table)
+    info(
+        f"{fmt_time(report.since)} to {fmt_time(report.until)}" + (f", organisation {report.org}" if report.org else "")
+    )
+
+
+def usage(
+    by: Annotated[str, typer.Option("--by", help=f"Group by: {', '.join(GROUPS)}.")] = "user",
+    org: Annotated[str | None, typer.Option("--org", help="An organisation (the platform admin: default all).")] = None,
+    since: Annotated[str, typer.Option("--since", help=f"From: {TIME_HINT}.")] = "30d",
+    until: Annotated[str | None, typer.Option("--until", help="Until (same forms; default now).")] = None,
+    output: Annotated[UsageFormat, typer.Option("--output", "-o", case_sensitive=False)] = UsageFormat.table,
+) -> None:
+    """CPU, memory and GPU time held (every gang member's, from placement to release) and its cost under the price
+    table, grouped; a running job's use so far is counted."""
+    if by not in GROUPS:
+        raise typer.BadParameter(f"one of {', '.join(GROUPS)}", param_hint="--by")
+    start, end = _time(since, "--since"), _time(until, "--until")
+    with connect() as client:
+        if output is UsageFormat.csv:
+            sys.stdout.write(client.usage_csv(by, org, start, end))
+            return
+        report = client.usage(by, org, start, end)
+    if output is UsageFormat.json:
+        emit_json(report.model_dump(mode="json"))
+    else:
+        usage_table(report)
+
+
+@app.command("list")
+def list_prices(output: Annotated[str, typer.Option("--output", "-o")] = "table") -> None:
+    """Every price version, oldest first."""
+    with connect() as client:
+        versions = client.prices()
+    if output == "json":
+        emit_json([v.model_dump(mode="json") for v in versions])
+        return
+    if not versions:
+        info("no prices: usage costs nothing")
+        return
+    table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
+    for column in ("FROM", "CATEGORY", "RESOURCE", "GPU TYPE", "PER HOUR"):
+        table.add_column(column)
+    for version in versions:
+        for rate in version.rates:
+            table.add_row(
+                fmt_time(version.effective_from), rate.category, rate.resource, rate.gpu_type, f"{rate.rate:g}"
+            )
+    out.print(table)
+
+
+@app.command("set")
+def set_prices(
+    cpu_hour: Annotated[float | None, typer.Option("--cpu-hour", min=0, help="Per CPU-hour.")] = None,
+    memory_gib_hour: Annotated[float | None, typer.Option("--memory-gib-hour", min=0, help="Per GiB-hour.")] = None,
+    gpu_hour: Annotated[
+        list[str] | None, typer.Option("--gpu-hour", help="RATE, or TYPE=RATE (e.g. H200=3.2); repeatable.")
+    ] = None,
+    category: Annotated[str | None, typer.Option("--category", help="Only this category's: train, serve, dev.")] = None,
+) -> None:
+    """A new price version from now on (the platform admin); rates not given are carried over."""
+    gpus: dict[str, float] = {}
+    for item in gpu_hour or []:
+        gpu_type, _, rate = item.rpartition("=")
+        try:
+            gpus[gpu_type or "*"] = float(rate)
+        except ValueError:
+            raise typer.BadParameter(f"{item!r}: RATE or TYPE=RATE", param_hint="--gpu-hour") from None
+    with connect() as client:
+        version = client.set_prices(cpu_hour, memory_gib_hour, gpus, category)
+    info(f"prices from {fmt_time(version.effective_from)}: " + ", ".join(
+        f"{r.resource}{'' if r.gpu_type == '*' else ':' + r.gpu_type}"
+        f"{'' if r.category == '*' else ' (' + r.category + ')'} {r.rate:g}/h"
+        for r in version.rates
+    ))  # fmt: skip

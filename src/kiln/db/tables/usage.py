@@ -1,0 +1,55 @@
+"""Usage metering: what each attempt of a job held (its allocation: CPUs, memory, GPUs, every gang member's) from
+the scheduler's placement to the release, and the prices an operator sets for it, versioned in time."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from kiln.db.tables.base import Base, utcnow
+
+
+class UsageRecord(Base):
+    """One attempt's hold, opened in the transaction that places it (STARTING) and closed in the one that
+    releases it (its end, a restart, a preemption): ``end_ts`` NULL while it holds, so its use so far is the time
+    since ``start_ts``. Times are seconds since the epoch (sums in SQL, alike on SQLite and PostgreSQL)."""
+
+    __tablename__ = "usage_records"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    org_id: Mapped[str] = mapped_column(String(32))
+    user_id: Mapped[str] = mapped_column(String(32))
+    job_id: Mapped[str] = mapped_column(String(32))
+    attempt: Mapped[int] = mapped_column(Integer)
+    category: Mapped[str] = mapped_column(String(16))  # train | serve | dev
+    cpus: Mapped[float] = mapped_column(Float)  # every member's together
+    memory: Mapped[int] = mapped_column(BigInteger, default=0)  # bytes (0: no limit was set)
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_type: Mapped[str] = mapped_column(String(64), default="")  # the spec's gpu_type ("" when it named none)
+    start_ts: Mapped[float] = mapped_column(Float)
+    end_ts: Mapped[float | None] = mapped_column(Float, default=None)
+
+    __table_args__ = (
+        Index("ix_usage_records_org_start", "org_id", "start_ts"),
+        Index("ix_usage_records_job_attempt", "job_id", "attempt"),
+        Index("ix_usage_records_open", "end_ts"),
+    )
+
+
+class Price(Base):
+    """One rate of a price version: from ``effective_ts`` on (until the next version), per hour of one
+    ``resource`` (cpu, memory_gib, gpu) in ``category`` ("*": any) and, for GPUs, of ``gpu_type`` ("*": any).
+    Each version holds every rate (those not changed are carried over from the one before)."""
+
+    __tablename__ = "prices"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    effective_ts: Mapped[float] = mapped_column(Float, index=True)
+    category: Mapped[str] = mapped_column(String(16), default="*")
+    resource: Mapped[str] = mapped_column(String(16))
+    gpu_type: Mapped[str] = mapped_column(String(64), default="*")
+    rate: Mapped[float] = mapped_column(Float)  # per hour (per GiB-hour for memory)
+    created_by: Mapped[str] = mapped_column(ForeignKey("users.id"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
