@@ -35,16 +35,16 @@ class UsageReport(BaseModel):
 
 
 GpuType = Annotated[str, Field(min_length=1, max_length=64)]
-Rate = Annotated[float, Field(ge=0, le=1e6)]
+Rate = Annotated[float, Field(ge=0, le=1e6, strict=True)]
 
 
 class PriceSet(BaseModel):
     """A new price version from now on; rates not given are carried over from the current version."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    cpu_hour: float | None = Field(None, ge=0, le=1e6, description="Per CPU-hour.")
-    memory_gib_hour: float | None = Field(None, ge=0, le=1e6, description="Per GiB-hour of memory held.")
+    cpu_hour: float | None = Field(None, ge=0, le=1e6, strict=True, description="Per CPU-hour.")
+    memory_gib_hour: float | None = Field(None, ge=0, le=1e6, strict=True, description="Per GiB-hour of memory held.")
     gpu_hour: dict[GpuType, Rate] = Field(
         default_factory=dict,
         max_length=32,

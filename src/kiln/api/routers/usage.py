@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Response
 
 from kiln.api.deps import Caller, Kiln
+from kiln.api.params import Time
 from kiln.api.responses import errors
 from kiln.domain.usage import PriceList, PriceSet, PriceVersion, UsageReport
 
@@ -30,8 +30,8 @@ def get_usage(
     kiln: Kiln,
     by: Group = "user",
     org: Annotated[str | None, Query(max_length=128, description="An organisation (the platform admin)")] = None,
-    since: Annotated[datetime | None, Query(description="From (default: 30 days ago)")] = None,
-    until: Annotated[datetime | None, Query(description="Until (default: now)")] = None,
+    since: Annotated[Time, Query(description="From (default: 30 days ago; UTC if it gives no zone)")] = None,
+    until: Annotated[Time, Query(description="Until (default: now; UTC if it gives no zone)")] = None,
     format: Literal["json", "csv"] = "json",
 ) -> UsageReport | Response:
     report = kiln.usage.report(caller, org=org, since=since, until=until, by=by)
