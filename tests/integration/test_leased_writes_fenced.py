@@ -429,11 +429,58 @@ def serving_deployed_deletes(world: World) -> Run:
     return control.run_once
 
 
+def _pipeline_principal(world: World) -> Any:
+    from kiln.usecases.pipelines import run_principal
+
+    with world.db.read() as s:
+        return run_principal(s, world.user_id, "the fenced scenario")
+
+
+FENCED_PIPELINE = {
+    "name": "fenced",
+    "steps": {"one": {"command": ["python", "-c", "pass"], "runtime": {"python": sys.executable}}},
+}
+
+
+def pipelines_start_a_step(world: World) -> Run:
+    """A running pipeline run whose first step waits: the stalled run would create its job."""
+    from kiln.domain.spec import JobSpec
+    from kiln.usecases.pipelines import new_run
+
+    principal = _pipeline_principal(world)
+    checked = {"one": JobSpec.model_validate(FENCED_PIPELINE["steps"]["one"]).model_dump(mode="json")}  # type: ignore[index]
+    with world.db.transaction() as s:
+        new_run(s, principal, "fenced", FENCED_PIPELINE, checked, None, True)
+    return world.task("pipelines").run_once
+
+
+def pipelines_due_schedule(world: World) -> Run:
+    """A schedule whose time has passed: the stalled run would start its run and move its next time."""
+    from kiln.db.tables import PipelineSchedule
+
+    with world.db.transaction() as s:
+        s.add(
+            PipelineSchedule(
+                id=new_id("psch"),
+                org_id=world.org_id,
+                user_id=world.user_id,
+                name="fenced",
+                spec=FENCED_PIPELINE,
+                use_cache=True,
+                cron="0 3 * * *",
+                next_at=utcnow() - timedelta(hours=1),
+                message="",
+            )
+        )
+    return world.task("pipelines").run_once
+
+
 SCENARIOS: dict[str, dict[str, Callable[[World], Run]]] = {
     "purge-nonces": {"old nonce": purge_nonces},
     "purge-audit": {"old audit event": purge_audit},
     "purge-idempotency-keys": {"expired key": purge_idempotency_keys},
     "studies": {"first pass": studies_first_pass, "a trial's job ended": studies_trial_ended},
+    "pipelines": {"a step to start": pipelines_start_a_step, "a due schedule": pipelines_due_schedule},
     "serving": {
         "start a replica": serving_starts_a_replica,
         "stop and delete": serving_stops_and_deletes,

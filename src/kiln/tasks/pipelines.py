@@ -48,7 +48,7 @@ from kiln.domain.serving import ServiceSubmit, ServiceUpdate
 from kiln.domain.spec import InputSpec, JobSpec
 from kiln.domain.states import JobState
 from kiln.errors import Conflict, KilnError
-from kiln.tasks.runner import Task, TaskContext
+from kiln.tasks.runner import LeaseLost, Task, TaskContext
 from kiln.usecases.identity import Principal
 from kiln.usecases.jobs import JobService
 from kiln.usecases.model_registry import ModelRegistry
@@ -105,6 +105,8 @@ class PipelineDriver:
                 break
             try:
                 wait = self._drive(ctx, run_id)
+            except LeaseLost:
+                raise
             except Exception:  # one run's trouble never stops the others
                 log.exception("pipeline run %s: a pass failed; it is tried again", run_id)
                 wait = None
@@ -127,6 +129,8 @@ class PipelineDriver:
                 return
             try:
                 self._start_scheduled(ctx, row)
+            except LeaseLost:
+                raise
             except Exception:
                 log.exception("pipeline schedule %s: could not start its run; tried again", row.id)
 
@@ -292,6 +296,7 @@ class PipelineDriver:
         try:
             for item in step.step_inputs:
                 source = rows[item.step].job_id or ""
+                ctx.fence()  # reading a job's outputs may write their manifest
                 manifest = self.manifests.pin(run.org_id, source, f"steps.{step.name}.inputs")
                 inputs.append(InputSpec(job=source, name=item.step, path=item.path))
                 digests.append(f"{item.step}:{manifest.digest}")
@@ -369,6 +374,7 @@ class PipelineDriver:
                 framework=spec.framework,  # type: ignore[arg-type]
                 description=spec.description or f"pipeline {run.name}, run {run.id}",
             )
+            ctx.fence()
             version = self.models.register(principal, spec.name, body)
         except (KilnError, ValueError) as exc:
             message = exc.message if isinstance(exc, KilnError) else str(exc)
@@ -398,6 +404,7 @@ class PipelineDriver:
                 principal = run_principal(s, run.user_id, f"pipeline run {run.id}")
             spec = step.serve.model_copy(update={"model": model})
             try:
+                ctx.fence()
                 self.serving.create(principal, ServiceSubmit(spec=spec))
                 what = f"service {spec.name} created with {model}"
             except Conflict:  # it exists: rolled to the new version, unless it serves that one already
@@ -405,6 +412,7 @@ class PipelineDriver:
                 if f"{current.model_name}@{current.model_version}" == model:
                     what = f"service {spec.name} serves {model} already"
                 else:
+                    ctx.fence()
                     self.serving.update(principal, spec.name, ServiceUpdate(model=model))
                     what = f"service {spec.name} rolled to {model}"
         except KilnError as exc:
