@@ -86,6 +86,12 @@ class Forbidden(KilnError):
     status = 403
 
 
+class BudgetExceeded(Forbidden):
+    """New work refused: a hard monthly budget of the organisation (or the member) is spent."""
+
+    code = "budget_exceeded"
+
+
 class NotFound(KilnError):
     code = "not_found"
     status = 404

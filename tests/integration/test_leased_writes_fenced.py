@@ -35,13 +35,16 @@ from kiln.backends.capabilities import ServiceAddress, ServiceDeployer
 from kiln.db.session import Database
 from kiln.db.tables import (
     AuditEvent,
+    Budget,
     IdempotencyKey,
     Job,
+    MetricSeries,
     Nonce,
     Organization,
     Service,
     ServiceReplica,
     TuningStudy,
+    UsageRecord,
     User,
     utcnow,
 )
@@ -475,7 +478,49 @@ def pipelines_due_schedule(world: World) -> Run:
     return world.task("pipelines").run_once
 
 
+def usage_settles_a_hold(world: World) -> Run:
+    """A hold that ended a moment ago, whose job's CPU-seconds arrived since: the task writes them on the hold."""
+    now = time.time()
+    with world.db.transaction() as s:
+        s.add(
+            UsageRecord(
+                org_id=world.org_id,
+                user_id=world.user_id,
+                job_id="job-settled",
+                attempt=1,
+                category="train",
+                cpus=2.0,
+                start_ts=now - 20,
+                end_ts=now - 10,
+            )
+        )
+        s.add(
+            MetricSeries(
+                job_id="job-settled",
+                worker="worker0",
+                name="system/cpu_seconds",
+                kind="scalar",
+                source="sys",
+                axis="time",
+                count=1,
+                last_time=now - 11,
+                last_value=9.5,
+            )
+        )
+    return world.task("usage").run_once
+
+
+def usage_stops_running_work(world: World) -> Run:
+    """A budget that stops running work, spent (a zero hard limit), and a job of its scope waiting."""
+    spec = JobSpec.model_validate({"command": ["true"], "runtime": {"python": sys.executable}})
+    with world.db.transaction() as s:
+        world.platform.jobs.new_job(s, world.org_id, world.user_id, spec, None, "queued")
+        s.add(Budget(id="bud-spent", org_id=world.org_id, hard=0.0, stop_running=True, created_by=world.user_id))
+    return world.task("usage").run_once
+
+
 SCENARIOS: dict[str, dict[str, Callable[[World], Run]]] = {
+    "usage": {"a hold ended lately": usage_settles_a_hold, "a spent budget stops work": usage_stops_running_work},
     "purge-nonces": {"old nonce": purge_nonces},
     "purge-audit": {"old audit event": purge_audit},
     "purge-idempotency-keys": {"expired key": purge_idempotency_keys},

@@ -79,6 +79,15 @@ SERVICE_TOKEN_ONLY = (
 )
 
 
+def _why_refused(body: bytes) -> str:
+    """``code: message`` of an error body (kiln.errors' JSON), "" if it is none."""
+    try:
+        error = json.loads(body)
+        return f"{error['code']}: {error['message']}"[:256] if isinstance(error, dict) else ""
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
 class SignatureMiddleware:
     def __init__(self, app: ASGIApp, limiter: RateLimiter | None = None) -> None:
         self.app = app
@@ -158,18 +167,21 @@ class SignatureMiddleware:
             if message["type"] == "http.response.start":
                 status = int(message["status"])
                 replayed = (REPLAYED, b"true") in message.get("headers", [])
-            elif message["type"] == "http.response.body" and status == 201 and sum(map(len, chunks)) < 65536:
+            elif message["type"] == "http.response.body" and status in (201, 403) and sum(map(len, chunks)) < 65536:
                 chunks.append(message.get("body", b""))
             await send(message)
 
         try:
             await self.app(scope, receive, capture)
         finally:
+            refused_why = ""
             if status == 201:
                 try:
                     created_id = str(json.loads(b"".join(chunks)).get("id") or "")
                 except (ValueError, AttributeError):
                     created_id = ""
+            elif status == 403:  # a refusal's own words (a 422 may echo the input: not kept)
+                refused_why = _why_refused(b"".join(chunks))
             route = scope.get("route")
             params = scope.get("path_params") or {}
             resource = "/".join(f"{k}={v}" for k, v in params.items()) or path
@@ -189,7 +201,8 @@ class SignatureMiddleware:
                     user_id=principal.user_id,
                     key_id=principal.key_id,
                     # A repeat with an Idempotency-Key: the id is what an earlier request created; nothing new was.
-                    detail="idempotent replay" if replayed else "",
+                    # A 403: its error's code and message (a quota, a spent budget: which and why).
+                    detail="idempotent replay" if replayed else refused_why,
                 )
                 await run_in_threadpool(platform.audit.record, entry)
 

@@ -89,6 +89,7 @@ COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     "audit": _function("audit", "audit"),
     "usage": _function("usage", "usage"),
     "prices": _group_of("usage", "prices"),
+    "budgets": _group("budgets"),
     "server": _function("server", "server"),
     "admin": _group("admin"),
 }

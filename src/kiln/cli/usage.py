@@ -38,23 +38,34 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:,.2f}"
 
 
+def _label(key: str | None, name: str | None) -> str:
+    return (name or "") if name == key else f"{name} ({key})"
+
+
+def _bytes(value: int) -> str:
+    return "-" if not value else f"{value / 1024**3:,.2f}G"
+
+
 def usage_table(report: UsageReport) -> None:
     table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
-    for column in (report.by.upper(), "ATTEMPTS", "CPU-H", "GIB-H", "GPU-H", "COST"):
-        table.add_column(column, justify="left" if column == report.by.upper() else "right")
+    groups = [report.by.upper()] + ([report.split.upper()] if report.split else [])
+    for column in (*groups, "ATTEMPTS", "CPU-H", "USED CPU-H", "GIB-H", "PEAK MEM", "GPU-H", "COST"):
+        table.add_column(column, justify="left" if column in groups else "right")
     for row in report.rows:
-        label = row.name if row.name == row.key else f"{row.name} ({row.key})"
+        labels = [_label(row.key, row.name)] + ([_label(row.split, row.split_name)] if report.split else [])
         table.add_row(
-            label,
+            *labels,
             str(row.attempts),
             _hours(row.cpu_seconds),
+            _hours(row.used_cpu_seconds),
             _hours(row.memory_gib_seconds),
+            _bytes(row.peak_memory_bytes),
             _hours(row.gpu_seconds),
             f"{row.cost:,.2f}",
         )
     table.add_row(
-        "total", "", _hours(report.cpu_seconds), _hours(report.memory_gib_seconds), _hours(report.gpu_seconds),
-        f"{report.cost:,.2f}",
+        "total", *([""] * (len(groups) - 1)), "", _hours(report.cpu_seconds), _hours(report.used_cpu_seconds),
+        _hours(report.memory_gib_seconds), "", _hours(report.gpu_seconds), f"{report.cost:,.2f}",
     )  # fmt: skip
     out.print(table)
     info(
@@ -64,6 +75,10 @@ def usage_table(report: UsageReport) -> None:
 
 def usage(
     by: Annotated[str, typer.Option("--by", help=f"Group by: {', '.join(GROUPS)}.")] = "user",
+    split: Annotated[
+        str | None, typer.Option("--split", help="And by a second group (--by day --split user: per user a day).")
+    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, max=100_000, help="The top rows only.")] = None,
     org: Annotated[str | None, typer.Option("--org", help="An organisation (the platform admin: default all).")] = None,
     since: Annotated[str, typer.Option("--since", help=f"From: {TIME_HINT}.")] = "30d",
     until: Annotated[str | None, typer.Option("--until", help="Until (same forms; default now).")] = None,
@@ -71,14 +86,15 @@ def usage(
 ) -> None:
     """CPU, memory and GPU time held (every gang member's, from placement to release) and its cost under the price
     table, grouped; a running job's use so far is counted."""
-    if by not in GROUPS:
-        raise typer.BadParameter(f"one of {', '.join(GROUPS)}", param_hint="--by")
+    for flag, value in (("--by", by), ("--split", split)):
+        if value is not None and value not in GROUPS:
+            raise typer.BadParameter(f"one of {', '.join(GROUPS)}", param_hint=flag)
     start, end = _time(since, "--since"), _time(until, "--until")
     with connect() as client:
         if output is UsageFormat.csv:
-            sys.stdout.write(client.usage_csv(by, org, start, end))
+            sys.stdout.write(client.usage_csv(by, org, start, end, split=split, limit=limit))
             return
-        report = client.usage(by, org, start, end)
+        report = client.usage(by, org, start, end, split=split, limit=limit)
     if output is UsageFormat.json:
         emit_json(report.model_dump(mode="json"))
     else:

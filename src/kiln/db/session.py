@@ -219,16 +219,17 @@ class Database:
     # Tables whose writes this process tracks (see TableVersions): the job list cache depends on them.
     WATCHED_TABLES = ("jobs",)
 
-    def __init__(self, url: str, idle_transaction_seconds: float | None = None) -> None:
+    def __init__(self, url: str, idle_transaction_seconds: float | None = None, *, metering: bool = True) -> None:
         """``idle_transaction_seconds``: PostgreSQL ends a session idle this long inside a transaction (None:
-        ``PG_IDLE_IN_TRANSACTION_SECONDS``, 0: never)."""
+        ``PG_IDLE_IN_TRANSACTION_SECONDS``, 0: never). ``metering``: the job state machine meters each
+        attempt's hold in the sessions of ``transaction`` (``session.info["metering"]``; kiln.usecases.usage)."""
         self.url = url
         self.engine = make_engine(url, idle_transaction_seconds=idle_transaction_seconds)
         self.versions = TableVersions(self.engine, self.WATCHED_TABLES)
         self._close_hooks: list[Callable[[], None]] = []
         self.exclusive = False  # see claim_exclusive
         self._lock_file = self._share_sqlite_file(url)
-        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False, info={"metering": metering})
         # On SQLite a second engine whose transactions don't take the write lock; elsewhere the same engine.
         self.read_engine = make_engine(url, read_only=True) if self.engine.dialect.name == "sqlite" else self.engine
         self._read_sessions = sessionmaker(self.read_engine, expire_on_commit=False)

@@ -77,3 +77,4 @@ class Reason(StrEnum):
     PREEMPTING = "Preempting"
     PREEMPTED = "Preempted"
     WAITING = "Waiting"
+    BUDGET_WARNING = "BudgetWarning"  # a budget of the job's scope is past its soft limit (kiln.usecases.budgets)

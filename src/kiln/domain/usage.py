@@ -15,15 +15,23 @@ CATEGORIES = ("train", "serve", "dev")
 class UsageRow(BaseModel):
     key: str = Field(description="The group: an organisation, user or job id, a category, a GPU type or a day.")
     name: str = Field(description="The organisation's, user's or job's name (the key otherwise).")
+    split: str | None = Field(None, description="With split: the second group (a user of the day, say).")
+    split_name: str | None = None
     attempts: int = Field(description="Holds (attempts) that overlap the window.")
     cpu_seconds: float = Field(description="CPUs held times seconds, every gang member's.")
     memory_gib_seconds: float
     gpu_seconds: float
     cost: float = Field(description="Under the price versions in force while it was held.")
+    used_cpu_seconds: float = Field(
+        description="CPU time the processes used (as sampled by the job's system metrics): beside cpu_seconds "
+        "held, what was held idle."
+    )
+    peak_memory_bytes: int = Field(description="The highest peak resident memory of a hold in the group.")
 
 
 class UsageReport(BaseModel):
     by: str
+    split: str | None = None
     since: datetime
     until: datetime
     org: str | None = None
@@ -32,6 +40,7 @@ class UsageReport(BaseModel):
     memory_gib_seconds: float
     gpu_seconds: float
     cost: float
+    used_cpu_seconds: float
 
 
 GpuType = Annotated[str, Field(min_length=1, max_length=64)]
@@ -69,3 +78,38 @@ class PriceVersion(BaseModel):
 
 class PriceList(BaseModel):
     items: list[PriceVersion]
+
+
+Amount = Annotated[float, Field(ge=0, le=1e12, strict=True)]
+
+
+class BudgetSet(BaseModel):
+    """A monthly budget (calendar months, UTC) on an organisation's cost, or one member's with ``user``; setting
+    one that exists replaces it."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    org: str | None = Field(None, max_length=128, description="The organisation (default: the caller's).")
+    user: str | None = Field(None, max_length=128, description="A member (default: the whole organisation).")
+    soft: Amount | None = Field(None, description="Past this, new work is warned of (events, a banner).")
+    hard: Amount | None = Field(None, description="Past this, new work is refused (403 budget_exceeded).")
+    stop_running: bool = Field(False, description="Past the hard limit, stop the scope's running work too.")
+
+
+class BudgetRead(BaseModel):
+    id: str
+    org_id: str
+    org_name: str
+    user_id: str | None
+    user_name: str | None
+    soft: float | None
+    hard: float | None
+    stop_running: bool
+    month: str = Field(description="The month it counts (UTC), e.g. 2026-12.")
+    used: float = Field(description="Cost so far this month, under the price table.")
+    resets_at: datetime = Field(description="When the month ends and the count starts again.")
+    state: str = Field(description="ok, soft (past the soft limit) or hard (past the hard limit).")
+
+
+class BudgetList(BaseModel):
+    items: list[BudgetRead]

@@ -91,7 +91,8 @@ def visible_gpus(env: dict) -> list[str]:
 
 
 class SystemSampler:
-    """CPU (percent of one core, summed over the job's processes), RSS and per-GPU utilisation and memory."""
+    """CPU (percent of one core, summed over the job's processes, and seconds used so far), RSS and per-GPU
+    utilisation and memory."""
 
     def __init__(self, tree: Callable[[], list[int]], gpus: list[str], nvml: Nvml | None = None) -> None:
         self.tree = tree
@@ -99,6 +100,7 @@ class SystemSampler:
         self.nvml = nvml
         self.prev: dict[tuple[int, int], int] = {}  # (pid, start ticks) → cpu ticks at the previous sample
         self.prev_time: float | None = None
+        self.cpu_seconds = 0.0  # used by the job's processes so far (what metering reports as used)
 
     def sample(self) -> dict[str, float]:
         now = time.monotonic()
@@ -110,9 +112,12 @@ class SystemSampler:
                 ticks[(pid, stat[1])] = stat[0]
                 rss += stat[2] * PAGE_SIZE
         out: dict[str, float] = {"system/rss_bytes": float(rss)}
+        # A process new since the last sample counts from its start (the job's processes start with it).
+        used = max(0, sum(value - self.prev.get(key, 0) for key, value in ticks.items()))
+        self.cpu_seconds += used / CLK_TCK
+        out["system/cpu_seconds"] = round(self.cpu_seconds, 3)
         if self.prev_time is not None and now > self.prev_time:
-            used = sum(value - self.prev.get(key, 0) for key, value in ticks.items())
-            out["system/cpu_percent"] = round(max(0.0, used / CLK_TCK / (now - self.prev_time) * 100.0), 2)
+            out["system/cpu_percent"] = round(used / CLK_TCK / (now - self.prev_time) * 100.0, 2)
         self.prev, self.prev_time = ticks, now
         if self.nvml is not None:
             for i, device in enumerate(self.gpus):

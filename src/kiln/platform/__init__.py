@@ -45,6 +45,7 @@ from kiln.tasks.studies import StudyDriver
 from kiln.usecases.accounts import AccountService
 from kiln.usecases.audit import AuditService
 from kiln.usecases.blobs import BlobService
+from kiln.usecases.budgets import BudgetService
 from kiln.usecases.datasets import DatasetService
 from kiln.usecases.idempotency import Idempotency
 from kiln.usecases.identity import Credentials, IdentityService
@@ -65,7 +66,7 @@ from kiln.usecases.scheduling import SchedulingService
 from kiln.usecases.serving import ServingService
 from kiln.usecases.studies import StudyService
 from kiln.usecases.tracking import TrackingService
-from kiln.usecases.usage import UsageService
+from kiln.usecases.usage import SETTLE_PASS_SECONDS, UsageService
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,9 @@ class Platform:
         os.chmod(settings.home, 0o700)
         settings.run_dir.mkdir(parents=True, exist_ok=True)
         self._lock = self._take_home_lock(settings.run_dir / "server.lock", settings.endpoint)
-        self.db = Database(settings.resolved_database_url, settings.database_idle_transaction_seconds)
+        self.db = Database(
+            settings.resolved_database_url, settings.database_idle_transaction_seconds, metering=settings.metering
+        )
         migrate.upgrade(self.db.engine)
         key = (
             settings.server_key.encode()
@@ -138,6 +141,11 @@ class Platform:
             on_admitted=self.prometheus.admission.observe,  # read for a whole pass in one query
             on_ended=lambda: self.pipeline_driver.wake(),  # a step's job ended: its next step starts now
         )
+        self.usage = UsageService(self.db)  # every attempt's hold, metered by the job state machine; prices
+        # Monthly cost limits, checked at every submit; one that stops running work acts in the task `usage`.
+        self.budgets = BudgetService(self.db, self.usage, wake=lambda: self.tasks.wake("usage"))
+        if settings.metrics_token:  # usage by organisation names organisations: only behind the token
+            self.prometheus.report_usage(self.usage)
         self.jobs = JobService(
             self.db,
             self.catalog,
@@ -151,6 +159,7 @@ class Platform:
             resolve_dataset=dataset_pinner(self.datasets),
             pin_model=model_pinner(self.models),
             pin_job=job_output_pinner(self.output_manifests),
+            budgets=self.budgets,
         )
         self.scheduling = SchedulingService(self.db, self.backend, settings, self.jobs)
         self.nodes = NodeService(self.db, self.backend.nodes)
@@ -209,7 +218,6 @@ class Platform:
         )
         self.pipelines = PipelineService(self.db, self.jobs, self.pipeline_driver.wake)
         self.pipeline_driver.check = self.pipelines.check  # a scheduled run is checked as a submit is
-        self.usage = UsageService(self.db)  # every attempt's hold, metered by the job state machine; prices
         # Notebooks: JupyterLab as jobs of category dev, reached through the proxy (kiln.api.notebook_proxy).
         self.notebooks = NotebookService(
             self.db, self.jobs, self.store, settings.endpoint, self._wake_notebooks, self.quotas, self.idempotency
@@ -245,6 +253,7 @@ class Platform:
             self.notebook_control.task(),
             nonce_flush(nonces) if nonces is not None else None,
             *purges(self.identity, self.audit, self.idempotency),
+            Task.writing("usage", self.budgets.usage_pass, SETTLE_PASS_SECONDS, lease_scope="usage"),
             *backend_tasks(self.backend),
         ]
         return [task for task in tasks if task is not None]

@@ -1,11 +1,15 @@
 """The server's own numbers for ``/metrics`` (kiln.api.prometheus serves them): the prometheus-client registry
 of one server, the instruments the API and the reconciler feed, and what is read at scrape time: jobs by state
 and backend, counted in the database (so they are right after a restart, and across servers sharing a PostgreSQL
-database), and the background tasks of this server. Only aggregates, never a tenant-identifying label."""
+database), and the background tasks of this server. Aggregates only: the one tenant label is the organisation of
+the usage counters (bounded by the organisations, never a job or a user), exported only where /metrics needs a
+token (``KILN_METRICS_TOKEN``)."""
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,6 +22,7 @@ from kiln.db.session import Database
 from kiln.db.tables import Job
 from kiln.domain.states import JobState
 from kiln.tasks.runner import TaskStatus
+from kiln.usecases.usage import UsageService
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +68,52 @@ class _DatabaseCollector(Collector):
         yield points
 
 
+class _UsageCollector(Collector):
+    """What each organisation held and what it cost, as counters (``rate()`` of them: CPUs held now): the
+    usage records (kiln.usecases.usage) summed once over all time at the first scrape, then over the time since
+    the previous scrape only (the holds that overlap it: the open ones and those just ended), so a scrape costs
+    the same with a year of records as with a day's. Every server counts the same totals from the database."""
+
+    FIGURES = (
+        ("kiln_usage_cpu_seconds", "CPU-seconds held (every gang member's), by organisation."),
+        ("kiln_usage_memory_gib_seconds", "GiB-seconds of memory held, by organisation."),
+        ("kiln_usage_gpu_seconds", "GPU-seconds held, by organisation."),
+        ("kiln_usage_cost", "Cost under the price table, by organisation."),
+    )
+
+    def __init__(self, db: Database, usage: UsageService) -> None:
+        self.db = db
+        self.usage = usage
+        self.totals: dict[str, list[float]] = {}
+        self.counted_until = 0.0  # the totals hold every hold's time before this (Unix seconds)
+        self.lock = threading.Lock()
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())
+
+    def collect(self) -> Iterator[Any]:
+        with self.lock:
+            now = time.time()
+            if now > self.counted_until:
+                try:
+                    with self.db.read() as s:
+                        added = self.usage.by_org(s, self.counted_until, now)
+                except Exception:
+                    log.exception("reading usage for /metrics failed")
+                else:
+                    for org, figures in added.items():
+                        total = self.totals.setdefault(org, [0.0] * len(self.FIGURES))
+                        for i, value in enumerate(figures):
+                            total[i] += value
+                    self.counted_until = now
+            totals = {org: list(values) for org, values in self.totals.items()}
+        for i, (name, help_text) in enumerate(self.FIGURES):
+            family = CounterMetricFamily(name, help_text, labels=["org"])
+            for org in sorted(totals):
+                family.add_metric([org], totals[org][i])
+            yield family
+
+
 class _TaskCollector(Collector):
     """Per background task (kiln.tasks.runner) of this server: runs, errors, when the last run ended, how long
     it took. Labelled by task name only (a fixed set, no tenant in it)."""
@@ -96,6 +147,7 @@ class ServerMetrics:
     """The registry of one server and the instruments the API and the reconciler feed."""
 
     def __init__(self, db: Database, points_ingested: Callable[[], int]) -> None:
+        self.db = db
         self.registry = CollectorRegistry(auto_describe=False)
         self.requests = Histogram(
             "kiln_http_request_duration_seconds",
@@ -125,6 +177,10 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.registry.register(_DatabaseCollector(db, points_ingested))
+
+    def report_usage(self, usage: UsageService) -> None:
+        """Export what each organisation held and what it cost (``usage`` reads the records)."""
+        self.registry.register(_UsageCollector(self.db, usage))
 
     def report_tasks(self, status: Callable[[], list[TaskStatus]]) -> None:
         """Export the background tasks that ``status`` describes (the platform's runner)."""

@@ -321,10 +321,16 @@ class Settings(BaseSettings):
         description="With rclone, keep what a job reads through a mount on disk (in the attempt's directory, "
         "removed when it ends), up to this size; 0: every read is streamed from the store.",
     )
+    metering: bool = Field(
+        True,
+        description="Meter every attempt's hold (kiln usage, budgets); off only to measure what metering costs "
+        "(benchmarks/submit_latency.py --no-metering): what runs while it is off is never counted.",
+    )
     metrics_token: str | None = Field(
         None,
-        description="When set, GET /metrics (Prometheus) needs 'Authorization: Bearer <this token>'; "
-        "unset, /metrics is open (it only shows aggregate numbers, no tenant labels).",
+        description="When set, GET /metrics (Prometheus) needs 'Authorization: Bearer <this token>' and shows "
+        "usage by organisation too (kiln_usage_*); unset, /metrics is open and shows only aggregate numbers, no "
+        "tenant labels.",
     )
 
     # Job network

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Select, and_, bindparam, or_, select
 from sqlalchemy.orm import Session
@@ -160,6 +160,16 @@ def event_read(event: JobEvent) -> EventRead:
     )
 
 
+class BudgetGate(Protocol):
+    """Monthly cost limits (kiln.usecases.budgets.BudgetService) as a submit and a new job meet them."""
+
+    def check(self, s: Session, principal: Principal) -> None:
+        """Raise BudgetExceeded where a hard limit of the caller's scope is spent."""
+
+    def warnings(self, s: Session, org_id: str, user_id: str) -> list[str]:
+        """What a new job of this scope is warned of (soft limits passed)."""
+
+
 def request_cancel(s: Session, job: Job, message: str) -> bool:
     """Cancel ``job`` in the caller's transaction: at once where no attempt runs (QUEUED, RESTARTING), else by
     asking the reconciler to stop its attempt. False where it has ended already (nothing to do)."""
@@ -191,12 +201,14 @@ class JobService:
         resolve_dataset: Callable[[str, str], tuple[str, int]] | None = None,
         pin_model: Callable[[str, int, InputSpec], InputSpec] | None = None,
         pin_job: Callable[[str, int, InputSpec], InputSpec] | None = None,
+        budgets: BudgetGate | None = None,
     ) -> None:
         self.validate = validate
         # The Idempotency-Keys of creates (submit, rerun): the platform's, shared with the other creates.
         self.idempotency = idempotency or Idempotency(db, DEFAULT_KEY_RETENTION)
         self.network_host_orgs = network_host_orgs  # organisations (names or ids) allowed network: host
         self.quotas = quotas
+        self.budgets = budgets  # monthly cost limits: a spent hard one refuses new work, a soft one warns
         self.db = db
         self.catalog = catalog
         self.nodes = nodes
@@ -306,6 +318,8 @@ class JobService:
         if self.quotas is not None:
             cpus, gpus, memory = _totals(spec)
             self.quotas.check_submit(principal, category, gpus, cpus, memory, session=s)
+        if self.budgets is not None:
+            self.budgets.check(s, principal)
         if spec.priority != "normal" and not principal.platform_admin:
             self._check_priority(s, principal, spec.priority)
 
@@ -358,6 +372,9 @@ class JobService:
             backend=self.backend_name,
         )
         create_job(s, job, note, now=now)
+        if self.budgets is not None:
+            for warning in self.budgets.warnings(s, org_id, user_id):
+                record(s, job, Reason.BUDGET_WARNING, warning)
         record_job_run(s, job, spec)  # every job is a run (kiln.usecases.tracking)
         return job
 

@@ -59,12 +59,12 @@ def transition(
         job.started_at = job.started_at or now
         job.running_at = None
         job.exit_code = None
-        if job.allocation:  # placed: its hold is metered from now (kiln.usecases.usage)
+        if job.allocation and session.info.get("metering", True):  # placed: metered from now (usecases.usage)
             open_usage(session, job, now)
     if to is JobState.RUNNING:
         job.running_at = now
     if to in (JobState.RESTARTING, JobState.QUEUED) or to.terminal:
-        if job.allocation:
+        if job.allocation and session.info.get("metering", True):
             close_usage(session, job.id, now)  # released: its hold ends now
         job.allocation = None
     if to.terminal:

@@ -19,11 +19,11 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, func, literal, or_, select, update
+from sqlalchemy import ColumnElement, Float, String, and_, case, func, literal, or_, select, union_all, update
 from sqlalchemy.orm import Session
 
 from kiln.db.session import Database
-from kiln.db.tables import Job, Organization, Price, UsageRecord, User
+from kiln.db.tables import Job, MetricSeries, Organization, Price, UsageRecord, User
 from kiln.domain.usage import (
     GROUPS,
     RESOURCES,
@@ -37,6 +37,12 @@ from kiln.errors import InvalidInput, NotFound
 from kiln.usecases.identity import Principal
 
 GIB = 1024**3
+CPU_SECONDS = "system/cpu_seconds"  # the job's system metrics (kiln.injob.sysmetrics) metering reads as used
+RSS_BYTES = "system/rss_bytes"
+# A hold's used figures come from its metrics, which may arrive after it closed: for this long after its end a
+# report reads them live and the task ``usage`` writes them again (``settle``); then the record is final.
+SETTLE_SECONDS = 600.0
+SETTLE_PASS_SECONDS = 30.0  # how often the task ``usage`` runs
 MAX_DAYS = 400  # a report by day spans at most this many days
 
 
@@ -61,11 +67,12 @@ def open_usage(s: Session, job: Job, now: datetime) -> None:
 
 
 def close_usage(s: Session, job_id: str, now: datetime) -> None:
-    """The job's open hold ends ``now`` (the caller's transaction releases it)."""
+    """The job's open hold ends ``now`` (the caller's transaction releases it), with what it used as sampled."""
+    u = UsageRecord
     s.execute(
-        update(UsageRecord)
-        .where(UsageRecord.job_id == job_id, UsageRecord.end_ts.is_(None))
-        .values(end_ts=now.timestamp())
+        update(u)
+        .where(u.job_id == job_id, u.end_ts.is_(None))
+        .values(end_ts=now.timestamp(), used_cpu_seconds=_used_cpu(u), peak_memory=_peak_memory(u))
     )
 
 
@@ -124,54 +131,85 @@ class UsageService:
         since: datetime | None = None,
         until: datetime | None = None,
         by: str = "user",
+        split: str | None = None,
+        limit: int | None = None,
     ) -> UsageReport:
         """Usage of the caller's organisation (an org admin), or of ``org`` / every organisation (the platform
-        admin), in [since, until) (default the last 30 days), grouped ``by``."""
+        admin), in [since, until) (default the last 30 days), grouped ``by`` and, with ``split``, by that too
+        (cost per day by user: by=day, split=user); ``limit``: the first rows only (by cost, or by day), the
+        totals still of them all."""
         principal.require("usage:read")
-        if by not in GROUPS:
-            raise InvalidInput(f"by: one of {', '.join(GROUPS)}", details={"field": "by"})
+        for field, value in (("by", by), ("split", split)):
+            if value is not None and value not in GROUPS:
+                raise InvalidInput(f"{field}: one of {', '.join(GROUPS)}", details={"field": field})
+        if split == by:
+            raise InvalidInput("split: a group other than by's", details={"field": "split"})
         now = time.time()
         end = min((until or datetime.now(UTC)).timestamp(), now)
         start = (since or datetime.now(UTC) - timedelta(days=30)).timestamp()
         if start >= end:
             raise InvalidInput("since: must be before until (and before now)", details={"field": "since"})
+        keys = [by] if split is None else [by, split]
         with self.db.read() as s:
             org_id = self._org_scope(s, principal, org)
-            versions = _versions(s)
-            rows: dict[tuple[str, ...], list[float]] = defaultdict(lambda: [0.0] * 5)
-            windows = _days(start, end) if by == "day" else [(start, end)]
-            for lo, hi in windows:
-                for key, values in self._sums(s, org_id, lo, hi, now, by, versions):
-                    if by == "day":
-                        key = (datetime.fromtimestamp(lo, UTC).strftime("%Y-%m-%d"),)
-                    total = rows[key]
-                    for i, value in enumerate(values):
-                        total[i] += value
-            names = self._names(s, by, [k[0] for k in rows])
+            found = self._sums(s, org_id, start, end, now, keys, _versions(s))
+            names = {group: self._names(s, group, list({k[i] for k, _ in found})) for i, group in enumerate(keys)}
         out = [
             UsageRow(
                 key=key[0],
-                name=names.get(key[0], key[0]),
+                name=names[by].get(key[0], key[0]),
+                split=key[1] if split else None,
+                split_name=names[split].get(key[1], key[1]) if split else None,
                 attempts=int(v[0]),
                 cpu_seconds=v[1],
                 memory_gib_seconds=v[2],
                 gpu_seconds=v[3],
                 cost=round(v[4], 6),
+                used_cpu_seconds=v[5],
+                peak_memory_bytes=int(v[6]),
             )
-            for key, v in rows.items()
+            for key, v in found
         ]
-        out.sort(key=lambda r: (r.key,) if by == "day" else (-r.cost, -r.cpu_seconds, r.key))
+        if by == "day":
+            out.sort(key=lambda r: (r.key, -r.cost, r.split or ""))
+        else:
+            out.sort(key=lambda r: (-r.cost, -r.cpu_seconds, r.key, r.split or ""))
         return UsageReport(
             by=by,
+            split=split,
             since=datetime.fromtimestamp(start, UTC),
             until=datetime.fromtimestamp(end, UTC),
             org=org,
-            rows=out,
+            rows=out[:limit] if limit is not None else out,
             cpu_seconds=sum(r.cpu_seconds for r in out),
             memory_gib_seconds=sum(r.memory_gib_seconds for r in out),
             gpu_seconds=sum(r.gpu_seconds for r in out),
             cost=round(sum(r.cost for r in out), 6),
+            used_cpu_seconds=sum(r.used_cpu_seconds for r in out),
         )
+
+    @staticmethod
+    def settle(s: Session) -> int:
+        """Write again what the holds that ended lately used, from their metrics (some arrive after the end), in
+        the leased task ``usage``'s transaction ``s``; how many holds."""
+        u = UsageRecord
+        result = s.execute(
+            update(u)
+            .where(u.end_ts > time.time() - SETTLE_SECONDS - 2 * SETTLE_PASS_SECONDS)
+            .values(used_cpu_seconds=_used_cpu(u), peak_memory=_peak_memory(u))
+        )
+        return int(getattr(result, "rowcount", 0) or 0)
+
+    def by_org(self, s: Session, start: float, end: float) -> dict[str, tuple[float, ...]]:
+        """Per organisation name: CPU-, GiB- and GPU-seconds held and cost in [start, end) (``/metrics``)."""
+        found = self._sums(s, None, start, end, end, ["org"], _versions(s))
+        names = self._names(s, "org", [key[0] for key, _ in found])
+        return {names.get(key[0], key[0]): figures[1:5] for key, figures in found}
+
+    def cost(self, s: Session, org_id: str, user_id: str | None, start: float, end: float) -> float:
+        """What the organisation (or one member) spent in [start, end) under the price table."""
+        found = self._sums(s, org_id, start, end, end, ["org"], _versions(s), user_id=user_id)
+        return sum(figures[4] for _, figures in found)
 
     def _org_scope(self, s: Session, principal: Principal, org: str | None) -> str | None:
         """The organisation id the report covers; None: every one (the platform admin's, without ``org``)."""
@@ -186,49 +224,98 @@ class UsageService:
         self,
         s: Session,
         org_id: str | None,
-        lo: float,
-        hi: float,
+        start: float,
+        end: float,
         now: float,
-        by: str,
+        keys: list[str],
         versions: list[tuple[float, dict[tuple[str, str, str], float]]],
+        *,
+        user_id: str | None = None,
     ) -> list[tuple[tuple[str, ...], tuple[float, ...]]]:
+        """Per group of ``keys``: holds, CPU-, GiB- and GPU-seconds held, cost, CPU-seconds used and the peak
+        memory, of each hold's overlap with [start, end) (with "day" among the keys: with each UTC day's)."""
         u = UsageRecord
         dialect = self.db.dialect
-        start = _greatest(dialect, u.start_ts, literal(lo))
-        end = _least(dialect, func.coalesce(u.end_ts, literal(now)), literal(hi))
-        held = _greatest(dialect, end - start, literal(0.0))
+        lo: Any
+        hi: Any
+        if "day" in keys:  # the days as rows, each hold joined to those it overlaps
+            bounds = _days(start, end)
+            days = union_all(
+                *(
+                    select(
+                        literal(datetime.fromtimestamp(a, UTC).strftime("%Y-%m-%d"), String).label("day"),
+                        literal(a, Float).label("lo"),
+                        literal(b, Float).label("hi"),
+                    )
+                    for a, b in bounds
+                )
+            ).subquery("days")
+            lo, hi = days.c.lo, days.c.hi
+        else:
+            lo, hi = literal(start), literal(end)
+        closed_at = func.coalesce(u.end_ts, literal(now))
+        held_from = _greatest(dialect, u.start_ts, lo)
+        held_to = _least(dialect, closed_at, hi)
+        held = _greatest(dialect, held_to - held_from, literal(0.0))
         memory_gib = u.memory / float(GIB)
         cost: ColumnElement[Any] = literal(0.0)
         for i, (at, rates) in enumerate(versions):
             until = versions[i + 1][0] if i + 1 < len(versions) else math.inf
-            v_start = _greatest(dialect, start, literal(at))
-            v_end = end if until == math.inf else _least(dialect, end, literal(until))
+            v_start = _greatest(dialect, held_from, literal(at))
+            v_end = held_to if until == math.inf else _least(dialect, held_to, literal(until))
             overlap = _greatest(dialect, v_end - v_start, literal(0.0))
             per_hour = u.cpus * _rate(rates, "cpu") + memory_gib * _rate(rates, "memory_gib")
             per_hour = per_hour + u.gpus * _rate(rates, "gpu")
             cost = cost + overlap / 3600.0 * per_hour
-        key = {
+        # Used CPU-seconds in the window: the hold's (as sampled; read from its metrics while it holds and until
+        # it is settled) times the share of the hold the window has.
+        duration = _greatest(dialect, closed_at - u.start_ts, literal(1e-9))
+        live = or_(u.end_ts.is_(None), u.end_ts > now - SETTLE_SECONDS)
+        used = case((live, _used_cpu(u)), else_=u.used_cpu_seconds)
+        peak = case((live, _peak_memory(u)), else_=u.peak_memory)
+        columns = {
             "org": u.org_id,
             "user": u.user_id,
             "job": u.job_id,
             "category": u.category,
             "gpu_type": u.gpu_type,
-            "day": literal("day"),
-        }[by]
+            "day": days.c.day if "day" in keys else literal("day"),
+        }
+        group = [columns[k] for k in keys]
         query = select(
-            key,
+            *group,
             func.count(),
             func.sum(held * u.cpus),
             func.sum(held * memory_gib),
             func.sum(held * u.gpus),
             func.sum(cost),
-        ).where(u.start_ts < hi, or_(u.end_ts.is_(None), u.end_ts > lo))
+            func.sum(func.coalesce(used, 0.0) * held / duration),
+            func.max(func.coalesce(peak, 0)),
+        )
+        if "day" in keys:
+            query = query.select_from(u).join(days, and_(u.start_ts < days.c.hi, closed_at > days.c.lo))
         if org_id is not None:
             query = query.where(u.org_id == org_id)
-        out: list[tuple[tuple[str, ...], tuple[float, ...]]] = []
-        for row in s.execute(query.group_by(key)):
-            out.append(((str(row[0]),), tuple(float(x or 0.0) for x in row[1:])))
-        return out
+        if user_id is not None:
+            query = query.where(u.user_id == user_id)
+        query = query.group_by(*group)
+        # The holds that began in the window (by the organisation's index on start), then those that began
+        # before it and held into it (by the index on end: the open ones and those that ended after its start).
+        began_in = query.where(u.start_ts >= start, u.start_ts < end)
+        held_into = query.where(u.start_ts < start, or_(u.end_ts.is_(None), u.end_ts > start))
+        n = len(keys)
+        found: dict[tuple[str, ...], list[float]] = {}
+        for row in (*s.execute(began_in), *s.execute(held_into)):
+            key = tuple(str(x) for x in row[:n])
+            figures = [float(x or 0.0) for x in row[n:]]
+            total = found.get(key)
+            if total is None:
+                found[key] = figures
+            else:  # summed, the peak the higher
+                found[key] = [a + b for a, b in zip(total[:-1], figures[:-1], strict=True)] + [
+                    max(total[-1], figures[-1])
+                ]
+        return [(key, tuple(figures)) for key, figures in found.items()]
 
     @staticmethod
     def _names(s: Session, by: str, keys: list[str]) -> dict[str, str]:
@@ -239,6 +326,23 @@ class UsageService:
         if by == "job":
             return {k: n or k for k, n in s.execute(select(Job.id, Job.name).where(Job.id.in_(keys))).all()}
         return {}
+
+
+def _used_cpu(u: type[UsageRecord]) -> Any:
+    """The CPU-seconds the hold's workers used so far: their ``system/cpu_seconds`` (each a running total of its
+    attempt) sampled since the hold began."""
+    m = MetricSeries
+    return (
+        select(func.sum(m.last_value))
+        .where(m.job_id == u.job_id, m.name == CPU_SECONDS, m.last_time >= u.start_ts)
+        .scalar_subquery()
+    )
+
+
+def _peak_memory(u: type[UsageRecord]) -> Any:
+    """The workers' peak resident memory together (each one's peak over the job's attempts, summed)."""
+    m = MetricSeries
+    return select(func.sum(m.max_value)).where(m.job_id == u.job_id, m.name == RSS_BYTES).scalar_subquery()
 
 
 def _greatest(dialect: str, a: Any, b: Any) -> Any:

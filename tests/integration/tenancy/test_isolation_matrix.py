@@ -235,6 +235,17 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ],
     ("GET", "/api/v1/prices"): [Case("self", cross=OWN_OK)],
     ("POST", "/api/v1/prices"): [Case("platform", body={"cpu_hour": 1.0}, cross=frozenset({403}))],
+    # Budgets: an org admin sets its members' (naming another organisation's member is refused like a missing one);
+    # a list shows only the caller's organisation's.
+    ("GET", "/api/v1/budgets"): [
+        Case("self", cross=OWN_OK),
+        Case("scoped", query=(("org", "{org}"),), cross=frozenset({403, 404}), reader="admin"),
+    ],
+    ("PUT", "/api/v1/budgets"): [
+        Case("self", body={"soft": 5.0}, cross=frozenset({403})),
+        Case("scoped", body={"user": "{user}", "soft": 1e9}, cross=frozenset({403, 404}), owner="admin"),
+    ],
+    ("DELETE", "/api/v1/budgets/{budget_id}"): [Case("scoped", owner="admin", last=True)],
     # The machines: A's running job takes its share on B's view, without its id or name (the leak check).
     ("GET", "/api/v1/nodes"): [Case("self", cross=OWN_OK)],
     ("GET", "/api/v1/runtimes"): [Case("self", cross=OWN_OK)],
@@ -595,6 +606,10 @@ def snapshot(admin: Api, a: Tenant, a_reader: Api, sha: str) -> dict[str, Any]:
             (j["id"], j["state"], j["cancel_requested"], j["attempt"], j["restarts"], j["message"]) for j in jobs
         ),
         "blob": a_reader.request("HEAD", f"/blobs/{sha}").headers.get("X-Kiln-Blob-Size"),
+        "budgets": sorted(
+            (b["id"], b["user_id"], b["soft"], b["hard"], b["stop_running"])
+            for b in admin.ok("GET", "/budgets", params={"org": a.id})["items"]
+        ),
         "runtimes": sorted((r["name"], r["status"]) for r in admin.ok("GET", "/runtimes")["items"]),
         "datasets": [
             (d, a_reader.ok("GET", f"/datasets/{d['name']}")) for d in a_reader.ok("GET", "/datasets")["items"]
@@ -720,6 +735,7 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
             "/pipelines/schedules",
             json_body={"spec": {**PIPELINE_SPEC, "name": f"alpha-nightly-{tag}"}, "cron": "0 0 1 1 *"},
         )
+        budget = a["admin"].api.ok("PUT", "/budgets", json_body={"user": a["member"].user_name, "soft": 1e9})
         bogus_bundle, bogus_sha = tar_gz({"train.py": b"print('nobody uploaded this')\n"})
         choices = {
             "job_id": [Choice(name, job["id"], new_id("job")) for name, job in _jobs(finished, running, queued)],
@@ -740,6 +756,7 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
             "study_id": [Choice("study", study["id"], new_id("study"))],
             "run_id": [Choice("pipeline-run", prun["id"], new_id("prun"))],
             "schedule_id": [Choice("pipeline-schedule", schedule["id"], new_id("psch"))],
+            "budget_id": [Choice("budget", budget["id"], new_id("bud"))],
             "model": [Choice("model", model, "no-such-model")],
             "alias": [Choice("alias", alias, "no-such-alias")],
             "served": [Choice("served-model", served, "no-such-model")],
@@ -749,7 +766,7 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
         sensitive = {a.id, a.name, sha, log_marker, artifact_marker, artifact}
         sensitive |= {dataset, data_sha, draft["id"], upload["id"], study["id"], study["name"], model, alias}
         sensitive |= {served, service, svc["id"], notebook, nb["id"], prun["id"], prun["name"]}
-        sensitive |= {schedule["id"], schedule["name"]}
+        sensitive |= {schedule["id"], schedule["name"], budget["id"]}
         sensitive |= {job["id"] for job in (finished, running, queued)}
         for account in a.accounts.values():
             sensitive |= {account.user_id, account.user_name, account.key_id, account.secret}

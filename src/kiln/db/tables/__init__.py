@@ -12,13 +12,14 @@ from kiln.db.tables.registry import Model, ModelAlias, ModelFile, ModelVersion
 from kiln.db.tables.serving import Service, ServiceKey, ServiceReplica, ServiceTraffic
 from kiln.db.tables.studies import TuningEvent, TuningStudy, TuningTrial
 from kiln.db.tables.tracking import Experiment, Run, RunParam, RunTag
-from kiln.db.tables.usage import Price, UsageRecord
+from kiln.db.tables.usage import Budget, Price, UsageRecord
 
 __all__ = [
     "AccessKey",
     "AuditEvent",
     "Base",
     "Blob",
+    "Budget",
     "DataBlob",
     "DataUpload",
     "DataUploadPart",

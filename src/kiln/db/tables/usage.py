@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String
+from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from kiln.db.tables.base import Base, utcnow
@@ -30,6 +30,10 @@ class UsageRecord(Base):
     gpu_type: Mapped[str] = mapped_column(String(64), default="")  # the spec's gpu_type ("" when it named none)
     start_ts: Mapped[float] = mapped_column(Float)
     end_ts: Mapped[float | None] = mapped_column(Float, default=None)
+    # What it used, from its system metrics (``system/cpu_seconds``, ``system/rss_bytes``, every worker's),
+    # written when the hold closes; NULL while it holds (read from the metrics then) or where none were sampled.
+    used_cpu_seconds: Mapped[float | None] = mapped_column(Float, default=None)
+    peak_memory: Mapped[int | None] = mapped_column(BigInteger, default=None)  # bytes, every worker's peak summed
 
     __table_args__ = (
         Index("ix_usage_records_org_start", "org_id", "start_ts"),
@@ -53,3 +57,25 @@ class Price(Base):
     rate: Mapped[float] = mapped_column(Float)  # per hour (per GiB-hour for memory)
     created_by: Mapped[str] = mapped_column(ForeignKey("users.id"))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Budget(Base):
+    """A monthly budget (calendar months, UTC) on an organisation's cost (``user_id`` "") or one member's: past
+    ``soft`` new work is warned of (an event on each job, the audit once a month, a banner), past ``hard`` it is
+    refused (403 naming the budget); with ``stop_running`` the running work of its scope is stopped too."""
+
+    __tablename__ = "budgets"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    org_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"))
+    user_id: Mapped[str] = mapped_column(String(32), default="")  # "": the whole organisation
+    soft: Mapped[float | None] = mapped_column(Float, default=None)
+    hard: Mapped[float | None] = mapped_column(Float, default=None)
+    stop_running: Mapped[bool] = mapped_column(Boolean, default=False)
+    warned_month: Mapped[str] = mapped_column(String(7), default="")  # "2026-12": the soft limit was audited
+    stopped_month: Mapped[str] = mapped_column(String(7), default="")  # its running work was stopped
+    created_by: Mapped[str] = mapped_column(ForeignKey("users.id"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("org_id", "user_id", name="uq_budgets_org_user"),)

@@ -1,0 +1,287 @@
+"""Budgets: a monthly limit on what an organisation, or one of its members, spends under the price table.
+
+A budget counts the cost of the calendar month so far (UTC; kiln.usecases.usage prices it). Past its ``soft``
+limit every new job of its scope gets a warning event (and the audit a ``budget.soft_limit`` entry once a
+month); past its ``hard`` limit a new submission is refused (``BudgetExceeded``, 403, naming the budget, what
+was used and when it resets) — every way new work is created checks it (a job, a rerun, a study, a pipeline run,
+a service, a notebook). What was admitted before keeps running (a study's next trials, a pipeline's next steps,
+a service's replicas) unless the budget says ``stop_running``: then the leased task ``budgets`` cancels the
+scope's active jobs every pass (and at once when such a budget is set) while the limit stays spent.
+
+The platform admin sets an organisation's budget; an org admin sets budgets on members of their organisation.
+Any member sees the budgets that apply to them (the console's banner).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from kiln.db.session import Database
+from kiln.db.tables import Budget, Job, Organization, User, utcnow
+from kiln.domain.ids import new_id
+from kiln.domain.states import TERMINAL_STATES
+from kiln.domain.usage import BudgetRead, BudgetSet
+from kiln.errors import BudgetExceeded, Forbidden, InvalidInput, NotFound
+from kiln.usecases import audit
+from kiln.usecases.accounts import find_org, find_user
+from kiln.usecases.identity import Principal
+from kiln.usecases.jobs import request_cancel
+from kiln.usecases.usage import UsageService
+
+FRESH_SECONDS = 5.0  # a month's cost read for a check is used again this long (it changes by the second)
+
+
+@dataclass(frozen=True)
+class Month:
+    name: str  # 2026-12
+    start: float
+    end: float  # the next month's start: when the count resets
+
+    @classmethod
+    def of(cls, now: float) -> Month:
+        day = datetime.fromtimestamp(now, UTC)
+        start = day.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
+        return cls(start.strftime("%Y-%m"), start.timestamp(), end.timestamp())
+
+
+class BudgetService:
+    def __init__(self, db: Database, usage: UsageService, wake: Callable[[], None] = lambda: None) -> None:
+        self.db = db
+        self.usage = usage
+        self.wake = wake  # runs the task that enforces stop_running now
+        self._costs: dict[tuple[str, str, str], tuple[float, float]] = {}  # (org, user, month) → (cost, read at)
+        self._lock = threading.Lock()
+
+    # -- setting and reading ------------------------------------------------------------------------------
+
+    def set(self, principal: Principal, body: BudgetSet) -> BudgetRead:
+        """Create or replace the budget of an organisation (the platform admin) or of a member (their org's
+        admin, or the platform admin)."""
+        principal.require("usage:read")
+        if body.soft is None and body.hard is None:
+            raise InvalidInput("give a soft limit, a hard limit or both", details={"field": "hard"})
+        if body.soft is not None and body.hard is not None and body.soft > body.hard:
+            raise InvalidInput(
+                f"soft: {body.soft:g} is above the hard limit {body.hard:g}; a soft limit warns before the hard one",
+                details={"field": "soft"},
+            )
+        with self.db.transaction() as s:
+            org, user = self._scope(s, principal, body.org, body.user)
+            if user is None and not principal.platform_admin:
+                raise Forbidden(
+                    "an organisation's budget is the platform admin's to set; an organisation's admin sets its "
+                    "members' (give user)"
+                )
+            user_id = "" if user is None else user.id
+            row = s.scalar(select(Budget).where(Budget.org_id == org.id, Budget.user_id == user_id))
+            if row is None:
+                row = Budget(id=new_id("bud"), org_id=org.id, user_id=user_id, created_by=principal.user_id)
+                s.add(row)
+            row.soft, row.hard, row.stop_running = body.soft, body.hard, body.stop_running
+            row.warned_month = row.stopped_month = ""  # a new limit warns (and stops) afresh
+            row.updated_at = utcnow()
+            s.flush()
+            self._forget(org.id, user_id)
+            read = self._read(s, row, org.name, None if user is None else user.name)
+        if body.stop_running:
+            self.wake()
+        return read
+
+    def remove(self, principal: Principal, budget_id: str) -> None:
+        principal.require("usage:read")
+        with self.db.transaction() as s:
+            row = self._load(s, principal, budget_id)
+            if not row.user_id and not principal.platform_admin:
+                raise Forbidden("an organisation's budget is the platform admin's to remove")
+            s.delete(row)
+
+    def list_budgets(self, principal: Principal, org: str | None = None) -> list[BudgetRead]:
+        """The budgets the caller may see: every one (the platform admin), their organisation's (its admin), or
+        those that apply to them (a member: the organisation's and their own); ``org`` narrows to one."""
+        principal.require("jobs:read")
+        with self.db.read() as s:
+            query = select(Budget, Organization.name, User.name).join(Organization, Organization.id == Budget.org_id)
+            query = query.outerjoin(User, User.id == Budget.user_id).order_by(Organization.name, Budget.user_id)
+            if org is not None:
+                query = query.where(Budget.org_id == find_org(s, principal, org).id)
+            if not principal.platform_admin:
+                query = query.where(Budget.org_id == principal.org_id)
+                if not principal.can("usage:read"):
+                    query = query.where(Budget.user_id.in_(("", principal.user_id)))
+            return [self._read(s, row, org_name, user_name) for row, org_name, user_name in s.execute(query)]
+
+    def _scope(
+        self, s: Session, principal: Principal, org: str | None, user: str | None
+    ) -> tuple[Organization, User | None]:
+        if user is not None:
+            member, member_org = find_user(s, principal, user)
+            if org is not None and find_org(s, principal, org).id != member_org.id:
+                raise InvalidInput(f"user: {user} is not a member of organisation {org}", details={"field": "user"})
+            return member_org, member
+        if org is None:
+            found = s.get(Organization, principal.org_id)
+            if found is None:
+                raise NotFound(f"organisation {principal.org_id} not found")
+            return found, None
+        return find_org(s, principal, org), None
+
+    def _load(self, s: Session, principal: Principal, budget_id: str) -> Budget:
+        row = s.get(Budget, budget_id)
+        if row is None or not (principal.platform_admin or row.org_id == principal.org_id):
+            raise NotFound(f"budget {budget_id} not found")
+        return row
+
+    def _read(self, s: Session, row: Budget, org_name: str, user_name: str | None) -> BudgetRead:
+        month = Month.of(time.time())
+        used = self._cost(s, row.org_id, row.user_id, month, fresh=True)
+        return BudgetRead(
+            id=row.id,
+            org_id=row.org_id,
+            org_name=org_name,
+            user_id=row.user_id or None,
+            user_name=user_name,
+            soft=row.soft,
+            hard=row.hard,
+            stop_running=row.stop_running,
+            month=month.name,
+            used=round(used, 6),
+            resets_at=datetime.fromtimestamp(month.end, UTC),
+            state=_state(row, used),
+        )
+
+    # -- enforcing ----------------------------------------------------------------------------------------
+
+    def check(self, s: Session, principal: Principal) -> None:
+        """BudgetExceeded when a hard budget of the caller's organisation, or of the caller, is spent (a submit's
+        check, in its transaction ``s``)."""
+        month = Month.of(time.time())
+        for row in self._budgets(s, principal.org_id, principal.user_id):
+            if row.hard is None:
+                continue
+            used = self._cost(s, row.org_id, row.user_id, month)
+            if used >= row.hard:
+                whose = f"organisation {principal.org_name}" if not row.user_id else f"user {principal.user_name}"
+                raise BudgetExceeded(
+                    f"budget: the {month.name} budget {row.id} of {whose} is spent ({used:,.2f} used of its hard "
+                    f"limit {row.hard:,.2f}); new work is refused until it resets on "
+                    f"{datetime.fromtimestamp(month.end, UTC):%Y-%m-%d %H:%M} UTC, or the limit is raised",
+                    details={
+                        "budget": row.id,
+                        "used": round(used, 6),
+                        "hard": row.hard,
+                        "month": month.name,
+                        "resets_at": datetime.fromtimestamp(month.end, UTC).isoformat(),
+                    },
+                )
+
+    def warnings(self, s: Session, org_id: str, user_id: str) -> list[str]:
+        """What a new job of ``user_id`` is warned of (budgets of its scope past their soft limit), in the
+        transaction that creates it; the first warning of a month goes to the audit too."""
+        month = Month.of(time.time())
+        out: list[str] = []
+        for row in self._budgets(s, org_id, user_id):
+            if row.soft is None:
+                continue
+            used = self._cost(s, row.org_id, row.user_id, month)
+            if used < row.soft:
+                continue
+            whose = "the organisation's" if not row.user_id else "its user's"
+            message = (
+                f"budget: {whose} {month.name} budget {row.id} is past its soft limit ({used:,.2f} used of "
+                f"{row.soft:,.2f}" + (f"; new work is refused at {row.hard:,.2f}" if row.hard is not None else "") + ")"
+            )
+            out.append(message)
+            if row.warned_month != month.name:
+                row.warned_month = month.name
+                audit.add(
+                    s,
+                    audit.AuditEntry(
+                        action="budget.soft_limit",
+                        resource=f"budget={row.id}",
+                        outcome="warned",
+                        status=200,
+                        client="",
+                        org_id=row.org_id,
+                        user_id=row.user_id or None,
+                        detail=message,
+                    ),
+                )
+        return out
+
+    def usage_pass(self, s: Session) -> None:
+        """One run of the leased task ``usage``, in its fenced transaction ``s``: what lately ended holds used,
+        written again from their metrics; the running work of spent budgets that say so, stopped."""
+        self.usage.settle(s)
+        self.enforce(s)
+
+    def enforce(self, s: Session) -> int:
+        """Cancel the active jobs of every budget that says ``stop_running`` and whose hard limit is spent (the
+        leased task ``budgets``, in its fenced transaction ``s``); how many were asked to stop."""
+        month = Month.of(time.time())
+        stopped = 0
+        for row in s.scalars(select(Budget).where(Budget.stop_running.is_(True), Budget.hard.is_not(None))):
+            assert row.hard is not None
+            used = self._cost(s, row.org_id, row.user_id, month, fresh=True)
+            if used < row.hard:
+                continue
+            query = select(Job).where(Job.org_id == row.org_id, Job.state.not_in([str(x) for x in TERMINAL_STATES]))
+            if row.user_id:
+                query = query.where(Job.user_id == row.user_id)
+            message = f"cancelled: budget {row.id} is spent ({used:,.2f} of {row.hard:,.2f}) and stops running work"
+            for job in s.scalars(query):
+                stopped += int(request_cancel(s, job, message))
+            if row.stopped_month != month.name:
+                row.stopped_month = month.name
+                audit.add(
+                    s,
+                    audit.AuditEntry(
+                        action="budget.stop_running",
+                        resource=f"budget={row.id}",
+                        outcome="success",
+                        status=200,
+                        client="",
+                        org_id=row.org_id,
+                        user_id=row.user_id or None,
+                        detail=f"budget {row.id} spent ({used:,.2f} of {row.hard:,.2f}): its running work stopped",
+                    ),
+                )
+        return stopped
+
+    # -- the month's cost ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _budgets(s: Session, org_id: str, user_id: str) -> list[Budget]:
+        return list(s.scalars(select(Budget).where(Budget.org_id == org_id, Budget.user_id.in_(("", user_id)))))
+
+    def _cost(self, s: Session, org_id: str, user_id: str, month: Month, *, fresh: bool = False) -> float:
+        key = (org_id, user_id, month.name)
+        now = time.monotonic()
+        with self._lock:
+            known = self._costs.get(key)
+        if known is not None and not fresh and now - known[1] < FRESH_SECONDS:
+            return known[0]
+        cost = self.usage.cost(s, org_id, user_id or None, month.start, time.time())
+        with self._lock:
+            self._costs[key] = (cost, now)
+        return cost
+
+    def _forget(self, org_id: str, user_id: str) -> None:
+        with self._lock:
+            for key in [k for k in self._costs if k[:2] == (org_id, user_id)]:
+                del self._costs[key]
+
+
+def _state(row: Budget, used: float) -> str:
+    if row.hard is not None and used >= row.hard:
+        return "hard"
+    if row.soft is not None and used >= row.soft:
+        return "soft"
+    return "ok"
