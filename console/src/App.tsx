@@ -2,8 +2,9 @@ import type { ComponentChildren } from "preact";
 import { useEffect, useState } from "preact/hooks";
 import { onUnauthorized, request } from "./api";
 import { Link, match, navigate, useLocation } from "./router";
-import { setSession, useAbilities, useSession } from "./session";
+import { type Abilities, setSession, useAbilities, useSession } from "./session";
 import type { SessionBody } from "./types";
+import { BudgetBanner } from "./components/BudgetBanner";
 import { Admin } from "./pages/Admin";
 import { DatasetDetail, Datasets } from "./pages/Datasets";
 import { JobDetail } from "./pages/JobDetail";
@@ -17,8 +18,11 @@ import { PipelineRunDetail, Pipelines } from "./pages/Pipelines";
 import { ServiceDetail, Services } from "./pages/Services";
 import { SignIn } from "./pages/SignIn";
 import { Studies, StudyDetail } from "./pages/Studies";
+import { Usage } from "./pages/Usage";
 
-const NAV: [string, string][] = [
+/** The pages in the header: a path, its name and, for some, who it is for (the page itself still opens for anyone
+ * at its address, and shows the server's refusal). */
+const NAV: [string, string, ((can: Abilities) => boolean)?][] = [
   ["/", "Overview"],
   ["/jobs", "Jobs"],
   ["/runs", "Runs"],
@@ -28,6 +32,7 @@ const NAV: [string, string][] = [
   ["/services", "Services"],
   ["/notebooks", "Notebooks"],
   ["/datasets", "Datasets"],
+  ["/usage", "Usage", (can) => can.orgAdmin], // usage:read: an organisation's admins, the platform admin
   ["/admin", "Admin"],
 ];
 
@@ -49,6 +54,7 @@ const ROUTES: [string, Page][] = [
   ["/notebooks", () => <Notebooks />],
   ["/datasets", () => <Datasets />],
   ["/datasets/:name", (p) => <DatasetDetail name={p.name} />],
+  ["/usage", () => <Usage />],
   ["/admin", () => <Admin />],
 ];
 
@@ -101,6 +107,7 @@ export function App() {
         Skip to content
       </a>
       <Header />
+      <BudgetBanner />
       <main id="main" class="main" tabIndex={-1}>
         {page}
       </main>
@@ -131,7 +138,7 @@ function Header() {
       </Link>
       <nav aria-label="Main">
         <ul>
-          {NAV.map(([href, label]) => {
+          {NAV.filter(([, , only]) => !only || only(can)).map(([href, label]) => {
             const active = href === "/" ? path === "/" : path === href || path.startsWith(`${href}/`);
             return (
               <li key={href}>

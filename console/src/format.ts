@@ -95,3 +95,21 @@ export function commandText(command: string | string[]): string {
   if (typeof command === "string") return command;
   return command.map((a) => (/^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replace(/'/g, `'\\''`)}'`)).join(" ");
 }
+
+/** A cost: two decimals (1,234.50), or two significant digits below 0.01 (0.0058, 0.000001). The price table names
+ * no currency, so neither does this. */
+export function money(n: number | null | undefined): string {
+  if (n === null || n === undefined || !Number.isFinite(n)) return "—";
+  const abs = Math.abs(n);
+  if (abs < 1e-9 || abs >= 0.01) return n.toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 });
+  const digits = 1 - Math.floor(Math.log10(abs)); // two significant digits
+  return n.toFixed(digits).replace(/0+$/, "");
+}
+
+/** Resource-seconds as hours: 1,234 above 100, three significant digits below (12.3, 0.00167). */
+export function hours(seconds: number | null | undefined): string {
+  if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) return "—";
+  const h = seconds / 3600;
+  if (Math.abs(h) >= 100) return Math.round(h).toLocaleString("en-US");
+  return num(Number(h.toPrecision(3)));
+}

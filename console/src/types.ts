@@ -83,6 +83,17 @@ export interface DatasetSummary {
 export type DatasetVersion = Sent<Schemas["DatasetVersionRead"]>;
 export type DatasetManifest = Sent<Schemas["DatasetManifest"]>;
 
+export type UsageReport = Sent<Schemas["UsageReport"]>;
+export type UsageRow = Sent<Schemas["UsageRow"]>;
+export type PriceVersion = Sent<Schemas["PriceVersion"]>;
+export type Budget = Sent<Schemas["BudgetRead"]>;
+/** A budget's state: the document says only "a string" (kiln.domain.usage.BudgetRead.state), these three are what
+ * kiln.usecases.budgets sends; another is shown as "ok" would be, without a banner. */
+export type BudgetState = "ok" | "soft" | "hard";
+/** GET /usage's query, as the document says (by and split: org, user, job, category, gpu_type, day). */
+export type UsageQuery = NonNullable<paths["/api/v1/usage"]["get"]["parameters"]["query"]>;
+export type UsageGroup = NonNullable<UsageQuery["by"]>;
+
 export type Org = Sent<Schemas["OrgRead"]>;
 export type Priority = Org["max_priority"];
 const priorities = ["low", "normal", "high"] as const satisfies readonly Priority[];
