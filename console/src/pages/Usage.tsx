@@ -337,7 +337,7 @@ const BUDGET_STATE: Record<string, [string, string]> = { ok: ["within", "ok"], s
 
 function BudgetTable({ budgets }: { budgets: Budget[] }) {
   if (!budgets.length) {
-    return <Empty>No budgets apply. The platform admin sets an organisation's monthly budget, an organisation's admin its members' (PUT /api/v1/budgets).</Empty>;
+    return <Empty>No budgets apply. The platform admin sets an organisation's monthly budget (`kiln budgets set --org NAME --soft 80 --hard 100`), an organisation's admin its members' (`--user NAME`).</Empty>;
   }
   return (
     <div class="table-wrap">
