@@ -510,6 +510,25 @@ def usage_settles_a_hold(world: World) -> Run:
     return world.task("usage").run_once
 
 
+def usage_rolls_a_settled_hold(world: World) -> Run:
+    """A hold that ended an hour ago, settled: the task adds it into usage_hours."""
+    now = time.time()
+    with world.db.transaction() as s:
+        s.add(
+            UsageRecord(
+                org_id=world.org_id,
+                user_id=world.user_id,
+                job_id="job-settled-long-ago",
+                attempt=1,
+                category="train",
+                cpus=1.0,
+                start_ts=now - 7200,
+                end_ts=now - 3600,
+            )
+        )
+    return world.task("usage").run_once
+
+
 def usage_stops_running_work(world: World) -> Run:
     """A budget that stops running work, spent (a zero hard limit), and a job of its scope waiting."""
     spec = JobSpec.model_validate({"command": ["true"], "runtime": {"python": sys.executable}})
@@ -520,7 +539,11 @@ def usage_stops_running_work(world: World) -> Run:
 
 
 SCENARIOS: dict[str, dict[str, Callable[[World], Run]]] = {
-    "usage": {"a hold ended lately": usage_settles_a_hold, "a spent budget stops work": usage_stops_running_work},
+    "usage": {
+        "a hold ended lately": usage_settles_a_hold,
+        "a settled hold": usage_rolls_a_settled_hold,
+        "a spent budget stops work": usage_stops_running_work,
+    },
     "purge-nonces": {"old nonce": purge_nonces},
     "purge-audit": {"old audit event": purge_audit},
     "purge-idempotency-keys": {"expired key": purge_idempotency_keys},

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,7 +17,7 @@ class UsageRow(BaseModel):
     name: str = Field(description="The organisation's, user's or job's name (the key otherwise).")
     split: str | None = Field(None, description="With split: the second group (a user of the day, say).")
     split_name: str | None = None
-    attempts: int = Field(description="Holds (attempts) that overlap the window.")
+    attempts: int = Field(description="Holds (attempts) that began in the window (by day: that day).")
     cpu_seconds: float = Field(description="CPUs held times seconds, every gang member's.")
     memory_gib_seconds: float
     gpu_seconds: float
@@ -108,7 +108,7 @@ class BudgetRead(BaseModel):
     month: str = Field(description="The month it counts (UTC), e.g. 2026-12.")
     used: float = Field(description="Cost so far this month, under the price table.")
     resets_at: datetime = Field(description="When the month ends and the count starts again.")
-    state: str = Field(description="ok, soft (past the soft limit) or hard (past the hard limit).")
+    state: Literal["ok", "soft", "hard"] = Field(description="ok, soft (past the soft limit) or hard (past the hard).")
 
 
 class BudgetList(BaseModel):

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Literal
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -218,8 +219,10 @@ class BudgetService:
 
     def usage_pass(self, s: Session) -> None:
         """One run of the leased task ``usage``, in its fenced transaction ``s``: what lately ended holds used,
-        written again from their metrics; the running work of spent budgets that say so, stopped."""
+        written again from their metrics; the settled holds added into usage_hours; the running work of spent
+        budgets that say so, stopped."""
         self.usage.settle(s)
+        self.usage.roll(s)
         self.enforce(s)
 
     def enforce(self, s: Session) -> int:
@@ -279,7 +282,7 @@ class BudgetService:
                 del self._costs[key]
 
 
-def _state(row: Budget, used: float) -> str:
+def _state(row: Budget, used: float) -> Literal["ok", "soft", "hard"]:
     if row.hard is not None and used >= row.hard:
         return "hard"
     if row.soft is not None and used >= row.soft:

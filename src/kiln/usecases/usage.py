@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -34,7 +35,9 @@ from kiln.domain.usage import (
     UsageRow,
 )
 from kiln.errors import InvalidInput, NotFound
+from kiln.usecases import usage_hours
 from kiln.usecases.identity import Principal
+from kiln.usecases.usage_hours import LONG_HOLD, Versions, whole_hours
 
 GIB = 1024**3
 CPU_SECONDS = "system/cpu_seconds"  # the job's system metrics (kiln.injob.sysmetrics) metering reads as used
@@ -152,7 +155,7 @@ class UsageService:
         keys = [by] if split is None else [by, split]
         with self.db.read() as s:
             org_id = self._org_scope(s, principal, org)
-            found = self._sums(s, org_id, start, end, now, keys, _versions(s))
+            found = self._figures(s, org_id, start, end, now, keys, _versions(s))
             names = {group: self._names(s, group, list({k[i] for k, _ in found})) for i, group in enumerate(keys)}
         out = [
             UsageRow(
@@ -202,13 +205,13 @@ class UsageService:
 
     def by_org(self, s: Session, start: float, end: float) -> dict[str, tuple[float, ...]]:
         """Per organisation name: CPU-, GiB- and GPU-seconds held and cost in [start, end) (``/metrics``)."""
-        found = self._sums(s, None, start, end, end, ["org"], _versions(s))
+        found = self._figures(s, None, start, end, end, ["org"], _versions(s))
         names = self._names(s, "org", [key[0] for key, _ in found])
         return {names.get(key[0], key[0]): figures[1:5] for key, figures in found}
 
     def cost(self, s: Session, org_id: str, user_id: str | None, start: float, end: float) -> float:
         """What the organisation (or one member) spent in [start, end) under the price table."""
-        found = self._sums(s, org_id, start, end, end, ["org"], _versions(s), user_id=user_id)
+        found = self._figures(s, org_id, start, end, end, ["org"], _versions(s), user_id=user_id)
         return sum(figures[4] for _, figures in found)
 
     def _org_scope(self, s: Session, principal: Principal, org: str | None) -> str | None:
@@ -228,12 +231,15 @@ class UsageService:
         end: float,
         now: float,
         keys: list[str],
-        versions: list[tuple[float, dict[tuple[str, str, str], float]]],
+        versions: Versions,
         *,
         user_id: str | None = None,
+        select_holds: Selection | None = None,
     ) -> list[tuple[tuple[str, ...], tuple[float, ...]]]:
         """Per group of ``keys``: holds, CPU-, GiB- and GPU-seconds held, cost, CPU-seconds used and the peak
-        memory, of each hold's overlap with [start, end) (with "day" among the keys: with each UTC day's)."""
+        memory, of each hold's overlap with [start, end) (with "day" among the keys: with each UTC day's).
+        ``select_holds``: the queries that find the holds (default: every hold that overlaps, by the indexes on
+        start and end). A hold counts (``attempts``) in the window, or day, it began in."""
         u = UsageRecord
         dialect = self.db.dialect
         lo: Any
@@ -282,9 +288,10 @@ class UsageService:
             "day": days.c.day if "day" in keys else literal("day"),
         }
         group = [columns[k] for k in keys]
+        counted = func.sum(case((u.start_ts >= lo, 1), else_=0))  # holds that began in the window (or day)
         query = select(
             *group,
-            func.count(),
+            counted,
             func.sum(held * u.cpus),
             func.sum(held * memory_gib),
             func.sum(held * u.gpus),
@@ -299,23 +306,51 @@ class UsageService:
         if user_id is not None:
             query = query.where(u.user_id == user_id)
         query = query.group_by(*group)
-        # The holds that began in the window (by the organisation's index on start), then those that began
-        # before it and held into it (by the index on end: the open ones and those that ended after its start).
-        began_in = query.where(u.start_ts >= start, u.start_ts < end)
-        held_into = query.where(u.start_ts < start, or_(u.end_ts.is_(None), u.end_ts > start))
+        selections = (select_holds or _overlapping)(start, end)
         n = len(keys)
-        found: dict[tuple[str, ...], list[float]] = {}
-        for row in (*s.execute(began_in), *s.execute(held_into)):
-            key = tuple(str(x) for x in row[:n])
-            figures = [float(x or 0.0) for x in row[n:]]
-            total = found.get(key)
-            if total is None:
-                found[key] = figures
-            else:  # summed, the peak the higher
-                found[key] = [a + b for a, b in zip(total[:-1], figures[:-1], strict=True)] + [
-                    max(total[-1], figures[-1])
+        return _merge(
+            [
+                [
+                    (tuple(str(x) for x in row[:n]), tuple(float(x or 0.0) for x in row[n:]))
+                    for row in s.execute(query.where(*where))
                 ]
-        return [(key, tuple(figures)) for key, figures in found.items()]
+                for where in selections
+            ]
+        )
+
+    def _figures(
+        self,
+        s: Session,
+        org_id: str | None,
+        start: float,
+        end: float,
+        now: float,
+        keys: list[str],
+        versions: Versions,
+        *,
+        user_id: str | None = None,
+    ) -> list[tuple[tuple[str, ...], tuple[float, ...]]]:
+        """``_sums`` of [start, end), its whole hours read from usage_hours where it has any (and the report is
+        not by job): those, plus the holds not settled yet, plus the settled holds' part-hours at each edge."""
+        hours = None if "job" in keys else whole_hours(start, end)
+        if hours is None:
+            return self._sums(s, org_id, start, end, now, keys, versions, user_id=user_id)
+        first, last = hours
+        parts = [
+            usage_hours.hour_sums(s, org_id, user_id, first, last, keys),
+            self._sums(s, org_id, start, end, now, keys, versions, user_id=user_id, select_holds=_unsettled),
+        ]
+        edges = ((start, first, _settled_at_start), (last, end, _settled_at_end))  # the part-hours
+        for lo, hi, select_holds in edges:
+            if lo < hi:
+                parts.append(
+                    self._sums(s, org_id, lo, hi, now, keys, versions, user_id=user_id, select_holds=select_holds)
+                )
+        return _merge(parts)
+
+    def roll(self, s: Session, batch: int = usage_hours.ROLL_BATCH) -> int:
+        """Add the settled holds into usage_hours (the leased task ``usage``, in its transaction ``s``)."""
+        return usage_hours.roll(s, _versions(s), time.time() - SETTLE_SECONDS - 2 * SETTLE_PASS_SECONDS, batch)
 
     @staticmethod
     def _names(s: Session, by: str, keys: list[str]) -> dict[str, str]:
@@ -326,6 +361,64 @@ class UsageService:
         if by == "job":
             return {k: n or k for k, n in s.execute(select(Job.id, Job.name).where(Job.id.in_(keys))).all()}
         return {}
+
+
+# The holds one part of a report reads, as lists of WHERE clauses (one query each, results added): each list
+# picks holds by an index (on start, on end, on the unsettled, on the long ones) rather than scanning them all.
+Selection = Callable[[float, float], list[list[ColumnElement[bool]]]]
+
+
+def _overlapping(lo: float, hi: float) -> list[list[ColumnElement[bool]]]:
+    """Every hold that overlaps [lo, hi): those that began in it, those that began before and held into it."""
+    u = UsageRecord
+    return [
+        [u.start_ts >= lo, u.start_ts < hi],
+        [u.start_ts < lo, or_(u.end_ts.is_(None), u.end_ts > lo)],
+    ]
+
+
+def _unsettled(lo: float, hi: float) -> list[list[ColumnElement[bool]]]:
+    """The holds not in usage_hours yet (open, or ended lately) that overlap [lo, hi)."""
+    u = UsageRecord
+    return [[u.rolled.is_(False), u.start_ts < hi, or_(u.end_ts.is_(None), u.end_ts > lo)]]
+
+
+def _settled_at_start(lo: float, hi: float) -> list[list[ColumnElement[bool]]]:
+    """The settled holds that overlap [lo, hi), the part-hour before a report's first whole hour: those that began
+    in it, the short ones that ended within a day after ``lo`` and the long ones (by their own index)."""
+    u = UsageRecord
+    return [
+        [u.rolled.is_(True), u.start_ts >= lo, u.start_ts < hi],
+        [u.rolled.is_(True), u.start_ts < lo, u.end_ts > lo, u.end_ts < lo + LONG_HOLD],
+        [u.long_hold.is_(True), u.start_ts < lo, u.end_ts >= lo + LONG_HOLD],
+    ]
+
+
+def _settled_at_end(lo: float, hi: float) -> list[list[ColumnElement[bool]]]:
+    """The settled holds that overlap [lo, hi), the part-hour after a report's last whole hour (recent: those
+    that ended after ``lo`` are few)."""
+    u = UsageRecord
+    return [
+        [u.rolled.is_(True), u.start_ts >= lo, u.start_ts < hi],
+        [u.rolled.is_(True), u.start_ts < lo, u.end_ts > lo],
+    ]
+
+
+def _merge(
+    parts: list[list[tuple[tuple[str, ...], tuple[float, ...]]]],
+) -> list[tuple[tuple[str, ...], tuple[float, ...]]]:
+    """Parts of a report added up per group (the peak: the highest)."""
+    found: dict[tuple[str, ...], list[float]] = {}
+    for part in parts:
+        for key, figures in part:
+            total = found.get(key)
+            if total is None:
+                found[key] = list(figures)
+            else:
+                found[key] = [a + b for a, b in zip(total[:-1], figures[:-1], strict=True)] + [
+                    max(total[-1], figures[-1])
+                ]
+    return [(key, tuple(figures)) for key, figures in found.items()]
 
 
 def _used_cpu(u: type[UsageRecord]) -> Any:

@@ -94,7 +94,7 @@ def list_budgets(
     "/budgets",
     response_model=BudgetRead,
     summary="Set (create or replace) a monthly budget: an organisation's (the platform admin) or a member's",
-    responses=errors(404, 422),
+    responses=errors(400, 404, 422),
 )
 def set_budget(body: BudgetSet, caller: Caller, kiln: Kiln) -> BudgetRead:
     return kiln.budgets.set(caller, body)

@@ -34,11 +34,45 @@ class UsageRecord(Base):
     # written when the hold closes; NULL while it holds (read from the metrics then) or where none were sampled.
     used_cpu_seconds: Mapped[float | None] = mapped_column(Float, default=None)
     peak_memory: Mapped[int | None] = mapped_column(BigInteger, default=None)  # bytes, every worker's peak summed
+    # Added into usage_hours (once settled): reports read it from there, but for the edges of their window.
+    rolled: Mapped[bool] = mapped_column(Boolean, default=False)
+    long_hold: Mapped[bool] = mapped_column(Boolean, default=False)  # rolled, and held longer than a day
 
     __table_args__ = (
         Index("ix_usage_records_org_start", "org_id", "start_ts"),
+        Index("ix_usage_records_start", "start_ts"),
         Index("ix_usage_records_job_attempt", "job_id", "attempt"),
         Index("ix_usage_records_open", "end_ts"),
+        Index("ix_usage_records_rolled", "rolled", "end_ts"),
+        Index("ix_usage_records_long", "long_hold", "end_ts"),
+    )
+
+
+class UsageHour(Base):
+    """What the settled holds of one organisation's user, category and GPU type held in one UTC hour (each hold
+    split at the hours it spans, priced piece by piece): reports sum these for the whole hours of their window,
+    so a month over a million attempts reads some hundred thousand rows, not the million."""
+
+    __tablename__ = "usage_hours"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    hour_ts: Mapped[int] = mapped_column(BigInteger)  # the hour's start, seconds since the epoch
+    day: Mapped[str] = mapped_column(String(10))  # its UTC day, 2026-12-04
+    org_id: Mapped[str] = mapped_column(String(32))
+    user_id: Mapped[str] = mapped_column(String(32))
+    category: Mapped[str] = mapped_column(String(16))
+    gpu_type: Mapped[str] = mapped_column(String(64))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # holds that began in the hour
+    cpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    memory_gib_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    cost: Mapped[float] = mapped_column(Float, default=0.0)
+    used_cpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    peak_memory: Mapped[int] = mapped_column(BigInteger, default=0)
+
+    __table_args__ = (
+        UniqueConstraint("hour_ts", "org_id", "user_id", "category", "gpu_type", name="uq_usage_hours_key"),
+        Index("ix_usage_hours_org_hour", "org_id", "hour_ts"),
     )
 
 

@@ -1,4 +1,4 @@
-"""usage: what each hold used (CPU seconds, peak memory) beside what it held; monthly budgets
+"""usage: what each hold used (CPU seconds, peak memory) beside what it held; holds summed by the hour; budgets
 
 Revision ID: 20261210_0021
 Revises: 20261209_0020
@@ -17,6 +17,31 @@ def upgrade() -> None:
     with op.batch_alter_table("usage_records") as batch:
         batch.add_column(sa.Column("used_cpu_seconds", sa.Float(), nullable=True))
         batch.add_column(sa.Column("peak_memory", sa.BigInteger(), nullable=True))
+        batch.add_column(sa.Column("rolled", sa.Boolean(), nullable=False, server_default=sa.false()))
+        batch.add_column(sa.Column("long_hold", sa.Boolean(), nullable=False, server_default=sa.false()))
+    op.create_index("ix_usage_records_start", "usage_records", ["start_ts"])
+    op.create_index("ix_usage_records_rolled", "usage_records", ["rolled", "end_ts"])
+    op.create_index("ix_usage_records_long", "usage_records", ["long_hold", "end_ts"])
+    op.create_table(
+        "usage_hours",
+        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
+        sa.Column("hour_ts", sa.BigInteger(), nullable=False),
+        sa.Column("day", sa.String(length=10), nullable=False),
+        sa.Column("org_id", sa.String(length=32), nullable=False),
+        sa.Column("user_id", sa.String(length=32), nullable=False),
+        sa.Column("category", sa.String(length=16), nullable=False),
+        sa.Column("gpu_type", sa.String(length=64), nullable=False),
+        sa.Column("attempts", sa.Integer(), nullable=False),
+        sa.Column("cpu_seconds", sa.Float(), nullable=False),
+        sa.Column("memory_gib_seconds", sa.Float(), nullable=False),
+        sa.Column("gpu_seconds", sa.Float(), nullable=False),
+        sa.Column("cost", sa.Float(), nullable=False),
+        sa.Column("used_cpu_seconds", sa.Float(), nullable=False),
+        sa.Column("peak_memory", sa.BigInteger(), nullable=False),
+        sa.PrimaryKeyConstraint("id"),
+        sa.UniqueConstraint("hour_ts", "org_id", "user_id", "category", "gpu_type", name="uq_usage_hours_key"),
+    )
+    op.create_index("ix_usage_hours_org_hour", "usage_hours", ["org_id", "hour_ts"])
     op.create_table(
         "budgets",
         sa.Column("id", sa.String(length=32), nullable=False),
@@ -39,6 +64,12 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("budgets")
+    op.drop_table("usage_hours")
+    op.drop_index("ix_usage_records_long", "usage_records")
+    op.drop_index("ix_usage_records_rolled", "usage_records")
+    op.drop_index("ix_usage_records_start", "usage_records")
     with op.batch_alter_table("usage_records") as batch:
+        batch.drop_column("long_hold")
+        batch.drop_column("rolled")
         batch.drop_column("peak_memory")
         batch.drop_column("used_cpu_seconds")

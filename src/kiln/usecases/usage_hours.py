@@ -1,0 +1,170 @@
+"""Settled holds summed by the hour, so that a report over a month reads hours rather than every attempt.
+
+A hold is settled once its used figures are final (``SETTLE_SECONDS`` after it ended). The leased task ``usage``
+then adds it into ``usage_hours`` (``roll``): split at the UTC hours it spans, each piece priced under the versions
+in force during it (prices change only from their time on, so a settled hour's cost never changes), one row per
+hour, organisation, user, category and GPU type. A report (kiln.usecases.usage) sums the whole hours of its window
+from here and reads the records themselves for the rest: the part-hours at its two edges, and the holds not
+settled yet (the open ones and those that ended lately: few).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from kiln.db.tables import UsageHour, UsageRecord
+
+HOUR = 3600
+LONG_HOLD = 86400.0  # a hold longer than this is marked long_hold: the edges of a report find it by that index
+ROLL_BATCH = 20_000  # holds a run of the task adds at most
+
+Rates = dict[tuple[str, str, str], float]
+Versions = list[tuple[float, Rates]]
+
+
+def rate_of(rates: Rates, resource: str, category: str, gpu_type: str) -> float:
+    """The rate of ``resource`` for a hold of ``category`` and ``gpu_type``: the most specific the version has
+    (what kiln.usecases.usage's SQL picks alike)."""
+    for cat, gpu in ((category, gpu_type), (category, "*"), ("*", gpu_type), ("*", "*")):
+        if (cat, resource, gpu) in rates:
+            return rates[(cat, resource, gpu)]
+    return 0.0
+
+
+def piece_cost(versions: Versions, record: UsageRecord, lo: float, hi: float) -> float:
+    """What ``record`` held in [lo, hi) cost under the versions in force then."""
+    cost = 0.0
+    memory_gib = record.memory / 1024**3
+    for i, (at, rates) in enumerate(versions):
+        until = versions[i + 1][0] if i + 1 < len(versions) else math.inf
+        overlap = min(hi, until) - max(lo, at)
+        if overlap <= 0:
+            continue
+        per_hour = record.cpus * rate_of(rates, "cpu", record.category, record.gpu_type)
+        per_hour += memory_gib * rate_of(rates, "memory_gib", record.category, record.gpu_type)
+        per_hour += record.gpus * rate_of(rates, "gpu", record.category, record.gpu_type)
+        cost += overlap / 3600.0 * per_hour
+    return cost
+
+
+def roll(s: Session, versions: Versions, settled_before: float, batch: int = ROLL_BATCH) -> int:
+    """Add the holds that ended before ``settled_before`` and are not in ``usage_hours`` yet (at most ``batch``),
+    in the task's transaction ``s``; how many."""
+    u = UsageRecord
+    # Oldest first (by the index on the unsettled): a batch touches few hours, and each is read once.
+    records = list(
+        s.scalars(
+            select(u)
+            .where(u.rolled.is_(False), u.end_ts.is_not(None), u.end_ts < settled_before)
+            .order_by(u.end_ts)
+            .limit(batch)
+        )
+    )
+    if not records:
+        return 0
+    sums: dict[tuple[int, str, str, str, str], list[float]] = {}
+    for record in records:
+        assert record.end_ts is not None
+        duration = max(record.end_ts - record.start_ts, 1e-9)
+        hour = int(record.start_ts // HOUR) * HOUR
+        while hour < record.end_ts:
+            lo, hi = max(record.start_ts, hour), min(record.end_ts, hour + HOUR)
+            held = max(hi - lo, 0.0)
+            key = (hour, record.org_id, record.user_id, record.category, record.gpu_type)
+            total = sums.setdefault(key, [0.0] * 7)
+            total[0] += 1 if lo == record.start_ts else 0  # a hold counts in the hour it began
+            total[1] += held * record.cpus
+            total[2] += held * record.memory / 1024**3
+            total[3] += held * record.gpus
+            total[4] += piece_cost(versions, record, lo, hi)
+            total[5] += (record.used_cpu_seconds or 0.0) * held / duration
+            total[6] = max(total[6], float(record.peak_memory or 0))
+            hour += HOUR
+    h = UsageHour
+    hours = [key[0] for key in sums]
+    existing = {
+        (row.hour_ts, row.org_id, row.user_id, row.category, row.gpu_type): row
+        for row in s.scalars(select(h).where(h.hour_ts >= min(hours), h.hour_ts <= max(hours)))
+    }
+    for key, figures in sums.items():
+        row = existing.get(key)
+        if row is None:
+            row = UsageHour(
+                hour_ts=key[0],
+                day=datetime.fromtimestamp(key[0], UTC).strftime("%Y-%m-%d"),
+                org_id=key[1],
+                user_id=key[2],
+                category=key[3],
+                gpu_type=key[4],
+                attempts=0,
+                cpu_seconds=0.0,
+                memory_gib_seconds=0.0,
+                gpu_seconds=0.0,
+                cost=0.0,
+                used_cpu_seconds=0.0,
+                peak_memory=0,
+            )
+            s.add(row)
+        row.attempts += int(figures[0])
+        row.cpu_seconds += figures[1]
+        row.memory_gib_seconds += figures[2]
+        row.gpu_seconds += figures[3]
+        row.cost += figures[4]
+        row.used_cpu_seconds += figures[5]
+        row.peak_memory = max(row.peak_memory, int(figures[6]))
+    ids = [r.id for r in records]
+    long_ids = [r.id for r in records if r.end_ts is not None and r.end_ts - r.start_ts > LONG_HOLD]
+    for chunk in _chunks(ids, 900):
+        s.execute(update(u).where(u.id.in_(chunk)).values(rolled=True))
+    for chunk in _chunks(long_ids, 900):
+        s.execute(update(u).where(u.id.in_(chunk)).values(long_hold=True))
+    return len(records)
+
+
+def hour_sums(
+    s: Session, org_id: str | None, user_id: str | None, lo: int, hi: int, keys: list[str]
+) -> list[tuple[tuple[str, ...], tuple[float, ...]]]:
+    """Per group of ``keys`` (org, user, category, gpu_type, day): the settled hours in [lo, hi)."""
+    h = UsageHour
+    columns: dict[str, Any] = {
+        "org": h.org_id,
+        "user": h.user_id,
+        "category": h.category,
+        "gpu_type": h.gpu_type,
+        "day": h.day,
+    }
+    group = [columns[k] for k in keys]
+    query = select(
+        *group,
+        func.sum(h.attempts),
+        func.sum(h.cpu_seconds),
+        func.sum(h.memory_gib_seconds),
+        func.sum(h.gpu_seconds),
+        func.sum(h.cost),
+        func.sum(h.used_cpu_seconds),
+        func.max(h.peak_memory),
+    ).where(h.hour_ts >= lo, h.hour_ts < hi)
+    if org_id is not None:
+        query = query.where(h.org_id == org_id)
+    if user_id is not None:
+        query = query.where(h.user_id == user_id)
+    n = len(keys)
+    return [
+        (tuple(str(x) for x in row[:n]), tuple(float(x or 0.0) for x in row[n:]))
+        for row in s.execute(query.group_by(*group))
+    ]
+
+
+def whole_hours(start: float, end: float) -> tuple[int, int] | None:
+    """The whole UTC hours inside [start, end), or None where there is none."""
+    lo, hi = math.ceil(start / HOUR) * HOUR, math.floor(end / HOUR) * HOUR
+    return (int(lo), int(hi)) if hi > lo else None
+
+
+def _chunks(items: list[Any], size: int) -> list[list[Any]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
