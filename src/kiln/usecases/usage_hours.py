@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Table, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from kiln.db.tables import UsageHour, UsageRecord
@@ -36,8 +36,9 @@ def rate_of(rates: Rates, resource: str, category: str, gpu_type: str) -> float:
     return 0.0
 
 
-def piece_cost(versions: Versions, record: UsageRecord, lo: float, hi: float) -> float:
-    """What ``record`` held in [lo, hi) cost under the versions in force then."""
+def piece_cost(versions: Versions, record: Any, lo: float, hi: float) -> float:
+    """What ``record`` (a usage record, or a row of its columns) held in [lo, hi) cost under the versions in force
+    then."""
     cost = 0.0
     memory_gib = record.memory / 1024**3
     for i, (at, rates) in enumerate(versions):
@@ -57,14 +58,13 @@ def roll(s: Session, versions: Versions, settled_before: float, batch: int = ROL
     in the task's transaction ``s``; how many."""
     u = UsageRecord
     # Oldest first (by the index on the unsettled): a batch touches few hours, and each is read once.
-    records = list(
-        s.scalars(
-            select(u)
-            .where(u.rolled.is_(False), u.end_ts.is_not(None), u.end_ts < settled_before)
-            .order_by(u.end_ts)
-            .limit(batch)
-        )
-    )
+    columns = (u.id, u.org_id, u.user_id, u.category, u.gpu_type, u.cpus, u.memory, u.gpus, u.start_ts, u.end_ts)
+    records = s.execute(
+        select(*columns, u.used_cpu_seconds, u.peak_memory)
+        .where(u.rolled.is_(False), u.end_ts.is_not(None), u.end_ts < settled_before)
+        .order_by(u.end_ts)
+        .limit(batch)
+    ).all()
     if not records:
         return 0
     sums: dict[tuple[int, str, str, str, str], list[float]] = {}
@@ -85,44 +85,72 @@ def roll(s: Session, versions: Versions, settled_before: float, batch: int = ROL
             total[5] += (record.used_cpu_seconds or 0.0) * held / duration
             total[6] = max(total[6], float(record.peak_memory or 0))
             hour += HOUR
-    h = UsageHour
+    # Plain statements, not ORM objects: a batch touches tens of thousands of hour rows.
+    table = cast(Table, UsageHour.__table__)
+    c = table.c
     hours = [key[0] for key in sums]
     existing = {
         (row.hour_ts, row.org_id, row.user_id, row.category, row.gpu_type): row
-        for row in s.scalars(select(h).where(h.hour_ts >= min(hours), h.hour_ts <= max(hours)))
+        for row in s.execute(select(table).where(c.hour_ts >= min(hours), c.hour_ts <= max(hours)))
     }
-    for key, figures in sums.items():
+    inserts: list[dict[str, Any]] = []
+    updates: list[dict[str, Any]] = []
+    for key, f in sums.items():
         row = existing.get(key)
         if row is None:
-            row = UsageHour(
-                hour_ts=key[0],
-                day=datetime.fromtimestamp(key[0], UTC).strftime("%Y-%m-%d"),
-                org_id=key[1],
-                user_id=key[2],
-                category=key[3],
-                gpu_type=key[4],
-                attempts=0,
-                cpu_seconds=0.0,
-                memory_gib_seconds=0.0,
-                gpu_seconds=0.0,
-                cost=0.0,
-                used_cpu_seconds=0.0,
-                peak_memory=0,
+            inserts.append(
+                {
+                    "hour_ts": key[0],
+                    "day": datetime.fromtimestamp(key[0], UTC).strftime("%Y-%m-%d"),
+                    "org_id": key[1],
+                    "user_id": key[2],
+                    "category": key[3],
+                    "gpu_type": key[4],
+                    "attempts": int(f[0]),
+                    "cpu_seconds": f[1],
+                    "memory_gib_seconds": f[2],
+                    "gpu_seconds": f[3],
+                    "cost": f[4],
+                    "used_cpu_seconds": f[5],
+                    "peak_memory": int(f[6]),
+                }
             )
-            s.add(row)
-        row.attempts += int(figures[0])
-        row.cpu_seconds += figures[1]
-        row.memory_gib_seconds += figures[2]
-        row.gpu_seconds += figures[3]
-        row.cost += figures[4]
-        row.used_cpu_seconds += figures[5]
-        row.peak_memory = max(row.peak_memory, int(figures[6]))
+        else:
+            updates.append(
+                {
+                    "row_id": row.id,
+                    "new_attempts": row.attempts + int(f[0]),
+                    "new_cpu": row.cpu_seconds + f[1],
+                    "new_memory": row.memory_gib_seconds + f[2],
+                    "new_gpu": row.gpu_seconds + f[3],
+                    "new_cost": row.cost + f[4],
+                    "new_used": row.used_cpu_seconds + f[5],
+                    "new_peak": max(row.peak_memory, int(f[6])),
+                }
+            )
+    if inserts:
+        s.execute(insert(table), inserts)
+    if updates:
+        s.execute(
+            update(table)
+            .where(c.id == bindparam("row_id"))
+            .values(
+                attempts=bindparam("new_attempts"),
+                cpu_seconds=bindparam("new_cpu"),
+                memory_gib_seconds=bindparam("new_memory"),
+                gpu_seconds=bindparam("new_gpu"),
+                cost=bindparam("new_cost"),
+                used_cpu_seconds=bindparam("new_used"),
+                peak_memory=bindparam("new_peak"),
+            ),
+            updates,
+        )
     ids = [r.id for r in records]
     long_ids = [r.id for r in records if r.end_ts is not None and r.end_ts - r.start_ts > LONG_HOLD]
-    for chunk in _chunks(ids, 900):
-        s.execute(update(u).where(u.id.in_(chunk)).values(rolled=True))
-    for chunk in _chunks(long_ids, 900):
-        s.execute(update(u).where(u.id.in_(chunk)).values(long_hold=True))
+    for chunk_ids, values in [(chunk, {"rolled": True}) for chunk in _chunks(ids, 900)] + [
+        (chunk, {"long_hold": True}) for chunk in _chunks(long_ids, 900)
+    ]:  # no ORM objects of these rows in the session to keep in step
+        s.execute(update(u).where(u.id.in_(chunk_ids)).values(**values).execution_options(synchronize_session=False))
     return len(records)
 
 
