@@ -143,9 +143,11 @@ def timed(call: Any, repeat: int) -> list[float]:
 def measure_reports(name: str, url: str, rows: int, repeat: int, results: dict[str, Any]) -> None:
     with tempfile.TemporaryDirectory(prefix="kiln-bench-usage-") as tmp:
         server = KilnServer(Path(tmp) / "home", database_url=url).start()  # its first start makes the admin
+        server.stop()  # not running while the holds are added (its task `usage` would add them too)
         try:
             print(f"\n{name}: seeding {rows:,} usage records ...", flush=True)
             print(f"  seeded in {seed(url, rows):.1f} s", flush=True)
+            server.start()
             base = baseline_scan(url, repeat)
             client = server.client()
             report = client.usage(by="user")

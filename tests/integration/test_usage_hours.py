@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 
 from kiln.db import migrate
 from kiln.db.session import Database
-from kiln.db.tables import Organization, Price, UsageHour, UsageRecord, User
+from kiln.db.tables import Organization, Price, UsageDay, UsageHour, UsageRecord, User
 from kiln.usecases import usage_hours
 from kiln.usecases.usage import UsageService, _versions
 
@@ -95,6 +95,7 @@ def test_reports_from_usage_hours_match_reading_every_hold(db: Database) -> None
         unsettled = s.scalar(select(func.count()).where(UsageRecord.rolled.is_(False)))
         assert rolled and rolled > 1200 and unsettled and unsettled > 40  # both paths have holds to read
         assert s.scalar(select(func.count()).select_from(UsageHour))
+        assert s.scalar(select(func.count()).select_from(UsageDay))
         assert s.scalar(select(func.count()).where(UsageRecord.long_hold.is_(True)))
         versions = _versions(s)
         windows = [

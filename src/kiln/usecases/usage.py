@@ -337,7 +337,7 @@ class UsageService:
             return self._sums(s, org_id, start, end, now, keys, versions, user_id=user_id)
         first, last = hours
         parts = [
-            usage_hours.hour_sums(s, org_id, user_id, first, last, keys),
+            *usage_hours.settled_sums(s, org_id, user_id, first, last, keys),
             self._sums(s, org_id, start, end, now, keys, versions, user_id=user_id, select_holds=_unsettled),
         ]
         edges = ((start, first, _settled_at_start), (last, end, _settled_at_end))  # the part-hours

@@ -1,10 +1,11 @@
-"""Settled holds summed by the hour, so that a report over a month reads hours rather than every attempt.
+"""Settled holds summed by hour and by day, so that a report over a month reads days rather than every attempt.
 
 A hold is settled once its used figures are final (``SETTLE_SECONDS`` after it ended). The leased task ``usage``
-then adds it into ``usage_hours`` (``roll``): split at the UTC hours it spans, each piece priced under the versions
-in force during it (prices change only from their time on, so a settled hour's cost never changes), one row per
-hour, organisation, user, category and GPU type. A report (kiln.usecases.usage) sums the whole hours of its window
-from here and reads the records themselves for the rest: the part-hours at its two edges, and the holds not
+then adds it into ``usage_hours`` and ``usage_days`` (``roll``): split at the UTC hours it spans, each piece priced
+under the versions in force during it (prices change only from their time on, so a settled hour's cost never
+changes), one row per hour (and per day), organisation, user, category and GPU type. A report
+(kiln.usecases.usage) sums the whole days of its window from usage_days, the whole hours around them from
+usage_hours, and reads the records themselves for the rest: the part-hours at its two edges, and the holds not
 settled yet (the open ones and those that ended lately: few).
 """
 
@@ -17,14 +18,17 @@ from typing import Any, cast
 from sqlalchemy import Table, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from kiln.db.tables import UsageHour, UsageRecord
+from kiln.db.tables import UsageDay, UsageHour, UsageRecord
+from kiln.errors import Conflict
 
 HOUR = 3600
+DAY = 86400
 LONG_HOLD = 86400.0  # a hold longer than this is marked long_hold: the edges of a report find it by that index
 ROLL_BATCH = 20_000  # holds a run of the task adds at most
 
 Rates = dict[tuple[str, str, str], float]
 Versions = list[tuple[float, Rates]]
+Sums = dict[tuple[int, str, str, str, str], list[float]]  # per period start, org, user, category, GPU type
 
 
 def rate_of(rates: Rates, resource: str, category: str, gpu_type: str) -> float:
@@ -67,7 +71,7 @@ def roll(s: Session, versions: Versions, settled_before: float, batch: int = ROL
     ).all()
     if not records:
         return 0
-    sums: dict[tuple[int, str, str, str, str], list[float]] = {}
+    sums: Sums = {}
     for record in records:
         assert record.end_ts is not None
         duration = max(record.end_ts - record.start_ts, 1e-9)
@@ -85,13 +89,43 @@ def roll(s: Session, versions: Versions, settled_before: float, batch: int = ROL
             total[5] += (record.used_cpu_seconds or 0.0) * held / duration
             total[6] = max(total[6], float(record.peak_memory or 0))
             hour += HOUR
-    # Plain statements, not ORM objects: a batch touches tens of thousands of hour rows.
-    table = cast(Table, UsageHour.__table__)
+    days: Sums = {}
+    for (hour, *rest), figures in sums.items():
+        total = days.setdefault((hour - hour % DAY, *rest), [0.0] * 7)  # type: ignore[arg-type]
+        for i in range(6):
+            total[i] += figures[i]
+        total[6] = max(total[6], figures[6])
+    _add(s, UsageHour, sums)
+    _add(s, UsageDay, days)
+    ids = [r.id for r in records]
+    long_ids = [r.id for r in records if r.end_ts is not None and r.end_ts - r.start_ts > LONG_HOLD]
+    for chunk_ids, values in [(chunk, {"rolled": True}) for chunk in _chunks(ids, 900)] + [
+        (chunk, {"long_hold": True}) for chunk in _chunks(long_ids, 900)
+    ]:  # no ORM objects of these rows in the session to keep in step
+        marked = s.execute(
+            update(u)
+            .where(u.id.in_(chunk_ids), u.rolled.is_(False) if "rolled" in values else u.rolled.is_(True))
+            .values(**values)
+            .execution_options(synchronize_session=False)
+        )
+        if getattr(marked, "rowcount", len(chunk_ids)) != len(chunk_ids):
+            # Another transaction added some of these holds meanwhile (only the task's lease holder should):
+            # adding them again would count them twice. Nothing of this one is kept.
+            raise Conflict("usage: holds were added into usage_hours by another transaction; try again")
+    return len(records)
+
+
+def _add(
+    s: Session, model: type[UsageHour | UsageDay], sums: dict[tuple[int, str, str, str, str], list[float]]
+) -> None:
+    """Add ``sums`` (per period start, organisation, user, category, GPU type) into ``model``'s rows. Plain
+    statements, not ORM objects: a batch touches tens of thousands of rows."""
+    table = cast(Table, model.__table__)
     c = table.c
-    hours = [key[0] for key in sums]
+    starts = [key[0] for key in sums]
     existing = {
-        (row.hour_ts, row.org_id, row.user_id, row.category, row.gpu_type): row
-        for row in s.execute(select(table).where(c.hour_ts >= min(hours), c.hour_ts <= max(hours)))
+        (row.at, row.org_id, row.user_id, row.category, row.gpu_type): row
+        for row in s.execute(select(table).where(c.at >= min(starts), c.at <= max(starts)))
     }
     inserts: list[dict[str, Any]] = []
     updates: list[dict[str, Any]] = []
@@ -100,7 +134,7 @@ def roll(s: Session, versions: Versions, settled_before: float, batch: int = ROL
         if row is None:
             inserts.append(
                 {
-                    "hour_ts": key[0],
+                    "at": key[0],
                     "day": datetime.fromtimestamp(key[0], UTC).strftime("%Y-%m-%d"),
                     "org_id": key[1],
                     "user_id": key[2],
@@ -145,20 +179,19 @@ def roll(s: Session, versions: Versions, settled_before: float, batch: int = ROL
             ),
             updates,
         )
-    ids = [r.id for r in records]
-    long_ids = [r.id for r in records if r.end_ts is not None and r.end_ts - r.start_ts > LONG_HOLD]
-    for chunk_ids, values in [(chunk, {"rolled": True}) for chunk in _chunks(ids, 900)] + [
-        (chunk, {"long_hold": True}) for chunk in _chunks(long_ids, 900)
-    ]:  # no ORM objects of these rows in the session to keep in step
-        s.execute(update(u).where(u.id.in_(chunk_ids)).values(**values).execution_options(synchronize_session=False))
-    return len(records)
 
 
-def hour_sums(
-    s: Session, org_id: str | None, user_id: str | None, lo: int, hi: int, keys: list[str]
+def period_sums(
+    s: Session,
+    model: type[UsageHour | UsageDay],
+    org_id: str | None,
+    user_id: str | None,
+    lo: int,
+    hi: int,
+    keys: list[str],
 ) -> list[tuple[tuple[str, ...], tuple[float, ...]]]:
-    """Per group of ``keys`` (org, user, category, gpu_type, day): the settled hours in [lo, hi)."""
-    h = UsageHour
+    """Per group of ``keys`` (org, user, category, gpu_type, day): the settled hours (or days) in [lo, hi)."""
+    h = model
     columns: dict[str, Any] = {
         "org": h.org_id,
         "user": h.user_id,
@@ -176,7 +209,7 @@ def hour_sums(
         func.sum(h.cost),
         func.sum(h.used_cpu_seconds),
         func.max(h.peak_memory),
-    ).where(h.hour_ts >= lo, h.hour_ts < hi)
+    ).where(h.at >= lo, h.at < hi)
     if org_id is not None:
         query = query.where(h.org_id == org_id)
     if user_id is not None:
@@ -186,6 +219,21 @@ def hour_sums(
         (tuple(str(x) for x in row[:n]), tuple(float(x or 0.0) for x in row[n:]))
         for row in s.execute(query.group_by(*group))
     ]
+
+
+def settled_sums(
+    s: Session, org_id: str | None, user_id: str | None, lo: int, hi: int, keys: list[str]
+) -> list[list[tuple[tuple[str, ...], tuple[float, ...]]]]:
+    """The settled holds in the whole hours [lo, hi), in parts to add up: its whole days from usage_days, the
+    hours before and after them from usage_hours."""
+    first_day, last_day = -(-lo // DAY) * DAY, hi // DAY * DAY
+    if first_day >= last_day:
+        return [period_sums(s, UsageHour, org_id, user_id, lo, hi, keys)]
+    parts = [period_sums(s, UsageDay, org_id, user_id, first_day, last_day, keys)]
+    for a, b in ((lo, first_day), (last_day, hi)):
+        if a < b:
+            parts.append(period_sums(s, UsageHour, org_id, user_id, a, b, keys))
+    return parts
 
 
 def whole_hours(start: float, end: float) -> tuple[int, int] | None:

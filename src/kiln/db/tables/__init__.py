@@ -12,7 +12,7 @@ from kiln.db.tables.registry import Model, ModelAlias, ModelFile, ModelVersion
 from kiln.db.tables.serving import Service, ServiceKey, ServiceReplica, ServiceTraffic
 from kiln.db.tables.studies import TuningEvent, TuningStudy, TuningTrial
 from kiln.db.tables.tracking import Experiment, Run, RunParam, RunTag
-from kiln.db.tables.usage import Budget, Price, UsageHour, UsageRecord
+from kiln.db.tables.usage import Budget, Price, UsageDay, UsageHour, UsageRecord
 
 __all__ = [
     "AccessKey",
@@ -61,6 +61,7 @@ __all__ = [
     "TuningStudy",
     "TuningTrial",
     "UTCDateTime",
+    "UsageDay",
     "UsageHour",
     "UsageRecord",
     "User",

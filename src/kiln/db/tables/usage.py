@@ -48,21 +48,19 @@ class UsageRecord(Base):
     )
 
 
-class UsageHour(Base):
-    """What the settled holds of one organisation's user, category and GPU type held in one UTC hour (each hold
-    split at the hours it spans, priced piece by piece): reports sum these for the whole hours of their window,
-    so a month over a million attempts reads some hundred thousand rows, not the million."""
-
-    __tablename__ = "usage_hours"
+class _UsageSum:
+    """What the settled holds of one organisation's user, category and GPU type held in one period (``at``: its
+    start, seconds since the epoch; ``day``: its UTC day), each hold split at the periods it spans and priced
+    piece by piece. Reports sum these for the whole periods of their window."""
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    hour_ts: Mapped[int] = mapped_column(BigInteger)  # the hour's start, seconds since the epoch
-    day: Mapped[str] = mapped_column(String(10))  # its UTC day, 2026-12-04
+    at: Mapped[int] = mapped_column(BigInteger)
+    day: Mapped[str] = mapped_column(String(10))
     org_id: Mapped[str] = mapped_column(String(32))
     user_id: Mapped[str] = mapped_column(String(32))
     category: Mapped[str] = mapped_column(String(16))
     gpu_type: Mapped[str] = mapped_column(String(64))
-    attempts: Mapped[int] = mapped_column(Integer, default=0)  # holds that began in the hour
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # holds that began in the period
     cpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     memory_gib_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
@@ -70,9 +68,25 @@ class UsageHour(Base):
     used_cpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     peak_memory: Mapped[int] = mapped_column(BigInteger, default=0)
 
+
+class UsageHour(_UsageSum, Base):
+    """Settled holds summed by UTC hour: a report's part-days (a month over a million attempts reads a month of
+    days and two days of hours, not the million)."""
+
+    __tablename__ = "usage_hours"
     __table_args__ = (
-        UniqueConstraint("hour_ts", "org_id", "user_id", "category", "gpu_type", name="uq_usage_hours_key"),
-        Index("ix_usage_hours_org_hour", "org_id", "hour_ts"),
+        UniqueConstraint("at", "org_id", "user_id", "category", "gpu_type", name="uq_usage_hours_key"),
+        Index("ix_usage_hours_org_at", "org_id", "at"),
+    )
+
+
+class UsageDay(_UsageSum, Base):
+    """Settled holds summed by UTC day: a report's whole days."""
+
+    __tablename__ = "usage_days"
+    __table_args__ = (
+        UniqueConstraint("at", "org_id", "user_id", "category", "gpu_type", name="uq_usage_days_key"),
+        Index("ix_usage_days_org_at", "org_id", "at"),
     )
 
 

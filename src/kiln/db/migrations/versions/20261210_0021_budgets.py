@@ -1,4 +1,4 @@
-"""usage: what each hold used (CPU seconds, peak memory) beside what it held; holds summed by the hour; budgets
+"""usage: what each hold used (CPU seconds, peak memory) beside what it held; holds summed by hour and day; budgets
 
 Revision ID: 20261210_0021
 Revises: 20261209_0020
@@ -22,26 +22,27 @@ def upgrade() -> None:
     op.create_index("ix_usage_records_start", "usage_records", ["start_ts"])
     op.create_index("ix_usage_records_rolled", "usage_records", ["rolled", "end_ts"])
     op.create_index("ix_usage_records_long", "usage_records", ["long_hold", "end_ts"])
-    op.create_table(
-        "usage_hours",
-        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
-        sa.Column("hour_ts", sa.BigInteger(), nullable=False),
-        sa.Column("day", sa.String(length=10), nullable=False),
-        sa.Column("org_id", sa.String(length=32), nullable=False),
-        sa.Column("user_id", sa.String(length=32), nullable=False),
-        sa.Column("category", sa.String(length=16), nullable=False),
-        sa.Column("gpu_type", sa.String(length=64), nullable=False),
-        sa.Column("attempts", sa.Integer(), nullable=False),
-        sa.Column("cpu_seconds", sa.Float(), nullable=False),
-        sa.Column("memory_gib_seconds", sa.Float(), nullable=False),
-        sa.Column("gpu_seconds", sa.Float(), nullable=False),
-        sa.Column("cost", sa.Float(), nullable=False),
-        sa.Column("used_cpu_seconds", sa.Float(), nullable=False),
-        sa.Column("peak_memory", sa.BigInteger(), nullable=False),
-        sa.PrimaryKeyConstraint("id"),
-        sa.UniqueConstraint("hour_ts", "org_id", "user_id", "category", "gpu_type", name="uq_usage_hours_key"),
-    )
-    op.create_index("ix_usage_hours_org_hour", "usage_hours", ["org_id", "hour_ts"])
+    for table, unit in (("usage_hours", "hours"), ("usage_days", "days")):
+        op.create_table(
+            table,
+            sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
+            sa.Column("at", sa.BigInteger(), nullable=False),
+            sa.Column("day", sa.String(length=10), nullable=False),
+            sa.Column("org_id", sa.String(length=32), nullable=False),
+            sa.Column("user_id", sa.String(length=32), nullable=False),
+            sa.Column("category", sa.String(length=16), nullable=False),
+            sa.Column("gpu_type", sa.String(length=64), nullable=False),
+            sa.Column("attempts", sa.Integer(), nullable=False),
+            sa.Column("cpu_seconds", sa.Float(), nullable=False),
+            sa.Column("memory_gib_seconds", sa.Float(), nullable=False),
+            sa.Column("gpu_seconds", sa.Float(), nullable=False),
+            sa.Column("cost", sa.Float(), nullable=False),
+            sa.Column("used_cpu_seconds", sa.Float(), nullable=False),
+            sa.Column("peak_memory", sa.BigInteger(), nullable=False),
+            sa.PrimaryKeyConstraint("id"),
+            sa.UniqueConstraint("at", "org_id", "user_id", "category", "gpu_type", name=f"uq_usage_{unit}_key"),
+        )
+        op.create_index(f"ix_usage_{unit}_org_at", table, ["org_id", "at"])
     op.create_table(
         "budgets",
         sa.Column("id", sa.String(length=32), nullable=False),
@@ -64,6 +65,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("budgets")
+    op.drop_table("usage_days")
     op.drop_table("usage_hours")
     op.drop_index("ix_usage_records_long", "usage_records")
     op.drop_index("ix_usage_records_rolled", "usage_records")
