@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from datetime import timedelta
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import and_, delete, func, or_, select
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -64,13 +64,14 @@ class ServerPresence:
     def beat(self) -> int:
         """Record this server as seen now and count the live servers (this one included); the count."""
         now = utcnow()
+        until = now + timedelta(seconds=self.live_for())  # by its own heartbeat: another's may differ
         row = {"id": self.instance_id, "endpoint": self.endpoint, "started_at": self._started, "seen_at": now}
         upsert = (
             self._insert(Server)
-            .values(**row)
+            .values(**row, live_until=until)
             .on_conflict_do_update(
                 index_elements=["id"],
-                set_={"endpoint": self.endpoint, "started_at": self._started, "seen_at": now},
+                set_={"endpoint": self.endpoint, "started_at": self._started, "seen_at": now, "live_until": until},
             )
         )
         with self.db.transaction() as s:
@@ -79,7 +80,15 @@ class ServerPresence:
             live = s.scalar(
                 select(func.count())
                 .select_from(Server)
-                .where(Server.seen_at >= now - timedelta(seconds=LIVE_HEARTBEATS * self.heartbeat))
+                .where(
+                    or_(
+                        Server.live_until >= now,
+                        and_(
+                            Server.live_until.is_(None),
+                            Server.seen_at >= now - timedelta(seconds=LIVE_HEARTBEATS * self.heartbeat),
+                        ),
+                    )
+                )
             )
         count = max(1, int(live or 0))
         if count != self.live:

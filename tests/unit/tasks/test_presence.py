@@ -48,8 +48,11 @@ def test_a_server_unseen_for_three_heartbeats_is_not_counted_and_forgotten_after
     quiet.beat()
 
     def seen(ago: timedelta) -> None:
+        at = utcnow() - ago
         with db.transaction() as s:
-            s.execute(update(Server).where(Server.id == "srv-b").values(seen_at=utcnow() - ago))
+            s.execute(
+                update(Server).where(Server.id == "srv-b").values(seen_at=at, live_until=at + timedelta(seconds=15))
+            )
 
     seen(timedelta(seconds=14))  # within 3 heartbeats of 5 s
     assert first.beat() == 2
@@ -69,3 +72,21 @@ def test_a_restarted_server_is_one_row_and_a_heartbeat_must_be_positive(db: Data
         assert s.scalars(select(Server.endpoint)).all() == ["http://a:8081"]
     with pytest.raises(ValueError, match="heartbeat_seconds"):
         ServerPresence(db, "srv-c", "", 0)
+
+
+def test_servers_with_different_heartbeats_judge_each_other_by_the_others_own(db: Database) -> None:
+    """A server beating every 0.5 s counts one that beats every 5 s for all of its 15 s, not for 1.5 s (this made
+    two such servers share a rate limit as if alone most of the time)."""
+    fast = ServerPresence(db, "srv-fast", "", 0.5)
+    slow = ServerPresence(db, "srv-slow", "", 5.0)
+    slow.beat()
+    with db.transaction() as s:  # the slow one last beat 10 s ago: within its own three heartbeats
+        at = utcnow() - timedelta(seconds=10)
+        s.execute(
+            update(Server).where(Server.id == "srv-slow").values(seen_at=at, live_until=at + timedelta(seconds=15))
+        )
+    assert fast.beat() == 2
+    assert slow.beat() == 2  # and the slow one counts the fast one, seen just now
+    with db.transaction() as s:  # a row from before live_until was recorded: judged by the reader's heartbeat
+        s.execute(update(Server).where(Server.id == "srv-slow").values(seen_at=utcnow(), live_until=None))
+    assert fast.beat() == 2

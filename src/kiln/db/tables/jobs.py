@@ -120,7 +120,8 @@ class TaskLease(Base):
 
 class Server(Base):
     """A server using this database (kiln.tasks.presence): each writes its row every heartbeat and deletes it
-    when it stops; one whose ``seen_at`` is older than three heartbeats is not live any more."""
+    when it stops; one past its ``live_until`` (three of its own heartbeats after ``seen_at``) is not live any
+    more."""
 
     __tablename__ = "servers"
 
@@ -128,6 +129,9 @@ class Server(Base):
     endpoint: Mapped[str] = mapped_column(Text, default="")
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     seen_at: Mapped[datetime] = mapped_column(index=True)
+    # seen_at + three of this server's heartbeats: servers whose heartbeats differ judge each other by the other's
+    # own (NULL: a row of a server from before this column, judged by the reader's heartbeat).
+    live_until: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class OutputManifest(Base):
