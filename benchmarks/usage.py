@@ -218,6 +218,9 @@ def measure_metering(jobs: int, results: dict[str, Any]) -> None:
         finally:
             for server in servers.values():
                 server.stop()
+    if not latencies["on"] or not latencies["off"]:  # a machine too loaded for any job to reach RUNNING in time
+        print("  metering: no job reached RUNNING on one of the servers; no figure", file=sys.stderr)
+        return
     on, off = statistics.median(latencies["on"]), statistics.median(latencies["off"])
     results["metering"] = {"on_p50": on, "off_p50": off, "n": len(latencies["on"])}
     print(f"  submit → RUNNING p50: on {on * 1000:.1f} ms, off {off * 1000:.1f} ms ({on / off:.3f}x)")
