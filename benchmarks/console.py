@@ -267,14 +267,24 @@ def signed_in(browser: Browser, url: str, key_id: str, secret: str) -> BrowserCo
 
 def static_server(size: int, root: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
     """A page of ``size`` bytes (text in a <pre>), served from a thread of this process."""
-    head, tail = "<!doctype html><html><head><title>static</title></head><body><pre>", "</pre></body></html>"
+    # the same empty icon as the console's page: the browser then asks for no /favicon.ico
+    head = '<!doctype html><html><head><title>static</title><link rel="icon" href="data:,"></head><body><pre>'
+    tail = "</pre></body></html>"
     filler = "static page of the same size as the console's chart page, line after line of plain text.\n"
     body = (filler * (size // len(filler) + 1))[: max(0, size - len(head) - len(tail))]
     (root / "static.html").write_text(head + body + tail)
     handler = partial(QuietHandler, directory=str(root))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd = QuietServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     return httpd, f"http://127.0.0.1:{httpd.server_address[1]}/static.html"
+
+
+class QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a browser closing its connection before the answer is written (a new page, the context closed) is normal;
+        # anything else is printed as the standard library would
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
