@@ -81,7 +81,7 @@ def test_a_late_shim_of_a_cancelled_unlaunched_attempt_runs_nothing(local: Local
     handle = backend.handle_for(launch.job_id, launch.attempt)
     attempt_dir = Path(str(handle["dir"]))
     launched = backend.shims.launch
-    backend.shims.launch = lambda member_dir, token: 0  # type: ignore[method-assign]
+    backend.shims.launch = lambda member_dir, token, asked: 0  # type: ignore[method-assign]
     try:
         backend.start(launch)  # the attempt's files made as the dead server had, its launch request unanswered
     finally:

@@ -125,8 +125,9 @@ def test_a_server_paused_past_its_leases_and_resumed_undoes_nothing(
     assert after_events == before_events, rows(f"SELECT job_id, reason FROM job_events WHERE id > {before_events[1]}")
     assert rows("SELECT id, state, attempt, lease_owner FROM jobs ORDER BY id") == before_jobs
     assert {scope: leases()[scope] for scope in SCOPES} == before_leases
-    # No backend call: every attempt's last launch was asked for before the resume (the local executor records in
-    # launch.json when, before the spawn: a thread paused waiting for its shim to spawn records it after the resume).
+    # No backend call: every attempt's last launch was asked for before the resume. The local executor records in
+    # launch.json when its start was called: a thread paused in the middle of a start (past its look at the lease)
+    # finishes it after the resume, and the attempt's claim runs it once (test_attempt_claim.py).
     for job_id, handle in rows("SELECT id, handle FROM jobs"):
         launched = json.loads((Path(handle["dir"]) / "launch.json").read_text())["at"]
         assert launched < resumed_at, f"{job_id} was launched {launched - resumed_at:.2f} s after A resumed"

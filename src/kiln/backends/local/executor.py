@@ -306,6 +306,9 @@ class LocalBackend(
         return own
 
     def start(self, launch: Launch) -> dict[str, Any]:
+        # When the start was asked for, recorded in each member's launch.json: a server paused in the middle of a
+        # start (its lease looked at before) finishes that same start after it resumes, and may spawn then.
+        asked = time.time()
         handle = self._recorded(launch)
         attempt_dir = Path(handle["dir"])
         if launch.spec.distributed is None and self.shims.launched(attempt_dir):
@@ -383,7 +386,7 @@ class LocalBackend(
         # The job's parameters as one JSON file ($KILN_PARAMS_FILE), beside the notice file the job reads too.
         (attempt_dir / shimconfig.PARAMS_FILE).write_text(json.dumps(launch.spec.params, sort_keys=True))
         if launch.spec.distributed is not None:
-            return self._start_gang(launch, handle, base, resolved, dirs, notice, mounts)
+            return self._start_gang(launch, handle, base, resolved, dirs, notice, mounts, asked)
         config = {
             **base,
             "env": self._env(launch, resolved, dirs, notice, launch.cpus, launch.gpus),
@@ -393,7 +396,7 @@ class LocalBackend(
                 self.settings, launch.spec, launch.job_id, launch.attempt, attempt_dir, attempt_dir, launch.cpus
             ),
         }
-        self._launch_member(attempt_dir, config, mounts)
+        self._launch_member(attempt_dir, config, mounts, asked)
         return handle
 
     def _start_gang(
@@ -405,6 +408,7 @@ class LocalBackend(
         dirs: dict[str, Path],
         notice: Path,
         mounts: MountConfig | None,
+        asked: float,
     ) -> dict[str, Any]:
         """One shim per member, all started before this returns (the scheduler placed the whole gang)."""
         spec = launch.spec.distributed
@@ -439,7 +443,7 @@ class LocalBackend(
             }
             if len(procs) > 1:
                 config["procs"] = procs
-            self._launch_member(member_dir, config, mounts)
+            self._launch_member(member_dir, config, mounts, asked)
         return handle
 
     def _env(
@@ -486,13 +490,15 @@ class LocalBackend(
             memory,
         )
 
-    def _launch_member(self, member_dir: Path, config: dict[str, Any], mounts: MountConfig | None = None) -> None:
+    def _launch_member(
+        self, member_dir: Path, config: dict[str, Any], mounts: MountConfig | None, asked: float
+    ) -> None:
         member_dir.mkdir(parents=True, exist_ok=True)
         if mounts is not None:  # the member that mounts (or joins the mount) deletes it
             write_secret(Path(config["mount"]["secret_file"]), mounts.secret)
         # The job's token and environment: root's alone (the shim reads it before the job's steps drop to its uid).
         write_private(member_dir / "shim.json", json.dumps(config))
-        self.shims.launch(member_dir, config.get("launch"))
+        self.shims.launch(member_dir, config.get("launch"), asked)
 
     def _code_archive(self, launch: Launch, job_dir: Path) -> Path | None:
         if not launch.code_key:

@@ -60,11 +60,10 @@ class ShimLauncher:
 
     # -- launching ------------------------------------------------------------------------------------
 
-    def launch(self, member_dir: Path, token: str | None) -> int:
-        """Start the shim of ``member_dir`` (its ``shim.json`` written) and record the launch: ``at`` is when it
-        was asked for (before the spawn, which waits on the launcher process: a server paused in that wait records
-        the launch after it resumes, though it made it before)."""
-        asked = time.time()
+    def launch(self, member_dir: Path, token: str | None, asked: float) -> int:
+        """Start the shim of ``member_dir`` (its ``shim.json`` written) and record the launch: ``at`` is ``asked``,
+        when the backend's start was called (a server paused in the middle of that start, or in the spawn's wait on
+        the launcher process, spawns after it resumes, though it made the start before)."""
         pid = self._spawn(member_dir)
         try:
             created = psutil.Process(pid).create_time()
