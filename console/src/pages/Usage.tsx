@@ -172,11 +172,11 @@ export function Usage() {
             }
           >
             <ErrorBox error={perUser.error} />
-            {!perUser.data ? perUser.error ? null : <Loading /> : <UserTable report={perUser.data} />}
+            {!perUser.data ? perUser.error ? null : <Loading /> : <UsageTable report={perUser.data} by="user" />}
           </Section>
           <Section title="Top jobs by cost" id="usage-jobs">
             <ErrorBox error={topJobs.error} />
-            {!topJobs.data ? topJobs.error ? null : <Loading /> : <JobTable report={topJobs.data} />}
+            {!topJobs.data ? topJobs.error ? null : <Loading /> : <UsageTable report={topJobs.data} by="job" />}
           </Section>
         </>
       )}
@@ -234,14 +234,17 @@ function Totals({ report, error }: { report: UsageReport | undefined; error: unk
   );
 }
 
-function UserTable({ report }: { report: UsageReport }) {
-  if (!report.rows.length) return <Empty>No use in this window.</Empty>;
+/** One row per user or per job of a report: what it cost, held and used. */
+function UsageTable({ report, by }: { report: UsageReport; by: "user" | "job" }) {
+  if (!report.rows.length) {
+    return <Empty>{by === "user" ? "No use in this window." : "No jobs held anything in this window."}</Empty>;
+  }
   return (
     <div class="table-wrap">
       <table>
         <thead>
           <tr>
-            <th scope="col">User</th>
+            <th scope="col">{by === "user" ? "User" : "Job"}</th>
             <th scope="col" class="num">
               Cost
             </th>
@@ -264,64 +267,28 @@ function UserTable({ report }: { report: UsageReport }) {
         </thead>
         <tbody>
           {report.rows.map((r) => (
-            <tr key={r.key} data-testid="usage-user-row" data-user-id={r.key} data-cost={r.cost}>
-              <td title={r.key}>{r.name}</td>
+            <tr
+              key={r.key}
+              data-testid={`usage-${by}-row`}
+              data-user-id={by === "user" ? r.key : undefined}
+              data-job-id={by === "job" ? r.key : undefined}
+              data-cost={r.cost}
+            >
+              {by === "user" ? (
+                <td title={r.key}>{r.name}</td>
+              ) : (
+                <td>
+                  <Link href={`/jobs/${seg(r.key)}`} data-testid="usage-job-link">
+                    {r.name}
+                  </Link>
+                  <div class="mono muted small">{r.key}</div>
+                </td>
+              )}
               <td class="num">{money(r.cost)}</td>
               <td class="num">{hours(r.cpu_seconds)}</td>
               <td class="num" title={`${pct(r.used_cpu_seconds, r.cpu_seconds)} of those held`}>
                 {hours(r.used_cpu_seconds)}
               </td>
-              <td class="num">{hours(r.gpu_seconds)}</td>
-              <td class="num">{r.peak_memory_bytes ? bytes(r.peak_memory_bytes) : "—"}</td>
-              <td class="num">{r.attempts}</td>
-            </tr>
-          ))}
-        </tbody>
-      </table>
-    </div>
-  );
-}
-
-function JobTable({ report }: { report: UsageReport }) {
-  if (!report.rows.length) return <Empty>No jobs held anything in this window.</Empty>;
-  return (
-    <div class="table-wrap">
-      <table>
-        <thead>
-          <tr>
-            <th scope="col">Job</th>
-            <th scope="col" class="num">
-              Cost
-            </th>
-            <th scope="col" class="num">
-              CPU-h held
-            </th>
-            <th scope="col" class="num">
-              CPU-h used
-            </th>
-            <th scope="col" class="num">
-              GPU-h
-            </th>
-            <th scope="col" class="num">
-              Peak memory
-            </th>
-            <th scope="col" class="num">
-              Attempts
-            </th>
-          </tr>
-        </thead>
-        <tbody>
-          {report.rows.map((r) => (
-            <tr key={r.key} data-testid="usage-job-row" data-job-id={r.key} data-cost={r.cost}>
-              <td>
-                <Link href={`/jobs/${seg(r.key)}`} data-testid="usage-job-link">
-                  {r.name}
-                </Link>
-                <div class="mono muted small">{r.key}</div>
-              </td>
-              <td class="num">{money(r.cost)}</td>
-              <td class="num">{hours(r.cpu_seconds)}</td>
-              <td class="num">{hours(r.used_cpu_seconds)}</td>
               <td class="num">{hours(r.gpu_seconds)}</td>
               <td class="num">{r.peak_memory_bytes ? bytes(r.peak_memory_bytes) : "—"}</td>
               <td class="num">{r.attempts}</td>

@@ -5,7 +5,7 @@ limit every new job of its scope gets a warning event (and the audit a ``budget.
 month); past its ``hard`` limit a new submission is refused (``BudgetExceeded``, 403, naming the budget, what
 was used and when it resets) — every way new work is created checks it (a job, a rerun, a study, a pipeline run,
 a service, a notebook). What was admitted before keeps running (a study's next trials, a pipeline's next steps,
-a service's replicas) unless the budget says ``stop_running``: then the leased task ``budgets`` cancels the
+a service's replicas) unless the budget says ``stop_running``: then the leased task ``usage`` cancels the
 scope's active jobs every pass (and at once when such a budget is set) while the limit stays spent.
 
 The platform admin sets an organisation's budget; an org admin sets budgets on members of their organisation.
@@ -202,19 +202,7 @@ class BudgetService:
             out.append(message)
             if row.warned_month != month.name:
                 row.warned_month = month.name
-                audit.add(
-                    s,
-                    audit.AuditEntry(
-                        action="budget.soft_limit",
-                        resource=f"budget={row.id}",
-                        outcome="warned",
-                        status=200,
-                        client="",
-                        org_id=row.org_id,
-                        user_id=row.user_id or None,
-                        detail=message,
-                    ),
-                )
+                _audit(s, row, "budget.soft_limit", "warned", message)
         return out
 
     def usage_pass(self, s: Session) -> None:
@@ -227,7 +215,7 @@ class BudgetService:
 
     def enforce(self, s: Session) -> int:
         """Cancel the active jobs of every budget that says ``stop_running`` and whose hard limit is spent (the
-        leased task ``budgets``, in its fenced transaction ``s``); how many were asked to stop."""
+        leased task ``usage``, in its fenced transaction ``s``); how many were asked to stop."""
         month = Month.of(time.time())
         stopped = 0
         for row in s.scalars(select(Budget).where(Budget.stop_running.is_(True), Budget.hard.is_not(None))):
@@ -243,19 +231,8 @@ class BudgetService:
                 stopped += int(request_cancel(s, job, message))
             if row.stopped_month != month.name:
                 row.stopped_month = month.name
-                audit.add(
-                    s,
-                    audit.AuditEntry(
-                        action="budget.stop_running",
-                        resource=f"budget={row.id}",
-                        outcome="success",
-                        status=200,
-                        client="",
-                        org_id=row.org_id,
-                        user_id=row.user_id or None,
-                        detail=f"budget {row.id} spent ({used:,.2f} of {row.hard:,.2f}): its running work stopped",
-                    ),
-                )
+                spent = f"budget {row.id} spent ({used:,.2f} of {row.hard:,.2f}): its running work stopped"
+                _audit(s, row, "budget.stop_running", "success", spent)
         return stopped
 
     # -- the month's cost ---------------------------------------------------------------------------------
@@ -288,3 +265,18 @@ def _state(row: Budget, used: float) -> Literal["ok", "soft", "hard"]:
     if row.soft is not None and used >= row.soft:
         return "soft"
     return "ok"
+
+
+def _audit(s: Session, row: Budget, action: str, outcome: str, detail: str) -> None:
+    """An audit entry of the platform's own about budget ``row`` (once a month per budget: the callers' marks)."""
+    entry = audit.AuditEntry(
+        action=action,
+        resource=f"budget={row.id}",
+        outcome=outcome,
+        status=200,
+        client="",
+        org_id=row.org_id,
+        user_id=row.user_id or None,
+        detail=detail,
+    )
+    audit.add(s, entry)
