@@ -723,7 +723,7 @@ def in_process(tmp_path: Path) -> tuple[Any, Any, Any, ObjectStore]:
 
 
 def put_in_process(svc: Any, me: Any, name: str, files: dict[str, bytes]) -> int:
-    from kiln.domain.schemas import DatasetFileEntry, DraftCreate
+    from kiln.domain.datasets import DatasetFileEntry, DraftCreate
 
     entries = [DatasetFileEntry(path=p, size=len(d), sha256=hashlib.sha256(d).hexdigest()) for p, d in files.items()]
     draft = svc.create_draft(me, DraftCreate(name=name, files=entries))

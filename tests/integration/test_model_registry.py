@@ -18,8 +18,8 @@ from sqlalchemy import func, select
 from kiln.db import migrate
 from kiln.db.session import Database
 from kiln.db.tables import DataBlob, Job, MetricSeries, Quota, Service, TuningStudy, TuningTrial
+from kiln.domain.datasets import DatasetFileEntry, DraftCreate
 from kiln.domain.models import ModelRegister
-from kiln.domain.schemas import DatasetFileEntry, DraftCreate
 from kiln.errors import BadRequest, Conflict, Forbidden, NotFound
 from kiln.settings import Settings
 from kiln.storage.keys import outputs_prefix

@@ -20,7 +20,7 @@ from __future__ import annotations
 from urllib.parse import quote
 
 from kiln.domain import dataset_refs
-from kiln.domain.schemas import DatasetManifest, DatasetRemoved, DatasetSummary, DatasetVersionRead
+from kiln.domain.datasets import DatasetManifest, DatasetRemoved, DatasetSummary, DatasetVersionRead
 from kiln.errors import BadRequest
 from kiln.sdk.download import DownloadMixin
 from kiln.sdk.local_files import READ_CHUNK, LocalFile, UploadState, manifest_sha256, scan_local, sha256_file

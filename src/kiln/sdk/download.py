@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 import httpx
 
-from kiln.domain.schemas import DatasetManifest
+from kiln.domain.datasets import DatasetManifest
 from kiln.errors import DigestMismatch, KilnError, StoreUnavailable
 from kiln.sdk.local_files import READ_CHUNK, safe_target
 from kiln.sdk.transfer import DEFAULT_WORKERS, Progress, TransferBase, run_all

@@ -22,7 +22,7 @@ from urllib.parse import quote
 import httpx
 
 from kiln.domain import dataset_refs
-from kiln.domain.schemas import DatasetVersionRead, DraftRead, PartUrl, PartUrls, UploadConfig, UploadRead
+from kiln.domain.datasets import DatasetVersionRead, DraftRead, PartUrl, PartUrls, UploadConfig, UploadRead
 from kiln.errors import BadRequest, DigestMismatch, StoreUnavailable
 from kiln.sdk.config import client_dir
 from kiln.sdk.hash_cache import HashCache, hash_cached

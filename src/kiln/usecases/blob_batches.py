@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from kiln.db.session import Database
 from kiln.db.tables import DataBlob, DataUpload, DataUploadPart
-from kiln.domain.schemas import SmallBlobsHeader, SmallBlobsRead
+from kiln.domain.datasets import SmallBlobsHeader, SmallBlobsRead
 from kiln.errors import BadRequest, DigestMismatch, Forbidden, KilnError
 from kiln.settings import Settings
 from kiln.storage.store import ObjectStore

@@ -12,7 +12,7 @@ import re
 
 from kiln.domain import dataset_refs
 from kiln.domain.dataset_refs import PERCENT_ENCODED
-from kiln.domain.schemas import DatasetFileEntry
+from kiln.domain.datasets import DatasetFileEntry
 from kiln.errors import BadRequest
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")

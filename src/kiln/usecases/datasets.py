@@ -40,8 +40,7 @@ from kiln.db.tables import DataBlob, Dataset, DatasetVersion, ModelFile, utcnow
 from kiln.db.tables import (
     DatasetFile as FileRow,
 )
-from kiln.domain.ids import new_id
-from kiln.domain.schemas import (
+from kiln.domain.datasets import (
     DatasetFileEntry,
     DatasetManifest,
     DatasetRemoved,
@@ -50,6 +49,7 @@ from kiln.domain.schemas import (
     DraftCreate,
     DraftRead,
 )
+from kiln.domain.ids import new_id
 from kiln.errors import Conflict, NotFound
 from kiln.usecases.dataset_names import (
     data_key,

@@ -19,8 +19,7 @@ from sqlalchemy.orm import Session
 from kiln.db.session import Database
 from kiln.db.tables import DataBlob, DataUpload, DataUploadPart
 from kiln.domain import limits
-from kiln.domain.ids import new_id
-from kiln.domain.schemas import (
+from kiln.domain.datasets import (
     NumberedPartUrl,
     PartRead,
     PartUrl,
@@ -30,6 +29,7 @@ from kiln.domain.schemas import (
     UploadConfig,
     UploadRead,
 )
+from kiln.domain.ids import new_id
 from kiln.errors import BadRequest, Conflict, DigestMismatch, Forbidden, NotFound, PayloadTooLarge
 from kiln.settings import Settings
 from kiln.storage.store import ObjectStore, b64_digest

@@ -11,15 +11,8 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from kiln.domain import limits
-from kiln.domain.schemas import (
-    DatasetFileEntry,
-    DraftCreate,
-    KeyCreate,
-    PartUrlsRequest,
-    QuotaSet,
-    SmallBlobsHeader,
-    UploadCreate,
-)
+from kiln.domain.datasets import DatasetFileEntry, DraftCreate, PartUrlsRequest, SmallBlobsHeader, UploadCreate
+from kiln.domain.schemas import KeyCreate, QuotaSet
 from kiln.domain.spec import JobSpec
 
 SHA = "0" * 64

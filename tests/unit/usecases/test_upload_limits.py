@@ -9,7 +9,7 @@ import tracemalloc
 import pytest
 
 from kiln.domain import limits
-from kiln.domain.schemas import DatasetFileEntry
+from kiln.domain.datasets import DatasetFileEntry
 from kiln.errors import BadRequest
 from kiln.usecases.dataset_names import validate_manifest
 from kiln.usecases.uploads import missing_parts, part_count

@@ -12,7 +12,7 @@ from kiln.api.deps import Caller, Kiln
 from kiln.api.params import DatasetName, DraftId, FilePath, PartNumber, UploadId, Version
 from kiln.api.responses import REDIRECT, errors, links, raw_body, stored_file
 from kiln.domain import dataset_refs
-from kiln.domain.schemas import (
+from kiln.domain.datasets import (
     DatasetManifest,
     DatasetRemoved,
     DatasetVersionRead,
