@@ -2,10 +2,10 @@
 (``resources.pids``) enforced by the kernel, and its CPU time measured.
 
 Standard library only, like the shim that loads it (as ``kiln.injob.cgroups`` in the package, or as a plain
-module from this file's directory when the shim runs as a script). It is also the tiny wrapper that puts a step's
-first process into the groups before anything of the job runs::
+module from this file's directory when the shim runs as a script). A step's first process is put into the groups
+before anything of the job runs by a tiny wrapper beside this file (:meth:`JobCgroup.join_argv`)::
 
-    python -I -S cgroups.py --join LC_CTYPE[=VALUE] PROCS_FILE... -- ARGV...
+    python -I -S cgjoin.py LC_CTYPE[=VALUE] PROCS_FILE... -- ARGV...
 
 The wrapper writes its own pid into each ``cgroup.procs``, then execs ``ARGV`` (bubblewrap, normally): the same
 process, now in the groups, and everything it forks after is born there. Nothing can escape in between (the shim
@@ -34,7 +34,6 @@ removes what a dead shim left (:func:`remove`).
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 
@@ -42,8 +41,8 @@ ROOT_NAME = "kiln"
 CPU_PERIOD_US = 100_000  # 100 ms
 MIN_QUOTA_US = 1_000  # the kernel's smallest quota
 CONTROLLERS = ("pids", "cpu", "cpuacct")
-# ``re`` is imported where it is used: the wrapper, a fresh interpreter in front of every step of every job, needs
-# only os and signal (importing re took a third of its start-up)
+# ``re`` and ``signal`` are imported where they are used (importing re took a third of the shim's start-up in a
+# fresh interpreter, where the launcher cannot pay it)
 
 
 def group_name(*parts: object) -> str:
@@ -223,7 +222,8 @@ class JobCgroup:
             return argv
         ctype = "LC_CTYPE=" + env["LC_CTYPE"] if "LC_CTYPE" in env else "LC_CTYPE"
         procs = [os.path.join(p, "cgroup.procs") for p in self.paths()]
-        return [sys.executable, "-I", "-S", os.path.abspath(__file__), "--join", ctype, *procs, "--", *argv]
+        wrapper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cgjoin.py")
+        return [sys.executable, "-I", "-S", wrapper, ctype, *procs, "--", *argv]
 
     # -- what the groups measure --
 
@@ -278,6 +278,8 @@ class JobCgroup:
 
     def kill(self) -> None:
         """SIGKILL every process in the groups."""
+        import signal
+
         for path in self.paths():
             if self.v2 and os.path.exists(os.path.join(path, "cgroup.kill")):
                 _write(os.path.join(path, "cgroup.kill"), "1")
@@ -326,51 +328,3 @@ def existing(name: str, found: dict[str, tuple[str, int]] | None = None) -> JobC
 def remove(name: str) -> list[str]:
     """Kill whatever is left in the groups of ``name`` and remove them (a dead shim's leftovers)."""
     return existing(name).remove()
-
-
-# -- the wrapper ----------------------------------------------------------------------------------------------------
-
-
-def join_and_exec(args: list[str]) -> int:
-    """``LC_CTYPE[=VALUE] PROCS_FILE... -- ARGV...``: join each group, then become ``ARGV`` (returns only when
-    that failed: 125 could not join, 126 could not run, 127 not found)."""
-    if "--" not in args or len(args) < 3:
-        os.write(2, b"kiln: usage: cgroups.py --join LC_CTYPE[=VALUE] PROCS_FILE... -- ARGV...\n")
-        return 125
-    sep = args.index("--")
-    ctype, procs, argv = args[0], args[1:sep], args[sep + 1 :]
-    me = str(os.getpid()).encode()
-    for path in procs:
-        try:
-            fd = os.open(path, os.O_WRONLY)
-            try:
-                os.write(fd, me)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            os.write(2, f"kiln: cannot join the job's control group {path}: {exc.strerror}\n".encode())
-            return 125
-    # Undo what the interpreter's start-up changed: the dispositions an exec keeps, the coerced C locale.
-    for sig in ("SIGPIPE", "SIGXFSZ", "SIGXFZ"):
-        if hasattr(signal, sig):
-            signal.signal(getattr(signal, sig), signal.SIG_DFL)
-    key, eq, value = ctype.partition("=")
-    if eq:
-        os.environ[key] = value
-    else:
-        os.environ.pop(key, None)
-    try:
-        os.execvp(argv[0], argv)
-    except FileNotFoundError:
-        os.write(2, f"kiln: command not found: {argv[0]}\n".encode())
-        return 127
-    except OSError as exc:
-        os.write(2, f"kiln: cannot run {argv[0]}: {exc.strerror}\n".encode())
-        return 126
-    return 126  # not reached
-
-
-if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--join":
-        sys.exit(join_and_exec(sys.argv[2:]))
-    sys.exit(f"usage: {sys.argv[0]} --join LC_CTYPE[=VALUE] PROCS_FILE... -- ARGV...")

@@ -1,4 +1,4 @@
-"""The attempt's control groups (runtime/cgroups.py): where the hierarchies are, the wrapper that puts a step's first
+"""The attempt's control groups (injob/cgroups.py): where the hierarchies are, the wrapper that puts a step's first
 process into them before it execs, the RLIMIT_NPROC fallback, and (where this machine lets root make them) a real
 group holding a fork storm at its limit."""
 
