@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import select
-import signal
 import socket
 import threading
 import time
@@ -517,14 +516,12 @@ class LocalBackend(
             return self.shims.poll(members[0][2])
         view = aggregate([MemberStatus(role, index, self.shims.poll(d)) for role, index, d in members])
         for position in view.stop:
-            self._stop_member(
-                members[position][2], view.stop_reason, view.stop_message, self.settings.kill_grace_seconds
-            )
+            self.shims.stop(members[position][2], view.stop_reason, view.stop_message, self.settings.kill_grace_seconds)
         return view.status
 
     def cancel(self, handle: dict[str, Any], grace_seconds: float) -> None:
         for _, _, member_dir in member_dirs(handle):
-            self._signal_member(member_dir)
+            self.shims.terminate(member_dir)
 
     def preempt(self, handle: dict[str, Any], reason: str, grace_seconds: float) -> None:
         """The notice file first (a script polling it checkpoints before the signal), then a stop request that
@@ -532,33 +529,7 @@ class LocalBackend(
         notice = Path(handle["dir"]) / "notice"
         write_json_atomic(notice, {"reason": "Preempted", "message": reason, "grace_seconds": grace_seconds})
         for _, _, member_dir in member_dirs(handle):
-            self._stop_member(member_dir, "Preempted", reason, grace_seconds)
-
-    def _stop_member(self, member_dir: Path, reason: str, message: str, grace_seconds: float) -> None:
-        if (member_dir / "exit.json").exists() or (member_dir / "stop.json").exists():
-            return
-        if member_dir.is_dir():
-            write_json_atomic(member_dir / "stop.json", {"reason": reason, "message": message, "grace": grace_seconds})
-        self._signal_member(member_dir, reason, message)
-
-    def _signal_member(self, member_dir: Path, reason: str = "Cancelled", message: str = "") -> None:
-        """SIGTERM the member's shim; a member no shim has claimed is ended under its claim instead (a launch
-        still coming up then finds the record and runs nothing)."""
-        record = {"exit_code": None, "reason": reason, "message": message or "cancelled before it started"}
-        deadline = time.monotonic() + 2.0
-        while not (member_dir / "exit.json").exists():
-            info = read_json(member_dir / claim.PID)
-            if info is not None:
-                if self.shims.alive(member_dir / claim.PID):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(info["pid"]), signal.SIGTERM)
-                return
-            if claim.void(str(member_dir), {**record, "finished_at": time.time()}):
-                return
-            if time.monotonic() > deadline:  # held and no pid written: a shim that hangs; the poll finds it
-                log.warning("%s: its shim holds the claim but wrote no pid; not signalled", member_dir)
-                return
-            time.sleep(0.01)  # a shim took the claim and writes its pid now
+            self.shims.stop(member_dir, "Preempted", reason, grace_seconds)
 
     def sync_checkpoints(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
         return jobfiles.sync_checkpoints(self.store, self._job_dir_of(handle), dest_prefix)

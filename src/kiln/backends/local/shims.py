@@ -1,4 +1,4 @@
-"""Launching the local executor's shims, telling whether one lives, and where its attempt member is.
+"""Launching the local executor's shims, stopping them, telling whether one lives, and where its attempt member is.
 
 Shims are forked from a launcher process (a fork server that paid the shim's imports once), or started as a
 fresh interpreter when the launcher fails. A launch is recorded in the member's ``launch.json`` (the pid the
@@ -9,9 +9,11 @@ lives, or the claim is held), run by a shim (``shim.pid``), ended (``exit.json``
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -146,6 +148,36 @@ class ShimLauncher:
             launcher.wait(timeout=5)
         if launcher.stdout:
             launcher.stdout.close()
+
+    # -- stopping -------------------------------------------------------------------------------------
+
+    def stop(self, member_dir: Path, reason: str, message: str, grace_seconds: float) -> None:
+        """Ask the member's shim to stop (``stop.json``: the reason to record and the grace to give), then
+        signal it; nothing where it ended or was asked before."""
+        if (member_dir / "exit.json").exists() or (member_dir / "stop.json").exists():
+            return
+        if member_dir.is_dir():
+            write_json_atomic(member_dir / "stop.json", {"reason": reason, "message": message, "grace": grace_seconds})
+        self.terminate(member_dir, reason, message)
+
+    def terminate(self, member_dir: Path, reason: str = "Cancelled", message: str = "") -> None:
+        """SIGTERM the member's shim; a member no shim has claimed is ended under its claim instead (a launch
+        still coming up then finds the record and runs nothing)."""
+        record = {"exit_code": None, "reason": reason, "message": message or "cancelled before it started"}
+        deadline = time.monotonic() + 2.0
+        while not (member_dir / "exit.json").exists():
+            info = read_json(member_dir / claim.PID)
+            if info is not None:
+                if self.alive(member_dir / claim.PID):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(info["pid"]), signal.SIGTERM)
+                return
+            if claim.void(str(member_dir), {**record, "finished_at": time.time()}):
+                return
+            if time.monotonic() > deadline:  # held and no pid written: a shim that hangs; the poll finds it
+                log.warning("%s: its shim holds the claim but wrote no pid; not signalled", member_dir)
+                return
+            time.sleep(0.01)  # a shim took the claim and writes its pid now
 
     # -- watching -------------------------------------------------------------------------------------
 
