@@ -59,6 +59,8 @@ class BudgetService:
         self.usage = usage
         self.wake = wake  # runs the task that enforces stop_running now
         self._costs: dict[tuple[str, str, str], tuple[float, float]] = {}  # (org, user, month) → (cost, read at)
+        # (org, user) found without a budget of either → when: most have none, and every new job asks (twice)
+        self._none: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
 
     # -- setting and reading ------------------------------------------------------------------------------
@@ -237,9 +239,19 @@ class BudgetService:
 
     # -- the month's cost ---------------------------------------------------------------------------------
 
-    @staticmethod
-    def _budgets(s: Session, org_id: str, user_id: str) -> list[Budget]:
-        return list(s.scalars(select(Budget).where(Budget.org_id == org_id, Budget.user_id.in_(("", user_id)))))
+    def _budgets(self, s: Session, org_id: str, user_id: str) -> list[Budget]:
+        """The budgets of the organisation and of the user. Where there are none they are not looked for again
+        for ``FRESH_SECONDS`` (as a cost is not read again): a budget set through this server applies at once,
+        one set through another server of the same database within that time."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._none.get((org_id, user_id), float("-inf")) < FRESH_SECONDS:
+                return []
+        rows = list(s.scalars(select(Budget).where(Budget.org_id == org_id, Budget.user_id.in_(("", user_id)))))
+        if not rows:
+            with self._lock:
+                self._none[(org_id, user_id)] = now
+        return rows
 
     def _cost(self, s: Session, org_id: str, user_id: str, month: Month, *, fresh: bool = False) -> float:
         key = (org_id, user_id, month.name)
@@ -255,6 +267,8 @@ class BudgetService:
 
     def _forget(self, org_id: str, user_id: str) -> None:
         with self._lock:
+            for scope in [k for k in self._none if k[0] == org_id and user_id in ("", k[1])]:
+                del self._none[scope]  # an organisation's budget is every member's
             for key in [k for k in self._costs if k[:2] == (org_id, user_id)]:
                 del self._costs[key]
 
