@@ -138,16 +138,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: igno
         terminalreporter.write_sep("!", f"{tests} FAILED for a missing component (see their messages)", red=True)
 
 
-# -- how make test spreads the suite over its two workers (pytest-xdist --dist loadgroup --no-loadscope-reorder) --
+# -- how make test spreads the suite over its workers (pytest-xdist --dist loadgroup --no-loadscope-reorder) --
 
 # Files whose tests are long and share nothing (each starts its own servers): each of their tests is a unit of
-# work of its own, so that two workers share them. Every other file is one unit: its module-scoped servers start once.
+# work of its own, so that the workers share them. Every other file is one unit: its module-scoped servers start once.
 SPLIT_FILES = frozenset({"tests/e2e/test_benchmarks_smoke.py", "tests/integration/test_crash_safety.py"})
 # Session fixtures of which a machine holds one at a time (fixed names and ports): the tests that use one, whatever
-# their files, are one unit of work, so that one worker starts it, and the other does not wait for it all the run.
+# their files, are one unit of work, so that one worker starts it, and the others do not wait for it all the run.
 MACHINE_WIDE_FIXTURES = ("slurm_cluster",)
 # The longest units first, longest first (make test's durations): a worker that draws one of them near the end of
-# the run runs it alone while the other waits. xdist's default order (--loadscope-reorder: the units with the most
+# the run runs it alone while the others wait. xdist's default order (--loadscope-reorder: the units with the most
 # tests first) put the one-test files, the long end-to-end ones, last whatever the collection order said, so the
 # order here only holds with --no-loadscope-reorder (the Makefile's).
 LONGEST_FIRST = (
