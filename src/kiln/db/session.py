@@ -299,11 +299,15 @@ class Database:
             session.close()
 
     @contextmanager
-    def read(self) -> Iterator[Session]:
-        """A unit of work that only reads: on SQLite it never waits for, or blocks, a writer."""
+    def read(self, snapshot: bool = False) -> Iterator[Session]:
+        """A unit of work that only reads: on SQLite it never waits for, or blocks, a writer. ``snapshot``: every
+        query of it sees the database as of its first (PostgreSQL's REPEATABLE READ; a SQLite read transaction
+        always does), for a reader whose queries must add up: a report of several parts, say."""
         session = self._read_sessions()
         try:
             with session.begin():
+                if snapshot and self.dialect == "postgresql":
+                    session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
                 yield session
         finally:
             session.close()

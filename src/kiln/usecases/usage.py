@@ -153,7 +153,8 @@ class UsageService:
         if start >= end:
             raise InvalidInput("since: must be before until (and before now)", details={"field": "since"})
         keys = [by] if split is None else [by, split]
-        with self.db.read() as s:
+        # one snapshot: the usage task adds settled holds into usage_hours between the report's parts otherwise
+        with self.db.read(snapshot=True) as s:
             org_id = self._org_scope(s, principal, org)
             found = self._figures(s, org_id, start, end, now, keys, _versions(s))
             names = {group: self._names(s, group, list({k[i] for k, _ in found})) for i, group in enumerate(keys)}
