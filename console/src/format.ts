@@ -96,14 +96,17 @@ export function commandText(command: string | string[]): string {
   return command.map((a) => (/^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replace(/'/g, `'\\''`)}'`)).join(" ");
 }
 
-/** A cost: two decimals (1,234.50), or two significant digits below 0.01 (0.0058, 0.000001). The price table names
- * no currency, so neither does this. */
-export function money(n: number | null | undefined): string {
+/** A cost: two decimals (1,234.50), or two significant digits below 0.01 (0.0058, 0.000001), followed by its
+ * currency where the server names one (KILN_CURRENCY: "1,234.50 EUR"). */
+export function money(n: number | null | undefined, currency?: string | null): string {
   if (n === null || n === undefined || !Number.isFinite(n)) return "—";
+  const unit = currency ? ` ${currency}` : "";
   const abs = Math.abs(n);
-  if (abs < 1e-9 || abs >= 0.01) return n.toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 });
+  if (abs < 1e-9 || abs >= 0.01) {
+    return n.toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 }) + unit;
+  }
   const digits = 1 - Math.floor(Math.log10(abs)); // two significant digits
-  return n.toFixed(digits).replace(/0+$/, "");
+  return n.toFixed(digits).replace(/0+$/, "") + unit;
 }
 
 /** Resource-seconds as hours: 1,234 above 100, three significant digits below (12.3, 0.00167). */

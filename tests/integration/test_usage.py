@@ -36,7 +36,7 @@ def sleeper(seconds: float, cpus: float = 2, **extra: object) -> dict[str, objec
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KilnServer, Tenant, Tenant]]:
     home = tmp_path_factory.mktemp("usage") / "home"
-    server = KilnServer(home, cpus="8", rate_limit_per_second="0", metrics_token=METRICS_TOKEN).start()
+    server = KilnServer(home, cpus="8", rate_limit_per_second="0", metrics_token=METRICS_TOKEN, currency="EUR").start()
     admin = Api.admin(server)
     a = create_tenant(admin, "metered-a", ("admin", "member"))
     b = create_tenant(admin, "metered-b", ("admin",))
@@ -160,14 +160,17 @@ def test_the_cli_reports_usage_and_sets_prices(world, tmp_path) -> None:  # type
     assert priced.returncode == 0 and "H200" in priced.stderr, priced.stderr
     listed = json.loads(kiln("prices", "list", "-o", "json").stdout)
     assert {"category": "train", "resource": "gpu", "gpu_type": "H200", "rate": 3.5} in listed[-1]["rates"]
+    assert listed[-1]["currency"] == "EUR"  # KILN_CURRENCY, beside every cost
+    assert "PER HOUR (EUR)" in kiln("prices", "list").stdout
     as_json = json.loads(kiln("usage", "--by", "org", "--since", "1h", "-o", "json").stdout)
     as_csv = list(csv.DictReader(io.StringIO(kiln("usage", "--by", "org", "--since", "1h", "-o", "csv").stdout)))
     assert {r["key"]: round(r["cpu_seconds"], 3) for r in as_json["rows"]} == {
         r["key"]: round(float(r["cpu_seconds"]), 3) for r in as_csv
     }
-    assert a.id in {r["key"] for r in as_json["rows"]}
+    assert a.id in {r["key"] for r in as_json["rows"]} and as_json["currency"] == "EUR"
     table = kiln("usage", "--by", "org", "--since", "1h")
     assert table.returncode == 0 and a.name in table.stdout and "total" in table.stdout, table.stdout
+    assert "COST (EUR)" in table.stdout, table.stdout
 
 
 def test_used_cpu_and_peak_memory_beside_what_was_held(world) -> None:  # type: ignore[no-untyped-def]
@@ -240,6 +243,7 @@ def test_budgets_warn_refuse_and_stop_running_work_audited(world) -> None:  # ty
     # A soft limit already passed: the new job runs, with a warning event; the audit says so once a month.
     soft = platform.set_budget(org=a.name, soft=0.000001)
     assert soft.state == "soft" and soft.used > 0 and soft.month == datetime.now(UTC).strftime("%Y-%m")
+    assert soft.currency == "EUR"
     warned = member.submit(sleeper(0.2, cpus=1))
     warnings = [e for e in member.events(warned.id) if e.reason == "BudgetWarning"]
     assert len(warnings) == 1 and soft.id in warnings[0].message and "soft limit" in warnings[0].message
@@ -254,7 +258,7 @@ def test_budgets_warn_refuse_and_stop_running_work_audited(world) -> None:  # ty
     with pytest.raises(BudgetExceeded) as refused:
         member.submit(sleeper(1, cpus=1))
     message = str(refused.value)
-    assert hard.id in message and "hard limit" in message and "resets" in message, message
+    assert hard.id in message and "hard limit" in message and "resets" in message and " EUR" in message, message
     assert refused.value.details["budget"] == hard.id and refused.value.details["used"] > 0  # type: ignore[index]
     with pytest.raises(BudgetExceeded):
         member.dry_run(sleeper(1, cpus=1))

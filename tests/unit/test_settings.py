@@ -64,3 +64,15 @@ def test_trusted_proxies_are_addresses_or_networks_and_none_by_default(monkeypat
     monkeypatch.setenv("KILN_TRUSTED_PROXIES", "127.0.0.1,proxy.example.com")
     with pytest.raises(ValidationError, match=re.escape("'proxy.example.com' is not an IP address or a network")):
         Settings(home=tmp_path)
+
+
+def test_the_currency_is_an_iso_code_or_nothing(monkeypatch, tmp_path):
+    valid = Settings(home=tmp_path)
+    assert valid.currency == ""  # costs are plain numbers
+    monkeypatch.setenv("KILN_CURRENCY", "EUR")
+    assert Settings(home=tmp_path).currency == "EUR"
+    monkeypatch.setenv("KILN_CURRENCY", "euro")
+    with pytest.raises(ValidationError) as caught:
+        Settings(home=tmp_path)
+    error = explain(caught.value, valid)
+    assert error.message.startswith("invalid settings: KILN_CURRENCY: "), error.message

@@ -20,11 +20,11 @@ export function budgetMessage(b: Budget, me: string | undefined): string {
   const its = !b.user_id ? "its" : mine ? "your" : "their";
   if (b.state === "hard" && b.hard !== null) {
     const stops = b.stop_running ? "; its running work is stopped too" : "";
-    return `${who} used ${money(b.used)} of ${its} ${money(b.hard)} hard budget for ${b.month}: new work is refused until ${time(b.resets_at)}${stops}.`;
+    return `${who} used ${money(b.used, b.currency)} of ${its} ${money(b.hard, b.currency)} hard budget for ${b.month}: new work is refused until ${time(b.resets_at)}${stops}.`;
   }
   if (b.state === "soft" && b.soft !== null) {
-    const then = b.hard !== null ? ` New work will be refused at ${money(b.hard)}.` : "";
-    return `${who} used ${money(b.used)} of ${its} ${money(b.soft)} soft budget for ${b.month}.${then}`;
+    const then = b.hard !== null ? ` New work will be refused at ${money(b.hard, b.currency)}.` : "";
+    return `${who} used ${money(b.used, b.currency)} of ${its} ${money(b.soft, b.currency)} soft budget for ${b.month}.${then}`;
   }
   return "";
 }

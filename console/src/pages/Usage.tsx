@@ -196,7 +196,7 @@ function CostChart({ report, days, stack }: { report: UsageReport; days: string[
   const { bars, series } = costPerDay(report, days, stack);
   return (
     <>
-      <StackedBars bars={bars} series={series} format={money} label={`Cost per day by ${stack}`} testid="usage-chart" />
+      <StackedBars bars={bars} series={series} format={(n) => money(n, report.currency)} label={`Cost per day by ${stack}`} testid="usage-chart" />
       {!report.rows.length ? <Empty>Nothing ran in this window.</Empty> : null}
     </>
   );
@@ -205,7 +205,7 @@ function CostChart({ report, days, stack }: { report: UsageReport; days: string[
 function Totals({ report, error }: { report: UsageReport | undefined; error: unknown }) {
   if (!report) return error ? null : <Loading what="Totals" />;
   const figures: [string, string, string, number, string?][] = [
-    ["cost", "Cost", money(report.cost), report.cost],
+    ["cost", "Cost", money(report.cost, report.currency), report.cost],
     ["cpu-held", "CPU-hours held", hours(report.cpu_seconds), report.cpu_seconds / 3600],
     [
       "cpu-used",
@@ -284,7 +284,7 @@ function UsageTable({ report, by }: { report: UsageReport; by: "user" | "job" })
                   <div class="mono muted small">{r.key}</div>
                 </td>
               )}
-              <td class="num">{money(r.cost)}</td>
+              <td class="num">{money(r.cost, report.currency)}</td>
               <td class="num">{hours(r.cpu_seconds)}</td>
               <td class="num" title={`${pct(r.used_cpu_seconds, r.cpu_seconds)} of those held`}>
                 {hours(r.used_cpu_seconds)}
@@ -338,9 +338,9 @@ function BudgetTable({ budgets }: { budgets: Budget[] }) {
                 )}
                 {b.stop_running ? <div class="muted small">stops running work when spent</div> : null}
               </td>
-              <td class="num">{money(b.used)}</td>
-              <td class="num">{b.soft === null ? "—" : money(b.soft)}</td>
-              <td class="num">{b.hard === null ? "—" : money(b.hard)}</td>
+              <td class="num">{money(b.used, b.currency)}</td>
+              <td class="num">{b.soft === null ? "—" : money(b.soft, b.currency)}</td>
+              <td class="num">{b.hard === null ? "—" : money(b.hard, b.currency)}</td>
               <td>
                 <span class={`badge tone-${(BUDGET_STATE[b.state] ?? [b.state, "muted"])[1]}`} data-testid="budget-state">
                   {(BUDGET_STATE[b.state] ?? [b.state])[0]}
@@ -384,7 +384,7 @@ function PriceTable({ versions }: { versions: PriceVersion[] }) {
                 <td>{RESOURCE[r.resource] ?? r.resource}</td>
                 <td>{r.category === "*" ? "any" : r.category}</td>
                 <td>{r.resource !== "gpu" ? "—" : r.gpu_type === "*" ? "any" : r.gpu_type}</td>
-                <td class="num">{money(r.rate)}</td>
+                <td class="num">{money(r.rate, current.currency)}</td>
               </tr>
             ))}
           </tbody>

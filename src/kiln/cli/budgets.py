@@ -22,8 +22,10 @@ def _limit(value: float | None) -> str:
 
 def _table(budgets: list[BudgetRead]) -> None:
     table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
+    unit = f" ({budgets[0].currency})" if budgets and budgets[0].currency else ""
     for column in ("ID", "ORG", "USER", "MONTH", "USED", "SOFT", "HARD", "STATE", "STOPS RUNNING", "RESETS"):
-        table.add_column(column, justify="right" if column in ("USED", "SOFT", "HARD") else "left")
+        amount = column in ("USED", "SOFT", "HARD")
+        table.add_column(column + unit if amount else column, justify="right" if amount else "left")
     for b in budgets:
         table.add_row(
             b.id,

@@ -49,7 +49,8 @@ def _bytes(value: int) -> str:
 def usage_table(report: UsageReport) -> None:
     table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
     groups = [report.by.upper()] + ([report.split.upper()] if report.split else [])
-    for column in (*groups, "ATTEMPTS", "CPU-H", "USED CPU-H", "GIB-H", "PEAK MEM", "GPU-H", "COST"):
+    cost = f"COST ({report.currency})" if report.currency else "COST"
+    for column in (*groups, "ATTEMPTS", "CPU-H", "USED CPU-H", "GIB-H", "PEAK MEM", "GPU-H", cost):
         table.add_column(column, justify="left" if column in groups else "right")
     for row in report.rows:
         labels = [_label(row.key, row.name)] + ([_label(row.split, row.split_name)] if report.split else [])
@@ -113,7 +114,8 @@ def list_prices(output: Annotated[str, typer.Option("--output", "-o")] = "table"
         info("no prices: usage costs nothing")
         return
     table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
-    for column in ("FROM", "CATEGORY", "RESOURCE", "GPU TYPE", "PER HOUR"):
+    currency = versions[-1].currency
+    for column in ("FROM", "CATEGORY", "RESOURCE", "GPU TYPE", f"PER HOUR ({currency})" if currency else "PER HOUR"):
         table.add_column(column)
     for version in versions:
         for rate in version.rates:

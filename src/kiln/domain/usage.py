@@ -41,6 +41,7 @@ class UsageReport(BaseModel):
     gpu_seconds: float
     cost: float
     used_cpu_seconds: float
+    currency: str | None = Field(None, description="What costs are in (KILN_CURRENCY, ISO 4217); None: not set.")
 
 
 GpuType = Annotated[str, Field(min_length=1, max_length=64)]
@@ -74,6 +75,7 @@ class PriceRead(BaseModel):
 class PriceVersion(BaseModel):
     effective_from: datetime
     rates: list[PriceRead]
+    currency: str | None = Field(None, description="What rates are in (KILN_CURRENCY, ISO 4217); None: not set.")
 
 
 class PriceList(BaseModel):
@@ -109,6 +111,7 @@ class BudgetRead(BaseModel):
     used: float = Field(description="Cost so far this month, under the price table.")
     resets_at: datetime = Field(description="When the month ends and the count starts again.")
     state: Literal["ok", "soft", "hard"] = Field(description="ok, soft (past the soft limit) or hard (past the hard).")
+    currency: str | None = Field(None, description="What limits and use are in (KILN_CURRENCY); None: not set.")
 
 
 class BudgetList(BaseModel):

@@ -141,7 +141,9 @@ class Platform:
             on_admitted=self.prometheus.admission.observe,  # read for a whole pass in one query
             on_ended=lambda: self.pipeline_driver.wake(),  # a step's job ended: its next step starts now
         )
-        self.usage = UsageService(self.db)  # every attempt's hold, metered by the job state machine; prices
+        self.usage = UsageService(
+            self.db, settings.currency
+        )  # every attempt's hold, metered by the job state machine; prices
         # Monthly cost limits, checked at every submit; one that stops running work acts in the task `usage`.
         self.budgets = BudgetService(self.db, self.usage, wake=lambda: self.tasks.wake("usage"))
         if settings.metrics_token:  # usage by organisation names organisations: only behind the token

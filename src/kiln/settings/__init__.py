@@ -326,6 +326,12 @@ class Settings(BaseSettings):
         description="Meter every attempt's hold (kiln usage, budgets); off only to measure what metering costs "
         "(benchmarks/submit_latency.py --no-metering): what runs while it is off is never counted.",
     )
+    currency: str = Field(
+        "",
+        pattern=r"^([A-Z]{3})?$",
+        description="The currency prices are set in and costs reported in, an ISO 4217 code (USD, EUR, CNY): shown "
+        "beside every cost (kiln usage, budgets, prices, the console); empty: costs are plain numbers.",
+    )
     metrics_token: str | None = Field(
         None,
         description="When set, GET /metrics (Prometheus) needs 'Authorization: Bearer <this token>' and shows "

@@ -158,6 +158,7 @@ class BudgetService:
             used=round(used, 6),
             resets_at=datetime.fromtimestamp(month.end, UTC),
             state=_state(row, used),
+            currency=self.usage.currency,
         )
 
     # -- enforcing ----------------------------------------------------------------------------------------
@@ -173,8 +174,8 @@ class BudgetService:
             if used >= row.hard:
                 whose = f"organisation {principal.org_name}" if not row.user_id else f"user {principal.user_name}"
                 raise BudgetExceeded(
-                    f"budget: the {month.name} budget {row.id} of {whose} is spent ({used:,.2f} used of its hard "
-                    f"limit {row.hard:,.2f}); new work is refused until it resets on "
+                    f"budget: the {month.name} budget {row.id} of {whose} is spent ({self._money(used)} used of its "
+                    f"hard limit {self._money(row.hard)}); new work is refused until it resets on "
                     f"{datetime.fromtimestamp(month.end, UTC):%Y-%m-%d %H:%M} UTC, or the limit is raised",
                     details={
                         "budget": row.id,
@@ -198,8 +199,10 @@ class BudgetService:
                 continue
             whose = "the organisation's" if not row.user_id else "its user's"
             message = (
-                f"budget: {whose} {month.name} budget {row.id} is past its soft limit ({used:,.2f} used of "
-                f"{row.soft:,.2f}" + (f"; new work is refused at {row.hard:,.2f}" if row.hard is not None else "") + ")"
+                f"budget: {whose} {month.name} budget {row.id} is past its soft limit ({self._money(used)} used of "
+                f"{self._money(row.soft)}"
+                + (f"; new work is refused at {self._money(row.hard)}" if row.hard is not None else "")
+                + ")"
             )
             out.append(message)
             if row.warned_month != month.name:
@@ -228,13 +231,14 @@ class BudgetService:
             query = select(Job).where(Job.org_id == row.org_id, Job.state.not_in([str(x) for x in TERMINAL_STATES]))
             if row.user_id:
                 query = query.where(Job.user_id == row.user_id)
-            message = f"cancelled: budget {row.id} is spent ({used:,.2f} of {row.hard:,.2f}) and stops running work"
+            spent = f"{self._money(used)} of {self._money(row.hard)}"
+            message = f"cancelled: budget {row.id} is spent ({spent}) and stops running work"
             for job in s.scalars(query):
                 stopped += int(request_cancel(s, job, message))
             if row.stopped_month != month.name:
                 row.stopped_month = month.name
-                spent = f"budget {row.id} spent ({used:,.2f} of {row.hard:,.2f}): its running work stopped"
-                _audit(s, row, "budget.stop_running", "success", spent)
+                detail = f"budget {row.id} spent ({spent}): its running work stopped"
+                _audit(s, row, "budget.stop_running", "success", detail)
         return stopped
 
     # -- the month's cost ---------------------------------------------------------------------------------
@@ -264,6 +268,9 @@ class BudgetService:
         with self._lock:
             self._costs[key] = (cost, now)
         return cost
+
+    def _money(self, amount: float) -> str:
+        return f"{amount:,.2f}" + (f" {self.usage.currency}" if self.usage.currency else "")
 
     def _forget(self, org_id: str, user_id: str) -> None:
         with self._lock:

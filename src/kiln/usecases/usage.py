@@ -80,8 +80,10 @@ def close_usage(s: Session, job_id: str, now: datetime) -> None:
 
 
 class UsageService:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, currency: str = "") -> None:
+        """``currency``: what prices and costs are in (KILN_CURRENCY, an ISO 4217 code; "" when not set)."""
         self.db = db
+        self.currency = currency or None
 
     # -- prices ---------------------------------------------------------------------------------------------
 
@@ -116,13 +118,13 @@ class UsageService:
                         created_by=principal.user_id,
                     )
                 )
-        return _version(now, current)
+        return _version(now, current, self.currency)
 
     def prices(self, principal: Principal) -> list[PriceVersion]:
         """Every price version, oldest first (any member may see what usage costs)."""
         principal.require("jobs:read")
         with self.db.read() as s:
-            return [_version(at, rates) for at, rates in _versions(s)]
+            return [_version(at, rates, self.currency) for at, rates in _versions(s)]
 
     # -- reports --------------------------------------------------------------------------------------------
 
@@ -190,6 +192,7 @@ class UsageService:
             gpu_seconds=sum(r.gpu_seconds for r in out),
             cost=round(sum(r.cost for r in out), 6),
             used_cpu_seconds=sum(r.used_cpu_seconds for r in out),
+            currency=self.currency,
         )
 
     @staticmethod
@@ -474,8 +477,9 @@ def _versions(s: Session) -> list[tuple[float, dict[tuple[str, str, str], float]
     return sorted(versions.items())
 
 
-def _version(at: float, rates: dict[tuple[str, str, str], float]) -> PriceVersion:
+def _version(at: float, rates: dict[tuple[str, str, str], float], currency: str | None) -> PriceVersion:
     return PriceVersion(
+        currency=currency,
         effective_from=datetime.fromtimestamp(at, UTC),
         rates=[
             PriceRead(category=c, resource=r, gpu_type=g, rate=rate)
