@@ -99,7 +99,7 @@ class CatalogFileEntry(BaseModel):
     version: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*(\+lab|\+tensorboard)?$")
     packages: list[str] = Field(default_factory=list)
     image: str = ""
-    default: bool = False
+    default: bool = Field(False, strict=True)  # true or false, not 1 or "yes"
     description: str = ""
 
 

@@ -372,7 +372,9 @@ class PipelineSubmit(BaseModel):
         pattern=r"^[0-9a-f]{64}$",
         description="The uploaded code bundle its job steps run (unless their own).",
     )
-    use_cache: bool = Field(True, description="Reuse an earlier identical job step's result (false: run them all).")
+    use_cache: bool = Field(
+        True, strict=True, description="Reuse an earlier identical job step's result (false: run them all)."
+    )
 
 
 class PipelineStepRead(BaseModel):

@@ -42,7 +42,7 @@ class ParameterSpec(_Strict):
     type: Literal["float", "int", "categorical"]
     low: float | None = Field(None, description="Smallest value (float and int).")
     high: float | None = Field(None, description="Largest value (float and int), at least low.")
-    log: bool = Field(False, description="Sample on a log scale (low must be > 0).")
+    log: bool = Field(False, strict=True, description="Sample on a log scale (low must be > 0).")
     step: float | None = Field(None, gt=0, description="Distance between values (a grid of low, low+step, …).")
     choices: list[ParamValue] | None = Field(
         None, min_length=1, max_length=MAX_CHOICES, description="The values of a categorical parameter."

@@ -95,7 +95,9 @@ class BudgetSet(BaseModel):
     user: str | None = Field(None, max_length=128, description="A member (default: the whole organisation).")
     soft: Amount | None = Field(None, description="Past this, new work is warned of (events, a banner).")
     hard: Amount | None = Field(None, description="Past this, new work is refused (403 budget_exceeded).")
-    stop_running: bool = Field(False, description="Past the hard limit, stop the scope's running work too.")
+    stop_running: bool = Field(
+        False, strict=True, description="Past the hard limit, stop the scope's running work too."
+    )
 
 
 class BudgetRead(BaseModel):
