@@ -178,6 +178,7 @@ def test_the_org_admin_sees_cost_per_day_totals_users_and_top_jobs(world: World,
     job_rows = page.get_by_test_id("usage-job-row")
     expect(job_rows).to_have_count(2)
     expect(job_rows.first).to_have_attribute("data-job-id", world.jobs["member"])
+    expect(job_rows.first.get_by_test_id("usage-job-owner")).to_have_text(member.user_name)
     link = job_rows.first.get_by_role("link", name="long-sleeper")
     expect(link).to_have_attribute("href", f"/jobs/{world.jobs['member']}")
 

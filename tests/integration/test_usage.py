@@ -171,6 +171,8 @@ def test_the_cli_reports_usage_and_sets_prices(world, tmp_path) -> None:  # type
     table = kiln("usage", "--by", "org", "--since", "1h")
     assert table.returncode == 0 and a.name in table.stdout and "total" in table.stdout, table.stdout
     assert "COST (EUR)" in table.stdout, table.stdout
+    jobs = kiln("usage", "--by", "job", "--since", "1h", "--org", a.name)
+    assert "OWNER" in jobs.stdout and f"{a['member'].user_name}@{a.name}" in jobs.stdout, jobs.stdout
 
 
 def test_used_cpu_and_peak_memory_beside_what_was_held(world) -> None:  # type: ignore[no-untyped-def]
@@ -199,6 +201,11 @@ def test_used_cpu_and_peak_memory_beside_what_was_held(world) -> None:  # type: 
     assert 64 * 1024 * 1024 < held.peak_memory_bytes < 512 * 1024 * 1024, held  # type: ignore[attr-defined]
     as_csv = {r["key"]: r for r in csv.DictReader(io.StringIO(org_admin.usage_csv(by="job", since=since)))}
     assert float(as_csv[job.id]["used_cpu_seconds"]) == pytest.approx(held.used_cpu_seconds, rel=0.2)  # type: ignore[attr-defined]
+    # Whose the job is, beside it (the platform admin's top jobs span organisations).
+    owner = (held.user_id, held.user_name, held.org_id, held.org_name)  # type: ignore[attr-defined]
+    assert owner == (a["member"].user_id, a["member"].user_name, a.id, a.name), owner
+    assert (as_csv[job.id]["user_name"], as_csv[job.id]["org_name"]) == (a["member"].user_name, a.name)
+    assert _row(server.client().usage(by="job", org=a.name, since=since), job.id).org_name == a.name
 
 
 def test_a_report_by_day_split_by_user(world) -> None:  # type: ignore[no-untyped-def]

@@ -245,6 +245,7 @@ function UsageTable({ report, by }: { report: UsageReport; by: "user" | "job" })
         <thead>
           <tr>
             <th scope="col">{by === "user" ? "User" : "Job"}</th>
+            {by === "job" ? <th scope="col">Owner</th> : null}
             <th scope="col" class="num">
               Cost
             </th>
@@ -284,6 +285,11 @@ function UsageTable({ report, by }: { report: UsageReport; by: "user" | "job" })
                   <div class="mono muted small">{r.key}</div>
                 </td>
               )}
+              {by === "job" ? (
+                <td data-testid="usage-job-owner" title={r.org_name ?? r.org_id ?? ""}>
+                  {r.user_name ?? r.user_id ?? "—"}
+                </td>
+              ) : null}
               <td class="num">{money(r.cost, report.currency)}</td>
               <td class="num">{hours(r.cpu_seconds)}</td>
               <td class="num" title={`${pct(r.used_cpu_seconds, r.cpu_seconds)} of those held`}>

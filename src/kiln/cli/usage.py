@@ -49,11 +49,15 @@ def _bytes(value: int) -> str:
 def usage_table(report: UsageReport) -> None:
     table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
     groups = [report.by.upper()] + ([report.split.upper()] if report.split else [])
+    if report.by == "job":  # whose each job is
+        groups.append("OWNER")
     cost = f"COST ({report.currency})" if report.currency else "COST"
     for column in (*groups, "ATTEMPTS", "CPU-H", "USED CPU-H", "GIB-H", "PEAK MEM", "GPU-H", cost):
         table.add_column(column, justify="left" if column in groups else "right")
     for row in report.rows:
         labels = [_label(row.key, row.name)] + ([_label(row.split, row.split_name)] if report.split else [])
+        if report.by == "job":
+            labels.append(f"{row.user_name or row.user_id or '-'}@{row.org_name or row.org_id or '-'}")
         table.add_row(
             *labels,
             str(row.attempts),

@@ -27,6 +27,10 @@ class UsageRow(BaseModel):
         "held, what was held idle."
     )
     peak_memory_bytes: int = Field(description="The highest peak resident memory of a hold in the group.")
+    user_id: str | None = Field(None, description="By job: the user whose job it is.")
+    user_name: str | None = None
+    org_id: str | None = Field(None, description="By job: the organisation whose job it is.")
+    org_name: str | None = None
 
 
 class UsageReport(BaseModel):

@@ -160,6 +160,7 @@ class UsageService:
             org_id = self._org_scope(s, principal, org)
             found = self._figures(s, org_id, start, end, now, keys, _versions(s))
             names = {group: self._names(s, group, list({k[i] for k, _ in found})) for i, group in enumerate(keys)}
+            owners = self._owners(s, [k[0] for k, _ in found]) if by == "job" else {}
         out = [
             UsageRow(
                 key=key[0],
@@ -173,6 +174,7 @@ class UsageService:
                 cost=round(v[4], 6),
                 used_cpu_seconds=v[5],
                 peak_memory_bytes=int(v[6]),
+                **owners.get(key[0], {}),
             )
             for key, v in found
         ]
@@ -357,14 +359,33 @@ class UsageService:
         return usage_hours.roll(s, _versions(s), time.time() - SETTLE_SECONDS - 2 * SETTLE_PASS_SECONDS, batch)
 
     @staticmethod
+    def _owners(s: Session, job_ids: list[str]) -> dict[str, dict[str, str]]:
+        """Whose each job is: its user's and organisation's ids and names (a by-job report's rows)."""
+        query = (
+            select(Job.id, Job.user_id, User.name, Job.org_id, Organization.name)
+            .outerjoin(User, User.id == Job.user_id)
+            .outerjoin(Organization, Organization.id == Job.org_id)
+        )
+        return {
+            job_id: {"user_id": user_id, "user_name": user_name, "org_id": org_id, "org_name": org_name}
+            for ids in _chunks(job_ids)
+            for job_id, user_id, user_name, org_id, org_name in s.execute(query.where(Job.id.in_(ids)))
+        }
+
+    @staticmethod
     def _names(s: Session, by: str, keys: list[str]) -> dict[str, str]:
-        if by == "org":
-            return dict(s.execute(select(Organization.id, Organization.name).where(Organization.id.in_(keys))).all())
-        if by == "user":
-            return dict(s.execute(select(User.id, User.name).where(User.id.in_(keys))).all())
-        if by == "job":
-            return {k: n or k for k, n in s.execute(select(Job.id, Job.name).where(Job.id.in_(keys))).all()}
-        return {}
+        columns = {"org": (Organization.id, Organization.name), "user": (User.id, User.name), "job": (Job.id, Job.name)}
+        if by not in columns:
+            return {}
+        key, name = columns[by]
+        return {k: n or k for ids in _chunks(keys) for k, n in s.execute(select(key, name).where(key.in_(ids)))}
+
+
+def _chunks(keys: list[str], size: int = 1000) -> list[list[str]]:
+    """``keys`` (deduplicated, sorted) in lists of ``size``: a report by job may name more jobs than SQLite takes
+    bound parameters in one statement (32,766)."""
+    unique = sorted(set(keys))
+    return [unique[i : i + size] for i in range(0, len(unique), size)]
 
 
 # The holds one part of a report reads, as lists of WHERE clauses (one query each, results added): each list

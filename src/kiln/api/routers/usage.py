@@ -54,6 +54,8 @@ def get_usage(
     out = io.StringIO()
     writer = csv.writer(out)
     columns = CSV_COLUMNS if split is None else (*CSV_COLUMNS[:2], "split", "split_name", *CSV_COLUMNS[2:])
+    if by == "job":  # whose each job is
+        columns = (*columns, "user_id", "user_name", "org_id", "org_name")
     writer.writerow(columns)
     for row in report.rows:
         writer.writerow([getattr(row, column) for column in columns])
