@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
+
+log = logging.getLogger(__name__)
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -29,10 +34,67 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Migrate up to ``revision`` in one transaction (SQLite: with foreign keys off, see ``_migrating``)."""
+    start, target = current_revision(engine), head_revision() if revision == "head" else revision
+    if start == target:
+        return  # every start of a server: no transaction, no reference check
+    log.info("migrating the database from %s to %s", start or "an empty database", target)
+    _run(engine, lambda cfg: command.upgrade(cfg, revision))
+    log.info("migrated the database to %s", target)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Migrate down to ``revision``, the same way as ``upgrade``."""
+    log.info("migrating the database down from %s to %s", current_revision(engine), revision)
+    _run(engine, lambda cfg: command.downgrade(cfg, revision))
+
+
+class ForeignKeyViolation(RuntimeError):
+    """A migration left rows whose references point nowhere; it was rolled back whole."""
+
+
+def _run(engine: Engine, step: Callable[[Config], None]) -> None:
     cfg = _config()
-    with engine.begin() as conn:
+    with _migrating(engine) as conn:
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+        step(cfg)
+
+
+@contextmanager
+def _migrating(engine: Engine) -> Iterator[Connection]:
+    """A transaction to migrate in. On SQLite a table whose column changes is rebuilt (Alembic's batch mode:
+    copied to a new table, the old one dropped, the new one renamed); with foreign keys enforced, dropping the old
+    table deletes every row that references it through ON DELETE CASCADE (20261205_0016 rebuilt metric_series and
+    so deleted every metric point). SQLite's own procedure for such a change is to turn enforcement off for it
+    (outside the transaction: the pragma is a no-op inside one), check the references before committing
+    (PRAGMA foreign_key_check: a violation the migration made rolls everything back), and turn it on again after.
+    Violations that were there before (rows the metrics writer, which checks its own references, left) are not
+    the migration's and do not stop it."""
+    with engine.connect() as conn:
+        sqlite = conn.dialect.name == "sqlite"
+        raw = conn.connection.driver_connection if sqlite else None
+        if raw is not None:
+            raw.execute("PRAGMA foreign_keys=OFF")  # the driver runs in autocommit mode here: no transaction yet
+        try:
+            with conn.begin():
+                before = _violations(conn) if raw is not None else set()
+                yield conn
+                if raw is not None:
+                    made = _violations(conn) - before
+                    if made:
+                        tables = ", ".join(sorted({table for table, _, _ in made}))
+                        raise ForeignKeyViolation(
+                            f"the migration left {len(made)} row(s) referencing rows that do not exist (in {tables}); "
+                            "it was rolled back, nothing was changed"
+                        )
+        finally:
+            if raw is not None:
+                raw.execute("PRAGMA foreign_keys=ON")
+
+
+def _violations(conn: Connection) -> set[tuple[str, int, str]]:
+    """SQLite's dangling references: (table, rowid, the table it references)."""
+    return {(str(t), int(r or 0), str(p)) for t, r, p, _ in conn.exec_driver_sql("PRAGMA foreign_key_check")}
 
 
 def is_up_to_date(engine: Engine) -> bool:
