@@ -429,7 +429,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 args = dict(arg[2:].split("=", 1) for arg in sys.argv[1:] if "=" in arg)
 with open("fake-lab-argv.json", "w") as fh:
     json.dump(sys.argv[1:], fh)
-token, base = args["IdentityProvider.token"], args["ServerApp.base_url"]
+token, base = open(os.environ["JUPYTER_TOKEN_FILE"]).read(), args["ServerApp.base_url"]
 
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
@@ -537,7 +537,11 @@ def test_the_launcher_restores_serves_saves_and_stops(api: FakeHomeApi, tmp_path
     finally:
         os.close(work_fd)
     argv = json.loads((launcher.work / "fake-lab-argv.json").read_text())
-    assert f"--IdentityProvider.token={state['token']}" in argv and f"--ServerApp.root_dir={launcher.home}" in argv
+    assert f"--ServerApp.root_dir={launcher.home}" in argv
+    # The token is on no command line (the host's ps shows those to everyone): in a file only the job reads.
+    assert not any(state["token"] in arg or "token=" in arg.lower() for arg in argv), argv
+    token_file = launcher.work / notebook.RUNTIME_DIR / notebook.TOKEN_FILE
+    assert token_file.read_text() == state["token"] and stat.S_IMODE(token_file.stat().st_mode) == 0o600
     assert "--ServerApp.sock=.kiln-notebook.sock" in argv and f"--ServerApp.base_url={BASE_URL}" in argv
     (launcher.home / "new.txt").write_text("written in the notebook")
     code, out, err = launcher.stop(timeout=10)
@@ -704,17 +708,17 @@ def test_port_mode_needs_a_port_and_the_injected_token(tmp_path: Path) -> None:
 def test_port_mode_listens_on_tcp_and_socket_mode_is_unchanged(tmp_path: Path) -> None:
     home, work_dir = dirs(tmp_path)
     on_socket = NotebookConfig(NOTEBOOK_ID, BASE_URL, 60.0, "http://127.0.0.1:1", "t", home, work_dir)
-    command = notebook.lab_command(on_socket, "tok")
+    command = notebook.lab_command(on_socket)
     assert "--ServerApp.sock=.kiln-notebook.sock" in command and "--ServerApp.sock_mode=0600" in command
     assert not any(arg.startswith(("--ServerApp.ip", "--ServerApp.port")) for arg in command)
     on_port = NotebookConfig(NOTEBOOK_ID, BASE_URL, 60.0, "http://127.0.0.1:1", "t", home, work_dir, 8888, "k")
-    command = notebook.lab_command(on_port, "k")
+    command = notebook.lab_command(on_port)
     assert [arg for arg in command if arg.startswith(("--ServerApp.ip", "--ServerApp.port", "--ServerApp.sock"))] == [
         "--ServerApp.ip=0.0.0.0",
         "--ServerApp.port=8888",
         "--ServerApp.port_retries=0",
     ]
-    assert "--IdentityProvider.token=k" in command and f"--ServerApp.base_url={BASE_URL}" in command
+    assert not any("token" in arg.lower() for arg in command) and f"--ServerApp.base_url={BASE_URL}" in command
 
 
 @pytest.mark.timeout(30)
@@ -724,7 +728,7 @@ def test_the_launcher_in_port_mode_serves_on_tcp_with_the_injected_token(api: Fa
     state = launcher.wait_ready(timeout=10)
     assert state == {"port": port, "pid": state["pid"], "base_url": BASE_URL}  # the token is Kiln's already
     argv = json.loads((launcher.work / "fake-lab-argv.json").read_text())
-    assert "--IdentityProvider.token=injected-token" in argv and f"--ServerApp.port={port}" in argv
+    assert not any("injected-token" in arg for arg in argv) and f"--ServerApp.port={port}" in argv
     assert not any(arg.startswith("--ServerApp.sock") for arg in argv)
     assert notebook.lab_status(("127.0.0.1", port), BASE_URL, "injected-token") == 200
     assert notebook.lab_status(("127.0.0.1", port), BASE_URL, None) == 403
@@ -777,7 +781,7 @@ def test_the_welcome_notebook_is_written_only_for_a_new_home(api: FakeHomeApi, t
 def test_terminals_run_bash_with_kilns_rcfile_that_prints_the_banner_then_the_users_bashrc(tmp_path: Path) -> None:
     home, work_dir = dirs(tmp_path)
     config = NotebookConfig("nb-1", "/notebooks/nb-1/", 60.0, "http://127.0.0.1:1", "t", home, work_dir)
-    env = notebook.lab_env(config)
+    env = notebook.lab_env(config, "t")
     assert env.get("SHELL") == os.environ.get("SHELL")  # IPython's !cmd runs $SHELL: no banner there
     config_dir = Path(env["JUPYTER_CONFIG_PATH"].split(os.pathsep)[0])
     assert config_dir == work_dir / notebook.CONFIG_DIR  # Kiln's, in the work dir: not the home's
@@ -810,7 +814,7 @@ def test_the_config_dir_keeps_other_config_paths_and_without_bash_leaves_the_def
     config = NotebookConfig("nb-1", "/notebooks/nb-1/", 60.0, "http://127.0.0.1:1", "t", home, work_dir)
     monkeypatch.setenv("JUPYTER_CONFIG_PATH", f"/opt/a{os.pathsep}/opt/b")
     monkeypatch.setenv("PATH", str(tmp_path / "no-bash-here"))
-    env = notebook.lab_env(config)
+    env = notebook.lab_env(config, "t")
     assert env["JUPYTER_CONFIG_PATH"].split(os.pathsep) == [str(work_dir / notebook.CONFIG_DIR), "/opt/a", "/opt/b"]
     assert json.loads((work_dir / notebook.CONFIG_DIR / "jupyter_server_config.json").read_text()) == {}
     assert not (work_dir / notebook.RC_FILE).exists()

@@ -77,6 +77,7 @@ from kiln.injob.notebook_home import (  # noqa: F401 - NOT_SAVED and home_signat
 STATE_FILE = ".kiln-notebook.json"
 SOCKET_FILE = ".kiln-notebook.sock"
 RUNTIME_DIR = ".kiln-jupyter-runtime"  # in the work dir: its files (one holds the token) are not the home's
+TOKEN_FILE = "token"  # in RUNTIME_DIR (0700), mode 0600: JupyterLab reads its token from it ($JUPYTER_TOKEN_FILE)
 UPLOAD_FILE = ".kiln-home-upload.tar.gz"
 RC_FILE = ".kiln-bashrc"  # in the work dir: a terminal's bash reads it, and it prints the banner
 CONFIG_DIR = ".kiln-jupyter-config"  # in the work dir: on $JUPYTER_CONFIG_PATH, Kiln's jupyter_server_config.json
@@ -279,9 +280,10 @@ class HomeSync:
 # --- JupyterLab ------------------------------------------------------------------------------------------------
 
 
-def lab_command(config: NotebookConfig, token: str) -> list[str]:
+def lab_command(config: NotebookConfig) -> list[str]:
     """JupyterLab on ``SOCKET_FILE`` (relative to the work dir, its cwd), or on TCP ``config.port`` of every
-    address, under ``config.base_url``."""
+    address, under ``config.base_url``. Never its token: a command line is anyone's to read on the host (``ps``,
+    ``/proc/PID/cmdline``); the token comes from a file only the job's user reads (:func:`lab_env`)."""
     if config.port is None:
         listen = [f"--ServerApp.sock={SOCKET_FILE}", "--ServerApp.sock_mode=0600"]
     else:  # port_retries=0: a port taken fails the start, never a silent move to the next port
@@ -292,7 +294,6 @@ def lab_command(config: NotebookConfig, token: str) -> list[str]:
         "jupyterlab",
         "--no-browser",
         *listen,
-        f"--IdentityProvider.token={token}",  # jupyter_server 2.x: ServerApp.token is its deprecated alias
         f"--ServerApp.base_url={config.base_url}",
         f"--ServerApp.root_dir={config.home}",
         "--ServerApp.allow_remote_access=True",  # the Host header is Kiln's server's, not localhost
@@ -361,13 +362,27 @@ def welcome(config: NotebookConfig) -> Path | None:
     return path
 
 
-def lab_env(config: NotebookConfig) -> dict[str, str]:
+def lab_env(config: NotebookConfig, token: str) -> dict[str, str]:
     """JupyterLab's environment: its runtime files and Kiln's config dir in the work dir. The config dir comes
-    after the user's own (``~/.jupyter`` is read first and wins) and before the image's."""
+    after the user's own (``~/.jupyter`` is read first and wins) and before the image's. The token is written to
+    ``TOKEN_FILE`` (0600, in the 0700 runtime dir) and named by ``$JUPYTER_TOKEN_FILE`` (jupyter_server 2.x reads
+    it): not ``$JUPYTER_TOKEN``, which every kernel and terminal would inherit, nor argv, which the host's ``ps``
+    shows to everyone."""
     runtime = config.work_dir / RUNTIME_DIR
     runtime.mkdir(mode=0o700, exist_ok=True)
+    token_file = runtime / TOKEN_FILE
+    token_file.unlink(missing_ok=True)  # never written through a link a previous run left
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token)  # no newline: jupyter_server takes the file's text as the token, whole
     paths = [str(lab_settings(config)), *filter(None, os.environ.get("JUPYTER_CONFIG_PATH", "").split(os.pathsep))]
-    return {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime), "JUPYTER_CONFIG_PATH": os.pathsep.join(paths)}
+    env = {k: v for k, v in os.environ.items() if k != "JUPYTER_TOKEN"}  # it would win over the file
+    return {
+        **env,
+        "JUPYTER_RUNTIME_DIR": str(runtime),
+        "JUPYTER_CONFIG_PATH": os.pathsep.join(paths),
+        "JUPYTER_TOKEN_FILE": str(token_file),
+    }
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -488,7 +503,7 @@ def main() -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop)
     child = subprocess.Popen(
-        lab_command(config, token), cwd=config.work_dir, env=lab_env(config), stdin=subprocess.DEVNULL
+        lab_command(config), cwd=config.work_dir, env=lab_env(config, token), stdin=subprocess.DEVNULL
     )
     stop.child = child
     if stop.requested:  # it came while JupyterLab was being started
