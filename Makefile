@@ -54,11 +54,13 @@ mount-tools:
 	fi
 
 # bubblewrap sandboxes jobs on the local executor (setpriv, prlimit and nsenter come with util-linux); passt's pasta
-# connects each job's own network namespace to the outside world and nftables holds its egress rules. Without
-# them the server refuses jobs (network: isolated/none) unless KILN_SANDBOX=none.
-SANDBOX_PACKAGES := bubblewrap passt nftables
+# connects each job's own network namespace to the outside world and nftables holds its egress rules; libseccomp
+# compiles the jobs' seccomp filter (pyseccomp loads libseccomp.so.2). Without them the server refuses jobs
+# (network: isolated/none) unless KILN_SANDBOX=none.
+SANDBOX_PACKAGES := bubblewrap passt nftables libseccomp2
 sandbox-tools:
-	@if ! command -v bwrap >/dev/null 2>&1 || ! command -v pasta >/dev/null 2>&1 || ! command -v nft >/dev/null 2>&1; then \
+	@if ! command -v bwrap >/dev/null 2>&1 || ! command -v pasta >/dev/null 2>&1 || ! command -v nft >/dev/null 2>&1 || \
+			! ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2 '; then \
 		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 			echo "installing $(SANDBOX_PACKAGES) with apt-get (the job sandbox and its network; without them the server refuses jobs)"; \
 			export DEBIAN_FRONTEND=noninteractive; \

@@ -11,7 +11,8 @@ module from this file's directory when the shim runs as a script). The executor 
      "dev": [device nodes bound, e.g. /dev/nvidia0], "symlinks": {"/bin": "usr/bin", ...},
      "scratch": the member's scratch dir, "scratch_bytes": size of the tmpfs mounted there (its ``shm/`` is the
      job's /dev/shm, a fresh ``tmp-N/`` its /tmp for each step), "prlimit": "/usr/bin/prlimit" or null,
-     "passwd": file bound over /etc/passwd, "chdir": the work dir}
+     "passwd": file bound over /etc/passwd, "chdir": the work dir,
+     "seccomp": the compiled seccomp filter (BPF) the job's command runs under, or null}
 
 The scratch dir is a tmpfs when the shim can mount one (root): what the job keeps in /dev/shm and /tmp is
 memory, counted against its memory limit and gone when the attempt ends. /tmp is a fresh directory for each
@@ -49,12 +50,14 @@ def wrap(
     rlimit_fsize: int | None = None,
     rlimit_nproc: int | None = None,
     env_after: dict[str, str] | None = None,
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """``argv`` run inside the sandbox described by ``box``, with ``tmp`` as its /tmp; ``extra_ro`` are more
     paths to show read-only (the trees of the inputs staged for this attempt). ``rlimit_fsize``: the largest
     file the job may write; ``rlimit_nproc``: the most processes its uid may have (RLIMIT_NPROC).
     ``env_after``: the job's variables that must not reach what runs before it drops privileges
-    (:func:`deferred_env`), set by ``env`` once it has, right before the command."""
+    (:func:`deferred_env`), set by ``env`` once it has, right before the command. ``seccomp_fd``: an inherited
+    fd reading the box's seccomp filter (:func:`open_seccomp`), loaded by bubblewrap after its own set-up."""
     out = [
         box["bwrap"],
         "--die-with-parent",
@@ -95,6 +98,8 @@ def wrap(
         out += ["--ro-bind", box["passwd"], "/etc/passwd"]
     out += ["--bind", os.path.join(box["scratch"], "shm"), "/dev/shm"]
     out += ["--chdir", box["chdir"]]
+    if seccomp_fd is not None:
+        out += ["--seccomp", str(seccomp_fd)]
     inner: list[str] = []
     if box.get("uid") is not None:
         out += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
@@ -163,16 +168,38 @@ def _parents(path: str, made: set[str]) -> list[str]:
     return out
 
 
+def open_seccomp(box: dict, at: int | None = None) -> int | None:
+    """A fresh fd reading the box's seccomp filter from its start, or None where it has none. bubblewrap reads
+    the fd it is given to its end, so each bubblewrap needs its own open file; ``at``: put it at that fd number
+    (the one a command line built earlier names)."""
+    path = box.get("seccomp")
+    if not path:
+        return None
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    if at is None or at == fd:
+        return fd
+    os.dup2(fd, at, inheritable=False)
+    os.close(fd)
+    return at
+
+
 def probe(box: dict) -> str | None:
-    """None when a trivial command runs in this sandbox, else why not (bubblewrap's own words)."""
+    """None when a trivial command runs in this sandbox (under its seccomp filter), else why not (bubblewrap's
+    own words)."""
     try:
-        proc = subprocess.run(
-            wrap(box, ["/bin/true"], box["scratch"]),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=20,
-            close_fds=True,
-        )
+        fd = open_seccomp(box)
+        try:
+            proc = subprocess.run(
+                wrap(box, ["/bin/true"], box["scratch"], seccomp_fd=fd),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=20,
+                close_fds=True,
+                pass_fds=() if fd is None else (fd,),
+            )
+        finally:
+            if fd is not None:
+                os.close(fd)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return str(exc)
     if proc.returncode != 0:

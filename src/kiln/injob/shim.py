@@ -160,6 +160,7 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits, shimlimits.JobLimits):
         else:
             envs, prefixes = [env], [b""]
         self.sandboxed = bool(self.box) and name != "runtime"  # catalog runtimes are built by the shim itself
+        seccomp_fd: int | None = None
         if self.sandboxed:
             assert self.box is not None
             self.steps += 1
@@ -168,6 +169,7 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits, shimlimits.JobLimits):
             os.chmod(tmp, 0o1777)
             deferred = sandbox.deferred_env(envs[0])  # never seen by what runs as root (LD_PRELOAD, ...)
             envs = [{k: v for k, v in e.items() if k not in deferred} for e in envs]
+            seccomp_fd = sandbox.open_seccomp(self.box)
             argv = sandbox.wrap(
                 self.box,
                 argv,
@@ -176,6 +178,7 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits, shimlimits.JobLimits):
                 self.cfg.get("disk_limit"),
                 rlimit_nproc=self.nproc_fallback(),
                 env_after=deferred,
+                seccomp_fd=seccomp_fd,
             )
         # The job's steps start in the attempt's control groups (shimlimits.py); a catalog runtime, built for every
         # organisation, does not.
@@ -183,7 +186,10 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits, shimlimits.JobLimits):
         net = self.job_network() if self.sandboxed else None  # raises NetworkError when it could not be made
         self.kill_note = ""
         try:
-            for proc_env in envs:
+            for i, proc_env in enumerate(envs):
+                if seccomp_fd is not None and i:  # the previous bubblewrap reads (or read) the last one to its end
+                    assert self.box is not None
+                    sandbox.open_seccomp(self.box, at=seccomp_fd)
                 with net.entered() if net is not None else contextlib.nullcontext():
                     child = subprocess.Popen(
                         argv,
@@ -194,6 +200,7 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits, shimlimits.JobLimits):
                         stderr=subprocess.PIPE,
                         process_group=0,
                         close_fds=True,
+                        pass_fds=() if seccomp_fd is None else (seccomp_fd,),
                     )
                 self.child_index[child.pid] = len(self.children)
                 self.children.append(child)
@@ -209,6 +216,9 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits, shimlimits.JobLimits):
                 return 126, "CommandNotFound"
             self.say(f"{name}: cannot start {argv[0]}: {exc.strerror}")
             return 126, "Error"
+        finally:
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
         first = self.children[0]
         if name == "command":
             extra = {"child_pids": [c.pid for c in self.children]} if procs else {}

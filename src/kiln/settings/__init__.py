@@ -217,6 +217,12 @@ class Settings(BaseSettings):
         description="When the server runs as root, each organisation's jobs run as uid/gid BASE + a number "
         "derived from the organisation (within 2^24); pick a range no account of the machine uses.",
     )
+    job_user_namespaces: bool = Field(
+        False,
+        description="Let sandboxed jobs make user namespaces (unshare -U, nested containers, rootless tools) and, "
+        "inside them, mount, setns and pivot_root. Off, the job's seccomp filter refuses them with EPERM: the "
+        "kernel surface most container escapes go through.",
+    )
     job_disk_default: int = Field(
         20 * 1024**3,
         gt=0,

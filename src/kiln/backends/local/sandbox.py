@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import kiln as kiln_package
+from kiln.backends.local.seccomp import SeccompUnavailable, filter_file
 from kiln.injob import sandbox as runtime_sandbox
 from kiln.settings import Settings
 
@@ -69,6 +70,7 @@ class SandboxPolicy:
     bwrap: str | None = None
     setpriv: str | None = None
     prlimit: str | None = None
+    seccomp: str | None = None  # the compiled seccomp filter every job's command runs under (seccomp.py)
 
     @property
     def problem(self) -> str | None:
@@ -101,7 +103,13 @@ def detect(settings: Settings) -> SandboxPolicy:
     setpriv = shutil.which("setpriv")
     if root and setpriv is None:
         return SandboxPolicy("unavailable", "setpriv (util-linux) is not installed")
-    policy = SandboxPolicy("root" if root else "userns", "", bwrap, setpriv if root else None, shutil.which("prlimit"))
+    try:  # once per server start: job starts only open the file
+        seccomp = filter_file(Path(settings.home) / "sandbox", settings.job_user_namespaces)
+    except (SeccompUnavailable, OSError) as exc:
+        return SandboxPolicy("unavailable", f"no seccomp filter for jobs: {exc}")
+    policy = SandboxPolicy(
+        "root" if root else "userns", "", bwrap, setpriv if root else None, shutil.which("prlimit"), seccomp
+    )
     with tempfile.TemporaryDirectory(prefix="kiln-sandbox-probe-") as scratch:
         os.mkdir(os.path.join(scratch, "shm"))
         os.chmod(scratch, 0o755)
@@ -121,7 +129,12 @@ def detect(settings: Settings) -> SandboxPolicy:
             f"({pwd.getpwuid(os.geteuid()).pw_name}) outside the sandbox; run the server as root for "
             "per-organisation uids"
         )
-    return SandboxPolicy(policy.kind, detail, bwrap, policy.setpriv, policy.prlimit)
+    detail += "; a seccomp filter refuses " + (
+        "kernel-level system calls (user namespaces allowed: KILN_JOB_USER_NAMESPACES)"
+        if settings.job_user_namespaces
+        else "namespaces, mounts and other kernel-level system calls"
+    )
+    return SandboxPolicy(policy.kind, detail, bwrap, policy.setpriv, policy.prlimit, seccomp)
 
 
 def _version(bwrap: str) -> str:
@@ -160,6 +173,7 @@ def _policy_box(
         "dev": [],
         "scratch": scratch,
         "chdir": chdir,
+        "seccomp": policy.seccomp,
     }
 
 

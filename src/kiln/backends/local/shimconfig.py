@@ -23,7 +23,9 @@ from kiln.storage.store import ObjectStore
 log = logging.getLogger(__name__)
 
 # Passed through from the server's environment; nothing else is (the server's own secrets stay out of jobs).
-PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR")
+# PATH is not: the server's names its own tool directories (/root/.pyenv/shims, /root/.cargo/bin).
+PASSTHROUGH_ENV = ("HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR")
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # after the runtime's bin dir
 STAGE_URL_SECONDS = 6 * 3600
 PARAMS_FILE = "params.json"  # in the attempt's directory, beside the notice file
 
@@ -43,13 +45,12 @@ def job_env(
     gpus: tuple[int, ...],
 ) -> dict[str, str]:
     """The environment of the job's processes in one slot (``cpus``, ``gpus``): a few of the server's variables,
-    the runtime's bin dir, the spec's ``env``, then Kiln's ``KILN_*`` (which the spec cannot override)."""
+    a PATH of the runtime's bin dir (its venv's, or its interpreter's) and the system's, the spec's ``env``,
+    then Kiln's ``KILN_*`` (which the spec cannot override)."""
     env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
-    path = env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
-    if bin_dir:
-        env["PATH"] = f"{bin_dir}:{path}"
-        if (Path(bin_dir).parent / "pyvenv.cfg").exists():
-            env["VIRTUAL_ENV"] = str(Path(bin_dir).parent)
+    env["PATH"] = f"{bin_dir}:{SYSTEM_PATH}" if bin_dir else SYSTEM_PATH
+    if bin_dir and (Path(bin_dir).parent / "pyvenv.cfg").exists():
+        env["VIRTUAL_ENV"] = str(Path(bin_dir).parent)
     env.update(
         {
             "PYTHONUNBUFFERED": "1",
