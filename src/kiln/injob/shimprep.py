@@ -21,10 +21,12 @@ from typing import Any
 if __package__:
     from kiln.injob import proctree as _proctree
     from kiln.injob import shimio as _shimio
+    from kiln.injob import tarlinks as _tarlinks
     from kiln.injob import units as _units
 else:  # loaded by the shim run as a script: its directory is on sys.path
     import proctree as _proctree  # type: ignore[no-redef]
     import shimio as _shimio  # type: ignore[no-redef]
+    import tarlinks as _tarlinks  # type: ignore[no-redef]
     import units as _units  # type: ignore[no-redef]
 
 
@@ -127,7 +129,11 @@ class Preparation(_shimio.AttemptFiles, _proctree.ProcessTree):
                 )
                 self.say(message)
                 return message
-            # The "data" filter refuses absolute paths, "..", links leaving the tree and device files.
+            # The "data" filter refuses absolute paths, "..", links leaving the tree and device files, but checks
+            # each link against the tree extracted so far: links resolved through each other are checked first.
+            why = _tarlinks.escaping_link(tar.getmembers())
+            if why:
+                raise tarfile.TarError(f"the code bundle is refused: {why}")
             tar.extractall(work, filter="data")
         return None
 

@@ -1,6 +1,7 @@
 """Validation of uploaded code bundles (gzip'd tar): everything is checked before anything is stored.
 
-Refused: unreadable or corrupt archives, absolute names, ``..``, links that point outside the bundle, device
+Refused: unreadable or corrupt archives, absolute names, ``..``, links that point outside the bundle (on their
+own, or resolved through the bundle's other links: ``injob/tarlinks.py``; 422), device
 files and FIFOs, and bundles over the member-count or unpacked-size limits. The shim extracts with Python's
 ``data`` filter as a second line of defence.
 """
@@ -14,6 +15,14 @@ import zlib
 from pathlib import Path
 
 from kiln.errors import InvalidArchive
+from kiln.injob.tarlinks import escaping_link
+
+
+class UnsafeArchiveLink(InvalidArchive, refines_code=True):
+    """A link that leaves the bundle once resolved through its other links: the bundle is well-formed, what it
+    asks for is refused (422, as invalid input is)."""
+
+    status = 422
 
 
 def _inside(path: str) -> bool:
@@ -66,6 +75,9 @@ def validate_archive(path: Path, *, max_members: int, max_unpacked_bytes: int) -
                     if fh is not None:
                         while fh.read(1024 * 1024):
                             pass
+            why = escaping_link(tar.getmembers())  # each link through all the others, whatever their order
+            if why:
+                raise UnsafeArchiveLink(why)
         if _is_gzip(path):
             # tarfile stops at the end-of-archive blocks and never reaches the gzip trailer: check it too.
             with gzip.open(path, "rb") as gz:
