@@ -1,5 +1,5 @@
-"""GET /api/v1/nodes: each node's CPUs, memory and GPUs and what holds them; another organisation's jobs take
-their share without an id or a name."""
+"""GET /api/v1/nodes: each node's CPUs, memory and GPUs and what holds them; another organisation's jobs count
+in the totals only."""
 
 from __future__ import annotations
 
@@ -25,9 +25,13 @@ def test_nodes_show_what_holds_them_and_hide_other_organisations_jobs(make_serve
             (job["id"], job["name"], False, 1.5)
         ]
         (theirs,) = b["member"].api.ok("GET", "/nodes")["items"]
-        assert theirs["allocated_cpus"] == 1.5
-        assert [(j["id"], j["name"], j["other_org"]) for j in theirs["jobs"]] == [(None, None, True)]
+        # Another organisation's job counts in the totals only: no row of its own, so neither its id and name nor
+        # its (or its organisation's) CPUs and memory.
+        assert (theirs["allocated_cpus"], theirs["allocated_memory"]) == (1.5, mine["allocated_memory"])
+        assert theirs["jobs"] == []
         assert job["id"] not in str(theirs) and job["name"] not in str(theirs)
+        (everything,) = admin.ok("GET", "/nodes")["items"]  # the platform admin sees every job
+        assert [j["id"] for j in everything["jobs"]] == [job["id"]]
         a["member"].api.ok("POST", f"/jobs/{job['id']}/cancel")
     finally:
         close_all(a, b)

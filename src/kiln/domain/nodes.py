@@ -6,7 +6,9 @@ from pydantic import BaseModel, Field
 
 
 class NodeJob(BaseModel):
-    """A job's share of a node; another organisation's job has no id or name here (``other_org``)."""
+    """A job's share of a node: only the caller's organisation's jobs have one (the platform admin's: every
+    job's); other organisations' jobs count in the node's ``allocated_*`` totals only. ``other_org`` stays for
+    clients that read it (always false now)."""
 
     id: str | None = None
     name: str | None = None
@@ -33,7 +35,11 @@ class NodeRead(BaseModel):
     allocated_cpus: float = 0.0
     allocated_memory: int = 0
     allocated_gpus: int = 0
-    jobs: list[NodeJob] = Field(default_factory=list)
+    jobs: list[NodeJob] = Field(
+        default_factory=list,
+        description="The jobs holding the node that the caller may see: its organisation's (the platform admin: "
+        "all). Other organisations' jobs count in the allocated_* totals only.",
+    )
 
 
 class NodeList(BaseModel):

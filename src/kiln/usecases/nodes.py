@@ -1,5 +1,7 @@
 """The machines a backend offers and what holds them now: each node's CPUs, memory and GPUs, and the jobs (and
-GPUs) allocated on it. Another organisation's jobs are shown as taking their share, never by id or name."""
+GPUs) allocated on it. Another organisation's jobs count in the node's totals (and mark the GPUs they hold as
+taken), but have no row of their own: neither an id or a name nor what each job, or each organisation, holds
+(the platform admin sees every job)."""
 
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ class NodeService:
                     Job.state.in_([str(JobState.STARTING), str(JobState.RUNNING)])
                 )
             ).all()
-        held: dict[str, list[NodeJob]] = {}
+        held: dict[str, list[NodeJob]] = {}  # the rows the principal may see
+        totals: dict[str, list[float]] = {}  # node -> [cpus, memory, gpus] of every job on it
         gpu_holder: dict[tuple[str, int], NodeJob] = {}
         for job_id, name, org_id, allocation in rows:
             visible = principal.platform_admin or org_id == principal.org_id
@@ -44,12 +47,18 @@ class NodeService:
                     memory=slot.memory,
                     gpus=list(slot.gpus),
                 )
-                held.setdefault(slot.node, []).append(entry)
+                total = totals.setdefault(slot.node, [0.0, 0, 0])
+                total[0] += slot.cpus
+                total[1] += slot.memory or 0
+                total[2] += len(slot.gpus)
+                if visible:
+                    held.setdefault(slot.node, []).append(entry)
                 for index in slot.gpus:
                     gpu_holder[(slot.node, index)] = entry
         out = []
         for node in inventory:
             jobs = held.get(node.name, [])
+            cpus, memory, gpu_count = totals.get(node.name, [0.0, 0, 0])
             gpus = [
                 NodeGpu(
                     index=i,
@@ -67,9 +76,9 @@ class NodeService:
                     memory=node.memory,
                     labels=dict(node.labels),
                     gpus=gpus,
-                    allocated_cpus=sum(j.cpus for j in jobs),
-                    allocated_memory=sum(j.memory or 0 for j in jobs),
-                    allocated_gpus=sum(len(j.gpus) for j in jobs),
+                    allocated_cpus=cpus,
+                    allocated_memory=int(memory),
+                    allocated_gpus=int(gpu_count),
                     jobs=jobs,
                 )
             )
