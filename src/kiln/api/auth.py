@@ -113,19 +113,7 @@ class SignatureMiddleware:
                 # The console's "am I signed in?" on its sign-in page: a question, not a failed authentication.
                 log.debug("401 %s %s from %s: no credentials", method, path, client)
                 return
-            log.warning("401 %s %s from %s: %s %s", method, path, client, exc.reason, exc.log_detail)
-            entry = AuditEntry(
-                action=f"{method} {path}"[:96],
-                resource=path,
-                outcome="unauthenticated",
-                status=401,
-                client=client,
-                org_id=exc.org_id,
-                user_id=exc.user_id,
-                key_id=exc.key_id,
-                detail=exc.reason,
-            )
-            await run_in_threadpool(platform.audit.record, entry)
+            await record_unauthenticated(platform, method, path, client, exc)
             return
         except KilnError as exc:  # 413 for a body too large; 503 (with Retry-After) for the database unavailable
             await error_response(exc)(scope, receive, send)
@@ -290,6 +278,24 @@ class SignatureMiddleware:
         elif identity.refresh_due(principal.key_id):
             _in_background(identity.refresh_key, principal.key_id)
         return principal, receive, None
+
+
+async def record_unauthenticated(platform: object, method: str, path: str, client: str, exc: AuthFailure) -> None:
+    """Log and audit a refused authentication: the one record every entry point writes (this middleware, the
+    notebook proxy), so that the trail reads the same whichever was tried."""
+    log.warning("401 %s %s from %s: %s %s", method, path, client, exc.reason, exc.log_detail)
+    entry = AuditEntry(
+        action=f"{method} {path}"[:96],
+        resource=path,
+        outcome="unauthenticated",
+        status=401,
+        client=client,
+        org_id=exc.org_id,
+        user_id=exc.user_id,
+        key_id=exc.key_id,
+        detail=exc.reason,
+    )
+    await run_in_threadpool(platform.audit.record, entry)  # type: ignore[attr-defined]
 
 
 _background: set[asyncio.Task[None]] = set()  # held until done: the loop keeps only a weak reference to a task

@@ -10,6 +10,15 @@ authenticated by the cookie that changes something, and every WebSocket opened w
 this server: its ``Origin`` (or ``Referer``) names this host (the cookie is ``SameSite=Strict`` too), so no other
 site can make a signed-in browser act in a notebook.
 
+Nothing of a request's body is read before its headers are authenticated: a body of an unauthenticated
+request is never read at all (the answer closes the connection), and a ``Content-Length`` over the cap is a 413
+before anything else. A signed request's body (at most ``limits.MAX_SIGNED_BODY_BYTES``, as on ``/api/v1``) is
+read and hashed once its signature has been checked on the headers, and forwarded only once its hash matches the
+signed one. A cookie-authenticated request's body (a notebook saved from the console, up to ``MAX_BODY``) is
+streamed to JupyterLab as it comes, never held whole: its caller is known, and holding it would cost the server
+as much memory as the notebook's size. A refused authentication (a bad signature, a forged or expired cookie) is
+logged and audited as on ``/api/v1`` (kiln.api.auth.record_unauthenticated).
+
 Forwarded, a request carries JupyterLab's token (Kiln's, never the caller's credentials: the ``Authorization``
 header and Kiln's session cookie are removed). What passes counts as activity for the idle check: any request
 that changes something, and every message a client sends on a WebSocket (a cell run, a keystroke in a terminal),
@@ -35,16 +44,27 @@ from websockets.asyncio.client import ClientConnection, connect, unix_connect
 from websockets.exceptions import ConnectionClosed
 
 from kiln.api import session
+from kiln.api.auth import record_unauthenticated
 from kiln.api.errors import error_response
+from kiln.api.proxybody import Upload, content_length, has_body, read_signed
 from kiln.auth import signing
 from kiln.backends.capabilities import NotebookAddress, NotebookHost
-from kiln.errors import Conflict, CsrfRefused, KilnError, NotebookUnavailable, PayloadTooLarge, Unauthenticated
+from kiln.domain import limits
+from kiln.errors import (
+    Conflict,
+    CsrfRefused,
+    KilnError,
+    NotebookUnavailable,
+    PayloadTooLarge,
+    Unauthenticated,
+)
 from kiln.usecases.identity import AuthFailure, Principal
 
 log = logging.getLogger("kiln.notebooks")
 
 PREFIX = "/notebooks/"
-MAX_BODY = 256 * 1024 * 1024  # a request's body (a notebook saved through the contents API)
+MAX_BODY = 256 * 1024 * 1024  # a cookie-authenticated request's body (a notebook saved through the contents API)
+MAX_SIGNED_BODY = limits.MAX_SIGNED_BODY_BYTES  # a signed request's body: read whole to check its hash, as the API
 TARGET_TTL = 2.0  # seconds a (caller, notebook) → address lookup is used
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 HOP_BY_HOP = {
@@ -103,16 +123,17 @@ class NotebookProxy:
         if not notebook_id and not websocket:  # /notebooks itself: the console's page that lists them
             await scope["app"].router.default(scope, receive, send)
             return
+        headers = _headers(scope)
+        body: bytes | Upload = b""
         try:
             if not notebook_id or len(notebook_id) > 40:
                 raise Conflict("name a notebook: /notebooks/{id}/lab")
-            body = b"" if websocket else await _read_body(receive)
-            principal, cookie = await self._authenticate(scope, body)
+            principal, cookie, body = await self._authenticate(scope, receive, headers)
             if cookie and (websocket or scope["method"] not in SAFE_METHODS) and not _same_origin(scope):
                 raise CsrfRefused(CROSS_SITE)
             target = await self._target(scope, principal, notebook_id)
         except (KilnError, AuthFailure) as exc:
-            await self._refuse(scope, receive, send, exc)
+            await self._refuse(scope, receive, send, exc, close=has_body(headers))
             return
         platform = scope["app"].state.platform
         if websocket:
@@ -123,8 +144,13 @@ class NotebookProxy:
             if await self._http(scope, send, body, target):
                 return
             # Not reached: the lookup may be stale (stopped since), or the kept-alive client's socket gone. Look
-            # again (a stopped notebook is then a 409 saying so) and try once more.
+            # again (a stopped notebook is then a 409 saying so) and try once more, unless a streamed body has
+            # begun to go (what went is gone: the caller tries again).
             self._forget(target)
+            if isinstance(body, Upload) and body.started:
+                message = f"notebook {notebook_id} stopped answering while the request's body was sent to it"
+                await error_response(NotebookUnavailable(message))(scope, _no_body, send)
+                return
             try:
                 target = await self._target(scope, principal, notebook_id)
             except KilnError as exc:
@@ -137,24 +163,41 @@ class NotebookProxy:
 
     # ---- who asks, and where it goes
 
-    async def _authenticate(self, scope: Scope, body: bytes) -> tuple[Principal, bool]:
+    async def _authenticate(
+        self, scope: Scope, receive: Receive, headers: dict[str, str]
+    ) -> tuple[Principal, bool, bytes | Upload]:
+        """(caller, whether by the cookie, the body to forward), from the headers alone: nothing of the body is
+        read before the caller is known. A Content-Length over the cap is refused before anything else."""
         app = scope["app"]
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if headers.get("authorization", "").startswith(signing.ALGORITHM):
-            principal = await run_in_threadpool(
-                app.state.platform.identity.authenticate,
-                method="GET" if scope["type"] == "websocket" else scope["method"],
-                path=(scope.get("raw_path") or scope["path"].encode()).decode("latin-1"),
-                query=scope.get("query_string", b"").decode("latin-1"),
-                headers=headers,
-                body_sha256=signing.body_sha256(body),
-            )
-            return principal, False
+        signed = headers.get("authorization", "").startswith(signing.ALGORITHM)
+        with_body = scope["type"] == "http" and has_body(headers)
+        length = content_length(headers)
+        cap = MAX_SIGNED_BODY if signed else MAX_BODY
+        if length is not None and length > cap:
+            raise PayloadTooLarge(f"a {'signed ' if signed else ''}request to a notebook carries at most {cap} bytes")
+        if signed:
+            identity = app.state.platform.identity
+            request = {
+                "method": "GET" if scope["type"] == "websocket" else scope["method"],
+                "path": (scope.get("raw_path") or scope["path"].encode()).decode("latin-1"),
+                "query": scope.get("query_string", b"").decode("latin-1"),
+                "headers": headers,
+                # A body's hash is checked below, as it is read; no body is the empty one's.
+                "body_sha256": None if with_body else signing.body_sha256(b""),
+                "allow_unsigned_payload": False,
+            }
+            principal = identity.authenticate_nonblocking(**request)
+            if principal is None:
+                principal = await run_in_threadpool(identity.authenticate, **request)
+            if not with_body:
+                return principal, False, b""
+            signed_hash = headers[signing.HEADER_CONTENT.lower()]
+            return principal, False, await read_signed(receive, signed_hash, principal, MAX_SIGNED_BODY)
         token = session.session_cookie(headers)
         if token is None:
             raise Unauthenticated("a notebook opens for a signed-in user: sign in to the console (or sign the request)")
         principal, _ = await session.authenticate(app, token)
-        return principal, True
+        return principal, True, Upload(receive, MAX_BODY, length) if with_body else b""
 
     async def _target(self, scope: Scope, principal: Principal, notebook_id: str) -> Target:
         key = (principal.key_id, notebook_id)
@@ -175,20 +218,27 @@ class NotebookProxy:
         self._targets[key] = target
         return target
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, exc: KilnError | AuthFailure) -> None:
+    async def _refuse(
+        self, scope: Scope, receive: Receive, send: Send, exc: KilnError | AuthFailure, close: bool = False
+    ) -> None:
+        """The refusal's answer; ``close``: the request's body is (maybe) unread, so the connection is closed after
+        the answer rather than the rest of the body read and thrown away."""
         if isinstance(exc, AuthFailure):
             status, body = 401, exc.to_body()
+            method = "GET" if scope["type"] == "websocket" else scope["method"]
+            client = (scope.get("client") or ("-", 0))[0]
+            await record_unauthenticated(scope["app"].state.platform, method, scope["path"], client, exc)
         else:
             status, body = exc.status, exc.to_body()
-        log.info("%s %s %s: %s", status, scope.get("method", "WS"), scope["path"], body.get("message", ""))
+            log.info("%s %s %s: %s", status, scope.get("method", "WS"), scope["path"], body.get("message", ""))
         if scope["type"] == "websocket":
             await receive()  # websocket.connect
             await send({"type": "websocket.close", "code": 4000 + status, "reason": str(body.get("code", ""))})
             return
-        if isinstance(exc, KilnError):
-            await error_response(exc)(scope, receive, send)
-        else:
-            await JSONResponse(body, status_code=status)(scope, receive, send)
+        response = error_response(exc) if isinstance(exc, KilnError) else JSONResponse(body, status_code=status)
+        if close:
+            response.headers["connection"] = "close"
+        await response(scope, _no_body, send)
 
     # ---- HTTP
 
@@ -217,9 +267,11 @@ class NotebookProxy:
             if fd is not None:
                 task.add_done_callback(lambda _: os.close(fd))
 
-    async def _http(self, scope: Scope, send: Send, body: bytes, target: Target) -> bool:
+    async def _http(self, scope: Scope, send: Send, body: bytes | Upload, target: Target) -> bool:
         """Forward the request and its answer; False when JupyterLab could not be reached (nothing was sent)."""
         headers = _forwarded_headers(scope, target.address.token, drop=HOP_BY_HOP | {"authorization"})
+        if isinstance(body, Upload) and body.length is not None:
+            headers.append(("content-length", str(body.length)))  # streamed as it comes: chunked without it
         url = target.address.url + (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
         query = _without_token(scope.get("query_string", b"").decode("latin-1"))
         if query:
@@ -230,6 +282,9 @@ class NotebookProxy:
             upstream = await client.send(request, stream=True)
         except (OSError, httpx.HTTPError):
             return False
+        except PayloadTooLarge as exc:  # a streamed body passed the cap on its way
+            await self._refuse(scope, _no_body, send, exc, close=True)
+            return True
         try:
             out = [
                 (k.encode("latin-1"), v.encode("latin-1"))
@@ -378,18 +433,5 @@ def _same_origin(scope: Scope) -> bool:
     return urlsplit(origin).netloc.lower() == host.lower()
 
 
-async def _read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise PayloadTooLarge(f"a request to a notebook carries at most {MAX_BODY} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}

@@ -11,7 +11,9 @@ Kiln can hold one, so one middleware refuses them on every route, on either data
   ``\\u0000`` in a string or a key: 422 naming the field (``spec.name``, ``files.0.path``) as a validation error
   does. A body is parsed here only when its bytes hold ``\\u0000``.
 
-Left out: the bodies a route streams itself (bundles, artifacts and checkpoints) and a predict's body, which is
+Left out: the bodies of requests outside ``/api/v1/`` and ``/mlflow/`` (the notebook proxy's go to JupyterLab,
+read only once their caller is known: kiln.api.notebook_proxy), the bodies a route streams itself (bundles,
+artifacts and checkpoints) and a predict's body, which is
 the model's input, forwarded to a replica and never stored.
 """
 
@@ -26,7 +28,7 @@ from urllib.parse import parse_qsl
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kiln.api.auth import SERVICE_TOKEN_ROUTE, STREAMED_UPLOAD
+from kiln.api.auth import API_PREFIX, MLFLOW_PREFIX, SERVICE_TOKEN_ROUTE, STREAMED_UPLOAD
 from kiln.api.errors import RouteMethods
 from kiln.errors import InvalidInput, KilnError
 
@@ -95,8 +97,13 @@ def _query_fields(query: bytes) -> list[str]:
 
 
 def _json_body(scope: Scope) -> bool:
-    """Whether FastAPI would parse the body as JSON (kiln.api.auth caps it, except on the streamed uploads)."""
+    """Whether FastAPI would parse the body as JSON (kiln.api.auth caps it, except on the streamed uploads). Only
+    under the prefixes kiln.api.auth authenticates and caps before this runs: anywhere else (the notebook proxy,
+    which authenticates on the headers and streams the body on) a body buffered here was read whole, uncapped and
+    before its caller was known: 250 MB of an unauthenticated request held in memory."""
     path = scope.get("path", "")
+    if not path.startswith((API_PREFIX, MLFLOW_PREFIX)):
+        return False
     if STREAMED_UPLOAD.fullmatch(path) or PREDICT.fullmatch(path):
         return False
     content_type = ""
