@@ -56,12 +56,13 @@ def replica_read(replica: ServiceReplica, job_state: str | None, in_flight: int)
 
 
 def replica_spec(spec: ServiceSpec, service_id: str, replica_id: str, model: str, version: int) -> JobSpec:
-    """The job a replica runs: ``kiln.injob.serve`` over the model version staged at /model."""
+    """The job a replica runs: ``kiln.injob.serve`` over the model version staged at /model, on the service's
+    ``runtime.python`` where it names one (there may be no ``python`` beside it: Debian's /usr/bin/python3)."""
     params = replica_params(spec, (model, version))
     return JobSpec.model_validate(
         {
             "name": f"{spec.name}-replica"[:128],
-            "command": ["python", "-m", "kiln.injob.serve"],
+            "command": [spec.runtime.python or "python", "-m", "kiln.injob.serve"],
             "runtime": spec.runtime.model_dump(exclude_none=True),
             "resources": spec.resources.model_dump(exclude_none=True),
             "env": spec.env,
