@@ -276,8 +276,12 @@ def tmpfs_used(path: str) -> int:
 
 
 def disk_used(paths: list[str]) -> int:
-    """Bytes on disk under ``paths`` (allocated blocks; each inode once; links not followed, mounts not
-    crossed)."""
+    """Bytes under ``paths`` as the job's limit counts them (each inode once; links not followed, mounts not
+    crossed): a regular file counts its apparent size or its allocated blocks, whichever is more. The apparent
+    size, because that is what the file costs once copied anywhere (into the store as outputs or checkpoints,
+    where S3 keeps no holes): a sparse file of 95 MiB holding 4 KiB counted 4 KiB, and twenty of them passed a
+    100 MiB limit (issue 43). The blocks, because a file written through preallocation can hold more than it
+    shows; a directory counts its blocks."""
     seen: set[tuple[int, int]] = set()
     total = 0
     for top in paths:
@@ -301,7 +305,7 @@ def disk_used(paths: list[str]) -> int:
                 if key in seen:
                     continue
                 seen.add(key)
-                total += st.st_blocks * 512
+                total += max(st.st_size, st.st_blocks * 512) if stat.S_ISREG(st.st_mode) else st.st_blocks * 512
                 if stat.S_ISDIR(st.st_mode) and st.st_dev == top_dev:
                     stack.append(entry.path)
     return total

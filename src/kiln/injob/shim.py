@@ -243,6 +243,15 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits, shimlimits.JobLimits):
             reason = self.job_limit_after_step()
         if not reason and code:
             reason = self.limit_after_exit(code)
+        elif (
+            not reason
+            and name != "runtime"
+            and self.cfg.get("disk_limit")
+            and self.disk_exceeded(self.cfg["disk_limit"])
+        ):
+            # A step that exited 0 between two disk checks: sparse files reach any size at once (issue 43).
+            self.say(f"disk limit exceeded: {self.limit_note}")
+            reason = "DiskLimitExceeded"
         if reason:
             return code, reason
         if code == 127 and name != "finish":
