@@ -72,6 +72,13 @@ class InvalidArchive(BadRequest):
     code = "invalid_archive"
 
 
+class ArchiveLinkEscapes(InvalidArchive):
+    """A code bundle's link that leaves it once resolved through the bundle's other links: well-formed, refused."""
+
+    code = "archive_link_escapes"
+    status = 422
+
+
 class DigestMismatch(BadRequest):
     code = "digest_mismatch"
 

@@ -14,15 +14,8 @@ import tarfile
 import zlib
 from pathlib import Path
 
-from kiln.errors import InvalidArchive
+from kiln.errors import ArchiveLinkEscapes, InvalidArchive
 from kiln.injob.tarlinks import escaping_link
-
-
-class UnsafeArchiveLink(InvalidArchive, refines_code=True):
-    """A link that leaves the bundle once resolved through its other links: the bundle is well-formed, what it
-    asks for is refused (422, as invalid input is)."""
-
-    status = 422
 
 
 def _inside(path: str) -> bool:
@@ -77,7 +70,7 @@ def validate_archive(path: Path, *, max_members: int, max_unpacked_bytes: int) -
                             pass
             why = escaping_link(tar.getmembers())  # each link through all the others, whatever their order
             if why:
-                raise UnsafeArchiveLink(why)
+                raise ArchiveLinkEscapes(why)
         if _is_gzip(path):
             # tarfile stops at the end-of-archive blocks and never reaches the gzip trailer: check it too.
             with gzip.open(path, "rb") as gz:

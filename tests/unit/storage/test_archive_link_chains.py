@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.errors import InvalidArchive
+from kiln.errors import ArchiveLinkEscapes
 from kiln.injob import shimprep
 from kiln.injob.tarlinks import escaping_link
 from kiln.storage.archive import validate_archive
@@ -45,9 +45,9 @@ CHAINS = {
 def test_a_link_leaving_through_another_is_refused_at_upload_naming_it(
     tmp_path: Path, members: list, name: str
 ) -> None:
-    with pytest.raises(InvalidArchive) as refused:
+    with pytest.raises(ArchiveLinkEscapes) as refused:
         validate_archive(bundle(tmp_path / "b.tar.gz", members), **LIMITS)
-    assert refused.value.status == 422
+    assert (refused.value.status, refused.value.code) == (422, "archive_link_escapes")
     assert refused.value.message.startswith(("symlink leaves the bundle: ", "hard link leaves the bundle: "))
     assert f"{name!r} -> " in refused.value.message
 
