@@ -65,7 +65,7 @@ class FakeBackend(Backend):
     def cancel(self, handle: dict[str, Any], grace_seconds: float) -> None:
         self.cancelled.append(handle["job_id"])
 
-    def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
+    def collect_outputs(self, handle: dict[str, Any], dest_prefix: str, admit: Any = None) -> tuple[int, int]:
         return 0, 0
 
     def cleanup(self, handle: dict[str, Any]) -> None:

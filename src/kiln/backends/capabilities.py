@@ -41,14 +41,23 @@ class Preemptible(abc.ABC):
         then ends with the reason ``Preempted``."""
 
 
+class OutputsNotKept(Exception):
+    """An attempt's outputs are refused whole, before any of them is written to the store: the message says why
+    (the job's disk limit, the organisation's storage quota), naming the sizes."""
+
+
 class OutputCollector(abc.ABC):
     """The server copies an attempt's outputs into the store (a backend whose jobs upload their outputs
     themselves, as Kubernetes pods do, does not have it)."""
 
     @abc.abstractmethod
-    def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
-        """Copy what the attempt wrote to $KILN_OUTPUT_DIR into the artifact store under ``dest_prefix``.
-        Idempotent. Returns (files, bytes)."""
+    def collect_outputs(
+        self, handle: dict[str, Any], dest_prefix: str, admit: Callable[[int], None] | None = None
+    ) -> tuple[int, int]:
+        """Copy what the attempt wrote to $KILN_OUTPUT_DIR into the artifact store under ``dest_prefix``, all of
+        it or nothing. Idempotent. Sizes are apparent sizes (a sparse file costs the store all of its length):
+        ``admit`` is called with their sum before anything is written and raises ``OutputsNotKept`` to refuse
+        them; so does the backend for outputs over the job's disk limit. Returns (files, bytes)."""
 
 
 class CheckpointSyncer(abc.ABC):

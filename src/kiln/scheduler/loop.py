@@ -47,6 +47,7 @@ from kiln.domain.stored_spec import StoredSpec
 from kiln.errors import InvalidInput
 from kiln.scheduler.observe import Observer, log_source
 from kiln.scheduler.outcome import STARTED_BEFORE_END, JobView, Observed, Outcome, decide
+from kiln.scheduler.outputs_gate import OutputsGate
 from kiln.scheduler.passes import Plan, Seen
 from kiln.scheduler.starter import Starter
 from kiln.scheduler.waiting import WAITING_STATES, note_waiting, queued_at, set_waiting
@@ -110,7 +111,7 @@ class Reconciler:
         self._leftover_at = 0.0
         self._borrowers: dict[str, str] = {}  # placed job id → the waiting job it borrows from (kept in its allocation)
         self._next_takeover: datetime | None = None  # the earliest another server's lease on a waiting job runs out
-        self.observer = Observer(backend, logs, settings)
+        self.observer = Observer(backend, logs, settings, OutputsGate(db, logs))
         self.starter = Starter(db, backend, self._inputs, logs, owner=self.owner)
         # (org id, spec) → the spec's inputs resolved to files (datasets and model versions).
         self.resolve_inputs = resolve_inputs

@@ -1,19 +1,22 @@
 """Step 1 of a reconcile pass: where each attempt is, asked of the backend with no transaction open (a cancel or a
 preemption notice it is due sent first), and what an attempt that ended left behind (its whole log, its outputs
 and checkpoints, in the store before the end is recorded). The pass's transaction writes what it found
-(``Seen``)."""
+(``Seen``); the one other write is the outputs' reservation against the storage quota, before they are copied
+(kiln.scheduler.outputs_gate)."""
 
 from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from kiln.backends.base import Backend, Phase
-from kiln.backends.capabilities import CheckpointSyncer, EventSyncer, OutputCollector, Preemptible
+from kiln.backends.capabilities import CheckpointSyncer, EventSyncer, OutputCollector, OutputsNotKept, Preemptible
 from kiln.db.tables import Job
 from kiln.domain.states import JobState
+from kiln.scheduler.outputs_gate import OutputsGate
 from kiln.scheduler.passes import Seen
 from kiln.settings import Settings
 from kiln.storage.keys import checkpoints_prefix, events_prefix, outputs_prefix
@@ -25,14 +28,16 @@ log = logging.getLogger(__name__)
 class Observer:
     """Asks the backend about one attempt at a time; holds nothing between passes."""
 
-    def __init__(self, backend: Backend, logs: LogStore, settings: Settings) -> None:
+    def __init__(self, backend: Backend, logs: LogStore, settings: Settings, gate: OutputsGate | None = None) -> None:
         self.backend = backend
         self.logs = logs
         self.settings = settings
+        self.gate = gate  # the storage quota, checked before outputs are copied (None: none checked)
 
     def look(self, job: Job) -> Seen:
         """Ask the backend where the job's attempt is (sending a requested cancel or preemption first), and
-        collect what an attempt that ended left behind. No database access: the pass's transaction writes it."""
+        collect what an attempt that ended left behind. The pass's transaction writes it; only the outputs'
+        reservation against the storage quota (``gate``) is written here, before they are copied."""
         seen = Seen(job, dict(job.handle or self.backend.handle_for(job.id, job.attempt)))
         handle = seen.handle
         if job.cancel_requested and not handle.get("cancel_sent"):
@@ -65,7 +70,12 @@ class Observer:
         backend = self.backend
         try:
             if isinstance(backend, OutputCollector):
-                seen.copied, seen.copied_bytes = backend.collect_outputs(handle, outputs_prefix(job.org_id, job.id))
+                admit = partial(self.gate.admit, job.id) if self.gate is not None else None
+                prefix = outputs_prefix(job.org_id, job.id)
+                seen.copied, seen.copied_bytes = backend.collect_outputs(handle, prefix, admit)
+        except OutputsNotKept as exc:  # refused whole, before any was written: the job's end event says why
+            seen.copy_error = f"; outputs not kept: {exc}"
+            seen.notes.append(f"outputs not kept: {exc}")
         except Exception as exc:  # keep the job's outcome even when its outputs cannot be kept
             seen.copy_error = f"; collecting outputs failed: {type(exc).__name__}: {exc}"
             log.warning("job %s: collecting outputs failed: %s", job.id, exc)

@@ -114,3 +114,47 @@ def test_a_notebooks_address_is_what_its_state_file_names_in_the_work_dir_and_no
     (tmp_path / "elsewhere.json").write_text(json.dumps({"socket": "s", "token": "t"}))
     state.symlink_to(tmp_path / "elsewhere.json")  # the job's link: never followed
     assert jobfiles.notebook_address(work) is None
+
+
+def test_outputs_are_copied_whole_or_not_at_all(tmp_path: Path) -> None:
+    """Sized at their apparent length before anything is written; refused (by the quota's ``admit``, or past
+    ``most``) or cut short by a failing store, the store keeps none of them (issue 43)."""
+    import pytest
+
+    from kiln.backends.capabilities import OutputsNotKept
+    from kiln.storage.store import ObjectStore
+
+    out = tmp_path / "outputs"
+    out.mkdir()
+    for name in ("a.bin", "b.bin"):
+        with open(out / name, "wb") as fh:
+            fh.write(b"1")
+            fh.truncate(3 * 2**20)  # sparse: a few KiB allocated, 3 MiB to the store
+    store = ObjectStore(str(tmp_path / "store"))
+    asked: list[int] = []
+
+    def refuse(size: int) -> None:
+        asked.append(size)
+        raise OutputsNotKept("over the quota")
+
+    with pytest.raises(OutputsNotKept):
+        jobfiles.copy_tree(store, out, "outputs/job", refuse)
+    assert asked == [6 * 2**20] and store.list("outputs/job") == []
+    with pytest.raises(OutputsNotKept, match="more than the job's disk limit of 5 MiB"):
+        jobfiles.copy_tree(store, out, "outputs/job", most=5 * 2**20)
+    assert store.list("outputs/job") == []
+
+    put = store.put_file
+
+    def fails_second(local: Path, key: str) -> None:
+        if key.endswith("b.bin"):
+            raise OSError("the store went away")
+        put(local, key)
+
+    store.put_file = fails_second  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        jobfiles.copy_tree(store, out, "outputs/job")
+    assert store.list("outputs/job") == []
+    store.put_file = put  # type: ignore[method-assign]
+    assert jobfiles.copy_tree(store, out, "outputs/job", asked.append) == (2, 6 * 2**20)
+    assert store.list("outputs/job") == [("a.bin", 3 * 2**20), ("b.bin", 3 * 2**20)]

@@ -539,8 +539,13 @@ class LocalBackend(
         rel = jobfiles.events_dir(member_dirs(handle), job_dir)
         return jobfiles.sync_events(self.store, job_dir, rel, dest_prefix, self.settings.tensorboard_keep_bytes)
 
-    def collect_outputs(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
-        return jobfiles.copy_tree(self.store, self._job_dir_of(handle) / "outputs", dest_prefix)
+    def collect_outputs(
+        self, handle: dict[str, Any], dest_prefix: str, admit: Callable[[int], None] | None = None
+    ) -> tuple[int, int]:
+        # No more than the job's disk limit (as its shim was told): a job that ended past it keeps no outputs.
+        shim = next((read_json(d / "shim.json") or {} for _, _, d in member_dirs(handle)), {})
+        most = shim.get("disk_limit") if isinstance(shim.get("disk_limit"), int) else None
+        return jobfiles.copy_tree(self.store, self._job_dir_of(handle) / "outputs", dest_prefix, admit, most)
 
     def release(self, handle: dict[str, Any], keep: bool) -> None:
         jobfiles.release(self._job_dir_of(handle), self.settings.work_retention_seconds if keep else 0)

@@ -15,12 +15,13 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from kiln.backends.capabilities import NotebookAddress
+from kiln.backends.capabilities import NotebookAddress, OutputsNotKept
 from kiln.backends.local.attemptdir import read_json, write_json_atomic
+from kiln.domain.quantities import format_bytes
 from kiln.storage.store import ObjectStore, safe_key
 
 log = logging.getLogger(__name__)
@@ -50,17 +51,54 @@ def files_beneath(root: Path) -> Iterator[tuple[str, int]]:
             yield (base / name).as_posix(), fd
 
 
-def copy_tree(store: ObjectStore, root: Path, dest_prefix: str) -> tuple[int, int]:
-    """Every regular file under ``root`` into the store under ``dest_prefix``; (files, bytes)."""
+def tree_bytes(root: Path) -> int:
+    """The apparent size of every regular file under ``root``: what copying them into the store writes (the holes
+    of a sparse file are copied as zeros, and S3 keeps no holes)."""
+    total = 0
+    for _, fd in files_beneath(root):
+        try:
+            total += os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+    return total
+
+
+def copy_tree(
+    store: ObjectStore,
+    root: Path,
+    dest_prefix: str,
+    admit: Callable[[int], None] | None = None,
+    most: int | None = None,
+) -> tuple[int, int]:
+    """Every regular file under ``root`` into the store under ``dest_prefix``, all or none; (files, bytes).
+
+    The files are sized first: over ``most`` bytes (the job's disk limit), or refused by ``admit`` (called with
+    their size: the organisation's storage quota), nothing is written (``OutputsNotKept``). A copy that fails or
+    finds the files grown past what was admitted removes what it wrote, so no part of a refused tree stays."""
     if not root.is_dir():
         return 0, 0
-    count = size = 0
-    for rel, fd in files_beneath(root):
-        with os.fdopen(fd, "rb") as fh:
-            store.put_file(Path(f"/proc/self/fd/{fh.fileno()}"), f"{dest_prefix}/{rel}")
-            count += 1
-            size += os.fstat(fh.fileno()).st_size
-    return count, size
+    total = tree_bytes(root)
+    if most is not None and total > most:
+        raise OutputsNotKept(f"they hold {format_bytes(total)}, more than the job's disk limit of {format_bytes(most)}")
+    if admit is not None and total:
+        admit(total)
+    written: list[str] = []
+    size = 0
+    try:
+        for rel, fd in files_beneath(root):
+            with os.fdopen(fd, "rb") as fh:
+                size += os.fstat(fh.fileno()).st_size
+                if size > total:
+                    raise OutputsNotKept(f"they grew past the {format_bytes(total)} counted before copying")
+                key = f"{dest_prefix}/{rel}"
+                store.put_file(Path(f"/proc/self/fd/{fh.fileno()}"), key)
+                written.append(key)
+    except BaseException:
+        for key in written:
+            with contextlib.suppress(Exception):
+                store.delete(key)
+        raise
+    return len(written), size
 
 
 def sync_checkpoints(store: ObjectStore, job_dir: Path, dest_prefix: str) -> tuple[int, int]:
