@@ -374,7 +374,18 @@ class Metrics:
             root = os.path.join(self.cfg.get("work_dir") or ".", root)
         spool = self.spool("tb")
         budget = self.mc.get("tensorboard_bytes")  # what the shim (root, outside the job's limits) decodes at most
-        follower = tbreader.DirectoryFollower(root, budget if isinstance(budget, int) else None)
+        cpu = self.mc.get("tensorboard_cpu_seconds")
+        # Spent per job, not per attempt: kept in the job's directory (root's alone, beside its metrics dir, which
+        # the job writes), one file per member of a gang, read back by the next attempt's shim.
+        state = self.mc.get("tensorboard_state") or os.path.join(
+            os.path.dirname(os.path.abspath(self.dir)), f"tensorboard-spent-{safe_member(self.member)}.json"
+        )
+        follower = tbreader.DirectoryFollower(
+            root,
+            budget if isinstance(budget, int) else None,
+            float(cpu) if isinstance(cpu, int | float) else tbreader.DEFAULT_CPU_SECONDS,
+            str(state),
+        )
         reported: set[str] = set()
         try:
             while True:
@@ -387,7 +398,8 @@ class Metrics:
                         message = f"TensorBoard file {path}: {problem}" if path else problem
                         spool.event("MetricsExtractionError", message)
                         if self.say is not None and (not path or problem.startswith("stopped")):
-                            self.say(f"metrics: {message} (KILN_JOB_TENSORBOARD_BYTES)")
+                            said = "its CPU budget" if "of CPU" in message else "KILN_JOB_TENSORBOARD_BYTES"
+                            self.say(f"metrics: {message} ({said})")
                 spool.flush()
                 if final:
                     break

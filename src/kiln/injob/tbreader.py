@@ -20,14 +20,22 @@ Data checksums are computed only for records that give scalars: crc32c in pure P
 (images) are skipped anyway.
 
 The shim reads a job's files as root, outside the job's CPU limit, so what it decodes is bounded: records over
-``MAX_DECODED_RECORD`` are skipped without being decoded (a scalar event is a few dozen bytes), and a
-``DirectoryFollower`` given ``max_bytes`` stops reading once its files' records add up to it (each file at most
-half of it; ``record_cost``: small records count ``MIN_RECORD_COST``), and says so. Pure-Python decoding costs
-up to about half a second of CPU per MiB of crafted records.
+``MAX_DECODED_RECORD`` are skipped without being decoded (a scalar event is a few dozen bytes), an event's first
+``MAX_VALUES_PER_EVENT`` summary values are decoded and the rest skipped (a crafted record held 60,000), a packed
+numeric field longer than one value is no scalar and is not unpacked, and one read returns at most
+``MAX_POINTS_PER_READ`` points (the rest waits for the next): what a read holds in memory is bounded by
+construction. A ``DirectoryFollower`` given ``max_bytes`` stops reading once its files' records add up to it (each
+file at most half of it; ``record_cost``: small records count ``MIN_RECORD_COST``), given ``max_cpu`` once its
+thread has spent that many CPU seconds (``time.thread_time``) decoding, and says so. Given ``state`` (a file the
+job cannot write: in its job directory, root's), both are spent per job, not per attempt: what was spent is
+written there after each poll and read back by the next attempt's follower, which reads the same files again from
+their start (a job restarts up to 100 times). Pure-Python decoding costs up to about half a second of CPU per MiB
+of crafted records.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import stat
@@ -40,6 +48,10 @@ MAX_DECODED_RECORD = 1024 * 1024  # bigger records (images, graphs, audio) are s
 MIN_RECORD_COST = 64  # what the smallest record counts against a budget (its framing costs as much)
 MAX_FILES = 1000  # event files followed under one directory
 MAX_SCAN_ENTRIES = 20_000  # directory entries one scan looks at
+MAX_VALUES_PER_EVENT = 1000  # summary values decoded of one event (a model logs dozens); the rest are skipped
+MAX_PACKED_SCALAR = 16  # bytes of a packed numeric field of a scalar tensor (one value); longer: no scalar
+MAX_POINTS_PER_READ = 50_000  # points one read returns (and holds): the rest waits for the next read
+DEFAULT_CPU_SECONDS = 30.0  # CPU a job's files may cost the shim in all, when its config names no other
 _CRC_TABLE: list[int] = []
 _HEADER_CRCS: dict[bytes, int] = {}  # a file's records mostly share a few lengths: their header checksums, cached
 
@@ -207,6 +219,8 @@ def tensor_scalar(buf: memoryview) -> float | None:
                     return None  # unknown rank
         elif number == 4 and isinstance(value, memoryview):
             content = value
+        elif number in (5, 6, 7, 10, 13) and isinstance(value, memoryview) and len(value) > MAX_PACKED_SCALAR:
+            return None  # more than one value: no scalar, and not unpacked (a crafted one held thousands)
         elif number == 5:
             floats += _packed(value, wire, "fixed32")
         elif number == 6:
@@ -257,8 +271,12 @@ def parse_event(
         elif number == 2 and isinstance(value, int):
             step = _signed64(value)
         elif number == 5 and isinstance(value, memoryview):
+            seen = 0
             for n, _, item in fields(value):
                 if n == 1 and isinstance(item, memoryview):
+                    seen += 1
+                    if seen > MAX_VALUES_PER_EVENT:
+                        break  # the rest of a crafted summary is skipped, undecoded
                     scalar = _summary_value(item, plugins)
                     if scalar is not None:
                         scalars.append(scalar)
@@ -341,10 +359,12 @@ class EventFileReader:
         self.spent = 0  # what they cost so far
 
     def read(
-        self, max_bytes: int = 16 * 1024 * 1024, allowance: float = math.inf
+        self, max_bytes: int = 16 * 1024 * 1024, allowance: float = math.inf, cpu_until: float = math.inf
     ) -> list[tuple[float, int, str, float]]:
         """The scalars of the records completed since the last read, from at most ``max_bytes`` of the file,
-        taking at most ``allowance`` of the budget (``record_cost`` each; ``spent`` adds up)."""
+        taking at most ``allowance`` of the budget (``record_cost`` each; ``spent`` adds up), stopping before a
+        record once this thread's CPU time (``time.thread_time``) passes ``cpu_until`` or the read holds
+        ``MAX_POINTS_PER_READ`` points (the rest is read next time)."""
         out: list[tuple[float, int, str, float]] = []
         if self.broken:
             return out
@@ -366,6 +386,8 @@ class EventFileReader:
         view = memoryview(data)
         pos = spent = 0
         while len(view) - pos >= 12:
+            if len(out) >= MAX_POINTS_PER_READ or time.thread_time() > cpu_until:
+                break
             header = view[pos : pos + 8]
             length = int.from_bytes(header, "little")
             if int.from_bytes(view[pos + 8 : pos + 12], "little") != _header_crc(bytes(header)) or length > MAX_RECORD:
@@ -415,19 +437,32 @@ class DirectoryFollower:
     ``validation/`` with the same tags.
 
     ``max_bytes``: what all the files' records may cost in all (``record_cost``), each file at most half of it;
-    once it is spent nothing more is read and ``limit_note`` says so."""
+    ``max_cpu``: the CPU seconds its polls may take in all. Once either is spent nothing more is read and
+    ``limit_note`` says so. ``state``: where what was spent is kept across attempts (see the module's doc)."""
 
-    def __init__(self, root: str, max_bytes: float | None = None) -> None:
+    def __init__(
+        self, root: str, max_bytes: float | None = None, max_cpu: float | None = None, state: str | None = None
+    ) -> None:
         self.root = root
         self.readers: dict[str, EventFileReader] = {}
         self.last_scan = 0.0
         self.reported: dict[str, str] = {}
         self.max_bytes = math.inf if max_bytes is None else max_bytes
+        self.max_cpu = math.inf if max_cpu is None else max_cpu
         self.limit_note = ""  # why the files are no longer (all) read
+        self.state = state
+        self.earlier_bytes, self.earlier_cpu = _load_spent(state)  # by this job's earlier attempts
+        self.cpu = 0.0  # CPU seconds this follower's polls took
+        self._saved = (0, 0.0)
 
     @property
     def spent(self) -> int:
-        return sum(reader.spent for reader in self.readers.values())
+        """What the job's records cost so far: this attempt's reads and the earlier attempts'."""
+        return self.earlier_bytes + sum(reader.spent for reader in self.readers.values())
+
+    @property
+    def cpu_spent(self) -> float:
+        return self.earlier_cpu + self.cpu
 
     def scan(self) -> None:
         seen = 0
@@ -444,28 +479,70 @@ class DirectoryFollower:
         self.last_scan = time.monotonic()
 
     def poll(self, rescan: bool = True, deadline: float = float("inf")) -> list[tuple[float, int, str, float]]:
+        started = time.thread_time()
+        try:
+            return self._poll(rescan, deadline, started)
+        finally:
+            self.cpu += time.thread_time() - started
+            self._save()
+
+    def _poll(self, rescan: bool, deadline: float, started: float) -> list[tuple[float, int, str, float]]:
+        out: list[tuple[float, int, str, float]] = []
+        if self.limit_note:
+            return out  # the budget was spent: nothing is scanned or read again
+        cpu_left = self.max_cpu - self.cpu_spent
+        if cpu_left <= 0:
+            self.limit_note = (
+                f"TensorBoard event files: {self.cpu_spent:.1f} s of CPU spent decoding them for metrics, the most "
+                "a job spends; the rest is not read"
+            )
+            return out
         if rescan:
             self.scan()
-        out: list[tuple[float, int, str, float]] = []
         spent = self.spent
         for path, reader in self.readers.items():
             if time.monotonic() > deadline:
                 break
             left = self.max_bytes - spent
             if left < MIN_RECORD_COST:
-                if not self.limit_note:
-                    self.limit_note = (
-                        f"TensorBoard event files: {spent / 1048576:.1f} MiB of records read for metrics, the most an "
-                        "attempt reads; the rest is not read"
-                    )
+                self.limit_note = (
+                    f"TensorBoard event files: {spent / 1048576:.1f} MiB of records read for metrics, the most a "
+                    "job reads (all its attempts); the rest is not read"
+                )
                 break
             rel = os.path.relpath(os.path.dirname(path), self.root)
             prefix = "" if rel in (".", "") else rel.replace(os.sep, "/") + "/"
             before = reader.spent
-            for wall_time, step, tag, value in reader.read(allowance=left):
+            for wall_time, step, tag, value in reader.read(allowance=left, cpu_until=started + cpu_left):
                 out.append((wall_time, step, (prefix + tag)[:200], value))
             spent += reader.spent - before
         return out
 
     def problems(self) -> list[tuple[str, str]]:
         return [(path, reader.problem) for path, reader in self.readers.items() if reader.problem]
+
+    def _save(self) -> None:
+        """What the job has spent, into ``state`` (when it changed): the next attempt starts from there."""
+        now = (self.spent, round(self.cpu_spent, 3))
+        if self.state is None or now == self._saved:
+            return
+        self._saved = now
+        tmp = f"{self.state}.tmp"
+        try:
+            with open(tmp, "w") as fh:
+                json.dump({"bytes": now[0], "cpu": now[1]}, fh)
+            os.replace(tmp, self.state)
+        except OSError:
+            pass  # not kept: the next attempt has this attempt's budget again, no more
+
+
+def _load_spent(state: str | None) -> tuple[int, float]:
+    """(bytes, CPU seconds) an earlier attempt of the job recorded in ``state``; nothing when there is none."""
+    if state is None:
+        return 0, 0.0
+    try:
+        with open(state) as fh:
+            data = json.load(fh)
+        return max(0, int(data.get("bytes", 0))), max(0.0, float(data.get("cpu", 0.0)))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0, 0.0
