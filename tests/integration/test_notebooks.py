@@ -253,6 +253,24 @@ def test_only_its_user_reaches_it_and_the_console_cookie_needs_this_origin(
     assert (status, printed.strip()) == ("ok", "42")
 
 
+@pytest.mark.timeout(120)
+def test_jupyterlabs_token_is_on_no_command_line(server: KilnServer, people: dict[str, Client], notebook: str) -> None:
+    # Any user of the host reads every process's command line (ps): JupyterLab's token is never on one.
+    job_id = people["owner"].get_notebook("explore").job_id
+    assert job_id is not None
+    state = json.loads((server.home / "jobs" / job_id / "work" / ".kiln-notebook.json").read_text())
+    token = state["token"].encode()
+    lab = 0
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes() if proc.name.isdigit() else b""
+        except OSError:  # gone since it was listed
+            continue
+        lab += b"jupyterlab" in cmdline
+        assert token not in cmdline, cmdline.replace(b"\0", b" ")
+    assert lab, "JupyterLab's process was not found: the check above looked at nothing"
+
+
 @pytest.mark.timeout(300)
 def test_another_organisations_job_cannot_connect_to_the_notebook(
     server: KilnServer, people: dict[str, Client], notebook: str
