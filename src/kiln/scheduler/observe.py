@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -68,17 +67,8 @@ class Observer:
         # The whole log into the store before the end is recorded: a server that sees the job ended serves it all.
         seen.log_bytes = self.ship_log(job, handle)  # counted in the organisation's storage (usecases/quotas.py)
         backend = self.backend
-        try:
-            if isinstance(backend, OutputCollector):
-                admit = partial(self.gate.admit, job.id) if self.gate is not None else None
-                prefix = outputs_prefix(job.org_id, job.id)
-                seen.copied, seen.copied_bytes = backend.collect_outputs(handle, prefix, admit)
-        except OutputsNotKept as exc:  # refused whole, before any was written: the job's end event says why
-            seen.copy_error = f"; outputs not kept: {exc}"
-            seen.notes.append(f"outputs not kept: {exc}")
-        except Exception as exc:  # keep the job's outcome even when its outputs cannot be kept
-            seen.copy_error = f"; collecting outputs failed: {type(exc).__name__}: {exc}"
-            log.warning("job %s: collecting outputs failed: %s", job.id, exc)
+        if isinstance(backend, OutputCollector):
+            self.collect_outputs(backend, job, handle, seen)
         try:
             if isinstance(backend, CheckpointSyncer):
                 backend.sync_checkpoints(handle, checkpoints_prefix(job.org_id, job.id))
@@ -94,6 +84,34 @@ class Observer:
         if status.phase is Phase.LOST:
             self.backend.cleanup(handle)
         return seen
+
+    def collect_outputs(self, backend: OutputCollector, job: Job, handle: dict[str, Any], seen: Seen) -> None:
+        """The attempt's outputs into the store, whole or not at all, admitted by the storage quota first."""
+        reserved: list[int] = []
+
+        def admit(size: int) -> None:
+            assert self.gate is not None
+            self.gate.admit(job.id, size)
+            reserved.append(size)
+
+        kept = False
+        try:
+            prefix = outputs_prefix(job.org_id, job.id)
+            seen.copied, seen.copied_bytes = backend.collect_outputs(handle, prefix, admit if self.gate else None)
+            kept = True
+        except OutputsNotKept as exc:  # refused whole, none of them in the store: the job's end event says why
+            seen.copy_error = f"; outputs not kept: {exc}"
+            seen.notes.append(f"outputs not kept: {exc}")
+        except Exception as exc:  # keep the job's outcome even when its outputs cannot be kept
+            seen.copy_error = f"; collecting outputs failed: {type(exc).__name__}: {exc}"
+            log.warning("job %s: collecting outputs failed: %s", job.id, exc)
+        if reserved and not kept and self.gate is not None:
+            # Admitted, then not copied (the store failed, the files grew): the reservation would count bytes
+            # the store does not hold, so the count goes back to what it was.
+            try:
+                self.gate.release(job.id, job.output_bytes or 0)
+            except Exception as exc:
+                log.warning("job %s: releasing its outputs' reservation failed: %s", job.id, exc)
 
     def ship_log(self, job: Job, handle: dict[str, Any]) -> int:
         """Ship the job's log to the store (all of it: the attempt is over); its size. A store that is down

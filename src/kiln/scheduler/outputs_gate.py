@@ -50,6 +50,13 @@ class OutputsGate:
                 )
             job.output_bytes = size  # reserved; the pass that records the attempt's end writes what was copied
 
+    def release(self, job_id: str, previous: int) -> None:
+        """Undo ``admit``'s reservation of outputs that were then not copied: the job counts ``previous`` again."""
+        with self.db.transaction() as s:
+            job = s.get(Job, job_id)
+            if job is not None:
+                job.output_bytes = previous
+
 
 def _storage_limit(s: Session, org_id: str) -> int | None:
     total = load_limits(s, [org_id]).get(org_id, {}).get(TOTAL)
