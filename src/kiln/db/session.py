@@ -128,6 +128,9 @@ PG_TCP_OPTIONS = {
     "keepalives_count": 3,
     "tcp_user_timeout": 10_000,
 }
+# How long a bulk writer (metrics ingestion) waits for SQLite's write lock before its transaction fails with
+# "database is locked" (its task backs off and tries again); a request waits up to 30 s.
+BULK_BUSY_SECONDS = 2.0
 # What a client answered 503 for an unavailable database is told to wait (Retry-After) before it tries again.
 DATABASE_RETRY_AFTER_SECONDS = 2
 
@@ -166,23 +169,34 @@ def _postgresql_connect_args(url: str, idle_transaction_seconds: float | None = 
 
 
 def make_engine(
-    url: str, *, read_only: bool = False, foreign_keys: bool = True, idle_transaction_seconds: float | None = None
+    url: str,
+    *,
+    read_only: bool = False,
+    foreign_keys: bool = True,
+    idle_transaction_seconds: float | None = None,
+    busy_seconds: float = 30.0,
 ) -> Engine:
     engine = _make_engine(
-        url, read_only=read_only, foreign_keys=foreign_keys, idle_transaction_seconds=idle_transaction_seconds
+        url,
+        read_only=read_only,
+        foreign_keys=foreign_keys,
+        idle_transaction_seconds=idle_transaction_seconds,
+        busy_seconds=busy_seconds,
     )
     event.listen(engine, "handle_error", database_unavailable)
     return engine
 
 
-def _make_engine(url: str, *, read_only: bool, foreign_keys: bool, idle_transaction_seconds: float | None) -> Engine:
+def _make_engine(
+    url: str, *, read_only: bool, foreign_keys: bool, idle_transaction_seconds: float | None, busy_seconds: float
+) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:" and not read_only:
             _private_sqlite_file(Path(parsed.database))
         engine = create_engine(
             url,
-            connect_args={"check_same_thread": False, "timeout": 30},
+            connect_args={"check_same_thread": False, "timeout": busy_seconds},
             pool_size=20,
             max_overflow=20,
         )
@@ -195,7 +209,7 @@ def _make_engine(url: str, *, read_only: bool, foreign_keys: bool, idle_transact
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute(f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}")
-            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.execute(f"PRAGMA busy_timeout={int(busy_seconds * 1000)}")
             cursor.close()
 
         @event.listens_for(engine, "begin")
@@ -233,8 +247,17 @@ class Database:
         # On SQLite a second engine whose transactions don't take the write lock; elsewhere the same engine.
         self.read_engine = make_engine(url, read_only=True) if self.engine.dialect.name == "sqlite" else self.engine
         self._read_sessions = sessionmaker(self.read_engine, expire_on_commit=False)
-        # On SQLite a third for bulk writers that guarantee their own references (see bulk_transaction).
-        self.bulk_engine = make_engine(url, foreign_keys=False) if self.engine.dialect.name == "sqlite" else self.engine
+        # On SQLite a third for bulk writers that guarantee their own references (see bulk_transaction). They are
+        # background work that can wait: they give up on SQLite's write lock after BULK_BUSY_SECONDS (their task
+        # tries again later, kiln.tasks.runner), rather than queue for it as long as a request would.
+        self.bulk_engine = (
+            make_engine(url, foreign_keys=False, busy_seconds=BULK_BUSY_SECONDS)
+            if self.engine.dialect.name == "sqlite"
+            else self.engine
+        )
+        # Writers of ``transaction`` in flight (SQLite): a bulk writer lets them go first (``yield_to_writers``).
+        self._writers = 0
+        self._writers_idle = threading.Condition()
         self._bulk_sessions = sessionmaker(self.bulk_engine, expire_on_commit=False)
 
     @staticmethod
@@ -279,11 +302,26 @@ class Database:
     def transaction(self) -> Iterator[Session]:
         """One unit of work: commits on success, rolls back on any error."""
         session = self._sessions()
+        with self._writers_idle:
+            self._writers += 1
         try:
             with session.begin():
                 yield session
         finally:
             session.close()
+            with self._writers_idle:
+                self._writers -= 1
+                if self._writers == 0:
+                    self._writers_idle.notify_all()
+
+    def yield_to_writers(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` seconds) until no transaction of ``transaction`` is in flight in this process;
+        True if none is. A bulk writer calls it between its transactions on SQLite, whose write lock is not handed
+        out in turn: a waiting writer polls for it (sleeping up to 100 ms between tries), and a bulk writer going
+        straight from one transaction to the next would take it again each time. Requests and the other tasks go
+        first; the bulk writer gets its turn within ``timeout`` however many there are."""
+        with self._writers_idle:
+            return self._writers_idle.wait_for(lambda: self._writers == 0, timeout)
 
     @contextmanager
     def bulk_transaction(self) -> Iterator[Session]:

@@ -136,3 +136,13 @@ MAX_COMPARE_JOBS = 50
 """Jobs one metrics comparison reads."""
 MAX_METRIC_POINTS = 1_000_000
 """Points one metrics query returns over all its series (its downsample times its series could be 20 million)."""
+MAX_JOB_METRIC_SERIES = 10_000_000
+"""The highest ceiling of a job's metric series (``metrics.limits.series``, KILN_METRICS_MAX_SERIES)."""
+MAX_JOB_METRIC_POINTS = 10**12
+"""The highest ceiling of a job's metric points (``metrics.limits.points``, KILN_METRICS_MAX_POINTS)."""
+MIN_METRIC_LINE_BYTES = 1 * KiB
+MAX_METRIC_LINE_BYTES = 16 * MiB
+"""The longest spool line any setting or spec may allow (``metrics.limits.line``): what the ingester may have to
+hold of one line."""
+MAX_METRIC_SPOOL_BYTES = PiB
+"""The highest ceiling of the spool bytes read for one job (``metrics.limits.spool``)."""

@@ -17,6 +17,7 @@ from kiln.domain import models as model_refs
 from kiln.domain.dataset_refs import parse_ref
 from kiln.domain.distributed import DistributedSpec
 from kiln.domain.durations import parse_duration
+from kiln.domain.metric_limits import MetricLimitsSpec
 from kiln.domain.quantities import parse_memory
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -258,6 +259,11 @@ class MetricsSpec(_Strict):
         "batch (names or shell-style patterns): a study's trials watch its objective, so that its pruner judges "
         "each report as it is made. Each such point costs a write and a wake-up of the server: watch a "
         "per-epoch metric, not a per-batch one.",
+    )
+    limits: MetricLimitsSpec | None = Field(
+        None,
+        description="The job's metrics budget: most series, points, bytes per spool line and spool bytes read "
+        "(docs/metrics.md). Unset: the operator's defaults.",
     )
 
     @field_validator("tensorboard_dir")

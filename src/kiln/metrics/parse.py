@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,8 @@ class Parsed:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (member, reason, message)
     errors: int = 0
     first_error: str = ""
+    long_lines: int = 0  # lines skipped for being longer than the job's metrics.limits.line
+    refused: int = 0  # points of series the job's budget refused as they were parsed (``parse_lines(admit=)``)
 
     def error(self, why: str) -> None:
         self.errors += 1
@@ -111,10 +114,18 @@ def _loads(line: bytes) -> Any:
         return json.loads(line.decode("utf-8", errors="replace"))
 
 
-def parse_lines(data: bytes | str, parsed: Parsed | None = None) -> Parsed:
+def parse_lines(
+    data: bytes | str,
+    parsed: Parsed | None = None,
+    max_line: int | None = None,
+    admit: Callable[[tuple[str, str]], bool] | None = None,
+) -> Parsed:
     """Parse complete spool lines (points and events). Malformed lines and unusable names are counted and
     skipped, never raised. Values: numbers (finite ones in ``value``; NaN and ±inf, as numbers or as the strings
-    "nan"/"inf"/"-inf", in ``text``), other strings in ``text``."""
+    "nan"/"inf"/"-inf", in ``text``), other strings in ``text``. ``max_line``: a longer line (bytes) is skipped,
+    counted as malformed and in ``long_lines``, never parsed. ``admit``: whether a series not in ``parsed`` yet
+    is taken (a job at its series limit: only those it has); the points of the others are counted in ``refused``,
+    and cost no columns."""
     parsed = parsed or Parsed()
     raw = data.encode("utf-8", errors="surrogatepass") if isinstance(data, str) else data
     series = parsed.series
@@ -123,6 +134,10 @@ def parse_lines(data: bytes | str, parsed: Parsed | None = None) -> Parsed:
         key: (c.steps.append, c.times.append, c.values.append, c.texts.append) for key, c in series.items()
     }
     for line in raw.split(b"\n"):
+        if max_line is not None and len(line) > max_line:
+            parsed.error(f"a line over {max_line} bytes (metrics.limits.line)")
+            parsed.long_lines += 1
+            continue
         try:
             obj = _loads(line)
         except (ValueError, RecursionError):
@@ -183,6 +198,9 @@ def parse_lines(data: bytes | str, parsed: Parsed | None = None) -> Parsed:
             key = (worker, name)
             put = appends.get(key)
             if put is None:
+                if admit is not None and not admit(key):
+                    parsed.refused += 1
+                    continue
                 columns = series[key] = Columns(src)
                 put = appends[key] = (
                     columns.steps.append,

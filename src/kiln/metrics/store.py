@@ -12,34 +12,30 @@ stalled past the job's lease) never both store the same lines: the later one's b
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, cast
 
 from sqlalchemy import (
-    BigInteger,
     Connection,
-    Float,
-    Integer,
     Table,
-    Text,
     and_,
-    bindparam,
     case,
-    func,
     insert,
     or_,
     select,
     update,
 )
-from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects import postgresql, sqlite
 
 from kiln.db.session import Database
 from kiln.db.tables import JobEvent, MetricChunk, MetricCursor, MetricPoint, MetricSeries, utcnow
+from kiln.metrics.budget import LIMIT_REASON, MetricBudgets
 from kiln.metrics.parse import Columns, Parsed
+from kiln.metrics.summaries import _SERIES_UPDATE, CHUNK, _chunk_rows
+
+__all__ = ["CHUNK", "CursorMoved", "CursorUpdate", "MetricsStore"]
 
 SERIES = cast(Table, MetricSeries.__table__)
 POINTS = cast(Table, MetricPoint.__table__)
@@ -47,7 +43,6 @@ CHUNKS = cast(Table, MetricChunk.__table__)
 CURSORS = cast(Table, MetricCursor.__table__)
 EVENTS = cast(Table, JobEvent.__table__)
 
-CHUNK = 128  # points per M4 chunk summary (metric_chunks)
 INSERT_ROWS = 150  # points per INSERT statement on SQLite (900 parameters: under the old limit of 999)
 SPOOL_ERROR = "MetricsSpoolError"
 
@@ -102,14 +97,25 @@ class MetricsStore:
     """Writes parsed batches: series (created on first sight), points, chunk summaries, cursors and events, all
     in one transaction per batch. Shared by the ingester thread and the HTTP routes (``append``)."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, budgets: MetricBudgets | None = None) -> None:
+        """``budgets``: the jobs' metrics budgets (default: the platform's defaults and ceilings)."""
         self.db = db
+        # Every path's points pass ``_write``: the one place a job's budget is enforced.
+        self.budgets = budgets if budgets is not None else MetricBudgets(db)
         self._series: dict[tuple[str, str, str], tuple[int, str]] = {}  # (job, worker, name) -> (id, axis)
         self._lock = threading.Lock()  # one writer at a time (and the caches with it)
         self._queue: list[_Queued] = []  # appends waiting for the next group commit
         self._queue_lock = threading.Lock()
         self._merge_stmt: Any = None  # the chunk-merging upsert, built on first use
         self.points_ingested = 0  # since start, both paths (Prometheus)
+
+    def admit(self, job_id: str) -> Callable[[tuple[str, str]], bool] | None:
+        """For the parser (``parse_lines(admit=)``): None, or, for a job at its series limit, whether a series is
+        one it has (the others' points would be dropped: they are not even kept as columns)."""
+        if not self.budgets.full(job_id):
+            return None
+        series = self._series
+        return lambda key: (job_id, *key) in series
 
     def _dialect_insert(self, table: Table) -> Any:
         return postgresql.insert(table) if self.db.dialect == "postgresql" else sqlite.insert(table)
@@ -135,6 +141,9 @@ class MetricsStore:
     ) -> int:
         """``write`` with the writer's lock held; ``per_caller``: the group of appends these batches are, each
         told its own count of points stored."""
+        # Before the transaction (its reads take no write lock): what the jobs' budgets let be stored.
+        admitted = self.budgets.admit(batches, self._series)
+        batches = admitted.batches
         with self.db.bulk_transaction() as s:
             conn = s.connection()
             # The cursors first: the compare-and-set locks their rows (PostgreSQL), in one order for every reader,
@@ -172,6 +181,12 @@ class MetricsStore:
                             for member, reason, message in parsed.events
                         ],
                     )
+            if admitted.events:
+                now = utcnow()
+                conn.execute(
+                    insert(EVENTS),
+                    [{"job_id": j, "time": now, "reason": LIMIT_REASON, "message": m} for j, m in admitted.events],
+                )
             for job_id, file, total in reported:
                 first_error = next(c.first_error for c in cursors if c.job_id == job_id and c.file == file)
                 conn.execute(
@@ -186,6 +201,7 @@ class MetricsStore:
                 )
         # Committed: now the caches may learn what the database knows.
         self._series.update(new_series)
+        self.budgets.commit(admitted)
         if files is not None:
             for cur in cursors:
                 state = files.setdefault((cur.job_id, cur.file), _FileState())
@@ -414,84 +430,3 @@ class MetricsStore:
             }
             stmt = self._merge_stmt = insert_.on_conflict_do_update(index_elements=["series_id", "chunk"], set_=merged)
         conn.execute(stmt, rows)
-
-
-def _series_update() -> Any:
-    """Advance a series' running totals by a batch of its points and return its new count (the batch's points
-    take the ``seq`` numbers below it): one statement, built once, with bound parameters."""
-    c = SERIES.c
-    low = sql_cast(bindparam("p_low", type_=Float), Float)  # typed: a NULL parameter is fine on PostgreSQL
-    high = sql_cast(bindparam("p_high", type_=Float), Float)
-    return (
-        update(SERIES)
-        .where(c.id == bindparam("p_sid", type_=Integer))
-        .values(
-            count=c.count + bindparam("p_n", type_=BigInteger),
-            first_step=func.coalesce(c.first_step, sql_cast(bindparam("p_first_step", type_=BigInteger), BigInteger)),
-            last_step=func.coalesce(sql_cast(bindparam("p_last_step", type_=BigInteger), BigInteger), c.last_step),
-            last_time=bindparam("p_time", type_=Float),
-            last_value=bindparam("p_value", type_=Float),
-            last_text=bindparam("p_text", type_=Text),
-            min_value=case(
-                (low.is_(None), c.min_value),
-                (or_(c.min_value.is_(None), low < c.min_value), low),
-                else_=c.min_value,
-            ),
-            max_value=case(
-                (high.is_(None), c.max_value),
-                (or_(c.max_value.is_(None), high > c.max_value), high),
-                else_=c.max_value,
-            ),
-        )
-        .returning(c.count)
-    )
-
-
-_SERIES_UPDATE = _series_update()
-
-
-def _chunk_rows(
-    out: list[dict[str, Any]],
-    sid: int,
-    seq: int,
-    xs: list[float],
-    ts: list[float],
-    vs: list[float],
-    seqs: list[int] | None,
-) -> None:
-    """The M4 summaries of the summarised points of one series in one batch (finite values with an x), one per
-    chunk (``seq // CHUNK``) they fall in. ``seqs`` are their seq numbers; None when they are the contiguous
-    ``seq, seq + 1, ...``. Per chunk: the first point by x (the earliest of equal ones), the last by x (the
-    latest), the lowest and the highest value (the earliest of equal ones), as a point-by-point scan would."""
-    n = len(vs)
-    i = 0
-    while i < n:
-        chunk = (seq + i if seqs is None else seqs[i]) // CHUNK
-        end = (chunk + 1) * CHUNK
-        j = min(n, end - seq) if seqs is None else bisect_left(seqs, end, i)
-        x, t, v = xs[i:j], ts[i:j], vs[i:j]
-        first = x.index(min(x))
-        high_x = max(x)
-        last = len(x) - 1 - x[::-1].index(high_x) if x[-1] != high_x else len(x) - 1
-        low = v.index(min(v))
-        high = v.index(max(v))
-        out.append(
-            {
-                "series_id": sid,
-                "chunk": chunk,
-                "count": j - i,
-                "first_x": x[first],
-                "first_t": t[first],
-                "first_v": v[first],
-                "last_x": x[last],
-                "last_t": t[last],
-                "last_v": v[last],
-                "min_x": x[low],
-                "min_t": t[low],
-                "min_v": v[low],
-                "max_x": x[high],
-                "max_t": t[high],
-                "max_v": v[high],
-            }
-        )
-        i = j

@@ -18,7 +18,10 @@ from kiln.backends.local.runtime_builder import host_runtime_builder
 from kiln.db import migrate
 from kiln.db.session import Database
 from kiln.domain.catalog import DEFAULT_CATALOG, load_catalog_file
+from kiln.domain.metric_limits import check_ceilings
+from kiln.domain.spec import JobSpec
 from kiln.errors import KilnError
+from kiln.metrics.budget import MetricBudgets, limits_from_settings
 from kiln.metrics.spools import metric_spools
 from kiln.metrics.store import MetricsStore
 from kiln.platform.server_metrics import ServerMetrics
@@ -111,7 +114,9 @@ class Platform:
         # the backend puts them (a shim wakes it: the backend's metrics_ready), and the server's own numbers for
         # /metrics. A trial's new objective points are judged at once by the studies task, whichever path stored
         # them.
-        self.metrics_store = MetricsStore(self.db)
+        # Every job's metrics budget (its spec's metrics.limits over KILN_METRICS_*), enforced by the store.
+        metric_defaults, self.metric_ceilings = limits_from_settings(settings)
+        self.metrics_store = MetricsStore(self.db, MetricBudgets(self.db, metric_defaults, self.metric_ceilings))
         self.prometheus = ServerMetrics(self.db, lambda: self.metrics_store.points_ingested)
         self.backend = self._backend()
         self.metric_spools = metric_spools(self.backend, settings.jobs_dir)
@@ -153,7 +158,7 @@ class Platform:
             self.catalog,
             self.backend.nodes,
             self.reconciler.wake,
-            self.backend.validate if isinstance(self.backend, SpecValidator) else None,
+            self._validate_spec,
             self.quotas,
             network_host_orgs=tuple(settings.network_host_org_list),
             idempotency=self.idempotency,
@@ -237,6 +242,13 @@ class Platform:
         for task in self._background_tasks():
             self.tasks.add(task)
         self.prometheus.report_tasks(self.tasks.status)
+
+    def _validate_spec(self, spec: JobSpec) -> None:
+        """At submit: the backend's checks, and a metrics budget within the operator's ceilings (422 naming the
+        field above one)."""
+        check_ceilings(spec.metrics.limits, self.metric_ceilings)
+        if isinstance(self.backend, SpecValidator):
+            self.backend.validate(spec)
 
     def _background_tasks(self) -> list[Task]:
         nonces = self.identity.nonces

@@ -253,6 +253,60 @@ class Settings(BaseSettings):
         "resources.log (bytes, or a quantity such as 1G); past it the output is dropped and the job ends "
         "LogLimitExceeded. Logs count in the organisation's storage.",
     )
+    # A job's metrics budget (metrics.limits of its spec, kiln.domain.metric_limits): the default where the spec
+    # sets none, and the ceiling up to which a spec may raise it.
+    metrics_series_default: int = Field(
+        10_000,
+        ge=1,
+        le=limits.MAX_JOB_METRIC_SERIES,
+        description="Metric series a job may have when its spec sets no metrics.limits.series; past it new series "
+        "are dropped (one MetricsLimitExceeded event), existing ones keep receiving points.",
+    )
+    metrics_max_series: int = Field(
+        1_000_000,
+        ge=1,
+        le=limits.MAX_JOB_METRIC_SERIES,
+        description="The most metrics.limits.series a spec may ask for (above it: 422).",
+    )
+    metrics_points_default: int = Field(
+        10_000_000,
+        ge=1,
+        le=limits.MAX_JOB_METRIC_POINTS,
+        description="Metric points stored for a job (all attempts) when its spec sets no metrics.limits.points; "
+        "past it points are dropped or sampled (metrics.limits.on_limit).",
+    )
+    metrics_max_points: int = Field(
+        1_000_000_000,
+        ge=1,
+        le=limits.MAX_JOB_METRIC_POINTS,
+        description="The most metrics.limits.points a spec may ask for (above it: 422).",
+    )
+    metrics_line_default: int = Field(
+        64 * 1024,
+        ge=limits.MIN_METRIC_LINE_BYTES,
+        le=limits.MAX_METRIC_LINE_BYTES,
+        description="Longest metrics spool line in bytes when a spec sets no metrics.limits.line (or e.g. 64K); "
+        "a longer line is skipped and counted as malformed, never held whole.",
+    )
+    metrics_max_line: int = Field(
+        1024**2,
+        ge=limits.MIN_METRIC_LINE_BYTES,
+        le=limits.MAX_METRIC_LINE_BYTES,
+        description="The most metrics.limits.line a spec may ask for (above it: 422).",
+    )
+    metrics_spool_default: int = Field(
+        4 * 1024**3,
+        ge=1,
+        le=limits.MAX_METRIC_SPOOL_BYTES,
+        description="Bytes of metrics spool files the server reads for a job when its spec sets no "
+        "metrics.limits.spool (or e.g. 4G); past it the job's spool files are no longer read.",
+    )
+    metrics_max_spool: int = Field(
+        64 * 1024**3,
+        ge=1,
+        le=limits.MAX_METRIC_SPOOL_BYTES,
+        description="The most metrics.limits.spool a spec may ask for (above it: 422).",
+    )
     job_tensorboard_bytes: int = Field(
         32 * 1024**2,
         ge=0,
@@ -414,7 +468,15 @@ class Settings(BaseSettings):
         return networks
 
     @field_validator(
-        "job_disk_default", "job_log_default", "job_tensorboard_bytes", "tensorboard_keep_bytes", mode="before"
+        "job_disk_default",
+        "job_log_default",
+        "job_tensorboard_bytes",
+        "tensorboard_keep_bytes",
+        "metrics_line_default",
+        "metrics_max_line",
+        "metrics_spool_default",
+        "metrics_max_spool",
+        mode="before",
     )
     @classmethod
     def _disk_quantity(cls, value: object) -> object:

@@ -22,7 +22,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -59,6 +59,8 @@ DRAINING_STALE_SECONDS = 3700.0  # ... for at most this long (the shim's longest
 BUSY_POINTS = 5000  # a pass that stored at least this many points (a backlog) is followed by the next one soon
 BUSY_WAIT = 0.05  # (rather than after the interval): long enough for what arrives meanwhile to make a batch
 MIN_WOKEN_GAP = 0.02  # a pass woken by a shim (metrics.watch) starts at least this long after the one before
+PIECE_BYTES = 4 * 1024  # lines are parsed this many bytes at a time: the batch bounds are checked in between
+WRITERS_FIRST_SECONDS = 0.5  # (SQLite) a batch waits at most this long for the process's other writers to finish
 
 
 @dataclass
@@ -94,7 +96,8 @@ class MetricsIngester:
         owner: str | None = None,
         interval: float = 0.25,
         max_bytes_per_file: int = 1024 * 1024,
-        batch_points: int = 20_000,
+        batch_points: int = 2_000,
+        batch_series: int = 250,
         on_ingested: Callable[[set[str]], None] | None = None,
     ) -> None:
         """``spools``: where each job's spool files are (the backend's, or the server's own); ``owner``: this
@@ -108,7 +111,15 @@ class MetricsIngester:
         # Called after a pass that stored points, with the jobs they were of (the studies task judges them).
         self.on_ingested = on_ingested
         self.ingested_jobs: set[str] = set()  # the jobs the last pass stored points of
+        # One transaction holds at most about this many points and series (and one PIECE_BYTES of lines more):
+        # SQLite has one write lock, and every request and task that writes waits while a batch holds it.
         self.batch_points = batch_points
+        self.batch_series = batch_series
+        self.bytes_read = 0  # spool bytes read since start (each byte of a file once, whatever its lines)
+        self._stopping: threading.Event | None = None  # the task's: a pass stops between batches when set
+        # (job, file) -> (offset, end): the bytes from the file's offset to ``end`` hold no newline (a line still
+        # being written, or one over the line limit): a pass reads on from ``end``, never from the offset again.
+        self._scans: dict[tuple[str, str], tuple[int, int]] = {}
         self._files: dict[tuple[str, str], _FileState] = {}
         self._known_jobs: set[str] = set()  # jobs whose cursors were loaded
         self._draining: dict[str, _Job] = {}  # stopped running; drained, then forgotten
@@ -138,6 +149,7 @@ class MetricsIngester:
             # are, woken passes are at least MIN_WOKEN_GAP apart, so jobs cannot keep the ingester busy.
             ctx.stopping.wait(max(0.0, self._last_pass + MIN_WOKEN_GAP - time.monotonic()))
         self._last_pass = time.monotonic()
+        self._stopping = ctx.stopping
         stored = self.ingest_now()
         if stored and self.on_ingested is not None:
             self.on_ingested(self.ingested_jobs)  # e.g. the studies task: a pruner judges a trial's points at once
@@ -210,6 +222,8 @@ class MetricsIngester:
         self._known_jobs.discard(job_id)
         for key in [k for k in self._files if k[0] == job_id]:
             del self._files[key]
+        for key in [k for k in self._scans if k[0] == job_id]:
+            del self._scans[key]
 
     def ingest_now(self) -> int:
         """One pass: read every candidate file to its last complete line, in round-robin slices, in large
@@ -236,78 +250,141 @@ class MetricsIngester:
                 state = self._files.get((job.id, entry.name))
                 if state is None or size != state.offset:
                     work.append((job, entry.name, Path(entry.path), size))
+        batch = _Batch()
         stored = 0
         ingested: set[str] = set()
-        pending: list[tuple[str, Parsed, bool]] = []
-        cursors: list[CursorUpdate] = []
-        points = 0
         active = work
-        while active:
+        while active and not self._stopped():
             still: list[tuple[_Job, str, Path, int]] = []
             for item in active:
+                if self._stopped():
+                    break  # what is read and not written is read again after the restart (exactly once)
                 job, name, path, size = item
-                state = self._files.get((job.id, name)) or _FileState()
-                offset = state.offset
-                for cur in cursors:  # already read in this batch but not committed yet
-                    if cur.job_id == job.id and cur.file == name:
-                        offset = cur.offset
-                chunk, offset, advanced = self._read(path, offset)
-                if advanced == 0:
+                key = (job.id, name)
+                limits = self.store.budgets.limits(job.id)
+                if self._spool_spent(job.id, batch) >= limits.spool:
+                    self._spool_exhausted(job.id, limits.spool, batch)
                     continue
-                parsed = parse_lines(chunk)
-                pending.append((job.id, parsed, job.gang))
-                if parsed.series:
-                    ingested.add(job.id)
-                expected = state.offset if state.committed else None
-                new = CursorUpdate(job.id, name, offset + advanced, parsed.errors, parsed.first_error, expected)
-                _merge_cursor(cursors, new)
-                points += parsed.count
-                if offset + advanced < size:
+                offset = batch.offset(key, self._files.get(key))
+                chunk, offset, advanced, long_line, scanned = self._read(key, path, offset, limits.line)
+                if advanced == 0:
+                    if scanned and self._scans.get(key, (0, size))[1] < size:
+                        still.append(item)
+                    continue
+                if long_line:
+                    self._long_line(job.id, limits.line)
+                    batch.add(key, self._expected(key), offset + advanced, _long_line_parsed(limits.line), job)
+                moved = False
+                at = offset
+                for piece in _pieces(chunk):
+                    parsed = parse_lines(piece, max_line=limits.line, admit=self.store.admit(job.id))
+                    at += len(piece)
+                    if parsed.long_lines:
+                        self._long_line(job.id, limits.line)
+                    batch.add(key, self._expected(key), at, parsed, job)
+                    if parsed.series:
+                        ingested.add(job.id)
+                    # The GIL handed to the request threads between pieces (a pass may parse for seconds): they
+                    # would otherwise wait the switch interval (5 ms) for it at each of their I/O calls.
+                    time.sleep(0)
+                    if batch.points >= self.batch_points or len(batch.keys) >= self.batch_series:
+                        written, moved = self._write(batch)
+                        stored += written
+                        batch = _Batch()
+                        if moved or self._stopped():
+                            break  # the rest of this chunk is read again from the cursor as committed
+                if moved or offset + advanced < size:
                     still.append(item)
-                if points >= self.batch_points:
-                    stored += self._write(pending, cursors)
-                    pending, cursors, points = [], [], 0
             active = still
-        if pending or cursors:
-            stored += self._write(pending, cursors)
+        if (batch.pending or batch.cursors) and not self._stopped():
+            stored += self._write(batch)[0]
         self.ingested_jobs = ingested
         self._forget_drained()
         return stored
 
-    def _write(self, pending: list[tuple[str, Parsed, bool]], cursors: list[CursorUpdate]) -> int:
-        """One batch stored; 0 where another reader moved a cursor of it first (nothing of it is stored then):
-        the jobs' cursors are loaded again, and their files read on from there."""
+    def _stopped(self) -> bool:
+        return self._stopping is not None and self._stopping.is_set()
+
+    def _expected(self, key: tuple[str, str]) -> int | None:
+        state = self._files.get(key)
+        return state.offset if state is not None and state.committed else None
+
+    def _spool_spent(self, job_id: str, batch: _Batch) -> int:
+        """The job's spool bytes read: up to each file's cursor (or as far as a long line was read)."""
+        keys = {k for k in [*self._files, *self._scans] if k[0] == job_id}
+        keys.update((c.job_id, c.file) for c in batch.cursors if c.job_id == job_id)
+        return sum(max(batch.offset(k, self._files.get(k)), self._scans.get(k, (0, 0))[1]) for k in keys)
+
+    def _spool_exhausted(self, job_id: str, limit: int, batch: _Batch) -> None:
+        spent = self._spool_spent(job_id, batch)
+        message = (
+            f"spool limit {limit} bytes reached: {spent} bytes of metrics spool read, the job's spool files are no "
+            "longer read (metrics.limits.spool)"
+        )
+        if self.store.budgets.note(job_id, "spool", message) and not batch.cursors and not batch.pending:
+            self._write(batch)  # no batch of this pass may come to write the event: an empty one does
+
+    def _long_line(self, job_id: str, line: int) -> None:
+        message = f"line limit {line} bytes reached: a metrics spool line longer was skipped (metrics.limits.line)"
+        self.store.budgets.note(job_id, "line", message)
+
+    def _write(self, batch: _Batch) -> tuple[int, bool]:
+        """One batch stored: (points stored, whether another reader moved a cursor of it first: nothing of it is
+        stored then, the jobs' cursors are loaded again, and their files read on from there). On SQLite, the
+        requests and tasks writing in this process go first (``yield_to_writers``): a batch waits for them."""
+        if self.db.dialect == "sqlite":
+            self.db.yield_to_writers(WRITERS_FIRST_SECONDS)
         try:
-            return self.store.write(pending, cursors, self._files)
+            return self.store.write(batch.pending, batch.cursors, self._files), False
         except CursorMoved as exc:
             log.debug("%s; reading on from where it left them", exc)
             for job_id in sorted({job_id for job_id, _ in exc.moved}):
                 self._forget(job_id)
                 self._load_cursors(job_id)
-            return 0
+            return 0, True
 
-    def _read(self, path: Path, offset: int) -> tuple[bytes, int, int]:
-        """(complete lines from offset, the offset read from, bytes consumed): from 0 where the file is shorter
-        than offset now (replaced or truncated). A line longer than a slice is read whole (if its newline has
-        arrived) and then skipped by the parser as malformed if it is."""
+    def _read(self, key: tuple[str, str], path: Path, offset: int, line: int) -> tuple[bytes, int, int, bool, bool]:
+        """(complete lines from offset, the offset read from, bytes consumed, whether those bytes are one line over
+        ``line`` bytes that is skipped, whether bytes of a line still without its newline were read): from 0 where
+        the file is shorter than offset now (replaced or truncated). At most ``max_bytes_per_file`` new bytes are
+        read; bytes of a line whose newline has not come are never read twice (``_scans``), so a job writing one
+        endless line costs the bytes it writes, once. A line longer than ``line`` is skipped once its newline
+        comes; one within it is read again whole then (at most ``line`` bytes, once)."""
         try:
             with _open_spool(path) as fh:
                 # Asked of the open file, not of the listing at the pass's start: a cursor another reader moved
                 # meanwhile may be past what the listing saw, and is no truncation.
                 if os.fstat(fh.fileno()).st_size < offset:
                     offset = 0
+                    self._scans.pop(key, None)
+                scan = self._scans.get(key)
+                if scan is not None and scan[0] == offset:
+                    fh.seek(scan[1])
+                    block = fh.read(self.max_bytes_per_file)
+                    self.bytes_read += len(block)
+                    newline = block.find(b"\n")
+                    if newline < 0:
+                        if block:
+                            self._scans[key] = (offset, scan[1] + len(block))
+                        return b"", offset, 0, False, bool(block)
+                    del self._scans[key]
+                    end = scan[1] + newline + 1
+                    if end - offset - 1 > line:
+                        return b"", offset, end - offset, True, True
+                    fh.seek(offset)
+                    data = fh.read(end - offset)
+                    self.bytes_read += len(data)
+                    return data, offset, len(data), False, True
                 fh.seek(offset)
                 data = fh.read(self.max_bytes_per_file)
-                end = complete_lines(data)
-                while end == 0 and len(data) >= self.max_bytes_per_file and len(data) < 64 * 1024 * 1024:
-                    more = fh.read(self.max_bytes_per_file)
-                    if not more:
-                        break
-                    data += more
-                    end = complete_lines(data)
+                self.bytes_read += len(data)
         except OSError:
-            return b"", offset, 0
-        return data[:end], offset, end
+            return b"", offset, 0, False, False
+        end = complete_lines(data)
+        if end == 0 and data:
+            self._scans[key] = (offset, offset + len(data))  # a line without its newline yet: read on from its end
+            return b"", offset, 0, False, True
+        return data[:end], offset, end, False, False
 
     def _forget_drained(self) -> None:
         """Jobs that stopped running and whose files are consumed (up to a partial line that will never end)."""
@@ -320,6 +397,8 @@ class MetricsIngester:
                 continue
             directory = self.spools.metric_spool(job_id, self._draining[job_id].handle)
             drained = True
+            # A job past its spool limit is never read again: what its files hold more does not keep it here.
+            spent = self._spool_spent(job_id, _Batch()) >= self.store.budgets.limits(job_id).spool
             try:
                 for entry in os.scandir(directory):
                     if entry.name.startswith(DRAINING_PREFIX):
@@ -328,11 +407,13 @@ class MetricsIngester:
                         if time.time() - entry.stat().st_mtime < DRAINING_STALE_SECONDS:
                             drained = False
                             break
-                    elif entry.name.endswith(".jsonl"):
+                    elif entry.name.endswith(".jsonl") and not spent:
                         state = self._files.get((job_id, entry.name))
                         offset = state.offset if state else 0
+                        scan = self._scans.get((job_id, entry.name))
+                        start = scan[1] if scan is not None and scan[0] == offset else offset  # read already
                         size = entry.stat().st_size
-                        if size > offset and _has_newline(Path(entry.path), offset):
+                        if size > offset and _has_newline(Path(entry.path), start):
                             drained = False
                             break
             except (FileNotFoundError, NotADirectoryError):
@@ -342,6 +423,47 @@ class MetricsIngester:
                 if job.terminal:
                     self._done[job_id] = time.monotonic()
                 self._forget(job_id)
+
+
+class _Batch:
+    """What a pass has read and not yet written: the parsed lines, the cursors they move, their points and the
+    series they are of (an upper bound of the new series a write creates)."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[str, Parsed, bool]] = []
+        self.cursors: list[CursorUpdate] = []
+        self.points = 0
+        self.keys: set[tuple[str, str, str]] = set()
+
+    def offset(self, key: tuple[str, str], state: _FileState | None) -> int:
+        """Where the file is read on from: past what this batch read of it, else its committed cursor."""
+        for cur in self.cursors:
+            if cur.job_id == key[0] and cur.file == key[1]:
+                return cur.offset
+        return state.offset if state is not None else 0
+
+    def add(self, key: tuple[str, str], expected: int | None, offset: int, parsed: Parsed, job: _Job) -> None:
+        self.pending.append((job.id, parsed, job.gang))
+        _merge_cursor(self.cursors, CursorUpdate(key[0], key[1], offset, parsed.errors, parsed.first_error, expected))
+        self.points += parsed.count
+        self.keys.update((job.id, *k) for k in parsed.series)
+
+
+def _long_line_parsed(line: int) -> Parsed:
+    parsed = Parsed()
+    parsed.error(f"a line over {line} bytes (metrics.limits.line)")
+    parsed.long_lines = 1
+    return parsed
+
+
+def _pieces(chunk: bytes) -> Iterator[bytes]:
+    """Complete lines in pieces of about PIECE_BYTES (each whole lines), so that a batch is cut near its bounds
+    however many points a slice of a file holds."""
+    start = 0
+    while start < len(chunk):
+        end = chunk.find(b"\n", min(start + PIECE_BYTES, len(chunk)) - 1) + 1 or len(chunk)
+        yield chunk[start:end]
+        start = end
 
 
 def _merge_cursor(cursors: list[CursorUpdate], new: CursorUpdate) -> None:

@@ -55,6 +55,19 @@ def error_pause(interval: float, failures: int) -> float:
     return min(BACKOFF_MAX_SECONDS, first * 2 ** min(max(failures - 1, 0), 30))
 
 
+def database_busy(exc: BaseException) -> bool:
+    """Is ``exc`` (or what it was raised from) SQLite's "database is locked": another connection held the write
+    lock for longer than this one's busy timeout?"""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return False
+        if type(seen).__name__ == "OperationalError" and "database is locked" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 class LeaseLost(Exception):
     """Another server holds the task's lease now (this run's holder stalled past it): the run stops here, having
     written nothing more (the transaction that found it is rolled back) and called no backend since."""
@@ -170,6 +183,7 @@ class TaskStatus:
     holds_lease: bool | None = None  # None: the task has no scope
     token: int | None = None
     active: int | None = None  # a task with keys: how many of its keys run now (None: a task without keys)
+    busy: int = 0  # runs that found the database busy and were tried again (not errors)
 
     def as_dict(self) -> dict[str, object]:
         def when(t: float | None) -> str | None:
@@ -183,6 +197,7 @@ class TaskStatus:
             "holds_lease": self.holds_lease,
             "runs": self.runs,
             "errors": self.errors,
+            "busy": self.busy,
             "last_run": when(self.last_finished),
             "last_duration_seconds": self.last_duration,
             "last_run_ok": self.last_ok,
@@ -369,6 +384,7 @@ class TaskRunner:
         delay = task.first_delay
         logged: str | None = None  # the error last logged: a task failing the same way again logs nothing
         failures = 0  # failed runs in a row: the back-off
+        busy = 0  # runs in a row that found the database busy (SQLite's write lock): their back-off
         while self._live(task, key):
             if key is None:
                 self._note(task, next_due=time.time() + delay)
@@ -380,6 +396,11 @@ class TaskRunner:
             try:
                 token = self._lease(task)
             except Exception as exc:
+                if database_busy(exc):
+                    busy += 1
+                    self._busy(task, label, exc, busy)
+                    delay = task.interval
+                    continue
                 # The database is down (or failing): nobody can be sure to hold the lease, and the run would fail the
                 # same way. A failed run of its own: recorded, logged once, and tried again after the back-off.
                 failures += 1
@@ -404,10 +425,19 @@ class TaskRunner:
                 delay = task.interval
                 continue
             except Exception as exc:
+                if database_busy(exc):
+                    # SQLite's write lock was held past the writer's busy timeout: not a failure of the task,
+                    # whose transaction was rolled back whole (it resumes from what it committed). It yields the
+                    # lock to the others and tries again after the back-off.
+                    busy += 1
+                    self._busy(task, label, exc, busy)
+                    delay = task.interval
+                    continue
                 failures += 1
                 logged = self._failed(task, label, clock, exc, logged, failures)
                 delay = task.interval
                 continue
+            busy = 0
             if logged is not None:
                 log.info("background task %s runs again", label)
                 logged = None
@@ -435,6 +465,18 @@ class TaskRunner:
             self._note(task, next_due=time.time() + pause + task.interval)
         self._stopping.wait(pause)
         return text
+
+    def _busy(self, task: Task, label: str, exc: Exception, busy: int) -> None:
+        """A run that met a busy database: counted (``busy``), one log line (no traceback) at the first of a
+        streak, and the back-off's pause."""
+        pause = error_pause(task.interval, busy)
+        if busy == 1:
+            log.warning("background task %s found the database busy; trying again in %.1f s: %s", label, pause, exc)
+        with self._lock:
+            self._status[task.name].busy += 1
+        if task.keys is None:
+            self._note(task, next_due=time.time() + pause + task.interval)
+        self._stopping.wait(pause)
 
     def _lease(self, task: Task) -> int | None:
         """Take or renew the task's lease; its token, or None (no scope, or another server holds it). Raises what
