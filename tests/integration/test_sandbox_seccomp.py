@@ -93,3 +93,18 @@ def test_an_operator_may_let_jobs_make_user_namespaces(make_server) -> None:  # 
     assert (done.state, lines) == ("SUCCEEDED", ["0", "mounted"]), done.message
     done, lines = _run(client, {"command": [sys.executable, "-c", SYSCALLS], "runtime": PY})
     assert json.loads(lines[-1])["keyctl"] == "EPERM", lines  # the rest of the filter holds
+
+
+def test_every_process_of_a_multi_process_step_runs_under_the_filter(server: KilnServer) -> None:
+    # Each process of the step has a bubblewrap of its own, each reading the filter from an fd of its own.
+    client = server.client()
+    spec = {
+        "command": [sys.executable, "-c", SYSCALLS],
+        "runtime": PY,
+        "resources": {"cpus": 0.25},
+        "distributed": {"framework": "pytorch", "workers": 1, "procs_per_worker": 3},
+    }
+    done, lines = _run(client, spec)
+    assert done.state == "SUCCEEDED", (done.message, lines)
+    answers = [json.loads(line.split("] ", 1)[1]) for line in lines if "{" in line]
+    assert len(answers) == 3 and all(set(a.values()) == {"EPERM"} for a in answers), lines
