@@ -15,6 +15,8 @@ $(BIN)/python:
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q -e .
+	@# The commit this is built from, for `kiln --version` where there is no .git to read (kiln/version.py).
+	@git rev-parse HEAD > src/kiln/BUILD 2>/dev/null || rm -f src/kiln/BUILD
 	@# Precompile: this machine sets PYTHONDONTWRITEBYTECODE, so every server and CLI start would recompile.
 	$(BIN)/python -m compileall -q src
 	@touch $@

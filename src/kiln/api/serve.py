@@ -9,6 +9,7 @@ then uvicorn, which says "ready" once it accepts connections. A failure is one l
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import sys
 import traceback
@@ -17,13 +18,13 @@ from typing import Any
 import uvicorn
 from pydantic import ValidationError
 
-from kiln import __version__
 from kiln.api.app import create_app, start_platform
 from kiln.api.console import NOT_BUILT, console_built, console_dir
 from kiln.api.startup import EXIT_INTERRUPTED, EXIT_USAGE, StartupError, explain, listen_socket, settings_problems
 from kiln.domain import limits
 from kiln.platform import Platform
 from kiln.settings import Settings
+from kiln.version import full_version
 
 log = logging.getLogger("kiln.server")
 
@@ -47,7 +48,7 @@ class _Server(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started:
-            log.info("Kiln %s ready on %s (home %s)", __version__, self.settings.endpoint, self.settings.home)
+            log.info("Kiln %s ready on %s (home %s)", full_version(), self.settings.endpoint, self.settings.home)
             if not console_built(console_dir(self.settings)):
                 log.warning("%s: serving the API only (no web console at %s/)", NOT_BUILT, self.settings.endpoint)
 
@@ -65,6 +66,8 @@ def serve(settings: Settings, log_level: str = "INFO", debug: bool = False) -> N
     """Start and serve until stopped. Raises ``StartupError`` (one line; the traceback is printed first when
     ``debug``) when the server cannot start."""
     configure_logging(log_level)
+    # The first line of every server's log: which release and commit wrote what follows (migrations included).
+    log.info("Kiln %s starting (home %s, pid %d)", full_version(), settings.home, os.getpid())
     platform: Platform | None = None
     try:
         sock = listen_socket(settings.host, settings.port)

@@ -10,7 +10,7 @@ import pwd
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -130,3 +130,87 @@ def recover_key(
     info(f"audit event {done.audit_event_id} records it; the server logs it when it next starts")
     if running:
         info("a server shares this database and is running: the key works with it now")
+
+
+def _settings(home: Path | None) -> Any:
+    from pydantic import ValidationError
+
+    from kiln.settings import Settings
+
+    try:
+        return Settings(**({"home": home} if home is not None else {}))  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        fail(f"invalid settings: {problems}", EXIT_USAGE)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+@app.command("backup")
+def backup(
+    dest: Annotated[Path, typer.Argument(help="A new (or empty) directory to write the backup into.")],
+    home: Annotated[Path | None, typer.Option(help="State directory (default: $KILN_HOME, else ~/.kiln).")] = None,
+) -> None:
+    """Copy a server's state while it runs: the database (SQLite's backup API, or pg_dump -Fc), the server key,
+    the logs and a local store, with a manifest of every file's SHA-256 (docs/operations.md).
+
+    The backup holds the server key and every encrypted secret: keep it as private as the home (it is written mode
+    0700). An S3 store is listed (keys, sizes, ETags), not copied."""
+    from kiln.db.backup import BackupError
+    from kiln.usecases.backup import backup_home
+
+    settings = _settings(home)
+    try:
+        done = backup_home(settings, dest)
+    except BackupError as exc:
+        fail(str(exc))
+    info(
+        f"backed up {settings.home} to {done.path}: {done.database} database at migration {done.revision}, "
+        f"{done.files} files, {_size(done.bytes)} in {done.seconds:.1f} s"
+    )
+    for note in done.notes:
+        info(f"note: {note}")
+
+
+@app.command("restore")
+def restore(
+    source: Annotated[Path, typer.Argument(help="A directory `kiln admin backup` wrote.")],
+    home: Annotated[
+        Path | None, typer.Option(help="The home to restore into (default: $KILN_HOME, else ~/.kiln).")
+    ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Restore over a home that is not empty (moved aside to HOME.before-restore-TIME) or a PostgreSQL "
+            "database that holds tables (what the backup holds is replaced).",
+        ),
+    ] = False,
+) -> None:
+    """Put a backup back as a server's home (and, for PostgreSQL, into the database of $KILN_DATABASE_URL).
+
+    Every file is checked against the backup's manifest before anything is written; the home is assembled under a
+    temporary name and renamed into place, a PostgreSQL dump is loaded in one transaction. Start the server after:
+    it migrates a backup of an older release as it starts."""
+    from kiln.db.backup import BackupError
+    from kiln.usecases.backup import restore_home
+
+    settings = _settings(home)
+    if _server_running(settings.run_dir):
+        fail(f"a Kiln server is running with KILN_HOME={settings.home}: stop it before restoring into its home")
+    try:
+        done = restore_home(settings, source, force=force)
+    except BackupError as exc:
+        fail(str(exc))
+    info(
+        f"restored {source} into {done.path}: {done.database} database at migration {done.revision}, "
+        f"{done.files} files, {_size(done.bytes)} checked and copied in {done.seconds:.1f} s"
+    )
+    for note in done.notes:
+        info(f"note: {note}")

@@ -13,7 +13,6 @@ from typing import Annotated, Any
 
 import typer
 
-from kiln import __version__
 from kiln.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, print_error
 from kiln.cli.verbs import tidy
 from kiln.errors import Forbidden, KilnError
@@ -21,7 +20,9 @@ from kiln.errors import Forbidden, KilnError
 
 def _version(value: bool) -> None:
     if value:
-        print(f"kiln {__version__}")
+        from kiln.version import full_version
+
+        print(f"kiln {full_version()}")
         raise typer.Exit()
 
 

@@ -13,6 +13,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine
 
+from kiln.db.backup import keep_before_migrating, sqlite_path
+
 log = logging.getLogger(__name__)
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
@@ -38,6 +40,11 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     start, target = current_revision(engine), head_revision() if revision == "head" else revision
     if start == target:
         return  # every start of a server: no transaction, no reference check
+    database = sqlite_path(engine.url)
+    if start is not None and database is not None and database.exists():
+        # A copy to go back to should the migration go wrong (kiln.db.backup.keep_before_migrating).
+        copy = keep_before_migrating(database, start)
+        log.info("copied the database at revision %s to %s before migrating it", start, copy)
     log.info("migrating the database from %s to %s", start or "an empty database", target)
     _run(engine, lambda cfg: command.upgrade(cfg, revision))
     log.info("migrated the database to %s", target)

@@ -12,6 +12,7 @@ from kiln.api.responses import errors, links
 from kiln.db import migrate
 from kiln.domain.schemas import WhoAmI
 from kiln.errors import KilnError
+from kiln.version import full_version
 
 health = APIRouter(tags=["health"])
 router = APIRouter(tags=["identity"])
@@ -37,6 +38,7 @@ class TaskReport(BaseModel):
 
 class Readiness(BaseModel):
     status: str = "ready"
+    version: str = Field(description="Kiln's release and the commit it was built from, e.g. 0.2.0+g1f6b6de.")
     message: str | None = Field(None, description="What is wrong, when the server is not ready.")
     tasks: list[TaskReport] = Field(default_factory=list, description="The server's background tasks.")
     servers: int = Field(
@@ -71,9 +73,15 @@ async def readyz(kiln: Kiln) -> JSONResponse:
     tasks = [task.as_dict() for task in kiln.tasks.status()]
     servers = kiln.servers.live
     if problem:
-        body = {"status": "unavailable", "message": problem, "tasks": tasks, "servers": servers}
+        body = {
+            "status": "unavailable",
+            "version": full_version(),
+            "message": problem,
+            "tasks": tasks,
+            "servers": servers,
+        }
         return JSONResponse(body, status_code=503)
-    return JSONResponse({"status": "ready", "tasks": tasks, "servers": servers})
+    return JSONResponse({"status": "ready", "version": full_version(), "tasks": tasks, "servers": servers})
 
 
 @router.get(
