@@ -105,3 +105,39 @@ def test_the_migration_environment_refuses_a_sqlite_connection_that_enforces_for
                 command.upgrade(cfg, "head")
     finally:
         engine.dispose()
+
+
+BEFORE_KEPT_BYTES = "20261211_0022"
+
+
+def test_the_checkpoint_and_event_bytes_columns_keep_every_job_and_its_values(database_url: str) -> None:
+    """20261212_0023 adds jobs.checkpoint_bytes and jobs.event_bytes (batch mode: SQLite rebuilds the table): each
+    job, its storage counts and the rows that reference it are kept, and the new counts start at 0."""
+    db = Database(database_url)
+    try:
+        migrate.upgrade(db.engine, BEFORE_KEPT_BYTES)
+        _seed_metrics(db)
+        meta = sa.MetaData()
+        with db.engine.begin() as conn:
+            jobs = sa.Table("jobs", meta, autoload_with=conn)
+            assert "checkpoint_bytes" not in jobs.columns
+            conn.execute(jobs.update().values(output_bytes=7 * 2**20, log_bytes=1234))
+            second = _row(jobs, id="job-b", org_id="org-1", user_id="usr-1", spec={}, state=str(JobState.RUNNING))
+            conn.execute(jobs.insert().values(second))
+        before = _counts(db)
+        migrate.upgrade(db.engine)
+        assert _counts(db) == before
+        with db.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT id, state, output_bytes, log_bytes, checkpoint_bytes, event_bytes FROM jobs ORDER BY id"
+                )
+            ).all()
+        assert [tuple(r) for r in rows] == [
+            ("job-a", str(JobState.SUCCEEDED), 7 * 2**20, 1234, 0, 0),
+            ("job-b", str(JobState.RUNNING), 0, 0, 0, 0),
+        ]
+        migrate.downgrade(db.engine, BEFORE_KEPT_BYTES)
+        assert _counts(db) == before
+    finally:
+        db.dispose()

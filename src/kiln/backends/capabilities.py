@@ -65,11 +65,16 @@ class CheckpointSyncer(abc.ABC):
     backend whose jobs upload their checkpoints themselves does not have it)."""
 
     @abc.abstractmethod
-    def sync_checkpoints(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
+    def sync_checkpoints(
+        self, handle: dict[str, Any], dest_prefix: str, admit: Callable[[int], None] | None = None
+    ) -> tuple[int, int]:
         """Copy what changed in the $KILN_CHECKPOINT_DIR of the job whose attempt ``handle`` names since the last
         call into the store under ``dest_prefix``, so checkpoints survive the machine and reach the next attempt.
         The handle, not the job id: the attempt may be one another server started (and this one adopted), with
-        its files where that server put them. Returns (files, bytes)."""
+        its files where that server put them. When anything changed, ``admit`` is called before any byte is
+        written with what the store will then hold under ``dest_prefix`` (apparent sizes; a file copied again
+        replaces its older copy), and raises ``OutputsNotKept`` to refuse the whole sync. Returns (files copied,
+        bytes the store holds under ``dest_prefix`` after them; 0 when nothing changed)."""
 
 
 class EventSyncer(abc.ABC):
@@ -77,9 +82,13 @@ class EventSyncer(abc.ABC):
     (what ``kiln tensorboard`` reads)."""
 
     @abc.abstractmethod
-    def sync_events(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
+    def sync_events(
+        self, handle: dict[str, Any], dest_prefix: str, admit: Callable[[int], None] | None = None
+    ) -> tuple[int, int]:
         """Copy the ``events.out.tfevents.*`` files under the job's TensorBoard dir that changed since the last
-        call into the store under ``dest_prefix``. Returns (files copied, bytes kept for the job in all)."""
+        call into the store under ``dest_prefix``. Before each file is written, ``admit`` is called with the bytes
+        then kept for the job in all, and raises ``OutputsNotKept`` to leave that file out. Returns (files copied,
+        bytes kept for the job in all)."""
 
 
 @dataclass

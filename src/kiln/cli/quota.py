@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from kiln.cli.common import EXIT_USAGE, Output, OutputFormat, connect, emit_json, fail
+from kiln.cli.common import EXIT_USAGE, Output, OutputFormat, connect, emit_json, fail, out
 from kiln.cli.output import quota_table
 from kiln.cli.parsing import parse_quota_limit
 from kiln.cli.verbs import OrgOrCommandGroup
+from kiln.domain.quantities import format_bytes
 
 if TYPE_CHECKING:
     from kiln.domain.schemas import QuotaReport
@@ -36,6 +37,11 @@ def _show(report: QuotaReport, output: OutputFormat) -> None:
         emit_json(report.model_dump(mode="json"))
     else:
         quota_table(report)
+        if report.storage is not None and report.storage.total:
+            # What the storage use is made of, the kinds in use only: where to look to free some.
+            kinds = report.storage.model_dump()
+            parts = [f"{name} {format_bytes(size)}" for name, size in kinds.items() if size]
+            out.print(f"storage in use: {', '.join(parts)}")
 
 
 @app.callback()

@@ -345,10 +345,29 @@ class QuotaCategory(BaseModel):
     used: QuotaFields
 
 
+class StorageUse(BaseModel):
+    """What an organisation's storage quota counts, in bytes, by kind; ``total`` (their sum) is the use of the
+    ``total`` category's ``storage``."""
+
+    code: int = Field(0, description="Code bundles.")
+    outputs: int = Field(0, description="Jobs' outputs ($KILN_OUTPUT_DIR) kept in the store.")
+    logs: int = Field(0, description="Jobs' logs (a running job's at its size now).")
+    checkpoints: int = Field(0, description="Jobs' checkpoints ($KILN_CHECKPOINT_DIR) the store holds.")
+    tensorboard: int = Field(0, description="Jobs' TensorBoard event files the store holds.")
+    datasets: int = Field(0, description="Dataset blobs, and the full size of every open upload.")
+    homes: int = Field(0, description="Notebook homes.")
+    artifacts: int = Field(0, description="Artifacts of runs logged from outside Kiln.")
+
+    @property
+    def total(self) -> int:
+        return sum(int(getattr(self, name)) for name in type(self).model_fields)
+
+
 class QuotaReport(BaseModel):
     org_id: str
     org_name: str
     categories: list[QuotaCategory]
+    storage: StorageUse | None = Field(None, description="What the organisation stores, by kind, in bytes.")
 
 
 class AuditRead(BaseModel):

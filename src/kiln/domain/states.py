@@ -77,4 +77,7 @@ class Reason(StrEnum):
     PREEMPTING = "Preempting"
     PREEMPTED = "Preempted"
     WAITING = "Waiting"
+    # Checkpoints or TensorBoard event files a running job wrote are not kept: they would pass its organisation's
+    # storage quota (kiln.usecases.storage_gate); said once per job and kind, the job runs on.
+    STORAGE_QUOTA_EXCEEDED = "StorageQuotaExceeded"
     BUDGET_WARNING = "BudgetWarning"  # a budget of the job's scope is past its soft limit (kiln.usecases.budgets)

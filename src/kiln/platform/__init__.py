@@ -230,11 +230,12 @@ class Platform:
             self.db, self.jobs, self.store, settings.endpoint, self._wake_notebooks, self.quotas, self.idempotency
         )
         self.notebook_control = NotebookControl(self.db, self.notebooks, self.backend, self.logs)
+        # Both reserve what they write against the organisation's storage quota, which counts running jobs' logs.
         self.checkpoints = CheckpointSync(
-            self.db, self.backend, settings.checkpoint_sync_seconds, owner=settings.resolved_instance_id
+            self.db, self.backend, settings.checkpoint_sync_seconds, settings.resolved_instance_id, self.logs
         )
         self.event_sync = EventSync(
-            self.db, self.backend, settings.tensorboard_sync_seconds, owner=settings.resolved_instance_id
+            self.db, self.backend, settings.tensorboard_sync_seconds, settings.resolved_instance_id, self.logs
         )
         self.log_shipping = LogShipping(self.db, self.logs, settings.resolved_instance_id, settings.log_ship_seconds)
         # Every piece of background work is a task of one runner, which /readyz and /metrics report.

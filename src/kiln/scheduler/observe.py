@@ -18,8 +18,9 @@ from kiln.domain.states import JobState
 from kiln.scheduler.outputs_gate import OutputsGate
 from kiln.scheduler.passes import Seen
 from kiln.settings import Settings
-from kiln.storage.keys import checkpoints_prefix, events_prefix, outputs_prefix
+from kiln.storage.keys import outputs_prefix
 from kiln.storage.logs import LogStore
+from kiln.usecases.storage_gate import StorageGate, sync_checkpoints, sync_events
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ class Observer:
         self.logs = logs
         self.settings = settings
         self.gate = gate  # the storage quota, checked before outputs are copied (None: none checked)
+        self.kept = StorageGate(gate.db, gate.logs) if gate is not None else None  # and before checkpoints are
 
     def look(self, job: Job) -> Seen:
         """Ask the backend where the job's attempt is (sending a requested cancel or preemption first), and
@@ -69,15 +71,17 @@ class Observer:
         backend = self.backend
         if isinstance(backend, OutputCollector):
             self.collect_outputs(backend, job, handle, seen)
+        # Checkpoints and event files count in the organisation's storage quota each on their own, admitted by
+        # ``kept`` before they are written (kiln.usecases.storage_gate): past it, the job's event says so once.
         try:
             if isinstance(backend, CheckpointSyncer):
-                backend.sync_checkpoints(handle, checkpoints_prefix(job.org_id, job.id))
+                sync_checkpoints(backend, self.kept, handle, job.org_id, job.id)
         except Exception as exc:
             seen.copy_error += f"; keeping checkpoints in the store failed: {type(exc).__name__}: {exc}"
             log.warning("job %s: keeping checkpoints failed: %s", job.id, exc)
         try:
-            if isinstance(backend, EventSyncer):  # counted with the outputs in the organisation's storage
-                seen.copied_bytes += backend.sync_events(handle, events_prefix(job.org_id, job.id))[1]
+            if isinstance(backend, EventSyncer):
+                sync_events(backend, self.kept, handle, job.org_id, job.id)
         except Exception as exc:
             seen.copy_error += f"; keeping TensorBoard event files failed: {type(exc).__name__}: {exc}"
             log.warning("job %s: keeping TensorBoard event files failed: %s", job.id, exc)

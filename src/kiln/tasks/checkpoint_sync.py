@@ -5,7 +5,11 @@ job by the server holding its lease (the one whose reconciler watches it: with s
 them), from its attempt's own files (which another server may have started, on this machine).
 
 ``EventSync`` is the same round for TensorBoard event files, every ``tensorboard_sync_seconds``: what ``kiln
-tensorboard`` shows of a running job."""
+tensorboard`` shows of a running job.
+
+Both count what the store then holds for the job in its organisation's storage quota, checked and reserved before
+a byte is written (kiln.usecases.storage_gate): past the quota a job's new checkpoints are not kept, and it runs
+on."""
 
 from __future__ import annotations
 
@@ -20,8 +24,9 @@ from kiln.backends.capabilities import CheckpointSyncer, EventSyncer
 from kiln.db.session import Database
 from kiln.db.tables import Job
 from kiln.domain.states import JobState
-from kiln.storage.keys import checkpoints_prefix, events_prefix
+from kiln.storage.logs import LogStore
 from kiln.tasks.runner import Task, TaskContext
+from kiln.usecases.storage_gate import StorageGate, sync_checkpoints, sync_events
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +36,18 @@ class CheckpointSync:
     what = "checkpoints"
     capability: type = CheckpointSyncer
 
-    def __init__(self, db: Database, backend: Backend, interval: float, owner: str | None = None) -> None:
-        """``owner``: this server in the jobs' leases (None: every running job)."""
+    def __init__(
+        self,
+        db: Database,
+        backend: Backend,
+        interval: float,
+        owner: str | None = None,
+        logs: LogStore | None = None,
+    ) -> None:
+        """``owner``: this server in the jobs' leases (None: every running job). ``logs``: the job logs, whose
+        running jobs' sizes count in the storage quota."""
         self.db = db
+        self.gate = StorageGate(db, logs)
         self.owner = owner
         self.backend = backend
         self.interval = interval
@@ -74,7 +88,7 @@ class CheckpointSync:
 
     def sync(self, handle: dict[str, Any], org_id: str, job_id: str) -> int:
         assert isinstance(self.backend, CheckpointSyncer)
-        return self.backend.sync_checkpoints(handle, checkpoints_prefix(org_id, job_id))[0]
+        return sync_checkpoints(self.backend, self.gate, handle, org_id, job_id)
 
 
 class EventSync(CheckpointSync):
@@ -84,4 +98,4 @@ class EventSync(CheckpointSync):
 
     def sync(self, handle: dict[str, Any], org_id: str, job_id: str) -> int:
         assert isinstance(self.backend, EventSyncer)
-        return self.backend.sync_events(handle, events_prefix(org_id, job_id))[0]
+        return sync_events(self.backend, self.gate, handle, org_id, job_id)

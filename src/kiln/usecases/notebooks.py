@@ -39,7 +39,7 @@ from kiln.storage.store import ObjectStore
 from kiln.usecases.idempotency import Idempotency, IdempotentRequest, Remember
 from kiln.usecases.identity import Principal
 from kiln.usecases.jobs import JobService, request_cancel
-from kiln.usecases.quotas import QuotaService
+from kiln.usecases.quotas import QuotaService, lock_org
 
 RUNNING, STOPPED = "RUNNING", "STOPPED"
 HOME_SYNC_SECONDS = 60.0
@@ -461,18 +461,29 @@ class NotebookService:
 
     def save_home(self, principal: Principal, notebook_id: str, tar: Path) -> int:
         """Replace the home with the gzip'd tar at ``tar`` (received whole first: a save cut short leaves the
-        previous home), counted against the organisation's storage quota less the home it replaces."""
+        previous home), counted against the organisation's storage quota less the home it replaces: checked and
+        reserved (the larger of the two homes, which the store holds one of until the copy is done) in one
+        transaction under the organisation's lock, so two saves at once never pass the limit together."""
         if principal.job_id is None:
             raise Forbidden("a notebook's home is saved by the notebook itself (its job's token)")
         size = tar.stat().st_size
-        with self.db.read() as s:
+        with self.db.transaction() as s:
             notebook = self._home_notebook(s, principal, notebook_id)
             org_id, previous = notebook.org_id, notebook.home_size
             if self.quotas is not None:
+                lock_org(s, org_id)
                 self.quotas.check_storage(s, org_id, principal.org_name, max(0, size - previous))
-        self.store.put_file(tar, home_key(org_id, notebook_id))
+            notebook.home_size = max(previous, size)
+        try:
+            self.store.put_file(tar, home_key(org_id, notebook_id))
+        except BaseException:
+            self._set_home_size(notebook_id, previous)  # the store still holds the home it would have replaced
+            raise
+        self._set_home_size(notebook_id, size)
+        return size
+
+    def _set_home_size(self, notebook_id: str, size: int) -> None:
         with self.db.transaction() as s:
             current = s.get(Notebook, notebook_id)
             if current is not None:
                 current.home_size = size
-        return size

@@ -11,6 +11,7 @@ users wrote them (quota rows, jobs' ``cpus``) become millicores and the report t
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -19,7 +20,7 @@ from kiln.db.session import Database
 from kiln.db.tables import Blob, DataBlob, DataUpload, Job, Notebook, Organization, Quota, Run, utcnow
 from kiln.domain.quantities import MILLI, format_bytes, millicores
 from kiln.domain.quota import CATEGORIES, FIELDS, TOTAL, Limits, OrgUsage, blocked_by, never_fits
-from kiln.domain.schemas import QuotaCategory, QuotaFields, QuotaReport, QuotaSet
+from kiln.domain.schemas import QuotaCategory, QuotaFields, QuotaReport, QuotaSet, StorageUse
 from kiln.domain.states import JobState
 from kiln.errors import Forbidden, InvalidInput
 from kiln.storage.logs import LogStore
@@ -72,23 +73,36 @@ def lock_org(s: Session, org_id: str) -> None:
         s.execute(select(Organization.id).where(Organization.id == org_id).with_for_update(key_share=True))
 
 
-def storage_used(s: Session, org_id: str, logs: LogStore | None = None) -> int:
-    """Bytes the organisation stores: code bundles, job outputs, job logs, notebook homes, the artifacts of runs
-    logged from outside Kiln, dataset blobs (each stored once however many versions share it) and the full size of
-    every open dataset upload (reserved when it is opened). A log counts its size when the job's latest attempt
-    ended; with ``logs``, a running job's counts its size now (a look at the files of the organisation's running
-    jobs only)."""
-    blobs = s.scalar(select(func.coalesce(func.sum(Blob.size), 0)).where(Blob.org_id == org_id)) or 0
-    outputs = s.scalar(select(func.coalesce(func.sum(Job.output_bytes), 0)).where(Job.org_id == org_id)) or 0
-    logged = s.scalar(select(func.coalesce(func.sum(Job.log_bytes), 0)).where(Job.org_id == org_id)) or 0
-    data = s.scalar(select(func.coalesce(func.sum(DataBlob.size), 0)).where(DataBlob.org_id == org_id)) or 0
-    uploads = s.scalar(select(func.coalesce(func.sum(DataUpload.size), 0)).where(DataUpload.org_id == org_id)) or 0
-    homes = s.scalar(select(func.coalesce(func.sum(Notebook.home_size), 0)).where(Notebook.org_id == org_id)) or 0
-    homes += s.scalar(select(func.coalesce(func.sum(Run.artifact_bytes), 0)).where(Run.org_id == org_id)) or 0
+def storage_use(s: Session, org_id: str, logs: LogStore | None = None) -> StorageUse:
+    """Bytes the organisation stores, by kind: code bundles, job outputs, job logs, checkpoints and TensorBoard
+    event files (what the store holds of each job's: a checkpoint written again counts once), dataset blobs (each
+    stored once however many versions share it) with the full size of every open dataset upload (reserved when it
+    is opened), notebook homes, and the artifacts of runs logged from outside Kiln. A log counts its size when the
+    job's latest attempt ended; with ``logs``, a running job's counts its size now (a look at the files of the
+    organisation's running jobs only)."""
+
+    def total(column: Any, table: Any) -> int:
+        return int(s.scalar(select(func.coalesce(func.sum(column), 0)).where(table.org_id == org_id)) or 0)
+
+    logged = total(Job.log_bytes, Job)
     if logs is not None:
         running = select(Job.id, Job.log_bytes).where(Job.org_id == org_id, Job.state.in_(ACTIVE))
         logged += sum(max(0, logs.size(job_id) - (recorded or 0)) for job_id, recorded in s.execute(running))
-    return int(blobs) + int(outputs) + int(logged) + int(data) + int(uploads) + int(homes)
+    return StorageUse(
+        code=total(Blob.size, Blob),
+        outputs=total(Job.output_bytes, Job),
+        logs=logged,
+        checkpoints=total(Job.checkpoint_bytes, Job),
+        tensorboard=total(Job.event_bytes, Job),
+        datasets=total(DataBlob.size, DataBlob) + total(DataUpload.size, DataUpload),
+        homes=total(Notebook.home_size, Notebook),
+        artifacts=total(Run.artifact_bytes, Run),
+    )
+
+
+def storage_used(s: Session, org_id: str, logs: LogStore | None = None) -> int:
+    """Bytes the organisation stores in all (``storage_use``'s sum), what its storage limit is checked against."""
+    return storage_use(s, org_id, logs).total
 
 
 class Admission:
@@ -155,13 +169,15 @@ class QuotaService:
             limits = load_limits(s, [org.id]).get(org.id, {})
             usage = load_usage(s, [org.id]).get(org.id, OrgUsage())
             categories = []
+            storage = StorageUse()
             for category in (*CATEGORIES, TOTAL):
                 limit = limits.get(category, Limits())
                 used = usage.of(category)
                 used_fields: dict[str, float] = {name: getattr(used, attr) for name, attr in FIELDS.items()}
                 used_fields["cpus"] = used.millicores / MILLI
                 if category == TOTAL:
-                    used_fields["storage"] = storage_used(s, org.id, self.logs)
+                    storage = storage_use(s, org.id, self.logs)
+                    used_fields["storage"] = storage.total
                 categories.append(
                     QuotaCategory(
                         category=category,
@@ -175,7 +191,7 @@ class QuotaService:
                         used=QuotaFields(**used_fields),
                     )
                 )
-            return QuotaReport(org_id=org.id, org_name=org.name, categories=categories)
+            return QuotaReport(org_id=org.id, org_name=org.name, categories=categories, storage=storage)
 
     def check_submit(
         self,

@@ -531,13 +531,18 @@ class LocalBackend(
         for _, _, member_dir in member_dirs(handle):
             self.shims.stop(member_dir, "Preempted", reason, grace_seconds)
 
-    def sync_checkpoints(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
-        return jobfiles.sync_checkpoints(self.store, self._job_dir_of(handle), dest_prefix)
+    def sync_checkpoints(
+        self, handle: dict[str, Any], dest_prefix: str, admit: Callable[[int], None] | None = None
+    ) -> tuple[int, int]:
+        return jobfiles.sync_checkpoints(self.store, self._job_dir_of(handle), dest_prefix, admit)
 
-    def sync_events(self, handle: dict[str, Any], dest_prefix: str) -> tuple[int, int]:
+    def sync_events(
+        self, handle: dict[str, Any], dest_prefix: str, admit: Callable[[int], None] | None = None
+    ) -> tuple[int, int]:
         job_dir = self._job_dir_of(handle)
         rel = jobfiles.events_dir(member_dirs(handle), job_dir)
-        return jobfiles.sync_events(self.store, job_dir, rel, dest_prefix, self.settings.tensorboard_keep_bytes)
+        keep = self.settings.tensorboard_keep_bytes
+        return jobfiles.sync_events(self.store, job_dir, rel, dest_prefix, keep, admit)
 
     def collect_outputs(
         self, handle: dict[str, Any], dest_prefix: str, admit: Callable[[int], None] | None = None

@@ -101,28 +101,66 @@ def copy_tree(
     return len(written), size
 
 
-def sync_checkpoints(store: ObjectStore, job_dir: Path, dest_prefix: str) -> tuple[int, int]:
+def _signature(fd: int) -> list[int]:
+    st = os.fstat(fd)
+    return [st.st_size, st.st_mtime_ns]
+
+
+def sync_checkpoints(
+    store: ObjectStore, job_dir: Path, dest_prefix: str, admit: Callable[[int], None] | None = None
+) -> tuple[int, int]:
     """Incremental: a file is copied again only when its size or mtime changed (write checkpoints to a temporary
-    name and rename them, so a copy never catches one half-written). Returns (files, bytes) copied."""
+    name and rename them, so a copy never catches one half-written). The changed files are sized first, and
+    ``admit`` gets what the store will hold under ``dest_prefix`` once they are copied (what it holds now, listed,
+    each changed file's older copy replaced by its apparent size): it may refuse them all before any byte is
+    written. Then only files still as they were sized are copied (one changed since waits for the next sync).
+    Returns (files copied, bytes the store holds under ``dest_prefix``; 0 when nothing changed)."""
     source = job_dir / "checkpoints"
     if not source.is_dir():
         return 0, 0
     state_path = job_dir / "checkpoints.synced.json"
     synced: dict[str, Any] = read_json(state_path) or {}
-    files = copied = 0
+    changed: dict[str, list[int]] = {}
     for rel, fd in files_beneath(source):
-        with os.fdopen(fd, "rb") as fh:
-            st = os.fstat(fh.fileno())
-            signature = [st.st_size, st.st_mtime_ns]
-            if synced.get(rel) == signature:
-                continue
-            store.put_file(Path(f"/proc/self/fd/{fh.fileno()}"), f"{dest_prefix}/{safe_key(rel)}")
-        synced[rel] = signature
-        files += 1
-        copied += st.st_size
-    if files:
+        try:
+            signature = _signature(fd)
+        finally:
+            os.close(fd)
+        if synced.get(rel) != signature:
+            changed[rel] = signature
+    if not changed:
+        return 0, 0
+    # The store's own listing, not this server's record of what it copied: an attempt another server ran may
+    # have left checkpoints there that this one never saw.
+    listed = dict(store.list(dest_prefix))
+    held = dict(listed)
+    for rel, signature in changed.items():
+        held[safe_key(rel)] = signature[0]
+    if admit is not None:
+        admit(sum(held.values()))
+    copied: set[str] = set()
+    try:
+        for rel, fd in files_beneath(source):
+            with os.fdopen(fd, "rb") as fh:
+                sized = changed.get(rel)
+                if sized is None or _signature(fh.fileno()) != sized:
+                    continue
+                key = safe_key(rel)
+                store.put_file(Path(f"/proc/self/fd/{fh.fileno()}"), f"{dest_prefix}/{key}")
+                after = _signature(fh.fileno())
+            if after == sized:
+                synced[rel] = sized
+            else:  # rewritten in place while it was copied: copied again next time, counted as it is now
+                held[key] = after[0]
+            copied.add(rel)
+    finally:
         write_json_atomic(state_path, synced)
-    return files, copied
+    for rel in changed.keys() - copied:  # gone, or changed again since it was sized: its older copy, if any, stays
+        key = safe_key(rel)
+        held.pop(key, None)
+        if key in listed:
+            held[key] = listed[key]
+    return len(copied), sum(held.values())
 
 
 EVENT_FILE = "events.out.tfevents."
@@ -157,11 +195,20 @@ def events_dir(members: list[tuple[str, int, Path]], job_dir: Path) -> str:
     return "tensorboard"
 
 
-def sync_events(store: ObjectStore, job_dir: Path, rel: str, dest_prefix: str, max_bytes: int) -> tuple[int, int]:
+def sync_events(
+    store: ObjectStore,
+    job_dir: Path,
+    rel: str,
+    dest_prefix: str,
+    max_bytes: int,
+    admit: Callable[[int], None] | None = None,
+) -> tuple[int, int]:
     """The TensorBoard event files (``events.out.tfevents.*``, at any depth) under ``job_dir/rel`` that changed
     since the last call, copied into the store under ``dest_prefix`` at their relative paths; at most
-    ``max_bytes`` kept for the job in all (a file that would pass it is left out, and said once). Event files
-    only grow, so a copy is at worst a little behind. Returns (files copied, bytes kept in all)."""
+    ``max_bytes`` kept for the job in all (a file that would pass it is left out, and said once). Before a file is
+    written, ``admit`` gets the bytes then kept in all (the organisation's storage quota) and may refuse it
+    (``OutputsNotKept``: left out this time, tried again next time). Event files only grow, so a copy is at worst
+    a little behind. Returns (files copied, bytes kept in all)."""
     state_path = job_dir / EVENTS_SYNCED
     synced: dict[str, Any] = read_json(state_path) or {}
     top = _open_dir_beneath(job_dir, rel)
@@ -197,6 +244,11 @@ def sync_events(store: ObjectStore, job_dir: Path, rel: str, dest_prefix: str, m
                             synced[rel_name] = "over"
                             changed = True
                         continue
+                    if admit is not None:
+                        try:
+                            admit(kept + st.st_size)
+                        except OutputsNotKept:
+                            continue  # the gate said so on the job, once
                     store.put_file(Path(f"/proc/self/fd/{fh.fileno()}"), f"{dest_prefix}/{safe_key(rel_name)}")
                 synced[rel_name] = signature
                 files += 1

@@ -62,6 +62,11 @@ class Job(Base):
     # Quota category the job counts against (train jobs now; serve and dev come with services and notebooks).
     category: Mapped[str] = mapped_column(String(16), default="train", server_default="train")
     output_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # What the store holds of the job's checkpoints and TensorBoard event files, reserved against its
+    # organisation's storage quota before each sync writes (kiln.usecases.storage_gate). Event files a job kept
+    # before these columns are in output_bytes.
+    checkpoint_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    event_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # The job's log's size when its latest attempt ended (the live size of a running job's is read from its file).
     log_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # Scheduling: priority class (0 low, 1 normal, 2 high), gang size (workers + parameter servers; cpus, memory
