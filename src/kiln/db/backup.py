@@ -11,6 +11,7 @@ import shutil
 import sqlite3
 import subprocess
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,9 +48,11 @@ def sqlite_path(url: str | URL) -> Path | None:
     return Path(database)
 
 
-def sqlite_copy(source: Path, dest: Path, step_pages: int = STEP_PAGES) -> None:
+def sqlite_copy(source: Path, dest: Path, step_pages: int = STEP_PAGES) -> tuple[int, str]:
     """A consistent copy of the SQLite database ``source`` (live: other processes may write it meanwhile) at
-    ``dest``, written beside it under a temporary name and renamed, so ``dest`` is never half a database."""
+    ``dest``, written beside it under a temporary name and renamed, so ``dest`` is never half a database. Returns
+    the copy's (size, SHA-256): hashed from the page cache while the copy is synced to disk, the two overlap (one
+    after the other, they took 1.6 times as long as `sqlite3 .backup`)."""
     partial = dest.with_name(dest.name + ".partial")
     partial.unlink(missing_ok=True)
     src = sqlite3.connect(source, timeout=30)
@@ -60,10 +63,14 @@ def sqlite_copy(source: Path, dest: Path, step_pages: int = STEP_PAGES) -> None:
             log.info("the database kept changing under a stepwise copy: copying %s in one read transaction", source)
             partial.unlink(missing_ok=True)
             _backup(src, partial, -1)
-        with open(partial, "rb+") as fh:
-            os.fsync(fh.fileno())
+        with ThreadPoolExecutor(1) as pool:  # hashlib and fsync both release the GIL
+            hashed = pool.submit(file_digest, partial)
+            with open(partial, "rb+") as fh:
+                os.fsync(fh.fileno())
+            digest = hashed.result()
         os.chmod(partial, 0o600)  # every encrypted secret and the audit log, as the database itself
         os.replace(partial, dest)
+        return digest
     except BaseException:
         partial.unlink(missing_ok=True)
         raise

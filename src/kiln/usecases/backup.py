@@ -178,8 +178,7 @@ def _backup_database(settings: Settings, out: Path, files: list[Copied]) -> dict
         if optuna.exists():
             names.append((optuna, OPTUNA_DB))
         for source, name in names:
-            dbcopy.sqlite_copy(source, out / "database" / name)
-            size, sha = dbcopy.file_digest(out / "database" / name)
+            size, sha = dbcopy.sqlite_copy(source, out / "database" / name)
             files.append(Copied(f"database/{name}", size, sha))
         return {"kind": "sqlite", "revision": dbcopy.sqlite_revision(out / "database" / "kiln.db")}
     if not url.startswith("postgresql"):
