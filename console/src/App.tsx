@@ -3,7 +3,7 @@ import { useEffect, useState } from "preact/hooks";
 import { onUnauthorized, request } from "./api";
 import { Link, match, navigate, useLocation } from "./router";
 import { type Abilities, setSession, useAbilities, useSession } from "./session";
-import type { SessionBody } from "./types";
+import type { Readiness, SessionBody } from "./types";
 import { BudgetBanner } from "./components/BudgetBanner";
 import { Admin } from "./pages/Admin";
 import { DatasetDetail, Datasets } from "./pages/Datasets";
@@ -111,7 +111,24 @@ export function App() {
       <main id="main" class="main" tabIndex={-1}>
         {page}
       </main>
+      <Footer />
     </div>
+  );
+}
+
+/** The server's release and commit (0.2.0+g1f6b6de), from /readyz: which Kiln an operator is looking at. */
+function Footer() {
+  const [version, setVersion] = useState<string | null>(null);
+  useEffect(() => {
+    fetch("/readyz")
+      .then((r) => r.json() as Promise<Readiness>)
+      .then((body) => setVersion(body.version))
+      .catch(() => setVersion(null));
+  }, []);
+  return (
+    <footer class="footer muted" data-testid="footer">
+      Kiln {version ?? ""}
+    </footer>
   );
 }
 

@@ -25,6 +25,8 @@ export const ACTIVE_STATES: JobState[] = ["QUEUED", "STARTING", "RUNNING", "REST
 export const isActive = (state: string): boolean => (ACTIVE_STATES as string[]).includes(state);
 
 export type User = Sent<Schemas["WhoAmI"]>;
+/** /readyz, outside /api/v1: the footer reads the server's version from it. */
+export type Readiness = Sent<Schemas["Readiness"]>;
 export type SessionBody = Sent<Schemas["SessionRead"]>;
 
 export type Resources = Sent<Schemas["Resources"]>;
