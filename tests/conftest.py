@@ -142,7 +142,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: igno
 
 # Files whose tests are long and share nothing (each starts its own servers): each of their tests is a unit of
 # work of its own, so that the workers share them. Every other file is one unit: its module-scoped servers start once.
-SPLIT_FILES = frozenset({"tests/e2e/test_benchmarks_smoke.py", "tests/integration/test_crash_safety.py"})
+SPLIT_FILES = frozenset(
+    {
+        "tests/e2e/test_benchmarks_smoke.py",
+        "tests/integration/test_crash_safety.py",
+        "tests/integration/test_upgrade_from_releases.py",  # one test per release and database, ~15-50 s each
+    }
+)
 # Session fixtures of which a machine holds one at a time (fixed names and ports): the tests that use one, whatever
 # their files, are one unit of work, so that one worker starts it, and the others do not wait for it all the run.
 MACHINE_WIDE_FIXTURES = ("slurm_cluster",)
@@ -155,6 +161,7 @@ LONGEST_FIRST = (
     "tests/e2e/test_quickstart.py",
     "tests/e2e/test_benchmarks_smoke.py",
     "tests/integration/test_crash_safety.py",
+    "tests/integration/test_upgrade_from_releases.py",
     "tests/integration/test_chaos.py",
     "tests/e2e/test_pytorch.py",
     "tests/e2e/test_ddp.py",
