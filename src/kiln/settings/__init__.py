@@ -311,9 +311,18 @@ class Settings(BaseSettings):
         32 * 1024**2,
         ge=0,
         le=limits.MAX_RESOURCE_BYTES,
-        description="Bytes of TensorBoard event records the job's supervisor decodes for metrics per attempt (each "
-        "file at most half of it; records over 1 MiB are skipped undecoded), bounding what a crafted event file "
-        "costs it; past it the files are no longer read and the job's log says so (bytes, or e.g. 64M).",
+        description="Bytes of TensorBoard event records the job's supervisor decodes for metrics per job, all its "
+        "attempts together (each file at most half of it; records over 1 MiB are skipped undecoded), bounding what "
+        "a crafted event file costs it; past it the files are no longer read and the job's log says so (bytes, or "
+        "e.g. 64M).",
+    )
+    job_tensorboard_cpu_seconds: float = Field(
+        30.0,
+        ge=0,
+        le=24 * 3600,
+        description="CPU seconds the job's supervisor may spend decoding the job's TensorBoard event files, all its "
+        "attempts together (the supervisor runs outside the job's CPU quota); past it the files are no longer read "
+        "and the job's log and events say so.",
     )
 
     backend: Literal["local", "kubernetes", "slurm"] = Field(

@@ -363,6 +363,7 @@ class LocalBackend(
             "system_interval": wanted.system_interval,
             "watch": wanted.watch,
             "tensorboard_bytes": self.settings.job_tensorboard_bytes,
+            "tensorboard_cpu_seconds": self.settings.job_tensorboard_cpu_seconds,
         }
         mounts: MountConfig | None = None
         if launch.inputs:
