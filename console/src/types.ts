@@ -56,6 +56,9 @@ export type Runtime = Sent<Schemas["RuntimeRead"]>;
 export type NodeGpu = Sent<Schemas["NodeGpu"]>;
 export type NodeJob = Sent<Schemas["NodeJob"]>;
 export type InventoryNode = Sent<Schemas["NodeRead"]>;
+/** GET /admin/servers (platform admins): the servers on the database and what each holds. */
+export type ServerRow = Sent<Schemas["ServerRead"]>;
+export type ServerList = Sent<Schemas["ServerList"]>;
 
 export type Study = Sent<Schemas["StudyRead"]>;
 export type Trial = Sent<Schemas["TrialRead"]>;

@@ -6,17 +6,24 @@ through one is refused by the other within the key cache's bound (docs/deploymen
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 
 import httpx
 import pytest
 from cryptography.fernet import Fernet
+from sqlalchemy import create_engine, text
 
 from kiln.auth.sessions import COOKIE, CSRF_HEADER, OTHER_SERVER, SessionKeys
 from kiln.usecases.identity import KEY_CACHE_SECONDS
+from kiln.version import full_version
 from tests.components import require
 from tests.conftest import _pg_connect, postgres_available
 from tests.kilnserver import KilnServer
@@ -35,6 +42,7 @@ class World:
     admin: Api  # the platform admin, through the first server
     acme: Tenant
     server_key: str
+    database_url: str
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +63,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     servers: list[KilnServer] = []
     try:
         for name in ("home-a", "home-b"):
-            servers.append(KilnServer(root / name, url, **shared).start())
+            servers.append(KilnServer(root / name, url, instance_id=f"across-{name}", **shared).start())
         first, second = servers
         admin = Api.admin(first)
         acme = create_tenant(admin, "across-acme", ("member",))
         try:
-            yield World(first, second, admin, acme, shared["server_key"])
+            yield World(first, second, admin, acme, shared["server_key"], url)
         finally:
             close_all(acme)
             admin.close()
@@ -199,3 +207,54 @@ def test_a_key_disabled_through_one_server_is_refused_by_the_other_within_the_ke
         time.sleep(0.5)  # a dozen requests at most: well inside the key's half burst on this server
     on_first.close()
     on_second.close()
+
+
+# -- (e) who holds what -----------------------------------------------------------------------------------------
+
+
+def held_leases(url: str) -> dict[str, str]:
+    """scope → owner of every unexpired task lease, read from the database itself."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            now = conn.execute(text("SELECT (now() AT TIME ZONE 'utc')")).scalar_one()
+            rows = conn.execute(text("SELECT scope, owner FROM task_leases WHERE expires_at > :now"), {"now": now})
+            return {scope: owner for scope, owner in rows}
+    finally:
+        engine.dispose()
+
+
+def test_either_server_lists_both_with_the_leases_each_holds_to_a_platform_admin_only(world: World) -> None:
+    _, _, admin = create_key(world.admin, world.first.url, "admin", "servers")  # a bucket of its own: few requests
+    pids = {"across-home-a": world.first.proc.pid, "across-home-b": world.second.proc.pid}  # type: ignore[union-attr]
+    for server in (world.first, world.second):
+        listed = Api(server.url, admin.access_key, admin.secret_key).ok("GET", "/admin/servers")
+        by_id = {item["id"]: item for item in listed["items"]}
+        assert sorted(by_id) == sorted(pids), listed
+        for server_id, item in by_id.items():
+            assert item["live"] and item["pid"] == pids[server_id] and item["version"] == full_version(), item
+            seen, now, until = (datetime.fromisoformat(x) for x in (item["seen_at"], listed["now"], item["live_until"]))
+            assert item["host"] and item["endpoint"] and seen <= now <= until, item
+    # Each lease once, by the server that holds it in the database (read after: a lease only moves when it expires).
+    leases = {scope: server_id for server_id, item in by_id.items() for scope in item["task_leases"]}
+    assert leases and leases.items() <= held_leases(world.database_url).items(), (leases, by_id)
+    refused = world.acme["member"].api.get("/admin/servers")
+    assert refused.status_code == 403 and refused.json()["code"] == "forbidden", refused.text
+    # The command: a table, and JSON with every field.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    env |= {"KILN_ENDPOINT": world.second.url, "KILN_ACCESS_KEY": admin.access_key, "KILN_SECRET_KEY": admin.secret_key}
+    env |= {"KILN_CONFIG": "/nonexistent/kiln-config", "COLUMNS": "250"}
+    table = subprocess.run(
+        [sys.executable, "-m", "kiln", "admin", "servers"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert table.returncode == 0, table.stderr
+    header, *rows = [line for line in table.stdout.splitlines() if line.strip() and not set(line.strip()) <= {"─"}]
+    assert header.split()[:4] == ["SERVER", "HOST", "PID", "VERSION"], table.stdout
+    assert sorted(row.split()[0] for row in rows) == sorted(pids), table.stdout
+    assert all(f" {pids[row.split()[0]]} " in row and " yes, " in row for row in rows), table.stdout
+    as_json = subprocess.run(
+        [sys.executable, "-m", "kiln", "admin", "servers", "-o", "json"], env=env, capture_output=True, text=True
+    )
+    assert as_json.returncode == 0, as_json.stderr
+    assert {item["id"]: item["pid"] for item in json.loads(as_json.stdout)["items"]} == pids
+    admin.close()

@@ -1,4 +1,4 @@
-// Organisations, users, access keys, quotas and the audit trail. What each tab offers follows the signed-in
+// Organisations, users, access keys, quotas, the audit trail and (platform admins) the servers. What each tab offers follows the signed-in
 // user's role (a viewer reads its own keys; an organisation admin manages its users and keys and reads its audit
 // trail; a platform admin everything); the server checks the same and refuses the rest.
 
@@ -11,6 +11,7 @@ import { useLocation } from "../router";
 import { useAbilities, useSession } from "../session";
 import { PRIORITIES } from "../types";
 import type { ApiRequest, AuditRecord, Items, Key, Org, Priority, QuotaReport, UserRow } from "../types";
+import { Servers } from "./AdminServers";
 import { QuotaTable } from "./Overview";
 
 export function Admin() {
@@ -22,6 +23,7 @@ export function Admin() {
     { id: "orgs", label: can.platformAdmin ? "Organisations" : "Organisation" },
     { id: "quotas", label: "Quotas" },
     ...(can.orgAdmin ? [{ id: "audit", label: "Audit" }] : []),
+    ...(can.platformAdmin ? [{ id: "servers", label: "Servers" }] : []),
   ];
   const tab = tabs.some((t) => t.id === query.get("tab")) ? (query.get("tab") as string) : "keys";
   return (
@@ -34,6 +36,7 @@ export function Admin() {
         {tab === "orgs" ? <Orgs /> : null}
         {tab === "quotas" ? <Quotas /> : null}
         {tab === "audit" ? <Audit /> : null}
+        {tab === "servers" ? <Servers /> : null}
       </div>
     </div>
   );

@@ -23,6 +23,7 @@ from kiln.api.nul import NulGuard
 from kiln.api.prometheus import RequestMetricsMiddleware
 from kiln.api.prometheus import router as prometheus_router
 from kiln.api.routers import (
+    admin,
     blobs,
     datasets,
     jobs,
@@ -121,6 +122,7 @@ def create_app(settings: Settings | None = None, platform: Platform | None = Non
         metrics,
         runs,
         usage,
+        admin,
     )
     api_routers = [module.router for module in modules] + [studies.job_router] + list(tenancy.routers)
     mounted += [(API_PREFIX, router) for router in api_routers]

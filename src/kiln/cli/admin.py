@@ -1,6 +1,7 @@
-"""``kiln admin``: offline administration, run on the server's machine. It reads $KILN_HOME (the settings, the
-server key, the database) directly and needs no running server — the way back in when no platform-admin key
-works any more."""
+"""``kiln admin``: administration of the platform itself. Most of it is offline, run on the server's machine: it
+reads $KILN_HOME (the settings, the server key, the database) directly and needs no running server — the way back in
+when no platform-admin key works any more. ``kiln admin servers`` asks a server, with a platform admin's key: which
+servers share the database and which jobs and task leases each holds."""
 
 from __future__ import annotations
 
@@ -10,14 +11,18 @@ import pwd
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from kiln.cli.common import EXIT_USAGE, fail, info
+from kiln.cli.common import EXIT_USAGE, Output, OutputFormat, connect, emit_json, fail, info, out
+
+if TYPE_CHECKING:
+    from kiln.domain.servers import ServerList
 
 app = typer.Typer(
-    help="Offline administration on the server's machine (reads $KILN_HOME directly; needs no running server).",
+    help="Administration of the platform: offline on the server's machine (backup, restore, recover-key read "
+    "$KILN_HOME directly and need no running server), and `servers` (who holds what) through a server.",
     no_args_is_help=True,
 )
 
@@ -214,3 +219,53 @@ def restore(
     )
     for note in done.notes:
         info(f"note: {note}")
+
+
+@app.command("servers")
+def servers(
+    wide: Annotated[bool, typer.Option("--wide", "-w", help="List the ids of the jobs each server holds.")] = False,
+    output: Output = OutputFormat.table,
+) -> None:
+    """Which servers share the database, whether each is live, and the jobs and task leases each holds (platform
+    admins). A job held by a server that is not live waits for its lease to run out; another server then takes it
+    over (its events say so: TakenOver)."""
+    with connect() as client:
+        listed = client.servers()
+    if output is OutputFormat.json:
+        emit_json(listed.model_dump(mode="json"))
+    elif not listed.items:
+        info("no server has recorded itself in the database yet")
+    else:
+        _servers_table(listed, wide)
+
+
+def _servers_table(listed: ServerList, wide: bool) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from kiln.cli.output import _table, fmt_duration, fmt_time
+
+    table: Table = _table("SERVER", "HOST", "PID", "VERSION", "STARTED", "LAST HEARTBEAT", "LIVE", "JOBS", "LEASES")
+    table.columns[0].no_wrap = True
+    for server in listed.items:
+        if server.live_until is None:
+            live = Text("yes" if server.live else "no", style="green" if server.live else "red")
+        elif server.live:
+            live = Text(f"yes, {fmt_duration((server.live_until - listed.now).total_seconds())} left", style="green")
+        else:
+            live = Text(f"no, for {fmt_duration((listed.now - server.live_until).total_seconds())}", style="red")
+        jobs = str(server.jobs)
+        if wide and server.job_ids:
+            jobs += ": " + " ".join(server.job_ids)
+        table.add_row(
+            Text(server.id),
+            Text(server.host or "-"),
+            Text("-" if server.pid is None else str(server.pid)),
+            Text(server.version or "-"),
+            fmt_time(server.started_at),
+            fmt_time(server.seen_at),
+            live,
+            Text(jobs),
+            Text(" ".join(server.task_leases) or "-"),
+        )
+    out.print(table)

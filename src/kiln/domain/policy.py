@@ -46,7 +46,7 @@ MEMBER = READ | {
     "pipelines:write",
 }
 ADMIN = MEMBER | {"users:read", "users:manage", "keys:manage", "audit:read", "usage:read"}
-PLATFORM = ADMIN | {"orgs:manage", "quota:set", "runtimes:install", "prices:set"}
+PLATFORM = ADMIN | {"orgs:manage", "quota:set", "runtimes:install", "prices:set", "servers:read"}
 JOB_TOKEN = frozenset({"jobs:read", "jobs:report"})
 SERVICE_TOKEN = frozenset({"services:predict"})  # an application calling one service, nothing else
 

@@ -71,6 +71,9 @@ class Reason(StrEnum):
     REATTACHED = "Reattached"
     ADOPTED = "Adopted"  # a restarted server found the attempt ended while no server ran: its outcome is kept
     RELAUNCHED = "Relaunched"  # the attempt was recorded STARTING but never launched: launched now
+    # Another server's lease on the job ran out (it died, or stalled past it) and this one took the job over: the
+    # message names both ("Adopted by B after A stopped renewing"), so a job's events say who ran it when.
+    TAKEN_OVER = "TakenOver"
     INSUFFICIENT_RESOURCES = "InsufficientResources"
     CODE_ERROR = "CodeError"
     INPUT_ERROR = "InputError"

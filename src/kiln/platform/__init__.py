@@ -66,6 +66,7 @@ from kiln.usecases.recovery import announce_offline_actions
 from kiln.usecases.run_artifacts import RunArtifacts
 from kiln.usecases.runtimes import RuntimeService
 from kiln.usecases.scheduling import SchedulingService
+from kiln.usecases.servers import ServerDirectory
 from kiln.usecases.serving import ServingService
 from kiln.usecases.studies import StudyService
 from kiln.usecases.tracking import TrackingService
@@ -110,6 +111,7 @@ class Platform:
             settings.server_heartbeat_seconds,
             on_count=self.rate_limiter.share,
         )
+        self.server_directory = ServerDirectory(self.db, settings.server_heartbeat_seconds)  # who holds what
         # Metrics: the store both ingestion paths write through, the task that tails the jobs' spool files where
         # the backend puts them (a shim wakes it: the backend's metrics_ready), and the server's own numbers for
         # /metrics. A trial's new objective points are judged at once by the studies task, whichever path stored

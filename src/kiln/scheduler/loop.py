@@ -33,7 +33,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from kiln.backends.base import Backend, Launch, Phase, ResolvedInput, Slot
@@ -45,6 +45,7 @@ from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState, Reason
 from kiln.domain.stored_spec import StoredSpec
 from kiln.errors import InvalidInput
+from kiln.scheduler.leases import OPEN_STATES, note_takeovers, take_job_leases
 from kiln.scheduler.observe import Observer, log_source
 from kiln.scheduler.outcome import STARTED_BEFORE_END, JobView, Observed, Outcome, decide
 from kiln.scheduler.outputs_gate import OutputsGate
@@ -71,7 +72,6 @@ MAX_START_SECONDS_PER_PASS = 0.1
 MIN_STARTS_PER_PASS = 8
 MAX_STARTS_PER_PASS = 64
 LEFTOVER_SECONDS = 2.0  # placements older than this are decided again rather than started
-OPEN_STATES = [JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING]
 ACTIVE_STATES = [JobState.STARTING, JobState.RUNNING]
 # Launches of one attempt before the job fails with BackendError: each is a start that raised, or a server that
 # stopped before starting it; more than this is a start that cannot succeed, not bad luck.
@@ -192,25 +192,12 @@ class Reconciler:
     # -- leases ---------------------------------------------------------------------------------------
 
     def _take_leases(self, s: Session) -> None:
-        """Inside ``s``: take or renew the lease on every open job of this backend that nobody else holds."""
-        now = utcnow()
-        expires = now + timedelta(seconds=self.settings.lease_seconds)
-        renew_before = now + timedelta(seconds=self.settings.lease_seconds / 2)
-        claimable = (
-            Job.state.in_([str(x) for x in OPEN_STATES]),
-            Job.backend == self.backend.name,
-            or_(
-                Job.lease_owner.is_(None),
-                Job.lease_expires_at < now,
-                (Job.lease_owner == self.owner) & (Job.lease_expires_at < renew_before),
-            ),
-        )
-        if self.db.dialect == "postgresql":
-            ids = list(s.scalars(select(Job.id).where(*claimable).with_for_update(skip_locked=True)))
-            if ids:
-                s.execute(update(Job).where(Job.id.in_(ids)).values(lease_owner=self.owner, lease_expires_at=expires))
-        else:
-            s.execute(update(Job).where(*claimable).values(lease_owner=self.owner, lease_expires_at=expires))
+        """Inside ``s``: take or renew the lease on every open job of this backend that nobody else holds (a
+        takeover from another server writes its event on each job: ``kiln.scheduler.leases``)."""
+        moved = take_job_leases(s, self.db.dialect, self.backend.name, self.owner, self.settings.lease_seconds)
+        if moved:
+            holders = ", ".join(sorted({previous for _, previous in moved}))
+            log.info("took over %d job(s) whose leases %s stopped renewing", len(moved), holders)
 
     def _claim(self) -> list[Job]:
         """Take or renew the leases (a transaction of its own) and return every open job this reconciler holds."""
@@ -478,6 +465,8 @@ class Reconciler:
                 continue
             if job.lease_owner not in (None, self.owner) and job.lease_expires_at and job.lease_expires_at > now:
                 continue  # another server holds it
+            if job.lease_owner not in (None, self.owner):  # its holder let the lease run out: a takeover
+                note_takeovers(s, [(job.id, job.lease_owner)], self.owner, now=now)
             job.lease_owner = self.owner
             job.lease_expires_at = now + timedelta(seconds=self.settings.lease_seconds)
             if job.cancel_requested:

@@ -1,5 +1,6 @@
-"""Organisations, users, access keys, quotas and the audit log; and the two calls a running job makes with its token
-(uploading an artifact, appending log lines). A mixin of ``kiln.Client``, kept apart to keep client.py small.
+"""Organisations, users, access keys, quotas, the audit log and the servers; and the two calls a running job makes
+with its token (uploading an artifact, appending log lines). A mixin of ``kiln.Client``, kept apart to keep
+client.py small.
 
 Organisations, users and keys are named by id or by name wherever the API takes one.
 """
@@ -24,6 +25,7 @@ from kiln.domain.schemas import (
     QuotaReport,
     UserRead,
 )
+from kiln.domain.servers import ServerList
 from kiln.sdk.transport import ClientTransport
 
 if TYPE_CHECKING:
@@ -192,6 +194,11 @@ class TenancyMixin(ClientTransport):
             "limit": limit,
         }
         return [AuditRead.model_validate(a) for a in self.request("GET", "/audit", params=params).json()["items"]]
+
+    def servers(self) -> ServerList:
+        """The servers sharing the database, live or not, and the open jobs and task leases each holds (platform
+        admins): ``items`` (one ``ServerRead`` each, the live ones first) and ``now`` (the server's clock)."""
+        return ServerList.model_validate(self.request("GET", "/admin/servers").json())
 
     # -- what a running job reports (with its KILN_JOB_TOKEN) -------------------------------------------
 

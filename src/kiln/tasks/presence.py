@@ -11,6 +11,8 @@ counting server's: the servers' clocks must agree to well within a heartbeat, as
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -21,6 +23,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from kiln.db.session import Database
 from kiln.db.tables import Server, utcnow
 from kiln.tasks.runner import Task, TaskContext
+from kiln.version import full_version
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,8 @@ class ServerPresence:
         self.on_count = on_count
         self.live = 1
         self._started = utcnow()
+        # Who it is, for ``kiln admin servers``: the machine, the process and the release it runs.
+        self._identity = {"host": socket.gethostname(), "pid": os.getpid(), "version": full_version()}
         self._insert = postgresql_insert if db.dialect == "postgresql" else sqlite_insert
 
     def live_for(self) -> float:
@@ -65,14 +70,12 @@ class ServerPresence:
         """Record this server as seen now and count the live servers (this one included); the count."""
         now = utcnow()
         until = now + timedelta(seconds=self.live_for())  # by its own heartbeat: another's may differ
-        row = {"id": self.instance_id, "endpoint": self.endpoint, "started_at": self._started, "seen_at": now}
+        row = {"endpoint": self.endpoint, "started_at": self._started, "seen_at": now, "live_until": until}
+        row |= self._identity
         upsert = (
             self._insert(Server)
-            .values(**row, live_until=until)
-            .on_conflict_do_update(
-                index_elements=["id"],
-                set_={"endpoint": self.endpoint, "started_at": self._started, "seen_at": now, "live_until": until},
-            )
+            .values(id=self.instance_id, **row)
+            .on_conflict_do_update(index_elements=["id"], set_=row)
         )
         with self.db.transaction() as s:
             s.execute(upsert)

@@ -37,6 +37,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from kiln.tasks.db_errors import database_busy, database_outage
 from kiln.tasks.leases import Held, TaskLeases
 
 log = logging.getLogger(__name__)
@@ -53,19 +54,6 @@ def error_pause(interval: float, failures: int) -> float:
     """The pause after the ``failures``-th failed run in a row (1: the first)."""
     first = min(ERROR_PAUSE, interval)
     return min(BACKOFF_MAX_SECONDS, first * 2 ** min(max(failures - 1, 0), 30))
-
-
-def database_busy(exc: BaseException) -> bool:
-    """Is ``exc`` (or what it was raised from) SQLite's "database is locked": another connection held the write
-    lock for longer than this one's busy timeout?"""
-    seen: BaseException | None = exc
-    for _ in range(5):
-        if seen is None:
-            return False
-        if type(seen).__name__ == "OperationalError" and "database is locked" in str(seen):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 class LeaseLost(Exception):
@@ -439,7 +427,10 @@ class TaskRunner:
                 continue
             busy = 0
             if logged is not None:
-                log.info("background task %s runs again", label)
+                if logged.startswith("outage: "):  # one line for the outage's end, as for its start
+                    log.info("background task %s recovered (%s no more): it runs again", label, logged[8:])
+                else:
+                    log.info("background task %s runs again", label)
                 logged = None
             failures = 0
             self._finished(task, clock, None)
@@ -447,10 +438,27 @@ class TaskRunner:
 
     def _failed(self, task: Task, label: str, clock: float, exc: Exception, logged: str | None, failures: int) -> str:
         """Record a failed run (or a lease that could not be taken), log it unless it is the error ``logged`` last,
-        and pause for the back-off. Returns the error now logged last."""
+        and pause for the back-off. Returns the error now logged last.
+
+        An error of the database itself (``database_outage``: unreachable, or a lock held past the statement's
+        patience) is logged as one line without its traceback, once for as long as the task fails for that reason
+        whatever each failure's message (a lost connection, then refused ones): an outage of a minute logged a
+        traceback of ~50 lines per task and message. The run that succeeds after it says so (``_loop``)."""
         text = f"{type(exc).__name__}: {exc}"
         pause = error_pause(task.interval, failures)
-        if text != logged:
+        outage = database_outage(exc)
+        key = f"outage: {outage}" if outage is not None else text
+        if key != logged and outage is not None:
+            log.warning(
+                "background task %s fails: %s (logged once until it recovers; tried again after %.1f s, twice as "
+                "long after each next failure, at most %.0f s): %s",
+                label,
+                outage,
+                pause,
+                BACKOFF_MAX_SECONDS,
+                text,
+            )
+        elif key != logged:
             log.exception(
                 "background task %s failed (logged once until it changes; tried again after %.1f s, twice as long "
                 "after each next failure, at most %.0f s): %s",
@@ -464,7 +472,7 @@ class TaskRunner:
         if task.keys is None:
             self._note(task, next_due=time.time() + pause + task.interval)
         self._stopping.wait(pause)
-        return text
+        return key
 
     def _busy(self, task: Task, label: str, exc: Exception, busy: int) -> None:
         """A run that met a busy database: counted (``busy``), one log line (no traceback) at the first of a

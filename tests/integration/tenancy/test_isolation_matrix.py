@@ -235,6 +235,8 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ],
     ("GET", "/api/v1/prices"): [Case("self", cross=OWN_OK)],
     ("POST", "/api/v1/prices"): [Case("platform", body={"cpu_hour": 1.0}, cross=frozenset({403}))],
+    # Who holds what: every organisation's jobs and the platform's hosts, for the platform admin only.
+    ("GET", "/api/v1/admin/servers"): [Case("platform", cross=frozenset({403}))],
     # Budgets: an org admin sets its members' (naming another organisation's member is refused like a missing one);
     # a list shows only the caller's organisation's.
     ("GET", "/api/v1/budgets"): [

@@ -137,6 +137,11 @@ class Server(Base):
     # seen_at + three of this server's heartbeats: servers whose heartbeats differ judge each other by the other's
     # own (NULL: a row of a server from before this column, judged by the reader's heartbeat).
     live_until: Mapped[datetime | None] = mapped_column(default=None)
+    # Which machine and process it is and what it runs (``kiln admin servers``); NULL on a row of a server from
+    # before these columns.
+    host: Mapped[str | None] = mapped_column(String(255), default=None)
+    pid: Mapped[int | None] = mapped_column(Integer, default=None)
+    version: Mapped[str | None] = mapped_column(String(64), default=None)
 
 
 class OutputManifest(Base):
