@@ -131,6 +131,8 @@ PG_TCP_OPTIONS = {
 # How long a bulk writer (metrics ingestion) waits for SQLite's write lock before its transaction fails with
 # "database is locked" (its task backs off and tries again); a request waits up to 30 s.
 BULK_BUSY_SECONDS = 2.0
+# How long a bulk writer lets the process's other writers go first before it takes its turn anyway (WriteGate).
+BULK_YIELD_SECONDS = 0.5
 # What a client answered 503 for an unavailable database is told to wait (Retry-After) before it tries again.
 DATABASE_RETRY_AFTER_SECONDS = 2
 
@@ -168,6 +170,72 @@ def _postgresql_connect_args(url: str, idle_transaction_seconds: float | None = 
     return {name: value for name, value in options.items() if name not in query}
 
 
+class WriteGate:
+    """(SQLite) The turns of one process's writers at the database's one write lock, handed over at once.
+
+    SQLite hands its write lock to nobody in turn: a writer that finds it taken sleeps and tries again (1, 2, 5, ...
+    up to 100 ms between tries), so a request waiting behind a bulk writer waits past the end of the bulk
+    transaction, and a bulk writer going from one transaction to the next takes the lock again before any sleeper
+    wakes: requests waited out their 30 s busy timeout behind metrics ingestion. Within the process the writers
+    queue here instead (a condition: the next goes when the last commits or rolls back), the writers of
+    ``transaction`` and plain ``engine.begin()`` (requests, tasks) before the bulk writer, which goes once none of
+    them waits or after ``BULK_YIELD_SECONDS``. Other processes sharing the file still meet SQLite's busy handler.
+    A writer that cannot enter within its busy timeout goes on without the gate (SQLite's lock still serialises
+    it): a thread that opened a second write transaction inside its first waits as long as it did before."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._holder: int | None = None  # id() of the DB-API connection whose transaction is in
+        self._waiting = 0  # writers other than bulk ones waiting for their turn
+
+    def attach(self, engine: Engine) -> None:
+        """Give the turn back after each commit or rollback of ``engine`` (whose BEGIN takes it: ``enter``)."""
+        dialect = engine.dialect
+        commit, rollback = dialect.do_commit, dialect.do_rollback
+
+        def do_commit(dbapi_conn: Any) -> None:
+            try:
+                commit(dbapi_conn)
+            finally:
+                self.leave(dbapi_conn)
+
+        def do_rollback(dbapi_conn: Any) -> None:
+            try:
+                rollback(dbapi_conn)
+            finally:
+                self.leave(dbapi_conn)
+
+        dialect.do_commit = do_commit  # type: ignore[method-assign,assignment]
+        dialect.do_rollback = do_rollback  # type: ignore[method-assign,assignment]
+
+    def enter(self, dbapi_conn: Any, *, bulk: bool, timeout: float) -> None:
+        key = id(getattr(dbapi_conn, "dbapi_connection", dbapi_conn))  # the pool's proxy, or the driver's
+        with self._cond:
+            if self._holder == key:
+                return
+            if bulk:
+                self._cond.wait_for(lambda: self._holder is None and self._waiting == 0, BULK_YIELD_SECONDS)
+            else:
+                self._waiting += 1
+            try:
+                if self._cond.wait_for(lambda: self._holder is None, timeout):
+                    self._holder = key
+            finally:
+                if not bulk:
+                    self._waiting -= 1
+
+    def leave(self, dbapi_conn: Any) -> None:
+        key = id(getattr(dbapi_conn, "dbapi_connection", dbapi_conn))
+        with self._cond:
+            if self._holder == key:
+                self._holder = None
+                self._cond.notify_all()
+
+    def waiting(self) -> int:
+        """Writers (not bulk ones) waiting for their turn now."""
+        return self._waiting
+
+
 def make_engine(
     url: str,
     *,
@@ -175,20 +243,34 @@ def make_engine(
     foreign_keys: bool = True,
     idle_transaction_seconds: float | None = None,
     busy_seconds: float = 30.0,
+    gate: WriteGate | None = None,
+    bulk: bool = False,
 ) -> Engine:
+    """``gate`` (SQLite): the process's writers take turns through it (``bulk``: after the others)."""
     engine = _make_engine(
         url,
         read_only=read_only,
         foreign_keys=foreign_keys,
         idle_transaction_seconds=idle_transaction_seconds,
         busy_seconds=busy_seconds,
+        gate=gate if not read_only else None,
+        bulk=bulk,
     )
+    if gate is not None and engine.dialect.name == "sqlite" and not read_only:
+        gate.attach(engine)
     event.listen(engine, "handle_error", database_unavailable)
     return engine
 
 
 def _make_engine(
-    url: str, *, read_only: bool, foreign_keys: bool, idle_transaction_seconds: float | None, busy_seconds: float
+    url: str,
+    *,
+    read_only: bool,
+    foreign_keys: bool,
+    idle_transaction_seconds: float | None,
+    busy_seconds: float,
+    gate: WriteGate | None,
+    bulk: bool,
 ) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -216,7 +298,16 @@ def _make_engine(
         def _on_begin(conn: Any) -> None:
             # Writers take the write lock up front (no deadlocking lock upgrades); readers never block
             # anyone in WAL mode, so they start a plain deferred transaction.
-            conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+            if read_only or gate is None:
+                conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+                return
+            dbapi_conn = conn.connection.dbapi_connection
+            gate.enter(dbapi_conn, bulk=bulk, timeout=busy_seconds)  # this process's writers in turn
+            try:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            except BaseException:
+                gate.leave(dbapi_conn)  # (another process held the lock past the busy timeout): no rollback comes
+                raise
 
         return engine
     # pool_pre_ping: a pooled connection that died with the database (a restart) is found dead on checkout and the
@@ -238,7 +329,9 @@ class Database:
         ``PG_IDLE_IN_TRANSACTION_SECONDS``, 0: never). ``metering``: the job state machine meters each
         attempt's hold in the sessions of ``transaction`` (``session.info["metering"]``; kiln.usecases.usage)."""
         self.url = url
-        self.engine = make_engine(url, idle_transaction_seconds=idle_transaction_seconds)
+        # SQLite: this process's writers (requests, tasks, the bulk writer) take turns through one gate.
+        self.gate = WriteGate()
+        self.engine = make_engine(url, idle_transaction_seconds=idle_transaction_seconds, gate=self.gate)
         self.versions = TableVersions(self.engine, self.WATCHED_TABLES)
         self._close_hooks: list[Callable[[], None]] = []
         self.exclusive = False  # see claim_exclusive
@@ -251,13 +344,10 @@ class Database:
         # background work that can wait: they give up on SQLite's write lock after BULK_BUSY_SECONDS (their task
         # tries again later, kiln.tasks.runner), rather than queue for it as long as a request would.
         self.bulk_engine = (
-            make_engine(url, foreign_keys=False, busy_seconds=BULK_BUSY_SECONDS)
+            make_engine(url, foreign_keys=False, busy_seconds=BULK_BUSY_SECONDS, gate=self.gate, bulk=True)
             if self.engine.dialect.name == "sqlite"
             else self.engine
         )
-        # Writers of ``transaction`` in flight (SQLite): a bulk writer lets them go first (``yield_to_writers``).
-        self._writers = 0
-        self._writers_idle = threading.Condition()
         self._bulk_sessions = sessionmaker(self.bulk_engine, expire_on_commit=False)
 
     @staticmethod
@@ -302,26 +392,11 @@ class Database:
     def transaction(self) -> Iterator[Session]:
         """One unit of work: commits on success, rolls back on any error."""
         session = self._sessions()
-        with self._writers_idle:
-            self._writers += 1
         try:
             with session.begin():
                 yield session
         finally:
             session.close()
-            with self._writers_idle:
-                self._writers -= 1
-                if self._writers == 0:
-                    self._writers_idle.notify_all()
-
-    def yield_to_writers(self, timeout: float) -> bool:
-        """Wait (at most ``timeout`` seconds) until no transaction of ``transaction`` is in flight in this process;
-        True if none is. A bulk writer calls it between its transactions on SQLite, whose write lock is not handed
-        out in turn: a waiting writer polls for it (sleeping up to 100 ms between tries), and a bulk writer going
-        straight from one transaction to the next would take it again each time. Requests and the other tasks go
-        first; the bulk writer gets its turn within ``timeout`` however many there are."""
-        with self._writers_idle:
-            return self._writers_idle.wait_for(lambda: self._writers == 0, timeout)
 
     @contextmanager
     def bulk_transaction(self) -> Iterator[Session]:

@@ -117,6 +117,11 @@ class MetricsStore:
         series = self._series
         return lambda key: (job_id, *key) in series
 
+    def new_series(self, job_id: str, keys: Iterable[tuple[str, str]]) -> int:
+        """How many of these series of the job this writer does not know (at most what a write would create)."""
+        series = self._series
+        return sum(1 for key in keys if (job_id, *key) not in series)
+
     def _dialect_insert(self, table: Table) -> Any:
         return postgresql.insert(table) if self.db.dialect == "postgresql" else sqlite.insert(table)
 
@@ -295,8 +300,17 @@ class MetricsStore:
                         "created_at": now,
                     }
                 )
-            conn.execute(self._dialect_insert(SERIES).on_conflict_do_nothing(), values)
             c = SERIES.c
+            # The new rows' ids come back with the insert (RETURNING); only series another writer created first
+            # (the insert skipped them) are looked up by name: that lookup's cost grows with the job's series.
+            inserted = conn.execute(
+                self._dialect_insert(SERIES).on_conflict_do_nothing().returning(c.id, c.worker, c.name, c.axis),
+                values,
+            )
+            for sid, worker, name, axis in inserted:
+                found[(worker, name)] = (sid, axis)
+                new_series[(job_id, worker, name)] = (sid, axis)
+            missing = [key for key in missing if key not in found]
             for start in range(0, len(missing), 500):
                 part = missing[start : start + 500]
                 result = conn.execute(

@@ -22,7 +22,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -59,8 +59,8 @@ DRAINING_STALE_SECONDS = 3700.0  # ... for at most this long (the shim's longest
 BUSY_POINTS = 5000  # a pass that stored at least this many points (a backlog) is followed by the next one soon
 BUSY_WAIT = 0.05  # (rather than after the interval): long enough for what arrives meanwhile to make a batch
 MIN_WOKEN_GAP = 0.02  # a pass woken by a shim (metrics.watch) starts at least this long after the one before
-PIECE_BYTES = 4 * 1024  # lines are parsed this many bytes at a time: the batch bounds are checked in between
-WRITERS_FIRST_SECONDS = 0.5  # (SQLite) a batch waits at most this long for the process's other writers to finish
+PIECE_BYTES = 16 * 1024  # lines are parsed this many bytes at a time: the batch bounds are checked in between
+MIN_PIECE_BYTES = 512  # ... or this many, after lines of many series
 
 
 @dataclass
@@ -97,7 +97,8 @@ class MetricsIngester:
         interval: float = 0.25,
         max_bytes_per_file: int = 1024 * 1024,
         batch_points: int = 2_000,
-        batch_series: int = 250,
+        batch_series: int = 64,
+        batch_new_series: int = 32,
         on_ingested: Callable[[set[str]], None] | None = None,
     ) -> None:
         """``spools``: where each job's spool files are (the backend's, or the server's own); ``owner``: this
@@ -115,6 +116,7 @@ class MetricsIngester:
         # SQLite has one write lock, and every request and task that writes waits while a batch holds it.
         self.batch_points = batch_points
         self.batch_series = batch_series
+        self.batch_new_series = batch_new_series  # creating a series costs several of a point
         self.bytes_read = 0  # spool bytes read since start (each byte of a file once, whatever its lines)
         self._stopping: threading.Event | None = None  # the task's: a pass stops between batches when set
         # (job, file) -> (offset, end): the bytes from the file's offset to ``end`` hold no newline (a line still
@@ -276,18 +278,29 @@ class MetricsIngester:
                     batch.add(key, self._expected(key), offset + advanced, _long_line_parsed(limits.line), job)
                 moved = False
                 at = offset
-                for piece in _pieces(chunk):
+                piece_size = MIN_PIECE_BYTES
+                while at < offset + len(chunk):  # (empty for a skipped long line)
+                    piece = _piece(chunk, at - offset, piece_size)
                     parsed = parse_lines(piece, max_line=limits.line, admit=self.store.admit(job.id))
                     at += len(piece)
+                    # Pieces grow from a line or so while their lines are of few series; lines of many (a flood of
+                    # names) are read a line or so at a time: the batch's bounds are met near them, not a piece past.
+                    many = len(parsed.series) > self.batch_series // 4
+                    piece_size = MIN_PIECE_BYTES if many else min(2 * piece_size, PIECE_BYTES)
                     if parsed.long_lines:
                         self._long_line(job.id, limits.line)
                     batch.add(key, self._expected(key), at, parsed, job)
+                    batch.new += self.store.new_series(job.id, parsed.series)
                     if parsed.series:
                         ingested.add(job.id)
                     # The GIL handed to the request threads between pieces (a pass may parse for seconds): they
                     # would otherwise wait the switch interval (5 ms) for it at each of their I/O calls.
                     time.sleep(0)
-                    if batch.points >= self.batch_points or len(batch.keys) >= self.batch_series:
+                    if (
+                        batch.points >= self.batch_points
+                        or len(batch.keys) >= self.batch_series
+                        or batch.new >= self.batch_new_series
+                    ):
                         written, moved = self._write(batch)
                         stored += written
                         batch = _Batch()
@@ -331,9 +344,7 @@ class MetricsIngester:
     def _write(self, batch: _Batch) -> tuple[int, bool]:
         """One batch stored: (points stored, whether another reader moved a cursor of it first: nothing of it is
         stored then, the jobs' cursors are loaded again, and their files read on from there). On SQLite, the
-        requests and tasks writing in this process go first (``yield_to_writers``): a batch waits for them."""
-        if self.db.dialect == "sqlite":
-            self.db.yield_to_writers(WRITERS_FIRST_SECONDS)
+        requests and tasks writing in this process go first (the database's ``WriteGate``)."""
         try:
             return self.store.write(batch.pending, batch.cursors, self._files), False
         except CursorMoved as exc:
@@ -434,6 +445,7 @@ class _Batch:
         self.cursors: list[CursorUpdate] = []
         self.points = 0
         self.keys: set[tuple[str, str, str]] = set()
+        self.new = 0  # series unknown to the writer (about those the write creates)
 
     def offset(self, key: tuple[str, str], state: _FileState | None) -> int:
         """Where the file is read on from: past what this batch read of it, else its committed cursor."""
@@ -456,14 +468,11 @@ def _long_line_parsed(line: int) -> Parsed:
     return parsed
 
 
-def _pieces(chunk: bytes) -> Iterator[bytes]:
-    """Complete lines in pieces of about PIECE_BYTES (each whole lines), so that a batch is cut near its bounds
-    however many points a slice of a file holds."""
-    start = 0
-    while start < len(chunk):
-        end = chunk.find(b"\n", min(start + PIECE_BYTES, len(chunk)) - 1) + 1 or len(chunk)
-        yield chunk[start:end]
-        start = end
+def _piece(chunk: bytes, start: int, size: int) -> bytes:
+    """The complete lines of ``chunk`` from ``start`` up to the first newline at least ``size`` bytes on (or its
+    end): a batch is cut near its bounds however many points a slice of a file holds."""
+    end = chunk.find(b"\n", min(start + size, len(chunk)) - 1) + 1 or len(chunk)
+    return chunk[start:end]
 
 
 def _merge_cursor(cursors: list[CursorUpdate], new: CursorUpdate) -> None:
