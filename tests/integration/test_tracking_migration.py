@@ -6,38 +6,46 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import sqlalchemy as sa
 from sqlalchemy import select
 
 from kiln.db import migrate
 from kiln.db.session import Database
-from kiln.db.tables import Experiment, Job, MetricSeries, Organization, Run, RunParam, User, utcnow
+from kiln.db.tables import Experiment, MetricSeries, Run, RunParam, utcnow
 from kiln.domain.states import JobState
+
+
+def _row(table: sa.Table, **values: object) -> dict[str, object]:
+    """``values`` and a plain value for every other column the table requires (NOT NULL, no default)."""
+    for column in table.columns:
+        if column.name in values or column.nullable or column.server_default is not None:
+            continue
+        kind = column.type.python_type if not isinstance(column.type, sa.JSON) else dict
+        values[column.name] = {bool: False, int: 0, float: 0.0, str: "", dict: {}}.get(kind, utcnow())
+    return values
 
 
 def test_existing_jobs_become_runs_and_series_belong_to_runs(database_url: str) -> None:
     db = Database(database_url)
     try:
         migrate.upgrade(db.engine, "20261204_0015")
-        with db.transaction() as s:
-            s.add(Organization(id="org-1", name="acme"))
-            s.flush()
-            s.add(User(id="usr-1", org_id="org-1", name="ann"))
-            s.flush()
+        # Written as that revision had its tables (reflected): the ORM's jobs have columns added since.
+        meta = sa.MetaData()
+        with db.engine.begin() as conn:
+            orgs, users, jobs = (sa.Table(n, meta, autoload_with=conn) for n in ("organizations", "users", "jobs"))
+            conn.execute(orgs.insert().values(_row(orgs, id="org-1", name="acme")))
+            conn.execute(users.insert().values(_row(users, id="usr-1", org_id="org-1", name="ann")))
             ended = datetime(2026, 11, 30, 12, 0, 5, tzinfo=UTC)
-            for job_id, params in (("job-a", {"lr": 0.01, "arch": "resnet", "bn": True}), ("job-b", {})):
-                s.add(
-                    Job(
-                        id=job_id,
-                        org_id="org-1",
-                        user_id="usr-1",
-                        name=f"train {job_id}",
-                        spec={"command": "true", "params": params},
-                        state=JobState.SUCCEEDED,
-                        created_at=utcnow(),
-                        updated_at=utcnow(),
-                        finished_at=ended if job_id == "job-a" else None,  # 20261206_0017: the run's end
-                    )
-                )
+            for job_id, logged in (("job-a", {"lr": 0.01, "arch": "resnet", "bn": True}), ("job-b", {})):
+                job: dict[str, object] = {
+                    "id": job_id,
+                    "org_id": "org-1",
+                    "user_id": "usr-1",
+                    "name": f"train {job_id}",
+                }
+                job |= {"spec": {"command": "true", "params": logged}, "state": str(JobState.SUCCEEDED)}
+                job["finished_at"] = ended if job_id == "job-a" else None  # 20261206_0017: the run's end
+                conn.execute(jobs.insert().values(_row(jobs, **job)))
         migrate.upgrade(db.engine)
         with db.read() as s:
             [experiment] = s.scalars(select(Experiment)).all()

@@ -15,6 +15,8 @@ context.configure(
     target_metadata=Base.metadata,
     render_as_batch=connection.dialect.name == "sqlite",
     compare_type=True,
+    # kiln.db.migrate's progress: it logs each revision as it ends and the next as it begins.
+    on_version_apply=config.attributes.get("on_version_apply"),
 )
 with context.begin_transaction():
     context.run_migrations()
