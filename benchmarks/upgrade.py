@@ -279,6 +279,8 @@ def cached_sqlite(revision: str, jobs: int, points: int) -> tuple[Path, float | 
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         conn.execute("PRAGMA journal_mode=DELETE")
     os.replace(partial, path)
+    for left in CACHE.glob(partial.name + "*"):  # the lock file kiln.db.session keeps beside a database
+        left.unlink()
     return path, time.perf_counter() - started
 
 
