@@ -5,6 +5,7 @@ job's existing series fed on past the series limit; a spool line that never ends
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -180,3 +181,26 @@ def test_past_the_spool_limit_the_jobs_files_are_no_longer_read(db: Database, tm
 
 def test_the_defaults_are_what_the_docs_say() -> None:
     assert (DEFAULTS.series, DEFAULTS.points, DEFAULTS.line, DEFAULTS.on_limit) == (10_000, 10_000_000, 65536, "drop")
+
+
+def test_a_pass_stops_between_batches_when_the_server_stops_and_the_next_resumes(db: Database, tmp_path: Path) -> None:
+    """Shutdown does not wait for a backlog: the pass ends after the batch it is writing; what it read and did not
+    write is read again (exactly once)."""
+    ingester = _ingester(db, tmp_path)
+    _append(tmp_path, "job-plain", "".join(_line(i, {"loss": i}) for i in range(20_000)))
+    stopping = threading.Event()
+    write = ingester.store.write
+
+    def write_then_stop(*args: Any, **kwargs: Any) -> int:
+        stopping.set()  # the server is asked to stop while the first batch is written
+        return write(*args, **kwargs)
+
+    ingester.store.write = write_then_stop  # type: ignore[method-assign]
+    ingester._stopping = stopping
+    ingester.ingest_now()
+    first = _series(db, "job-plain")["loss"]
+    assert 0 < first <= ingester.batch_points + 1000
+    ingester.store.write = write  # type: ignore[method-assign]
+    stopping.clear()
+    ingester.ingest_now()
+    assert _series(db, "job-plain") == {"loss": 20_000}
