@@ -214,7 +214,7 @@ class MetricBudgets:
                 f"series limit {limits.series} reached: {usage.series + new_series} series stored, new series "
                 "dropped (metrics.limits.series)",
             )
-        self.dropped += dropped
+        self.dropped += dropped + parsed.refused
         return kept, new_series, points
 
     @staticmethod

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from sqlalchemy import and_, or_, select
 
@@ -35,6 +34,7 @@ from kiln.db.session import Database
 from kiln.db.tables import Job, MetricCursor, utcnow
 from kiln.domain.states import TERMINAL_STATES, JobState
 from kiln.metrics.parse import Parsed, Row, complete_lines, parse_lines
+from kiln.metrics.spool_files import has_newline, long_line_parsed, open_spool, piece_of
 from kiln.metrics.store import CHUNK, CursorMoved, CursorUpdate, MetricsStore, _FileState
 from kiln.tasks.runner import Task, TaskContext
 
@@ -275,12 +275,12 @@ class MetricsIngester:
                     continue
                 if long_line:
                     self._long_line(job.id, limits.line)
-                    batch.add(key, self._expected(key), offset + advanced, _long_line_parsed(limits.line), job)
+                    batch.add(key, self._expected(key), offset + advanced, long_line_parsed(limits.line), job)
                 moved = False
                 at = offset
                 piece_size = MIN_PIECE_BYTES
                 while at < offset + len(chunk):  # (empty for a skipped long line)
-                    piece = _piece(chunk, at - offset, piece_size)
+                    piece = piece_of(chunk, at - offset, piece_size)
                     parsed = parse_lines(piece, max_line=limits.line, admit=self.store.admit(job.id))
                     at += len(piece)
                     # Pieces grow from a line or so while their lines are of few series; lines of many (a flood of
@@ -362,7 +362,7 @@ class MetricsIngester:
         endless line costs the bytes it writes, once. A line longer than ``line`` is skipped once its newline
         comes; one within it is read again whole then (at most ``line`` bytes, once)."""
         try:
-            with _open_spool(path) as fh:
+            with open_spool(path) as fh:
                 # Asked of the open file, not of the listing at the pass's start: a cursor another reader moved
                 # meanwhile may be past what the listing saw, and is no truncation.
                 if os.fstat(fh.fileno()).st_size < offset:
@@ -424,7 +424,7 @@ class MetricsIngester:
                         scan = self._scans.get((job_id, entry.name))
                         start = scan[1] if scan is not None and scan[0] == offset else offset  # read already
                         size = entry.stat().st_size
-                        if size > offset and _has_newline(Path(entry.path), start):
+                        if size > offset and has_newline(Path(entry.path), start):
                             drained = False
                             break
             except (FileNotFoundError, NotADirectoryError):
@@ -461,20 +461,6 @@ class _Batch:
         self.keys.update((job.id, *k) for k in parsed.series)
 
 
-def _long_line_parsed(line: int) -> Parsed:
-    parsed = Parsed()
-    parsed.error(f"a line over {line} bytes (metrics.limits.line)")
-    parsed.long_lines = 1
-    return parsed
-
-
-def _piece(chunk: bytes, start: int, size: int) -> bytes:
-    """The complete lines of ``chunk`` from ``start`` up to the first newline at least ``size`` bytes on (or its
-    end): a batch is cut near its bounds however many points a slice of a file holds."""
-    end = chunk.find(b"\n", min(start + size, len(chunk)) - 1) + 1 or len(chunk)
-    return chunk[start:end]
-
-
 def _merge_cursor(cursors: list[CursorUpdate], new: CursorUpdate) -> None:
     for cur in cursors:
         if cur.job_id == new.job_id and cur.file == new.file:
@@ -483,24 +469,3 @@ def _merge_cursor(cursors: list[CursorUpdate], new: CursorUpdate) -> None:
             cur.first_error = cur.first_error or new.first_error
             return
     cursors.append(new)
-
-
-def _open_spool(path: Path) -> BinaryIO:
-    """A job's spool file, never through a link the job left in its metrics dir (the server reads as itself)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(f"{path} is not a regular file")
-    return os.fdopen(fd, "rb")
-
-
-def _has_newline(path: Path, offset: int) -> bool:
-    try:
-        with _open_spool(path) as fh:
-            fh.seek(offset)
-            while block := fh.read(1024 * 1024):
-                if b"\n" in block:
-                    return True
-    except OSError:
-        return False
-    return False
