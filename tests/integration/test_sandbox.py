@@ -329,6 +329,24 @@ def test_a_fork_storm_stops_at_the_jobs_process_limit(server: KilnServer) -> Non
         assert done.state == "FAILED", done.message
 
 
+def test_a_steps_first_process_starts_in_the_jobs_control_groups(server: KilnServer) -> None:
+    """The shim moves bubblewrap and its sandbox into the job's groups while the sandbox waits, before the command
+    runs: the command's first process, reading its own groups as its first action, is in them (so the memory and
+    process limits hold from its first instruction)."""
+    if not _cgroup("pids"):
+        pytest.skip("no writable pids control group here: the job runs under RLIMIT_NPROC (docs/sandbox.md)")
+    client = server.client()
+    job = client.submit({"command": ["cat", "/proc/self/cgroup"], "resources": {"pids": 64, "cpus": 1}})
+    done = wait_for(client, job.id, timeout=60)
+    assert done.state == "SUCCEEDED", done.message
+    groups = {line.split(":")[1]: line.split(":", 2)[2] for line in log_text(client, job.id) if line.count(":") >= 2}
+    expected = f"/{cgroups.ROOT_NAME}/{job.id}-1"
+    for controller in ("pids", "cpu,cpuacct", "cpu", "cpuacct", ""):  # v1 hierarchies by their controllers; v2 ""
+        if controller in groups and (controller != "" or "pids" not in groups):
+            assert groups[controller].endswith(expected), (controller, groups)
+    assert any(path.endswith(expected) for path in groups.values()), groups
+
+
 BUSY = """
 import os, resource, time
 start = time.monotonic()

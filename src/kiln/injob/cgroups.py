@@ -2,8 +2,10 @@
 (``resources.pids``) enforced by the kernel, and its CPU time measured.
 
 Standard library only, like the shim that loads it (as ``kiln.injob.cgroups`` in the package, or as a plain
-module from this file's directory when the shim runs as a script). A step's first process is put into the groups
-before anything of the job runs by a tiny wrapper beside this file (:meth:`JobCgroup.join_argv`)::
+module from this file's directory when the shim runs as a script). A sandboxed step (bubblewrap) is put into the
+groups by the shim while bubblewrap waits, before anything of the job runs (:class:`BwrapJoin`: no process of
+ours in between). A step without the sandbox (``KILN_SANDBOX=none``) goes through a tiny wrapper beside this file
+(:meth:`JobCgroup.join_argv`)::
 
     python -I -S cgjoin.py LC_CTYPE[=VALUE] PROCS_FILE... -- ARGV...
 
@@ -225,6 +227,10 @@ class JobCgroup:
         wrapper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cgjoin.py")
         return [sys.executable, "-I", "-S", wrapper, ctype, *procs, "--", *argv]
 
+    def bwrap_join(self) -> BwrapJoin | None:
+        """A one-use join of these groups for a bubblewrap step (None when there are none)."""
+        return BwrapJoin(self.paths()) if self.dirs else None
+
     # -- what the groups measure --
 
     def _value(self, controller: str, filename: str, key: str | None = None) -> int | None:
@@ -301,6 +307,84 @@ class JobCgroup:
             time.sleep(0.02)
         self.dirs = {c: p for c, p in self.dirs.items() if p in left}
         return left
+
+
+class BwrapJoin:
+    """A bubblewrap step put into the groups before anything of the job runs, with no process of ours between:
+    bubblewrap is started with ``--info-fd`` (its monitor writes the sandbox's pid there right after the clone)
+    and ``--block-fd`` (the sandbox waits for a byte there before it loads the seccomp filter and execs the
+    command, after its own set-up). The shim reads both pids, writes them into each ``cgroup.procs``, then writes
+    the byte: the command, and all it forks, start in the groups (the sandbox's later fork for its pid 1 too).
+
+    bubblewrap is given the block pipe's write end as well, so the sandbox holds one itself: when the shim dies
+    before the byte (SIGKILL), the sandbox never reads end-of-file (which would let it go on outside the groups);
+    it stays blocked until ``--die-with-parent`` kills it. The cost: the command inherits that write end, of a
+    pipe only its own bubblewrap monitor holds open, which nothing reads (at most 64 KiB could be written into it,
+    then the writer blocks)."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.procs = [os.path.join(p, "cgroup.procs") for p in paths]
+        self.info_r, self.info_w = os.pipe()
+        self.block_r, self.block_w = os.pipe()
+
+    @property
+    def pass_fds(self) -> tuple[int, ...]:
+        return (self.info_w, self.block_r, self.block_w)
+
+    def argv(self, argv: list[str]) -> list[str]:
+        """``argv`` (bubblewrap's command line) with the two options."""
+        return [argv[0], "--info-fd", str(self.info_w), "--block-fd", str(self.block_r), *argv[1:]]
+
+    def admit(self, pid: int) -> str:
+        """Move bubblewrap (``pid``) and its sandbox into the groups and let the sandbox go on; "" when done (or
+        when bubblewrap failed before making a sandbox: its exit says why), else why the groups refused."""
+        for fd in (self.info_w, self.block_r):
+            os.close(fd)
+        info = b""
+        try:
+            while not info.rstrip().endswith(b"}"):  # bubblewrap writes one JSON object, then closes its end
+                data = os.read(self.info_r, 4096)
+                if not data:
+                    break
+                info += data
+        finally:
+            os.close(self.info_r)
+        try:
+            child = _child_pid(info)
+            if child is None:
+                return ""  # no sandbox was made: bubblewrap exits with its own error
+            for path in self.procs:
+                for member in (pid, child):
+                    try:
+                        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+                        try:
+                            os.write(fd, str(member).encode())
+                        finally:
+                            os.close(fd)
+                    except OSError as exc:
+                        return f"cannot join the job's control group {path}: {exc.strerror}"
+            os.write(self.block_w, b"1")
+            return ""
+        finally:
+            os.close(self.block_w)
+
+    def abandon(self) -> None:
+        """The step did not start: let go of the pipes."""
+        for fd in (self.info_r, self.info_w, self.block_r, self.block_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _child_pid(info: bytes) -> int | None:
+    import json
+
+    try:
+        value = json.loads(info.decode()).get("child-pid")
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def _rmdir(path: str) -> bool:

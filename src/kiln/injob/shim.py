@@ -182,7 +182,7 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits, shimlimits.JobLimits):
             )
         # The job's steps start in the attempt's control groups (shimlimits.py); a catalog runtime, built for every
         # organisation, does not.
-        argv = self.step_argv(argv, envs[0], grouped=name != "runtime")
+        argv = self.step_argv(argv, envs[0], grouped=name != "runtime", bwrap=self.sandboxed)
         net = self.job_network() if self.sandboxed else None  # raises NetworkError when it could not be made
         self.kill_note = ""
         try:
@@ -190,20 +190,32 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits, shimlimits.JobLimits):
                 if seccomp_fd is not None and i:  # the previous bubblewrap reads (or read) the last one to its end
                     assert self.box is not None
                     sandbox.open_seccomp(self.box, at=seccomp_fd)
-                with net.entered() if net is not None else contextlib.nullcontext():
-                    child = subprocess.Popen(
-                        argv,
-                        cwd=self.cfg["work_dir"],
-                        env=proc_env,
-                        stdin=subprocess.DEVNULL,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE,
-                        process_group=0,
-                        close_fds=True,
-                        pass_fds=() if seccomp_fd is None else (seccomp_fd,),
-                    )
+                join = self.bwrap_join()  # the sandbox waits until the shim has put it into the job's groups
+                try:
+                    with net.entered() if net is not None else contextlib.nullcontext():
+                        child = subprocess.Popen(
+                            join.argv(argv) if join else argv,
+                            cwd=self.cfg["work_dir"],
+                            env=proc_env,
+                            stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
+                            process_group=0,
+                            close_fds=True,
+                            pass_fds=(() if seccomp_fd is None else (seccomp_fd,)) + (join.pass_fds if join else ()),
+                        )
+                except BaseException:
+                    if join is not None:
+                        join.abandon()
+                    raise
                 self.child_index[child.pid] = len(self.children)
                 self.children.append(child)
+                refused = join.admit(child.pid) if join is not None else ""
+                if refused:  # it never runs: killed while it waits
+                    self.kill_tree(0.0)
+                    self.children, self.child_index = [], {}
+                    self.say(f"{name}: {refused}")
+                    return 125, "Error"
         except OSError as exc:
             if self.children:  # a later process failed to start: stop the ones that did
                 self.kill_tree(0.0)

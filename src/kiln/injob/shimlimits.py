@@ -7,7 +7,8 @@ groups themselves are ``cgroups.py``'s, the log's limit is applied where lines a
 ``shim.json`` carries ``"cgroup": {"name", "cpus", "pids"}`` and ``"log_limit"`` (bytes):
 
 - the attempt member's control groups are made before its first step and every step of the job starts in them
-  (through ``cgroups.py``'s wrapper; a catalog runtime the shim builds for every organisation does not): a CPU
+  (a sandboxed step: moved in by the shim while bubblewrap waits; without the sandbox: through ``cgroups.py``'s
+  wrapper; a catalog runtime the shim builds for every organisation does not): a CPU
   quota of ``cpus`` and at most ``pids`` processes and threads. Where no pids
   group can be made the sandbox sets ``RLIMIT_NPROC`` instead (it counts every process of the job's uid, so
   of all the organisation's jobs on the machine); where no cpu group can be made ``cpus`` is not enforced, and the
@@ -42,6 +43,7 @@ class JobLimits:
     log_reached: int  # shimio.AttemptFiles: the log's size when it was
     cgroup: cgroups.JobCgroup | None = None
     _cgroup_made = False
+    _bwrap_group: cgroups.JobCgroup | None = None
     _pids_refused = 0
     _pids_next = 0.0
     _pids_note = ""
@@ -58,12 +60,21 @@ class JobLimits:
                     self.say(f"cpus {spec['cpus']:g} is not enforced here (no writable cpu control group)")
         return self.cgroup
 
-    def step_argv(self, argv: list[str], env: dict[str, str], grouped: bool = True) -> list[str]:
+    def step_argv(self, argv: list[str], env: dict[str, str], grouped: bool = True, bwrap: bool = False) -> list[str]:
         """``argv`` started in the groups (unless not ``grouped``); a new step: the log limit's verdict starts
-        afresh."""
+        afresh. ``bwrap``: ``argv`` is bubblewrap's, which the shim puts into the groups itself while it waits
+        (:meth:`bwrap_join`), with no wrapper process; otherwise the wrapper ``cgjoin.py`` joins them."""
         self.log_over = False
         group = self.job_cgroup() if grouped else None
-        return group.join_argv(argv, env) if group is not None else argv
+        self._bwrap_group = group if bwrap else None
+        if group is None or bwrap:
+            return argv
+        return group.join_argv(argv, env)
+
+    def bwrap_join(self) -> cgroups.BwrapJoin | None:
+        """A join of the groups for one bubblewrap process of the step (None: the step has no groups to join)."""
+        group = self._bwrap_group
+        return group.bwrap_join() if group is not None else None
 
     def nproc_fallback(self) -> int | None:
         """The RLIMIT_NPROC the sandbox sets when no pids group holds the job (None: the group does)."""
