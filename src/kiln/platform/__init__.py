@@ -27,6 +27,7 @@ from kiln.metrics.store import MetricsStore
 from kiln.platform.server_metrics import ServerMetrics
 from kiln.routing.router import Router
 from kiln.scheduler.loop import Reconciler
+from kiln.scheduler.submit_placement import SubmitPlacement
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
 from kiln.storage.store import ObjectStore
@@ -169,6 +170,7 @@ class Platform:
             pin_model=model_pinner(self.models),
             pin_job=job_output_pinner(self.output_manifests),
             budgets=self.budgets,
+            place_now=SubmitPlacement(self.reconciler).place,  # a job that fits now skips the queue pass
         )
         self.scheduling = SchedulingService(self.db, self.backend, settings, self.jobs)
         self.nodes = NodeService(self.db, self.backend.nodes)

@@ -41,10 +41,12 @@ from kiln.backends.capabilities import JobFiles
 from kiln.db.session import Database
 from kiln.db.tables import Job, utcnow
 from kiln.domain.ids import new_id
+from kiln.domain.placement.types import Node
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState, Reason
 from kiln.domain.stored_spec import StoredSpec
 from kiln.errors import InvalidInput
+from kiln.scheduler.capacity import still_free
 from kiln.scheduler.leases import OPEN_STATES, note_takeovers, take_job_leases
 from kiln.scheduler.observe import Observer, log_source
 from kiln.scheduler.outcome import STARTED_BEFORE_END, JobView, Observed, Outcome, decide
@@ -109,6 +111,8 @@ class Reconciler:
         self._leftover: list[tuple[Any, tuple[Slot, ...]]] = []  # placements decided but not started yet
         self._leftover_names: dict[str, str] = {}
         self._leftover_at = 0.0
+        self._leftover_nodes: list[Node] = []  # the nodes the leftover placements were decided on
+        self._handed: list[tuple[Launch, float]] = []  # attempts placed at submit, with when that committed
         self._borrowers: dict[str, str] = {}  # placed job id → the waiting job it borrows from (kept in its allocation)
         self._next_takeover: datetime | None = None  # the earliest another server's lease on a waiting job runs out
         self.observer = Observer(backend, logs, settings, OutputsGate(db, logs))
@@ -167,8 +171,11 @@ class Reconciler:
         with self._dirty_lock:
             dirty, self._dirty = self._dirty, set()
             rescheduled, self._rescheduled = self._rescheduled, False
+            handed, self._handed = self._handed, []
         first, self._first_pass = self._first_pass, False
         full = full or first
+        if handed:  # placed at submit: started before anything is observed
+            self.starter.start([x for x, _ in handed], committed_at=min(at for _, at in handed))
         seen = [self.observer.look(job) for job in self._to_observe(full, dirty)]
         released = {x.job.id for x in seen if x.ended}
         # A pass woken only by running attempts that changed and none of which ended (a shim saying its command
@@ -181,6 +188,15 @@ class Reconciler:
         self.starter.start(launches, committed_at=time.monotonic())
         if self._leftover:
             self._wake.set()  # more were placed than one pass starts: go again at once
+
+    def hand_over(self, launch: Launch) -> None:
+        """Start an attempt a submit placed and committed STARTING under this server's lease
+        (``kiln.scheduler.submit_placement``): the next pass starts it first, deciding nothing for it. A server
+        that dies before that leaves it STARTING and never launched, which the next holder launches, as after a
+        crash between a pass's commit and its starts."""
+        with self._dirty_lock:
+            self._handed.append((launch, time.monotonic()))
+        self._wake.set()
 
     def _schedule(self) -> bool:
         """A scheduling pass alone (no observing): decide, write, start this pass's share of the placements. True
@@ -318,7 +334,7 @@ class Reconciler:
         re-checks state and quota). ``released``: jobs whose attempts this pass saw end (their allocations count as
         free)."""
         if self._leftover and time.monotonic() - self._leftover_at < LEFTOVER_SECONDS:
-            return Plan(starts=self._next_starts(), names=self._leftover_names)
+            return Plan(starts=self._next_starts(), names=self._leftover_names, nodes=self._leftover_nodes)
         self._leftover = []
         now = utcnow()
         with self.db.read() as s:
@@ -336,7 +352,7 @@ class Reconciler:
             return Plan()
         snap.pending = mine
         decision = snap.decide(time.time(), self.settings.preemption)
-        plan = Plan(rows=snap.by_id, names=snap.names)
+        plan = Plan(rows=snap.by_id, names=snap.names, nodes=snap.nodes)
         plan.unschedulable = {
             job_id: f"can never run here: the job {why}" for job_id, why in decision.unschedulable.items()
         }
@@ -354,6 +370,7 @@ class Reconciler:
             for p in decision.placements
         ]
         self._leftover_names = snap.names
+        self._leftover_nodes = snap.nodes
         self._leftover_at = time.monotonic()
         self._borrowers = {p.job_id: p.backfill_for for p in decision.placements if p.backfill_for}
         plan.starts = self._next_starts()
@@ -391,7 +408,7 @@ class Reconciler:
                 self._request_preemptions(s, plan.preemptions)
             if plan.waiting:
                 note_waiting(s, self.db.dialect, plan.waiting, plan.rows)
-            launches = relaunches + self._mark_starting(s, plan.starts, plan.names)
+            launches = relaunches + self._mark_starting(s, plan.starts, plan.names, plan.nodes)
         if reattached:
             log.info("re-attached to %d running job(s)", reattached)
         if self.on_ended is not None and any(x.ended for x in writes):
@@ -448,10 +465,11 @@ class Reconciler:
             record(s, row, Reason.PREEMPTING, victims[job_id])
 
     def _mark_starting(
-        self, s: Session, starts: list[tuple[Any, tuple[Slot, ...]]], names: dict[str, str]
+        self, s: Session, starts: list[tuple[Any, tuple[Slot, ...]]], names: dict[str, str], nodes: list[Node]
     ) -> list[Launch]:
         """Move this pass's placements to STARTING (each re-checked: still waiting, not another server's, not
-        cancelled, admitted by its organisation's quota) and say what to start once that is committed."""
+        cancelled, still free on its nodes, admitted by its organisation's quota) and say what to start once that
+        is committed."""
         if not starts:
             return []
         # On PostgreSQL a row another transaction holds is skipped (that server is placing or claiming it; the
@@ -473,8 +491,12 @@ class Reconciler:
                 transition(s, job, JobState.CANCELLED, Reason.CANCELLED, "cancelled before it started")
                 continue
             placed.append((job, slots))
+        # The decision's snapshot was read before this transaction: what a submit or another server placed since
+        # is not placed over (kiln.scheduler.capacity).
+        placed = still_free(s, self.db.dialect, self.backend.name, placed, nodes)
         if not placed:
             return []
+        now = utcnow()  # after the lock: a start is never stamped before the end whose capacity it took
         admission = Admission(s, self.db.dialect, [job.org_id for job, _ in placed])
         entered = queued_at(s, [job.id for job, _ in placed]) if self.on_admitted is not None else {}
         launches = []
@@ -483,7 +505,7 @@ class Reconciler:
             if waiting:  # another scheduler admitted work for this organisation since the decision was made
                 set_waiting(s, job, waiting)
                 continue
-            launches.append(self._starting(s, job, slots, now))
+            launches.append(self.starting(s, job, slots, now, self._borrowers.get(job.id)))
             if self.on_admitted is not None:
                 since = entered.get(job.id) or job.created_at
                 try:
@@ -492,9 +514,14 @@ class Reconciler:
                     log.exception("observing the admission latency failed")
         return launches
 
-    def _starting(self, s: Session, job: Job, slots: tuple[Slot, ...], now: datetime) -> Launch:
+    def starting(
+        self, s: Session, job: Job, slots: tuple[Slot, ...], now: datetime, backfill_for: str | None = None
+    ) -> Launch:
+        """Inside ``s``, which holds the placement lock and admitted the job: its next attempt STARTING on
+        ``slots`` (``backfill_for``: the waiting job whose reserved resources it borrows), the launch it expects in
+        its handle. What the backend is to start once ``s`` commits."""
         job.attempt += 1
-        allocation = allocation_of(slots, self._borrowers.get(job.id))
+        allocation = allocation_of(slots, backfill_for)
         job.allocation = allocation
         job.handle = {**self.backend.handle_for(job.id, job.attempt), "launch": new_id("lch")}
         job.not_before = None

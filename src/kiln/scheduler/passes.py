@@ -8,6 +8,7 @@ from typing import Any
 
 from kiln.backends.base import AttemptStatus, Phase, Slot
 from kiln.db.tables import Job
+from kiln.domain.placement.types import Node
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Plan:
     rows: dict[str, Any] = field(default_factory=dict)  # the snapshot's queue rows, by id
     starts: list[tuple[Any, tuple[Slot, ...]]] = field(default_factory=list)  # placements this pass starts
     names: dict[str, str] = field(default_factory=dict)  # org id → name
+    nodes: list[Node] = field(default_factory=list)  # the nodes the decision placed on (the starts' re-check)
 
     @property
     def writes(self) -> bool:

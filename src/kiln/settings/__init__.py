@@ -142,6 +142,12 @@ class Settings(BaseSettings):
     # Reconciler and executor
     reconcile_interval: float = Field(0.5, description="Seconds between reconcile passes when idle.")
     lease_seconds: float = Field(15.0, description="How long a reconciler's claim on a job lasts unrenewed.")
+    submit_fast_path: bool = Field(
+        True,
+        description="Place a submitted job in its submit's own transaction when it fits free capacity with nothing "
+        "waiting ahead of it (the scheduler's own decision, quotas and fair share included), rather than on the "
+        "reconciler's next pass; false: every job waits for a pass.",
+    )
     database_idle_transaction_seconds: float = Field(
         15.0,
         ge=0,

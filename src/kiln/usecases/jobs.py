@@ -202,8 +202,12 @@ class JobService:
         pin_model: Callable[[str, int, InputSpec], InputSpec] | None = None,
         pin_job: Callable[[str, int, InputSpec], InputSpec] | None = None,
         budgets: BudgetGate | None = None,
+        place_now: Callable[[Session, Job], Callable[[], None] | None] | None = None,
     ) -> None:
         self.validate = validate
+        # (the submit's transaction, its new job) → placed now: what to call after the commit; or None: queued
+        # (kiln.scheduler.submit_placement).
+        self.place_now = place_now
         # The Idempotency-Keys of creates (submit, rerun): the platform's, shared with the other creates.
         self.idempotency = idempotency or Idempotency(db, DEFAULT_KEY_RETENTION)
         self.network_host_orgs = network_host_orgs  # organisations (names or ids) allowed network: host
@@ -337,8 +341,12 @@ class JobService:
             job = self.new_job(s, principal.org_id, principal.user_id, spec, code_sha256, note, now=now)
             s.flush()  # one flush for both rows (the job's first: the event refers to it); fills the defaults
             remember(s, job.id)
+            placed = self.place_now(s, job) if self.place_now is not None else None
             read = to_read(job, (principal.org_name, principal.user_name))  # the caller's own, just created
-        self.wake()
+        if placed is not None:
+            placed()  # STARTING, under this server's lease: the reconciler starts it; no queue pass is needed
+        else:
+            self.wake()
         return read
 
     def new_job(
