@@ -428,6 +428,15 @@ class Settings(BaseSettings):
         description="Organisations (names or ids, comma-separated) whose jobs may ask for network: host, the "
         "machine's own network; everyone else's are refused.",
     )
+    network_pool_min: int = Field(
+        2,
+        ge=0,
+        description="Network namespaces the local executor keeps made ahead for each network mode (isolated, "
+        "none) on an idle server; the pool grows to the starts of the last 10 s, up to network_pool_max.",
+    )
+    network_pool_max: int = Field(
+        32, ge=0, description="The most network namespaces kept made ahead for each network mode (0: none)."
+    )
 
     @field_validator("job_egress")
     @classmethod

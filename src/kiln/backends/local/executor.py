@@ -52,7 +52,7 @@ from kiln.backends.capabilities import (
     Work,
     WorkDirs,
 )
-from kiln.backends.local import jobfiles, joblimits, shimconfig
+from kiln.backends.local import jobfiles, joblimits, netpool, shimconfig
 from kiln.backends.local import network as job_network
 from kiln.backends.local.attemptdir import (
     gang_layout,
@@ -144,7 +144,7 @@ class LocalBackend(
             log.info("job network: %s", self.networking.detail)
         else:
             log.error("job network: %s", self.networking.problem("isolated"))
-        self.spare_networks = job_network.SparePool(self.networking, settings)
+        self.spare_networks = netpool.SparePool(self.networking, settings)
         self.shims = ShimLauncher(settings.run_dir)
         self._wake = wake
         self._mount_probed = False
@@ -173,7 +173,7 @@ class LocalBackend(
         if self._sock is not None:  # the shims' notes, as they come (a blocking wait of up to LISTEN_SECONDS)
             work.append(Work("shim-notify", self._listen_once, LISTEN_SECONDS))
         if self.spare_networks.wanted:
-            work.append(Work("network-spares", self.spare_networks.fill_once, 5.0, self.spare_networks.wake))
+            work.append(Work("network-spares", self.spare_networks.fill_once, 1.0, self.spare_networks.wake))
         return work
 
     def _listen_once(self) -> float | None:

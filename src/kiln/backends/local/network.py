@@ -21,12 +21,9 @@ With ``KILN_SANDBOX=none`` (the operator's opt-out of all isolation) jobs share 
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import shutil
 import tempfile
-import threading
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,88 +178,3 @@ def _match(network: Any, ports: tuple[int, int] | None) -> str:
 
 def _verdict(action: str) -> str:
     return "accept" if action == "allow" else "reject with icmpx type admin-prohibited"
-
-
-class SparePool:
-    """Networks made ahead of need: the namespace, pasta and the rules of ``network: isolated`` take tens of
-    milliseconds to set up, which a job would otherwise wait for between STARTING and RUNNING. ``size`` spares are
-    kept in ``<run dir>/net/spare-*``; starting an attempt moves one to the attempt's network directory (a rename:
-    the namespace and pasta come along), where its shims find it made, and wakes ``fill_once`` (the backend's
-    background work ``network-spares``, run by the server's task runner) to make the next. An attempt that finds
-    none makes its own (its shim does), so a burst is never held up by the pool."""
-
-    def __init__(self, networking: Networking, settings: Settings, size: int = 2) -> None:
-        self.networking = networking
-        self.settings = settings
-        self.size = size
-        self.top = settings.run_dir / "net"
-        self._ready: list[Path] = []
-        self._lock = threading.Lock()
-        self.wake = threading.Event()  # a spare was taken: make the next
-        self._closed = False
-        for stale in self.top.glob("spare-*") if self.top.is_dir() else ():  # a previous server's
-            netns.cleanup(str(stale))
-
-    @property
-    def wanted(self) -> bool:
-        """Does this machine make spares at all (isolated networks available, a pool size above 0)?"""
-        return self.networking.available and self.size > 0
-
-    def take(self, config: dict[str, Any]) -> bool:
-        """Move a spare to ``config["dir"]`` when it fits (isolated, the rules it was made with)."""
-        if config.get("mode") != "isolated":
-            return False
-        with self._lock:
-            while self._ready:
-                spare = self._ready.pop()
-                self.wake.set()
-                if json.loads((spare / "config.json").read_text()) != _fits(config):
-                    netns.cleanup(str(spare))  # the rules changed since it was made
-                    continue
-                target = Path(config["dir"])
-                target.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    spare.rename(target)
-                except OSError:
-                    netns.cleanup(str(spare))
-                    return False
-                return True
-        return False
-
-    def fill_once(self) -> float | None:
-        """Make one spare if the pool is short of ``size``: 0 (make the next at once) while it still is, None (wait
-        for a wake-up, or the interval) once it is full, 30 s after a spare could not be made."""
-        with self._lock:
-            if self._closed or len(self._ready) >= self.size:
-                return None
-        spare = self.top / f"spare-{uuid.uuid4().hex[:12]}"
-        config = attempt_network(self.networking, self.settings, "isolated", "spare", 0)
-        assert config is not None
-        config["dir"] = str(spare)
-        try:
-            net = netns.JobNetwork(config)
-            net.acquire("spare")
-            net.close()
-            (spare / "users" / "spare").unlink()
-            (spare / "config.json").write_text(json.dumps(_fits(config)))
-        except (netns.NetworkError, OSError) as exc:
-            log.warning("job network: a spare network could not be made (%s); attempts make their own", exc)
-            netns.cleanup(str(spare))
-            return 30.0
-        with self._lock:
-            if self._closed:
-                netns.cleanup(str(spare))
-                return None
-            self._ready.append(spare)
-            return 0.0 if len(self._ready) < self.size else None
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            for spare in self._ready:
-                netns.cleanup(str(spare))
-            self._ready = []
-
-
-def _fits(config: dict[str, Any]) -> dict[str, Any]:
-    return {k: config.get(k) for k in ("mode", "pasta", "nft", "forward", "rules")}
