@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -86,15 +88,27 @@ class ServerCpu:
             out[key] = None if a is None or b is None or jobs <= 0 else (b - a) / jobs
         return out
 
-    def close(self) -> None:
-        """Remove the group (its processes are moved back to the hierarchy's root first)."""
+    def close(self, timeout: float = 10.0) -> None:
+        """Remove the group (what is still in it is moved back to the hierarchy's root first). A process that
+        has exited but is not reaped yet (an orphaned pasta, a shim just ending) still holds it: retried."""
         if self.group is None:
             return
-        with contextlib.suppress(OSError):
-            for pid in (self.group / "cgroup.procs").read_text().split():
-                with contextlib.suppress(OSError):
-                    (self.group.parent / "cgroup.procs").write_text(pid)
-            self.group.rmdir()
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(OSError):
+                for pid in (self.group / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(OSError):
+                        (self.group.parent / "cgroup.procs").write_text(pid)
+            try:
+                self.group.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    print(f"cpu_use: could not remove {self.group}", file=sys.stderr)
+                    break
+                time.sleep(0.1)
         self.group = None
 
 
