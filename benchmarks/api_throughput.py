@@ -44,7 +44,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from report import finish, parse_args, print_table, summary  # noqa: E402
+from report import finish, fresh_database, parse_args, print_table, summary  # noqa: E402
 
 PY = sys.executable  # a resolved interpreter: `python3` on PATH may be a slow pyenv shim
 HOST = "127.0.0.1"
@@ -519,6 +519,7 @@ def main() -> int:
     parser.add_argument("--pool-rps", type=float, default=5000, help="signed requests prepared per phase second")
     parser.add_argument("--py-spy", metavar="PATH", help="py-spy binary: also profile one Kiln phase with it")
     parser.add_argument("--profile-dir", type=Path, help="where py-spy's collapsed stacks go (default: temp dir)")
+    parser.add_argument("--postgres", metavar="URL", help="Kiln on a new PostgreSQL database next to URL's")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parse_args(
         parser,
@@ -539,16 +540,22 @@ def main() -> int:
     }
     main_phases: dict[int, dict[str, dict[str, Any]]] = {}
     breakdown: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="kiln-bench-api-") as tmp_s:
+    results["database"] = "PostgreSQL" if args.postgres else "SQLite"
+    with (
+        tempfile.TemporaryDirectory(prefix="kiln-bench-api-") as tmp_s,
+        fresh_database(args.postgres, Path(tmp_s) / "unused.db") as url,
+    ):
         tmp = Path(tmp_s)
-        kiln = KilnServer(tmp / "home", rate_limit_per_second="0", cpus="64", reconcile_interval="0.5")
+        database_url = url if args.postgres else None  # SQLite: the home's own database (nonces in memory)
+        kiln = KilnServer(tmp / "home", database_url, rate_limit_per_second="0", cpus="64", reconcile_interval="0.5")
         bare: BareServer | None = None
         client = None
         try:
             t0 = time.monotonic()
             kiln.start()
             client = kiln.client()
-            print(f"kiln server up in {time.monotonic() - t0:.1f}s at {kiln.url} (rate limit off)")
+            up = time.monotonic() - t0
+            print(f"kiln server up in {up:.1f}s at {kiln.url} ({results['database']}, rate limit off)")
             t0 = time.monotonic()
             seed_jobs(client, args.jobs)
             print(f"  {args.jobs} jobs `true` submitted and ended in {time.monotonic() - t0:.1f}s")

@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from report import finish, parse_args, print_table  # noqa: E402
+from report import finish, fresh_database, parse_args, print_table  # noqa: E402
 from tests.helpers import seed_jobs  # noqa: E402
 
 from kiln.db import migrate  # noqa: E402
@@ -125,12 +125,10 @@ def main() -> None:
     args = parse_args(parser, {"points": 10_000, "steps": 50})
     started = time.monotonic()
     database = "PostgreSQL" if args.postgres else "SQLite"
-    with tempfile.TemporaryDirectory() as tmp:
-        url = args.postgres or f"sqlite:///{tmp}/ingest.db"
+    with tempfile.TemporaryDirectory() as tmp, fresh_database(args.postgres, Path(tmp) / "ingest.db") as url:
         ingested = ingest(url, Path(tmp) / "jobs-a", args.steps)
         print("ingest", ingested, flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        url = args.postgres or f"sqlite:///{tmp}/long.db"
+    with tempfile.TemporaryDirectory() as tmp, fresh_database(args.postgres, Path(tmp) / "long.db") as url:
         queried = downsample(url, Path(tmp) / "jobs-b", args.points)
         print("downsample", queried, flush=True)
     kept = bool(queried["first_last_kept"] and queried["spike_kept"])

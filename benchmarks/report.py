@@ -1,4 +1,5 @@
-"""What every benchmark here shares: nearest-rank percentiles, summaries, and the final results table."""
+"""What every benchmark here shares: nearest-rank percentiles, summaries, the final results table, and a fresh
+database per run."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import json
 import math
 import statistics
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +79,25 @@ def finish(results: dict[str, Any], rows: list[dict[str, Any]], started: float, 
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(results, indent=2, default=str))
         print(f"wrote {json_path}")
+
+
+@contextmanager
+def fresh_database(url: str | None, sqlite_path: Path) -> Iterator[str]:
+    """A new empty database: a SQLite file at ``sqlite_path``, or (``url``: a benchmark's ``--postgres URL``) a
+    database next to URL's, dropped at exit, so that a run neither reads nor leaves anything in URL's own."""
+    if url is None:
+        yield f"sqlite:///{sqlite_path}"
+        return
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+
+    name = f"kiln_bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_url(url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
