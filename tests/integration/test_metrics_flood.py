@@ -85,10 +85,17 @@ def test_a_metrics_flood_leaves_other_organisations_and_the_tasks_alone(make_ser
             assert time.monotonic() - started < 120, "the flood was not ingested within 2 minutes"
             _list_jobs(a, flood)
         took = time.monotonic() - started
+        # Quiet again once the flood is in: measured after as well as before, so that what the suite's other
+        # tests do to this 2-CPU machine meanwhile (it changes from one minute to the next) weighs on the
+        # baseline as on the flood, and the ratio measures the flood.
+        after: list[float] = []
+        for _ in range(SAMPLES):
+            _list_jobs(a, after)
+        quiet_p99 = max(_p99(calm), _p99(after))
 
-        assert _p99(flood) <= 3 * _p99(calm), (
+        assert _p99(flood) <= 3 * quiet_p99, (
             f"p99 {_p99(flood) * 1000:.1f} ms during the flood ({len(flood)} requests over {took:.1f} s), "
-            f"{_p99(calm) * 1000:.1f} ms before"
+            f"{_p99(calm) * 1000:.1f} ms before and {_p99(after) * 1000:.1f} ms after"
         )
         tasks = server_tasks(admin)
         assert tasks and all(t["errors"] == 0 for t in tasks), [t for t in tasks if t["errors"]]
