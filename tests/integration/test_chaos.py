@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import re
 import sys
 import threading
 import time
@@ -368,6 +369,8 @@ def test_three_servers_killed_at_random_lose_double_and_drop_nothing(
     service = clients[1].get_service("chaos-scaler")
     assert (service.state, len(service.replicas)) == ("READY", 2), (service.message, service.replicas)
 
+    takeovers: list[tuple[str, str]] = []  # (job id, message) of every TakenOver event
+
     def check(n: int) -> list[str]:
         wrong = []
         for i, job_id in ids.items():
@@ -379,6 +382,7 @@ def test_three_servers_killed_at_random_lose_double_and_drop_nothing(
             events = clients[n].events(job_id)
             moves = [(e.from_state, e.to_state) for e in events if e.to_state is not None]
             reasons = [e.reason for e in events]
+            takeovers.extend((job_id, e.message) for e in events if e.reason == "TakenOver")
             if (
                 (job.id, job.state, job.attempt, job.exit_code) != (job_id, "SUCCEEDED", 1, 0)
                 or moves.count(("QUEUED", "STARTING")) != 1
@@ -393,6 +397,22 @@ def test_three_servers_killed_at_random_lose_double_and_drop_nothing(
     with ThreadPoolExecutor(SERVERS) as pool:
         wrong = [line for found in pool.map(check, range(SERVERS)) for line in found]
     assert not wrong, f"seed {chaos_seed}: " + "\n".join(wrong)
+
+    # Who holds what (issue 44): the three servers are listed live, each with its version and pid, holding none of
+    # the run's jobs now that they have ended (the service's replicas they do); each takeover is an event naming the
+    # server that took the job and the one, killed during the run, that stopped renewing it (a killed server back
+    # in time takes its own leases back silently, so a run may have none).
+    listing = clients[0].servers()
+    live = {s.id: s for s in listing.items if s.live}
+    assert set(live) == {f"chaos-{n}" for n in range(SERVERS)}, listing
+    assert all(s.version and s.pid for s in live.values()), listing
+    held = {job_id for s in listing.items for job_id in s.job_ids}
+    assert not held & set(ids.values()), held  # the service's replicas are held; none of the ended jobs
+    killed = {f"chaos-{n}" for _, n, _ in chaos.kills}
+    for job_id, message in takeovers:
+        found = re.fullmatch(r"Adopted by (\S+) after (\S+) stopped renewing", message)
+        assert found and found[1] in live and found[2] in killed and found[1] != found[2], (job_id, message)
+    print(f"{len(takeovers)} takeover events")
 
     # The audit trail: every submit exactly once as the request that created the job (a retry the server
     # answered from its key is a replay, recorded as such).
