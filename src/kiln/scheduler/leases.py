@@ -15,8 +15,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from kiln.db.tables import Job, JobEvent, utcnow
+from kiln.db.tables import Job, utcnow
 from kiln.domain.states import JobState, Reason
+from kiln.usecases.lifecycle import record_each
 
 OPEN_STATES = [JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING]
 
@@ -28,13 +29,8 @@ def takeover_message(owner: str, previous: str) -> str:
 def note_takeovers(s: Session, moved: Iterable[tuple[str, str]], owner: str, *, now: datetime | None = None) -> int:
     """Inside the transaction that moves the leases: one ``TakenOver`` event per (job id, previous holder). The
     number written."""
-    now = now or utcnow()
-    events = [
-        JobEvent(job_id=job_id, time=now, reason=Reason.TAKEN_OVER, message=takeover_message(owner, previous))
-        for job_id, previous in moved
-    ]
-    s.add_all(events)
-    return len(events)
+    events = [(job_id, str(Reason.TAKEN_OVER), takeover_message(owner, previous)) for job_id, previous in moved]
+    return len(record_each(s, events, now=now))
 
 
 def take_job_leases(s: Session, dialect: str, backend: str, owner: str, lease_seconds: float) -> list[tuple[str, str]]:

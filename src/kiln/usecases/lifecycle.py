@@ -4,6 +4,7 @@ state."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 
 from sqlalchemy import update
@@ -83,3 +84,14 @@ def record(session: Session, job: Job, reason: str, message: str = "") -> JobEve
     event = JobEvent(job_id=job.id, time=utcnow(), reason=reason, message=message)
     session.add(event)
     return event
+
+
+def record_each(
+    session: Session, events: Iterable[tuple[str, str, str]], *, now: datetime | None = None
+) -> list[JobEvent]:
+    """``record`` for jobs known by id only, in bulk: one event per (job id, reason, message), none of which
+    changes a state (a takeover of many jobs' leases, written in the transaction that moves them)."""
+    now = now or utcnow()
+    made = [JobEvent(job_id=job_id, time=now, reason=reason, message=message) for job_id, reason, message in events]
+    session.add_all(made)
+    return made
