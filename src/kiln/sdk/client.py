@@ -52,7 +52,7 @@ from kiln.domain.schemas import (
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState
 from kiln.errors import BadRequest, KilnError, NotFound, Unauthenticated, error_from_body
-from kiln.sdk import credentials
+from kiln.sdk import credentials, reached
 from kiln.sdk.datasets import DatasetsMixin
 from kiln.sdk.download_marks import mark_download
 from kiln.sdk.job_actions import JobActionsMixin
@@ -61,7 +61,7 @@ from kiln.sdk.models import ModelsMixin
 from kiln.sdk.notebooks import NotebooksMixin
 from kiln.sdk.packaging import DEFAULT_MAX_CODE_BYTES, build_bundle
 from kiln.sdk.pipelines import PipelinesMixin
-from kiln.sdk.retries import RETRY_ERRORS, RETRY_STATUSES, SAFE_METHODS, RetryPolicy, retry_after
+from kiln.sdk.retries import CONNECT_ERRORS, RETRY_ERRORS, RETRY_STATUSES, SAFE_METHODS, RetryPolicy, retry_after
 from kiln.sdk.runtimes import RuntimesMixin
 from kiln.sdk.services import ServicesMixin
 from kiln.sdk.studies import StudiesMixin
@@ -124,6 +124,7 @@ class Client(
         self._job_token = self._credentials.job_token
         self._http = httpx.Client(base_url=self.endpoint, timeout=timeout or settings.timeout)
         self.retries = RetryPolicy(total=settings.retry_seconds if retry_seconds is None else retry_seconds)
+        self.first_contact_seconds = settings.first_contact_seconds
 
     @property
     def uses_job_token(self) -> bool:
@@ -210,27 +211,46 @@ class Client(
             retry = method in SAFE_METHODS or idempotency_key is not None
         retry = retry and content is None
         clock = self.retries.start()
+        began = time.monotonic()
         while True:
             try:
                 response = self._send(method, path, params, body, content, unsigned, content_sha256, headers)
             except httpx.TransportError as exc:
+                if isinstance(exc, CONNECT_ERRORS) and clock.tries == 0 and self._never_answered():
+                    clock.shorten(self.first_contact_seconds, began)
                 if retry and isinstance(exc, RETRY_ERRORS) and clock.tries == 0 and self.retries.total > 0:
                     # Said once per call: a wrong endpoint otherwise looks like a hang for the whole window.
+                    window = round(clock.deadline - began, 1)
+                    setting = "KILN_RETRY_SECONDS" if window >= self.retries.total else "KILN_FIRST_CONTACT_SECONDS"
                     log.warning(
-                        "cannot reach Kiln at %s (%s); trying again for up to %g s (KILN_RETRY_SECONDS)",
+                        "cannot reach Kiln at %s (%s); trying again for up to %g s (%s)",
                         self.endpoint,
                         type(exc).__name__,
-                        self.retries.total,
+                        window,
+                        setting,
                     )
                 if retry and isinstance(exc, RETRY_ERRORS) and clock.wait():
                     continue
                 tried = f" (tried {clock.tries + 1} times)" if clock.tries else ""
-                raise KilnError(f"cannot reach Kiln at {self.endpoint}: {exc}{tried}") from exc
+                hint = ""
+                if isinstance(exc, CONNECT_ERRORS) and self._never_answered():
+                    hint = (
+                        "; nothing has answered at this address from this machine before: check the endpoint "
+                        "(KILN_ENDPOINT, or `kiln login`)"
+                    )
+                raise KilnError(f"cannot reach Kiln at {self.endpoint}: {exc}{tried}{hint}") from exc
+            if not self._job_token:
+                reached.note(self.endpoint)
             if retry and response.status_code in RETRY_STATUSES and clock.wait(retry_after(response)):
                 continue
             break
         self._raise_for(response)
         return response
+
+    def _never_answered(self) -> bool:
+        """A key-signed client's endpoint that never answered this machine (kiln.sdk.reached): a connection it
+        cannot make is retried for ``first_contact_seconds`` only. A job's calls always get the whole window."""
+        return not self._job_token and not reached.seen(self.endpoint)
 
     def _send(
         self,

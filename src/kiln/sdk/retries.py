@@ -25,6 +25,8 @@ RETRY_ERRORS: tuple[type[httpx.TransportError], ...] = (
     httpx.NetworkError,
     httpx.RemoteProtocolError,
 )
+# The connection was never made: nothing may listen at the address at all (kiln.sdk.reached).
+CONNECT_ERRORS: tuple[type[httpx.TransportError], ...] = (httpx.ConnectError, httpx.ConnectTimeout)
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,10 @@ class RetryClock:
     policy: RetryPolicy
     deadline: float
     tries: int = 0
+
+    def shorten(self, seconds: float, since: float) -> None:
+        """End the retries ``seconds`` after ``since`` (a monotonic time), if that is sooner."""
+        self.deadline = min(self.deadline, since + seconds)
 
     def wait(self, retry_after: float | None = None) -> bool:
         """Sleep until the next try and return True, or return False at once when the call's time is up.

@@ -216,3 +216,69 @@ def test_an_unreachable_server_is_said_once_before_the_retries(caplog) -> None: 
     assert said == [
         "cannot reach Kiln at http://127.0.0.1:1 (ConnectError); trying again for up to 0.6 s (KILN_RETRY_SECONDS)"
     ]
+
+
+# -- a wrong address fails in seconds; a server that answered before is waited for (kiln.sdk.reached) ---------------
+
+
+@pytest.fixture
+def fresh_endpoint(tmp_path, monkeypatch) -> Iterator[Callable[..., tuple[Client, Script]]]:  # type: ignore[no-untyped-def]
+    """Clients of an endpoint nobody reached (a new name each), the client state directory empty."""
+    monkeypatch.setenv("KILN_CLIENT_DIR", str(tmp_path))
+    clients: list[Client] = []
+
+    def make(*steps: Step, first_contact: float = 0.05, **creds: str) -> tuple[Client, Script]:
+        script = Script(*steps)
+        endpoint = f"http://never-{len(clients)}-{time.monotonic_ns()}.test"
+        if creds:
+            client = Client(endpoint, **creds)
+        else:
+            client = Client(endpoint, "AKTESTTESTTESTTEST00", "s3cret")
+        client._http = httpx.Client(base_url=client.endpoint, transport=httpx.MockTransport(script))
+        client.retries = RetryPolicy(total=60.0, first=0.01, longest=0.02)
+        client.first_contact_seconds = first_contact
+        clients.append(client)
+        return client, script
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+def test_a_read_at_an_address_that_never_answered_fails_in_the_first_contact_window(fresh_endpoint) -> None:
+    client, script = fresh_endpoint(refuse)
+    began = time.monotonic()
+    with pytest.raises(KilnError, match="nothing has answered at this address") as caught:
+        client.get_job("job-1")
+    assert time.monotonic() - began < 30  # not the 60 s retry window (the window itself is 0.05 s here)
+    assert "KILN_ENDPOINT" in str(caught.value)
+    assert len(script.requests) >= 2  # still retried a little: a server coming up as the command runs
+
+
+def test_an_endpoint_that_answered_once_is_waited_for_through_a_restart(fresh_endpoint) -> None:
+    # 25 refusals take well over the 0.05 s first-contact window (each wait is at least 5 ms): only the whole
+    # retry window carries the read across them.
+    client, script = fresh_endpoint(status(200, JOB), *([refuse] * 25), status(200, JOB))
+    assert client.get_job("job-1").id == "job-1"
+    assert client.get_job("job-1").id == "job-1"
+    assert len(script.requests) == 27
+
+
+def test_the_next_command_on_this_machine_remembers_the_answer(fresh_endpoint, tmp_path) -> None:
+    from kiln.sdk import reached
+
+    client, _ = fresh_endpoint(status(200, JOB))
+    client.get_job("job-1")
+    reached.forget_this_process()  # as a new `kiln` process would start
+    assert reached.seen(client.endpoint)  # from reached.json in the client's state directory
+    assert client.endpoint in (tmp_path / "reached.json").read_text()
+    other, script = fresh_endpoint(*([refuse] * 25), status(200, JOB))
+    other.close()
+    other._http = httpx.Client(base_url=client.endpoint, transport=httpx.MockTransport(script))
+    other.endpoint = client.endpoint
+    assert other.get_job("job-1").id == "job-1" and len(script.requests) == 26
+
+
+def test_a_job_s_calls_always_get_the_whole_window(fresh_endpoint) -> None:
+    client, script = fresh_endpoint(*([refuse] * 25), status(200, JOB), job_token="kjt_token")
+    assert client.get_job("job-1").id == "job-1" and len(script.requests) == 26
