@@ -644,3 +644,22 @@ def test_a_job_page_asks_for_its_session_job_and_metric_summary_once_each_at_the
     expect(page.get_by_test_id("charts").locator("[aria-busy=true]")).to_have_count(0)  # the summary is in
     for path in ("/api/v1/session", f"/api/v1/jobs/{job_id}", f"/api/v1/jobs/{job_id}/metrics/summary"):
         assert asked.count(path) == 1, (path, asked)
+
+
+def test_an_mlflow_run_link_opens_that_run_in_the_console_after_signing_in(
+    world: World, context: BrowserContext
+) -> None:
+    """MLflow's client prints ``<endpoint>/mlflow/#/experiments/E/runs/R`` for every run: the fragment never reaches
+    the server, which answers the console there (no credential needed: the page holds no data); the console takes
+    a signed-out reader through sign-in to the runs of that experiment with that run picked."""
+    run = world.alpha_finished
+    link = f"{world.server.url}/mlflow/#/experiments/0/runs/{run}"
+    answer = httpx.get(link, timeout=10)  # what MLflow's link gets without the browser: the page, not a 401
+    assert answer.status_code == 200 and "<html" in answer.text.lower(), (answer.status_code, answer.text[:200])
+    page = sign_in(context, world.server.url, world.alpha["member"], f"/mlflow/#/experiments/0/runs/{run}")
+    expect(page).to_have_url(re.compile(rf"/runs\?(.*&)?compare={run}"))
+    expect(page).to_have_url(re.compile(r"[?&]experiment=Default(&|$)"))
+    expect(page.get_by_test_id("runs-experiment")).to_have_value("Default")
+    expect(page.locator(f'[data-testid=run-row][data-run="{run}"] input[type=checkbox]')).to_be_checked()
+    page.goto(f"{world.server.url}/mlflow")  # MLflow's UI root: the runs page
+    expect(page).to_have_url(re.compile(r"/runs(\?|$)"))

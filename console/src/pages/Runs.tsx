@@ -69,6 +69,15 @@ export function Runs() {
   const picked = (query.get("compare") ?? "").split(",").filter(Boolean);
   const setPicked = (ids: string[]) => setQuery({ compare: ids.length ? ids.join(",") : null });
 
+  // An MLflow link names the experiment by id (mlflowLinks.ts): the page's address names it by name.
+  const experimentId = query.get("experiment_id");
+  useEffect(() => {
+    if (!experimentId) return;
+    tracking<{ experiment: Experiment }>("experiments/get", { experiment_id: experimentId })
+      .then((answer) => setQuery({ experiment: answer.experiment.name, experiment_id: null }))
+      .catch(setError);
+  }, [experimentId]);
+
   useEffect(() => {
     tracking<{ experiments?: Experiment[] }>("experiments/search", { max_results: 1000 })
       .then((answer) => setExperiments(answer.experiments ?? []))
@@ -76,6 +85,7 @@ export function Runs() {
   }, []);
 
   useEffect(() => {
+    if (experimentId) return; // the name comes first (above)
     const abort = new AbortController();
     setRuns(undefined);
     (async () => {
@@ -94,7 +104,7 @@ export function Runs() {
       }
     })();
     return () => abort.abort();
-  }, [experiment, filter, sort]);
+  }, [experiment, experimentId, filter, sort]);
 
   const columns = query.get("columns")?.split(",").filter(Boolean) ?? defaultColumns(runs ?? []);
   const [columnDraft, setColumnDraft] = useState<string | null>(null);

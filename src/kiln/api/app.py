@@ -15,7 +15,7 @@ from starlette.routing import Mount, Route, compile_path
 from kiln import __version__
 from kiln.api import docs, session
 from kiln.api.auth import SignatureMiddleware
-from kiln.api.console import ConsoleFallback, console_dir
+from kiln.api.console import MLFLOW_UI_PATHS, ConsoleFallback, console_dir
 from kiln.api.errors import RouteMethods, install_error_handlers
 from kiln.api.mlflow import create_mlflow_app
 from kiln.api.notebook_proxy import NotebookProxy
@@ -133,12 +133,16 @@ def create_app(settings: Settings | None = None, platform: Platform | None = Non
     # MLflow's tracking protocol, for MLflow's client (kiln.api.mlflow), authenticated by kiln.api.auth. First in
     # the routing table: their prefixes are their own, and a log-batch then does not try every API route first
     # (a tenth of a small request's time).
+    # The web console answers what no route does (kiln.api.console): a route added later still wins. It answers
+    # MLflow's own UI address too (``/mlflow/#/experiments/E/runs/R``, which MLflow's client prints for every run:
+    # the fragment never reaches a server), and the console takes the reader to the page of that run.
+    console = ConsoleFallback(console_dir(settings), app.router.not_found)
     app.router.routes[0:0] = [
         Mount("/notebooks", NotebookProxy(), name="notebook-proxy"),
+        *(Route(path, console.page, methods=["GET", "HEAD"], name=f"mlflow-ui{path}") for path in MLFLOW_UI_PATHS),
         Mount("/mlflow", create_mlflow_app(lambda: app.state.platform), name="mlflow"),
     ]
-    # The web console answers what no route does (kiln.api.console): a route added later still wins.
-    app.router.default = ConsoleFallback(console_dir(settings), app.router.not_found)
+    app.router.default = console
     return app
 
 

@@ -41,7 +41,8 @@ log = logging.getLogger("kiln.auth")
 
 API_PREFIX = "/api/v1/"
 MLFLOW_PREFIX = "/mlflow/"  # MLflow's tracking protocol (kiln.api.mlflow)
-PUBLIC_PATHS = {"/api/v1/openapi.json", "/api/v1/docs", "/api/v1/docs/oauth2-redirect"}
+# The console page at MLflow UI's address (kiln.api.console.MLFLOW_UI_PATHS) holds no data: the console signs in.
+PUBLIC_PATHS = {"/api/v1/openapi.json", "/api/v1/docs", "/api/v1/docs/oauth2-redirect", "/mlflow/"}
 # Routes whose body is streamed and hashed by the route itself (content-addressed or job-token uploads).
 STREAMED_UPLOAD = re.compile(
     r"/api/v1/blobs/[^/]+|/api/v1/jobs/[^/]+/artifacts/.+|/api/v1/notebooks/[^/]+/home"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -49,6 +50,10 @@ PAGE_HEADERS = {
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
 }
+
+
+# MLflow's UI lives at the tracking URI's root; its client prints ``<uri>/#/experiments/E/runs/R`` for each run.
+MLFLOW_UI_PATHS = ("/mlflow", "/mlflow/")
 
 
 def console_dir(settings: Settings) -> Path:
@@ -96,6 +101,10 @@ class ConsoleFallback:
             await self.not_found(scope, receive, send)
             return
         await response(scope, receive, send)
+
+    async def page(self, request: Request) -> Response:
+        """The console's page itself, whatever the path (a route for addresses another app owns the rest of)."""
+        return self.response("/") or JSONResponse({"code": "not_found", "message": NOT_BUILT_HINT}, status_code=404)
 
     def response(self, path: str) -> Response | None:
         """The console's answer for ``path``; None for a 404 of the API's kind."""
