@@ -1,7 +1,8 @@
 """MLflow's REST tracking protocol, served under ``/mlflow`` (``MLFLOW_TRACKING_URI=<endpoint>/mlflow``), so that code
 instrumented for MLflow logs into Kiln unchanged: experiments, runs, params, metrics, tags, metric history, run
-search and artifacts (``mlflow-artifacts``), translated to Kiln's tracking use cases (kiln.usecases.tracking,
-kiln.usecases.run_artifacts), where every job is a run.
+search, artifacts (``mlflow-artifacts``) and MLflow 3's logged models (kiln.api.mlflow_models), translated to
+Kiln's tracking use cases (kiln.usecases.tracking, kiln.usecases.run_artifacts, kiln.usecases.logged_models), where
+every job is a run.
 
 Authentication is the signature middleware's (kiln.api.auth): an access key as basic authentication
 (``MLFLOW_TRACKING_USERNAME``/``PASSWORD``), a job's token as a bearer token (``MLFLOW_TRACKING_TOKEN``, which Kiln
@@ -27,6 +28,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from typing_extensions import TypedDict
 
 from kiln.api.deps import caller_of
+from kiln.api.mlflow_models import add_logged_model_routes
 from kiln.api.routers.jobs import at_most
 from kiln.domain import limits, tracking
 from kiln.domain.tracking import Batch, MetricPoint, PointIn
@@ -455,14 +457,7 @@ def create_mlflow_app(platform: Callable[[], Any]) -> FastAPI:
             answer["next_page_token"] = token
         return answer
 
-    @app.post(f"{PREFIX}/logged-models/search")
-    async def search_logged_models(request: Request) -> dict[str, Any]:
-        """Kiln keeps no logged models (its model registry registers a job's outputs): none match. MLflow's client
-        asks this whenever it lists or downloads a run's artifacts by path."""
-        principal = caller_of(request)
-        if principal.job_id is None:
-            principal.require("runs:read")
-        return {"models": []}
+    add_logged_model_routes(app, platform, _body)
 
     @app.get(f"{PREFIX}/metrics/get-history")
     async def get_metric_history(
@@ -482,8 +477,10 @@ def create_mlflow_app(platform: Callable[[], Any]) -> FastAPI:
 
     # ---- artifacts (mlflow-artifacts: the run's artifact_uri resolves here)
 
-    def artifacts_of(_request: Request) -> Any:
-        return platform().run_artifacts
+    def artifacts_of(_request: Request, path: str) -> Any:
+        """A run's artifacts (``<exp>/<run>/artifacts/..``) or a logged model's (``<exp>/models/<id>/artifacts/..``)."""
+        parts = path.strip("/").split("/", 2)
+        return platform().logged_models if len(parts) > 1 and parts[1] == "models" else platform().run_artifacts
 
     @app.put(f"{ARTIFACTS}/{{path:path}}")
     async def upload_artifact(request: Request, path: str) -> dict[str, Any]:
@@ -491,12 +488,12 @@ def create_mlflow_app(platform: Callable[[], Any]) -> FastAPI:
         if length.isascii() and length.isdigit() and int(length) > limits.MAX_FILE_BYTES:
             raise PayloadTooLarge(f"an artifact is at most {limits.MAX_FILE_BYTES} bytes, not {length}")
         chunks = at_most(request.stream(), limits.MAX_FILE_BYTES)
-        await artifacts_of(request).upload(caller_of(request), path, chunks)
+        await artifacts_of(request, path).upload(caller_of(request), path, chunks)
         return {}
 
     @app.get(ARTIFACTS)
     async def list_artifacts(request: Request, path: Annotated[str, Query(max_length=4000)] = "") -> dict[str, Any]:
-        entries = await run_in_threadpool(artifacts_of(request).listing, caller_of(request), path)
+        entries = await run_in_threadpool(artifacts_of(request, path).listing, caller_of(request), path)
         files = [
             {"path": e.path, "is_dir": e.is_dir, **({} if e.size is None else {"file_size": e.size})} for e in entries
         ]
@@ -504,7 +501,7 @@ def create_mlflow_app(platform: Callable[[], Any]) -> FastAPI:
 
     @app.get(f"{ARTIFACTS}/{{path:path}}")
     async def download_artifact(request: Request, path: str) -> StreamingResponse:
-        chunks = await run_in_threadpool(artifacts_of(request).read, caller_of(request), path)
+        chunks = await run_in_threadpool(artifacts_of(request, path).read, caller_of(request), path)
         return StreamingResponse(chunks, media_type="application/octet-stream")
 
     return app

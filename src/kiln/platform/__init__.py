@@ -55,6 +55,7 @@ from kiln.usecases.idempotency import Idempotency
 from kiln.usecases.identity import Credentials, IdentityService
 from kiln.usecases.inputs import dataset_pinner, input_resolver, job_output_pinner, model_pinner
 from kiln.usecases.jobs import JobService
+from kiln.usecases.logged_models import LoggedModels
 from kiln.usecases.metrics import MetricsService
 from kiln.usecases.model_registry import ModelRegistry
 from kiln.usecases.nodes import NodeService
@@ -186,6 +187,7 @@ class Platform:
         self.metrics = MetricsService(self.db, self.jobs, self.metrics_store, on_ingested=self._judge_trials)
         self.tracking = TrackingService(self.db, self.metrics_store)  # experiments and runs (every job is a run)
         self.run_artifacts = RunArtifacts(self.tracking, self.outputs, self.store, self.blobs.tmp_dir, self.quotas)
+        self.logged_models = LoggedModels(self.tracking, self.store, self.blobs.tmp_dir, self.quotas)  # MLflow 3's
         # Tuning studies: the use cases, and the task that runs their trials as jobs.
         self.study_driver = StudyDriver(self.db, self.jobs, settings.home, self.metrics_ingester.ingest_now)
         self.studies = StudyService(self.db, self.jobs, self.study_driver.wake, self.idempotency)

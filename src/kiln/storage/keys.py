@@ -15,6 +15,11 @@ def run_artifacts_prefix(org_id: str, run_id: str) -> str:
     return f"orgs/{org_id}/runs/{run_id}/artifacts"
 
 
+def logged_model_prefix(org_id: str, model_id: str) -> str:
+    """The files of a model logged the MLflow 3 way (``MLmodel`` and its flavor's files), whoever logged it."""
+    return f"orgs/{org_id}/logged-models/{model_id}/artifacts"
+
+
 def outputs_prefix(org_id: str, job_id: str) -> str:
     """Everything a job's attempts wrote to ``$KILN_OUTPUT_DIR``."""
     return f"orgs/{org_id}/jobs/{job_id}/outputs"

@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from kiln.db.session import Database
-from kiln.db.tables import Blob, DataBlob, DataUpload, Job, Notebook, Organization, Quota, Run, utcnow
+from kiln.db.tables import Blob, DataBlob, DataUpload, Job, LoggedModel, Notebook, Organization, Quota, Run, utcnow
 from kiln.domain.quantities import MILLI, format_bytes, millicores
 from kiln.domain.quota import CATEGORIES, FIELDS, TOTAL, Limits, OrgUsage, blocked_by, never_fits
 from kiln.domain.schemas import QuotaCategory, QuotaFields, QuotaReport, QuotaSet, StorageUse
@@ -77,9 +77,9 @@ def storage_use(s: Session, org_id: str, logs: LogStore | None = None) -> Storag
     """Bytes the organisation stores, by kind: code bundles, job outputs, job logs, checkpoints and TensorBoard
     event files (what the store holds of each job's: a checkpoint written again counts once), dataset blobs (each
     stored once however many versions share it) with the full size of every open dataset upload (reserved when it
-    is opened), notebook homes, and the artifacts of runs logged from outside Kiln. A log counts its size when the
-    job's latest attempt ended; with ``logs``, a running job's counts its size now (a look at the files of the
-    organisation's running jobs only)."""
+    is opened), notebook homes, the artifacts of runs logged from outside Kiln and of logged models. A log counts
+    its size when the job's latest attempt ended; with ``logs``, a running job's counts its size now (a look at the
+    files of the organisation's running jobs only)."""
 
     def total(column: Any, table: Any) -> int:
         return int(s.scalar(select(func.coalesce(func.sum(column), 0)).where(table.org_id == org_id)) or 0)
@@ -96,7 +96,7 @@ def storage_use(s: Session, org_id: str, logs: LogStore | None = None) -> Storag
         tensorboard=total(Job.event_bytes, Job),
         datasets=total(DataBlob.size, DataBlob) + total(DataUpload.size, DataUpload),
         homes=total(Notebook.home_size, Notebook),
-        artifacts=total(Run.artifact_bytes, Run),
+        artifacts=total(Run.artifact_bytes, Run) + total(LoggedModel.artifact_bytes, LoggedModel),
     )
 
 

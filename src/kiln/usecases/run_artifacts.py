@@ -102,7 +102,7 @@ class RunArtifacts:
 
     def _store(self, principal: Principal, place: _Place, tmp: Path, size: int) -> None:
         key = f"{place.prefix}/{place.rel}"
-        replaced = sum(size for _, size in self.store.list(key)) if _one_file(self.store.list(key)) else 0
+        replaced = sum(size for _, size in self.store.list(key)) if one_file(self.store.list(key)) else 0
         self._check_quota(principal, size - replaced)
         self.store.put_file(tmp, key)
         with self.tracking.db.transaction() as s:
@@ -113,24 +113,29 @@ class RunArtifacts:
     def listing(self, principal: Principal, path: str) -> list[ArtifactEntry]:
         """The files and directories right under ``path`` (nothing for a file, as MLflow's server answers)."""
         place = self._place(principal, path)
-        base = f"{place.prefix}/{place.rel}".rstrip("/")
-        found = self.store.list(base)
-        if _one_file(found):
-            return []  # a file: what lies under it is nothing
-        entries: dict[str, ArtifactEntry] = {}
-        for rel, size in found:
-            head, sep, _ = rel.partition("/")
-            entries[head] = ArtifactEntry(head, True, None) if sep else ArtifactEntry(head, False, size)
-        return sorted(entries.values(), key=lambda e: e.path)
+        return entries_under(self.store, f"{place.prefix}/{place.rel}".rstrip("/"))
 
     def read(self, principal: Principal, path: str) -> Iterator[bytes]:
         place = self._place(principal, path)
         key = f"{place.prefix}/{place.rel}"
-        if not place.rel or not _one_file(self.store.list(key)):
+        if not place.rel or not one_file(self.store.list(key)):
             raise NotFound(f"run {place.run.id} has no artifact file {place.rel!r}")
         return self.store.iter_bytes(key)
 
 
-def _one_file(listed: list[tuple[str, int]]) -> bool:
+def one_file(listed: list[tuple[str, int]]) -> bool:
     """Whether a store listing of a key is that key itself: a file, not a directory."""
     return len(listed) == 1 and listed[0][0] in ("", ".")
+
+
+def entries_under(store: ObjectStore, base: str) -> list[ArtifactEntry]:
+    """The files and directories right under the store key ``base`` (nothing for a file, as MLflow's server
+    answers)."""
+    found = store.list(base)
+    if one_file(found):
+        return []  # a file: what lies under it is nothing
+    entries: dict[str, ArtifactEntry] = {}
+    for rel, size in found:
+        head, sep, _ = rel.partition("/")
+        entries[head] = ArtifactEntry(head, True, None) if sep else ArtifactEntry(head, False, size)
+    return sorted(entries.values(), key=lambda e: e.path)

@@ -11,7 +11,7 @@ from kiln.db.tables.pipelines import PipelineRun, PipelineSchedule, PipelineStep
 from kiln.db.tables.registry import Model, ModelAlias, ModelFile, ModelVersion
 from kiln.db.tables.serving import Service, ServiceKey, ServiceReplica, ServiceTraffic
 from kiln.db.tables.studies import TuningEvent, TuningStudy, TuningTrial
-from kiln.db.tables.tracking import Experiment, Run, RunParam, RunTag
+from kiln.db.tables.tracking import Experiment, LoggedModel, Run, RunParam, RunTag
 from kiln.db.tables.usage import Budget, Price, UsageDay, UsageHour, UsageRecord
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "IdempotencyKey",
     "Job",
     "JobEvent",
+    "LoggedModel",
     "MetricChunk",
     "MetricCursor",
     "MetricPoint",

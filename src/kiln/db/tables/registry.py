@@ -59,6 +59,13 @@ class ModelVersion(Base):
     trial_number: Mapped[int | None] = mapped_column(Integer, default=None)
     created_by: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Registered from a run (``--from-run``): the run, the logged model (if it came from one), and what its MLmodel
+    # file says: the flavor its predictor loads and the signature requests are checked against. Not foreign keys,
+    # as job_id: the lineage outlives them. ``job_id`` is "" for a run logged from outside Kiln.
+    run_id: Mapped[str | None] = mapped_column(String(32), default=None, index=True)
+    logged_model_id: Mapped[str | None] = mapped_column(String(40), default=None)
+    flavor: Mapped[str | None] = mapped_column(String(64), default=None)
+    signature: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
     __table_args__ = (Index("ux_model_versions_number", "model_id", "version", unique=True),)
 

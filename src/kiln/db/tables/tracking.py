@@ -76,3 +76,34 @@ class RunTag(Base):
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     key: Mapped[str] = mapped_column(String(250), primary_key=True)
     value: Mapped[str] = mapped_column(Text)
+
+
+class LoggedModel(Base):
+    """A model logged the MLflow 3 way (``mlflow.<flavor>.log_model``): MLflow's client records it before it uploads
+    the model's directory (``MLmodel`` and the flavor's files), which Kiln keeps under
+    ``orgs/<org>/logged-models/<id>/artifacts``. It belongs to its organisation; ``run_id`` is the run that logged
+    it (a job's run or one from outside), if any."""
+
+    __tablename__ = "logged_models"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    org_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"))
+    experiment_id: Mapped[str] = mapped_column(ForeignKey("experiments.id"))
+    run_id: Mapped[str | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"), default=None)
+    name: Mapped[str] = mapped_column(String(256))
+    model_type: Mapped[str | None] = mapped_column(String(256), default=None)
+    status: Mapped[str] = mapped_column(String(32), default="LOGGED_MODEL_PENDING")
+    status_message: Mapped[str | None] = mapped_column(Text, default=None)
+    tags: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    lifecycle_stage: Mapped[str] = mapped_column(String(16), default="active")  # active | deleted
+    # Bytes of its files in the store: counted against the organisation's storage quota with run artifacts.
+    artifact_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    created_by: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (
+        Index("ix_logged_models_org_experiment", "org_id", "experiment_id"),
+        Index("ix_logged_models_run", "run_id"),
+    )
