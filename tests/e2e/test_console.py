@@ -27,6 +27,7 @@ import httpx
 import pytest
 
 from kiln.domain.quantities import parse_memory
+from kiln.domain.usage import format_hours, format_money
 from kiln.sdk.client import Client
 from tests.browser import REPO, artifacts_dir, launch
 from tests.kilnserver import KilnServer
@@ -515,6 +516,44 @@ def test_the_console_reads_a_size_as_the_server_does() -> None:
         if server != read
     ]
     assert not differ, f"(text, server, console): {differ}"
+
+
+# money() and hours() (console/src/format.ts) beside the CLI's format_money and format_hours (kiln.domain.usage).
+AMOUNTS = [0.0, 0.0015, 0.001, 0.0058, 0.000001, 0.00999, 0.01, 0.126, 1.5, 12.345678, 1234.5, 98765.4321, -0.004, -3.2]
+SECONDS = [0, 0.01, 6, 36, 360, 3600, 5000, 3600 * 12.34, 3600 * 99.9, 3600 * 1234.4, 3600 * 123456.7]
+FORMAT_NUMBERS = """
+const ts = require(process.argv[1]);
+const fs = require("fs");
+const js = ts.transpileModule(fs.readFileSync(process.argv[2], "utf8"), {
+  compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022 },
+}).outputText;
+import("data:text/javascript;base64," + Buffer.from(js).toString("base64")).then((format) => {
+  const [amounts, seconds] = JSON.parse(fs.readFileSync(0, "utf8"));
+  process.stdout.write(JSON.stringify([amounts.map((n) => format.money(n)), seconds.map((s) => format.hours(s))]));
+});
+"""
+
+
+@pytest.mark.needs("node")
+def test_the_cli_prints_costs_and_hours_as_the_console_does() -> None:
+    """A budget of 0.001 read "HARD 0.00" in the CLI and 0.001 in the console: one rule now, checked by running the
+    console's own format.ts under Node.js over a table of amounts."""
+    console = REPO / "console"
+    typescript = console / "node_modules" / "typescript"
+    if not typescript.is_dir():
+        pytest.fail(f"{typescript} is missing: run `make console`", pytrace=False)
+    run = subprocess.run(
+        ["node", "-e", FORMAT_NUMBERS, str(typescript), str(console / "src" / "format.ts")],
+        input=json.dumps([AMOUNTS, SECONDS]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    money, hours = json.loads(run.stdout)
+    assert [format_money(a) for a in AMOUNTS] == money
+    assert [format_hours(s) for s in SECONDS] == hours
 
 
 def test_a_studys_objective_chart_draws_and_counts_every_trial_with_a_value(

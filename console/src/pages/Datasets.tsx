@@ -15,7 +15,7 @@ export function Datasets() {
       {!data ? (
         <Loading />
       ) : !data.items.length ? (
-        <Empty>No datasets. `kiln datasets put NAME DIR` uploads one.</Empty>
+        <Empty>No datasets. `kiln data put LOCAL_PATH NAME` uploads one.</Empty>
       ) : (
         <div class="card table-wrap">
           <table>

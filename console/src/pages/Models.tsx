@@ -21,7 +21,7 @@ export function Models() {
       {!data ? (
         !error ? <Loading /> : null
       ) : !data.items.length ? (
-        <Empty>No models registered. `kiln models register JOB PATH` makes one from a job's outputs.</Empty>
+        <Empty>No models registered. `kiln models register NAME --from-job JOB --path PATH` makes one from a job's outputs.</Empty>
       ) : (
         <div class="card table-wrap">
           <table>

@@ -16,7 +16,7 @@ export function Services() {
       {!data ? (
         <Loading />
       ) : !data.items.length ? (
-        <Empty>No services. `kiln serve MODEL@VERSION --name NAME` deploys one.</Empty>
+        <Empty>No services. `kiln serve -f service.yaml --name NAME` deploys one (docs/serving.md has the spec).</Empty>
       ) : (
         <div class="card table-wrap">
           <table>

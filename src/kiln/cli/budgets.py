@@ -11,13 +11,13 @@ from rich.table import Table
 
 from kiln.cli.common import connect, emit_json, info, out
 from kiln.cli.output import fmt_time
-from kiln.domain.usage import BudgetRead
+from kiln.domain.usage import BudgetRead, format_money
 
 app = typer.Typer(help="Monthly budgets on what an organisation or a member spends.", no_args_is_help=True)
 
 
 def _limit(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.2f}"
+    return format_money(value)  # as the console prints it: 0.0015, not 0.00
 
 
 def _table(budgets: list[BudgetRead]) -> None:
@@ -32,7 +32,7 @@ def _table(budgets: list[BudgetRead]) -> None:
             b.org_name,
             b.user_name or "-",
             b.month,
-            f"{b.used:,.2f}",
+            format_money(b.used),
             _limit(b.soft),
             _limit(b.hard),
             b.state,

@@ -14,7 +14,7 @@ from rich.table import Table
 from kiln.cli.common import connect, emit_json, info, out
 from kiln.cli.output import fmt_time
 from kiln.cli.parsing import TIME_HINT, parse_time
-from kiln.domain.usage import GROUPS, UsageReport
+from kiln.domain.usage import GROUPS, UsageReport, format_hours, format_money
 
 app = typer.Typer(help="The price table (the platform admin sets it).", no_args_is_help=True)
 
@@ -35,7 +35,7 @@ def _time(value: str | None, flag: str) -> str | None:
 
 
 def _hours(seconds: float) -> str:
-    return f"{seconds / 3600:,.2f}"
+    return format_hours(seconds)  # as the console prints them: 0.00167, not 0.00
 
 
 def _label(key: str | None, name: str | None) -> str:
@@ -66,11 +66,11 @@ def usage_table(report: UsageReport) -> None:
             _hours(row.memory_gib_seconds),
             _bytes(row.peak_memory_bytes),
             _hours(row.gpu_seconds),
-            f"{row.cost:,.2f}",
+            format_money(row.cost),
         )
     table.add_row(
         "total", *([""] * (len(groups) - 1)), "", _hours(report.cpu_seconds), _hours(report.used_cpu_seconds),
-        _hours(report.memory_gib_seconds), "", _hours(report.gpu_seconds), f"{report.cost:,.2f}",
+        _hours(report.memory_gib_seconds), "", _hours(report.gpu_seconds), format_money(report.cost),
     )  # fmt: skip
     out.print(table)
     info(

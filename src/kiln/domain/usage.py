@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Annotated, Literal
 
@@ -122,3 +123,39 @@ class BudgetRead(BaseModel):
 
 class BudgetList(BaseModel):
     items: list[BudgetRead]
+
+
+def format_money(amount: float | None, currency: str | None = None) -> str:
+    """A cost as the console shows it (console/src/format.ts ``money``): two decimals (1,234.50), or two
+    significant digits below 0.01 (0.0015, 0.000001) so that a small cost or limit is not printed as 0.00; followed
+    by the currency where the server names one."""
+    if amount is None or not math.isfinite(amount):
+        return "-"
+    unit = f" {currency}" if currency else ""
+    size = abs(amount)
+    if size < 1e-9 or size >= 0.01:
+        return f"{amount:,.2f}" + unit
+    digits = 1 - math.floor(math.log10(size))
+    return f"{amount:.{digits}f}".rstrip("0") + unit
+
+
+def format_hours(seconds: float | None) -> str:
+    """Resource-seconds as hours, as the console shows them (``hours``): 1,234 from 100 up, three significant
+    digits below (12.3, 0.00167)."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    hours = seconds / 3600
+    if abs(hours) >= 100:
+        return f"{math.floor(hours + 0.5):,}"
+    return _num(float(f"{hours:.3g}"))
+
+
+def _num(n: float) -> str:
+    """A number as the console's ``num`` prints it: an integer as such, exponent form below 1e-4 (1e-5), else up to
+    six significant digits."""
+    if n == int(n) and abs(n) < 1e15:
+        return str(int(n))
+    if abs(n) < 1e-4 or abs(n) >= 1e15:
+        mantissa, _, exponent = f"{n:.2e}".partition("e")
+        return mantissa.rstrip("0").rstrip(".") + "e" + str(int(exponent)).replace("+", "")
+    return f"{float(f'{n:.6g}')!r}".removesuffix(".0")

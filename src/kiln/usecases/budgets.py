@@ -28,7 +28,7 @@ from kiln.db.session import Database
 from kiln.db.tables import Budget, Job, Organization, User, utcnow
 from kiln.domain.ids import new_id
 from kiln.domain.states import TERMINAL_STATES
-from kiln.domain.usage import BudgetRead, BudgetSet
+from kiln.domain.usage import BudgetRead, BudgetSet, format_money
 from kiln.errors import BudgetExceeded, Forbidden, InvalidInput, NotFound
 from kiln.usecases import audit
 from kiln.usecases.accounts import find_org, find_user
@@ -270,7 +270,7 @@ class BudgetService:
         return cost
 
     def _money(self, amount: float) -> str:
-        return f"{amount:,.2f}" + (f" {self.usage.currency}" if self.usage.currency else "")
+        return format_money(amount, self.usage.currency)
 
     def _forget(self, org_id: str, user_id: str) -> None:
         with self._lock:
