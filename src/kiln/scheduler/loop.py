@@ -58,7 +58,7 @@ from kiln.settings import Settings
 from kiln.storage.keys import blob_key
 from kiln.storage.logs import LogStore
 from kiln.tasks.runner import Task, TaskContext
-from kiln.usecases.lifecycle import record, transition
+from kiln.usecases.lifecycle import ends_in_bulk, record, transition
 from kiln.usecases.quotas import Admission
 from kiln.usecases.scheduler_inputs import allocation_of, gather, redact
 
@@ -392,7 +392,8 @@ class Reconciler:
             return []
         reattached = 0
         relaunches: list[Launch] = []
-        with self.db.transaction() as s:
+        # The usage holds and runs the pass's transitions end are written in one statement each (lifecycle).
+        with self.db.transaction() as s, ends_in_bulk(s):
             if full:
                 self._take_leases(s)
             rows = self._rows(s, [x.job.id for x in (seen if first else writes)])

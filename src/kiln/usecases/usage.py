@@ -20,7 +20,20 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Float, String, and_, case, func, literal, or_, select, union_all, update
+from sqlalchemy import (
+    ColumnElement,
+    Float,
+    String,
+    and_,
+    bindparam,
+    case,
+    func,
+    literal,
+    or_,
+    select,
+    union_all,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from kiln.db.session import Database
@@ -77,6 +90,19 @@ def close_usage(s: Session, job_id: str, now: datetime) -> None:
         .where(u.job_id == job_id, u.end_ts.is_(None))
         .values(end_ts=now.timestamp(), used_cpu_seconds=_used_cpu(u), peak_memory=_peak_memory(u))
     )
+
+
+def close_usage_many(s: Session, ends: list[tuple[str, float]]) -> None:
+    """``close_usage`` for many jobs in one statement: each (job id, end as seconds since the epoch)."""
+    if not ends:
+        return
+    u = UsageRecord.__table__.c
+    statement = (
+        update(UsageRecord.__table__)
+        .where(u.job_id == bindparam("b_job_id"), u.end_ts.is_(None))
+        .values(end_ts=bindparam("b_end_ts"), used_cpu_seconds=_used_cpu(u), peak_memory=_peak_memory(u))
+    )
+    s.execute(statement, [{"b_job_id": job_id, "b_end_ts": end} for job_id, end in ends])
 
 
 class UsageService:
