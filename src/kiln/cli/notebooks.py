@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import webbrowser
 from typing import TYPE_CHECKING, Annotated
 
@@ -14,7 +15,9 @@ from rich.text import Text
 from kiln.cli.common import EXIT_ERROR, EXIT_USAGE, Output, OutputFormat, connect, emit_json, emit_list, fail, info, out
 from kiln.cli.output import fmt_time
 from kiln.cli.spec import INPUT_FORMAT, SpecError, parse_input, parse_pairs, parse_runtime
+from kiln.domain.durations import format_duration
 from kiln.domain.notebooks import NotebookSpec, NotebookState
+from kiln.domain.quantities import format_bytes
 
 if TYPE_CHECKING:
     from kiln.domain.notebooks import NotebookRead
@@ -43,9 +46,14 @@ def notebooks_table(notebooks: list[NotebookRead]) -> None:
     for column in ("NAME", "STATE", "RUNTIME", "IDLE TIMEOUT", "LAST ACTIVITY", "JOB"):
         table.add_column(column)
     for nb in notebooks:
-        idle = "never" if not nb.spec.idle_timeout else f"{nb.spec.idle_timeout:g}s"
+        idle = _idle(nb.spec.idle_timeout)
         table.add_row(nb.name, _state(nb), nb.spec.runtime.label, idle, fmt_time(nb.last_activity), nb.job_id or "-")
     out.print(table)
+
+
+def _idle(seconds: float | None) -> str:
+    """The idle timeout as it is written in a spec (2h, 30m), or never."""
+    return format_duration(seconds) if seconds else "never"
 
 
 def _detail(nb: NotebookRead) -> None:
@@ -55,10 +63,11 @@ def _detail(nb: NotebookRead) -> None:
     out.print(f"  url        {nb.url}")
     out.print(f"  runtime    {nb.spec.runtime.label} (with JupyterLab)")
     res = nb.spec.resources
-    out.print(f"  resources  cpus {res.cpus:g}, memory {res.memory or '-'}, gpus {res.gpus}")
+    memory = format_bytes(res.memory) if res.memory else "-"
+    out.print(f"  resources  cpus {res.cpus:g}, memory {memory}, gpus {res.gpus}")
     for item in nb.spec.inputs:
         out.print(f"  input      {item.ref} at {item.where}")
-    out.print(f"  idle after {'never' if not nb.spec.idle_timeout else f'{nb.spec.idle_timeout:g}s'}")
+    out.print(f"  idle after {_idle(nb.spec.idle_timeout)}")
     out.print(f"  job        {nb.job_id or '-'}   last activity {fmt_time(nb.last_activity)}")
 
 
@@ -239,8 +248,15 @@ def start(name: NotebookArg, wait: Wait = True, timeout: Timeout = 900.0) -> Non
 
 
 @app.command()
-def delete(name: NotebookArg) -> None:
-    """Stop it and delete it with its home."""
+def delete(
+    name: NotebookArg,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Stop it and delete it with its home (its files: this cannot be undone)."""
+    if not yes:
+        if not sys.stdin.isatty():
+            fail(f"deleting notebook {name} deletes its home and cannot be undone; pass --yes to confirm", EXIT_USAGE)
+        typer.confirm(f"Delete notebook {name} and every file in its home? This cannot be undone", abort=True)
     with connect() as client:
         client.delete_notebook(name)
     info(f"deleted notebook {name}")
