@@ -213,7 +213,14 @@ def build_spec(file: Path | None, flags: Overrides) -> JobSpec:
     data = apply_overrides(data, flags)
     if data.get("command") in (None, "", []):
         where = f" and {file} has no `command`" if file is not None else ""
-        raise SpecError(f"no command to run: give it after `--` (kiln run -- python train.py){where}")
+        missing = f"no command to run: give it after `--` (kiln run -- python train.py){where}"
+        if any(key not in JobSpec.model_fields for key in data):
+            # A misspelt `comand:` is why there is none: name it (with its "did you mean") before the rest.
+            try:
+                JobSpec.model_validate({**data, "command": ["true"]})
+            except ValidationError as exc:
+                raise SpecError(f"{format_validation_error(exc, file)}\n  command: {missing}") from None
+        raise SpecError(missing)
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:

@@ -56,3 +56,14 @@ def test_param_flags_are_typed_and_merge_over_the_files_params(tmp_path: Path) -
     assert spec.experiment == "mnist sweeps"
     with pytest.raises(SpecError, match="params"):
         build_spec(None, Overrides(command=["true"], params={"not a name": "1"}))
+
+
+def test_a_misspelt_command_key_gets_its_did_you_mean(tmp_path: Path) -> None:
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text("comand: python train.py\nresources: {cpus: 1}\n")
+    with pytest.raises(SpecError) as caught:
+        build_spec(spec_file, Overrides())
+    text = str(caught.value)
+    assert "comand: unknown field (did you mean 'command'?)" in text and "no command to run" in text
+    with pytest.raises(SpecError, match=r"^no command to run"):  # nothing misspelt: the plain message
+        build_spec(None, Overrides())
