@@ -3,6 +3,7 @@ and removal."""
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import TYPE_CHECKING, Annotated
 
@@ -73,7 +74,7 @@ def versions_table(versions: list[ModelVersionRead]) -> None:
             str(v.file_count),
             format_memory(v.size),
             Text(" ".join(v.aliases) or "-"),
-            Text(v.lineage.job_id),
+            Text(v.lineage.job_id or v.lineage.run_id or "-"),
             Text(metrics_text(v.lineage.metrics, METRICS_SHOWN) or "-"),
             fmt_time(v.created_at),
         )
@@ -99,7 +100,14 @@ def version_detail(v: ModelVersionRead) -> None:
             ("Aliases", " ".join(v.aliases)),
             ("Description", v.description),
             ("Size", f"{format_memory(v.size)} in {plural(v.file_count, 'file')}"),
-            ("Job", f"{lineage.job_id} ({lineage.job_name or '-'}, {lineage.job_state or '-'})"),
+            (
+                "Job",
+                f"{lineage.job_id} ({lineage.job_name or '-'}, {lineage.job_state or '-'})" if lineage.job_id else None,
+            ),
+            ("Run", lineage.run_id),
+            ("Logged model", lineage.logged_model_id),
+            ("Flavor", v.flavor),
+            ("Signature", json.dumps(v.signature.get("inputs")) if v.signature else None),
             ("From", v.source_path),
             ("Study", trial),
             ("Metrics", metrics_text(lineage.metrics)),
@@ -130,19 +138,27 @@ def model_detail(model: ModelRead) -> None:
         versions_table(model.items)
 
 
-REGISTER_OPTIONS = {"job_id": "--from-job", "path": "--path", "description": "--description"}
+REGISTER_OPTIONS = {
+    "job_id": "--from-job",
+    "run_id": "--from-run",
+    "path": "--path",
+    "description": "--description",
+}
 
 
-def check_register(job_id: str, path: str, description: str | None) -> None:
+def check_register(job_id: str | None, run_id: str | None, path: str, description: str | None) -> None:
     """What the server would refuse in the options of ``register`` (a path outside the job's outputs, an empty
-    job id): one line naming the option, exit 2, before anything is sent."""
+    job id, both or neither of --from-job and --from-run): one line naming the option, exit 2, before anything is
+    sent."""
     from pydantic import ValidationError
 
     try:
-        refs.ModelRegister(job_id=job_id, path=path, description=description)
+        refs.ModelRegister(job_id=job_id, run_id=run_id, path=path, description=description)
     except ValidationError as exc:
         error = exc.errors()[0]
-        option = REGISTER_OPTIONS.get(str(error["loc"][0]) if error["loc"] else "", "an option")
+        if not error["loc"]:
+            fail("name --from-job JOB or --from-run RUN (one of them)", EXIT_USAGE)
+        option = REGISTER_OPTIONS.get(str(error["loc"][0]), "an option")
         message = str(error["msg"]).removeprefix("Value error, ")
         if not message.startswith("'"):
             message = f"{error.get('input')!r}: {message.lower()}"
@@ -152,10 +168,26 @@ def check_register(job_id: str, path: str, description: str | None) -> None:
 @app.command()
 def register(
     name: NameArg,
-    from_job: Annotated[str, typer.Option("--from-job", "-j", help="The ended job whose outputs hold the model.")],
+    from_job: Annotated[
+        str | None, typer.Option("--from-job", "-j", help="The ended job whose outputs hold the model.")
+    ] = None,
+    from_run: Annotated[
+        str | None,
+        typer.Option(
+            "--from-run",
+            "-r",
+            help="The run that logged it the MLflow way (mlflow.<flavor>.log_model); a job's run is its job id.",
+        ),
+    ] = None,
     path: Annotated[
-        str, typer.Option("--path", "-p", help="A file, or a directory (every file under it), of the job's outputs.")
-    ],
+        str | None,
+        typer.Option(
+            "--path",
+            "-p",
+            help="A file or directory of the job's outputs; with --from-run, the logged model's name or the run's "
+            "artifact directory (default: model).",
+        ),
+    ] = None,
     framework: Annotated[
         str | None,
         typer.Option(
@@ -165,38 +197,58 @@ def register(
     description: Annotated[str | None, typer.Option("--description", "-d", help="A note kept with it.")] = None,
     output: Output = OutputFormat.table,
 ) -> None:
-    """Register the next version of NAME from a job's output file or directory: the files are copied on the
-    server (bytes it already holds are not stored again) with the job's spec and final metrics. Prints NAME@VERSION."""
+    """Register the next version of NAME from a job's output file or directory (--from-job), or from an MLflow model
+    a run logged (--from-run: its MLmodel names the flavor a service serves it with, and the signature requests are
+    checked against). The files are copied on the server (bytes it already holds are not stored again) with the
+    job's or run's lineage. Prints NAME@VERSION."""
     try:
         refs.check_name(name)
     except refs.ModelRefError as exc:
         raise typer.BadParameter(str(exc), param_hint="NAME") from None
     if framework is not None and framework not in refs.FRAMEWORKS:
         raise typer.BadParameter(f"{framework!r}: one of {', '.join(refs.FRAMEWORKS)}", param_hint="--framework")
-    check_register(from_job, path, description)
+    if from_job is not None and path is None:
+        fail("--from-job needs --path: the output file or directory that holds the model", EXIT_USAGE)
+    path = path or "model"
+    check_register(from_job, from_run, path, description)
     with connect() as client:
-        version = client.register_model(name, from_job, path, framework=framework, description=description)
+        if from_run is not None:
+            version = client.register_model_from_run(name, from_run, path, description=description)
+        else:
+            assert from_job is not None  # check_register: one of the two
+            version = client.register_model(name, from_job, path, framework=framework, description=description)
     if output is OutputFormat.json:
         emit_json(version.model_dump(mode="json"))
         return
+    source = f"run {from_run}" if from_run is not None else f"job {from_job}"
     out.print(version.ref, markup=False)
     if version.already_registered:
         info(
-            f"{version.ref} already holds these files ({path} of job {from_job}, {version.framework}): "
+            f"{version.ref} already holds these files ({path} of {source}, {version.framework}): "
             "no new version registered; use it"
         )
         return
     metrics = metrics_text(version.lineage.metrics, METRICS_SHOWN)
+    flavor = f", MLflow flavor {version.flavor}" if version.flavor else ""
     info(
-        f"{version.ref}: {plural(version.file_count, 'file')} ({format_memory(version.size)}, {version.framework}) "
-        f"from {path} of job {from_job}" + (f"; {metrics}" if metrics else "")
+        f"{version.ref}: {plural(version.file_count, 'file')} ({format_memory(version.size)}, {version.framework}"
+        f"{flavor}) from {path} of {source}" + (f"; {metrics}" if metrics else "")
     )
 
 
 @app.command("list")
-def list_models(output: Output = OutputFormat.table) -> None:
-    """List the organisation's models: latest version, aliases, size."""
+def list_models(
+    run: Annotated[
+        str | None, typer.Option("--run", help="Only the versions registered from this run (or job), oldest first.")
+    ] = None,
+    output: Output = OutputFormat.table,
+) -> None:
+    """List the organisation's models: latest version, aliases, size; with --run, the versions a run produced."""
     with connect() as client:
+        if run is not None:
+            versions = client.run_model_versions(run)
+            emit_list(versions, output, versions_table, f"no model version was registered from run {run}")
+            return
         models = client.list_models()
     emit_list(models, output, models_table, "no models (register one with kiln models register)")
 

@@ -17,7 +17,7 @@ import re
 from datetime import datetime
 from typing import Any, Literal, NamedTuple, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kiln.domain import limits
 
@@ -119,13 +119,25 @@ class _Strict(BaseModel):
 
 
 class ModelRegister(_Strict):
-    """``POST /models/{name}/versions``: a new version from a job's outputs."""
+    """``POST /models/{name}/versions``: a new version from a job's outputs (``job_id``), or from an MLflow model
+    directory a run logged (``run_id``: a logged model of that name, else the run's artifact directory ``path``)."""
 
-    job_id: str = Field(min_length=1, max_length=limits.MAX_ID_LENGTH, description="The job whose outputs hold it.")
+    job_id: str | None = Field(
+        None, min_length=1, max_length=limits.MAX_ID_LENGTH, description="The job whose outputs hold it."
+    )
+    run_id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=limits.MAX_ID_LENGTH,
+        description="The run that logged it the MLflow way (mlflow.<flavor>.log_model): its MLmodel file names the "
+        "flavor the service's predictor loads and the signature requests are checked against.",
+    )
     path: str = Field(
+        "model",
         min_length=1,
         max_length=limits.MAX_PATH_LENGTH,
-        description="A file, or a directory (every file under it), of the job's outputs ($KILN_OUTPUT_DIR).",
+        description="A file, or a directory (every file under it), of the job's outputs ($KILN_OUTPUT_DIR); with "
+        "run_id, the logged model's name (log_model's name/artifact_path) or the run's artifact directory.",
     )
     framework: Framework | None = Field(
         None, description="torch, onnx, sklearn or custom; default: what the files' suffixes say, else custom."
@@ -139,6 +151,12 @@ class ModelRegister(_Strict):
         if not parts or ".." in parts or "\\" in value or "\x00" in value:
             raise ValueError(f"{value!r}: a path inside the job's outputs, without '..', backslashes or NUL")
         return "/".join(parts)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelRegister:
+        if (self.job_id is None) == (self.run_id is None):
+            raise ValueError("job_id or run_id: name exactly one (the job's outputs, or the run's MLflow model)")
+        return self
 
 
 class AliasSet(_Strict):
@@ -165,6 +183,8 @@ class ModelLineage(BaseModel):
     )
     study_id: str | None = Field(None, description="The tuning study, when the job was one of its trials.")
     trial: int | None = Field(None, description="The trial's number in that study.")
+    run_id: str | None = Field(None, description="The run it was registered from (--from-run); a job's run is the job.")
+    logged_model_id: str | None = Field(None, description="The MLflow logged model it was registered from.")
 
 
 class ModelVersionRead(BaseModel):
@@ -178,6 +198,16 @@ class ModelVersionRead(BaseModel):
     files: list[ModelFileRead] = Field(default_factory=list)
     aliases: list[str] = Field(default_factory=list)
     lineage: ModelLineage
+    flavor: str | None = Field(
+        None,
+        description="The MLflow flavor its MLmodel file names (sklearn, pytorch, python_function): the mlflow "
+        "predictor loads it so.",
+    )
+    signature: dict[str, Any] | None = Field(
+        None,
+        description="Its MLflow signature (inputs, outputs, params; each a list of specs): requests are checked "
+        "against the inputs.",
+    )
     created_by: str
     created_at: datetime
     already_registered: bool = Field(
@@ -193,6 +223,13 @@ class ModelVersionRead(BaseModel):
 
 class ModelVersionList(BaseModel):
     name: str
+    items: list[ModelVersionRead]
+
+
+class RunModelVersions(BaseModel):
+    """The versions registered from a run, oldest first (files left out)."""
+
+    run_id: str
     items: list[ModelVersionRead]
 
 

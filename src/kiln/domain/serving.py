@@ -24,7 +24,7 @@ SERVICE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 MODEL_REF = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._-]{0,99})@(?P<ref>[A-Za-z0-9][A-Za-z0-9._-]{0,62})$")
 MAX_REPLICAS = 64
 MAX_DIMENSION = 2**31 - 1
-PredictorType = Literal["torchscript", "torch-export", "onnx", "sklearn", "custom"]
+PredictorType = Literal["torchscript", "torch-export", "onnx", "sklearn", "mlflow", "custom"]
 
 
 class _Strict(BaseModel):
@@ -58,8 +58,9 @@ class InputSchema(_Strict):
 
 class PredictorSpec(_Strict):
     """How a replica loads the model and answers: a built-in (``torchscript``, ``torch-export``, ``onnx``,
-    ``sklearn``) or ``custom`` (``class: module:Class`` from the service's code bundle, with ``load(path)`` and
-    ``predict(batch)``)."""
+    ``sklearn``; ``mlflow`` for a version registered ``--from-run``: the flavor its MLmodel names, requests checked
+    against its signature) or ``custom`` (``class: module:Class`` from the service's code bundle, with
+    ``load(path)`` and ``predict(batch)``)."""
 
     type: PredictorType
     class_: str | None = Field(

@@ -49,14 +49,14 @@ from typing import Any, cast
 from kiln.injob import statefile
 from kiln.injob.serve_batch import Batcher
 from kiln.injob.serve_predictors import Predictor, load_predictor
-from kiln.injob.serve_schema import InputSchema, InvalidInput
+from kiln.injob.serve_schema import InputSchema, InstanceCheck, InvalidInput
 
 STATE_FILE = ".kiln-replica.json"
 SOCKET_FILE = ".kiln-replica.sock"
 MAX_SOCKET_NAME = 100  # bytes: a relative name for bind() must fit sun_path (108 with its NUL)
 EXIT_CONFIG = 2
 EXIT_LOAD = 3
-PREDICTORS = ("torchscript", "torch-export", "onnx", "sklearn", "custom")
+PREDICTORS = ("torchscript", "torch-export", "onnx", "sklearn", "mlflow", "custom")
 CLASS_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 MAX_BATCH_SIZE = 4096
 MAX_LATENCY_MS = 10_000.0
@@ -185,7 +185,7 @@ class ReplicaServer(ThreadingHTTPServer):
         address: str | tuple[str, int],
         secret: str,
         predictor: Predictor,
-        schema: InputSchema | None,
+        schema: InstanceCheck | None,
         batcher: Batcher,
         model: str,
     ) -> None:

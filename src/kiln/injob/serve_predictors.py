@@ -2,9 +2,10 @@
 JSON-ready output per instance.
 
 Built-ins: ``sklearn`` (joblib, else pickle; ``predict`` or ``predict_proba``), ``torchscript`` (torch.jit.load),
-``torch-export`` (torch.export.load(...).module()), ``onnx`` (onnxruntime, the first input and output) and
-``custom`` (``module:Class`` from the service's code bundle: an instance, ``load(path)``, ``predict(batch)``, and
-optionally ``input_schema``).
+``torch-export`` (torch.export.load(...).module()), ``onnx`` (onnxruntime, the first input and output),
+``mlflow`` (an MLflow model directory, by the flavor its MLmodel names: kiln.injob.serve_mlflow) and ``custom``
+(``module:Class`` from the service's code bundle: an instance, ``load(path)``, ``predict(batch)``, and optionally
+``input_schema``).
 
 The frameworks are the job runtime's, not Kiln's: each is imported by name (``importlib``) when its predictor
 loads, so that this module, like all of ``kiln.injob``, needs only the standard library.
@@ -20,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kiln.injob.serve_schema import InputSchema
+from kiln.injob.serve_schema import InputSchema, InstanceCheck
 
 TORCH_DTYPES = {"float32": "float32", "float64": "float64", "int64": "int64"}
 ONNX_DTYPES = {
@@ -35,7 +36,7 @@ class Predictor:
     """A loaded model. ``predict`` gets a non-empty list of instances (already checked against ``input_schema``
     when there is one) and returns one output per instance."""
 
-    input_schema: InputSchema | None = None
+    input_schema: InstanceCheck | None = None
     takes_parameters = False  # a custom predictor whose predict() accepts ``parameters=``
 
     def predict(self, batch: list[Any], parameters: dict[str, Any] | None = None) -> list[Any]:
@@ -195,6 +196,10 @@ def load_predictor(
             raise ValueError("class: a custom predictor needs class: module:Class")
         target = model_path(model_dir, file) if file else Path(model_dir)
         return CustomPredictor(class_path, target)
+    if kind == "mlflow":  # an MLflow model directory (--from-run): its MLmodel says how (kiln.injob.serve_mlflow)
+        from kiln.injob.serve_mlflow import MlflowPredictor
+
+        return MlflowPredictor(Path(model_dir), method)
     path = model_path(model_dir, file)
     if kind == "sklearn":
         return SklearnPredictor(path, method)

@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 DTYPES = ("float32", "float64", "int64", "string")
 MAX_DIMS = 8
 INT64 = 2**63
+
+
+class InstanceCheck(Protocol):
+    """What the replica checks a request's instances with before batching: an ``InputSchema``, or the columns of
+    an MLflow signature (kiln.injob.serve_mlflow.ColumnSchema). Raises InvalidInput naming the first wrong one."""
+
+    def check(self, inputs: list[Any]) -> object: ...
 
 
 class InvalidInput(ValueError):

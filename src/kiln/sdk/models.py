@@ -26,6 +26,7 @@ from kiln.domain.models import (
     ModelSummary,
     ModelVersionList,
     ModelVersionRead,
+    RunModelVersions,
 )
 from kiln.errors import BadRequest
 from kiln.sdk.transport import ClientTransport
@@ -73,6 +74,32 @@ class ModelsMixin(ClientTransport):
             idempotency_key=new_key() if idempotency_key is None else idempotency_key,
         )
         return ModelVersionRead.model_validate(response.json())
+
+    def register_model_from_run(
+        self,
+        name: str,
+        run_id: str,
+        path: str = "model",
+        *,
+        description: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> ModelVersionRead:
+        """The next version of ``name`` from the MLflow model ``path`` of run ``run_id``: the model the run logged
+        under that name (``mlflow.<flavor>.log_model(m, name=path)``), else the run's artifact directory ``path``.
+        Its ``MLmodel`` file gives the version's flavor and signature."""
+        body = ModelRegister.model_validate({"run_id": run_id, "path": path, "description": description})
+        response = self.request(
+            "POST",
+            f"/models/{_name(name)}/versions",
+            json_body=body.model_dump(mode="json", exclude_none=True),
+            idempotency_key=new_key() if idempotency_key is None else idempotency_key,
+        )
+        return ModelVersionRead.model_validate(response.json())
+
+    def run_model_versions(self, run_id: str) -> list[ModelVersionRead]:
+        """The versions registered from run ``run_id`` (a job's run is its job id), oldest first."""
+        response = self.request("GET", f"/runs/{quote(run_id, safe='')}/model-versions")
+        return RunModelVersions.model_validate(response.json()).items
 
     def list_models(self) -> list[ModelSummary]:
         return ModelList.model_validate(self.request("GET", "/models").json()).items

@@ -17,8 +17,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, or_, select
 from sqlalchemy.orm import Session
 
 from kiln.db.session import Database
@@ -53,6 +54,7 @@ from kiln.usecases.datasets import describe_versions
 from kiln.usecases.idempotency import Idempotency, IdempotentRequest, Remember
 from kiln.usecases.identity import Principal
 from kiln.usecases.input_access import require_input_read
+from kiln.usecases.model_from_run import run_source
 from kiln.usecases.model_removal import chunks, drop_orphans, refuse_pinned, refuse_served
 from kiln.usecases.model_sources import BlobCopier, SourceFile, held, identical_version, lineage, pick_outputs
 from kiln.usecases.quotas import QuotaService, lock_org
@@ -196,7 +198,11 @@ class ModelRegistry:
                 metrics=v.metrics,
                 study_id=v.study_id,
                 trial=v.trial_number,
+                run_id=v.run_id,
+                logged_model_id=v.logged_model_id,
             ),
+            flavor=v.flavor,
+            signature=v.signature,
             created_by=v.created_by,
             created_at=v.created_at,
         )
@@ -310,6 +316,21 @@ class ModelRegistry:
             files = [ResolvedFile(p, n, h, data_key(org_id, h)) for p, n, h in rows]
         return ResolvedModel(name=name, version=number, files=files)
 
+    def versions_of_run(self, principal: Principal, run_id: str) -> list[ModelVersionRead]:
+        """The versions registered from run ``run_id`` (``--from-run``, or ``--from-job`` of the job that is the
+        run), oldest first, files left out: the other half of a version's lineage."""
+        principal.require("models:read")
+        with self.db.read() as s:
+            rows = s.execute(
+                select(ModelVersion, Model)
+                .join(Model, Model.id == ModelVersion.model_id)
+                .where(
+                    Model.org_id == principal.org_id, or_(ModelVersion.run_id == run_id, ModelVersion.job_id == run_id)
+                )
+                .order_by(ModelVersion.created_at, ModelVersion.id)
+            ).all()
+            return [self._version_read(s, m.name, v, self._aliases(s, m.id), files=False) for v, m in rows]
+
     # -- registering --------------------------------------------------------------------------------------------
 
     def register(
@@ -345,30 +366,39 @@ class ModelRegistry:
         org = principal.org_id
         if self.ingest_metrics is not None:
             self.ingest_metrics()
-        with self.db.read() as s:
-            job = s.scalar(select(Job).where(Job.id == body.job_id, Job.org_id == org))
-            if job is None:  # the same answer for another organisation's job as for a missing one
-                raise NotFound(f"job {body.job_id} not found", details={"field": "job_id"})
-            if not JobState(job.state).terminal:
-                raise Conflict(
-                    f"job {job.id} is {job.state}: its outputs are final once it has ended; register them then",
-                    details={"field": "job_id", "state": job.state},
-                )
-            origin = lineage(s, job)
-            s.expunge(job)
-        sources = pick_outputs(self.store, job, body.path, self.settings.dataset_max_files)
+        recorded: dict[str, Any] = {}
+        if body.run_id is not None:  # an MLflow model directory the run logged (kiln.usecases.model_from_run)
+            source = run_source(self.db, self.store, principal, body.run_id, body.path, self.settings.dataset_max_files)
+            sources, origin, recorded = source.files, source.origin, source.recorded
+            guessed = source.framework
+        else:
+            with self.db.read() as s:
+                job = s.scalar(select(Job).where(Job.id == body.job_id, Job.org_id == org))
+                if job is None:  # the same answer for another organisation's job as for a missing one
+                    raise NotFound(f"job {body.job_id} not found", details={"field": "job_id"})
+                if not JobState(job.state).terminal:
+                    raise Conflict(
+                        f"job {job.id} is {job.state}: its outputs are final once it has ended; register them then",
+                        details={"field": "job_id", "state": job.state},
+                    )
+                origin = lineage(s, job)
+                s.expunge(job)
+            sources = pick_outputs(self.store, job, body.path, self.settings.dataset_max_files)
+            guessed = refs.guess_framework([s.path for s in sources])
         copier = BlobCopier(self.store, self.tmp_dir, org)
         files = copier.hashed(sources)
-        framework = body.framework or refs.guess_framework([f.path for f in files])
+        framework = body.framework or guessed
         try:
             for _ in range(3):  # again only if a blob it found held was removed before it was recorded
                 with self.db.read() as s:
                     present = held(s, org, [f.sha256 for f in files])
                     self._check_quota(s, principal, self._adding(files, present | set(copier.copied)))
                 copier.copy(files, present)
-                recorded = self._record(principal, name, body, framework, files, origin, copier.copied, remember)
-                if recorded is not None:
-                    return recorded
+                version = self._record(
+                    principal, name, body, framework, files, origin, copier.copied, remember, recorded
+                )
+                if version is not None:
+                    return version
             raise Conflict(f"model {name}: the data of its files kept being removed meanwhile; register it again")
         except BaseException:
             with self.db.read() as s:
@@ -393,6 +423,7 @@ class ModelRegistry:
         origin: ModelLineage,
         copied: dict[str, int],
         remember: Remember,
+        recorded: dict[str, Any],
     ) -> ModelVersionRead | None:
         """The version, in one transaction under the organisation's lock; None when a blob counted on as held
         is gone (a dataset or version removed meanwhile): the caller copies it and tries again."""
@@ -409,7 +440,7 @@ class ModelRegistry:
             for sha, size in new.items():
                 s.add(DataBlob(org_id=org, sha256=sha, size=size))
             model = s.scalar(select(Model).where(Model.org_id == org, Model.name == name))
-            same = None if model is None else identical_version(s, model.id, origin.job_id, framework, files)
+            same = None if model is None else identical_version(s, model.id, origin, framework, files)
             if same is not None and model is not None:  # under the org's lock: two at once make one version
                 remember(s, same.id)
                 read = self._version_read(s, name, same, self._aliases(s, model.id))
@@ -438,6 +469,7 @@ class ModelRegistry:
                 trial_number=origin.trial,
                 created_by=principal.user_id,
                 created_at=now,
+                **recorded,
             )
             s.add(version)
             s.flush()

@@ -55,16 +55,17 @@ def held(s: Session, org_id: str, shas: Iterable[str]) -> set[str]:
 
 
 def identical_version(
-    s: Session, model_id: str, job_id: str, framework: str, files: list[SourceFile]
+    s: Session, model_id: str, origin: ModelLineage, framework: str, files: list[SourceFile]
 ) -> ModelVersion | None:
-    """The model's version registered from the same job with the same framework and exactly these files (paths
-    and contents): registering it again would make an identical version, which is nearly always a mistake."""
+    """The model's version registered from the same job (or run) with the same framework and exactly these files
+    (paths and contents): registering it again would make an identical version, which is nearly always a mistake."""
     wanted = {(f.path, f.sha256) for f in files}
     candidates = s.scalars(
         select(ModelVersion)
         .where(
             ModelVersion.model_id == model_id,
-            ModelVersion.job_id == job_id,
+            ModelVersion.job_id == origin.job_id,
+            ModelVersion.run_id.is_(None) if origin.run_id is None else ModelVersion.run_id == origin.run_id,
             ModelVersion.framework == framework,
             ModelVersion.file_count == len(files),
         )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response
 from pydantic import StringConstraints
 
@@ -16,6 +16,7 @@ from kiln.api.params import Step
 from kiln.api.responses import errors
 from kiln.api.routers.metrics import Downsample, Worker
 from kiln.domain import limits
+from kiln.domain.models import RunModelVersions
 from kiln.domain.schemas import RunMetrics
 from kiln.domain.tracking import MAX_KEY
 from kiln.usecases.metrics import SeriesQuery
@@ -60,3 +61,15 @@ def compare_run_metrics(
     names = list(dict.fromkeys(n for n in name or [] if n)) or None
     data = kiln.metrics.compare_runs(caller, run_ids, SeriesQuery(names, worker, step_min, step_max, downsample))
     return model_response(RunMetrics.model_construct(runs=data))
+
+
+@router.get(
+    "/runs/{run_id}/model-versions",
+    response_model=RunModelVersions,
+    summary="The model versions registered from a run (--from-run, or --from-job of the job that is the run)",
+    responses=errors(422),
+)
+def run_model_versions(
+    run_id: Annotated[str, Path(max_length=limits.MAX_ID_LENGTH)], caller: Caller, kiln: Kiln
+) -> RunModelVersions:
+    return RunModelVersions(run_id=run_id, items=kiln.models.versions_of_run(caller, run_id))
