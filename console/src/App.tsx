@@ -33,7 +33,9 @@ const NAV: [string, string, ((can: Abilities) => boolean)?][] = [
   ["/notebooks", "Notebooks"],
   ["/datasets", "Datasets"],
   ["/usage", "Usage", (can) => can.orgAdmin], // usage:read: an organisation's admins, the platform admin
-  ["/admin", "Admin"],
+  ["/admin", "Admin", (can) => can.orgAdmin],
+  // The same page for a member or a viewer: their own keys, their organisation and its quotas.
+  ["/admin", "Account", (can) => !can.orgAdmin],
 ];
 
 type Page = (params: Record<string, string>) => ComponentChildren;
@@ -69,6 +71,7 @@ function signInAgain(): void {
 
 export function App() {
   const session = useSession();
+  const can = useAbilities();
   const location = useLocation();
   const [checked, setChecked] = useState(false);
 
@@ -86,9 +89,11 @@ export function App() {
   }, [checked, session, location.path]);
 
   useEffect(() => {
-    const name = NAV.find(([href]) => (href === "/" ? location.path === "/" : location.path.startsWith(href)))?.[1];
+    const name = NAV.find(
+      ([href, , only]) => (!only || only(can)) && (href === "/" ? location.path === "/" : location.path.startsWith(href)),
+    )?.[1];
     document.title = name ? `${name} · Kiln` : "Kiln";
-  }, [location.path]);
+  }, [location.path, can.orgAdmin]);
 
   if (!checked) return <p class="muted boot">Loading…</p>;
   if (location.path === "/signin" || !session) return <SignIn />;

@@ -302,6 +302,10 @@ def test_a_viewer_is_offered_no_change_and_a_forced_one_is_refused(world: World,
         page.goto(world.server.url + path)
         expect(page.locator(loaded).first).to_be_visible()
         assert page.locator(WRITE_CONTROLS).count() == 0, path
+    # Their keys, organisation and quotas are the viewer's "Account", not an "Admin" they are not.
+    expect(page.get_by_test_id("nav-account")).to_be_visible()
+    expect(page.get_by_role("heading", name="Account")).to_be_visible()
+    assert page.get_by_test_id("nav-admin").count() == 0
 
     # The server refuses what the page does not offer: the cookie and the CSRF token are good, the role is not.
     cancel = fetch(page, "POST", f"/api/v1/jobs/{world.alpha_running}/cancel", {})
@@ -642,6 +646,9 @@ def _study_with_pruned_trials() -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 def test_an_ended_job_without_checkpoints_says_so_in_one_sentence(world: World, context: BrowserContext) -> None:
     page = sign_in(context, world.server.url, world.alpha["member"], f"/jobs/{world.alpha_finished}")
+    # It holds nothing now, and says where it ran rather than "Placed on —".
+    expect(page.get_by_test_id("job-ran-on")).to_contain_text("CPU")
+    expect(page.get_by_test_id("job-ran-on")).to_contain_text("released when it ended")
     page.get_by_test_id("tab-artifacts").click()
     expect(page.get_by_test_id("artifact-row")).to_have_count(1)
     expect(page.get_by_test_id("files-checkpoints").locator(".empty")).to_have_text("No checkpoints.")

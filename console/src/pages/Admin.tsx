@@ -28,7 +28,7 @@ export function Admin() {
   const tab = tabs.some((t) => t.id === query.get("tab")) ? (query.get("tab") as string) : "keys";
   return (
     <div class="stack">
-      <h1>Admin</h1>
+      <h1>{can.orgAdmin ? "Admin" : "Account"}</h1>
       <Tabs tabs={tabs} current={tab} />
       <div role="tabpanel" aria-labelledby={`tab-${tab}`}>
         {tab === "keys" ? <Keys /> : null}

@@ -96,6 +96,9 @@ function JobOverview({ job }: { job: Job }) {
   const events = useApi<Items<JobEvent>>(`/jobs/${seg(job.id)}/events`, undefined, isActive(job.state) ? 3000 : false);
   const r = job.spec.resources;
   const slots = job.allocation?.slots ?? [];
+  // An ended job holds nothing any more: where its last attempt was placed is in its STARTING event.
+  const placed = [...(events.data?.items ?? [])].reverse().find((e) => e.to_state === "STARTING" && / placed on /.test(e.message ?? ""));
+  const wherePlaced = placed ? (placed.message ?? "").replace(/^.* placed on /, "") : null;
   return (
     <div class="stack">
       {waiting ? <WhyWaiting job={job} /> : null}
@@ -113,12 +116,12 @@ function JobOverview({ job }: { job: Job }) {
               ["Exit code", job.exit_code ?? "—"],
               ["Attempt", `${job.attempt}${job.restarts ? ` (${job.restarts} restarts)` : ""}`],
               ["Asked", `${cpus(r.cpus)} CPU${r.memory ? `, ${bytes(r.memory)}` : ""}${r.gpus ? `, ${r.gpus} GPU` : ""}${job.spec.distributed ? ` per worker × ${job.spec.distributed.workers}` : ""}`],
-              [
-                "Placed on",
-                slots.length
-                  ? slots.map((s) => `${s.node}: ${cpus(s.cpus)} CPU${s.gpus.length ? `, GPU ${s.gpus.join(",")}` : ""}`).join("; ")
-                  : "—",
-              ],
+              slots.length || !wherePlaced
+                ? [
+                    "Placed on",
+                    slots.length ? slots.map((s) => `${s.node}: ${cpus(s.cpus)} CPU${s.gpus.length ? `, GPU ${s.gpus.join(",")}` : ""}`).join("; ") : "—",
+                  ]
+                : [isActive(job.state) ? "Placed on" : "Ran on", <span data-testid="job-ran-on">{`${wherePlaced}${isActive(job.state) ? "" : " (released when it ended)"}`}</span>],
             ]}
           />
         </Section>
