@@ -19,6 +19,7 @@ import yaml
 
 from kiln.errors import Conflict, InvalidInput, NotFound
 from kiln.sdk.client import Client
+from kiln.sdk.packaging import DEFAULT_MAX_CODE_BYTES, build_bundle
 from tests.kilnserver import KilnServer
 from tests.tenancy_helpers import Api, create_tenant
 
@@ -198,15 +199,23 @@ def test_retries_fail_fast_resume_and_cancel(server: KilnServer) -> None:
         ({"report": {"command": "true", "inputs": [{"dataset": "nope"}]}}, "spec.steps.report.inputs[0].dataset"),
     ],
 )
-def test_bad_pipelines_are_refused_before_anything_runs(server: KilnServer, change: dict, field: str) -> None:
+def test_bad_pipelines_are_refused_before_anything_runs(
+    server: KilnServer, change: dict, field: str, tmp_path: Path
+) -> None:
     client = server.client()
     spec = flow()
     spec["steps"].update(change)
+    code = tmp_path / "code"  # code of its own (a new bundle): a refused pipeline uploads none of it
+    code.mkdir()
+    (code / "main.py").write_text(f"print({field!r})\n")
+    bundle = build_bundle(code, DEFAULT_MAX_CODE_BYTES)
+    bundle.path.unlink()
     before = (len(client.list_pipeline_runs(limit=200)), _jobs(client))
     with pytest.raises(InvalidInput) as caught:
-        client.run_pipeline(spec)
+        client.run_pipeline(spec, code)
     assert str((caught.value.details or {}).get("field", "")).startswith(field), caught.value
     assert (len(client.list_pipeline_runs(limit=200)), _jobs(client)) == before
+    assert not client.has_blob(bundle.sha256), "the code was uploaded before the pipeline was checked"
 
 
 def test_another_organisation_sees_resumes_and_reuses_nothing(server: KilnServer) -> None:

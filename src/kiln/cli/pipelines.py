@@ -71,7 +71,8 @@ def _follow(client: object, run: PipelineRunRead) -> PipelineRunRead:
         for step in run.steps:
             if seen.get(step.name) != step.state:
                 seen[step.name] = step.state
-                detail = f" {step.job_id}" if step.job_id else ""
+                # The step's message names its job once it has one ("job job-…"): the id is not said twice.
+                detail = f" {step.job_id}" if step.job_id and step.job_id not in (step.message or "") else ""
                 info(Text.assemble(f"{step.name}: ", _styled(step.state), f"{detail} {step.message}".rstrip()))
         if run.state != RunState.RUNNING and all(step.state in STEP_ENDED for step in run.steps):
             return run

@@ -377,6 +377,13 @@ class PipelineSubmit(BaseModel):
     )
 
 
+class PipelineDryRun(BaseModel):
+    """What ``POST /pipelines/runs:dry-run`` found: the pipeline as a run would check it, nothing created."""
+
+    name: str
+    steps: dict[str, dict[str, Any]] = Field(description="Each job step's spec as its job would get it.")
+
+
 class PipelineStepRead(BaseModel):
     name: str
     kind: str

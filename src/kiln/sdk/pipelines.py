@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiln.domain.pipelines import (
     STEP_ENDED,
+    PipelineDryRun,
     PipelineRunList,
     PipelineRunRead,
     PipelineScheduleList,
@@ -49,11 +50,26 @@ class PipelinesMixin(ClientTransport):
         max_bytes: int = DEFAULT_MAX_CODE_BYTES,
     ) -> PipelineRunRead:
         """Start a run of the pipeline ``spec`` (the mapping of a pipeline.yaml). ``base_dir``: the directory its
-        steps' ``code`` paths are relative to, and the code of the job steps that name none."""
+        steps' ``code`` paths are relative to, and the code of the job steps that name none. The server checks the
+        pipeline before any code is uploaded: a refused one uploads nothing."""
+        self.check_pipeline(spec)
         spec, default = self._packed(spec, base_dir, max_bytes)
         body = PipelineSubmit(spec=spec, code_sha256=default, use_cache=use_cache)
         answer = self.request("POST", "/pipelines/runs", json_body=body.model_dump(mode="json", exclude_none=True))
         return PipelineRunRead.model_validate(answer.json())
+
+    def check_pipeline(self, spec: dict[str, Any]) -> PipelineDryRun:
+        """The server's checks of a run of ``spec`` (its steps' code aside), creating nothing; InvalidInput naming
+        ``spec.steps.STEP.field`` where it would be refused."""
+        bare = copy.deepcopy(spec)
+        for step in (bare.get("steps") or {}).values():
+            if isinstance(step, dict):
+                step.pop("code", None)  # packed and uploaded after the check
+        body = PipelineSubmit(spec=bare)
+        answer = self.request(
+            "POST", "/pipelines/runs:dry-run", json_body=body.model_dump(mode="json", exclude_none=True), retry=True
+        )
+        return PipelineDryRun.model_validate(answer.json())
 
     def schedule_pipeline(
         self,
@@ -65,7 +81,8 @@ class PipelinesMixin(ClientTransport):
         max_bytes: int = DEFAULT_MAX_CODE_BYTES,
     ) -> PipelineScheduleRead:
         """Run the pipeline ``spec`` on the cron schedule ``cron`` (UTC), with its code packed as ``run_pipeline``
-        packs it (each run runs that code)."""
+        packs it (each run runs that code). Checked before any code is uploaded, as ``run_pipeline`` is."""
+        self.check_pipeline(spec)
         spec, default = self._packed(spec, base_dir, max_bytes)
         body = PipelineScheduleSubmit(spec=spec, code_sha256=default, use_cache=use_cache, cron=cron)
         answer = self.request("POST", "/pipelines/schedules", json_body=body.model_dump(mode="json", exclude_none=True))

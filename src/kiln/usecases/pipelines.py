@@ -16,6 +16,7 @@ from kiln.db.tables import Organization, PipelineRun, PipelineSchedule, Pipeline
 from kiln.domain.ids import new_id
 from kiln.domain.pipelines import (
     STEP_ENDED,
+    PipelineDryRun,
     PipelineError,
     PipelineRunRead,
     PipelineScheduleRead,
@@ -62,7 +63,16 @@ class PipelineService:
         self.wake()
         return read
 
-    def check(self, principal: Principal, spec: dict[str, Any], code_sha256: str | None) -> tuple[str, dict[str, Any]]:
+    def dry_run(self, principal: Principal, body: PipelineSubmit) -> PipelineDryRun:
+        """Every check ``submit`` makes but the code's (a client asks this before it uploads its code, so that a
+        refused pipeline uploads nothing), creating nothing."""
+        principal.require("pipelines:write")
+        name, checked = self.check(principal, body.spec, None, code_checked=False)
+        return PipelineDryRun(name=name, steps=checked)
+
+    def check(
+        self, principal: Principal, spec: dict[str, Any], code_sha256: str | None, *, code_checked: bool = True
+    ) -> tuple[str, dict[str, Any]]:
         """The pipeline's name and each job step's spec as a submit checks it (its inputs pinned); InvalidInput
         naming ``spec.steps.STEP.field`` otherwise."""
         try:
@@ -76,7 +86,8 @@ class PipelineService:
             if step.job.experiment is None:  # a pipeline's job steps are runs of its own experiment
                 step.job = step.job.model_copy(update={"experiment": pipeline.name})
             try:
-                job_spec = self.jobs.check_submit(principal, step.job, step.code_sha256 or code_sha256)
+                code = (step.code_sha256 or code_sha256) if code_checked else None
+                job_spec = self.jobs.check_submit(principal, step.job, code)
             except KilnError as exc:
                 field = str((exc.details or {}).get("field") or "").removeprefix("spec.")
                 raise InvalidInput(

@@ -212,6 +212,8 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
             owner="admin",
         ),
     ],
+    # A dry run creates nothing and looks at no code: each organisation checks its own spec.
+    ("POST", "/api/v1/pipelines/runs:dry-run"): [Case("self", body={"spec": PIPELINE_SPEC}, cross=OWN_OK)],
     ("GET", "/api/v1/pipelines/runs"): [Case("self", cross=OWN_OK)],
     ("GET", "/api/v1/pipelines/runs/{run_id}"): [Case("scoped", reader="member")],
     ("POST", "/api/v1/pipelines/runs/{run_id}/resume"): [Case("scoped")],  # A's run is running: A gets 409

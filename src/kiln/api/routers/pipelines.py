@@ -10,6 +10,7 @@ from kiln.api.deps import Caller, Kiln
 from kiln.api.responses import errors
 from kiln.domain import limits
 from kiln.domain.pipelines import (
+    PipelineDryRun,
     PipelineRunList,
     PipelineRunRead,
     PipelineScheduleList,
@@ -33,6 +34,18 @@ RunId = Annotated[
 )
 def create_pipeline_run(body: PipelineSubmit, caller: Caller, kiln: Kiln) -> PipelineRunRead:
     return kiln.pipelines.submit(caller, body)
+
+
+@router.post(
+    "/runs:dry-run",
+    response_model=PipelineDryRun,
+    summary="Check a run of a pipeline as POST /pipelines/runs would (its code aside), creating nothing",
+    description="The SDK and CLI ask this before they upload the steps' code, so that a pipeline that would be "
+    "refused uploads nothing. A custom method on the collection, as POST /jobs:dry-run.",
+    responses=errors(400, 422),
+)
+def dry_run_pipeline(body: PipelineSubmit, caller: Caller, kiln: Kiln) -> PipelineDryRun:
+    return kiln.pipelines.dry_run(caller, body)
 
 
 @router.get("/runs", response_model=PipelineRunList, summary="Pipeline runs, newest first", responses=errors(422))
