@@ -17,6 +17,10 @@ from typing import NotRequired, TypedDict
 from kiln.domain.states import JobState
 
 DEFAULT_EXPERIMENT = "Default"
+# The runs of jobs Kiln starts to serve or to develop are kept out of the experiments people read: each kind in one
+# experiment of its own, there to open on request.
+SERVICES_EXPERIMENT = "Services"
+NOTEBOOKS_EXPERIMENT = "Notebooks"
 DEFAULT_EXPERIMENT_ALIAS = "0"  # the experiment id MLflow's client uses when none was set: the org's Default
 RUN_STATUSES = ("RUNNING", "SCHEDULED", "FINISHED", "FAILED", "KILLED")
 ENDED = frozenset({"FINISHED", "FAILED", "KILLED"})

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from kiln.db.session import Database
 from kiln.db.tables import Job, Notebook, utcnow
+from kiln.domain import tracking
 from kiln.domain.ids import new_id
 from kiln.domain.notebooks import (
     CATEGORY,
@@ -94,6 +95,7 @@ def job_spec(
             "labels": {NOTEBOOK_LABEL: notebook_id},
             "params": params,
             "metrics": {"builtin": False, "system": True, "tensorboard": False},
+            "experiment": tracking.NOTEBOOKS_EXPERIMENT,  # not a run among the team's trainings
         }
     )
 

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from kiln.db.session import Database
 from kiln.db.tables import Job, Organization, Service, ServiceKey, ServiceReplica, User, utcnow
+from kiln.domain import tracking
 from kiln.domain.ids import new_id
 from kiln.domain.serving import (
     MODEL_DIR,
@@ -70,6 +71,7 @@ def replica_spec(spec: ServiceSpec, service_id: str, replica_id: str, model: str
             "params": params,
             "inputs": [{"model": f"{model}@{version}", "path": MODEL_DIR}],
             "metrics": {"builtin": False, "system": True},
+            "experiment": tracking.SERVICES_EXPERIMENT,  # not a run among the team's trainings
         }
     )
 
