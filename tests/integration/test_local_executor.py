@@ -120,6 +120,8 @@ time.sleep(300)
     time.sleep(0.2)
     assert _live(everything) == []
     assert "CancelRequested" in [e.reason for e in client.events(job.id)]
+    # Who cancelled it, then what the supervisor saw (a bare "signal SIGTERM" told a user nothing).
+    assert done.message and done.message.startswith(f"cancelled by {client.whoami().user_name}; signal SIGTERM")
 
 
 def test_jobs_that_do_not_fit_together_run_one_after_the_other(make_server):

@@ -35,11 +35,21 @@ class JobView:
     restarts: int = 0
     cancel_requested: bool = False
     preempt_reason: str | None = None  # a higher-priority job asked for its place (the notice may have gone out)
+    message: str = ""  # the job's message now: "cancel requested by ada" once a cancel was asked for
 
     @classmethod
     def of(cls, row: Any) -> JobView:
         """From a job row (``kiln.db.tables.Job``) or anything with the same attributes."""
-        return cls(JobState(row.state), row.attempt, row.restarts, bool(row.cancel_requested), row.preempt_reason)
+        state = JobState(row.state)
+        return cls(state, row.attempt, row.restarts, bool(row.cancel_requested), row.preempt_reason, row.message or "")
+
+    def cancelled_as(self, detail: str) -> str:
+        """The message of its cancelled end: who or what asked (``cancel requested by ada`` becomes ``cancelled by
+        ada``), then what the attempt said of its end (``signal SIGTERM``), not that alone."""
+        who = ""
+        if self.message.startswith("cancel requested"):
+            who = self.message.replace("cancel requested", "cancelled", 1)
+        return "; ".join(part for part in (who, detail) if part) or "cancelled"
 
 
 @dataclass(frozen=True)
@@ -102,7 +112,7 @@ def _ended(job: JobView, spec: JobSpec, seen: Observed, now: datetime, backoff: 
         )
 
     if job.cancel_requested or status.reason == Reason.CANCELLED:
-        return end(JobState.CANCELLED, Reason.CANCELLED, status.message or "cancelled", release=False)
+        return end(JobState.CANCELLED, Reason.CANCELLED, job.cancelled_as(status.message), release=False)
     completed = status.phase is Phase.EXITED and status.reason == Reason.COMPLETED and status.exit_code == 0
     warned_at = seen.preempt_sent_at
     if completed and warned_at and status.finished_at and status.finished_at.timestamp() >= warned_at:

@@ -181,7 +181,9 @@ def request_cancel(s: Session, job: Job, message: str) -> bool:
     elif not job.cancel_requested:
         job.cancel_requested = True
         job.updated_at = utcnow()
-        record(s, job, Reason.CANCEL_REQUESTED, message.replace("cancelled", "cancel requested", 1))
+        # Said on the job while its attempt stops (the grace), and what its end will say (scheduler.outcome).
+        job.message = message.replace("cancelled", "cancel requested", 1)
+        record(s, job, Reason.CANCEL_REQUESTED, job.message)
     return True
 
 

@@ -118,6 +118,12 @@ CASES = [
          "cancelled by ann"), JobState.CANCELLED, "Cancelled", "cancelled by ann", expect={"release": False}),
     Case("cancel-requested-any-exit", JobView(JobState.RUNNING, cancel_requested=True), exited(0, "Completed"),
          JobState.CANCELLED, "Cancelled", "cancelled", spec={"max_restarts": 3}),
+    # Who asked, then what the shim saw: not "signal SIGTERM" alone (issue 46).
+    Case("cancel-says-who", JobView(JobState.RUNNING, cancel_requested=True, message="cancel requested by ada"),
+         exited(143, "Cancelled", "signal SIGTERM"), JobState.CANCELLED, "Cancelled",
+         "cancelled by ada; signal SIGTERM"),
+    Case("cancel-says-why", JobView(JobState.RUNNING, cancel_requested=True, message="cancel requested: budget spent"),
+         exited(143, "Cancelled", ""), JobState.CANCELLED, "Cancelled", "cancelled: budget spent"),
     Case("cancelled-by-the-backend", RUNNING, exited(None, "Cancelled", ""), JobState.CANCELLED, "Cancelled",
          "cancelled", spec={"max_restarts": 3}),
     Case("cancel-wins-over-preemption", JobView(JobState.RUNNING, cancel_requested=True, preempt_reason=PREEMPT),
@@ -220,5 +226,6 @@ def test_job_view_reads_a_row() -> None:
         restarts: int = 3
         cancel_requested: bool | None = None
         preempt_reason: str | None = PREEMPT
+        message: str | None = None
 
-    assert JobView.of(Row()) == JobView(JobState.RUNNING, 4, 3, False, PREEMPT)
+    assert JobView.of(Row()) == JobView(JobState.RUNNING, 4, 3, False, PREEMPT, "")
