@@ -1,12 +1,17 @@
 """Runtime builds started through the API are read back from their files: a server that restarts (a new
 ``RuntimeBuilds``) still knows a build's state, phase and log, and a build whose process died without a result
-is failed, not forever "running". Real shims building a real (package-less) virtualenv."""
+is failed, not forever "running"; one built from other packages than its entry's is brought up to date in place.
+Real shims building a real virtualenv (package-less, or with a one-module wheel installed from its file)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import signal
+import subprocess
 import time
+import zipfile
 from pathlib import Path
 
 from kiln.backends.local.executor import SHIM_PATH
@@ -94,3 +99,43 @@ def test_old_builds_are_pruned(tmp_path: Path) -> None:
     kept = sorted((p.name for p in root.iterdir()), key=int)
     assert len(kept) == KEEP_BUILDS and kept[-1] == build_id
     _until_ended(builds, build_id)
+
+
+def _wheel(directory: Path) -> Path:
+    """A one-module wheel, which pip installs from its file without an index."""
+    files = {
+        "kilnprobe.py": b"ANSWER = 42\n",
+        "kilnprobe-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: kilnprobe\nVersion: 1.0\n",
+        "kilnprobe-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(
+        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
+        for name, data in files.items()
+    )
+    wheel = directory / "kilnprobe-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+        zf.writestr("kilnprobe-1.0.dist-info/RECORD", record + "kilnprobe-1.0.dist-info/RECORD,,\n")
+    return wheel
+
+
+def test_a_runtime_built_from_other_packages_is_updated_in_place(tmp_path: Path) -> None:
+    """The catalog's sklearn and pytorch entries gained MLflow's client: a runtime built before is out of date, and
+    its next build installs what the entry now lists into the same venv (running jobs keep their files)."""
+    manager = _manager(tmp_path)
+    builds = RuntimeBuilds(manager.root, SHIM_PATH)
+    assert _until_ended(builds, _start(builds, manager))[0].state == "succeeded"
+    venv = manager.venv_path(BARE)
+    (venv / "kept").write_text("")  # the old venv's: updated, not made again
+    changed = CatalogEntry("bare", "1", (str(_wheel(tmp_path)),), "python:3.11-slim", default=True)
+    updated = RuntimeManager(Catalog([changed]), manager.root)
+    assert not updated.is_installed(changed)  # not what the entry says now
+    build_id = builds.start(changed, updated.build_spec(changed), str(venv / "bin" / "python"))
+    assert build_id is not None
+    info, _ = _until_ended(builds, build_id)
+    assert info.state == "succeeded" and updated.is_installed(changed) and (venv / "kept").exists()
+    data, _ = read_whole_lines(builds.log_path(changed, build_id), 0, 1 << 20)
+    assert b"updating runtime bare-1" in data
+    probe = [str(venv / "bin" / "python"), "-c", "import kilnprobe; print(kilnprobe.ANSWER)"]
+    assert subprocess.run(probe, capture_output=True, text=True, check=True).stdout == "42\n"

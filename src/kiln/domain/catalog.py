@@ -140,6 +140,11 @@ def load_catalog_file(text: str, source: str) -> list[CatalogEntry]:
     return entries
 
 
+# MLflow's client in the runtimes whose flavors Kiln serves (``mlflow.sklearn.log_model`` in a job, as the ML
+# images of Databricks and SageMaker ship it); pandas because mlflow.sklearn and mlflow.pytorch import it and
+# mlflow-skinny leaves it out. cloudpickle, which it brings, also loads what those flavors pickle in a replica.
+MLFLOW_CLIENT = ("mlflow-skinny>=3.17,<4", "pandas>=2.2,<4")
+
 DEFAULT_CATALOG = Catalog(
     [
         CatalogEntry(
@@ -153,18 +158,18 @@ DEFAULT_CATALOG = Catalog(
         CatalogEntry(
             "pytorch",
             "2.13",
-            ("torch==2.13.0", "numpy"),
+            ("torch==2.13.0", "numpy", *MLFLOW_CLIENT),
             "pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime",
             default=True,
-            description="PyTorch 2.13 with NumPy.",
+            description="PyTorch 2.13 with NumPy and MLflow's client.",
         ),
         CatalogEntry(
             "sklearn",
             "1.9",
-            ("scikit-learn>=1.9,<1.10",),
+            ("scikit-learn>=1.9,<1.10", *MLFLOW_CLIENT),
             "kiln/sklearn:1.9",
             default=True,
-            description="scikit-learn 1.9 with NumPy and SciPy.",
+            description="scikit-learn 1.9 with NumPy, SciPy and MLflow's client.",
         ),
         # Official images where the project publishes one (python, pytorch, tensorflow); kiln/<framework>:<version>
         # (built from the same packages) where it does not. The local executor's virtualenvs are CPU builds where

@@ -34,6 +34,17 @@ def _seconds(value: object, default: float, most: float) -> float:
     return min(most, max(0.0, float(value))) if isinstance(value, int | float) else default
 
 
+def _built_with(ready: str) -> list[str] | None:
+    """The packages a runtime's ``.kiln-ready`` says it was built with; None when it is not built."""
+    try:
+        with open(ready) as fh:
+            built = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    packages = built.get("packages") if isinstance(built, dict) else None
+    return [str(p) for p in packages] if isinstance(packages, list) else []
+
+
 def load_sibling(name: str) -> Any:
     """The module ``name`` next to this file: ``kiln.injob.<name>`` in the package; as a script (run with -I,
     so its own directory is not on sys.path unless the shim put it there) a plain module from this directory."""
@@ -67,26 +78,33 @@ class Preparation(_shimio.AttemptFiles, _proctree.ProcessTree):
     # -- runtime and code -----------------------------------------------------------------------------
 
     def build_runtime(self, spec: dict) -> None:
-        """Build a managed virtualenv once; concurrent jobs wait on a lock and reuse it."""
+        """Build a managed virtualenv once; concurrent jobs wait on a lock and reuse it. One built from another
+        package list (the catalog's entry changed since: mlflow-skinny added to sklearn and pytorch) is brought to
+        this one in place, with pip, rather than rebuilt: jobs running in it keep their files, and what it has
+        already (torch) is not installed again."""
         import fcntl
         import shutil
 
         venv = spec["venv"]
         ready = os.path.join(venv, ".kiln-ready")
-        if os.path.exists(ready):
+        if _built_with(ready) == spec["packages"]:
             return
         os.makedirs(os.path.dirname(venv), exist_ok=True)
         with open(venv + ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if os.path.exists(ready):
+            built = _built_with(ready)
+            if built == spec["packages"]:
                 return
-            self.say(f"building runtime {spec['name']}: {' '.join(spec['packages']) or 'no packages'}")
-            shutil.rmtree(venv, ignore_errors=True)
+            update = built is not None
+            doing = "updating" if update else "building"
+            self.say(f"{doing} runtime {spec['name']}: {' '.join(spec['packages']) or 'no packages'}")
+            if not update:
+                shutil.rmtree(venv, ignore_errors=True)
             # Built outside the sandbox and shared by every organisation's jobs: with the operator's environment
             # and the catalog's, never the job's own variables (a job's PIP_INDEX_URL must not reach it).
             env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TZ")}
             env.update(spec.get("env", {}))
-            steps = [[spec["base_python"], "-m", "venv", venv]]
+            steps = [] if update else [[spec["base_python"], "-m", "venv", venv]]
             if spec["packages"]:
                 steps.append(
                     [
@@ -104,8 +122,9 @@ class Preparation(_shimio.AttemptFiles, _proctree.ProcessTree):
             for argv in steps:
                 code, reason = self.run_step("runtime", argv, env, None)
                 if code != 0 or reason:
-                    shutil.rmtree(venv, ignore_errors=True)
-                    raise RuntimeError(f"building runtime {spec['name']} failed: {' '.join(argv[:4])}… exited {code}")
+                    if not update:  # an update that failed leaves the runtime as it was, still out of date
+                        shutil.rmtree(venv, ignore_errors=True)
+                    raise RuntimeError(f"{doing} runtime {spec['name']} failed: {' '.join(argv[:4])}… exited {code}")
             with open(ready, "w") as fh:
                 json.dump({"packages": spec["packages"], "built_at": time.time()}, fh)
             self.say(f"runtime {spec['name']} ready")

@@ -2,6 +2,8 @@
 
 A runtime is built once, on first use, by the shim of the first job that needs it (so its pip output lands in
 that job's log) or by ``kiln runtimes install``; a lock file makes concurrent builders wait for one another.
+One built from packages other than its entry's (an upgrade changed the catalog, or the operator's catalog file
+did) is out of date: the next build installs the entry's packages into it.
 """
 
 from __future__ import annotations
@@ -38,7 +40,10 @@ class RuntimeManager:
         return self.root / entry.name
 
     def is_installed(self, entry: CatalogEntry) -> bool:
-        return (self.venv_path(entry) / ".kiln-ready").exists()
+        """Built, and with the entry's packages: one built from another list (the catalog changed since) is not,
+        and the next build brings it up to date (kiln.injob.shimprep)."""
+        built = self.installed_packages(entry)
+        return isinstance(built, dict) and built.get("packages", []) == list(entry.packages)
 
     def is_building(self, entry: CatalogEntry) -> bool:
         lock = Path(str(self.venv_path(entry)) + ".lock")
