@@ -166,7 +166,8 @@ DEFAULT_CATALOG = Catalog(
         CatalogEntry(
             "sklearn",
             "1.9",
-            ("scikit-learn>=1.9,<1.10", *MLFLOW_CLIENT),
+            # skops: what mlflow.sklearn.log_model saves with unless told otherwise (and a replica loads it with)
+            ("scikit-learn>=1.9,<1.10", *MLFLOW_CLIENT, "skops>=0.13,<1"),
             "kiln/sklearn:1.9",
             default=True,
             description="scikit-learn 1.9 with NumPy, SciPy and MLflow's client.",
