@@ -72,11 +72,13 @@ def hierarchies(mountinfo: str = "/proc/self/mountinfo") -> dict[str, tuple[str,
     except OSError:
         return {}
     for line in text.splitlines():
+        if " - cgroup" not in line:  # every other mount (a busy machine has one per job's scratch and namespace)
+            continue
         left, sep, right = line.partition(" - ")
         fields, rest = left.split(), right.split()
         if not sep or len(fields) < 5 or len(rest) < 3:
             continue
-        point = _unescape(fields[4])
+        point = _unescape(fields[4]) if "\\" in fields[4] else fields[4]
         if rest[0] == "cgroup":
             for option in rest[2].split(","):
                 if option in CONTROLLERS:
@@ -91,6 +93,17 @@ def hierarchies(mountinfo: str = "/proc/self/mountinfo") -> dict[str, tuple[str,
                 if name in ("pids", "cpu"):
                     v2.setdefault(name, (point, 2))
     return {**v2, **v1}
+
+
+_KNOWN: list[dict[str, tuple[str, int]]] = []
+
+
+def known_hierarchies(fresh: bool = False) -> dict[str, tuple[str, int]]:
+    """:func:`hierarchies`, read once per process (the shim launcher reads it before it forks, so no shim reads
+    the machine's mount table again) or again when ``fresh``."""
+    if fresh or not _KNOWN:
+        _KNOWN[:] = [hierarchies()]
+    return _KNOWN[0]
 
 
 def _read(path: str) -> str:
@@ -170,7 +183,11 @@ class JobCgroup:
     ) -> JobCgroup:
         """The groups of ``name`` with a CPU quota of ``cpus`` and a ``pids`` limit, as far as this machine
         allows (``dirs`` holds what could be made; empty: none). Never raises."""
-        found = hierarchies() if found is None else found
+        if found is None:  # the hierarchies known to this process; read again when none of them would do
+            group = cls.create(name, cpus, pids, known_hierarchies())
+            if group.dirs or (pids is None and cpus is None) or known_hierarchies() == hierarchies():
+                return group
+            found = known_hierarchies(fresh=True)
         group = cls(group_name(name))
         wanted = {"pids": pids is not None, "cpu": cpus is not None, "cpuacct": cpus is not None}
         for controller in CONTROLLERS:

@@ -52,9 +52,19 @@ def start_time(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as fh:
         stat = fh.read()
     ticks = int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22, starttime; the name may hold spaces
-    with open("/proc/stat") as fh:
-        boot = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
+    return boot_time() + ticks / os.sysconf("SC_CLK_TCK")
+
+
+_BOOT: list[int] = []
+
+
+def boot_time() -> int:
+    """The machine's boot time (``btime`` of ``/proc/stat``, whole seconds since the epoch), read once per process:
+    the shim launcher reads it before it forks the shims."""
+    if not _BOOT:
+        with open("/proc/stat") as fh:
+            _BOOT.append(next(int(line.split()[1]) for line in fh if line.startswith("btime ")))
+    return _BOOT[0]
 
 
 def take(attempt_dir: str, launch: str | None = None) -> int | None:

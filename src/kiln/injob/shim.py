@@ -30,11 +30,12 @@ for metrics, poll TensorBoard event files and sample the process tree, writing s
 read at their own pace, so they never slow the job down; at the end what is left of the log is drained, for at
 most a few seconds, before ``exit.json`` is written.
 
-The ``Shim`` class, the launcher and the script entry point live here; the rest is split by responsibility into
-modules next to this one, standard library only as well: ``shimio.py`` (log lines, status and exit records,
-notifications, stop requests), ``proctree.py`` (the job's process tree: signalling, killing, reaping, memory) and
-``shimprep.py`` (runtime, code, input datasets and the metrics glue) and ``shimbox.py`` (the job's sandbox and
-the limits on what it holds: memory with its /dev/shm and /tmp, disk). Like ``extract.py`` they are loaded as
+The ``Shim`` class and the script entry point live here; the rest is split by responsibility into modules next to
+this one, standard library only as well: ``shimio.py`` (log lines, status and exit records, notifications, stop
+requests), ``proctree.py`` (the job's process tree: signalling, killing, reaping, memory), ``shimprep.py``
+(runtime, code, input datasets and the metrics glue), ``shimbox.py`` (the job's sandbox and the limits on what it
+holds: memory with its /dev/shm and /tmp, disk) and ``shimfork.py`` (the launcher: a fork server whose fork is
+each attempt's shim). Like ``extract.py`` they are loaded as
 ``kiln.injob.<name>`` in the package, or as plain modules from this file's directory when the shim runs as a
 script; what other code imports from ``kiln.injob.shim`` is re-exported here.
 """
@@ -53,7 +54,7 @@ import time
 from typing import Any
 
 if __package__:
-    from kiln.injob import claim, netns, proctree, sandbox, shimbox, shimio, shimlimits, shimprep
+    from kiln.injob import claim, netns, proctree, sandbox, shimbox, shimfork, shimio, shimlimits, shimprep
 else:  # run as a script with -I: its own directory is not on sys.path
     _here = os.path.dirname(os.path.abspath(__file__))
     if _here not in sys.path:
@@ -63,6 +64,7 @@ else:  # run as a script with -I: its own directory is not on sys.path
     import proctree  # type: ignore[no-redef]
     import sandbox  # type: ignore[no-redef]
     import shimbox  # type: ignore[no-redef]
+    import shimfork  # type: ignore[no-redef]
     import shimio  # type: ignore[no-redef]
     import shimlimits  # type: ignore[no-redef]
     import shimprep  # type: ignore[no-redef]
@@ -547,77 +549,11 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits, shimlimits.JobLimits):
         return {"exit_code": code, "reason": reason or "Completed", "message": message if reason else ""}
 
 
-def spawn_shim(attempt_dir: str) -> int:
-    """Fork one shim (from the launcher) into its own session; returns its pid in the parent."""
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 70
-    try:
-        os.setsid()
-        out = os.open(os.path.join(attempt_dir, "shim.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        os.closerange(3, 256)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_DFL)
-        code = Shim(attempt_dir).main()
-    except BaseException as exc:  # never return into the launcher's loop
-        try:
-            os.write(2, f"shim failed to start: {type(exc).__name__}: {exc}\n".encode())
-        except OSError:
-            pass
-    finally:
-        os._exit(code)
-
-
-def launcher() -> int:
-    """A fork server: the shim's imports are paid once, and each job's shim is a fork of this process.
-
-    Reads one attempt directory per line on stdin and answers with the new shim's pid on stdout. Exits when
-    stdin closes (the server went away); the shims it started carry on in their own sessions.
-    """
-    # What a shim may import later is imported once here, so that every forked shim has it already.
-    import ctypes  # noqa: F401
-    import fcntl  # noqa: F401
-    import select
-    import shutil  # noqa: F401
-    import tarfile  # noqa: F401
-
-    sandbox._libc()  # the C library for the scratch tmpfs's mount(2), loaded once for every forked shim
-    netns._libc()  # and for the job's network namespace (unshare, setns)
-    try:  # the metrics threads' modules (a shim imports them only when its attempt collects metrics)
-        import threading  # noqa: F401
-
-        extract = load_extract()
-        extract._tbreader()
-    except Exception:
-        pass
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    buf = b""
-    while True:
-        ready, _, _ = select.select([0], [], [], 1.0)
-        for _ in proctree.reaped():  # reap shims that ended
-            pass
-        if not ready:
-            continue
-        data = os.read(0, 65536)
-        if not data:
-            return 0
-        buf += data
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            try:
-                answer = str(spawn_shim(line.decode()))
-            except OSError as exc:
-                answer = f"error {exc}"
-            os.write(1, (answer + "\n").encode())
+def run_shim(attempt_dir: str) -> int:
+    return Shim(attempt_dir).main()
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--launcher":
-        sys.exit(launcher())
-    sys.exit(Shim(sys.argv[1]).main())
+    if sys.argv[1] == "--launcher":  # the fork server (shimfork.py): each attempt's shim is a fork of it
+        sys.exit(shimfork.launcher(run_shim))
+    sys.exit(run_shim(sys.argv[1]))
