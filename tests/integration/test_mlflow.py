@@ -392,3 +392,47 @@ def test_the_console_previews_a_jobs_image_csv_and_json_artifacts(
             assert image.evaluate("img => img.complete && img.naturalWidth") == 3  # decoded: a real PNG
         finally:
             browser.close()
+
+
+def test_kiln_experiments_lists_shows_renames_and_deletes_and_runs_list_fits_80_columns(
+    server: KilnServer, tenants: tuple[Tenant, Tenant], tmp_path: Path
+) -> None:
+    """There was no ``kiln experiments``; ``kiln runs list`` was ~200 columns wide with ids folded over two lines."""
+    labs, other = tenants
+    with acting_as(server, labs, "member") as client:
+        experiment_id = client.create_experiment("wide-table")
+        for i in range(3):
+            run = client.create_run(experiment_id, run_name=f"wide-{i}")
+            params = [Param(f"knob_{k:02d}", str(i * 100 + k)) for k in range(12)]
+            client.log_batch(run.info.run_id, params=params, metrics=[Metric("loss", 1 / (i + 3), 0, 0)])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "MLFLOW_"))}
+    env.update(KILN_CONFIG=str(tmp_path / "cfg"), KILN_ENDPOINT=server.url, COLUMNS="80")
+
+    def kiln(*args: str, account: str = "member", tenant: Tenant = labs) -> subprocess.CompletedProcess[str]:
+        keys = {"KILN_ACCESS_KEY": tenant.accounts[account].key_id, "KILN_SECRET_KEY": tenant.accounts[account].secret}
+        return subprocess.run(
+            [sys.executable, "-m", "kiln", *args], env=env | keys, capture_output=True, text=True, timeout=120
+        )
+
+    listed = kiln("experiments", "list")
+    assert listed.returncode == 0, listed.stderr
+    row = next(ln.split() for ln in listed.stdout.splitlines() if ln.startswith("wide-table "))
+    assert row[1] == "3" and row[-1] == experiment_id, listed.stdout
+    table = kiln("runs", "list", "-e", "wide-table")
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines and all(len(ln) <= 80 for ln in lines), table.stdout
+    assert len([ln for ln in lines if re.match(r"run-\w{16}\s", ln)]) == 3, table.stdout  # each id whole
+    assert "left out to fit 80 columns" in table.stderr and "--columns" in table.stderr
+    assert "0.3333" in table.stdout and "0.333333" not in table.stdout  # rounded for reading
+    shown = kiln("experiments", "show", "wide-table", "-o", "json")
+    assert json.loads(shown.stdout)["run_count"] == 3
+    assert kiln("experiments", "list", tenant=other).stdout.count("wide-table") == 0
+    assert kiln("experiments", "rename", "wide-table", "narrow-table").returncode == 0
+    assert kiln("experiments", "delete", "narrow-table").returncode == 2  # asks first; not a terminal: --yes
+    assert kiln("experiments", "delete", "narrow-table", "--yes", account="viewer").returncode != 0
+    assert kiln("experiments", "delete", "narrow-table", "--yes").returncode == 0
+    names = [e["name"] for e in json.loads(kiln("experiments", "list", "-o", "json").stdout)]
+    assert "narrow-table" not in names and "wide-table" not in names and "Default" in names
+    deleted = json.loads(kiln("experiments", "list", "--deleted", "-o", "json").stdout)
+    assert [e["name"] for e in deleted] == ["narrow-table"]

@@ -30,7 +30,7 @@ from typing_extensions import TypedDict
 from kiln.api.deps import caller_of
 from kiln.api.mlflow_models import add_logged_model_routes
 from kiln.api.routers.jobs import at_most
-from kiln.domain import limits, tracking
+from kiln.domain import limits, run_table, tracking
 from kiln.domain.tracking import Batch, MetricPoint, PointIn
 from kiln.errors import (
     BadRequest,
@@ -219,6 +219,11 @@ def _run(view: RunView) -> dict[str, Any]:
     tags = {"mlflow.runName": view.name, "mlflow.user": view.user, **view.tags}
     if view.job_id:
         tags.setdefault("kiln.job_id", view.job_id)
+    # What a table shows beside MLflow's status (kiln.domain.run_table): the state in Kiln's words, a trial's objective.
+    tags[run_table.STATE_TAG] = view.state
+    if view.objective:
+        tags[run_table.OBJECTIVE_TAG] = view.objective
+        tags[run_table.DIRECTION_TAG] = view.direction or "minimize"
     return {
         "info": _info(view),
         "data": {

@@ -73,6 +73,7 @@ COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     "predict": _function("services", "predict"),
     "jobs": _group("jobs"),
     "runs": _group("runs"),
+    "experiments": _group("experiments"),
     "studies": _group("studies"),
     "pipelines": _group("pipelines"),
     "services": _group("services"),

@@ -1,5 +1,8 @@
 """``kiln runs``: the runs table (every job is a run; runs logged with MLflow's client from anywhere are runs too),
-filtered and sorted by the server, and runs compared side by side."""
+filtered and sorted by the server, and runs compared side by side. What the table shows by default, its states'
+names and its numbers' rounding are kiln.domain.run_table's, as on the console's Runs page; it fits the terminal
+(the columns that do not fit are named, with how to ask for them), and ``-o json`` is the runs as the server sent
+them, unrounded."""
 
 from __future__ import annotations
 
@@ -14,10 +17,10 @@ from rich.text import Text
 
 from kiln.cli.common import EXIT_USAGE, Output, OutputFormat, connect, emit_json, fail, info, out
 from kiln.cli.metrics import sparkline
+from kiln.domain.run_table import default_columns, format_value
 from kiln.sdk.tracking import TrackedRun
 
 app = typer.Typer(help="Runs: every job, and runs logged with MLflow's client; filter, sort, compare.")
-DEFAULT_COLUMNS = ("name", "status", "user")
 PLOT_POINTS = 500  # per run and metric of --plot, downsampled by the server keeping the shape
 
 
@@ -32,20 +35,77 @@ def _sort_clause(text: str) -> str:
     return f"{text[1:].strip()} DESC" if text.startswith("-") else text
 
 
-def _format(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.6g}" if math.isfinite(value) else str(value)
-    return str(value)
+# A column's widest cell: a long param (a path, a URL) is cut with an ellipsis; -o json has it whole.
+NAME_WIDTH = 28
+VALUE_WIDTH = 24
+STATE_STYLES = {
+    "SUCCEEDED": "green",
+    "FAILED": "red",
+    "CANCELLED": "magenta",
+    "PRUNED": "yellow",
+    "RUNNING": "cyan",
+    "STARTING": "cyan",
+    "RESTARTING": "yellow",
+}
 
 
-def _columns(runs: list[TrackedRun], asked: str | None) -> list[str]:
-    if asked:
-        return [c.strip() for c in asked.split(",") if c.strip()]
-    params = sorted({k for r in runs for k in r.params})[:4]
-    metrics = sorted({k for r in runs for k in r.metrics if "/" not in k})[:4]
-    return [*DEFAULT_COLUMNS, *(f"params.{k}" for k in params), *(f"metrics.{k}" for k in metrics)]
+def _columns(runs: list[TrackedRun]) -> list[str]:
+    """The default columns, most telling first (kiln.domain.run_table.default_columns after name and state); the
+    name only where some run has one besides its id, the user last and only where the runs are not all one
+    person's."""
+    names = ["name"] if any(r.name != r.id for r in runs) else []
+    users = ["user"] if len({r.user for r in runs}) > 1 else []
+    return [*names, "state", *default_columns(runs), *users]
+
+
+def _cell(run: TrackedRun, column: str) -> Text:
+    if column in ("state", "status"):
+        state = run.state
+        return Text(state, style=STATE_STYLES.get(state, ""))
+    return Text(format_value(run.value(column)))
+
+
+def _header(column: str) -> str:
+    return column.upper() if "." not in column else column
+
+
+def _limit(column: str) -> int:
+    return NAME_WIDTH if column == "name" else VALUE_WIDTH
+
+
+def _table(runs: list[TrackedRun], columns: list[str]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table.add_column("RUN", no_wrap=True)  # an id is copied whole: never wrapped, never cut
+    for column in columns:
+        table.add_column(_header(column), no_wrap=True, overflow="ellipsis", max_width=_limit(column))
+    for run in runs:
+        table.add_row(run.id, *(_cell(run, c) for c in columns))
+    return table
+
+
+GAP = 3  # between two columns of the table: a space each side of the box's blank separator
+
+
+def _fitting(runs: list[TrackedRun], wanted: list[str], width: int) -> tuple[list[str], list[str]]:
+    """The columns of ``wanted`` (most telling first) that fit ``width`` beside the run id, in the order wanted,
+    and those left out: each added while the table still fits, as kubectl's and gh's tables do, rather than every
+    column squeezed until nothing is readable."""
+
+    def needs(column: str) -> int:
+        widest = max(_cell(r, column).cell_len for r in runs)
+        return max(len(_header(column)), min(_limit(column), widest))
+
+    used = max(len(r.id) for r in runs)
+    kept: list[str] = []
+    left: list[str] = []
+    for column in wanted:
+        more = GAP + needs(column)
+        if used + more <= width:
+            kept.append(column)
+            used += more
+        else:
+            left.append(column)
+    return kept, left
 
 
 @app.command("list")
@@ -66,7 +126,12 @@ def list_runs(
     ] = None,
     columns: Annotated[
         str | None,
-        typer.Option("--columns", "-c", help="Comma-separated: params.X, metrics.X, tags.X, name, status, user…"),
+        typer.Option(
+            "--columns",
+            "-c",
+            help="Comma-separated: params.X, metrics.X, tags.X, name, state, user… (default: a study's objective, "
+            "the params that differ between the runs, the metrics most runs report; as many as the terminal fits)",
+        ),
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=50000, help="Most runs to show.")] = 100,
     output: Output = OutputFormat.table,
@@ -82,14 +147,17 @@ def list_runs(
     if not runs:
         info("no runs")
         return
-    chosen = _columns(runs, columns)
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    table.add_column("RUN", overflow="fold")
-    for column in chosen:
-        table.add_column(column.upper() if "." not in column else column, overflow="fold")
-    for run in runs:
-        table.add_row(run.id, *(Text(_format(run.value(c))) for c in chosen))
-    out.print(table)
+    left: list[str] = []
+    if columns:
+        shown = [c.strip() for c in columns.split(",") if c.strip()]
+    else:
+        shown, left = _fitting(runs, _columns(runs), out.width)
+    out.print(_table(runs, shown))
+    if left:
+        info(
+            f"{len(left)} more column(s) left out to fit {out.width} columns: {', '.join(left)} "
+            f"(choose with --columns, e.g. --columns {','.join(['name', 'state', *left][:4])}; -o json has all)"
+        )
 
 
 @app.command()
@@ -131,11 +199,11 @@ def compare(
     table.add_column("", overflow="fold")
     for run in found:
         table.add_column(f"{run.name}\n{run.id}", overflow="fold")
-    table.add_row("status", *(r.status for r in found))
+    table.add_row("state", *(_cell(r, "state") for r in found))
     for key in differing:
-        table.add_row(f"params.{key}", *(_format(r.params.get(key)) for r in found))
+        table.add_row(f"params.{key}", *(format_value(r.params.get(key)) for r in found))
     for key in metrics:
-        table.add_row(f"metrics.{key}", *(_format(r.metrics.get(key)) for r in found))
+        table.add_row(f"metrics.{key}", *(format_value(r.metrics.get(key)) for r in found))
     for metric in plot or []:  # one scale for every run's line: they compare as if overlaid
         finite = [v for r in found for v in histories[(r.id, metric)] if math.isfinite(v)]
         bounds = (min(finite), max(finite)) if finite else None

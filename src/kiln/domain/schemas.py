@@ -446,3 +446,23 @@ class RunMetrics(BaseModel):
     """The same series of several runs, by run id (a job's run is its job id)."""
 
     runs: dict[str, list[MetricSeriesData]]
+
+
+# -- experiments ---------------------------------------------------------------------------------------------
+
+
+class ExperimentRead(BaseModel):
+    """An experiment with how many runs it holds (its deleted runs not counted)."""
+
+    id: str
+    name: str
+    lifecycle_stage: str = Field(description="active, or deleted (restorable through MLflow's protocol).")
+    created_at: datetime
+    updated_at: datetime
+    tags: dict[str, str] = Field(default_factory=dict)
+    run_count: int
+    last_run_at: datetime | None = Field(None, description="When its newest run started.")
+
+
+class ExperimentList(BaseModel):
+    items: list[ExperimentRead]

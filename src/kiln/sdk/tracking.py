@@ -6,6 +6,7 @@
     client.get_run("job-01jd5y3c2k7q4m9x2a").params
     client.metric_history(run.id, "loss")
     client.compare_run_metrics([a.id, b.id], ["loss"], downsample=1000)  # downsampled by the server
+    client.experiments()  # with their run counts; rename_experiment, delete_experiment
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kiln.auth.signing import canonical_query
+from kiln.domain import run_table
 from kiln.errors import Conflict, Forbidden, InvalidInput, KilnError, NotFound, Unauthenticated
 from kiln.sdk.transport import ClientTransport
 
 if TYPE_CHECKING:
     import httpx
 
-    from kiln.domain.schemas import MetricSeriesData
+    from kiln.domain.schemas import ExperimentRead, MetricSeriesData
 
 BASE = "/mlflow/api/2.0/mlflow"
 _ERRORS: dict[str, type[KilnError]] = {
@@ -60,6 +62,12 @@ class TrackedRun:
     def job_id(self) -> str | None:
         return self.tags.get("kiln.job_id")
 
+    @property
+    def state(self) -> str:
+        """Its state in Kiln's words (SUCCEEDED, CANCELLED, QUEUED, PRUNED…), as the console and ``kiln runs``
+        show it; ``status`` is MLflow's (FINISHED, KILLED, SCHEDULED…), as MLflow's client reads it."""
+        return run_table.run_state(self.status, self.tags)
+
     def value(self, column: str) -> Any:
         """``params.X``, ``metrics.X``, ``tags.X`` or an attribute (``name``, ``status``, ``start_time``…)."""
         kind, _, key = column.partition(".")
@@ -69,6 +77,8 @@ class TrackedRun:
             return self.metrics.get(key)
         if key and kind in ("tags", "tag"):
             return self.tags.get(key)
+        if column in ("state", "status"):
+            return self.state if column == "state" else self.status
         name = key if kind in ("attributes", "attribute", "attr") and key else column
         return getattr(self, {"run_id": "id", "run_name": "name"}.get(name, name), None)
 
@@ -120,6 +130,34 @@ class TrackingMixin(ClientTransport):
         """The id of the organisation's experiment ``name`` (NotFound if none)."""
         found = self._tracking("GET", "experiments/get-by-name", {"experiment_name": name})
         return str(found["experiment"]["experiment_id"])
+
+    def experiments(self, *, deleted: bool = False) -> list[ExperimentRead]:
+        """The organisation's experiments (the deleted ones instead with ``deleted``), oldest first, each with its
+        run count and when its newest run started (``GET /api/v1/experiments``)."""
+        from kiln.domain.schemas import ExperimentList
+
+        answer = self.request("GET", "/experiments", params={"deleted": "true" if deleted else None})
+        return ExperimentList.model_validate(answer.json()).items
+
+    def get_experiment(self, name: str) -> ExperimentRead:
+        """The experiment ``name`` with its run count (NotFound if none)."""
+        from kiln.domain.schemas import ExperimentList
+
+        items = ExperimentList.model_validate(self.request("GET", "/experiments", params={"name": name}).json()).items
+        if not items:
+            raise NotFound(f"experiment {name!r} not found")
+        return items[0]
+
+    def rename_experiment(self, name: str, new_name: str) -> None:
+        """Rename the experiment ``name`` (its runs stay in it; Conflict if ``new_name`` is taken)."""
+        self._tracking(
+            "POST", "experiments/update", body={"experiment_id": self.experiment_id(name), "new_name": new_name}
+        )
+
+    def delete_experiment(self, name: str) -> None:
+        """Delete the experiment ``name`` (MLflow's soft delete: its runs are kept, and MLflow's client can restore
+        it); Default cannot be deleted."""
+        self._tracking("POST", "experiments/delete", body={"experiment_id": self.experiment_id(name)})
 
     def search_runs(
         self,

@@ -31,16 +31,19 @@ from kiln.db.tables import (
     User,
     utcnow,
 )
-from kiln.domain import tracking
+from kiln.domain import run_table, tracking
 from kiln.domain.ids import new_id
 from kiln.domain.run_search import SearchSyntaxError, parse_filter, parse_order_by
+from kiln.domain.schemas import ExperimentRead
 from kiln.domain.tracking import ACTIVE, DELETED, Batch, PointIn
 from kiln.domain.tracking import MetricPoint as LoggedPoint
 from kiln.errors import Conflict, Forbidden, InvalidInput, NotFound
 from kiln.metrics.parse import Columns, Parsed
 from kiln.metrics.store import MetricsStore
 from kiln.usecases import run_query
+from kiln.usecases.experiments import experiment_summaries
 from kiln.usecases.identity import Principal
+from kiln.usecases.run_marks import trial_marks
 from kiln.usecases.run_rows import experiment_id_for, millis
 
 
@@ -68,6 +71,9 @@ class RunView:
     params: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     metrics: list[LoggedPoint] = field(default_factory=list)  # each metric's latest point
+    state: str = ""  # in Kiln's words (kiln.domain.run_table): its job's state, PRUNED, or its status renamed
+    objective: str | None = None  # a study trial's: its study's objective metric
+    direction: str | None = None  # and whether it is minimized or maximized
 
 
 class TrackingService:
@@ -187,6 +193,15 @@ class TrackingService:
             )
             views = [self._experiment_view(e) for e in rows[:max_results]]
         return views, run_query.page_token(offset + max_results) if len(rows) > max_results else None
+
+    def list_experiments(
+        self, principal: Principal, view: str = "ACTIVE_ONLY", name: str | None = None
+    ) -> list[ExperimentRead]:
+        """The organisation's experiments with their run counts (kiln.usecases.experiments)."""
+        self._may_read(principal)
+        self._default_made(principal.org_id)
+        with self.db.read() as s:
+            return experiment_summaries(s, principal.org_id, view, name)
 
     def set_experiment_stage(self, principal: Principal, experiment_id: str, stage: str) -> None:
         principal.require("runs:write")
@@ -462,6 +477,7 @@ class TrackingService:
                 end_time=millis(finished_at) if job_run else run.end_time,
                 lifecycle_stage=run.lifecycle_stage,
                 job_id=run.job_id,
+                state=str(job_state) if job_run else run_table.STATE_OF_STATUS.get(run.status, run.status),
             )
         for run_id, key, value in s.execute(
             select(RunParam.run_id, RunParam.key, RunParam.value).where(RunParam.run_id.in_(run_ids))
@@ -490,7 +506,21 @@ class TrackingService:
             seen.add((run_id, name))
             point = LoggedPoint(name, _float(number, words), round((last_time or 0) * 1000), int(step or 0))
             views[run_id].metrics.append(point)
+        _mark_trials(s, views)
         return [views[r] for r in run_ids if r in views]
+
+
+def _mark_trials(s: Session, views: dict[str, RunView]) -> None:
+    """A study trial's run: PRUNED where its pruner stopped it, its study's objective, and the objective's last
+    value as the pruner saw it where the run's metrics lack it."""
+    for job_id, mark in trial_marks(s, [v.job_id for v in views.values() if v.job_id]).items():
+        view = views.get(job_id)
+        if view is None:
+            continue
+        view.state = mark.state or view.state
+        view.objective, view.direction = mark.objective, mark.direction
+        if mark.last_value is not None and all(p.key != mark.objective for p in view.metrics):
+            view.metrics.append(LoggedPoint(mark.objective, mark.last_value, view.end_time or 0, mark.last_step or 0))
 
 
 def _bounded(value: int, most: int) -> int:

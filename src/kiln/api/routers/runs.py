@@ -1,7 +1,7 @@
 """Runs (MLflow's: every job is one, and so is every run logged with MLflow's client): their metrics compared,
-downsampled on the server, in one request. The runs themselves are read and written through MLflow's protocol at
-/mlflow (kiln.api.mlflow); its ``metrics/get-history`` sends every point, which a chart of runs of a million points
-each cannot wait for."""
+downsampled on the server, in one request; and the experiments listed with their run counts. The runs themselves
+are read and written through MLflow's protocol at /mlflow (kiln.api.mlflow); its ``metrics/get-history`` sends
+every point, which a chart of runs of a million points each cannot wait for."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from kiln.api.responses import errors
 from kiln.api.routers.metrics import Downsample, Worker
 from kiln.domain import limits
 from kiln.domain.models import RunModelVersions
-from kiln.domain.schemas import RunMetrics
+from kiln.domain.schemas import ExperimentList, RunMetrics
 from kiln.domain.tracking import MAX_KEY
 from kiln.usecases.metrics import SeriesQuery
 
@@ -73,3 +73,19 @@ def run_model_versions(
     run_id: Annotated[str, Path(max_length=limits.MAX_ID_LENGTH)], caller: Caller, kiln: Kiln
 ) -> RunModelVersions:
     return RunModelVersions(run_id=run_id, items=kiln.models.versions_of_run(caller, run_id))
+
+
+@router.get(
+    "/experiments",
+    response_model=ExperimentList,
+    summary="The organisation's experiments, each with its run count and when its newest run started",
+    responses=errors(422),
+)
+def list_experiments(
+    caller: Caller,
+    kiln: Kiln,
+    deleted: Annotated[bool, Query(description="The deleted experiments instead of the active ones")] = False,
+    name: Annotated[str | None, Query(max_length=256, description="Only the experiment of this name")] = None,
+) -> ExperimentList:
+    view = "DELETED_ONLY" if deleted else "ACTIVE_ONLY"
+    return ExperimentList(items=kiln.tracking.list_experiments(caller, view, name))
