@@ -31,6 +31,7 @@ from kiln.api.routers import (
     models,
     nodes,
     notebooks,
+    notifications,
     pipelines,
     runs,
     runtimes,
@@ -115,6 +116,7 @@ def create_app(settings: Settings | None = None, platform: Platform | None = Non
         studies,
         services,
         notebooks,
+        notifications,
         pipelines,
         scheduling,
         nodes,
@@ -129,6 +131,7 @@ def create_app(settings: Settings | None = None, platform: Platform | None = Non
     for prefix, router in mounted:
         app.include_router(router, prefix=prefix)
     app.state.route_methods = _route_methods(app, mounted)
+    app.webhooks.include_router(notifications.webhooks)  # what Kiln POSTs to subscribers (OpenAPI's webhooks)
     # JupyterLab of each notebook, HTTP and WebSocket, behind Kiln's authentication (kiln.api.notebook_proxy); and
     # MLflow's tracking protocol, for MLflow's client (kiln.api.mlflow), authenticated by kiln.api.auth. First in
     # the routing table: their prefixes are their own, and a log-batch then does not try every API route first

@@ -92,6 +92,7 @@ COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     "usage": _function("usage", "usage"),
     "prices": _group_of("usage", "prices"),
     "budgets": _group("budgets"),
+    "notify": _group("notify"),
     "server": _function("server", "server"),
     "admin": _group("admin"),
 }

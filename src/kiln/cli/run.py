@@ -7,12 +7,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
+from pydantic import ValidationError
 
 from kiln.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, connect, fail, info
 from kiln.cli.logs import follow_logs
 from kiln.cli.output import plural, transfer_progress
 from kiln.cli.spec import INPUT_FORMAT, Overrides, SpecError, build_spec, parse_input, parse_pairs
 from kiln.domain.idempotency import check_key
+from kiln.domain.notifications import NOTIFY_ON, JobNotify
 from kiln.domain.states import JobState
 from kiln.errors import InvalidInput
 
@@ -209,6 +211,18 @@ def run(
             "upload and create nothing.",
         ),
     ] = False,
+    notify: Annotated[
+        str | None,
+        typer.Option(
+            "--notify",
+            metavar="WHEN",
+            help="E-mail --mail-user when the job ends: end, fail, success, cancel, comma-separated (Slurm's "
+            "--mail-type=END,FAIL); through the operator's SMTP server.",
+        ),
+    ] = None,
+    mail_user: Annotated[
+        list[str] | None, typer.Option("--mail-user", metavar="EMAIL", help="Who --notify mails, repeatable.")
+    ] = None,
     idempotency_key: Annotated[
         str | None,
         typer.Option(
@@ -246,6 +260,8 @@ def run(
             experiment=experiment,
         )
         spec = build_spec(file, flags)
+        if notify is not None or mail_user:
+            spec = spec.model_copy(update={"notify": notify_of(notify, mail_user, spec.notify)})
     except SpecError as exc:
         fail(str(exc), EXIT_USAGE)
     except InvalidInput as exc:
@@ -279,3 +295,21 @@ def run(
             info(f"follow it with: kiln logs -f {job.id}")
             return
         follow_to_end(client, job.id)
+
+
+def notify_of(when: str | None, mail_user: list[str] | None, current: JobNotify | None) -> JobNotify:
+    """``--notify end,fail --mail-user a@b`` over the spec's ``notify:`` (flags replace its values)."""
+    on = [x.strip().lower() for x in when.split(",") if x.strip()] if when else (current.on if current else [])
+    on = ["end" if x == "all" else x for x in on]
+    emails = list(mail_user or (current.email if current else []))
+    unknown = [x for x in on if x not in NOTIFY_ON]
+    if unknown:
+        raise SpecError(f"--notify: {', '.join(unknown)} is not one of end, fail, success, cancel")
+    if not on:
+        raise SpecError("--mail-user needs --notify WHEN (end, fail, success, cancel)")
+    if not emails:
+        raise SpecError("--notify needs --mail-user EMAIL: who is mailed")
+    try:
+        return JobNotify.model_validate({"on": list(dict.fromkeys(on)), "email": emails})
+    except ValidationError as exc:
+        raise SpecError(f"--mail-user: {exc.errors()[0]['msg']}") from None

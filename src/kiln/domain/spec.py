@@ -18,6 +18,7 @@ from kiln.domain.dataset_refs import parse_ref
 from kiln.domain.distributed import DistributedSpec
 from kiln.domain.durations import parse_duration
 from kiln.domain.metric_limits import MetricLimitsSpec
+from kiln.domain.notifications import JobNotify
 from kiln.domain.quantities import parse_memory
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -418,6 +419,9 @@ class JobSpec(_Strict):
         None, description="Several workers started together (a gang); resources are per worker."
     )
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Metric collection from logs etc.")
+    notify: JobNotify | None = Field(
+        None, description="E-mail these addresses when the job ends, fails… (Slurm's --mail-type; kiln run --notify)."
+    )
     network: NetworkMode = Field(
         "isolated",
         description="The job's network: isolated (its own network namespace; the outside world through a "

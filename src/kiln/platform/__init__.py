@@ -39,6 +39,7 @@ from kiln.tasks.log_shipping import LogShipping
 from kiln.tasks.metrics_ingest import MetricsIngester
 from kiln.tasks.nonce_flush import nonce_flush
 from kiln.tasks.notebooks import NotebookControl
+from kiln.tasks.notifications import NotificationTask
 from kiln.tasks.pipelines import PipelineDriver
 from kiln.tasks.presence import ServerPresence
 from kiln.tasks.purges import purges
@@ -60,6 +61,8 @@ from kiln.usecases.metrics import MetricsService
 from kiln.usecases.model_registry import ModelRegistry
 from kiln.usecases.nodes import NodeService
 from kiln.usecases.notebooks import NotebookService
+from kiln.usecases.notification_sending import Sender
+from kiln.usecases.notifications import NotificationService
 from kiln.usecases.output_manifests import OutputManifests
 from kiln.usecases.outputs import OutputService
 from kiln.usecases.pipelines import PipelineService
@@ -244,6 +247,10 @@ class Platform:
             self.db, self.backend, settings.tensorboard_sync_seconds, settings.resolved_instance_id, self.logs
         )
         self.log_shipping = LogShipping(self.db, self.logs, settings.resolved_instance_id, settings.log_ship_seconds)
+        # Notifications: subscriptions, and the leased task that delivers what job ends record in the outbox.
+        notify = settings.notifications
+        self.notifier = NotificationTask(self.db, notify, Sender(notify, self.box, settings.endpoint))
+        self.notifications = NotificationService(self.db, self.box, notify, self.notifier.wake)
         # Every piece of background work is a task of one runner, which /readyz and /metrics report.
         self.tasks = TaskRunner(TaskLeases(self.db, settings.resolved_instance_id), settings.lease_seconds)
         for task in self._background_tasks():
@@ -272,6 +279,7 @@ class Platform:
             self.serving_control.task(),
             self.routes.task(),
             self.notebook_control.task(),
+            self.notifier.task() if self.settings.notifications.notifications_send else None,
             nonce_flush(nonces) if nonces is not None else None,
             *purges(self.identity, self.audit, self.idempotency),
             Task.writing("usage", self.budgets.usage_pass, SETTLE_PASS_SECONDS, lease_scope="usage"),
@@ -352,6 +360,7 @@ class Platform:
 
     def close(self) -> None:
         self.tasks.stop()
+        self.notifier.close()
         self.backend.close()
         self.db.dispose()
         self._lock.close()

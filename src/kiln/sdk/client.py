@@ -59,6 +59,7 @@ from kiln.sdk.job_actions import JobActionsMixin
 from kiln.sdk.logs import LogLine, LogParser
 from kiln.sdk.models import ModelsMixin
 from kiln.sdk.notebooks import NotebooksMixin
+from kiln.sdk.notifications import NotificationsMixin
 from kiln.sdk.packaging import DEFAULT_MAX_CODE_BYTES, build_bundle
 from kiln.sdk.pipelines import PipelinesMixin
 from kiln.sdk.retries import CONNECT_ERRORS, RETRY_ERRORS, RETRY_STATUSES, SAFE_METHODS, RetryPolicy, retry_after
@@ -97,6 +98,7 @@ class Client(
     PipelinesMixin,
     TrackingMixin,
     UsageMixin,
+    NotificationsMixin,
 ):
     """A connection to one Kiln server: signed with an access key, or carrying a running job's token."""
 

@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from kiln.domain import limits
 from kiln.settings.client import ClientSettings
 from kiln.settings.clusters import KubernetesSettings, SlurmSettings
+from kiln.settings.notifications import NotificationSettings
 
 __all__ = ["ClientSettings", "KubernetesSettings", "Settings", "SlurmSettings"]
 
@@ -343,6 +344,11 @@ class Settings(BaseSettings):
     # Read from its own KILN_SLURM_* variables, as the Kubernetes branch.
     slurm: SlurmSettings = Field(
         default_factory=SlurmSettings, description="Settings of the Slurm backend (KILN_SLURM_*, docs/slurm.md)."
+    )
+    # Read from its own variables (KILN_WEBHOOK_*, KILN_SMTP_*, KILN_NOTIFICATIONS_*), as the Kubernetes branch.
+    notifications: NotificationSettings = Field(
+        default_factory=NotificationSettings,
+        description="Webhook targets, the SMTP server and deliveries (docs/notifications.md).",
     )
 
     # Scheduling

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from kiln.db.tables import Job, JobEvent, Run, utcnow
 from kiln.domain.states import TRANSITIONS, JobState, Reason
 from kiln.errors import IllegalTransition
+from kiln.usecases.notification_outbox import job_ended
 from kiln.usecases.usage import close_usage, close_usage_many, open_usage
 
 # Where every job starts: in the queue, placed by the reconciler (its first event has no FROM state).
@@ -94,6 +95,8 @@ def transition(
             session.execute(update(Run).where(Run.id == job.id).values(end_time=int(now.timestamp() * 1000)))
     event = JobEvent(job_id=job.id, time=now, from_state=current, to_state=to, reason=reason, message=message)
     session.add(event)
+    if to.terminal:  # its notifications: in the outbox, committed with the end or not at all
+        job_ended(session, job, event)
     return event
 
 

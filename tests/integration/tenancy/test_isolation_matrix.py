@@ -250,6 +250,22 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
         Case("scoped", body={"user": "{user}", "soft": 1e9}, cross=frozenset({403, 404}), owner="admin"),
     ],
     ("DELETE", "/api/v1/budgets/{budget_id}"): [Case("scoped", owner="admin", last=True)],
+    # Notifications: a subscription is its owner's (and their org admins'); another organisation's is refused like a
+    # missing one, and so are its deliveries. Targets are on loopback (the server's KILN_WEBHOOK_ALLOW opens it).
+    ("GET", "/api/v1/notifications/subscriptions"): [Case("self", cross=OWN_OK)],
+    ("POST", "/api/v1/notifications/subscriptions"): [
+        Case("self", body={"name": "x", "events": ["test"], "url": "http://127.0.0.1:9/intruder"}, cross=OWN_OK)
+    ],
+    ("GET", "/api/v1/notifications/subscriptions/{subscription_id}"): [Case("scoped", reader="member")],
+    ("PATCH", "/api/v1/notifications/subscriptions/{subscription_id}"): [
+        Case("scoped", body={"paused": False}, owner="member")
+    ],
+    ("DELETE", "/api/v1/notifications/subscriptions/{subscription_id}"): [Case("scoped", owner="member", last=True)],
+    ("POST", "/api/v1/notifications/subscriptions/{subscription_id}/test"): [Case("scoped", owner="member")],
+    ("GET", "/api/v1/notifications/subscriptions/{subscription_id}/deliveries"): [Case("scoped", reader="member")],
+    ("POST", "/api/v1/notifications/subscriptions/{subscription_id}/deliveries/{delivery_id}/resend"): [
+        Case("scoped", owner="member")
+    ],
     # The machines: A's running job takes its share on B's view, without its id or name (the leak check).
     ("GET", "/api/v1/nodes"): [Case("self", cross=OWN_OK)],
     ("GET", "/api/v1/runtimes"): [Case("self", cross=OWN_OK)],
@@ -652,7 +668,7 @@ def snapshot(admin: Api, a: Tenant, a_reader: Api, sha: str) -> dict[str, Any]:
 def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Its own runtimes directory: the shared test cache changes while another test builds a runtime in it, and the
     # snapshot below would take that for a change made by a refused request.
-    server = make_server(cpus="8", runtimes_dir=str(tmp_path / "runtimes"))
+    server = make_server(cpus="8", runtimes_dir=str(tmp_path / "runtimes"), webhook_allow="127.0.0.1/32")
     admin = Api.admin(server)
     a = create_tenant(admin, "tenant-alpha", ("admin", "member", "viewer"))
     b = create_tenant(admin, "tenant-bravo", ("admin", "member"))
@@ -740,6 +756,12 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
             json_body={"spec": {**PIPELINE_SPEC, "name": f"alpha-nightly-{tag}"}, "cron": "0 0 1 1 *"},
         )
         budget = a["admin"].api.ok("PUT", "/budgets", json_body={"user": a["member"].user_name, "soft": 1e9})
+        subscription = member.ok(
+            "POST",
+            "/notifications/subscriptions",
+            json_body={"name": f"alpha-sub-{tag}", "events": ["test"], "url": f"http://127.0.0.1:9/alpha-{tag}"},
+        )
+        delivery = member.ok("POST", f"/notifications/subscriptions/{subscription['id']}/test")
         bogus_bundle, bogus_sha = tar_gz({"train.py": b"print('nobody uploaded this')\n"})
         choices = {
             "job_id": [Choice(name, job["id"], new_id("job")) for name, job in _jobs(finished, running, queued)],
@@ -761,6 +783,8 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
             "run_id": [Choice("pipeline-run", prun["id"], new_id("prun"))],
             "schedule_id": [Choice("pipeline-schedule", schedule["id"], new_id("psch"))],
             "budget_id": [Choice("budget", budget["id"], new_id("bud"))],
+            "subscription_id": [Choice("subscription", subscription["id"], new_id("sub"))],
+            "delivery_id": [Choice("delivery", delivery["id"], new_id("dlv"))],
             "model": [Choice("model", model, "no-such-model")],
             "alias": [Choice("alias", alias, "no-such-alias")],
             "served": [Choice("served-model", served, "no-such-model")],
@@ -771,6 +795,7 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
         sensitive |= {dataset, data_sha, draft["id"], upload["id"], study["id"], study["name"], model, alias}
         sensitive |= {served, service, svc["id"], notebook, nb["id"], prun["id"], prun["name"]}
         sensitive |= {schedule["id"], schedule["name"], budget["id"]}
+        sensitive |= {subscription["id"], subscription["name"], subscription["target"], delivery["id"]}
         sensitive |= {job["id"] for job in (finished, running, queued)}
         for account in a.accounts.values():
             sensitive |= {account.user_id, account.user_name, account.key_id, account.secret}

@@ -7,6 +7,7 @@ from kiln.db.tables.datasets import DataBlob, Dataset, DatasetFile, DatasetVersi
 from kiln.db.tables.jobs import Blob, Job, JobEvent, OutputManifest, Quota, Server, TaskLease
 from kiln.db.tables.metrics import MetricChunk, MetricCursor, MetricPoint, MetricSeries
 from kiln.db.tables.notebooks import Notebook
+from kiln.db.tables.notifications import NotificationDelivery, NotificationEvent, NotificationSubscription
 from kiln.db.tables.pipelines import PipelineRun, PipelineSchedule, PipelineStep
 from kiln.db.tables.registry import Model, ModelAlias, ModelFile, ModelVersion
 from kiln.db.tables.serving import Service, ServiceKey, ServiceReplica, ServiceTraffic
@@ -41,6 +42,9 @@ __all__ = [
     "ModelVersion",
     "Nonce",
     "Notebook",
+    "NotificationDelivery",
+    "NotificationEvent",
+    "NotificationSubscription",
     "OfflineAction",
     "Organization",
     "OutputManifest",
