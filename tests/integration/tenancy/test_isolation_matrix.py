@@ -260,7 +260,7 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ("PATCH", "/api/v1/notifications/subscriptions/{subscription_id}"): [
         Case("scoped", body={"paused": False}, owner="member")
     ],
-    ("DELETE", "/api/v1/notifications/subscriptions/{subscription_id}"): [Case("scoped", owner="member", last=True)],
+    ("DELETE", "/api/v1/notifications/subscriptions/{subscription_id}"): [Case("scoped", owner="admin", last=True)],
     ("POST", "/api/v1/notifications/subscriptions/{subscription_id}/test"): [Case("scoped", owner="member")],
     ("GET", "/api/v1/notifications/subscriptions/{subscription_id}/deliveries"): [Case("scoped", reader="member")],
     ("POST", "/api/v1/notifications/subscriptions/{subscription_id}/deliveries/{delivery_id}/resend"): [
