@@ -142,8 +142,9 @@ def load_catalog_file(text: str, source: str) -> list[CatalogEntry]:
 
 # MLflow's client in the runtimes whose flavors Kiln serves (``mlflow.sklearn.log_model`` in a job, as the ML
 # images of Databricks and SageMaker ship it); pandas because mlflow.sklearn and mlflow.pytorch import it and
-# mlflow-skinny leaves it out. cloudpickle, which it brings, also loads what those flavors pickle in a replica.
-MLFLOW_CLIENT = ("mlflow-skinny>=3.17,<4", "pandas>=2.2,<4")
+# mlflow-skinny leaves it out; SciPy because inferring a signature (log_model's input_example, infer_signature)
+# imports it, and full mlflow has it too. cloudpickle, which it brings, also loads what those flavors pickle.
+MLFLOW_CLIENT = ("mlflow-skinny>=3.17,<4", "pandas>=2.2,<4", "scipy>=1.11,<2")
 
 DEFAULT_CATALOG = Catalog(
     [
