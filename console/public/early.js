@@ -33,7 +33,7 @@
     // The Runs page: the experiments, and the one shown (its runs are searched by its id, once it is known).
     var mlflow = "/mlflow/api/2.0/mlflow/";
     var experiment = new URLSearchParams(location.search).get("experiment") || "Default";
-    ask(mlflow + "experiments/search?max_results=1000");
+    get("/experiments"); // the picker: every experiment with its run count
     ask(mlflow + "experiments/get-by-name?" + new URLSearchParams({ experiment_name: experiment }).toString());
   }
   window.__kilnEarly = early;

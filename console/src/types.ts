@@ -60,6 +60,7 @@ export type InventoryNode = Sent<Schemas["NodeRead"]>;
 export type ServerRow = Sent<Schemas["ServerRead"]>;
 export type ServerList = Sent<Schemas["ServerList"]>;
 
+export type ExperimentRow = Sent<Schemas["ExperimentRead"]>;
 export type Study = Sent<Schemas["StudyRead"]>;
 export type Trial = Sent<Schemas["TrialRead"]>;
 

@@ -585,11 +585,17 @@ def test_a_studys_objective_chart_draws_and_counts_every_trial_with_a_value(
     expect(chart.locator("figcaption")).to_have_text("val_acc 5 trials, 2 pruned")
     expect(chart.locator(".u-legend")).to_contain_text("pruned")
     chart.screenshot(path=str(artifacts_dir("console") / "study-objective.png"))
+    # The trials table says why the pruner stopped a trial: its value, the cutoff, how many others, the step.
+    reasons = page.get_by_test_id("prune-reason")
+    expect(reasons).to_have_count(1)
+    expect(page.locator("[data-testid=trial-row][data-trial='1'] [data-testid=prune-reason]")).to_have_text(
+        "best 0.32 < median 0.81 of 1 at step 2"
+    )
 
 
 def _study_with_pruned_trials() -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A study's and its trials' answers as the server writes them: 3 succeeded, 2 pruned, 1 failed."""
-    from kiln.domain.studies import StudyRead, StudySpec, TrialCounts, TrialRead
+    from kiln.domain.studies import PruneReport, StudyRead, StudySpec, TrialCounts, TrialRead
 
     now = datetime.now(UTC)
     spec = StudySpec.model_validate(
@@ -621,6 +627,10 @@ def _study_with_pruned_trials() -> tuple[dict[str, Any], list[dict[str, Any]]]:
             last_step=None if last is None else (pruned_at or 5),
             last_value=last,
             pruned_step=pruned_at,
+            # Why the pruner stopped trial 1 (trial 3's report predates them): as the server records it.
+            pruning=PruneReport(rule="median", rung=2, step=2, value=0.32, cutoff=0.81, compared=1, needed=1)
+            if number == 1
+            else None,
             created_at=now,
             finished_at=now,
             duration_seconds=3.0,
@@ -709,3 +719,47 @@ def test_an_mlflow_run_link_opens_that_run_in_the_console_after_signing_in(
     expect(page.locator(f'[data-testid=run-row][data-run="{run}"] input[type=checkbox]')).to_be_checked()
     page.goto(f"{world.server.url}/mlflow")  # MLflow's UI root: the runs page
     expect(page).to_have_url(re.compile(r"/runs(\?|$)"))
+
+
+# Whether a chart's canvas holds a pixel of the palette's first colour (#2563eb): what uPlot drew of the first line.
+FIRST_COLOUR_DRAWN = """(figure) => {
+    const canvas = figure.querySelector("canvas");
+    const data = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+    const near = (a, b) => Math.abs(a - b) < 12;
+    for (let i = 0; i < data.length; i += 4) {
+        if (near(data[i], 37) && near(data[i + 1], 99) && near(data[i + 2], 235)) return true;
+    }
+    return false;
+}"""
+
+
+def test_the_runs_table_shows_what_differs_rounded_and_a_one_point_metric_as_a_point(
+    world: World, context: BrowserContext
+) -> None:
+    """The default columns were the first params alphabetically, floats printed whole, a one-point metric an empty
+    chart: now the objective, the param that differs, numbers to 4 digits (all of them on hover), a dot."""
+    account = world.alpha["member"]
+    mlflow = httpx.Client(base_url=f"{world.server.url}/mlflow/api/2.0/mlflow", auth=(account.key_id, account.secret))
+    experiment = mlflow.post("/experiments/create", json={"name": "console-columns"}).json()["experiment_id"]
+    lrs = ["0.00012009732465102296", "0.01", "0.1"]
+    for i, lr in enumerate(lrs):
+        run = mlflow.post("/runs/create", json={"experiment_id": experiment, "run_name": f"cc-{i}"}).json()["run"]
+        params = [{"key": "lr", "value": lr}, {"key": "width", "value": "64"}]
+        params += [{"key": "base_url", "value": "/notebooks/x/"}] if i == 0 else []  # one run's: says nothing
+        metrics = [{"key": "val_acc", "value": 0.5 + i / 7, "timestamp": 1, "step": 0}]
+        tags = [{"key": "kiln.objective", "value": "val_acc"}]  # as a study's trial's run is tagged
+        body = {"run_id": run["info"]["run_id"], "params": params, "metrics": metrics, "tags": tags}
+        assert mlflow.post("/runs/log-batch", json=body).status_code == 200
+    mlflow.close()
+    page = sign_in(context, world.server.url, account, "/runs?experiment=console-columns")
+    expect(page.get_by_test_id("run-row")).to_have_count(3)
+    headers = page.locator("[data-testid^=sort-]").evaluate_all("bs => bs.map(b => b.dataset.testid)")
+    assert headers == ["sort-metrics.val_acc", "sort-params.lr"], headers
+    cell = page.locator("[data-testid=run-row] td[title='0.00012009732465102296']")
+    expect(cell).to_have_text("0.0001201")
+    expect(page.get_by_test_id("runs-experiment")).to_contain_text("console-columns (3 runs)")
+    page.get_by_label("compare cc-0").check()
+    page.get_by_label("compare cc-1").check()
+    chart = page.locator("[data-testid=compare-chart-val_acc][data-ready=true]")
+    expect(chart).to_have_attribute("data-points", "2")
+    assert chart.evaluate(FIRST_COLOUR_DRAWN), "a one-point line drew nothing"

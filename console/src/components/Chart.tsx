@@ -62,6 +62,18 @@ function alpha(hex: string, a: number): string {
   return `rgba(${(v >> 16) & 255},${(v >> 8) & 255},${v & 255},${a})`;
 }
 
+/** A line of one point draws no line: its point is drawn as a dot instead (a run that logged a metric once). */
+function lonePoint(ys: (number | null)[], stroke: string): uPlot.Series.Points {
+  const one = ys.filter((y) => y !== null && Number.isFinite(y)).length === 1;
+  return one ? { show: true, size: 7, width: 1.5, stroke, fill: stroke } : { show: false };
+}
+
+/** The x scale of points that all share one x: uPlot would give it no width (and draw nothing); one step each side. */
+function xRange(_u: uPlot, min: number | null, max: number | null): uPlot.Range.MinMax {
+  if (min === null || max === null) return [min, max];
+  return min === max ? [min - 1, max + 1] : [min, max];
+}
+
 function build(lines: ChartLine[], logScale: boolean, smoothing: number, xLabel: string): { data: uPlot.AlignedData; series: uPlot.Series[] } {
   const tables: uPlot.AlignedData[] = [];
   const series: uPlot.Series[] = [{ label: xLabel }];
@@ -77,10 +89,10 @@ function build(lines: ChartLine[], logScale: boolean, smoothing: number, xLabel:
       tables.push([line.xs, ys]);
       series.push({ label: `${line.label} (raw)`, stroke: alpha(stroke, 0.25), width: 1, spanGaps: true, points: { show: false } });
       tables.push([line.xs, smooth(ys, smoothing)]);
-      series.push({ label: line.label, stroke, width: 1.5, spanGaps: true, points: { show: false } });
+      series.push({ label: line.label, stroke, width: 1.5, spanGaps: true, points: lonePoint(ys, stroke) });
     } else {
       tables.push([line.xs, ys]);
-      series.push({ label: line.label, stroke, width: 1.5, spanGaps: true, points: { show: false } });
+      series.push({ label: line.label, stroke, width: 1.5, spanGaps: true, points: lonePoint(ys, stroke) });
     }
   });
   const data = tables.length === 1 ? tables[0] : uPlot.join(tables);
@@ -120,7 +132,7 @@ export function Chart(props: Props) {
       width,
       height,
       series,
-      scales: { x: { time: xTime }, y: logScale ? { distr: 3, log: 10 } : {} },
+      scales: { x: xTime ? { time: true } : { time: false, range: xRange }, y: logScale ? { distr: 3, log: 10 } : {} },
       axes: [
         { label: props.xLabel, labelSize: props.xLabel ? 18 : 0, stroke: "#555", grid: { stroke: "#eee" } },
         {

@@ -4,57 +4,32 @@ import { Chart, type ChartLine } from "../components/Chart";
 import { Empty, ErrorBox, Loading, StateBadge } from "../components/ui";
 import { useWidth } from "../hooks";
 import { Link, setQuery, useLocation } from "../router";
-import type { SeriesData } from "../types";
+import { defaultColumns, formatValue, fullValue, runState, value, type Run } from "../runTable";
+import type { ExperimentRow, SeriesData } from "../types";
 
 // Runs: every job is one (and so is every run logged with MLflow's client), read through the MLflow protocol Kiln
 // serves at /mlflow. Filtering and sorting are the server's (MLflow's filter syntax; a column header sorts); the
 // page's state is its URL (?experiment=&filter=&sort=&columns=&compare=), so a view can be shared, the runs
-// compared included.
+// compared included. The experiment picker is the experiment list (GET /api/v1/experiments: each with its run
+// count); what the table shows by default, its states' names and its numbers' rounding are runTable.ts's, the
+// CLI's rules.
 
-interface KV {
-  key: string;
-  value: string;
-}
-interface RunInfo {
-  run_id: string;
-  run_name: string;
-  status: string;
-  user_id: string;
-  start_time?: number;
-}
-interface Run {
-  info: RunInfo;
-  data: { params?: KV[]; tags?: KV[]; metrics?: { key: string; value: number }[] };
-}
 interface Experiment {
   experiment_id: string;
   name: string;
 }
 
-const STATUS_STATE: Record<string, string> = { FINISHED: "SUCCEEDED", KILLED: "CANCELLED", SCHEDULED: "QUEUED" };
+// Rows a search asks for: the first ones show at once (a 10,000-run experiment of 50 params each sends 100 runs'
+// params, not 500's), more on request, as MLflow's UI loads them.
+const PAGE = 100;
 
-function value(run: Run, column: string): string | number | undefined {
-  const [kind, ...rest] = column.split(".");
-  const key = rest.join(".");
-  if (kind === "params") return run.data.params?.find((p) => p.key === key)?.value;
-  if (kind === "metrics") return run.data.metrics?.find((m) => m.key === key)?.value;
-  if (kind === "tags") return run.data.tags?.find((t) => t.key === key)?.value;
-  return undefined;
-}
-
-function shown(v: string | number | undefined): string {
-  if (v === undefined) return "-";
-  return typeof v === "number" ? String(Number(v.toPrecision(6))) : v;
-}
-
-function defaultColumns(runs: Run[]): string[] {
-  const params = new Set<string>();
-  const metrics = new Set<string>();
-  for (const run of runs) {
-    run.data.params?.forEach((p) => params.add(p.key));
-    run.data.metrics?.forEach((m) => !m.key.includes("/") && metrics.add(m.key));
-  }
-  return [...[...params].sort().slice(0, 4).map((k) => `params.${k}`), ...[...metrics].sort().slice(0, 4).map((k) => `metrics.${k}`)];
+/** A cell: the value rounded for reading, every digit in its title (on hover). */
+function Cell({ v }: { v: string | number | undefined }) {
+  return (
+    <td class="mono small" title={fullValue(v)}>
+      {formatValue(v)}
+    </td>
+  );
 }
 
 export function Runs() {
@@ -63,7 +38,7 @@ export function Runs() {
   const filter = query.get("filter") ?? "";
   const sort = query.get("sort") ?? "";
   const [draft, setDraft] = useState(filter);
-  const [experiments, setExperiments] = useState<Experiment[]>([]);
+  const [experiments, setExperiments] = useState<ExperimentRow[]>([]);
   const [runs, setRuns] = useState<Run[] | undefined>(undefined);
   const [error, setError] = useState<unknown>(undefined);
   const picked = (query.get("compare") ?? "").split(",").filter(Boolean);
@@ -79,32 +54,72 @@ export function Runs() {
   }, [experimentId]);
 
   useEffect(() => {
-    tracking<{ experiments?: Experiment[] }>("experiments/search", { max_results: 1000 })
-      .then((answer) => setExperiments(answer.experiments ?? []))
+    get<{ items: ExperimentRow[] }>("/experiments")
+      .then((answer) => setExperiments(answer.items))
       .catch(setError);
   }, []);
+
+  // The experiment's id by its name, asked once: a sort or a filter searches at once.
+  const ids = useRef(new Map<string, string>());
+  const [more, setMore] = useState<string | null>(null); // the next page's token
+  const [busy, setBusy] = useState(false);
+  const search = async (experimentName: string, token: string | null, signal: AbortSignal) => {
+    let id = ids.current.get(experimentName);
+    if (!id) {
+      const found = await tracking<{ experiment: Experiment }>("experiments/get-by-name", { experiment_name: experimentName }, signal);
+      id = found.experiment.experiment_id;
+      ids.current.set(experimentName, id);
+    }
+    const order = sort ? [sort.startsWith("-") ? `${sort.slice(1)} DESC` : `${sort} ASC`] : [];
+    const query = { experiment_ids: id, filter, order_by: order, max_results: PAGE, ...(token ? { page_token: token } : {}) };
+    return tracking<{ runs?: Run[]; next_page_token?: string }>("runs/search", query, signal);
+  };
 
   useEffect(() => {
     if (experimentId) return; // the name comes first (above)
     const abort = new AbortController();
-    setRuns(undefined);
+    setBusy(true); // a new sort or filter keeps the rows shown until the new ones come
     (async () => {
       try {
-        const found = await tracking<{ experiment: Experiment }>("experiments/get-by-name", { experiment_name: experiment }, abort.signal);
-        const order = sort ? [sort.startsWith("-") ? `${sort.slice(1)} DESC` : `${sort} ASC`] : [];
-        const answer = await tracking<{ runs?: Run[] }>(
-          "runs/search",
-          { experiment_ids: found.experiment.experiment_id, filter, order_by: order, max_results: 500 },
-          abort.signal,
-        );
-        setRuns(answer.runs ?? []);
+        const answer = await search(experiment, null, abort.signal);
+        let found = answer.runs ?? [];
+        // Runs picked for comparison (a shared link) that are not among the first rows: asked by id.
+        const missing = picked.filter((id) => !found.some((r) => r.info.run_id === id));
+        if (missing.length && !filter) {
+          const list = missing.map((id) => `'${id.replace(/'/g, "")}'`).join(", ");
+          const extra = await tracking<{ runs?: Run[] }>("runs/search", { experiment_ids: ids.current.get(experiment)!, filter: `attributes.run_id IN (${list})`, max_results: PAGE }, abort.signal);
+          found = [...found, ...(extra.runs ?? [])];
+        }
+        setRuns(found);
+        setMore(answer.next_page_token ?? null);
         setError(undefined);
       } catch (err) {
         if (!(err instanceof DOMException)) setError(err);
+      } finally {
+        if (!abort.signal.aborted) setBusy(false);
       }
     })();
     return () => abort.abort();
   }, [experiment, experimentId, filter, sort]);
+
+  const loadMore = async () => {
+    if (!more) return;
+    setBusy(true);
+    try {
+      const answer = await search(experiment, more, new AbortController().signal);
+      const known = new Set((runs ?? []).map((r) => r.info.run_id));
+      setRuns([...(runs ?? []), ...(answer.runs ?? []).filter((r) => !known.has(r.info.run_id))]);
+      setMore(answer.next_page_token ?? null);
+    } catch (err) {
+      setError(err);
+    } finally {
+      setBusy(false);
+    }
+  };
+
+  useEffect(() => {
+    if (runs?.length) performance.mark("kiln:runs-rows"); // drawn: benchmarks/runs_page.py times it
+  }, [runs]);
 
   const columns = query.get("columns")?.split(",").filter(Boolean) ?? defaultColumns(runs ?? []);
   const [columnDraft, setColumnDraft] = useState<string | null>(null);
@@ -117,12 +132,22 @@ export function Runs() {
       <div class="card filter-bar">
         <label>
           Experiment{" "}
-          <select data-testid="runs-experiment" value={experiment} onChange={(e) => setQuery({ experiment: (e.target as HTMLSelectElement).value, sort: null, filter: null, columns: null, compare: null })}>
-            {[...new Set([experiment, ...experiments.map((x) => x.name)])].map((name) => (
-              <option key={name} value={name}>
-                {name}
-              </option>
-            ))}
+          <select
+            data-testid="runs-experiment"
+            value={experiment}
+            onChange={(e) => {
+              setRuns(undefined); // another experiment's rows are not these
+              setQuery({ experiment: (e.target as HTMLSelectElement).value, sort: null, filter: null, columns: null, compare: null });
+            }}
+          >
+            {[...new Set([experiment, ...experiments.map((x) => x.name)])].map((name) => {
+              const found = experiments.find((x) => x.name === name);
+              return (
+                <option key={name} value={name}>
+                  {found ? `${name} (${found.run_count.toLocaleString()} run${found.run_count === 1 ? "" : "s"})` : name}
+                </option>
+              );
+            })}
           </select>
         </label>
         <form
@@ -158,7 +183,7 @@ export function Runs() {
         <Empty>No runs here. Every job is a run (`kiln run --experiment NAME --param lr=0.01`), and MLflow's client logs runs too.</Empty>
       ) : (
         <div class="card table-wrap">
-          <table data-testid="runs-table">
+          <table data-testid="runs-table" aria-busy={busy}>
             <thead>
               <tr>
                 <th scope="col"></th>
@@ -188,18 +213,21 @@ export function Runs() {
                   </td>
                   <td>{run.info.run_id.startsWith("job-") ? <Link href={`/jobs/${run.info.run_id}`}>{run.info.run_name}</Link> : run.info.run_name}</td>
                   <td>
-                    <StateBadge state={STATUS_STATE[run.info.status] ?? run.info.status} />
+                    <StateBadge state={runState(run)} />
                   </td>
                   <td class="small">{run.info.user_id}</td>
                   {columns.map((column) => (
-                    <td class="mono small" key={column}>
-                      {shown(value(run, column))}
-                    </td>
+                    <Cell key={column} v={value(run, column)} />
                   ))}
                 </tr>
               ))}
             </tbody>
           </table>
+          {more ? (
+            <button class="btn" data-testid="runs-more" disabled={busy} onClick={loadMore}>
+              Show {PAGE} more
+            </button>
+          ) : null}
         </div>
       )}
       {chosen.length >= 2 ? <Compare runs={chosen} /> : null}
@@ -308,9 +336,7 @@ function Compare({ runs }: { runs: Run[] }) {
                 {row}
               </th>
               {runs.map((r) => (
-                <td class="mono small" key={r.info.run_id}>
-                  {shown(value(r, row))}
-                </td>
+                <Cell key={r.info.run_id} v={value(r, row)} />
               ))}
             </tr>
           ))}
