@@ -1,14 +1,15 @@
-"""From a model logged the MLflow way to a served one: the official MLflow client's ``mlflow.sklearn.log_model``
-(MLflow 3 records a logged model through its logged-models endpoints, then uploads the ``MLmodel`` directory),
-from a laptop-like client process; ``kiln models register NAME --from-run RUN`` takes it as
-a version with its flavor and signature; a service serves it with the ``mlflow`` predictor in the catalog's
-scikit-learn runtime, and an instance that does not fit the signature is refused naming the field. Another
-organisation sees none of it.
+"""From a model logged the MLflow way to a served one: the official MLflow client's ``log_model`` (MLflow 3 records
+a logged model through its logged-models endpoints, then uploads the ``MLmodel`` directory), from a laptop-like
+client process and inside jobs; ``kiln models register NAME --from-run RUN`` takes it as a version with its flavor
+and signature; a service serves it with the ``mlflow`` predictor in the catalog's runtime, and an instance that
+does not fit the signature is refused naming the field. Another organisation sees none of it.
 
-scikit-learn is the catalog runtime's (``.cache/test-runtimes``, built through a server when missing, as the
-predictor tests do); MLflow's client is this venv's, with the runtime's packages after its own on ``sys.path``.
-``mlflow.pytorch`` is not exercised: the pytorch runtime's 750 MB beside MLflow's client would add a minute for
-one loader (``torch.load`` of the saved module)."""
+From the laptop: scikit-learn is the catalog runtime's (``.cache/test-runtimes``, built through a server when
+missing, as the predictor tests do); MLflow's client is this venv's, with the runtime's packages after its own on
+``sys.path``. In jobs: the catalog's sklearn and pytorch runtimes, which carry MLflow's client, with MLflow's
+defaults (skops for sklearn, a ``torch.export`` graph for pytorch), as a user's training code calls it. PyTorch is
+logged only in a job: the replica needs the pytorch runtime anyway, and the job needs nothing more, where the
+laptop-like client would need torch beside this venv's MLflow."""
 
 from __future__ import annotations
 
@@ -152,3 +153,79 @@ def test_a_model_logged_from_a_laptop_is_registered_served_and_checked(
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+SKLEARN_JOB = """
+import json, mlflow, numpy as np
+from mlflow.models import infer_signature
+from sklearn.linear_model import LogisticRegression
+X = np.array([[0.0, 1.0, 2.0, 3.0], [1.0, 0.0, 1.0, 0.0], [3.0, 2.0, 1.0, 0.0], [0.5, 0.5, 0.5, 0.5]] * 3)
+y = np.array([0, 1, 0, 1] * 3)
+model = LogisticRegression().fit(X, y)
+with mlflow.start_run():  # the job's run, on the server as the job reaches it: Kiln set both
+    mlflow.sklearn.log_model(model, name="model", signature=infer_signature(X, model.predict(X)))
+print("LOGGED", json.dumps({"inputs": X[:4].tolist(), "outputs": model.predict(X[:4]).tolist()}))
+"""
+
+TORCH_JOB = """
+import json, mlflow, numpy as np, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Tanh())
+X = np.array([[0.0, 1.0, 2.0], [1.0, 0.5, -1.0], [2.0, -1.0, 0.5]], dtype=np.float32)
+with mlflow.start_run():
+    mlflow.pytorch.log_model(model, name="model", input_example=X)
+print("LOGGED", json.dumps({"inputs": X.tolist(), "outputs": model(torch.from_numpy(X)).detach().tolist()}))
+"""
+
+
+@pytest.mark.timeout(1200)  # a runtime built before MLflow's client was in it is updated first (pip, a minute)
+def test_models_logged_inside_jobs_are_registered_from_the_cli_served_and_checked(
+    server: KilnServer, tenants: tuple[Tenant, Tenant]
+) -> None:
+    labs, _ = tenants
+    member = labs.accounts["member"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "MLFLOW_"))}
+    env.update(KILN_ENDPOINT=server.url, KILN_ACCESS_KEY=member.key_id, KILN_SECRET_KEY=member.secret)
+    with Client(server.url, member.key_id, member.secret) as kiln:
+        jobs = {
+            flavor: kiln.submit({"command": ["python", "-c", code], "runtime": {"framework": flavor}})
+            for flavor, code in (("sklearn", SKLEARN_JOB), ("pytorch", TORCH_JOB))
+        }
+        logged: dict[str, dict[str, Any]] = {}
+        for flavor, job in jobs.items():
+            done = kiln.wait(job.id, timeout=900)
+            lines = [line.text for line in kiln.stream_logs(job.id, follow=False)]
+            assert done.state == "SUCCEEDED", (done.message, lines[-30:])  # before: No module named 'mlflow'
+            logged[flavor] = json.loads(next(line for line in lines if line.startswith("LOGGED "))[7:])
+            registered = subprocess.run(
+                [sys.executable, "-m", "kiln", "models", "register", f"in-job-{flavor}", "--from-run", job.id],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert registered.returncode == 0, registered.stderr
+            assert f"MLflow flavor {flavor}) from model of run {job.id}" in registered.stderr
+            [version] = kiln.run_model_versions(job.id)
+            assert (version.flavor, version.lineage.job_id) == (flavor, job.id) and version.signature
+            kiln.serve(
+                {
+                    "name": f"in-job-{flavor}",
+                    "model": version.ref,
+                    "predictor": {"type": "mlflow"},
+                    "runtime": {"framework": flavor},
+                    "resources": {"cpus": 0.5},
+                    "replicas": 1,
+                }
+            )
+        for flavor in jobs:
+            ready = kiln.wait_service(f"in-job-{flavor}", timeout=240)
+            assert ready.state == ServiceState.READY, f"{ready.message}: {ready.replicas}"
+        assert kiln.predict("in-job-sklearn", logged["sklearn"]["inputs"]).outputs == logged["sklearn"]["outputs"]
+        outputs = kiln.predict("in-job-pytorch", logged["pytorch"]["inputs"]).outputs
+        assert outputs == [pytest.approx(row, abs=1e-5) for row in logged["pytorch"]["outputs"]]
+        with pytest.raises(InvalidInput) as refused:  # the signature MLflow inferred from the input example
+            kiln.predict("in-job-pytorch", [[1.0, 2.0]])
+        assert refused.value.message.startswith("inputs[0]: expected 3 numbers, got 2")
+        for flavor in jobs:
+            kiln.delete_service(f"in-job-{flavor}")

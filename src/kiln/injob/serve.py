@@ -48,6 +48,7 @@ from typing import Any, cast
 
 from kiln.injob import statefile
 from kiln.injob.serve_batch import Batcher
+from kiln.injob.serve_mlflow import MlflowPredictor
 from kiln.injob.serve_predictors import Predictor, load_predictor
 from kiln.injob.serve_schema import InputSchema, InstanceCheck, InvalidInput
 
@@ -436,7 +437,12 @@ def main() -> int:
         local = os.path.join(os.getcwd(), model_dir.lstrip("/"))
         model_dir = local if os.path.exists(local) else model_dir
     try:
-        predictor = load_predictor(config.predictor, model_dir, config.file, config.class_path, config.method, dtype)
+        if config.predictor == "mlflow":  # an MLflow model directory (--from-run): its MLmodel says how to load it
+            predictor: Predictor = MlflowPredictor(Path(model_dir), config.method)
+        else:
+            predictor = load_predictor(
+                config.predictor, model_dir, config.file, config.class_path, config.method, dtype
+            )
     except Exception as exc:
         traceback.print_exc()
         where = config.model_dir + (f"/{config.file}" if config.file else "")

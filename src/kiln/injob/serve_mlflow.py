@@ -1,8 +1,9 @@
 """The replica's ``mlflow`` predictor: a model version registered from a run (``--from-run``) is an MLflow model
-directory; its ``MLmodel`` file names the flavor to load (``sklearn``: the pickled model; ``pytorch``: the saved
-module; ``python_function`` only: ``mlflow.pyfunc``, which the runtime must then have) and the signature each
-instance of a request is checked against (a tensor spec: its shape and dtype; columns: each named field, so that a
-wrong instance is refused naming ``inputs[3].petal_width``).
+directory; its ``MLmodel`` file names the flavor to load (``sklearn``: the pickled or skops model; ``pytorch``: the
+``torch.export`` graph, MLflow 3's default, or the pickled module; ``python_function`` only: ``mlflow.pyfunc``,
+which the runtime must then have) and the signature each instance of a request is checked against (a tensor spec:
+its shape and dtype; columns: each named field, so that a wrong instance is refused naming
+``inputs[3].petal_width``). The replica's server (kiln.injob.serve) makes it for ``predictor: mlflow``.
 
 Standard library only, as all of kiln.injob: ``MLmodel`` is YAML, read with PyYAML where the runtime has it, else
 with the small reader below, enough for what MLflow writes (``yaml.safe_dump``: block mappings, plain or quoted
@@ -185,8 +186,11 @@ class MlflowPredictor(Predictor):
         elif self.flavor == "pytorch":
             self.torch: Any = importlib.import_module("torch")
             data = model_dir / str(conf.get("model_data", "data"))
-            self.model = self.torch.load(str(data / "model.pth"), map_location="cpu", weights_only=False)
-            self.model.eval()
+            if (data / "model.pth").is_file():  # pickled (serialization_format="pickle"; Databricks' default)
+                self.model = self.torch.load(str(data / "model.pth"), map_location="cpu", weights_only=False)
+                self.model.eval()
+            else:  # the graph torch.export saved: MLflow 3's default elsewhere (no eval(): an exported one refuses it)
+                self.model = self.torch.export.load(str(data / "model.pt2")).module()
             self.call = self._torch
         else:
             pyfunc = importlib.import_module("mlflow.pyfunc")  # a python_function model needs MLflow in the runtime

@@ -196,10 +196,6 @@ def load_predictor(
             raise ValueError("class: a custom predictor needs class: module:Class")
         target = model_path(model_dir, file) if file else Path(model_dir)
         return CustomPredictor(class_path, target)
-    if kind == "mlflow":  # an MLflow model directory (--from-run): its MLmodel says how (kiln.injob.serve_mlflow)
-        from kiln.injob.serve_mlflow import MlflowPredictor
-
-        return MlflowPredictor(Path(model_dir), method)
     path = model_path(model_dir, file)
     if kind == "sklearn":
         return SklearnPredictor(path, method)
