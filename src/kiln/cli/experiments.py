@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from datetime import datetime
 from typing import Annotated
 
 import typer
@@ -22,15 +23,18 @@ app = typer.Typer(help="Experiments: where runs are kept; list, show, rename, de
 NameArg = Annotated[str, typer.Argument(help="The experiment's name.")]
 
 
+def _minute(at: datetime | None) -> str:
+    return "-" if at is None else fmt_time(at)[:16]  # to the minute: the table fits 80 columns
+
+
 def _table(experiments: list[ExperimentRead]) -> None:
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     table.add_column("NAME", overflow="fold")
     table.add_column("RUNS", justify="right", no_wrap=True)
     table.add_column("LAST RUN", no_wrap=True)
-    table.add_column("CREATED", no_wrap=True)
     table.add_column("ID", no_wrap=True)
     for e in experiments:
-        table.add_row(Text(e.name), str(e.run_count), fmt_time(e.last_run_at), fmt_time(e.created_at), e.id)
+        table.add_row(Text(e.name), str(e.run_count), _minute(e.last_run_at), e.id)
     out.print(table)
 
 

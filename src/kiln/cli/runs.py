@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from itertools import zip_longest
 from typing import Annotated, Any
 
 import typer
@@ -87,25 +88,32 @@ GAP = 3  # between two columns of the table: a space each side of the box's blan
 
 
 def _fitting(runs: list[TrackedRun], wanted: list[str], width: int) -> tuple[list[str], list[str]]:
-    """The columns of ``wanted`` (most telling first) that fit ``width`` beside the run id, in the order wanted,
-    and those left out: each added while the table still fits, as kubectl's and gh's tables do, rather than every
-    column squeezed until nothing is readable."""
+    """The columns of ``wanted`` that fit ``width`` beside the run id, in the order wanted, and those left out:
+    each given room in ``_priority``'s order while the table still fits, as kubectl's and gh's tables do, rather
+    than every column squeezed until nothing is readable."""
 
     def needs(column: str) -> int:
         widest = max(_cell(r, column).cell_len for r in runs)
         return max(len(_header(column)), min(_limit(column), widest))
 
     used = max(len(r.id) for r in runs)
-    kept: list[str] = []
-    left: list[str] = []
-    for column in wanted:
+    kept: set[str] = set()
+    for column in _priority(wanted):
         more = GAP + needs(column)
         if used + more <= width:
-            kept.append(column)
+            kept.add(column)
             used += more
-        else:
-            left.append(column)
-    return kept, left
+    return [c for c in wanted if c in kept], [c for c in wanted if c not in kept]
+
+
+def _priority(wanted: list[str]) -> list[str]:
+    """The order columns are given room in: name and state, then a metric and a param in turn (the objective, the
+    first metric, comes first), the user last — a narrow terminal shows some of both rather than params only."""
+    metrics = [c for c in wanted if c.startswith("metrics.")]
+    params = [c for c in wanted if c.startswith("params.")]
+    turns = [c for pair in zip_longest(metrics, params) for c in pair if c is not None]
+    rest = [c for c in wanted if c not in turns]
+    return [*(c for c in rest if c != "user"), *turns, *(c for c in rest if c == "user")]
 
 
 @app.command("list")
