@@ -20,6 +20,12 @@ def logged_model_prefix(org_id: str, model_id: str) -> str:
     return f"orgs/{org_id}/logged-models/{model_id}/artifacts"
 
 
+def logged_model_digests_prefix(org_id: str, model_id: str) -> str:
+    """Beside a logged model's files, outside what MLflow's client lists: ``<sha256> <size>`` of each file, as its
+    upload was hashed, so that registering it (content-addressed blobs) need not read it all again."""
+    return f"orgs/{org_id}/logged-models/{model_id}/sha256"
+
+
 def outputs_prefix(org_id: str, job_id: str) -> str:
     """Everything a job's attempts wrote to ``$KILN_OUTPUT_DIR``."""
     return f"orgs/{org_id}/jobs/{job_id}/outputs"

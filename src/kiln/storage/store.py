@@ -205,6 +205,32 @@ class ObjectStore:
         else:
             self._guard(lambda: self.fs.put_file(str(local), path))
 
+    def copy(self, source: str, key: str) -> None:
+        """The object ``source`` under ``key`` too, without its bytes passing through Kiln where the store can help:
+        on a local store a hard link (every write to the store replaces a file, never changes one, so the two stay
+        the same bytes; a copy where links cannot be made), on S3 the store's own copy."""
+        src, path = self._path(source), self._path(key)
+        if self.is_local:
+
+            def link() -> None:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                tmp = Path(path).parent / f".link-{secrets.token_hex(8)}"
+                try:
+                    try:
+                        os.link(src, tmp)
+                    except FileNotFoundError:
+                        raise
+                    except OSError:  # another file system, or one without links
+                        shutil.copyfile(src, tmp)
+                    os.replace(tmp, path)
+                except BaseException:
+                    tmp.unlink(missing_ok=True)
+                    raise
+
+            self._guard(link, missing=source)
+        else:
+            self._guard(lambda: self.fs.copy(src, path), missing=source)
+
     def put_objects(self, objects: list[tuple[str, bytes]], concurrency: int = 16) -> None:
         """Store many small objects (key, bytes) at once: on S3 up to ``concurrency`` PutObject calls in flight on
         the store client's event loop, each with its Content-MD5 (the store refuses a body that does not match);

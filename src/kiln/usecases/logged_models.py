@@ -13,6 +13,7 @@ id>/artifacts/<path in the model>``.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import tempfile
@@ -28,7 +29,7 @@ from kiln.db.tables import LoggedModel, Run, utcnow
 from kiln.domain import tracking
 from kiln.domain.ids import new_id
 from kiln.errors import Forbidden, InvalidInput, NotFound
-from kiln.storage.keys import logged_model_prefix
+from kiln.storage.keys import logged_model_digests_prefix, logged_model_prefix
 from kiln.storage.store import ObjectStore, safe_key
 from kiln.usecases.identity import Principal
 from kiln.usecases.quotas import QuotaService
@@ -273,21 +274,23 @@ class LoggedModels:
         return row, logged_model_prefix(row.org_id, row.id), rel
 
     async def upload(self, principal: Principal, path: str, chunks: AsyncIterator[bytes]) -> int:
-        row, prefix, rel = await run_in_threadpool(self._place, principal, path, write=True)
+        row, _, rel = await run_in_threadpool(self._place, principal, path, write=True)
         if not rel:
             raise InvalidInput("name the file: <experiment id>/models/<model id>/artifacts/<path>")
         fd, name = tempfile.mkstemp(dir=self.tmp_dir, prefix="logged-model-")
         tmp = Path(name)
+        digest = hashlib.sha256()  # hashed as it arrives: registering it later need not read it again
         try:
             size, next_check = 0, QUOTA_CHECK_BYTES
             with os.fdopen(fd, "wb") as fh:
                 async for chunk in chunks:
                     size += len(chunk)
                     fh.write(chunk)
+                    digest.update(chunk)
                     if size >= next_check:  # over the storage quota: stop reading now, not at the end
                         await run_in_threadpool(self._check_quota, principal, size)
                         next_check += QUOTA_CHECK_BYTES
-            await run_in_threadpool(self._store, principal, row, f"{prefix}/{rel}", tmp, size)
+            await run_in_threadpool(self._store, principal, row, rel, tmp, size, digest.hexdigest())
         finally:
             tmp.unlink(missing_ok=True)
         return size
@@ -296,11 +299,15 @@ class LoggedModels:
         with self.quotas.db.transaction() as s:
             self.quotas.check_storage(s, principal.org_id, principal.org_name, size)
 
-    def _store(self, principal: Principal, row: LoggedModel, key: str, tmp: Path, size: int) -> None:
+    def _store(self, principal: Principal, row: LoggedModel, rel: str, tmp: Path, size: int, sha256: str) -> None:
+        key = f"{logged_model_prefix(row.org_id, row.id)}/{rel}"
+        digest_key = f"{logged_model_digests_prefix(row.org_id, row.id)}/{rel}"
         listed = self.store.list(key)
         replaced = listed[0][1] if one_file(listed) else 0
         self._check_quota(principal, size - replaced)
+        self.store.delete(digest_key)  # a file replaced is never read with the old one's digest
         self.store.put_file(tmp, key)
+        self.store.put_objects([(digest_key, f"{sha256} {size}\n".encode())])
         with self.db.transaction() as s:
             s.execute(
                 update(LoggedModel)

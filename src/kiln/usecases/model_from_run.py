@@ -26,7 +26,7 @@ from kiln.domain import tracking
 from kiln.domain.models import ModelLineage
 from kiln.domain.states import JobState
 from kiln.errors import BadRequest, Conflict, NotFound
-from kiln.storage.keys import logged_model_prefix, outputs_prefix, run_artifacts_prefix
+from kiln.storage.keys import logged_model_digests_prefix, logged_model_prefix, outputs_prefix, run_artifacts_prefix
 from kiln.storage.store import ObjectStore
 from kiln.usecases.identity import Principal
 from kiln.usecases.logged_models import READY
@@ -100,6 +100,17 @@ def _run_lineage(s: Session, run: Run) -> ModelLineage:
     return ModelLineage(job_id="", job_name=run.name, job_state=run.status, metrics=metrics)
 
 
+def upload_digests(store: ObjectStore, prefix: str) -> dict[tuple[str, int], str]:
+    """(path, size) → SHA-256 of a logged model's files, as their uploads hashed them (kiln.usecases.logged_models):
+    a file whose size is not the one hashed is read and hashed again when registered, as is one without."""
+    out: dict[tuple[str, int], str] = {}
+    for rel, _ in store.list(prefix):
+        text = b"".join(store.iter_bytes(f"{prefix}/{rel}")).decode("ascii", errors="replace").split()
+        if len(text) == 2 and len(text[0]) == 64 and text[1].isdigit():
+            out[(rel, int(text[1]))] = text[0]
+    return out
+
+
 def run_source(
     db: Database, store: ObjectStore, principal: Principal, run_id: str, path: str, max_files: int
 ) -> RunSource:
@@ -140,7 +151,12 @@ def run_source(
         origin = lineage(s, job) if job is not None else _run_lineage(s, run)
     origin = origin.model_copy(update={"run_id": run.id, "logged_model_id": logged.id if logged else None})
     listed = store.list(prefix)
-    files = [SourceFile(rel, f"{prefix}/{rel}", size) for rel, size in listed if rel not in ("", ".")]
+    known = upload_digests(store, logged_model_digests_prefix(run.org_id, logged.id)) if logged else {}
+    files = [
+        SourceFile(rel, f"{prefix}/{rel}", size, known.get((rel, size), ""), uploaded=logged is not None)
+        for rel, size in listed
+        if rel not in ("", ".")
+    ]
     if not files:
         has = f"its logged models: {', '.join(names)}" if names else "it logged no model"
         raise NotFound(

@@ -36,12 +36,14 @@ _READ = 4 * 1024 * 1024
 
 @dataclass(frozen=True)
 class SourceFile:
-    """One output file of the job: its path in the version, its store key, and (once read) its content hash."""
+    """One file of a new version: its path in the version, its store key, and (once read) its content hash.
+    ``uploaded``: the server stored it from an upload (a logged model's file), never a job's own output file."""
 
     path: str
     key: str
     size: int
     sha256: str = ""
+    uploaded: bool = False
 
 
 def held(s: Session, org_id: str, shas: Iterable[str]) -> set[str]:
@@ -110,9 +112,12 @@ class BlobCopier:
         self.copied: dict[str, int] = {}
 
     def hashed(self, files: list[SourceFile]) -> list[SourceFile]:
-        """Each file with its SHA-256, read from the store (in place on a local store)."""
+        """Each file with its SHA-256, read from the store (in place on a local store) unless it came with one."""
         out = []
         for f in files:
+            if f.sha256:
+                out.append(f)
+                continue
             with self._local(f.key) as local:
                 digest = hashlib.sha256()
                 size = 0
@@ -120,7 +125,7 @@ class BlobCopier:
                     while data := fh.read(_READ):
                         digest.update(data)
                         size += len(data)
-            out.append(SourceFile(f.path, f.key, size, digest.hexdigest()))
+            out.append(SourceFile(f.path, f.key, size, digest.hexdigest(), f.uploaded))
         return out
 
     def copy(self, files: list[SourceFile], skip: set[str]) -> None:
@@ -128,8 +133,11 @@ class BlobCopier:
         for f in files:
             if f.sha256 in skip or f.sha256 in self.copied:
                 continue
-            with self._local(f.key) as local:
-                self.store.put_file(local, data_key(self.org_id, f.sha256))
+            if f.uploaded:  # the server's own file: the blob may share its bytes (a link on a local store)
+                self.store.copy(f.key, data_key(self.org_id, f.sha256))
+            else:  # a job's output: the blob is a file of the server's, never one a job wrote (or may write)
+                with self._local(f.key) as local:
+                    self.store.put_file(local, data_key(self.org_id, f.sha256))
             self.copied[f.sha256] = f.size
 
     def forget(self, s: Session) -> None:

@@ -184,3 +184,21 @@ def test_log_store_system_lines(tmp_path: Path) -> None:
 def test_log_store_refuses_unsafe_job_ids(tmp_path: Path) -> None:
     with pytest.raises(BadRequest):
         LogStore(tmp_path / "logs").path("../../etc/passwd")
+
+
+def test_copy_on_a_local_store_is_a_link_that_a_replaced_source_leaves_alone(tmp_path: Path) -> None:
+    """What registering a logged model does with each of its files (no bytes copied): the copy is the source's
+    inode; the source replaced (every store write is a rename) leaves the copy as it was, deleted as well."""
+    store = ObjectStore(str(tmp_path / "store"))
+    (tmp_path / "weights").write_bytes(b"v1" * 1000)
+    store.put_file(tmp_path / "weights", "models/m/data/model.pth")
+    store.copy("models/m/data/model.pth", "data/sha256/ab/abcd")
+    src, dst = store.local_path("models/m/data/model.pth"), store.local_path("data/sha256/ab/abcd")
+    assert src is not None and dst is not None and src.stat().st_ino == dst.stat().st_ino
+    (tmp_path / "weights").write_bytes(b"v2")
+    store.put_file(tmp_path / "weights", "models/m/data/model.pth")
+    store.delete("models/m/data/model.pth")
+    assert dst.read_bytes() == b"v1" * 1000
+    assert [p.name for p in dst.parent.iterdir()] == ["abcd"]  # no temporary name left behind
+    with pytest.raises(NotFound):
+        store.copy("models/m/data/gone", "data/x")
