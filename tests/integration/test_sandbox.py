@@ -347,6 +347,29 @@ def test_a_steps_first_process_starts_in_the_jobs_control_groups(server: KilnSer
     assert any(path.endswith(expected) for path in groups.values()), groups
 
 
+FDS = """
+import os
+fds = {}
+for name in os.listdir("/proc/self/fd"):
+    try:
+        fds[int(name)] = os.readlink("/proc/self/fd/" + name)
+    except OSError:
+        pass  # the listing's own descriptor, closed by now
+print("fds=" + repr(sorted(fds)), fds, flush=True)
+"""
+
+
+def test_a_job_holds_no_descriptor_but_its_standard_streams(server: KilnServer) -> None:
+    """What the shim and bubblewrap open to start a job (the seccomp filter, the pipes through which it joins its
+    control groups, its network namespace) stays theirs: the command's first process holds 0, 1 and 2 only."""
+    client = server.client()
+    job = client.submit({"command": [sys.executable, "-c", FDS], "runtime": PY, "resources": {"pids": 64}})
+    done = wait_for(client, job.id, timeout=60)
+    assert done.state == "SUCCEEDED", done.message
+    lines = [line for line in log_text(client, job.id) if line.startswith("fds=")]
+    assert lines and lines[0].startswith("fds=[0, 1, 2] "), lines
+
+
 BUSY = """
 import os, resource, time
 start = time.monotonic()

@@ -330,23 +330,35 @@ class BwrapJoin:
     """A bubblewrap step put into the groups before anything of the job runs, with no process of ours between:
     bubblewrap is started with ``--info-fd`` (its monitor writes the sandbox's pid there right after the clone)
     and ``--block-fd`` (the sandbox waits for a byte there before it loads the seccomp filter and execs the
-    command, after its own set-up). The shim reads both pids, writes them into each ``cgroup.procs``, then writes
-    the byte: the command, and all it forks, start in the groups (the sandbox's later fork for its pid 1 too).
+    command, after its own set-up). The shim reads both pids, writes them into each ``cgroup.procs``, sets the
+    sandbox's ``rlimits`` (``prlimit(2)``: no ``prlimit`` process in the sandbox), then writes the byte: the
+    command, and all it forks, start in the groups and under the limits (the sandbox's later fork for its pid 1
+    too).
 
-    bubblewrap is given the block pipe's write end as well, so the sandbox holds one itself: when the shim dies
-    before the byte (SIGKILL), the sandbox never reads end-of-file (which would let it go on outside the groups);
-    it stays blocked until ``--die-with-parent`` kills it. The cost: the command inherits that write end, of a
-    pipe only its own bubblewrap monitor holds open, which nothing reads (at most 64 KiB could be written into it,
-    then the writer blocks)."""
+    The sandbox's block fd is the block pipe opened again read and write (a pipe's ``/proc/self/fd`` link opens
+    the pipe itself): a writer as well as the reader, it never reads end-of-file, so when the shim dies before the
+    byte (SIGKILL) the sandbox does not go on outside the groups; it stays blocked until ``--die-with-parent``
+    kills it. bubblewrap closes its block fd once it has read the byte, and its info fd in the sandbox, so the
+    command inherits neither (nor any end of these pipes). Where the pipe cannot be opened so (no /proc), the
+    write end is passed as well, and the command inherits it."""
 
     def __init__(self, paths: list[str]) -> None:
         self.procs = [os.path.join(p, "cgroup.procs") for p in paths]
         self.info_r, self.info_w = os.pipe()
         self.block_r, self.block_w = os.pipe()
+        self.extra: tuple[int, ...] = ()  # passed to bubblewrap besides its two fds
+        self.rlimits: list[tuple[int, int]] = []  # (resource, limit) set on the sandbox while it waits
+        try:
+            both = os.open(f"/proc/self/fd/{self.block_r}", os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            self.extra = (self.block_w,)
+        else:
+            os.close(self.block_r)
+            self.block_r = both
 
     @property
     def pass_fds(self) -> tuple[int, ...]:
-        return (self.info_w, self.block_r, self.block_w)
+        return (self.info_w, self.block_r, *self.extra)
 
     def argv(self, argv: list[str]) -> list[str]:
         """``argv`` (bubblewrap's command line) with the two options."""
@@ -380,6 +392,14 @@ class BwrapJoin:
                             os.close(fd)
                     except OSError as exc:
                         return f"cannot join the job's control group {path}: {exc.strerror}"
+            if self.rlimits:
+                import resource
+
+                for which, limit in self.rlimits:  # inherited by the sandbox's pid 1 and the command it forks
+                    try:
+                        resource.prlimit(child, which, (limit, limit))
+                    except OSError as exc:
+                        return f"cannot set the job's resource limit {which}: {exc.strerror}"
             os.write(self.block_w, b"1")
             return ""
         finally:

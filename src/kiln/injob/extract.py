@@ -423,7 +423,9 @@ class Metrics:
         sampler = SystemSampler(self.tree, gpus, Nvml.load() if gpus else None)
         spool = self.spool("sys")
         try:
-            sampler.sample()  # the baseline for the CPU figure
+            # The baseline for the CPU figure is the sampler's start, not a walk of /proc: each process the first
+            # sample finds counts from its own start (the shim starts the metrics once the first step runs).
+            sampler.prev_time = time.monotonic()
             while not self.stop_event.wait(interval):
                 values = sampler.sample()
                 spool.add(time.time(), None, dict(values))

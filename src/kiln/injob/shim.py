@@ -114,6 +114,7 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits, shimlimits.JobLimits):
         self.notify_path = self.cfg.get("notify_socket")
         self.notify_sock: socket.socket | None = None
         self.metrics: Any = None  # extract.Metrics when the attempt collects metrics
+        self.metrics_started = False  # they start once its first step runs (off the way to the command's start)
         self.stage_stop = shimio.StopFlag()  # set by a stop request while inputs are being staged
         self.stage_holder = ""  # this attempt's name in the data cache's in-use records, once it staged
         self.helpers: set[int] = set()  # processes serving the job that are not the job's (a FUSE mount's daemon)
@@ -177,7 +178,7 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits, shimlimits.JobLimits):
                 argv,
                 tmp,
                 self.input_paths,
-                self.cfg.get("disk_limit"),
+                None if self.job_cgroup() else self.cfg.get("disk_limit"),  # else set while the sandbox waits
                 rlimit_nproc=self.nproc_fallback(),
                 env_after=deferred,
                 seccomp_fd=seccomp_fd,
@@ -192,7 +193,8 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits, shimlimits.JobLimits):
                 if seccomp_fd is not None and i:  # the previous bubblewrap reads (or read) the last one to its end
                     assert self.box is not None
                     sandbox.open_seccomp(self.box, at=seccomp_fd)
-                join = self.bwrap_join()  # the sandbox waits until the shim has put it into the job's groups
+                # The sandbox waits until the shim has put it into the job's groups (and set its file size limit).
+                join = self.bwrap_join(self.cfg.get("disk_limit"))
                 try:
                     with net.entered() if net is not None else contextlib.nullcontext():
                         child = subprocess.Popen(
@@ -241,6 +243,9 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits, shimlimits.JobLimits):
                 reserve_exit_record(os.path.join(self.dir, "exit.json"))
             except OSError:
                 pass
+        if self.cfg.get("metrics") and not self.metrics_started:  # they read the log from the attempt's start
+            self.metrics_started = True
+            self.start_metrics()
         reason = self.pump(deadline, prefixes)
         if procs:
             for child in self.children:
@@ -421,19 +426,15 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits, shimlimits.JobLimits):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         signal.signal(signal.SIGCHLD, self.on_child)
-        try:
-            import ctypes
-
-            ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
+        libc = sandbox._libc()  # loaded by the launcher before it forked this shim
+        if libc is not None:
+            libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         cfg = self.cfg
         outcome: dict = {"exit_code": None, "reason": "", "message": ""}
         exit_path = os.path.join(self.dir, "exit.json")
         try:
             self.log_fd = os.open(cfg["log_path"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-            if cfg.get("metrics"):
-                self.start_metrics()
+            self.log_start = os.fstat(self.log_fd).st_size  # the attempt's part of the log, read for metrics
             outcome = self.run_attempt()
         except DiskFull as exc:
             self.kill_tree(1.0)
@@ -483,8 +484,7 @@ class Shim(shimprep.Preparation, shimbox.SandboxLimits, shimlimits.JobLimits):
     def run_attempt(self) -> dict:
         cfg = self.cfg
         env = cfg["env"]
-        self.status("preparing")
-        self.say(f"attempt {cfg['attempt']} starting")
+        self.say(f"attempt {cfg['attempt']} starting")  # status.json waits for the command (or staging)
         os.makedirs(cfg["work_dir"], exist_ok=True)
         self.setup_sandbox()
         self.setup_network()

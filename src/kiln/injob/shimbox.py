@@ -8,8 +8,8 @@ command line and the measuring are in ``sandbox.py``.
 
 from __future__ import annotations
 
+import _thread
 import os
-import threading
 from collections.abc import Callable
 
 if __package__:
@@ -33,7 +33,7 @@ class SandboxLimits:
     say: Callable[[str], None]
     dir: str
     net: netns.JobNetwork | None = None
-    _net_thread: threading.Thread | None = None
+    _net_joining: _thread.LockType | None = None  # held while a thread joins (or makes) the namespace
     _net_error: BaseException | None = None
 
     # -- the job's network (netns.py) -------------------------------------------------------------------------
@@ -44,15 +44,27 @@ class SandboxLimits:
         if not cfg or not self.box:
             return
         self.net = netns.JobNetwork(cfg)
-        self._net_thread = threading.Thread(target=self._join_network, name="kiln-network", daemon=True)
-        self._net_thread.start()
+        # A bare thread: threading's would wait until it runs (a wait for the scheduler, on a loaded machine,
+        # in the way of the job's start); its lock is released when the namespace is joined.
+        joining = _thread.allocate_lock()
+        joining.acquire()
+        _thread.start_new_thread(self._join_network, (joining,))
+        self._net_joining = joining
 
-    def _join_network(self) -> None:
+    def _join_network(self, joining: _thread.LockType) -> None:
         assert self.net is not None
         try:
             self.net.acquire(self.net_holder)
         except BaseException as exc:
             self._net_error = exc
+        finally:
+            joining.release()
+
+    def _network_joined(self) -> None:
+        """Wait until the thread joining the namespace is done."""
+        joining, self._net_joining = self._net_joining, None
+        if joining is not None:
+            joining.acquire()
 
     @property
     def net_holder(self) -> str:
@@ -60,9 +72,7 @@ class SandboxLimits:
 
     def job_network(self) -> netns.JobNetwork | None:
         """The namespace the job's steps start in, once made (raises NetworkError when it could not be)."""
-        if self._net_thread is not None:
-            self._net_thread.join()
-            self._net_thread = None
+        self._network_joined()
         if self._net_error is not None:
             raise NetworkError(str(self._net_error))
         return self.net
@@ -70,8 +80,7 @@ class SandboxLimits:
     def teardown_network(self) -> None:
         if self.net is None:
             return
-        if self._net_thread is not None:
-            self._net_thread.join()
+        self._network_joined()
         self.net.release(self.net_holder)
         self.net = None
 

@@ -61,6 +61,7 @@ def warm_up() -> None:
     """What a shim may import or read later, done once here so that every forked shim has it already."""
     import ctypes  # noqa: F401
     import fcntl  # noqa: F401
+    import resource  # noqa: F401
     import shutil  # noqa: F401
     import tarfile  # noqa: F401
 

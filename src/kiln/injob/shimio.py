@@ -46,11 +46,20 @@ EXIT_RESERVE = 4096
 
 
 def reserve_exit_record(path: str) -> None:
-    """Allocate the exit record's blocks up front so that it can still be written on a full disk."""
-    with open(path + ".tmp", "wb") as fh:
-        fh.write(b" " * EXIT_RESERVE)
-        fh.flush()
-        os.fsync(fh.fileno())
+    """Allocate the exit record's blocks up front so that it can still be written on a full disk: with
+    ``fallocate`` (the blocks are the file's at once, with no data written and no fsync to wait for), else by
+    writing them and syncing."""
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+    try:
+        try:
+            os.posix_fallocate(fd, 0, EXIT_RESERVE)
+            return
+        except OSError:
+            pass
+        os.write(fd, b" " * EXIT_RESERVE)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_exit_record(path: str, data: dict) -> None:

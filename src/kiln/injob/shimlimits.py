@@ -7,8 +7,9 @@ groups themselves are ``cgroups.py``'s, the log's limit is applied where lines a
 ``shim.json`` carries ``"cgroup": {"name", "cpus", "pids"}`` and ``"log_limit"`` (bytes):
 
 - the attempt member's control groups are made before its first step and every step of the job starts in them
-  (a sandboxed step: moved in by the shim while bubblewrap waits; without the sandbox: through ``cgroups.py``'s
-  wrapper; a catalog runtime the shim builds for every organisation does not): a CPU
+  (a sandboxed step: moved in by the shim while bubblewrap waits, which also sets its file size limit then;
+  without the sandbox: through ``cgroups.py``'s wrapper; a catalog runtime the shim builds for every
+  organisation does not): a CPU
   quota of ``cpus`` and at most ``pids`` processes and threads. Where no pids
   group can be made the sandbox sets ``RLIMIT_NPROC`` instead (it counts every process of the job's uid, so
   of all the organisation's jobs on the machine); where no cpu group can be made ``cpus`` is not enforced, and the
@@ -71,10 +72,17 @@ class JobLimits:
             return argv
         return group.join_argv(argv, env)
 
-    def bwrap_join(self) -> cgroups.BwrapJoin | None:
-        """A join of the groups for one bubblewrap process of the step (None: the step has no groups to join)."""
+    def bwrap_join(self, fsize: int | None = None) -> cgroups.BwrapJoin | None:
+        """A join of the groups for one bubblewrap process of the step (None: the step has no groups to join),
+        which also sets the sandbox's RLIMIT_FSIZE to ``fsize`` while it waits (no ``prlimit`` process in the
+        sandbox: the command line has none where the step joins groups)."""
         group = self._bwrap_group
-        return group.bwrap_join() if group is not None else None
+        join = group.bwrap_join() if group is not None else None
+        if join is not None and fsize:
+            import resource  # the launcher imported it for every shim
+
+            join.rlimits.append((resource.RLIMIT_FSIZE, int(fsize)))
+        return join
 
     def nproc_fallback(self) -> int | None:
         """The RLIMIT_NPROC the sandbox sets when no pids group holds the job (None: the group does)."""

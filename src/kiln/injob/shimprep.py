@@ -70,6 +70,7 @@ class Preparation(_shimio.AttemptFiles, _proctree.ProcessTree):
     """The shim's steps around the job's command: runtime, code, inputs and metrics (a mixin of ``Shim``)."""
 
     metrics: Any
+    log_start: int  # the log's size when the attempt began
     stage_stop: threading.Event
     stage_holder: str
     stopped_as: str
@@ -159,10 +160,11 @@ class Preparation(_shimio.AttemptFiles, _proctree.ProcessTree):
     # -- metrics --------------------------------------------------------------------------------------
 
     def start_metrics(self) -> None:
-        """Start the metrics threads (best effort: metrics never fail an attempt)."""
+        """Start the metrics threads (best effort: metrics never fail an attempt); they read the log from
+        ``log_start``, where the attempt's part of it begins."""
         try:
             extract = load_extract()
-            self.metrics = extract.Metrics(self.cfg, self.tree, os.fstat(self.log_fd).st_size)
+            self.metrics = extract.Metrics(self.cfg, self.tree, self.log_start)
             self.metrics.say = self.say  # e.g. that TensorBoard files are no longer read (their budget is spent)
             self.metrics.on_watched = lambda: self.notify("metrics")  # metrics.watch: the server reads them now
             # The threads share the interpreter with the loop copying the job's output: hand it back sooner.

@@ -4,9 +4,12 @@ group holding a fork storm at its limit."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -100,3 +103,86 @@ def test_a_real_group_holds_a_fork_storm_at_its_limit_and_is_removed_with_it() -
         assert group.remove() == []  # kills what is in it, then removes it
         proc.wait(10)
     assert not any(os.path.exists(p) for p in (*group.paths(), *cgroups.existing(group.name).paths()))
+
+
+# Prints the command's open descriptors with what each is (the listing's own is closed by the time it is read).
+FDS = (
+    "import os\nfds = {}\nfor name in os.listdir('/proc/self/fd'):\n    try:\n"
+    "        fds[int(name)] = os.readlink('/proc/self/fd/' + name)\n    except OSError:\n        pass\n"
+    "print(sorted(fds), flush=True)\n"
+)
+
+
+def _bwrap(command: list[str], die_with_parent: bool = True) -> list[str]:
+    bwrap = "/usr/bin/bwrap"
+    if not os.access(bwrap, os.X_OK):
+        pytest.skip("no bubblewrap here")
+    user = [] if os.geteuid() == 0 else ["--unshare-user"]
+    dies = ["--die-with-parent"] if die_with_parent else []
+    argv = [bwrap, *user, "--dev-bind", "/", "/", "--unshare-pid", *dies, "--", *command]
+    if subprocess.run([*argv[: argv.index("--")], "--", "true"], capture_output=True).returncode != 0:
+        pytest.skip("bubblewrap cannot run here")
+    return argv
+
+
+def test_a_joined_sandbox_runs_in_the_groups_and_its_command_holds_no_pipe_of_the_join(tmp_path: Path) -> None:
+    """The command inherits no descriptor of the join: bubblewrap closes the block fd once it has read the byte,
+    and the info fd in the sandbox (the block pipe's write end stays the shim's)."""
+    (tmp_path / "cgroup.procs").write_text("")
+    join = cgroups.BwrapJoin([str(tmp_path)])
+    proc = subprocess.Popen(
+        join.argv(_bwrap([sys.executable, "-c", FDS])),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        close_fds=True,
+        pass_fds=join.pass_fds,
+        text=True,
+    )
+    assert join.admit(proc.pid) == ""
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and out.strip() == "[0, 1, 2]", out
+    assert (tmp_path / "cgroup.procs").read_text().strip()  # bubblewrap's and its sandbox's pids were written
+
+
+SHIM_DIES = """
+import json, os, subprocess, sys, time
+from kiln.injob import cgroups
+join = cgroups.BwrapJoin([sys.argv[1]])
+proc = subprocess.Popen(join.argv(sys.argv[2:]), close_fds=True, pass_fds=join.pass_fds)
+for fd in (join.info_w, join.block_r):  # what admit closes first; then this "shim" dies before the byte
+    os.close(fd)
+info = b""
+while not info.rstrip().endswith(b"}"):
+    info += os.read(join.info_r, 4096)
+print(proc.pid, json.loads(info)["child-pid"], flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_sandbox_whose_shim_dies_before_the_go_ahead_never_runs_its_command(tmp_path: Path) -> None:
+    """Killed between bubblewrap's set-up and the byte that lets it go on, the shim leaves a sandbox that never
+    reads end-of-file (it holds the block pipe as a writer too), so its command never starts outside the job's
+    groups (the shim's ``--die-with-parent`` then kills it; left out here, so that only the pipe holds it)."""
+    marker = tmp_path / "ran"
+    (tmp_path / "cgroup.procs").write_text("")
+    argv = _bwrap(["/bin/sh", "-c", f"touch {marker}"], die_with_parent=False)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    shim = subprocess.Popen(
+        [sys.executable, "-c", SHIM_DIES, str(tmp_path), *argv], stdout=subprocess.PIPE, text=True, env=env
+    )
+    sandbox_pids: list[int] = []
+    try:
+        assert shim.stdout is not None
+        sandbox_pids = [int(v) for v in shim.stdout.readline().split()]
+        assert len(sandbox_pids) == 2  # bubblewrap, and its sandbox, made and waiting for the byte
+    finally:
+        shim.kill()
+        shim.wait(10)
+    try:
+        time.sleep(0.5)
+        assert not marker.exists()
+        assert os.path.exists(f"/proc/{sandbox_pids[1]}")  # still blocked
+    finally:
+        for pid in reversed(sandbox_pids):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
