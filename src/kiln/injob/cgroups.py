@@ -183,11 +183,13 @@ class JobCgroup:
     ) -> JobCgroup:
         """The groups of ``name`` with a CPU quota of ``cpus`` and a ``pids`` limit, as far as this machine
         allows (``dirs`` holds what could be made; empty: none). Never raises."""
-        if found is None:  # the hierarchies known to this process; read again when none of them would do
+        if found is None:  # the hierarchies known to this process; read again when they fell short
             group = cls.create(name, cpus, pids, known_hierarchies())
-            if group.dirs or (pids is None and cpus is None) or known_hierarchies() == hierarchies():
+            short = (pids is not None and "pids" not in group.dirs) or (cpus is not None and "cpu" not in group.dirs)
+            if not short or known_hierarchies() == known_hierarchies(fresh=True):
                 return group
-            found = known_hierarchies(fresh=True)
+            group.remove()
+            found = known_hierarchies()
         group = cls(group_name(name))
         wanted = {"pids": pids is not None, "cpu": cpus is not None, "cpuacct": cpus is not None}
         for controller in CONTROLLERS:

@@ -49,22 +49,19 @@ def _try_lock(fd: int) -> bool:
 def start_time(pid: int) -> float:
     """When process ``pid`` started, in seconds since the epoch, as psutil's ``create_time`` computes it (the
     boot time plus the start in clock ticks), so a reused pid is told apart."""
+    return process_state(pid)[0]
+
+
+def process_state(pid: int) -> tuple[float, str]:
+    """(:func:`start_time`, state letter: ``Z`` for a zombie) of process ``pid``, from one read of its stat file;
+    OSError when there is no such process."""
     with open(f"/proc/{pid}/stat") as fh:
         stat = fh.read()
-    ticks = int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22, starttime; the name may hold spaces
-    return boot_time() + ticks / os.sysconf("SC_CLK_TCK")
-
-
-_BOOT: list[int] = []
-
-
-def boot_time() -> int:
-    """The machine's boot time (``btime`` of ``/proc/stat``, whole seconds since the epoch), read once per process:
-    the shim launcher reads it before it forks the shims."""
-    if not _BOOT:
-        with open("/proc/stat") as fh:
-            _BOOT.append(next(int(line.split()[1]) for line in fh if line.startswith("btime ")))
-    return _BOOT[0]
+    fields = stat[stat.rindex(")") + 2 :].split()  # from field 3, the state; the name may hold spaces
+    # The boot time is read each time, as psutil does: it moves with the wall clock (a step of NTP).
+    with open("/proc/stat") as fh:
+        boot = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK"), fields[0]  # field 22, starttime
 
 
 def take(attempt_dir: str, launch: str | None = None) -> int | None:

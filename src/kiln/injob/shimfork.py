@@ -7,10 +7,9 @@ answers each with the new shim's pid on its stdout. It exits when stdin closes (
 it started carry on in their own sessions.
 
 What every shim would otherwise pay again is paid here, before the first fork: the modules a shim may import
-(and those of the metrics threads), the C library handles, the control-group hierarchies of the machine and its
-boot time (read by every shim's claim). The objects it made are then frozen out of the cyclic garbage
-collector's reach (``gc.freeze``): a forked shim that collects never walks them, so it copies fewer of the
-launcher's pages.
+(and those of the metrics threads), the C library handles and the control-group hierarchies of the machine. The
+objects it made are then frozen out of the cyclic garbage collector's reach (``gc.freeze``): a forked shim that
+collects never walks them, so it copies fewer of the launcher's pages.
 """
 
 from __future__ import annotations
@@ -20,10 +19,9 @@ import signal
 from collections.abc import Callable
 
 if __package__:
-    from kiln.injob import cgroups, claim, netns, proctree, sandbox, shimprep
+    from kiln.injob import cgroups, netns, proctree, sandbox, shimprep
 else:  # loaded by the shim run as a script: its directory is on sys.path
     import cgroups  # type: ignore[no-redef]
-    import claim  # type: ignore[no-redef]
     import netns  # type: ignore[no-redef]
     import proctree  # type: ignore[no-redef]
     import sandbox  # type: ignore[no-redef]
@@ -69,7 +67,6 @@ def warm_up() -> None:
     netns._libc()  # and for the job's network namespace (unshare, setns)
     cgroups.known_hierarchies()  # the machine's control-group mounts (read again where no group can be made)
     cgroups.group_name("launcher")  # its pattern compiled (re's cache)
-    claim.boot_time()
     try:  # the metrics threads' modules (a shim imports them only when its attempt collects metrics)
         import threading  # noqa: F401
 
