@@ -30,6 +30,7 @@ from kiln.db.tables import (
     ModelAlias,
     ModelFile,
     ModelVersion,
+    Run,
     utcnow,
 )
 from kiln.domain import models as refs
@@ -321,6 +322,9 @@ class ModelRegistry:
         run), oldest first, files left out: the other half of a version's lineage."""
         principal.require("models:read")
         with self.db.read() as s:
+            # Another organisation's run is answered as one that does not exist (not as one with no versions).
+            if s.scalar(select(Run.id).where(Run.id == run_id, Run.org_id == principal.org_id)) is None:
+                raise NotFound(f"run {run_id} not found")
             rows = s.execute(
                 select(ModelVersion, Model)
                 .join(Model, Model.id == ModelVersion.model_id)

@@ -98,6 +98,8 @@ STUDY_SPEC = {
 PIPELINE_SPEC = {"name": "matrix-flow", "steps": {"only": job_spec("true")}}
 JOB = (("job_id", ("finished", "running", "queued")),)
 FINISHED = (("job_id", ("finished",)),)
+PIPELINE_RUN = (("run_id", ("pipeline-run",)),)
+JOB_RUN = (("run_id", ("job-run",)),)  # a finished job's run (a run's id is its job's)
 
 # Every route of the API. A route missing here fails the test (see test body).
 ROUTES: dict[tuple[str, str], list[Case]] = {
@@ -215,9 +217,13 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     # A dry run creates nothing and looks at no code: each organisation checks its own spec.
     ("POST", "/api/v1/pipelines/runs:dry-run"): [Case("self", body={"spec": PIPELINE_SPEC}, cross=OWN_OK)],
     ("GET", "/api/v1/pipelines/runs"): [Case("self", cross=OWN_OK)],
-    ("GET", "/api/v1/pipelines/runs/{run_id}"): [Case("scoped", reader="member")],
-    ("POST", "/api/v1/pipelines/runs/{run_id}/resume"): [Case("scoped")],  # A's run is running: A gets 409
-    ("POST", "/api/v1/pipelines/runs/{run_id}/cancel"): [Case("scoped", owner="admin", last=True)],
+    # The model versions a run produced: A's finished job's run, which B cannot name.
+    ("GET", "/api/v1/runs/{run_id}/model-versions"): [Case("scoped", reader="member", only=JOB_RUN)],
+    ("GET", "/api/v1/experiments"): [Case("self", cross=OWN_OK)],
+    ("GET", "/api/v1/pipelines/runs/{run_id}"): [Case("scoped", reader="member", only=PIPELINE_RUN)],
+    # A's run is running: A gets 409
+    ("POST", "/api/v1/pipelines/runs/{run_id}/resume"): [Case("scoped", only=PIPELINE_RUN)],
+    ("POST", "/api/v1/pipelines/runs/{run_id}/cancel"): [Case("scoped", owner="admin", last=True, only=PIPELINE_RUN)],
     ("POST", "/api/v1/pipelines/schedules"): [
         Case("self", body={"spec": PIPELINE_SPEC, "cron": "0 0 1 1 *"}, cross=OWN_OK),
         Case(
@@ -780,7 +786,10 @@ def test_no_route_crosses_organisations(make_server, tmp_path) -> None:  # type:
             "upload_id": [Choice("upload", upload["id"], new_id("up"))],
             "number": [Choice("part", "1", "2")],
             "study_id": [Choice("study", study["id"], new_id("study"))],
-            "run_id": [Choice("pipeline-run", prun["id"], new_id("prun"))],
+            "run_id": [
+                Choice("pipeline-run", prun["id"], new_id("prun")),
+                Choice("job-run", finished["id"], new_id("job")),
+            ],
             "schedule_id": [Choice("pipeline-schedule", schedule["id"], new_id("psch"))],
             "budget_id": [Choice("budget", budget["id"], new_id("bud"))],
             "subscription_id": [Choice("subscription", subscription["id"], new_id("sub"))],
