@@ -2,7 +2,9 @@
 databases and caches on its loopback and its other addresses, another organisation's job listening on 127.0.0.1
 and 0.0.0.0, a port of the machine the operator did not allow, and another job's SysV shared memory and message
 queues are out of reach — while what a job legitimately needs (the Kiln API for its SDK, a local mirror the
-operator allows) still works. ``network: host`` is refused unless the operator allows the organisation.
+operator allows) still works. ``network: none`` runs no pasta: its API port is its shim's listener, which leads to
+the API only (a proxy's CONNECT through it is answered by the API) and forwards a bounded number of connections
+however many the job opens. ``network: host`` is refused unless the operator allows the organisation.
 
 Every address tried is on this machine: its loopback, or its own addresses, which inside a job's namespace name
 the job itself."""
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -33,7 +36,7 @@ PAYLOAD = b"kiln-mirror " * 100_000  # 1.2 MB
 
 # Connects to each target and reports what happened, one JSON line; fetches the URLs it is given.
 PROBE = r"""
-import json, os, socket, urllib.request
+import json, os, socket, time, urllib.request
 targets = json.loads(os.environ["PROBE"])
 report = {}
 for host, port in targets["connect"]:
@@ -64,7 +67,31 @@ if targets.get("api"):  # the Kiln API with the job's own token, as the SDK reac
         report["api"] = json.loads(urllib.request.urlopen(request, timeout=10).read())["state"]
     except Exception as exc:
         report["api"] = repr(exc)
+api_port = int(os.environ["KILN_ENDPOINT"].rsplit(":", 1)[1])
+if targets.get("sdk"):  # the SDK itself, unchanged, at the URL it is given
+    from kiln.sdk.client import Client
+    try:
+        report["sdk"] = str(Client().get_job(os.environ["KILN_JOB_ID"]).state)
+    except Exception as exc:
+        report["sdk"] = repr(exc)
+if targets.get("tunnel"):  # the API's port asked to be a proxy to the machine's PostgreSQL
+    s = socket.create_connection(("127.0.0.1", api_port), timeout=5)
+    s.sendall(b"CONNECT 127.0.0.1:5432 HTTP/1.1\r\nHost: 127.0.0.1:5432\r\n\r\n")
+    try:
+        report["tunnel"] = s.recv(200).decode(errors="replace").split("\r\n")[0]
+    except OSError as exc:
+        report["tunnel"] = type(exc).__name__
+    s.close()
 print("REPORT " + json.dumps(report), flush=True)
+held = []
+for _ in range(targets.get("hold", 0)):  # connections to the API's port, held open
+    s = socket.socket()
+    s.setblocking(False)
+    s.connect_ex(("127.0.0.1", api_port))
+    held.append(s)
+if held:
+    print(f"HOLDING {len(held)}", flush=True)
+    time.sleep(300)
 """
 
 # Listens on the given ports (127.0.0.1 and 0.0.0.0) and hands a secret to whoever connects.
@@ -177,13 +204,29 @@ def _wait_line(client: Client, job_id: str, prefix: str) -> str:
         time.sleep(0.2)
 
 
+def _pastas_serving(prefix: str) -> list[int]:
+    """The pastas serving a namespace whose file is under ``prefix``: each holds the file open (the path it shows
+    follows the renames of a spare's directory into an attempt's)."""
+    found = []
+    for proc in psutil.process_iter(["name"]):
+        if not (proc.info["name"] or "").startswith(("pasta", "passt")):
+            continue
+        try:
+            links = [os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{proc.pid}/fd")]
+        except OSError:
+            continue
+        if any(link.startswith(prefix) for link in links):
+            found.append(proc.pid)
+    return found
+
+
 def _network_gone(server: KilnServer, job_id: str) -> None:
     """The attempt's namespace is removed with it, and its pasta exits."""
     deadline = time.monotonic() + 20
     while True:
         left = list((server.home / "run" / "net").glob(f"{job_id}-*"))
         mounted = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if job_id in line]
-        pastas = [p for p in psutil.process_iter(["name", "cmdline"]) if job_id in " ".join(p.info["cmdline"] or [])]
+        pastas = _pastas_serving(str(server.home / "run" / "net" / job_id))
         if not left and not mounted and not pastas:
             return
         assert time.monotonic() < deadline, (left, mounted, pastas)
@@ -243,13 +286,53 @@ def test_a_job_reaches_nothing_of_the_machine_nor_another_orgs_listener(
         admin.close()
 
 
-def test_network_none_reaches_only_the_kiln_api(server: KilnServer, mirrors: tuple[int, int]) -> None:
-    allowed, _ = mirrors
+def _api_connections(port: int) -> dict[int, int]:
+    """Established connections to the Kiln API's port on the machine's loopback, per process."""
+    per: dict[int, int] = {}
+    for conn in psutil.net_connections("tcp"):
+        if conn.raddr and conn.raddr.port == port and conn.status == psutil.CONN_ESTABLISHED and conn.pid:
+            per[conn.pid] = per.get(conn.pid, 0) + 1
+    return per
+
+
+def test_network_none_reaches_only_the_kiln_api_with_no_pasta(server: KilnServer, mirrors: tuple[int, int]) -> None:
+    allowed, other = mirrors
     admin = Api.admin(server)
+    red, blue = create_tenant(admin, "red4", ("member",)), create_tenant(admin, "blue4", ("member",))
     try:
-        client = _client(admin)
-        probe = {"connect": [("127.0.0.1", 5432)], "fetch": [f"http://127.0.0.1:{allowed}/model.bin"], "api": True}
-        job = client.submit(
+        attacker, victim = _client(red["member"].api), _client(blue["member"].api)
+        loop_port, any_port = free_port(), free_port()
+        listen = f"127.0.0.1:{loop_port},0.0.0.0:{any_port}"
+        hold = victim.submit(
+            {
+                "command": [sys.executable, "-c", LISTENER],
+                "runtime": PY,
+                "network": "none",
+                "env": {"LISTEN": listen},
+            }
+        )
+        _wait_line(victim, hold.id, "listening")
+        connect: list[tuple[str, int]] = [
+            ("127.0.0.1", 5432),
+            ("127.0.0.1", 6379),
+            ("::1", 6379),
+            ("::1", server.port),  # the API's port is served on 127.0.0.1 only
+            ("127.0.0.1", allowed),  # a mirror the operator allows is for isolated jobs: none has no way out
+            ("127.0.0.1", other),
+            ("127.0.0.1", loop_port),  # another job's listeners
+            ("127.0.0.1", any_port),
+        ]
+        for address in machine_addresses():
+            connect += [(address, 5432), (address, any_port), (address, server.port)]
+        probe = {
+            "connect": connect,
+            "fetch": [f"http://127.0.0.1:{allowed}/model.bin", "http://192.0.2.1/"],
+            "api": True,
+            "sdk": True,
+            "tunnel": True,
+            "hold": 100,
+        }
+        job = attacker.submit(
             {
                 "command": [sys.executable, "-c", PROBE],
                 "runtime": PY,
@@ -257,12 +340,33 @@ def test_network_none_reaches_only_the_kiln_api(server: KilnServer, mirrors: tup
                 "env": {"PROBE": json.dumps(probe)},
             }
         )
-        report = _report(client, job.id)
+        report = json.loads(_wait_line(attacker, job.id, "REPORT ")[len("REPORT ") :])
+        reached = {k: v for k, v in report.items() if isinstance(v, str) and v.startswith("connected")}
+        assert reached == {}, report
         assert report[f"http://127.0.0.1:{allowed}/model.bin"] != len(PAYLOAD), report
-        assert not report["127.0.0.1:5432"].startswith("connected"), report
-        assert report["api"] == "RUNNING", report
+        assert isinstance(report["http://192.0.2.1/"], str), report  # no route out at all
+        assert report["api"] == "RUNNING" and report["sdk"] == "RUNNING", report  # the SDK works, same URL
+        assert not report["tunnel"].startswith("HTTP/1.1 200"), report  # the API answers: no tunnel
+        # No pasta for it: its port is its shim's listener, made in its namespace.
+        net = server.home / "run" / "net" / f"{job.id}-1"
+        assert sorted(p.name for p in net.iterdir()) == ["lock", "ns", "users"]
+        assert _pastas_serving(str(net)) == []
+        # The job holds 100 connections to the port: its shim forwards at most 32 of them to the API at once.
+        _wait_line(attacker, job.id, "HOLDING 100")
+        deadline = time.monotonic() + 20
+        while True:
+            forwarded = max(_api_connections(server.port).values(), default=0)
+            if forwarded >= 32 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert forwarded == 32, _api_connections(server.port)
+        attacker.cancel(job.id)
+        assert wait_for(attacker, job.id, timeout=60).state == "CANCELLED"
         _network_gone(server, job.id)
+        victim.cancel(hold.id)
+        assert wait_for(victim, hold.id, timeout=60).state == "CANCELLED"
     finally:
+        close_all(red, blue)
         admin.close()
 
 

@@ -1,16 +1,25 @@
 """Network namespaces made ahead (``backends/local/netpool.py``), for ``network: isolated`` and ``none``: a burst
-that the pool was sized for starts without any job making its own namespace, and every namespace is used once:
-jobs running at the same time, of one organisation or two, are in namespaces of their own, each holding nothing
-but what its own job was given (no listener but the forwarded Kiln API, no nft rule but its own egress table, no
-file of anyone else's)."""
+of 100 jobs in each mode that the pool was sized for starts without any job making its own namespace (the pool's
+miss counter, in its log, says so: not a timing), and every namespace is used once. Each job reads, as its first
+action, its namespace's own TCP and UDP counters (``/proc/net/snmp``: they start at zero when a namespace is made
+and never go back) and its sockets, and then uses the namespace (an SDK call to the Kiln API). So a namespace
+handed out twice would show the first job's connection to the second: every job finding zeros proves that none
+held a job before. Jobs running at the same time, of one organisation or two, are in namespaces of their own, each
+holding nothing but what its own job was given: no socket but the Kiln API's listener, no nft rule but the
+egress rules it was made with, no file of anyone else's; a ``none`` job's has no pasta."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import psutil
 import pytest
 
 from kiln.sdk.client import Client
@@ -18,23 +27,43 @@ from tests.helpers import log_text, wait_for
 from tests.kilnserver import KilnServer
 from tests.tenancy_helpers import Api, close_all, create_tenant
 
-POOL = 20  # spares kept per mode on the test's server (its minimum), and the burst's size per mode
+POOL = 100  # spares kept per mode on the test's server (its minimum and maximum), and the burst's size per mode
+MODES = ("isolated", "none")
 MISSED = "no spare {mode} network was ready"
+SUMMARY = re.compile(
+    r"job network pool: isolated: (\d+) handed out, (\d+) missed.*; none: (\d+) handed out, (\d+) missed"
+)
 
-# The job's network namespace (its inode) and the TCP ports listening in it, then it waits to be cancelled.
+# What the job's namespace held before the job did anything in it, then one use of it (the SDK's call to the API,
+# a TCP connection counted in the namespace), then it waits to be cancelled.
 LOOK = r"""
-import os, time
-listening = set()
-for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+import json, os, time
+def snmp():
+    lines = open("/proc/net/snmp").read().splitlines()
+    rows = {}
+    for head, values in zip(lines[::2], lines[1::2]):
+        rows[head.split(":")[0]] = dict(zip(head.split()[1:], (int(v) for v in values.split()[1:])))
+    return rows
+counters = snmp()
+used = {
+    "tcp_active_opens": counters["Tcp"]["ActiveOpens"],
+    "tcp_passive_opens": counters["Tcp"]["PassiveOpens"],
+    "udp_in": counters["Udp"]["InDatagrams"],
+    "udp_out": counters["Udp"]["OutDatagrams"],
+}
+sockets = set()
+for table in ("tcp", "tcp6", "udp", "udp6", "raw", "raw6"):
     try:
-        rows = open(table).read().splitlines()[1:]
+        rows = open("/proc/net/" + table).read().splitlines()[1:]
     except OSError:
         continue
     for row in rows:
         fields = row.split()
-        if fields[3] == "0A":  # LISTEN
-            listening.add(int(fields[1].rsplit(":", 1)[1], 16))
-print("NS", os.readlink("/proc/self/ns/net"), sorted(listening), flush=True)
+        sockets.add((table.rstrip("6"), int(fields[1].rsplit(":", 1)[1], 16), fields[3]))
+from kiln.sdk.client import Client
+state = str(Client().get_job(os.environ["KILN_JOB_ID"]).state)
+report = {"used": used, "sockets": sorted(sockets), "api": state}
+print("NS", os.readlink("/proc/self/ns/net"), json.dumps(report), flush=True)
 time.sleep(120)
 """
 
@@ -43,7 +72,7 @@ time.sleep(120)
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
     srv = KilnServer(
         tmp_path_factory.mktemp("netpool") / "home",
-        cpus="64",
+        cpus="256",
         network_pool_min=str(POOL),
         network_pool_max=str(POOL),
         allowed_python_roots=f"{sys.prefix}:{sys.base_prefix}",
@@ -57,75 +86,191 @@ def _spares(server: KilnServer, mode: str) -> int:
 
 
 def _wait_pool_full(server: KilnServer) -> None:
-    deadline = time.monotonic() + 180  # a bound on a hang only: filling is what is waited for
-    while min(_spares(server, m) for m in ("isolated", "none")) < POOL:
-        assert time.monotonic() < deadline, [_spares(server, m) for m in ("isolated", "none")]
+    deadline = time.monotonic() + 300  # a bound on a hang only: filling is what is waited for
+    while min(_spares(server, m) for m in MODES) < POOL:
+        assert time.monotonic() < deadline, [_spares(server, m) for m in MODES]
         time.sleep(0.2)
 
 
-def test_a_burst_the_pool_was_sized_for_makes_no_namespace_of_its_own(server: KilnServer) -> None:
+def _whole_log(server: KilnServer) -> str:
+    return server.log_path.read_text(errors="replace")
+
+
+def _pool_counters(server: KilnServer, at_least: int) -> dict[str, tuple[int, int]]:
+    """The pool's counters as it last logged them (it does once it has refilled after a burst, at most every
+    10 s), once they count ``at_least`` starts in each mode: {mode: (handed out, missed)}."""
+    deadline = time.monotonic() + 120
+    while True:
+        found = SUMMARY.findall(_whole_log(server))
+        if found:
+            iso_out, iso_missed, none_out, none_missed = (int(n) for n in found[-1])
+            counters = {"isolated": (iso_out, iso_missed), "none": (none_out, none_missed)}
+            if all(sum(c) >= at_least for c in counters.values()):
+                return counters
+        assert time.monotonic() < deadline, found
+        time.sleep(0.5)
+
+
+def test_a_burst_of_100_the_pool_was_sized_for_makes_no_namespace_of_its_own(server: KilnServer) -> None:
     _wait_pool_full(server)
     client = server.client()
     ids = [
         client.submit({"command": "true", "network": mode, "resources": {"cpus": 0.1}}).id
         for _ in range(POOL)
-        for mode in ("isolated", "none")
+        for mode in MODES
     ]
     for job_id in ids:
-        done = wait_for(client, job_id, timeout=120)
+        done = wait_for(client, job_id, timeout=300)
         assert done.state == "SUCCEEDED", (done.message, log_text(client, job_id))
-    log = server.log()
+    counters = _pool_counters(server, POOL)
+    assert all(missed == 0 and out >= POOL for out, missed in counters.values()), counters  # handed out, none missed
+    log = _whole_log(server)
     assert MISSED.format(mode="isolated") not in log and MISSED.format(mode="none") not in log
 
 
-def _ns_line(client: Client, job_id: str) -> list[str]:
-    deadline = time.monotonic() + 90
+def _report(client: Client, job_id: str) -> tuple[str, dict]:
+    deadline = time.monotonic() + 120
     while True:
         lines = [line for line in log_text(client, job_id) if line.startswith("NS ")]
         if lines:
-            return lines[0].split(" ", 2)
+            _, inode, report = lines[0].split(" ", 2)
+            return inode, json.loads(report)
         job = client.get_job(job_id)
         assert job.state in ("QUEUED", "STARTING", "RUNNING") and time.monotonic() < deadline, job.message
         time.sleep(0.2)
 
 
-def test_jobs_never_share_a_namespace_and_each_finds_its_own_clean(server: KilnServer) -> None:
+def _pastas_for(net_dir: str) -> list[int]:
+    """The pastas serving the namespaces under ``net_dir``: each holds its namespace's file open (the path it shows
+    follows the renames of a spare's directory into an attempt's)."""
+    found = []
+    for proc in psutil.process_iter(["name"]):
+        if not (proc.info["name"] or "").startswith(("pasta", "passt")):
+            continue
+        try:
+            fds = os.listdir(f"/proc/{proc.pid}/fd")
+            links = [os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in fds]
+        except OSError:
+            continue
+        if any(link.startswith(net_dir) for link in links):
+            found.append(proc.pid)
+    return found
+
+
+def test_every_namespace_handed_out_was_never_used_and_holds_only_its_own(server: KilnServer) -> None:
     admin = Api.admin(server)
     red, blue = create_tenant(admin, "red", ("member",)), create_tenant(admin, "blue", ("member",))
     clients = [
         Client(tenant["member"].api.url, tenant["member"].api.access_key, tenant["member"].api.secret_key)
         for tenant in (red, blue)
     ]
-    jobs: list[tuple[Client, str, str]] = []
+    api_listener = ["tcp", server.port, "0A"]  # LISTEN
     try:
-        for i in range(8):  # all running at once: a namespace's inode is unique while it exists
-            client, mode = clients[i % 2], ("isolated", "none")[(i // 2) % 2]
-            spec = {"command": ["python", "-c", LOOK], "runtime": {"python": sys.executable}, "network": mode}
-            jobs.append((client, client.submit({**spec, "resources": {"cpus": 0.1}}).id, mode))
-        seen: dict[str, str] = {}
-        for client, job_id, mode in jobs:
-            _, inode, listening = _ns_line(client, job_id)
-            assert inode not in seen, (job_id, seen.get(inode))
-            seen[inode] = job_id
-            assert listening == f"[{server.port}]", (mode, listening)  # the forwarded Kiln API, nothing else
-            net = server.home / "run" / "net" / f"{job_id}-1"
-            assert sorted(p.name for p in net.iterdir()) == ["lock", "ns", "pasta.log", "pasta.pid", "users"]
-            assert len(list((net / "users").iterdir())) == 1, job_id  # its one shim (the spare's maker left)
-            rules = subprocess.run(
-                ["nsenter", f"--net={net / 'ns'}", "nft", "list", "ruleset"], capture_output=True, text=True
-            )
-            assert rules.returncode == 0, rules.stderr
-            tables = [line for line in rules.stdout.splitlines() if line.startswith("table")]
-            assert tables == (["table inet kiln {"] if mode == "isolated" else []), rules.stdout
-        assert len(seen) == len(jobs)
+        for _ in range(2):  # a second round after the first's jobs (and their namespaces) ended
+            jobs: list[tuple[Client, str, str]] = []
+            try:
+                for i in range(8):  # all running at once: a namespace's inode is unique while it exists
+                    client, mode = clients[i % 2], MODES[(i // 2) % 2]
+                    spec = {"command": ["python", "-c", LOOK], "runtime": {"python": sys.executable}, "network": mode}
+                    jobs.append((client, client.submit({**spec, "resources": {"cpus": 0.1}}).id, mode))
+                seen: dict[str, str] = {}
+                for client, job_id, mode in jobs:
+                    inode, report = _report(client, job_id)
+                    assert inode not in seen, (job_id, seen.get(inode))
+                    seen[inode] = job_id
+                    # Never used: no connection was ever made or taken in it, no datagram ever sent or received.
+                    assert set(report["used"].values()) == {0}, (mode, report)
+                    # Nothing listening, connected or waiting in it but the API's port (pasta's or the shim's).
+                    assert {tuple(s) for s in report["sockets"]} == {tuple(api_listener)}, (mode, report)
+                    assert report["api"] == "RUNNING", report  # the SDK reached the API through it
+                    net = server.home / "run" / "net" / f"{job_id}-1"
+                    files = sorted(p.name for p in net.iterdir())
+                    if mode == "isolated":
+                        assert files == ["lock", "ns", "pasta.log", "pasta.pid", "users"], files
+                        assert len(_pastas_for(str(net))) == 1, job_id
+                    else:
+                        assert files == ["lock", "ns", "users"], files  # no pasta: the shim serves the API's port
+                        assert _pastas_for(str(net)) == [], job_id
+                    assert len(list((net / "users").iterdir())) == 1, job_id  # its one shim (the spare's maker left)
+                    rules = subprocess.run(
+                        ["nsenter", f"--net={net / 'ns'}", "nft", "list", "ruleset"], capture_output=True, text=True
+                    )
+                    assert rules.returncode == 0, rules.stderr
+                    tables = [line.strip() for line in rules.stdout.splitlines() if line.strip().startswith("table")]
+                    chains = [line.strip() for line in rules.stdout.splitlines() if line.strip().startswith("chain")]
+                    if mode == "isolated":  # the egress rules it was made with, and nothing else
+                        assert (tables, chains) == (["table inet kiln {"], ["chain egress {"]), rules.stdout
+                    else:
+                        assert rules.stdout.strip() == "", rules.stdout
+                assert len(seen) == len(jobs)
+            finally:
+                for client, job_id, _ in jobs:
+                    client.cancel(job_id)
+                for client, job_id, _ in jobs:
+                    wait_for(client, job_id, timeout=60)
     finally:
-        for client, job_id, _ in jobs:
-            client.cancel(job_id)
-        for client, job_id, _ in jobs:
-            wait_for(client, job_id, timeout=60)
         close_all(red, blue)
         for client in clients:
             client.close()
+
+
+# A gang member: calls the API through its namespace's port (a new connection each time, no retry) every 50 ms,
+# worker i for 1 + 1.5 i seconds, so the members leave one after another while the others go on calling.
+GANG = r"""
+import json, os, time, urllib.request
+index = int(os.environ["KILN_WORKER_INDEX"])
+url = f"{os.environ['KILN_ENDPOINT']}/api/v1/jobs/{os.environ['KILN_JOB_ID']}"
+headers = {"Authorization": "Bearer " + os.environ["KILN_JOB_TOKEN"]}
+ok, failed = 0, []
+end = time.monotonic() + 1 + 1.5 * index
+while time.monotonic() < end:
+    try:
+        json.loads(urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10).read())
+        ok += 1
+    except Exception as exc:
+        failed.append(repr(exc))
+    time.sleep(0.05)
+print("CALLS", index, os.readlink("/proc/self/ns/net"), ok, json.dumps(failed), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def poolless(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
+    """A server that makes no namespace ahead: each attempt's first member to start makes its own."""
+    srv = KilnServer(
+        tmp_path_factory.mktemp("nopool") / "home",
+        cpus="8",
+        network_pool_max="0",
+        allowed_python_roots=f"{sys.prefix}:{sys.base_prefix}",
+    ).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("made_by", ["the pool", "a member"])
+def test_a_gangs_members_share_the_api_port_until_the_last_leaves(
+    made_by: str, server: KilnServer, poolless: KilnServer
+) -> None:
+    """network: none for a gang: one namespace, each member's shim listening on its API port; as members end
+    (worker 0 first, whose shim, started first, most likely made the namespace where the pool did not) the others'
+    calls go on being answered."""
+    client = (server if made_by == "the pool" else poolless).client()
+    job = client.submit(
+        {
+            "command": ["python", "-c", GANG],
+            "runtime": {"python": sys.executable},
+            "network": "none",
+            "distributed": {"framework": "pytorch", "workers": 4},
+            "resources": {"cpus": 0.1},
+        }
+    )
+    done = wait_for(client, job.id, timeout=120)
+    lines = [line.split(" ", 4)[1:] for line in log_text(client, job.id) if line.startswith("CALLS ")]
+    assert done.state == "SUCCEEDED", (done.message, lines)
+    assert sorted(int(index) for index, *_ in lines) == [0, 1, 2, 3], lines
+    assert len({inode for _, inode, _, _ in lines}) == 1, lines  # one namespace
+    for index, _, ok, failed in lines:
+        assert json.loads(failed) == [] and int(ok) >= 10, (index, ok, failed)
 
 
 def test_a_namespace_handed_out_is_removed_with_its_job(server: KilnServer) -> None:
@@ -134,3 +279,37 @@ def test_a_namespace_handed_out_is_removed_with_its_job(server: KilnServer) -> N
     assert wait_for(client, job.id, timeout=60).state == "SUCCEEDED"
     # The shim removes it as it ends, before it writes the exit record the server reads.
     assert not (server.home / "run" / "net" / f"{job.id}-1").exists()
+
+
+def test_a_stopped_server_leaves_no_spare_and_a_killed_ones_are_swept_at_start(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    home = tmp_path_factory.mktemp("netpool-sweep") / "home"
+    srv = KilnServer(home, network_pool_min="6", network_pool_max="6").start()
+    net = home / "run" / "net"
+    try:
+        deadline = time.monotonic() + 120
+        while min(len(list(net.glob(f"spare-{m}-*"))) for m in MODES) < 6:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert len(_pastas_for(str(net))) == 6  # the isolated spares' (none has no pasta)
+        assert srv.proc is not None
+        srv.proc.kill()  # the spares and their pastas are left behind
+        srv.proc.wait()
+        assert len(_pastas_for(str(net))) == 6
+        srv.start()  # ... until a server starts on the same home
+        deadline = time.monotonic() + 60
+        while min(len(list(net.glob(f"spare-{m}-*"))) for m in MODES) < 6:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert len(_pastas_for(str(net))) == 6, "the killed server's pastas are still running"
+    finally:
+        srv.stop()
+    leftovers = [p.name for p in net.iterdir() if p.name.startswith(("spare-", "making-"))] if net.exists() else []
+    assert leftovers == []
+    deadline = time.monotonic() + 10  # pasta exits by itself once its namespace is gone; it is sent SIGTERM too
+    while _pastas_for(str(net)):
+        assert time.monotonic() < deadline, _pastas_for(str(net))
+        time.sleep(0.1)
+    mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(net) in line]
+    assert mounts == []

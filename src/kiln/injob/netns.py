@@ -6,11 +6,14 @@ this file's directory when the shim runs as a script). The executor decides what
 
     {"mode": "isolated" | "none",
      "dir": "<run dir>/net/<job>-<attempt>",       root only: lock, ns (the namespace, bind-mounted), users/,
-                                                  pasta.pid, pasta.log
-     "pasta": "/usr/bin/pasta",
-     "forward": [8080, ...],                      the job's loopback ports forwarded to the machine's loopback:
-                                                  the Kiln API, and what the operator allows (KILN_JOB_EGRESS)
-     "nft": "/usr/sbin/nft" | null, "rules": "<an nft script>" | ""}
+                                                  pasta.pid, pasta.log (isolated)
+     "pasta": "/usr/bin/pasta" | null,            isolated only
+     "forward": [8080, ...],                      isolated: the job's loopback ports pasta forwards to the
+                                                  machine's loopback: the Kiln API, and what the operator allows
+                                                  (KILN_JOB_EGRESS)
+     "nft": "/usr/sbin/nft" | null, "rules": "<an nft script>" | "",
+     "api": {"port", "target", "connections"}     none: the Kiln API's port, served by the shim (apiport.py)
+     "background": true                           made ahead (netpool.py): pasta and nft start at idle priority}
 
 - ``isolated``: the namespace has its loopback and one interface connected to the outside world by ``pasta``
   (passt's user-mode stack: the job's connections leave as the machine's own sockets), with the machine's
@@ -18,7 +21,8 @@ this file's directory when the shim runs as a script). The executor decides what
   loopback, no inbound port, and only ``forward`` of the machine's loopback reachable. The nft script (the
   operator's egress rules, the machine's other addresses and link-local metadata denied) is loaded into the
   namespace's own netfilter, which the job cannot change: it has no capabilities.
-- ``none``: loopback only, and ``forward``.
+- ``none``: loopback only, and no process of its own: each member's shim listens on the job's 127.0.0.1:PORT
+  from inside the namespace and forwards what connects there to the Kiln API (``apiport.py``, which says why).
 
 The first member to start creates the namespace (``unshare`` in a thread of its own, bind-mounted on ``ns`` so it
 outlives that thread), starts pasta and loads the rules; the others join it (one namespace per gang on one
@@ -39,12 +43,18 @@ import threading
 import time
 from collections.abc import Iterator
 
+if __package__:
+    from kiln.injob import apiport
+else:  # loaded by the shim run as a script: its directory is on sys.path
+    import apiport  # type: ignore[no-redef]
+
 CLONE_NEWNET = 0x40000000
 MS_BIND = 4096
 MNT_DETACH = 2
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 READY_SECONDS = 20.0  # the longest pasta may take to connect the namespace (~50 ms idle; seconds on a loaded machine)
 CONNECT_TRIES = 2  # a pasta that did not answer is stopped and started once more
+SCHED_IDLE = getattr(os, "SCHED_IDLE", 5)
 
 _LIBC: list = []
 
@@ -85,7 +95,8 @@ def _loopback_up() -> None:
 class JobNetwork:
     """One attempt's network namespace, as one member's shim uses it."""
 
-    def __init__(self, cfg: dict) -> None:
+    def __init__(self, cfg: dict, abort: threading.Event | None = None) -> None:
+        """``abort``: set, a namespace being made is given up (NetworkError) rather than waited for."""
         self.cfg = cfg
         self.mode = cfg.get("mode", "isolated")
         self.dir = cfg["dir"]
@@ -94,9 +105,12 @@ class JobNetwork:
         self.host_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         self._enter_lock = threading.Lock()
         self.pasta: subprocess.Popen | None = None
+        self.api: apiport.ApiPort | None = None  # this member's listener on the job's API port (none)
+        self.abort = abort
 
     def close(self) -> None:
         """Let go of the descriptors (the namespace stays: its file and its users decide)."""
+        self._stop_api()
         for fd in (self.fd, self.host_fd):
             if fd >= 0:
                 os.close(fd)
@@ -115,7 +129,8 @@ class JobNetwork:
             os.close(fd)
 
     def acquire(self, holder: str) -> None:
-        """Join the attempt's namespace, making it first if no member has (raises NetworkError)."""
+        """Join the attempt's namespace, making it first if no member has, and serve the Kiln API's port in it
+        when the config says so (raises NetworkError)."""
         with self._locked():
             users = os.path.join(self.dir, "users")
             os.makedirs(users, mode=0o700, exist_ok=True)
@@ -124,9 +139,35 @@ class JobNetwork:
             self.fd = os.open(self.ns_path, os.O_RDONLY | os.O_CLOEXEC)
             with open(os.path.join(users, holder), "w"):
                 pass
+        api = self.cfg.get("api")
+        if api:
+            self._serve_api(api)
+
+    def _serve_api(self, api: dict) -> None:
+        """This member's listener on the job's 127.0.0.1:PORT, made in the namespace, and its forwarder to the
+        API (apiport.py): before the member's first step, so the job's first call finds it."""
+        port = int(api["port"])
+        try:
+            with self.entered():  # only the socket is made in there: it stays the namespace's
+                listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        except OSError as exc:
+            raise NetworkError(f"cannot open the Kiln API's port in the job's network: {exc.strerror}") from exc
+        try:
+            apiport.listen(listener, port)
+        except OSError as exc:
+            listener.close()
+            raise NetworkError(f"cannot listen on the job's 127.0.0.1:{port}: {exc.strerror}") from exc
+        host, target_port = api.get("target") or ("127.0.0.1", port)
+        self.api = apiport.ApiPort(listener, (host, int(target_port)), int(api.get("connections") or 0) or None)
+
+    def _stop_api(self) -> None:
+        api, self.api = self.api, None
+        if api is not None:
+            api.close()
 
     def release(self, holder: str) -> None:
         """Leave it; the last member removes it (and pasta exits with it)."""
+        self._stop_api()  # first: connections still queued on it go to a member still there (apiport.py)
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -164,7 +205,8 @@ class JobNetwork:
             remove(self.dir)
             raise NetworkError(f"cannot make the job's network namespace: {failed[0]}")
         try:
-            self._connect_retrying()  # pasta, while nft loads the rules
+            if self.mode == "isolated":
+                self._connect_retrying()  # pasta, while nft loads the rules
             for nft in made:
                 try:
                     _, err = nft.communicate((self.cfg.get("rules") or "").encode(), timeout=20)
@@ -183,6 +225,8 @@ class JobNetwork:
         try:
             _check(_libc().unshare(CLONE_NEWNET), "unshare")
             _loopback_up()
+            if self.cfg.get("api"):
+                _migrate_queued_connections()
             source = f"/proc/self/task/{threading.get_native_id()}/ns/net".encode()
             _check(_libc().mount(source, self.ns_path.encode(), None, MS_BIND, None), "mount")
             script = self.cfg.get("rules") or ""
@@ -197,6 +241,7 @@ class JobNetwork:
                     stderr=subprocess.PIPE,
                     close_fds=True,
                 )
+                self._background(proc.pid)
                 made.append(proc)  # given the script by _create
         except BaseException as exc:
             made.append(exc)
@@ -255,6 +300,7 @@ class JobNetwork:
             )
         except OSError as exc:
             raise NetworkError(f"cannot start pasta ({self.cfg['pasta']}): {exc.strerror}") from exc
+        idle = self._background(proc.pid)
         deadline = time.monotonic() + READY_SECONDS
         while True:  # pasta writes its pid once the namespace is connected
             try:
@@ -263,6 +309,14 @@ class JobNetwork:
                         break
             except FileNotFoundError:
                 pass
+            if self.abort is not None and self.abort.is_set():
+                with contextlib.suppress(OSError):
+                    proc.kill()
+                with contextlib.suppress(OSError):
+                    proc.wait(5)
+                raise NetworkError("given up: the server is stopping")
+            if idle and time.monotonic() > deadline - READY_SECONDS / 2:
+                idle = _foreground(proc.pid)  # slow at idle priority: a busy machine, on with it at the usual one
             if proc.poll() is not None or time.monotonic() > deadline:
                 said = proc.stderr.read().decode(errors="replace") if proc.stderr and proc.poll() is not None else ""
                 said = " ".join(line for line in said.splitlines() if "syslog" not in line).strip()
@@ -278,7 +332,36 @@ class JobNetwork:
             time.sleep(0.001)
         if proc.stderr:
             proc.stderr.close()
+        if idle:
+            _foreground(proc.pid)  # it serves the job's connections from now on, at the usual priority
         self.pasta = proc  # it is the namespace's now: it exits when the namespace's file is removed
+
+    def _background(self, pid: int) -> bool:
+        """A namespace made ahead of need (``"background"``): its pasta's start (15-18 ms of CPU, the kernel
+        zeroing its buffers) and nft run at idle priority, so they take only CPU that nothing else wants. Set
+        right after the start (a few instructions at the usual priority at most); pasta is put back once it is
+        ready. True if set."""
+        if not self.cfg.get("background"):
+            return False
+        try:
+            os.sched_setscheduler(pid, SCHED_IDLE, os.sched_param(0))
+        except OSError:
+            return False
+        return True
+
+
+def _foreground(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
+    return False
+
+
+def _migrate_queued_connections() -> None:
+    """In the calling thread's namespace: connections queued on a listener that closes go to another listener of
+    its SO_REUSEPORT group (a gang member's shim that ends hands the job's pending API connections to the others;
+    Linux 5.14 and later, else nothing to do)."""
+    with contextlib.suppress(OSError), open("/proc/sys/net/ipv4/tcp_migrate_req", "w") as fh:
+        fh.write("1")
 
 
 def _tail(path: str, size: int = 300) -> str:

@@ -12,7 +12,10 @@ brokers, another job's port) or its other addresses:
   (there they name the job itself), the gateway is not mapped to the machine's loopback, and of the machine's
   loopback only the Kiln API's port (the job's token reaches the API as ``http://127.0.0.1:PORT``) and the
   ports the operator allows are forwarded.
-- ``network: none``: loopback and the Kiln API only.
+- ``network: none``: loopback and the Kiln API only, with no process of its own: the shim of each member listens
+  on the job's ``127.0.0.1:PORT`` from inside the namespace and forwards what connects there to the API, bounded
+  (``injob/apiport.py``, which says why it is done this way). It needs no pasta nor nft: a machine without them
+  still gives jobs ``none``.
 - ``network: host``: the machine's network, refused unless the organisation is in ``KILN_NETWORK_HOST_ORGS``.
 
 With ``KILN_SANDBOX=none`` (the operator's opt-out of all isolation) jobs share the machine's network.
@@ -36,51 +39,86 @@ from kiln.settings import Settings
 
 log = logging.getLogger(__name__)
 
+API_CONNECTIONS = 32  # network: none: connections to the Kiln API forwarded at once per member (apiport.py)
+
 
 @dataclass(frozen=True)
 class Networking:
     """Which job networks this machine can give (found once, when the server starts)."""
 
-    available: bool
+    available: bool  # jobs get a namespace of their own: network: none at least
     detail: str  # what the server logs at start (and, when not available, why)
     pasta: str | None = None
     nft: str | None = None
+    isolated: bool = True  # network: isolated as well (pasta and nft are here and work); else why not in detail
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The namespaced modes this machine gives."""
+        if not self.available:
+            return ()
+        return ("isolated", "none") if self.isolated else ("none",)
 
     def problem(self, mode: str) -> str | None:
         """Why a job asking for ``mode`` is refused here, or None."""
-        if mode == "host" or self.available:
+        if mode == "host" or mode in self.modes:
             return None
+        if not self.available:
+            return (
+                f"this server cannot give jobs a network of their own ({self.detail}); install passt and nftables "
+                "(apt-get install passt nftables), or ask for network: host where the operator allows it"
+            )
         return (
-            f"this server cannot give jobs a network of their own ({self.detail}); install passt and nftables "
-            "(apt-get install passt nftables), or ask for network: host where the operator allows it"
+            f"this server cannot give jobs the outside world under its egress rules ({self.detail}); install "
+            "passt and nftables (apt-get install passt nftables), or ask for network: none"
         )
 
 
 def detect(settings: Settings, sandboxed: bool) -> Networking:
-    """Whether a job's namespace can be made and connected here: one is made and removed at start."""
+    """Which job networks can be made here: a namespace of each mode is made and removed at start."""
     if not sandboxed:
         return Networking(False, "jobs are not sandboxed (KILN_SANDBOX=none): they share the machine's network")
+    failed = _probe({"mode": "none", "forward": [], "rules": "", "api": {"port": 0, "target": ["127.0.0.1", 0]}})
+    if failed:
+        return Networking(False, f"a job's network namespace cannot be made here: {failed}")
     pasta, nft = _which("pasta"), _which("nft")
-    if pasta is None:
-        return Networking(False, "pasta (passt) is not installed")
-    if nft is None:
-        return Networking(False, "nft (nftables) is not installed")
-    with tempfile.TemporaryDirectory(prefix="kiln-net-probe-") as top:
-        cfg = {"mode": "isolated", "dir": top, "pasta": pasta, "nft": nft, "forward": [], "rules": nft_script([])}
-        try:
-            net = netns.JobNetwork(cfg)
-            net.acquire("probe")
-            net.release("probe")
-        except (netns.NetworkError, OSError) as exc:
-            netns.cleanup(top)
-            return Networking(False, f"a job's network namespace cannot be made here: {exc}")
+    why = ""
+    if pasta is None or nft is None:
+        why = "pasta (passt) is not installed" if pasta is None else "nft (nftables) is not installed"
+    if not why:
+        failed = _probe({"mode": "isolated", "pasta": pasta, "nft": nft, "forward": [], "rules": nft_script([])})
+        why = f"a job's connected network cannot be made here: {failed}" if failed else ""
+    if why:
+        return Networking(
+            True,
+            f"each job has a network namespace of its own, but network: isolated is refused ({why}): network: none "
+            "(its own loopback and the Kiln API) only",
+            isolated=False,
+        )
     return Networking(
         True,
-        "each job has a network namespace of its own (pasta for the outside world under KILN_JOB_EGRESS, the "
-        "Kiln API forwarded; nothing of the machine's loopback or addresses)",
+        "each job has a network namespace of its own (isolated: pasta for the outside world under KILN_JOB_EGRESS, "
+        "the Kiln API forwarded; none: the Kiln API only, forwarded by its shim; nothing of the machine's loopback "
+        "or addresses)",
         pasta,
         nft,
     )
+
+
+def _probe(cfg: dict[str, Any]) -> str:
+    """A namespace of ``cfg``'s mode made and removed: "" when it worked, else why not."""
+    with tempfile.TemporaryDirectory(prefix="kiln-net-probe-") as top:
+        try:
+            net = netns.JobNetwork({**cfg, "dir": top})
+            try:
+                net.acquire("probe")
+                net.release("probe")
+            finally:
+                net.close()
+        except (netns.NetworkError, OSError) as exc:
+            netns.cleanup(top)
+            return str(exc)
+    return ""
 
 
 def _which(tool: str) -> str | None:
@@ -97,15 +135,24 @@ def attempt_network(
     """The ``"network"`` entry of each member's ``shim.json`` (None: the machine's network)."""
     if mode == "host" or not networking.available:
         return None
+    if mode != "isolated":  # none: no pasta; each member's shim serves the API's port (injob/apiport.py)
+        return {
+            "mode": mode,
+            "dir": str(network_dir(settings, job_id, attempt)),
+            "pasta": None,
+            "nft": None,
+            "forward": [],
+            "rules": "",
+            "api": {"port": settings.port, "target": ["127.0.0.1", settings.port], "connections": API_CONNECTIONS},
+        }
     rules = settings.egress_rules
-    forward = sorted({settings.port, *_loopback_ports(rules)}) if mode == "isolated" else [settings.port]
     return {
         "mode": mode,
         "dir": str(network_dir(settings, job_id, attempt)),
         "pasta": networking.pasta,
         "nft": networking.nft,
-        "forward": forward,
-        "rules": nft_script(rules, machine_addresses()) if mode == "isolated" else "",
+        "forward": sorted({settings.port, *_loopback_ports(rules)}),
+        "rules": nft_script(rules, machine_addresses()),
     }
 
 
@@ -114,7 +161,8 @@ def network_dir(settings: Settings, job_id: str, attempt: int) -> Path:
 
 
 def job_endpoint(settings: Settings) -> str:
-    """The Kiln API as a job in a namespace of its own reaches it: its forwarded loopback port."""
+    """The Kiln API as a job in a namespace of its own reaches it, in every mode: its own loopback's port, forwarded
+    to the API's (by pasta under isolated, by the shim under none)."""
     return f"http://127.0.0.1:{settings.port}"
 
 
