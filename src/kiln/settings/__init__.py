@@ -438,7 +438,8 @@ class Settings(BaseSettings):
         2,
         ge=0,
         description="Network namespaces the local executor keeps made ahead for each network mode (isolated, "
-        "none) on an idle server; the pool grows to the starts of the last 10 s, up to network_pool_max.",
+        "none) on an idle server; during a burst the pool keeps the starts expected while spares are made, up to "
+        "network_pool_max. A burst of N jobs at once that none of them waits for needs N here.",
     )
     network_pool_max: int = Field(
         32, ge=0, description="The most network namespaces kept made ahead for each network mode (0: none)."
