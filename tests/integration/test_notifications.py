@@ -286,3 +286,90 @@ def test_two_servers_on_postgresql_deliver_each_event_once(
     finally:
         for s in servers:
             s.stop()
+
+
+# -- events beyond a job's end: one test per family, each through a subscription narrowed to its own subjects ----
+
+
+def _bodies(receiver: WebhookReceiver, path: str, until: str) -> list[dict]:  # type: ignore[type-arg]
+    """The webhooks posted to ``path`` up to the first of type ``until`` (which must come)."""
+    deadline = time.monotonic() + 120
+    while True:
+        bodies = [json.loads(r.body) for r in receiver.at(path)]
+        if any(b["type"] == until for b in bodies):
+            return bodies
+        assert time.monotonic() < deadline, f"{path}: no {until} in {[b['type'] for b in bodies]}"
+        time.sleep(0.05)
+
+
+def test_a_model_version_registered_and_aliased(client: Client, receiver: WebhookReceiver) -> None:
+    client.subscribe("models", ["model.*"], url=receiver.url("/models"), name_pattern="notified-model")
+    job = client.submit(spec("echo weights > $KILN_OUTPUT_DIR/model.txt", name="model-maker"))
+    wait_for(client, job.id, "SUCCEEDED")
+    version = client.register_model("notified-model", job.id, "model.txt", framework="custom")
+    client.set_alias("notified-model", "prod", version.version)
+    bodies = _bodies(receiver, "/models", "model.alias_set")
+    assert [b["type"] for b in bodies] == ["model.version_registered", "model.alias_set"]
+    assert bodies[0]["subject"]["details"] == {"version": version.version}
+    assert bodies[1]["subject"]["details"] == {"alias": "prod", "version": version.version}
+    assert bodies[1]["url"].endswith("/models/notified-model")
+
+
+def test_a_study_tells_each_new_best_trial_then_its_end(client: Client, receiver: WebhookReceiver) -> None:
+    client.subscribe("studies", ["study.*"], url=receiver.url("/studies"), name_pattern="notified-study")
+    study = client.submit_study(
+        {
+            "name": "notified-study",
+            "trial": spec("echo step=0 score={x}", resources={"cpus": 0.01, "memory": "64M"}),
+            "parameters": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
+            "objective": {"metric": "score", "direction": "maximize"},
+            "max_trials": 3,
+            "seed": 7,
+        }
+    )
+    bodies = _bodies(receiver, "/studies", "study.succeeded")
+    assert bodies[-1]["type"] == "study.succeeded" and bodies[-1]["subject"]["id"] == study.id
+    best = [b["subject"]["details"]["value"] for b in bodies if b["type"] == "study.best_trial"]
+    assert best and best == sorted(best)  # each one better than the one before (maximize)
+    assert best[-1] == client.get_study(study.id).best.value  # type: ignore[union-attr]
+
+
+def test_a_pipeline_run_that_fails_is_told(client: Client, receiver: WebhookReceiver) -> None:
+    client.subscribe("pipelines", ["pipeline_run.*"], url=receiver.url("/pipes"), name_pattern="notified-pipe")
+    step = {"command": [sys.executable, "-c", "raise SystemExit(3)"], "runtime": {"python": sys.executable}}
+    run = client.run_pipeline({"name": "notified-pipe", "steps": {"only": {**step, "cache": False}}})
+    (body,) = _bodies(receiver, "/pipes", "pipeline_run.failed")
+    assert body["subject"]["id"] == run.id and "only" in body["subject"]["message"]
+
+
+def test_a_budget_past_its_soft_then_its_hard_limit(server: KilnServer, receiver: WebhookReceiver) -> None:
+    admin = Api.admin(server)
+    tenant = create_tenant(admin, "notify-budget", ("admin", "member"))
+    org_admin = Client(server.url, tenant["admin"].key_id, tenant["admin"].secret)
+    member = Client(server.url, tenant["member"].key_id, tenant["member"].secret)
+    try:
+        member.subscribe("budgets", ["budget.*"], url=receiver.url("/budgets"))
+        budget = org_admin.set_budget(user="notify-budget-member", soft=0.0)
+        member.submit({**FAIL, "name": "over-soft"})  # warned of: past its soft limit
+        soft = _bodies(receiver, "/budgets", "budget.soft_limit")
+        assert soft[0]["subject"]["id"] == budget.id and "soft limit" in soft[0]["subject"]["message"]
+        org_admin.set_budget(user="notify-budget-member", soft=0.0, hard=0.0, stop_running=True)
+        hard = _bodies(receiver, "/budgets", "budget.hard_limit")
+        assert [b["type"] for b in hard] == ["budget.soft_limit", "budget.hard_limit"]
+    finally:
+        for c in (org_admin, member):
+            c.close()
+        close_all(tenant)
+        admin.close()
+
+
+def test_a_subscription_paused_after_failing_is_told_to_its_owner(client: Client, receiver: WebhookReceiver) -> None:
+    receiver.script("/broken", *[410] * 5)
+    broken = client.subscribe("broken", ["test"], url=receiver.url("/broken"))
+    client.subscribe("watcher", ["subscription.paused"], url=receiver.url("/watcher"))
+    for _ in range(5):  # each refused (a 4xx): 5 failures in a row pause it
+        client.test_subscription(broken.id)
+        _wait_delivery(client, broken.id, "failed")  # one at a time: a batch of failures counts once
+    (body,) = _bodies(receiver, "/watcher", "subscription.paused")
+    assert body["subject"]["id"] == broken.id and "5 failed deliveries" in body["subject"]["message"]
+    assert client.subscription(broken.id).state == "paused"

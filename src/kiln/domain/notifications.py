@@ -3,9 +3,12 @@ which subscriptions an event reaches, whether a failed attempt is tried again an
 may be reached. No I/O here: kiln.usecases.notification_outbox records and fans out events,
 kiln.usecases.notification_sending sends them, kiln.tasks.notifications drives both.
 
-Events are named ``<kind>.<what>``: ``job.succeeded``, ``job.failed``, ``job.cancelled`` (a job's end), and
-``test`` (a subscription's test event). A subscription lists patterns (``job.*``, ``job.failed``) and may narrow
-them by the subject's labels, name (a glob) and owner.
+Events are named ``<kind>.<what>``: ``job.succeeded``, ``job.failed``, ``job.cancelled`` (a job's end), a study's
+end and each new best trial (``study.*``), a pipeline run's end (``pipeline_run.*``), a budget's soft and hard mark
+(``budget.*``), a model version registered or aliased (``model.*``), a notebook culled for idleness
+(``notebook.culled``), a subscription paused after failing deliveries (``subscription.paused``, told to its
+owner's other subscriptions) and ``test`` (a subscription's test event). A subscription lists patterns (``job.*``,
+``model.*``) and may narrow them by the subject's labels, name (a glob) and owner.
 """
 
 from __future__ import annotations
@@ -20,7 +23,24 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kiln.domain import limits
 
-EVENT_TYPES = ("job.succeeded", "job.failed", "job.cancelled", "test")
+EVENT_TYPES = (
+    "job.succeeded",
+    "job.failed",
+    "job.cancelled",
+    "study.succeeded",
+    "study.failed",
+    "study.stopped",
+    "study.best_trial",
+    "pipeline_run.succeeded",
+    "pipeline_run.failed",
+    "budget.soft_limit",
+    "budget.hard_limit",
+    "model.version_registered",
+    "model.alias_set",
+    "notebook.culled",
+    "subscription.paused",
+    "test",
+)
 # A job's end, by its terminal state (the event type it is sent as).
 JOB_END_EVENTS = {"SUCCEEDED": "job.succeeded", "FAILED": "job.failed", "CANCELLED": "job.cancelled"}
 # ``notify:`` in a job spec (Slurm's --mail-type): which of the job's ends are mailed.
@@ -128,7 +148,7 @@ class DeliveryList(BaseModel):
 
 
 class WebhookSubject(BaseModel):
-    kind: Literal["job", "subscription"]
+    kind: Literal["job", "study", "pipeline_run", "budget", "model", "notebook", "subscription"]
     id: str
     name: str
     state: str | None = None
@@ -137,13 +157,16 @@ class WebhookSubject(BaseModel):
     exit_code: int | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     user_id: str | None = None
+    details: dict[str, Any] = Field(
+        default_factory=dict, description="What else the event says: a best trial's number and value, a version…"
+    )
 
 
 class WebhookEvent(BaseModel):
     """The JSON body of a webhook in the standard format (signed per Standard Webhooks: webhook-id is ``id``)."""
 
     id: str = Field(description="The event's id (evt-…): the same in every attempt and resend; deduplicate by it.")
-    type: str = Field(description="job.succeeded, job.failed, job.cancelled or test.")
+    type: str = Field(description="One of the event types: job.failed, study.best_trial, model.alias_set, test…")
     time: datetime = Field(description="When it happened (UTC).")
     org_id: str
     subject: WebhookSubject
@@ -230,6 +253,12 @@ def slack_text(event: Mapping[str, Any], url: str) -> str:
     what = {"job.succeeded": "succeeded", "job.failed": "failed", "job.cancelled": "was cancelled"}
     if event["type"] == "test":
         return f"Kiln test event for subscription {subject.get('name', '')} <{url}|open in Kiln>"
+    if not event["type"].startswith("job."):
+        kind = str(subject.get("kind", "")).replace("_", " ").capitalize()
+        line = f"{kind} {subject.get('name')} ({subject.get('id')}): {event['type']}"
+        if subject.get("message"):
+            line += f": {subject['message']}"
+        return f"{line} <{url}|open in Kiln>"
     line = f"Job {subject.get('name')} ({subject.get('id')}) {what.get(event['type'], event['type'])}"
     if subject.get("message"):
         line += f": {subject['message']}"

@@ -49,9 +49,11 @@ from kiln.domain.spec import InputSpec, JobSpec
 from kiln.domain.states import JobState
 from kiln.errors import Conflict, KilnError
 from kiln.tasks.runner import LeaseLost, Task, TaskContext
+from kiln.usecases import notification_outbox
 from kiln.usecases.identity import Principal
 from kiln.usecases.jobs import JobService
 from kiln.usecases.model_registry import ModelRegistry
+from kiln.usecases.notification_outbox import Subject
 from kiln.usecases.output_manifests import OutputManifests
 from kiln.usecases.pipelines import all_ended, new_run, run_principal
 from kiln.usecases.serving import ServingService
@@ -437,6 +439,9 @@ class PipelineDriver:
             fresh.state = RunState.FAILED if failed else RunState.SUCCEEDED
             fresh.message = f"failed: {', '.join(failed)}" if failed else ""
             fresh.finished_at = fresh.updated_at = utcnow()
+            kind = "pipeline_run.failed" if failed else "pipeline_run.succeeded"
+            about = Subject("pipeline_run", fresh.org_id, fresh.id, fresh.name, fresh.user_id, f"/pipelines/{fresh.id}")
+            notification_outbox.recorded(s, kind, about, state=fresh.state, message=fresh.message)
 
 
 def _value(s: Session, job_id: str | None, ref: Ref) -> float | str | None:

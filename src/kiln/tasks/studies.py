@@ -42,6 +42,7 @@ from kiln.db.tables import Job, MetricPoint, MetricSeries, TuningStudy, TuningTr
 from kiln.domain.states import JobState
 from kiln.domain.studies import StudyReason, StudySpec, StudyState, TrialState, trial_spec
 from kiln.tasks.runner import Task, TaskContext
+from kiln.usecases import notification_events
 from kiln.usecases.jobs import JobService
 from kiln.usecases.studies import add_event, end_trial
 
@@ -366,6 +367,8 @@ class StudyDriver:
             row.value = value
             end_trial(s, row, state, message, live)
             add_event(s, study.row, reasons[state], message, trial=trial.number)
+            if state is TrialState.SUCCEEDED:
+                notification_events.trial_succeeded(s, study.row, row, study.spec.objective.direction)
         trial.state = state
 
     # ---- 4. decide

@@ -30,7 +30,7 @@ from kiln.domain.ids import new_id
 from kiln.domain.states import TERMINAL_STATES
 from kiln.domain.usage import BudgetRead, BudgetSet, format_money
 from kiln.errors import BudgetExceeded, Forbidden, InvalidInput, NotFound
-from kiln.usecases import audit
+from kiln.usecases import audit, notification_outbox
 from kiln.usecases.accounts import find_org, find_user
 from kiln.usecases.identity import Principal
 from kiln.usecases.jobs import request_cancel
@@ -208,6 +208,7 @@ class BudgetService:
             if row.warned_month != month.name:
                 row.warned_month = month.name
                 _audit(s, row, "budget.soft_limit", "warned", message)
+                notification_outbox.recorded(s, "budget.soft_limit", _subject(row), state="soft", message=message)
         return out
 
     def usage_pass(self, s: Session) -> None:
@@ -239,6 +240,7 @@ class BudgetService:
                 row.stopped_month = month.name
                 detail = f"budget {row.id} spent ({spent}): its running work stopped"
                 _audit(s, row, "budget.stop_running", "success", detail)
+                notification_outbox.recorded(s, "budget.hard_limit", _subject(row), state="hard", message=detail)
         return stopped
 
     # -- the month's cost ---------------------------------------------------------------------------------
@@ -286,6 +288,10 @@ def _state(row: Budget, used: float) -> Literal["ok", "soft", "hard"]:
     if row.soft is not None and used >= row.soft:
         return "soft"
     return "ok"
+
+
+def _subject(row: Budget) -> notification_outbox.Subject:
+    return notification_outbox.Subject("budget", row.org_id, row.id, row.id, row.user_id or None, "/usage")
 
 
 def _audit(s: Session, row: Budget, action: str, outcome: str, detail: str) -> None:

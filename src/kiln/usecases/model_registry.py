@@ -49,6 +49,7 @@ from kiln.domain.states import JobState
 from kiln.errors import BadRequest, Conflict, NotFound
 from kiln.settings import Settings
 from kiln.storage.store import ObjectStore
+from kiln.usecases import notification_outbox
 from kiln.usecases.dataset_names import data_key
 from kiln.usecases.datasets import DatasetFile as ResolvedFile
 from kiln.usecases.datasets import describe_versions
@@ -74,6 +75,11 @@ class ResolvedModel:
 
 def _ref_error(exc: refs.ModelRefError) -> BadRequest:
     return BadRequest(str(exc))
+
+
+def _subject(model: Model, principal: Principal) -> notification_outbox.Subject:
+    path = f"/models/{model.name}"
+    return notification_outbox.Subject("model", model.org_id, model.id, model.name, principal.user_id, path)
 
 
 def check_name(name: str) -> str:
@@ -482,6 +488,9 @@ class ModelRegistry:
             )
             s.flush()
             remember(s, version.id)
+            notification_outbox.recorded(
+                s, "model.version_registered", _subject(model, principal), details={"version": version.version}
+            )
             return self._version_read(s, name, version, self._aliases(s, model.id))
 
     # -- aliases ------------------------------------------------------------------------------------------------
@@ -503,6 +512,8 @@ class ModelRegistry:
             else:
                 row.version, row.updated_by, row.updated_at = version, principal.user_id, utcnow()
             model.updated_at = utcnow()
+            details = {"alias": alias, "version": version}
+            notification_outbox.recorded(s, "model.alias_set", _subject(model, principal), details=details)
         return AliasRead(name=name, alias=alias, version=version)
 
     def delete_alias(self, principal: Principal, name: str, alias: str) -> AliasRead:

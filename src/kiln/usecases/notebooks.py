@@ -37,9 +37,11 @@ from kiln.domain.states import JobState
 from kiln.errors import Conflict, Forbidden, InvalidInput, KilnError, NotFound
 from kiln.storage.keys import events_prefix
 from kiln.storage.store import ObjectStore
+from kiln.usecases import notification_outbox
 from kiln.usecases.idempotency import Idempotency, IdempotentRequest, Remember
 from kiln.usecases.identity import Principal
 from kiln.usecases.jobs import JobService, request_cancel
+from kiln.usecases.notification_outbox import Subject
 from kiln.usecases.quotas import QuotaService, lock_org
 
 RUNNING, STOPPED = "RUNNING", "STOPPED"
@@ -308,6 +310,8 @@ class NotebookService:
             if notebook is None or notebook.desired != RUNNING or notebook.job_id != job_id:
                 return False
             self._stop(s, notebook, why)
+            about = Subject("notebook", notebook.org_id, notebook.id, notebook.name, notebook.user_id, "/notebooks")
+            notification_outbox.recorded(s, "notebook.culled", about, state="stopped", message=why)
         self.jobs.wake()
         return True
 

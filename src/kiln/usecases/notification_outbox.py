@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -34,10 +34,17 @@ from kiln.db.tables import (
 )
 from kiln.domain import policy
 from kiln.domain.ids import new_id
-from kiln.domain.notifications import JOB_END_EVENTS, JobNotify, next_wait, wants
+from kiln.domain.notifications import EVENT_TYPES, JOB_END_EVENTS, JobNotify, next_wait, wants
 
 # What a subscription's owner must hold to be told of an event of this kind (they would read the subject).
-READ_PERMISSION = {"job": "jobs:read"}
+READ_PERMISSION = {
+    "job": "jobs:read",
+    "study": "studies:read",
+    "pipeline_run": "pipelines:read",
+    "budget": "jobs:read",
+    "model": "models:read",
+    "notebook": "notebooks:read",
+}
 _WAKE = "kiln.notifications.recorded"  # session.info: this transaction recorded an event
 _wakers: list[Callable[[], None]] = []
 _wakers_lock = threading.Lock()
@@ -64,6 +71,20 @@ def _after_commit(session: Session) -> None:
             wakers = list(_wakers)
         for wake in wakers:
             wake()
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What an event is about: its kind (study, model …), its organisation and owner (whose subscriptions may be
+    told), its name and labels (what subscriptions filter by) and its page in the console."""
+
+    kind: str
+    org_id: str
+    id: str
+    name: str
+    user_id: str | None
+    path: str
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 def job_ended(session: Session, job: Job, event: JobEvent) -> NotificationEvent:
@@ -101,6 +122,53 @@ def job_ended(session: Session, job: Job, event: JobEvent) -> NotificationEvent:
         notify=spec.get("notify"),
         fanned=False,
         created_at=event.time,
+    )
+    session.add(row)
+    session.info[_WAKE] = True
+    return row
+
+
+def recorded(
+    session: Session,
+    kind: str,
+    subject: Subject,
+    *,
+    state: str | None = None,
+    message: str = "",
+    details: dict[str, Any] | None = None,
+) -> NotificationEvent:
+    """Record an event other than a job's end (``kind``, one of domain.notifications.EVENT_TYPES) about
+    ``subject`` in the outbox, in the caller's transaction: the one that records what happened."""
+    assert kind in EVENT_TYPES, kind
+    now = utcnow()
+    event_id = new_id("evt")
+    body = {
+        "id": event_id,
+        "type": kind,
+        "time": now.isoformat(),
+        "org_id": subject.org_id,
+        "subject": {
+            "kind": subject.kind,
+            "id": subject.id,
+            "name": subject.name,
+            "state": state,
+            "message": message,
+            "labels": dict(subject.labels),
+            "user_id": subject.user_id,
+            "details": details or {},
+        },
+        "path": subject.path,
+    }
+    row = NotificationEvent(
+        id=event_id,
+        org_id=subject.org_id,
+        type=kind,
+        user_id=subject.user_id,
+        name=subject.name,
+        labels=dict(subject.labels),
+        body=body,
+        fanned=False,
+        created_at=now,
     )
     session.add(row)
     session.info[_WAKE] = True
@@ -195,7 +263,10 @@ def _may_read(owner: User, sub: NotificationSubscription, ev: NotificationEvent)
         return False
     if ev.org_id != owner.org_id and not owner.platform_admin:
         return False
-    needed = READ_PERMISSION.get(ev.type.split(".", 1)[0])
+    kind = ev.type.split(".", 1)[0]
+    if kind == "subscription":  # a paused subscription: told to its owner (and their organisation's admins)
+        return sub.user_id == ev.user_id or "users:manage" in policy.permissions(owner.role, owner.platform_admin)
+    needed = READ_PERMISSION.get(kind)
     return needed is None or needed in policy.permissions(owner.role, owner.platform_admin)
 
 
@@ -301,3 +372,6 @@ def record(s: Session, outcomes: list[Outcome], retry_base: float, max_attempts:
                 f"paused after {sub.failures} failed deliveries in a row (last: {why[:200]}); "
                 "fix the receiver, then resume it (kiln notify resume)"
             )
+            # Its owner is told through their other subscriptions (subscription.paused) and the console's badge.
+            about = Subject("subscription", sub.org_id, sub.id, sub.name, sub.user_id, "/notifications")
+            recorded(s, "subscription.paused", about, state="paused", message=sub.paused_reason)

@@ -26,6 +26,7 @@ from kiln.domain.studies import (
     TrialVerdict,
 )
 from kiln.errors import Conflict, InvalidInput, KilnError, NotFound
+from kiln.usecases import notification_events
 from kiln.usecases.idempotency import Idempotency, IdempotentRequest, Remember
 from kiln.usecases.identity import Principal
 from kiln.usecases.jobs import JobService, request_cancel
@@ -64,6 +65,8 @@ def add_event(
             message=message,
         )
     )
+    if to is not None and to.terminal:  # told to its subscriptions, committed with its end
+        notification_events.study_ended(s, study)
 
 
 def end_trial(s: Session, trial: TuningTrial, state: TrialState, message: str, job: Job | None) -> None:

@@ -1,0 +1,46 @@
+"""The events of studies told to subscriptions (kiln.usecases.notification_outbox): a study's end and each new best
+trial, written in the transaction that records them. Their own module, so that the study code calls one function in
+the place that records the event and stays about studies."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from kiln.db.tables import TuningStudy, TuningTrial
+from kiln.domain.studies import TrialState
+from kiln.usecases.notification_outbox import Subject, recorded
+
+
+def _subject(study: TuningStudy) -> Subject:
+    labels = dict(((study.spec or {}).get("trial") or {}).get("labels") or {})  # its trials' labels
+    return Subject("study", study.org_id, study.id, study.name, study.user_id, f"/studies/{study.id}", labels)
+
+
+def study_ended(s: Session, study: TuningStudy) -> None:
+    """``study`` moved to its terminal state (study.succeeded, study.failed or study.stopped)."""
+    recorded(s, f"study.{study.state.lower()}", _subject(study), state=study.state, message=study.message or "")
+
+
+def trial_succeeded(s: Session, study: TuningStudy, trial: TuningTrial, direction: str) -> None:
+    """``trial`` succeeded with ``trial.value``: study.best_trial when no trial before it did better or as well
+    (read in the same transaction, so two trials ending in one pass are compared with each other too)."""
+    if trial.value is None:
+        return
+    better = TuningTrial.value <= trial.value if direction == "minimize" else TuningTrial.value >= trial.value
+    beaten = s.scalar(
+        select(func.count())
+        .select_from(TuningTrial)
+        .where(
+            TuningTrial.study_id == study.id,
+            TuningTrial.number != trial.number,
+            TuningTrial.state == TrialState.SUCCEEDED,
+            TuningTrial.value.is_not(None),
+            better,
+        )
+    )
+    if beaten:
+        return
+    details = {"trial": trial.number, "value": trial.value, "params": dict(trial.params or {})}
+    message = f"trial {trial.number}: {trial.value:g}"
+    recorded(s, "study.best_trial", _subject(study), state=study.state, message=message, details=details)
