@@ -34,6 +34,7 @@ class WebhookReceiver:
     scripts: dict[str, list[int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     on_receive: Callable[[Received], None] | None = None
+    answers: dict[str, bytes] = field(default_factory=dict)  # a path's answer body (default: ok)
 
     def start(self) -> WebhookReceiver:
         receiver = self
@@ -50,10 +51,11 @@ class WebhookReceiver:
                     receiver.received.append(item)
                 if receiver.on_receive is not None:
                     receiver.on_receive(item)
+                answer = receiver.answers.get(self.path, b"ok")
                 self.send_response(status)
-                self.send_header("content-length", "2")
+                self.send_header("content-length", str(len(answer)))
                 self.end_headers()
-                self.wfile.write(b"ok")
+                self.wfile.write(answer)
 
             def log_message(self, *args: Any) -> None:
                 pass

@@ -5,6 +5,7 @@ import { Link, match, navigate, useLocation } from "./router";
 import { type Abilities, setSession, useAbilities, useSession } from "./session";
 import type { Readiness, SessionBody } from "./types";
 import { BudgetBanner } from "./components/BudgetBanner";
+import { NotificationBanner } from "./components/NotificationBanner";
 import { Admin } from "./pages/Admin";
 import { DatasetDetail, Datasets } from "./pages/Datasets";
 import { JobDetail } from "./pages/JobDetail";
@@ -12,6 +13,7 @@ import { Jobs } from "./pages/Jobs";
 import { JobSubmit } from "./pages/JobSubmit";
 import { ModelDetail, Models } from "./pages/Models";
 import { Notebooks } from "./pages/Notebooks";
+import { Notifications } from "./pages/Notifications";
 import { Runs } from "./pages/Runs";
 import { Overview } from "./pages/Overview";
 import { PipelineRunDetail, Pipelines } from "./pages/Pipelines";
@@ -32,6 +34,7 @@ const NAV: [string, string, ((can: Abilities) => boolean)?][] = [
   ["/services", "Services"],
   ["/notebooks", "Notebooks"],
   ["/datasets", "Datasets"],
+  ["/notifications", "Notifications"],
   ["/usage", "Usage", (can) => can.orgAdmin], // usage:read: an organisation's admins, the platform admin
   ["/admin", "Admin", (can) => can.orgAdmin],
   // The same page for a member or a viewer: their own keys, their organisation and its quotas.
@@ -56,6 +59,7 @@ const ROUTES: [string, Page][] = [
   ["/notebooks", () => <Notebooks />],
   ["/datasets", () => <Datasets />],
   ["/datasets/:name", (p) => <DatasetDetail name={p.name} />],
+  ["/notifications", () => <Notifications />],
   ["/usage", () => <Usage />],
   ["/admin", () => <Admin />],
 ];
@@ -113,6 +117,7 @@ export function App() {
       </a>
       <Header />
       <BudgetBanner />
+      <NotificationBanner />
       <main id="main" class="main" tabIndex={-1}>
         {page}
       </main>

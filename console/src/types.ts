@@ -115,3 +115,6 @@ export type ApiRequest<N extends keyof Schemas> = Schemas[N];
 export interface Items<T> {
   items: T[];
 }
+
+export type Subscription = Sent<Schemas["SubscriptionRead"]>;
+export type Delivery = Sent<Schemas["DeliveryRead"]>;
