@@ -369,7 +369,6 @@ def test_a_subscription_paused_after_failing_is_told_to_its_owner(client: Client
     client.subscribe("watcher", ["subscription.paused"], url=receiver.url("/watcher"))
     for _ in range(5):  # each refused (a 4xx): 5 failures in a row pause it
         client.test_subscription(broken.id)
-        _wait_delivery(client, broken.id, "failed")  # one at a time: a batch of failures counts once
     (body,) = _bodies(receiver, "/watcher", "subscription.paused")
     assert body["subject"]["id"] == broken.id and "5 failed deliveries" in body["subject"]["message"]
     assert client.subscription(broken.id).state == "paused"

@@ -340,7 +340,7 @@ def record(s: Session, outcomes: list[Outcome], retry_base: float, max_attempts:
     }
     now = utcnow()
     good: set[str] = set()
-    bad: dict[str, str] = {}
+    bad: dict[str, tuple[int, str]] = {}  # a subscription's failed deliveries in this batch, and the last's error
     for o in outcomes:
         d = rows.get(o.delivery_id)
         if d is None or d.status != "pending":
@@ -356,16 +356,17 @@ def record(s: Session, outcomes: list[Outcome], retry_base: float, max_attempts:
         else:
             d.status, d.next_at = ("refused" if o.refused else "failed"), None
             if d.subscription_id:
-                bad[d.subscription_id] = o.error or f"HTTP {o.status_code}"
+                count = bad.get(d.subscription_id, (0, ""))[0] + 1  # each counts: 5 in one batch are 5 in a row
+                bad[d.subscription_id] = (count, o.error or f"HTTP {o.status_code}")
     if good:
         s.execute(
             update(NotificationSubscription).where(NotificationSubscription.id.in_(good - set(bad))).values(failures=0)
         )
-    for sub_id, why in bad.items():
+    for sub_id, (count, why) in bad.items():
         sub = s.get(NotificationSubscription, sub_id)
         if sub is None:
             continue
-        sub.failures += 1
+        sub.failures += count
         if sub.failures >= pause_after and sub.state == "active":
             sub.state = "paused"
             sub.paused_reason = (

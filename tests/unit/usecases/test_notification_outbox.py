@@ -1,0 +1,52 @@
+"""The outbox's bookkeeping on a real (SQLite) database: failed deliveries counted towards pausing a subscription
+each, however many one batch wrote, and the pause told to its owner's other subscriptions only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from kiln.db import migrate
+from kiln.db.session import Database
+from kiln.db.tables import NotificationDelivery, NotificationSubscription, Organization, User
+from kiln.usecases import notification_outbox as outbox
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    database = Database(f"sqlite:///{tmp_path / 'kiln.db'}")
+    migrate.upgrade(database.engine)
+    yield database
+    database.dispose()
+
+
+def _sub(sub_id: str, user_id: str, events: list[str]) -> NotificationSubscription:
+    target = f"https://hooks.example/{sub_id}"
+    return NotificationSubscription(
+        id=sub_id, org_id="org-n", user_id=user_id, name=sub_id, events=events, channel="webhook", target=target
+    )
+
+
+def test_five_refusals_in_one_batch_pause_it_and_its_owner_alone_is_told(db: Database) -> None:
+    with db.transaction() as s:
+        s.add(Organization(id="org-n", name="notify-unit"))
+        s.flush()
+        s.add_all([User(id="usr-a", org_id="org-n", name="ann"), User(id="usr-b", org_id="org-n", name="bob")])
+        s.flush()
+        broken = _sub("sub-broken", "usr-a", ["test"])
+        s.add_all([broken, _sub("sub-ann", "usr-a", ["subscription.*"]), _sub("sub-bob", "usr-b", ["*"])])
+        s.flush()
+        ids = [outbox.test_event(s, broken).id for _ in range(5)]
+    refused = [outbox.Outcome(i, ok=False, retry=False, status_code=410, error="HTTP 410: gone") for i in ids]
+    with db.transaction() as s:
+        outbox.record(s, refused, retry_base=1.0, max_attempts=5, pause_after=5)
+    with db.transaction() as s:
+        sub = s.get(NotificationSubscription, "sub-broken")
+        assert sub is not None and (sub.state, sub.failures) == ("paused", 5)
+        assert outbox.fan_out(s) == 1
+    with db.read() as s:
+        told = s.scalars(select(NotificationDelivery).where(NotificationDelivery.event_type == "subscription.paused"))
+        assert [d.subscription_id for d in told] == ["sub-ann"]  # not bob's "*": the pause is ann's business
