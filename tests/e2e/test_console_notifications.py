@@ -5,11 +5,13 @@ that one's operator allows no loopback webhook target) and a real receiver on lo
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
 
+from kiln.sdk.client import Client
 from tests.browser import launch
 from tests.e2e.test_console import WAIT_MS, sign_in
 from tests.kilnserver import KilnServer
@@ -95,4 +97,19 @@ def test_subscribe_see_the_secret_once_read_the_log_send_again_pause_and_delete(
     expect(row).to_have_attribute("data-state", "active")
     row.get_by_test_id("delete-subscription").click()
     expect(row).to_have_count(0)
+    expect(page.get_by_test_id("notification-banner")).to_have_count(0)
+
+    # A subscription whose receiver refuses 5 deliveries is paused: every page says so, until it is resumed.
+    receiver.script("/dead", *[410] * 5)
+    client = Client(server.url, member.key_id, member.secret)
+    dead = client.subscribe("dead-hook", ["test"], url=receiver.url("/dead"))
+    for _ in range(5):
+        client.test_subscription(dead.id)
+    deadline = time.monotonic() + 60
+    while client.subscription(dead.id).state != "paused":  # the banner reads the subscriptions once per page
+        assert time.monotonic() < deadline, client.deliveries(dead.id)
+        time.sleep(0.1)
+    page.goto(server.url + "/jobs")
+    expect(page.get_by_test_id("notification-banner")).to_contain_text("dead-hook")
+    client.close()
     context.close()
