@@ -1,18 +1,29 @@
 """The outbox's bookkeeping on a real (SQLite) database: failed deliveries counted towards pausing a subscription
-each, however many one batch wrote, and the pause told to its owner's other subscriptions only."""
+each, however many one batch wrote, and the pause told to its owner's other subscriptions only; a notebook's cull
+written with its stop (culling needs JupyterLab running to go through a server)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import select
 
 from kiln.db import migrate
 from kiln.db.session import Database
-from kiln.db.tables import NotificationDelivery, NotificationSubscription, Organization, User
+from kiln.db.tables import (
+    Job,
+    Notebook,
+    NotificationDelivery,
+    NotificationEvent,
+    NotificationSubscription,
+    Organization,
+    User,
+)
 from kiln.usecases import notification_outbox as outbox
+from kiln.usecases.notebooks import NotebookService
 
 
 @pytest.fixture
@@ -50,3 +61,24 @@ def test_five_refusals_in_one_batch_pause_it_and_its_owner_alone_is_told(db: Dat
     with db.read() as s:
         told = s.scalars(select(NotificationDelivery).where(NotificationDelivery.event_type == "subscription.paused"))
         assert [d.subscription_id for d in told] == ["sub-ann"]  # not bob's "*": the pause is ann's business
+
+
+def test_a_culled_notebook_is_told_in_the_transaction_that_stops_it(db: Database) -> None:
+    with db.transaction() as s:
+        s.add(Organization(id="org-n", name="notify-unit"))
+        s.flush()
+        s.add(User(id="usr-a", org_id="org-n", name="ann"))
+        s.flush()
+        s.add(Job(id="job-nb", org_id="org-n", user_id="usr-a", name="nb", spec={}, state="SUCCEEDED"))
+        s.flush()
+        spec = {"name": "lab", "runtime": {"framework": "python"}}
+        nb = Notebook(id="nb-1", org_id="org-n", user_id="usr-a", name="lab", spec=spec, desired="RUNNING")
+        s.add(nb)
+        nb.job_id = "job-nb"
+    jobs = SimpleNamespace(wake=lambda: None, idempotency=None)
+    service = NotebookService(db, jobs, store=None, endpoint="", wake=lambda: None)  # type: ignore[arg-type]
+    assert service.cull("nb-1", "job-nb", "culled: idle for 8s")
+    assert not service.cull("nb-1", "job-nb", "culled: idle for 8s")  # stopped already: told once
+    with db.read() as s:
+        (event,) = s.scalars(select(NotificationEvent).where(NotificationEvent.type == "notebook.culled"))
+        assert (event.user_id, event.name, event.body["subject"]["message"]) == ("usr-a", "lab", "culled: idle for 8s")
