@@ -207,6 +207,15 @@ class ServiceUpdate(_Strict):
     """A change rolled out replica by replica (``model``, ``spec``) or applied at once (``replicas``)."""
 
     model: str | None = Field(None, max_length=200, description="NAME@VERSION or NAME@ALIAS to roll out.")
+    canary: int | None = Field(
+        None,
+        ge=0,
+        le=100,
+        strict=True,
+        description="With model: run it beside the stable version as a canary with this percentage of predicts "
+        "(0: only predicts that target it with X-Kiln-Model-Version); without: change the canary's percentage.",
+    )
+    canary_replicas: int | None = Field(None, ge=1, le=MAX_REPLICAS, strict=True, description="The canary's replicas.")
     replicas: int | None = Field(None, ge=0, le=MAX_REPLICAS, strict=True, description="Scale (no autoscale).")
     spec: ServiceSpec | None = Field(None, description="A whole new spec (same name), rolled out.")
     code_sha256: str | None = Field(None, max_length=64, pattern=r"^[0-9a-f]{64}$")
@@ -219,6 +228,24 @@ class ServiceUpdate(_Strict):
         return value
 
 
+class CanaryRead(BaseModel):
+    """A model version run beside the stable one, with a percentage of the predicts."""
+
+    model_version: int
+    weight: int = Field(description="Percent of the predicts that name no version it receives.")
+    replicas: int
+
+
+class VersionTraffic(BaseModel):
+    """What this server's router forwarded to one model version of the service since it started."""
+
+    model_version: int
+    role: Literal["stable", "canary", "retired"]
+    requests: int = 0
+    errors: int = 0
+    latency_ms_mean: float | None = None
+
+
 class ReplicaRead(BaseModel):
     id: str
     job_id: str | None = None
@@ -226,6 +253,7 @@ class ReplicaRead(BaseModel):
     revision: int
     state: ReplicaState
     model_version: int
+    canary: bool = False
     in_flight: int = 0
     message: str = ""
     created_at: datetime
@@ -243,6 +271,8 @@ class ServiceRead(BaseModel):
     model_name: str
     model_version: int = Field(description="The version replicas of the current revision serve.")
     revision: int
+    canary: CanaryRead | None = None
+    versions: list[VersionTraffic] = Field(default_factory=list)
     desired_replicas: int
     ready_replicas: int = 0
     replicas: list[ReplicaRead] = Field(default_factory=list)

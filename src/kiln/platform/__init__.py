@@ -201,6 +201,7 @@ class Platform:
             self._cold_start,
             latency_observer=self.prometheus.predict_latency.observe,
             batch_observer=self.prometheus.predict_batch.observe,
+            track_observer=self.prometheus.observe_track,
         )
         server_id = settings.resolved_instance_id
         self.routes = RouteSync(self.db, self.router, self.box, server_id, self.servers.live_for)
@@ -222,6 +223,7 @@ class Platform:
             self.router.in_flight,
             settings.endpoint,
             self.idempotency,
+            traffic=self.router.version_traffic,
         )
         # Pipelines: runs of declared steps (jobs, a model's registration, a service), driven by a leased task.
         self.pipeline_driver = PipelineDriver(

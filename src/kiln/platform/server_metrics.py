@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
@@ -176,7 +176,26 @@ class ServerMetrics:
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096),
             registry=self.registry,
         )
+        # Per track of a traffic split (stable, canary): two values, never a version number or a service's name.
+        self.predict_track_requests = Counter(
+            "kiln_predict_track_requests",
+            "Predicts the router forwarded, by track of the service's traffic split and outcome (ok, error).",
+            ["track", "outcome"],
+            registry=self.registry,
+        )
+        self.predict_track_latency = Histogram(
+            "kiln_predict_track_duration_seconds",
+            "Predicts the router forwarded, by track of the service's traffic split: router to answer.",
+            ["track"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(_DatabaseCollector(db, points_ingested))
+
+    def observe_track(self, track: str, seconds: float, error: bool) -> None:
+        """One forwarded predict of ``track`` (``stable`` or ``canary``)."""
+        self.predict_track_requests.labels(track, "error" if error else "ok").inc()
+        self.predict_track_latency.labels(track).observe(seconds)
 
     def report_usage(self, usage: UsageService) -> None:
         """Export what each organisation held and what it cost (``usage`` reads the records)."""

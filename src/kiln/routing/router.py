@@ -9,6 +9,10 @@ replica that fails mid-request (connection refused or reset, or it answers 502/5
 request is sent once more to another replica; a request with no ready replica waits for one up to the service's
 request timeout (a cold start from zero replicas), then gets 503 with ``Retry-After``.
 
+A service that runs a canary (kiln.domain.traffic_split) splits its replicas in two tracks: the API server chooses
+a predict's track (or the model version it targets) and the router picks among that track's replicas only; a
+canary with no replica to take it (still starting, or rolled back and draining) leaves its share to the stable ones.
+
 A service whose backend runs its replicas itself (a Kubernetes Deployment behind a Service) is one endpoint with
 a ``base_url``: the cluster balances between its pods, and a request that failed on it is retried once on the
 same URL (another pod answers it), where a local replica's failure marks it suspect.
@@ -29,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from kiln.domain.traffic_split import Track
 from kiln.errors import NoReplica, PredictFailed
 from kiln.routing.replica_http import ReplicaPool, ReplicaUnreachable
 
@@ -46,6 +51,7 @@ class Endpoint:
     secret: str
     model: str  # NAME@VERSION it serves
     base_url: str | None = None
+    canary: bool = False  # a canary's replica: only predicts the split sends to the canary (or target its version)
     draining: bool = False
     in_flight: int = 0
     last_used: float = 0.0
@@ -60,6 +66,20 @@ class Endpoint:
     def __post_init__(self) -> None:
         if (self.socket is None) == (self.base_url is None):
             raise ValueError(f"replica {self.replica_id}: a socket or a base URL, one of the two")
+
+    @property
+    def version(self) -> int | None:
+        """The model version it serves (the number after the ``@``)."""
+        tail = self.model.rpartition("@")[2]
+        return int(tail) if tail.isdigit() else None
+
+    def serves(self, track: Track | None, version: int | None) -> bool:
+        """Whether a predict of ``track`` (or targeting ``version``) may go to it; neither: any."""
+        if version is not None:
+            return self.version == version
+        if track is not None:
+            return self.canary == (track == "canary")
+        return True
 
 
 @dataclass
@@ -78,6 +98,7 @@ class Router:
         *,
         latency_observer: Callable[[float], None] | None = None,
         batch_observer: Callable[[int], None] | None = None,
+        track_observer: Callable[[str, float, bool], None] | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._services: dict[str, dict[str, Endpoint]] = {}  # service id → replica id → endpoint
@@ -95,6 +116,9 @@ class Router:
         self.total_errors = 0
         self.latency_observer = latency_observer
         self.batch_observer = batch_observer
+        self.track_observer = track_observer  # (track, seconds, error) of each forwarded predict
+        # (service id, model version) → [requests, errors, seconds in all] forwarded since this server started
+        self._versions: dict[tuple[str, int], list[float]] = {}
 
     # ---- what the serving task tells the router
 
@@ -109,6 +133,7 @@ class Router:
             ):
                 known.draining = endpoint.draining
                 known.model = endpoint.model  # a backend's endpoint rolls to another version in place
+                known.canary = endpoint.canary  # a promoted canary's replica serves every predict
                 return
             replicas[endpoint.replica_id] = endpoint
         self._notify(service_id)
@@ -136,6 +161,7 @@ class Router:
                     ):
                         have.draining = have.draining or endpoint.draining
                         have.model = endpoint.model
+                        have.canary = endpoint.canary
                         continue
                     if have is not None and have.added_at >= read_since:
                         continue  # the serving task's own, newer than the read
@@ -161,6 +187,14 @@ class Router:
             self._services.pop(service_id, None)
             self.last_request.pop(service_id, None)
             self.requests.pop(service_id, None)
+            for key in [k for k in self._versions if k[0] == service_id]:
+                del self._versions[key]
+
+    def version_traffic(self, service_id: str) -> dict[int, tuple[int, int, float]]:
+        """Per model version of the service: (requests, errors, seconds in all) forwarded since this server
+        started."""
+        with self._lock:
+            return {v: (int(n), int(e), t) for (s, v), (n, e, t) in self._versions.items() if s == service_id}
 
     def traffic(self) -> dict[str, tuple[int, dict[str, int], int, float | None]]:
         """Per service predicted through this server: (requests in flight, the same per replica, predicts so far,
@@ -204,13 +238,15 @@ class Router:
         if loop is not None and event is not None:
             loop.call_soon_threadsafe(event.set)
 
-    def _pick(self, service_id: str, avoid: set[str]) -> Endpoint | None:
+    def _pick(
+        self, service_id: str, avoid: set[str], track: Track | None = None, version: int | None = None
+    ) -> Endpoint | None:
         now = time.monotonic()
         with self._lock:
             candidates = [
                 e
                 for e in self._services.get(service_id, {}).values()
-                if not e.draining and e.replica_id not in avoid and e.suspect_until <= now
+                if not e.draining and e.replica_id not in avoid and e.suspect_until <= now and e.serves(track, version)
             ]
             if not candidates:
                 return None
@@ -219,12 +255,25 @@ class Router:
             best.last_used = now
             return best
 
-    async def _wait_for_replica(self, service_id: str, avoid: set[str], deadline: float) -> Endpoint:
+    def _has(self, service_id: str, track: Track, avoid: set[str]) -> bool:
+        """Whether a replica of ``track`` could take a request now (as ``_pick`` would choose among them)."""
+        now = time.monotonic()
+        with self._lock:
+            return any(
+                e.serves(track, None) and not e.draining and e.replica_id not in avoid and e.suspect_until <= now
+                for e in self._services.get(service_id, {}).values()
+            )
+
+    async def _wait_for_replica(
+        self, service_id: str, avoid: set[str], deadline: float, track: Track | None, version: int | None
+    ) -> Endpoint:
         self._loop = asyncio.get_running_loop()
         event = self._changed.setdefault(service_id, asyncio.Event())
         woken = False
         while True:
-            endpoint = self._pick(service_id, avoid)
+            if track == "canary" and not self._has(service_id, "canary", avoid):
+                track = "stable"  # no canary replica (yet, or any more: rolled back): the stable ones answer
+            endpoint = self._pick(service_id, avoid, track, version)
             if endpoint is not None:
                 return endpoint
             if not woken and self.on_cold_start is not None:
@@ -243,15 +292,26 @@ class Router:
             except TimeoutError:
                 pass
 
-    async def predict(self, service_id: str, body: bytes, timeout: float) -> Answer:
-        """Forward a predict body; one retry on another replica when the first one fails mid-request."""
+    async def predict(
+        self,
+        service_id: str,
+        body: bytes,
+        timeout: float,
+        *,
+        track: Track | None = None,
+        version: int | None = None,
+    ) -> Answer:
+        """Forward a predict body; one retry on another replica when the first one fails mid-request. With
+        ``version`` only a replica of that model version answers (it waits for one); with ``track`` (the traffic
+        split's choice) only the stable replicas, or the canary's — a canary with no ready replica yet leaves its
+        share to the stable ones."""
         self.last_request[service_id] = time.monotonic()
         self.requests[service_id] = self.requests.get(service_id, 0) + 1
         deadline = time.monotonic() + timeout
         tried: set[str] = set()
         last_error = ""
         for _ in range(2):
-            endpoint = await self._wait_for_replica(service_id, tried, deadline)
+            endpoint = await self._wait_for_replica(service_id, tried, deadline, track, version)
             if endpoint.base_url is None:  # a backend's Service: the retry goes there too, to another pod
                 tried.add(endpoint.replica_id)
             started = time.monotonic()
@@ -259,13 +319,13 @@ class Router:
                 answer = await self._send(endpoint, body, max(0.1, deadline - started))
             except (httpx.TransportError, ReplicaUnreachable) as exc:
                 last_error = f"replica {endpoint.replica_id}: {type(exc).__name__}"
-                self._done(endpoint, started, error=True, suspect=endpoint.base_url is None)
+                self._done(endpoint, started, service_id=service_id, error=True, suspect=endpoint.base_url is None)
                 continue
             if answer.status in (502, 503):  # the replica is going away: another one may answer
                 last_error = f"replica {endpoint.replica_id} answered {answer.status}"
-                self._done(endpoint, started, error=True, suspect=endpoint.base_url is None)
+                self._done(endpoint, started, service_id=service_id, error=True, suspect=endpoint.base_url is None)
                 continue
-            self._done(endpoint, started, error=answer.status >= 500, batch=answer.batch_size)
+            self._done(endpoint, started, service_id=service_id, error=answer.status >= 500, batch=answer.batch_size)
             return answer
         self.total_errors += 1
         raise PredictFailed(f"the replicas failed to answer ({last_error}); retry later")
@@ -297,9 +357,16 @@ class Router:
         error: bool = False,
         suspect: bool = False,
         batch: int | None = None,
+        service_id: str | None = None,
     ) -> None:
         elapsed = time.monotonic() - started
         with self._lock:
+            if service_id is not None and endpoint.version is not None:
+                # one entry per version this server forwarded to: bounded by the versions the service ran
+                counts = self._versions.setdefault((service_id, endpoint.version), [0, 0, 0.0])
+                counts[0] += 1
+                counts[1] += int(error)
+                counts[2] += elapsed
             endpoint.in_flight -= 1
             endpoint.requests += 1
             endpoint.errors += int(error)
@@ -315,6 +382,8 @@ class Router:
             self.latency_observer(elapsed)
         if batch is not None and self.batch_observer is not None:
             self.batch_observer(batch)
+        if self.track_observer is not None:
+            self.track_observer("canary" if endpoint.canary else "stable", elapsed, error)
 
     async def aclose(self) -> None:
         if self._client is not None:

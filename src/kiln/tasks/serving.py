@@ -14,6 +14,8 @@ Each run, for each service:
    out one replica at a time — a new replica is READY before an old one drains (maxSurge 1, maxUnavailable 0); a
    draining replica gets no new requests and its job is cancelled once its last request ended. Replicas that keep
    failing before they ever get ready are started again with a growing back-off, and the service is DEGRADED.
+   A canary (another model version with a share of the predicts: kiln.domain.traffic_split) runs its own
+   replicas beside these, flagged in their rows; promoting it makes them replicas of the new stable revision.
 4. **Record** what the router forwarded per replica (requests, errors, latency percentiles, batch sizes) as metric
    points of the replica's job, in the metrics store.
 
@@ -55,6 +57,7 @@ from kiln.storage.logs import LogStore
 from kiln.tasks.runner import Task, TaskContext
 from kiln.tasks.serving_deployed import DeployedServices
 from kiln.tasks.serving_routes import Traffic, this_node
+from kiln.usecases import notification_events
 from kiln.usecases.jobs import JobService, request_cancel
 from kiln.usecases.serving import ACTIVE_REPLICAS, CATEGORY, replica_spec
 
@@ -216,7 +219,12 @@ class ServingControl:
             return None
         path = os.path.abspath(work / state["socket"])  # as every server names it
         endpoint = Endpoint(
-            row.id, job.id, path, str(state.get("secret", "")), f"{service.model_name}@{row.model_version}"
+            row.id,
+            job.id,
+            path,
+            str(state.get("secret", "")),
+            f"{service.model_name}@{row.model_version}",
+            canary=row.canary,
         )
         return endpoint if healthy(path, endpoint.secret, timeout=2.0) else None
 
@@ -295,11 +303,14 @@ class ServingControl:
 
     # ---- 3. converge
 
-    def _converge(self, ctx: TaskContext, service: Service, replicas: list[_Replica]) -> None:
+    def _converge(self, ctx: TaskContext, service: Service, everything: list[_Replica]) -> None:
+        """The stable version's replicas (a rolling update among them), then the canary's."""
+        replicas = [r for r in everything if not r.row.canary]
+        self._converge_canary(ctx, service, [r for r in everything if r.row.canary])
         desired = service.desired_replicas
         current = [r for r in replicas if r.row.revision == service.revision and r.row.state != ReplicaState.DRAINING]
         old = [r for r in replicas if r.row.revision != service.revision and r.row.state != ReplicaState.DRAINING]
-        draining = [r for r in replicas if r.row.state == ReplicaState.DRAINING]
+        draining = [r for r in everything if r.row.state == ReplicaState.DRAINING]  # the canary's too
         count, not_before = self._failures.get(service.id, (0, 0.0))
         may_start = time.monotonic() >= not_before
         if not old:
@@ -325,10 +336,27 @@ class ServingControl:
             if self._in_flight(service.id, replica.row.id) == 0:
                 self._stop(ctx, service, replica)
 
-    def _start(self, ctx: TaskContext, service: Service) -> None:
+    def _converge_canary(self, ctx: TaskContext, service: Service, replicas: list[_Replica]) -> None:
+        """``canary_replicas`` of the canary version while there is a canary; a replica of another version (a
+        replaced canary) or of a rolled-back one drains. Its draining replicas stop with the stable ones'."""
+        live = [r for r in replicas if r.row.state != ReplicaState.DRAINING]
+        keep = [r for r in live if r.row.model_version == service.canary_version]
+        for replica in live:
+            if replica not in keep:
+                self._drain(ctx, service, replica)
+        want = service.canary_replicas if service.canary_version is not None else 0
+        _, not_before = self._failures.get(service.id, (0, 0.0))
+        if len(keep) < want and time.monotonic() >= not_before:
+            self._start(ctx, service, canary=True)
+        extra = sorted(keep, key=lambda r: (r.row.state == ReplicaState.READY, r.row.created_at))
+        for replica in extra[: max(0, len(keep) - want)]:
+            self._drain(ctx, service, replica)
+
+    def _start(self, ctx: TaskContext, service: Service, *, canary: bool = False) -> None:
         spec = ServiceSpec.model_validate(service.spec)
         replica_id = new_id("rep")
-        job_spec = replica_spec(spec, service.id, replica_id, service.model_name, service.model_version)
+        version = service.canary_version if canary and service.canary_version is not None else service.model_version
+        job_spec = replica_spec(spec, service.id, replica_id, service.model_name, version)
         with ctx.transaction() as s:
             job = self.jobs.new_job(
                 s,
@@ -336,7 +364,8 @@ class ServingControl:
                 service.user_id,
                 job_spec,
                 service.code_sha256,
-                f"replica {replica_id} of service {service.name} (revision {service.revision})",
+                f"{'canary ' if canary else ''}replica {replica_id} of service {service.name} "
+                f"(revision {service.revision})",
                 category=CATEGORY,
             )
             s.flush()
@@ -346,7 +375,8 @@ class ServingControl:
                     service_id=service.id,
                     job_id=job.id,
                     revision=service.revision,
-                    model_version=service.model_version,
+                    model_version=version,
+                    canary=canary,
                     state=ReplicaState.STARTING,
                     message="",
                     created_at=utcnow(),
@@ -397,6 +427,7 @@ class ServingControl:
         if loaded is None:
             return
         service, replicas = loaded
+        replicas = [r for r in replicas if not r.row.canary]  # the stable version's tell the service's state
         current = [r for r in replicas if r.row.revision == service.revision]
         old = [r for r in replicas if r.row.revision != service.revision and r.row.state != ReplicaState.DRAINING]
         ready = sum(r.row.state == ReplicaState.READY for r in current)
@@ -420,9 +451,10 @@ class ServingControl:
             with ctx.transaction() as s:
                 row = s.get(Service, service_id)
                 if row is not None and row.state != ServiceState.DELETING:
-                    row.state = state
+                    was, row.state = row.state, state
                     row.message = message
                     row.updated_at = utcnow()
+                    notification_events.service_state_changed(s, row, was)  # unhealthy, recovered
 
     def _last_failure(self, service_id: str) -> str:
         with self.db.read() as s:

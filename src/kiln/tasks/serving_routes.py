@@ -162,6 +162,7 @@ class RouteSync:
                     row.socket,
                     secret,
                     f"{owner.model_name}@{row.model_version}",
+                    canary=row.canary,
                     draining=row.state == ReplicaState.DRAINING,
                 )
             )

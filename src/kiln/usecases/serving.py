@@ -18,6 +18,7 @@ from kiln.domain import tracking
 from kiln.domain.ids import new_id
 from kiln.domain.serving import (
     MODEL_DIR,
+    CanaryRead,
     ReplicaRead,
     ReplicaState,
     ServiceRead,
@@ -26,10 +27,12 @@ from kiln.domain.serving import (
     ServiceSubmit,
     ServiceToken,
     ServiceUpdate,
+    VersionTraffic,
     replica_params,
 )
 from kiln.domain.spec import JobSpec
 from kiln.domain.stored_spec import SERVICE_LABEL
+from kiln.domain.traffic_split import Split
 from kiln.errors import Conflict, InvalidInput, KilnError, NotFound
 from kiln.usecases.idempotency import Idempotency, IdempotentRequest, Remember
 from kiln.usecases.identity import AuthFailure, Principal
@@ -49,6 +52,7 @@ def replica_read(replica: ServiceReplica, job_state: str | None, in_flight: int)
         revision=replica.revision,
         state=ReplicaState(replica.state),
         model_version=replica.model_version,
+        canary=replica.canary,
         in_flight=in_flight,
         message=replica.message,
         created_at=replica.created_at,
@@ -76,6 +80,34 @@ def replica_spec(spec: ServiceSpec, service_id: str, replica_id: str, model: str
     )
 
 
+def canary_read(service: Service) -> CanaryRead | None:
+    if service.canary_version is None:
+        return None
+    return CanaryRead(
+        model_version=service.canary_version, weight=service.canary_weight, replicas=service.canary_replicas
+    )
+
+
+def versions_read(service: Service, traffic: dict[int, tuple[int, int, float]]) -> list[VersionTraffic]:
+    """The stable and canary versions, and any other this server's router forwarded to (a retired one)."""
+    served = {service.model_version: "stable"}
+    if service.canary_version is not None:
+        served[service.canary_version] = "canary"
+    out = []
+    for version in sorted(set(served) | set(traffic)):
+        requests, errors, seconds = traffic.get(version, (0, 0, 0.0))
+        out.append(
+            VersionTraffic(
+                model_version=version,
+                role=served.get(version, "retired"),  # type: ignore[arg-type]
+                requests=requests,
+                errors=errors,
+                latency_ms_mean=round(1000 * seconds / requests, 3) if requests else None,
+            )
+        )
+    return out
+
+
 class ServingService:
     def __init__(
         self,
@@ -86,6 +118,7 @@ class ServingService:
         in_flight: Callable[[str, str], int],
         endpoint: str,
         idempotency: Idempotency | None = None,
+        traffic: Callable[[str], dict[int, tuple[int, int, float]]] | None = None,
     ) -> None:
         self.db = db
         self.jobs = jobs
@@ -94,6 +127,8 @@ class ServingService:
         self.wake = wake  # the serving task
         self.in_flight = in_flight  # (service id, replica id) → requests in flight (the router's)
         self.endpoint = endpoint.rstrip("/")
+        # service id → model version → (requests, errors, seconds in all) forwarded by this server's router
+        self.traffic = traffic or (lambda service_id: {})
 
     # ---- reading
 
@@ -134,6 +169,8 @@ class ServingService:
             model_name=service.model_name,
             model_version=service.model_version,
             revision=service.revision,
+            canary=canary_read(service),
+            versions=versions_read(service, self.traffic(service.id)),
             desired_replicas=service.desired_replicas,
             ready_replicas=ready,
             replicas=replicas,
@@ -155,12 +192,13 @@ class ServingService:
                 query = query.where(Service.org_id == principal.org_id)
             return [self._read(s, x) for x in s.scalars(query)]
 
-    def route(self, principal: Principal, name: str) -> tuple[str, float]:
-        """(service id, request timeout) of a service the caller may predict on."""
+    def route(self, principal: Principal, name: str) -> tuple[str, float, Split]:
+        """(service id, request timeout, traffic split) of a service the caller may predict on."""
         principal.require("services:predict")
         with self.db.read() as s:
             service = self.load(s, principal, name)
-            return service.id, float(service.spec.get("request_timeout", 60.0))
+            split = Split(service.model_version, service.canary_version, service.canary_weight)
+            return service.id, float(service.spec.get("request_timeout", 60.0)), split
 
     # ---- changing
 
@@ -249,10 +287,22 @@ class ServingService:
                 "replicas: this service autoscales; change autoscale.min/max in its spec instead",
                 details={"field": "replicas"},
             )
+        if body.canary is not None and body.model is not None:
+            return self._start_canary(principal, name, spec, code, body)
+        if body.canary is not None or body.canary_replicas is not None:
+            if body.spec is not None or body.code_sha256 is not None or body.replicas is not None:
+                raise InvalidInput(
+                    "canary: change a canary alone (or start one with model and canary)", details={"field": "canary"}
+                )
+            return self._change_canary(principal, name, body)
         rollout = body.spec is not None or body.model is not None or body.code_sha256 is not None
         model_name, version = self._check(principal, spec, code) if rollout else ("", 0)
         with self.db.transaction() as s:
             service = self.load(s, principal, name, lock=True)
+            if rollout and service.canary_version is not None:
+                raise Conflict(
+                    f"service {name} runs a canary (version {service.canary_version}): promote or roll it back first"
+                )
             if rollout:
                 service.spec = spec.model_dump(mode="json", by_alias=True)
                 service.code_sha256 = code
@@ -264,6 +314,88 @@ class ServingService:
                 spec = spec.model_copy(update={"replicas": body.replicas})
                 service.spec = spec.model_dump(mode="json", by_alias=True)
                 service.desired_replicas = body.replicas
+            service.updated_at = utcnow()
+            read = self._read(s, service)
+        self.wake()
+        return read
+
+    # ---- canaries (kiln.domain.traffic_split)
+
+    def _start_canary(
+        self, principal: Principal, name: str, spec: ServiceSpec, code: str | None, body: ServiceUpdate
+    ) -> ServiceRead:
+        """Run ``body.model`` beside the stable version with ``body.canary`` percent of the predicts (a canary
+        already running is replaced: its replicas drain)."""
+        if body.spec is not None or body.code_sha256 is not None or body.replicas is not None:
+            raise InvalidInput("canary: a canary changes the model version only", details={"field": "canary"})
+        model_name, version = self._check(principal, spec, code)
+        with self.db.transaction() as s:
+            service = self.load(s, principal, name, lock=True)
+            if model_name != service.model_name:
+                raise InvalidInput(
+                    f"model: a canary is another version of {service.model_name}, not of {model_name}",
+                    details={"field": "model"},
+                )
+            if version == service.model_version:
+                raise InvalidInput(
+                    f"model: {model_name}@{version} is the stable version already", details={"field": "model"}
+                )
+            service.canary_version, service.canary_weight = version, int(body.canary or 0)
+            service.canary_replicas = body.canary_replicas or 1
+            service.updated_at = utcnow()
+            read = self._read(s, service)
+        self.wake()
+        return read
+
+    def _change_canary(self, principal: Principal, name: str, body: ServiceUpdate) -> ServiceRead:
+        with self.db.transaction() as s:
+            service = self.load(s, principal, name, lock=True)
+            if service.canary_version is None:
+                raise Conflict(f"service {name} runs no canary: start one with --model NAME@VERSION --canary PERCENT")
+            if body.canary is not None:
+                service.canary_weight = body.canary
+            if body.canary_replicas is not None:
+                service.canary_replicas = body.canary_replicas
+            service.updated_at = utcnow()
+            read = self._read(s, service)
+        self.wake()
+        return read
+
+    def promote(self, principal: Principal, name: str) -> ServiceRead:
+        """The canary becomes the stable version: a new revision whose first replicas are the canary's (they go on
+        answering, now with every predict's share), the old version's replicas rolled over one at a time."""
+        principal.require("services:write")
+        with self.db.transaction() as s:
+            service = self.load(s, principal, name, lock=True)
+            if service.canary_version is None:
+                raise Conflict(f"service {name} runs no canary to promote")
+            spec = ServiceSpec.model_validate(service.spec)
+            spec = spec.model_copy(update={"model": f"{service.model_name}@{service.canary_version}"})
+            service.spec = spec.model_dump(mode="json", by_alias=True)
+            service.model_version, service.revision = service.canary_version, service.revision + 1
+            for replica in s.scalars(
+                select(ServiceReplica).where(
+                    ServiceReplica.service_id == service.id,
+                    ServiceReplica.canary.is_(True),
+                    ServiceReplica.model_version == service.canary_version,  # not a replaced canary's, draining
+                    ServiceReplica.state.in_([str(ReplicaState.STARTING), str(ReplicaState.READY)]),
+                )
+            ):
+                replica.canary, replica.revision = False, service.revision
+            service.canary_version, service.canary_weight = None, 0
+            service.updated_at = utcnow()
+            read = self._read(s, service)
+        self.wake()
+        return read
+
+    def rollback(self, principal: Principal, name: str) -> ServiceRead:
+        """The canary ends: no predict is sent to it any more, and its replicas drain (those in flight finish)."""
+        principal.require("services:write")
+        with self.db.transaction() as s:
+            service = self.load(s, principal, name, lock=True)
+            if service.canary_version is None:
+                raise Conflict(f"service {name} runs no canary to roll back")
+            service.canary_version, service.canary_weight = None, 0
             service.updated_at = utcnow()
             read = self._read(s, service)
         self.wake()

@@ -336,6 +336,8 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ("GET", "/api/v1/services/{service}"): [Case("scoped", reader="member")],
     ("PATCH", "/api/v1/services/{service}"): [Case("scoped", body={"replicas": 0}, owner="admin")],
     ("POST", "/api/v1/services/{service}/tokens"): [Case("scoped", owner="admin")],
+    ("POST", "/api/v1/services/{service}/promote"): [Case("scoped")],  # A's runs no canary: a 409 to its own
+    ("POST", "/api/v1/services/{service}/rollback"): [Case("scoped")],
     ("GET", "/api/v1/services/{service}/logs"): [Case("scoped")],  # no replica ran: A's reader gets 404 too
     ("POST", "/api/v1/services/{service}/predict"): [Case("scoped", body={"inputs": [[0.0]]})],
     ("DELETE", "/api/v1/services/{service}"): [Case("scoped", owner="admin", last=True)],

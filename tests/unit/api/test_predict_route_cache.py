@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kiln.api.errors import install_error_handlers
 from kiln.api.routers import services
+from kiln.domain.traffic_split import Split
 from kiln.errors import NotFound
 from kiln.routing.router import Answer
 from kiln.usecases.identity import Principal
@@ -43,18 +44,18 @@ class Serving:
         self.held = threading.Event()
         self.held.set()
 
-    def route(self, caller: Principal, name: str) -> tuple[str, float]:
+    def route(self, caller: Principal, name: str) -> tuple[str, float, Split]:
         self.calls += 1
         call = self.calls
         assert self.held.wait(GUARD)
-        return f"svc-{call}", 30.0
+        return f"svc-{call}", 30.0, Split(1)
 
 
 class Router:
     def __init__(self) -> None:
         self.sent_to: list[str] = []
 
-    async def predict(self, service_id: str, body: bytes, timeout: float) -> Answer:
+    async def predict(self, service_id: str, body: bytes, timeout: float, **split: object) -> Answer:
         self.sent_to.append(service_id)
         return Answer(200, b'{"outputs": [0]}', "digits@1", "rep-1", None)
 
@@ -165,7 +166,7 @@ def test_a_failed_refresh_drops_the_route_and_the_next_predict_gets_the_error(mo
         async with httpx.AsyncClient(transport=transport, base_url="http://kiln") as client:
             await predict(client)
 
-            def gone(caller: Principal, name: str) -> tuple[str, float]:
+            def gone(caller: Principal, name: str) -> tuple[str, float, Split]:
                 raise NotFound(f"no service {name}")
 
             serving.route = gone  # type: ignore[method-assign]

@@ -29,6 +29,7 @@ from kiln.domain.serving import (
     ServiceUpdate,
     check_predict_inputs,
 )
+from kiln.domain.traffic_split import ROUTING_KEY_HEADER, VERSION_HEADER, Split, choose
 from kiln.platform import Platform
 from kiln.routing.router import outputs_of
 from kiln.usecases.identity import Principal
@@ -101,6 +102,26 @@ def update_service(service: ServiceName, body: ServiceUpdate, caller: Caller, ki
     return kiln.serving.update(caller, service, body)
 
 
+@router.post(
+    "/{service}/promote",
+    response_model=ServiceRead,
+    summary="The canary becomes the stable version (rolled over one replica at a time, no request dropped)",
+    responses=errors(404, 409, 422),
+)
+def promote_service(service: ServiceName, caller: Caller, kiln: Kiln) -> ServiceRead:
+    return kiln.serving.promote(caller, service)
+
+
+@router.post(
+    "/{service}/rollback",
+    response_model=ServiceRead,
+    summary="End the canary: predicts go to the stable version only, the canary's replicas drain",
+    responses=errors(404, 409, 422),
+)
+def rollback_service(service: ServiceName, caller: Caller, kiln: Kiln) -> ServiceRead:
+    return kiln.serving.rollback(caller, service)
+
+
 @router.delete(
     "/{service}",
     status_code=204,
@@ -153,11 +174,14 @@ def service_logs(
 async def predict(service: ServiceName, request: Request) -> Response:
     caller, kiln = caller_of(request), platform_of(request)
     caller.require("services:predict")  # before the cache: a viewer's request never reuses a member's lookup
-    service_id, timeout = await _route(kiln, caller, service)
+    service_id, timeout, split = await _route(kiln, caller, service)
+    target = request.headers.get(VERSION_HEADER)
+    track = choose(split, target, request.headers.get(ROUTING_KEY_HEADER))
     body = await request.body()
     if len(body) > 2 * limits.MAX_PREDICT_INPUTS:  # long enough to hold too many instances: parsed off the loop
         await run_in_threadpool(check_predict_inputs, body)
-    answer = await kiln.router.predict(service_id, body, timeout)
+    version = int(target) if target is not None else None  # choose() checked it is a version the service serves
+    answer = await kiln.router.predict(service_id, body, timeout, track=track, version=version)
     if answer.status != 200:  # the replica's own answer (a 422 naming the field, a predict error)
         return Response(answer.body, status_code=answer.status, media_type="application/json")
     data = outputs_of(answer)
@@ -172,6 +196,7 @@ RouteKey = tuple[str, str | None, str]  # (caller's organisation, its service to
 class _Route:
     service_id: str
     timeout: float
+    split: Split
     at: float  # monotonic time its lookup began
 
 
@@ -179,8 +204,9 @@ _routes: dict[RouteKey, _Route] = {}
 _lookups: dict[RouteKey, asyncio.Task[_Route]] = {}  # the lookup in flight per key: one at a time
 
 
-async def _route(kiln: Platform, caller: Principal, service: str) -> tuple[str, float]:
-    """(service id, request timeout) of the service a predict names, from a lookup at most ``ROUTE_TTL`` old.
+async def _route(kiln: Platform, caller: Principal, service: str) -> tuple[str, float, Split]:
+    """(service id, request timeout, traffic split) of the service a predict names, from a lookup at most
+    ``ROUTE_TTL`` old.
 
     The lookup is a database read in a worker thread, and those threads are shared with every request's database
     work: a predict that waits for one waits for whatever is queued before it. So a predict never waits for a
@@ -194,9 +220,9 @@ async def _route(kiln: Platform, caller: Principal, service: str) -> tuple[str, 
     if known is not None and age < ROUTE_TTL:
         if age >= ROUTE_REFRESH:
             _look_up(kiln, caller, service, key)
-        return known.service_id, known.timeout
+        return known.service_id, known.timeout, known.split
     route = await asyncio.shield(_look_up(kiln, caller, service, key))  # a cancelled predict leaves it to the others
-    return route.service_id, route.timeout
+    return route.service_id, route.timeout, route.split
 
 
 def _look_up(kiln: Platform, caller: Principal, service: str, key: RouteKey) -> asyncio.Task[_Route]:
@@ -209,8 +235,8 @@ def _look_up(kiln: Platform, caller: Principal, service: str, key: RouteKey) -> 
 
     async def look_up() -> _Route:
         at = time.monotonic()
-        service_id, timeout = await run_in_threadpool(kiln.serving.route, caller, service)
-        return _Route(service_id, timeout, at)
+        service_id, timeout, split = await run_in_threadpool(kiln.serving.route, caller, service)
+        return _Route(service_id, timeout, split, at)
 
     def done(task: asyncio.Task[_Route]) -> None:
         if _lookups.get(key) is task:

@@ -8,11 +8,13 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     ForeignKey,
     Index,
     Integer,
     String,
     Text,
+    false,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -46,6 +48,11 @@ class Service(Base):
     route_url: Mapped[str | None] = mapped_column(Text, default=None)
     route_secret: Mapped[str | None] = mapped_column(Text, default=None)
     route_model: Mapped[str | None] = mapped_column(String(200), default=None)
+    # A canary (kiln.domain.traffic_split): the version run beside ``model_version``, the percentage of predicts it
+    # gets and its replicas; None while there is none.
+    canary_version: Mapped[int | None] = mapped_column(Integer, default=None)
+    canary_weight: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    canary_replicas: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
 
     __table_args__ = (Index("ux_services_org_name", "org_id", "name", unique=True),)
 
@@ -61,6 +68,7 @@ class ServiceReplica(Base):
     job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), default=None, index=True)
     revision: Mapped[int] = mapped_column(Integer)
     model_version: Mapped[int] = mapped_column(Integer)
+    canary: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # a canary's replica
     state: Mapped[str] = mapped_column(String(16))
     message: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
