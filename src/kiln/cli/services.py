@@ -29,6 +29,7 @@ from kiln.cli.common import (
     out,
 )
 from kiln.cli.output import fmt_time, plural, state_text
+from kiln.cli.services_canary import canary_text, traffic_text, wait_canary
 from kiln.cli.spec import SpecError, _field_path, load_spec_file
 from kiln.domain.serving import (
     Autoscale,
@@ -261,6 +262,8 @@ def service_detail(service: ServiceRead) -> None:
             ("state", service_state_text(service.state)),
             ("message", service.message),
             ("model", f"{service.model_name}@{service.model_version} ({spec.model})"),
+            ("canary", canary_text(service)),
+            ("traffic", traffic_text(service)),
             ("predictor", predictor_text(spec)),
             ("replicas", replicas_wanted(service)),
             ("autoscale", autoscale),
@@ -429,24 +432,58 @@ def show(name: ServiceArg, output: Output = OutputFormat.table) -> None:
 @app.command()
 def update(
     name: ServiceArg,
-    model: Annotated[str, typer.Option("--model", help="NAME@VERSION or NAME@ALIAS to roll out.")],
+    model: Annotated[str | None, typer.Option("--model", help="NAME@VERSION or NAME@ALIAS to roll out.")] = None,
+    canary: Annotated[
+        int | None, typer.Option("--canary", min=0, max=100, help="Run --model as a canary with this % of predicts.")
+    ] = None,
+    canary_replicas: Annotated[int | None, typer.Option("--canary-replicas", min=1, help="The canary's.")] = None,
     wait: Wait = False,
     timeout: Timeout = 600.0,
 ) -> None:
     """Roll out another model version, one replica at a time: a new replica is ready before an old one drains, so
     no request is lost. A new replica that fails (its model does not load) is started again with a growing
-    back-off while the old ones keep answering; --wait then exits 1 with its error."""
+    back-off while the old ones keep answering; --wait then exits 1 with its error. With --canary PERCENT the
+    version runs beside the stable one with that share of the predicts instead (then promote or rollback);
+    --canary alone changes a running canary's share."""
     from kiln.domain.serving import parse_model_ref
 
+    if model is None and canary is None and canary_replicas is None:
+        fail("give --model, --canary or --canary-replicas", EXIT_USAGE)
     try:
-        parse_model_ref(model)
+        if model is not None:
+            parse_model_ref(model)
     except ValueError as exc:
         fail(f"--model: {exc}", EXIT_USAGE)
     with connect() as client:
-        service = client.update_service(name, model=model)
-        info(f"rolling out {model} to service {service.name} (revision {service.revision})")
+        if canary is not None or canary_replicas is not None:
+            service = client.update_service(name, model=model, canary=canary, canary_replicas=canary_replicas)
+            info(f"service {service.name}: canary {canary_text(service)}")
+            if wait:
+                wait_canary(client, service, timeout, replicas_table)
+        else:
+            service = client.update_service(name, model=model)
+            info(f"rolling out {model} to service {service.name} (revision {service.revision})")
         if wait:
             wait_live(client, service, timeout, revision=service.revision)
+
+
+@app.command()
+def promote(name: ServiceArg, wait: Wait = False, timeout: Timeout = 600.0) -> None:
+    """Make the canary the stable version: its replicas go on answering and take every predict, the old version's
+    are rolled over one at a time (no request is dropped)."""
+    with connect() as client:
+        service = client.promote_service(name)
+        info(f"promoted: service {service.name} serves {service.model_name}@{service.model_version}")
+        if wait:
+            wait_live(client, service, timeout, revision=service.revision)
+
+
+@app.command()
+def rollback(name: ServiceArg) -> None:
+    """End the canary: predicts go to the stable version only, and the canary's replicas drain."""
+    with connect() as client:
+        service = client.rollback_service(name)
+        info(f"rolled back: service {service.name} serves {service.model_name}@{service.model_version} only")
 
 
 @app.command()

@@ -65,13 +65,22 @@ def update_body(
     replicas: int | None = None,
     spec: ServiceSpec | dict[str, Any] | None = None,
     code_sha256: str | None = None,
+    canary: int | None = None,
+    canary_replicas: int | None = None,
 ) -> dict[str, Any]:
     """The ``PATCH /services/{name}`` body: only what changes; ValueError when nothing does."""
-    if model is None and replicas is None and spec is None:
-        raise ValueError("give model, replicas or spec: an update with nothing to change")
+    if model is None and replicas is None and spec is None and canary is None and canary_replicas is None:
+        raise ValueError("give model, replicas, spec or canary: an update with nothing to change")
     if spec is not None and not isinstance(spec, ServiceSpec):
         spec = ServiceSpec.model_validate(spec)
-    update = ServiceUpdate(model=model, replicas=replicas, spec=spec, code_sha256=code_sha256)
+    update = ServiceUpdate(
+        model=model,
+        replicas=replicas,
+        spec=spec,
+        code_sha256=code_sha256,
+        canary=canary,
+        canary_replicas=canary_replicas,
+    )
     return update.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
@@ -199,17 +208,31 @@ class ServicesMixin(ClientTransport):
         code_dir: Path | None = None,
         max_bytes: int = DEFAULT_MAX_CODE_BYTES,
         progress: Progress | None = None,
+        canary: int | None = None,
+        canary_replicas: int | None = None,
     ) -> ServiceRead:
         """Change a service: ``model`` (NAME@VERSION or NAME@ALIAS) or a whole new ``spec`` is rolled out one
         replica at a time (a new replica is ready before an old one drains); ``replicas`` scales at once. A new
-        spec with a custom predictor takes its code from ``code_dir``, uploaded as ``serve`` does."""
+        spec with a custom predictor takes its code from ``code_dir``, uploaded as ``serve`` does. ``model`` with
+        ``canary`` (a percentage, 0 to 100) runs that version beside the stable one with that share of the predicts
+        (``canary_replicas`` replicas, default 1); ``canary`` alone changes a running canary's share."""
         code_sha256 = None
         if code_dir is not None:
             if spec is None:
                 raise ValueError("code_dir: new code comes with a new spec (spec=...)")
             code_sha256 = self.upload_service_code(code_dir, max_bytes=max_bytes, progress=progress)
-        body = update_body(model, replicas, spec, code_sha256)
+        body = update_body(model, replicas, spec, code_sha256, canary, canary_replicas)
         return ServiceRead.model_validate(self.request("PATCH", _path(name), json_body=body).json())
+
+    def promote_service(self, name: str) -> ServiceRead:
+        """Make the canary the stable version: its replicas go on answering, the old version's are rolled over
+        one at a time (no request is dropped). Conflict when the service runs no canary."""
+        return ServiceRead.model_validate(self.request("POST", f"{_path(name)}/promote").json())
+
+    def rollback_service(self, name: str) -> ServiceRead:
+        """End the canary: predicts go to the stable version only and the canary's replicas drain (those in
+        flight finish). Conflict when the service runs no canary."""
+        return ServiceRead.model_validate(self.request("POST", f"{_path(name)}/rollback").json())
 
     def scale_service(self, name: str, replicas: int) -> ServiceRead:
         """Run ``replicas`` replicas (0: none, until scaled up again). A service with ``autoscale`` scales
@@ -235,11 +258,31 @@ class ServicesMixin(ClientTransport):
         manifests: list[dict[str, Any]] = data["manifests"]
         return manifests
 
-    def predict(self, name: str, inputs: Any, parameters: dict[str, Any] | None = None) -> PredictResponse:
+    def predict(
+        self,
+        name: str,
+        inputs: Any,
+        parameters: dict[str, Any] | None = None,
+        *,
+        version: int | None = None,
+        routing_key: str | None = None,
+    ) -> PredictResponse:
         """The service's outputs for ``inputs`` (a list of instances, one output each), and the ``model``
         (NAME@VERSION) that answered. An instance the predictor's input schema refuses is an InvalidInput naming
-        it (``inputs[3]: ...``); no replica ready is Unavailable (the server says when to retry)."""
-        response = self.request("POST", f"{_path(name)}/predict", json_body=predict_body(inputs, parameters))
+        it (``inputs[3]: ...``); no replica ready is Unavailable (the server says when to retry). ``version``: only
+        that model version of the service answers (the stable or the canary's, whatever its share);
+        ``routing_key``: the same key always reaches the same version while the split stays."""
+        headers = {}
+        if version is not None:
+            headers["X-Kiln-Model-Version"] = str(version)
+        if routing_key is not None:
+            headers["X-Kiln-Routing-Key"] = routing_key
+        response = self.request(
+            "POST",
+            f"{_path(name)}/predict",
+            json_body=predict_body(inputs, parameters),
+            extra_headers=headers or None,
+        )
         return PredictResponse.model_validate(response.json())
 
     def service_logs(self, name: str, replica: str | None = None, offset: int = 0) -> list[LogLine]:
@@ -303,6 +346,12 @@ class Services:
 
     def scale(self, name: str, replicas: int) -> ServiceRead:
         return self._client.scale_service(name, replicas)
+
+    def promote(self, name: str) -> ServiceRead:
+        return self._client.promote_service(name)
+
+    def rollback(self, name: str) -> ServiceRead:
+        return self._client.rollback_service(name)
 
     def delete(self, name: str) -> None:
         self._client.delete_service(name)

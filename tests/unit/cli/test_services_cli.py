@@ -20,6 +20,7 @@ from kiln.cli.main import build_app
 from kiln.cli.services import load_service_spec, read_predict_data
 from kiln.cli.spec import SpecError
 from kiln.domain.serving import (
+    CanaryRead,
     PredictorSpec,
     PredictRequest,
     PredictResponse,
@@ -270,9 +271,26 @@ class StandIn:
         self.calls.append(("wait", (name, str(state), revision)))
         return self.waited
 
-    def update_service(self, name: str, model: str | None = None) -> ServiceRead:
-        self.calls.append(("update", (name, model)))
-        return service("UPDATING", revision=2)
+    def update_service(self, name: str, model: str | None = None, **canary: int | None) -> ServiceRead:
+        self.calls.append(("update", (name, model, *canary.values())))
+        return service("UPDATING", revision=2) if not canary else self.with_canary()
+
+    def with_canary(self, *replicas: ReplicaRead) -> ServiceRead:
+        answer = service("READY", list(replicas), updated_at=NOW)
+        answer.canary = CanaryRead(model_version=4, weight=10, replicas=1)
+        return answer
+
+    def get_service(self, name: str) -> ServiceRead:
+        self.calls.append(("get", name))
+        return self.with_canary(replica(1, "READY"), replica(2, "READY", model_version=4, canary=True))
+
+    def promote_service(self, name: str) -> ServiceRead:
+        self.calls.append(("promote", name))
+        return service("UPDATING", revision=2, model_version=4)
+
+    def rollback_service(self, name: str) -> ServiceRead:
+        self.calls.append(("rollback", name))
+        return service("READY")
 
     def list_services(self) -> list[ServiceRead]:
         self.calls.append(("list", None))
@@ -369,3 +387,19 @@ def test_kiln_services_list_writes_json_as_the_api_does_and_a_table_otherwise(st
     table = invoke("services", "list")
     row = next(line for line in table.stdout.splitlines() if line.startswith("digits"))
     assert row.split()[:6] == ["digits", "READY", "digits@3", "2/2", "custom", "predictor:Model"]
+
+
+def test_kiln_services_update_starts_a_canary_and_waits_for_it_and_promote_and_rollback_end_it(
+    stand_in: StandIn,
+) -> None:
+    result = invoke("services", "update", "digits", "--model", "digits@4", "--canary", "10", "--wait")
+    assert result.exit_code == 0, result.output
+    assert "canary digits@4: 10% of predicts, 1 replica, ready" in result.output
+    assert stand_in.calls == [("update", ("digits", "digits@4", 10, None)), ("get", "digits")]
+    assert invoke("services", "update", "digits", "--canary", "101").exit_code == 2
+    assert invoke("services", "update", "digits").exit_code == 2
+    promoted = invoke("services", "promote", "digits")
+    assert promoted.exit_code == 0 and "promoted: service digits serves digits@4" in promoted.output
+    rolled_back = invoke("services", "rollback", "digits")
+    assert rolled_back.exit_code == 0 and "serves digits@3 only" in rolled_back.output
+    assert stand_in.calls[-2:] == [("promote", "digits"), ("rollback", "digits")]
