@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 import yaml
@@ -374,6 +375,73 @@ def test_a_killed_replica_loses_no_request_and_comes_back(world: World, sklearn_
     assert client.get_job(victim.job_id).state == JobState.FAILED
     assert len(live(service)) == 2
     assert [r.state for r in service.replicas if r.id == victim.id] == [ReplicaState.FAILED]  # shown a while
+
+
+def canary_ready(client: Client, version: int) -> ServiceRead:
+    """Until the service's canary (``version``) has a READY replica."""
+    deadline = time.monotonic() + SETTLE
+    while True:
+        service = client.get_service(SERVICE)
+        if any(r.canary and r.model_version == version and r.state == ReplicaState.READY for r in service.replicas):
+            return service
+        assert time.monotonic() < deadline, f"{service.state} {service.message}: {service.replicas}"
+        time.sleep(0.2)
+
+
+def until_answered(client: Client, model: str, **headers: Any) -> None:
+    """Until a predict is answered by ``model`` (the API servers' split lookups are a second old at most)."""
+    deadline = time.monotonic() + 30
+    while client.predict(SERVICE, [[0.0] * 64], **headers).model != model:
+        assert time.monotonic() < deadline, f"{model} never answered"
+
+
+@pytest.mark.timeout(900)
+def test_a_canary_answers_its_share_and_promote_and_rollback_lose_no_request(
+    world: World, sklearn_model: Model
+) -> None:
+    client = world.client()
+    stable = ready(client, 2).model_version
+    canary = client.register_model("digits", sklearn_model.job_id, "model.joblib", framework="custom").version
+    x = sklearn_model.expected["inputs"][0]
+    with Load(world, x) as load:
+        load.wait_answers(0.0, 10)
+        # A canary with no share: only a predict that targets its version reaches it.
+        started = client.update_service(SERVICE, model=f"digits@{canary}", canary=0)
+        assert started.canary is not None and (started.canary.model_version, started.canary.weight) == (canary, 0)
+        canary_ready(client, canary)
+        assert client.predict(SERVICE, [x], version=canary).model == f"digits@{canary}"
+        assert client.predict(SERVICE, [x], version=stable).model == f"digits@{stable}"
+        # Half the predicts: a routing key reaches one version, every time.
+        client.update_service(SERVICE, canary=50)
+        until_answered(client, f"digits@{canary}")
+        for key in ("alice", "bob", "carol", "dave"):
+            assert len({client.predict(SERVICE, [x], routing_key=key).model for _ in range(5)}) == 1, key
+        # Rolled back under the load: the canary's replica drains, the stable version answers everything.
+        client.rollback_service(SERVICE)
+        deadline = time.monotonic() + SETTLE
+        while any(r.canary for r in live(client.get_service(SERVICE))):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        rolled_back = time.monotonic()
+        load.wait_answers(rolled_back, 10)
+        assert set(load.answered_since(rolled_back)) == {f"digits@{stable}"}
+        # A canary again, promoted under the load: its replica stays, the old version's roll over.
+        client.update_service(SERVICE, model=f"digits@{canary}", canary=10)
+        canary_ready(client, canary)
+        promoted = client.promote_service(SERVICE)
+        assert (promoted.model_version, promoted.canary) == (canary, None)
+        after = client.wait_service(SERVICE, revision=promoted.revision, timeout=SETTLE)
+        done = time.monotonic()
+        load.wait_answers(done, 10)
+    assert load.failures == [], load.failures[:5]
+    assert set(load.answered_since(done)) == {f"digits@{canary}"}
+    assert after.state == ServiceState.READY, after.message
+    assert [(r.model_version, r.canary) for r in live(after)] == [(canary, False)] * 2
+    # What each version answered, in the service read (this server's router) and in /metrics (by track only).
+    versions = {v.model_version: v for v in client.get_service(SERVICE).versions}
+    assert versions[stable].requests > 0 and versions[canary].requests > 0 and versions[canary].role == "stable"
+    metrics = httpx.get(world.server.url + "/metrics", timeout=30).text
+    assert 'kiln_predict_track_requests_total{outcome="ok",track="canary"}' in metrics
 
 
 @pytest.mark.timeout(600)
