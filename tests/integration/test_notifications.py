@@ -372,3 +372,29 @@ def test_a_subscription_paused_after_failing_is_told_to_its_owner(client: Client
     (body,) = _bodies(receiver, "/watcher", "subscription.paused")
     assert body["subject"]["id"] == broken.id and "5 failed deliveries" in body["subject"]["message"]
     assert client.subscription(broken.id).state == "paused"
+
+
+def test_a_service_whose_model_does_not_load_is_told_unhealthy(client: Client, receiver: WebhookReceiver) -> None:
+    client.subscribe("services", ["service.*"], url=receiver.url("/services"), name_pattern="notified-svc")
+    job = client.submit(spec("echo no-model > $KILN_OUTPUT_DIR/model.joblib", name="svc-model"))
+    wait_for(client, job.id, "SUCCEEDED")
+    client.register_model("notified-svc-model", job.id, "model.joblib", framework="sklearn")
+    service = {
+        "name": "notified-svc",
+        "model": "notified-svc-model@1",
+        "predictor": {"type": "sklearn"},  # joblib.load fails on these bytes: the replica fails, the service DEGRADED
+        "runtime": {"python": sys.executable},
+        "resources": {"cpus": 0.01, "memory": "512M"},
+        "replicas": 1,
+    }
+    client.serve(service)
+    try:
+        body = _bodies(receiver, "/services", "service.unhealthy")[0]
+        assert (body["type"], body["subject"]["name"], body["subject"]["state"]) == (
+            "service.unhealthy",
+            "notified-svc",
+            "DEGRADED",
+        )
+        assert body["url"].endswith("/services/notified-svc")
+    finally:
+        client.delete_service("notified-svc")

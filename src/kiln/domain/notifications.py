@@ -6,9 +6,10 @@ kiln.usecases.notification_sending sends them, kiln.tasks.notifications drives b
 Events are named ``<kind>.<what>``: ``job.succeeded``, ``job.failed``, ``job.cancelled`` (a job's end), a study's
 end and each new best trial (``study.*``), a pipeline run's end (``pipeline_run.*``), a budget's soft and hard mark
 (``budget.*``), a model version registered or aliased (``model.*``), a notebook culled for idleness
-(``notebook.culled``), a subscription paused after failing deliveries (``subscription.paused``, told to its
-owner's other subscriptions) and ``test`` (a subscription's test event). A subscription lists patterns (``job.*``,
-``model.*``) and may narrow them by the subject's labels, name (a glob) and owner.
+(``notebook.culled``), a service DEGRADED and READY again (``service.unhealthy``, ``service.recovered``), a
+subscription paused after failing deliveries (``subscription.paused``, told to its owner's other subscriptions)
+and ``test`` (a subscription's test event). A subscription lists patterns (``job.*``, ``model.*``) and may narrow
+them by the subject's labels, name (a glob) and owner.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ EVENT_TYPES = (
     "model.version_registered",
     "model.alias_set",
     "notebook.culled",
+    "service.unhealthy",
+    "service.recovered",
     "subscription.paused",
     "test",
 )
@@ -148,7 +151,7 @@ class DeliveryList(BaseModel):
 
 
 class WebhookSubject(BaseModel):
-    kind: Literal["job", "study", "pipeline_run", "budget", "model", "notebook", "subscription"]
+    kind: Literal["job", "study", "pipeline_run", "budget", "model", "notebook", "service", "subscription"]
     id: str
     name: str
     state: str | None = None

@@ -38,6 +38,7 @@ from kiln.domain.serving import ServiceSpec, ServiceState
 from kiln.errors import KilnError
 from kiln.routing.router import Endpoint, Router
 from kiln.tasks.runner import TaskContext
+from kiln.usecases import notification_events
 
 log = logging.getLogger(__name__)
 
@@ -193,9 +194,10 @@ class DeployedServices:
         with ctx.transaction() as s:
             row = s.get(Service, service.id)
             if row is not None and row.state != ServiceState.DELETING:
-                row.state = state
+                was, row.state = row.state, state
                 row.message = message
                 row.updated_at = utcnow()
+                notification_events.service_state_changed(s, row, was)  # unhealthy, recovered
 
     # ---- deletion
 

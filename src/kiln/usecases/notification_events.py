@@ -1,13 +1,14 @@
-"""The events of studies told to subscriptions (kiln.usecases.notification_outbox): a study's end and each new best
-trial, written in the transaction that records them. Their own module, so that the study code calls one function in
-the place that records the event and stays about studies."""
+"""The events of studies and services told to subscriptions (kiln.usecases.notification_outbox): a study's end and
+each new best trial, a service becoming DEGRADED (unhealthy) and READY again (recovered), written in the transaction
+that records them. Their own module, so that the study and serving code call one function in the place that records
+the event and stay about studies and serving."""
 
 from __future__ import annotations
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from kiln.db.tables import TuningStudy, TuningTrial
+from kiln.db.tables import Service, TuningStudy, TuningTrial
 from kiln.domain.studies import TrialState
 from kiln.usecases.notification_outbox import Subject, recorded
 
@@ -44,3 +45,20 @@ def trial_succeeded(s: Session, study: TuningStudy, trial: TuningTrial, directio
     details = {"trial": trial.number, "value": trial.value, "params": dict(trial.params or {})}
     message = f"trial {trial.number}: {trial.value:g}"
     recorded(s, "study.best_trial", _subject(study), state=study.state, message=message, details=details)
+
+
+UNHEALTHY = "DEGRADED"  # kiln.domain.serving.ServiceState: fewer replicas ready than wanted, one failing
+RECOVERED = "READY"
+
+
+def service_state_changed(s: Session, service: Service, was: str) -> None:
+    """``service`` moved from ``was`` to its state: service.unhealthy when it became DEGRADED, service.recovered
+    when a DEGRADED service is READY again; nothing for the other moves (deploying, updating, idle)."""
+    if service.state == UNHEALTHY and was != UNHEALTHY:
+        kind = "service.unhealthy"
+    elif service.state == RECOVERED and was == UNHEALTHY:
+        kind = "service.recovered"
+    else:
+        return
+    about = Subject("service", service.org_id, service.id, service.name, service.user_id, f"/services/{service.name}")
+    recorded(s, kind, about, state=service.state, message=service.message or "")

@@ -44,6 +44,7 @@ READ_PERMISSION = {
     "budget": "jobs:read",
     "model": "models:read",
     "notebook": "notebooks:read",
+    "service": "services:read",
 }
 _WAKE = "kiln.notifications.recorded"  # session.info: this transaction recorded an event
 _wakers: list[Callable[[], None]] = []

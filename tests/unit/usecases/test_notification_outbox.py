@@ -1,6 +1,7 @@
 """The outbox's bookkeeping on a real (SQLite) database: failed deliveries counted towards pausing a subscription
 each, however many one batch wrote, and the pause told to its owner's other subscriptions only; a notebook's cull
-written with its stop (culling needs JupyterLab running to go through a server)."""
+written with its stop (culling needs JupyterLab running to go through a server); a service's recovery (a server
+test sees it degrade; making it recover takes a model that loads on the second try)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ from kiln.db.tables import (
     NotificationEvent,
     NotificationSubscription,
     Organization,
+    Service,
     User,
 )
+from kiln.usecases import notification_events
 from kiln.usecases import notification_outbox as outbox
 from kiln.usecases.notebooks import NotebookService
 
@@ -82,3 +85,21 @@ def test_a_culled_notebook_is_told_in_the_transaction_that_stops_it(db: Database
     with db.read() as s:
         (event,) = s.scalars(select(NotificationEvent).where(NotificationEvent.type == "notebook.culled"))
         assert (event.user_id, event.name, event.body["subject"]["message"]) == ("usr-a", "lab", "culled: idle for 8s")
+
+
+def test_a_service_told_unhealthy_when_degraded_and_recovered_when_ready_again(db: Database) -> None:
+    with db.transaction() as s:
+        s.add(Organization(id="org-n", name="notify-unit"))
+        s.flush()
+        s.add(User(id="usr-a", org_id="org-n", name="ann"))
+        s.flush()
+        row = Service(id="svc-1", org_id="org-n", user_id="usr-a", name="web", spec={}, state="READY")
+        row.model_name, row.model_version, row.desired_replicas = "m", 1, 1
+        s.add(row)
+        moves = (("DEPLOYING", "READY"), ("READY", "DEGRADED"), ("DEGRADED", "DEGRADED"), ("DEGRADED", "READY"))
+        for was, now in moves:
+            row.state = now
+            notification_events.service_state_changed(s, row, was)
+    with db.read() as s:
+        kinds = [e.type for e in s.scalars(select(NotificationEvent).order_by(NotificationEvent.created_at))]
+    assert kinds == ["service.unhealthy", "service.recovered"]
