@@ -159,9 +159,10 @@ def test_the_flood_is_not_slowed_by_extraction(run, tmp_path: Path) -> None:
     assert "MetricsIncomplete" in events  # no drain time at all: what was left is reported lost, not waited for
 
 
-def test_system_metrics_are_sampled(run) -> None:
+@pytest.mark.parametrize("builtin", [False, True])  # with the log's metrics, the log thread starts the sampler
+def test_system_metrics_are_sampled(run, builtin: bool) -> None:
     script = "import time\nx = bytearray(50 * 1024 * 1024)\nend = time.time() + 1.5\nwhile time.time() < end: pass\n"
-    attempt = run(py(script), metrics={"builtin": False, "system": True, "system_interval": 0.2})
+    attempt = run(py(script), metrics={"builtin": builtin, "system": True, "system_interval": 0.2})
     assert attempt.wait()["reason"] == "Completed"
     lines = spool(attempt, "sys-a1-worker0.jsonl")
     samples = [line["m"] for line in lines if "m" in line]
@@ -170,7 +171,8 @@ def test_system_metrics_are_sampled(run) -> None:
     assert max(m.get("system/rss_bytes", 0) for m in samples) > 50 * 1024 * 1024
     busy = [m["system/cpu_percent"] for m in samples if "system/cpu_percent" in m]
     assert busy and max(busy) > 30
-    assert not (Path(attempt.config["metrics"]["dir"]) / "log-a1-worker0.jsonl").exists()
+    if not builtin:
+        assert not (Path(attempt.config["metrics"]["dir"]) / "log-a1-worker0.jsonl").exists()
 
 
 @pytest.mark.needs("tensorboard")

@@ -14,7 +14,8 @@ in ``spool.py``, ``SystemSampler`` in ``sysmetrics.py``; TensorBoard event files
 Like this module, they are loaded as ``kiln.injob.<name>`` in the package or as plain modules from this
 file's directory when the shim runs as a script. ``Metrics`` runs them as daemon threads next to the shim's main
 loop: a log tail (reading the job's log file at its own pace, so a flood only makes extraction lag), a
-TensorBoard poller and a system sampler.
+TensorBoard poller and a system sampler (started by the log tail when its first sample is due, where there is one:
+a job shorter than the interval makes no sample, and pays no thread for it).
 """
 
 from __future__ import annotations
@@ -248,6 +249,8 @@ class Metrics:
         # Set by the shim whenever it appends to the log (and by stop): the log thread reads at once rather than
         # at its next look. Without it an idle job's new line waited up to IDLE_SECONDS to be read.
         self.log_written = threading.Event()
+        self.started_at = time.monotonic()
+        self.sys_due: float | None = None  # when the log thread starts the system sampler (None: not its to start)
 
     def spool(self, src: str) -> Spool:
         path = spool_path(self.dir, src, self.attempt, self.member)
@@ -263,12 +266,17 @@ class Metrics:
         except OSError:
             pass
         mc = self.mc
-        if mc.get("builtin", True) or mc.get("patterns"):
+        self.started_at = time.monotonic()
+        logs = bool(mc.get("builtin", True) or mc.get("patterns"))
+        if logs:
             self._thread("kiln-metrics-log", self._run_log)
         if mc.get("tensorboard_dir"):
             self._thread("kiln-metrics-tb", self._run_tb)
         if mc.get("system"):
-            self._thread("kiln-metrics-sys", self._run_sys)
+            if logs:  # the log thread starts it when its first sample is due: a shorter job pays no thread for it
+                self.sys_due = self.started_at + self._sys_interval()
+            else:
+                self._thread("kiln-metrics-sys", self._run_sys)
 
     def _thread(self, name: str, target: Callable[[], None]) -> None:
         def run() -> None:
@@ -325,6 +333,9 @@ class Metrics:
         sdk_files = SdkFiles(self.dir) if self.watch else None
         try:
             while True:
+                if self.sys_due is not None and time.monotonic() >= self.sys_due and not self.stop_event.is_set():
+                    self.sys_due = None
+                    self._thread("kiln-metrics-sys", self._run_sys)
                 self.log_written.clear()  # before reading: a line written from here on sets it again
                 if stopping_at is None and self.stop_event.is_set():
                     stopping_at = tail.size()
@@ -413,22 +424,26 @@ class Metrics:
         finally:
             spool.close()
 
-    def _run_sys(self) -> None:
-        interval = self.mc.get("system_interval") or 5.0
+    def _sys_interval(self) -> float:
         try:
-            interval = max(0.1, float(interval))
+            return max(0.1, float(self.mc.get("system_interval") or 5.0))
         except (TypeError, ValueError):
-            interval = 5.0
+            return 5.0
+
+    def _run_sys(self) -> None:
+        interval = self._sys_interval()
         gpus = visible_gpus(self.cfg.get("env") or {})
         sampler = SystemSampler(self.tree, gpus, Nvml.load() if gpus else None)
         spool = self.spool("sys")
         try:
-            # The baseline for the CPU figure is the sampler's start, not a walk of /proc: each process the first
+            # The baseline for the CPU figure is the metrics' start, not a walk of /proc: each process the first
             # sample finds counts from its own start (the shim starts the metrics once the first step runs).
-            sampler.prev_time = time.monotonic()
-            while not self.stop_event.wait(interval):
+            sampler.prev_time = self.started_at
+            wait = max(0.0, self.started_at + interval - time.monotonic())
+            while not self.stop_event.wait(wait):
                 values = sampler.sample()
                 spool.add(time.time(), None, dict(values))
                 spool.flush()
+                wait = interval
         finally:
             spool.close()
