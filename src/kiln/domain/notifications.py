@@ -55,6 +55,9 @@ Format = Literal["standard", "slack"]
 DeliveryStatus = Literal["pending", "delivered", "failed", "refused"]
 MAX_WAIT_SECONDS = 3600.0  # between two attempts of one delivery, however many failed
 Email = Annotated[str, Field(max_length=254, pattern=r"^[^@\s<>,;]+@[^@\s<>,;]+$")]
+# As a job spec's labels are bounded (kiln.domain.spec imports this module, so not from there).
+LabelKey = Annotated[str, Field(max_length=limits.MAX_LABEL_KEY_LENGTH)]
+LabelValue = Annotated[str, Field(max_length=limits.MAX_LABEL_VALUE_LENGTH)]
 
 
 class _Strict(BaseModel):
@@ -84,7 +87,7 @@ class SubscriptionCreate(_Strict):
     url: str | None = Field(None, max_length=2048, description="A webhook target (http or https).")
     email: Email | None = Field(None, description="An address mailed through the operator's SMTP server.")
     format: Format = Field("standard", description='standard (Kiln\'s JSON body) or slack ({"text": …}).')
-    labels: dict[str, str] = Field(
+    labels: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, max_length=limits.MAX_LABELS, description="Only subjects carrying all these labels."
     )
     name_pattern: str | None = Field(None, max_length=256, description="Only subjects whose name matches (a glob).")
