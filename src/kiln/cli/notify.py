@@ -55,7 +55,15 @@ def _deliveries(items: list[DeliveryRead]) -> None:
 def add(
     name: Annotated[str, typer.Argument(help="What it is for, e.g. nightly-failures.")],
     events: Annotated[
-        str, typer.Option("--events", "-e", help="Comma-separated types or globs: job.failed, job.*, *.")
+        str,
+        typer.Option(
+            "--events",
+            "-e",
+            help=(
+                "Comma-separated types or globs: job.failed, job.*, study.best_trial, pipeline_run.*, budget.*, "
+                "model.*, notebook.culled, service.*, subscription.paused, *."
+            ),
+        ),
     ] = "job.failed",
     url: Annotated[str | None, typer.Option("--url", help="A webhook target (http or https).")] = None,
     email: Annotated[str | None, typer.Option("--email", help="An e-mail address (the operator's SMTP).")] = None,
