@@ -353,9 +353,10 @@ def test_a_budget_past_its_soft_then_its_hard_limit(server: KilnServer, receiver
         member.submit({**FAIL, "name": "over-soft"})  # warned of: past its soft limit
         soft = _bodies(receiver, "/budgets", "budget.soft_limit")
         assert soft[0]["subject"]["id"] == budget.id and "soft limit" in soft[0]["subject"]["message"]
-        org_admin.set_budget(user="notify-budget-member", soft=0.0, hard=0.0, stop_running=True)
+        org_admin.set_budget(user="notify-budget-member", soft=0.0, hard=0.0)  # told by the usage pass
         hard = _bodies(receiver, "/budgets", "budget.hard_limit")
-        assert [b["type"] for b in hard] == ["budget.soft_limit", "budget.hard_limit"]
+        spent = next(b for b in hard if b["type"] == "budget.hard_limit")
+        assert spent["subject"]["id"] == budget.id and "hard limit" in spent["subject"]["message"]
     finally:
         for c in (org_admin, member):
             c.close()

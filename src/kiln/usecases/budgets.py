@@ -6,7 +6,8 @@ month); past its ``hard`` limit a new submission is refused (``BudgetExceeded``,
 was used and when it resets) — every way new work is created checks it (a job, a rerun, a study, a pipeline run,
 a service, a notebook). What was admitted before keeps running (a study's next trials, a pipeline's next steps,
 a service's replicas) unless the budget says ``stop_running``: then the leased task ``usage`` cancels the
-scope's active jobs every pass (and at once when such a budget is set) while the limit stays spent.
+scope's active jobs every pass (and at once when such a budget is set) while the limit stays spent. Each mark
+crossed is told once a month to the subscriptions of ``budget.soft_limit`` and ``budget.hard_limit``.
 
 The platform admin sets an organisation's budget; an org admin sets budgets on members of their organisation.
 Any member sees the budgets that apply to them (the console's banner).
@@ -21,11 +22,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from kiln.db.session import Database
-from kiln.db.tables import Budget, Job, Organization, User, utcnow
+from kiln.db.tables import Budget, Job, NotificationEvent, Organization, User, utcnow
 from kiln.domain.ids import new_id
 from kiln.domain.states import TERMINAL_STATES
 from kiln.domain.usage import BudgetRead, BudgetSet, format_money
@@ -94,8 +95,7 @@ class BudgetService:
             s.flush()
             self._forget(org.id, user_id)
             read = self._read(s, row, org.name, None if user is None else user.name)
-        if body.stop_running:
-            self.wake()
+        self.wake()  # the usage pass: stops the running work (stop_running), tells a mark already crossed
         return read
 
     def remove(self, principal: Principal, budget_id: str) -> None:
@@ -208,7 +208,7 @@ class BudgetService:
             if row.warned_month != month.name:
                 row.warned_month = month.name
                 _audit(s, row, "budget.soft_limit", "warned", message)
-                notification_outbox.recorded(s, "budget.soft_limit", _subject(row), state="soft", message=message)
+                _tell(s, row, "budget.soft_limit", message, month)
         return out
 
     def usage_pass(self, s: Session) -> None:
@@ -218,6 +218,21 @@ class BudgetService:
         self.usage.settle(s)
         self.usage.roll(s)
         self.enforce(s)
+        self.marks(s)
+
+    def marks(self, s: Session) -> None:
+        """Tell each budget's soft and hard mark to its subscriptions once a month (budget.soft_limit,
+        budget.hard_limit), whether new work or the running work crossed it (the leased task ``usage``)."""
+        month = Month.of(time.time())
+        for row in s.scalars(select(Budget).where(or_(Budget.soft.is_not(None), Budget.hard.is_not(None)))):
+            used = self._cost(s, row.org_id, row.user_id, month)
+            state = _state(row, used)
+            if state != "ok" and row.soft is not None:
+                spent = f"{self._money(used)} used of its soft limit {self._money(row.soft)}"
+                _tell(s, row, "budget.soft_limit", f"budget {row.id} is past its soft limit ({spent})", month)
+            if state == "hard" and row.hard is not None:
+                spent = f"{self._money(used)} used of its hard limit {self._money(row.hard)}"
+                _tell(s, row, "budget.hard_limit", f"budget {row.id} is spent ({spent}): new work is refused", month)
 
     def enforce(self, s: Session) -> int:
         """Cancel the active jobs of every budget that says ``stop_running`` and whose hard limit is spent (the
@@ -240,7 +255,7 @@ class BudgetService:
                 row.stopped_month = month.name
                 detail = f"budget {row.id} spent ({spent}): its running work stopped"
                 _audit(s, row, "budget.stop_running", "success", detail)
-                notification_outbox.recorded(s, "budget.hard_limit", _subject(row), state="hard", message=detail)
+                _tell(s, row, "budget.hard_limit", detail, month)
         return stopped
 
     # -- the month's cost ---------------------------------------------------------------------------------
@@ -292,6 +307,24 @@ def _state(row: Budget, used: float) -> Literal["ok", "soft", "hard"]:
 
 def _subject(row: Budget) -> notification_outbox.Subject:
     return notification_outbox.Subject("budget", row.org_id, row.id, row.id, row.user_id or None, "/usage")
+
+
+def _tell(s: Session, row: Budget, kind: str, message: str, month: Month) -> None:
+    """Record ``kind`` for budget ``row`` in the notification outbox, unless it was this month since the budget was
+    last set (the outbox is the record: a submission's warning, the stop of running work and the usage pass each
+    tell a mark, once; a new limit is told afresh)."""
+    told = s.scalar(
+        select(NotificationEvent.id)
+        .where(
+            NotificationEvent.type == kind,
+            NotificationEvent.org_id == row.org_id,
+            NotificationEvent.name == row.id,
+            NotificationEvent.created_at >= max(datetime.fromtimestamp(month.start, UTC), row.updated_at),
+        )
+        .limit(1)
+    )
+    if told is None:
+        notification_outbox.recorded(s, kind, _subject(row), state=kind.split(".")[1].split("_")[0], message=message)
 
 
 def _audit(s: Session, row: Budget, action: str, outcome: str, detail: str) -> None:
