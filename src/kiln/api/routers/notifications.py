@@ -3,7 +3,7 @@ event and "send again". What a webhook's body looks like is published as the doc
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
 
@@ -108,13 +108,22 @@ HEADERS = (
     "Signed per Standard Webhooks: webhook-id (the event's id), webhook-timestamp (Unix seconds) and "
     "webhook-signature (v1,base64 HMAC-SHA256 of 'id.timestamp.body' under the subscription's whsec_ secret)."
 )
+# The receiver's answers are its own: no 422 of FastAPI's (HTTPValidationError) is published for them.
+NO_422: dict[int | str, dict[str, Any]] = {
+    422: {"description": "Not Kiln's: the receiver answers as it will (any 4xx: not retried)."}
+}
 
 
-@webhooks.post("job-event", summary="A job's end or a test event (format standard)", description=HEADERS)
+@webhooks.post(
+    "job-event",
+    summary="Any event: a job's end, a study's best trial, a test … (format standard)",
+    description=HEADERS,
+    responses=NO_422,
+)
 def job_event(body: WebhookEvent) -> None:
     """Answer 2xx to accept it; a 5xx or no answer within the timeout is retried, any 4xx is not."""
 
 
-@webhooks.post("slack-message", summary="The same event in format slack", description=HEADERS)
+@webhooks.post("slack-message", summary="The same event in format slack", description=HEADERS, responses=NO_422)
 def slack_message(body: SlackMessage) -> None:
     """An incoming webhook's body: {"text": …} with a link to the console's page."""
