@@ -163,9 +163,9 @@ STAGES = [
     ("client → QUEUED event", "client_before_post", "ev_QUEUED", "HTTP + signature check + insert"),
     ("QUEUED → STARTING event", "ev_QUEUED", "ev_STARTING", "reconciler wake-up, claim, placement"),
     ("STARTING → shim.json", "ev_STARTING", "shim_json_written", "commit, resolve runtime, mkdirs, config"),
-    ("shim.json → shim.pid", "shim_json_written", "shim_pid_written", "Popen of the shim (+ psutil)"),
-    ("shim.pid → shim's first log line", "shim_pid_written", "shim_first_log", "shim interpreter start-up"),
-    ("shim log → child running", "shim_first_log", "child_started", "shim spawns the command"),
+    ("shim.json → shim.pid", "shim_json_written", "shim_pid_written", "launcher forks the shim, its claim"),
+    ("shim.pid → shim's first log line", "shim_pid_written", "shim_first_log", "shim's config, signals, log"),
+    ("shim log → child running", "shim_first_log", "child_started", "scratch, groups, netns, bwrap, join"),
     ("child running → RUNNING event", "child_started", "ev_RUNNING", "notify, reconcile pass, commit"),
     ("TOTAL client → RUNNING event", "client_before_post", "ev_RUNNING", ""),
 ]
