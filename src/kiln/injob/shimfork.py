@@ -72,6 +72,7 @@ def warm_up() -> None:
 
         extract = shimprep.load_extract()
         extract._tbreader()
+        extract.log_time("2026-01-01T00:00:00.000000Z")  # time.strptime's locale and patterns, made once here
     except Exception:
         pass
 
