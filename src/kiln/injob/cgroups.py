@@ -292,6 +292,17 @@ class JobCgroup:
 
     # -- the end --
 
+    def members(self, controller: str = "pids") -> set[int] | None:
+        """The processes in this member's group of ``controller`` (one read of its ``cgroup.procs``); None when it
+        has no such group or it cannot be read."""
+        path = self.dirs.get(controller)
+        if path is None:
+            return None
+        try:
+            return {int(p) for p in _read(os.path.join(path, "cgroup.procs")).split()}
+        except (OSError, ValueError):
+            return None
+
     def pids(self) -> set[int]:
         found: set[int] = set()
         for path in self.paths():

@@ -29,7 +29,7 @@ class SandboxLimits:
     box: dict | None
     scratch_tmpfs: bool
     limit_note: str
-    tree: Callable[[], list[int]]
+    job_processes: Callable[[], list[int]]
     say: Callable[[str], None]
     dir: str
     net: netns.JobNetwork | None = None
@@ -87,7 +87,7 @@ class SandboxLimits:
     def memory_exceeded(self, limit: int) -> bool:
         """The job's processes' memory plus what it keeps in its /dev/shm and /tmp (a tmpfs) and in the SysV
         shared memory of its own IPC namespace, above ``limit``."""
-        pids = self.tree()
+        pids = self.job_processes()
         rss = sum(proctree.unshared_rss_bytes(p) for p in pids)
         held = sandbox.tmpfs_used(self.box["scratch"]) if self.scratch_tmpfs and self.box else 0
         sysv = sandbox.sysv_shm_bytes(pids) if self.box else 0

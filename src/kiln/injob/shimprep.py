@@ -75,6 +75,7 @@ class Preparation(_shimio.AttemptFiles, _proctree.ProcessTree):
     stage_holder: str
     stopped_as: str
     run_step: Callable[..., tuple[int, str]]
+    job_processes: Callable[[], list[int]]
 
     # -- runtime and code -----------------------------------------------------------------------------
 
@@ -164,7 +165,7 @@ class Preparation(_shimio.AttemptFiles, _proctree.ProcessTree):
         ``log_start``, where the attempt's part of it begins."""
         try:
             extract = load_extract()
-            self.metrics = extract.Metrics(self.cfg, self.tree, self.log_start)
+            self.metrics = extract.Metrics(self.cfg, self.job_processes, self.log_start)
             self.metrics.say = self.say  # e.g. that TensorBoard files are no longer read (their budget is spent)
             self.metrics.on_watched = lambda: self.notify("metrics")  # metrics.watch: the server reads them now
             # The threads share the interpreter with the loop copying the job's output: hand it back sooner.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.injob import cgroups, sandbox
+from kiln.injob import cgroups, sandbox, shimlimits
 
 
 def test_hierarchies_prefer_v1_and_read_v2_controllers(tmp_path: Path) -> None:
@@ -186,3 +186,24 @@ def test_a_sandbox_whose_shim_dies_before_the_go_ahead_never_runs_its_command(tm
         for pid in reversed(sandbox_pids):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_steps_processes_are_measured_from_its_pids_group(tmp_path: Path) -> None:
+    """The memory check and the system metrics read the step's pids group (one file), not every process on the
+    machine; the shim itself and its helpers are never the job's. A step outside the groups walks the tree."""
+    (tmp_path / "cgroup.procs").write_text("10\n11\n12\n13\n")
+
+    class Limits(shimlimits.JobLimits):
+        me = 11
+        helpers = {12}
+
+        def tree(self) -> list[int]:
+            return [99]
+
+    limits = Limits()
+    limits._step_group = cgroups.JobCgroup("g", {"pids": str(tmp_path)})
+    assert limits.job_processes() == [10, 13]
+    (tmp_path / "cgroup.procs").unlink()  # gone (removed with the attempt): the tree
+    assert limits.job_processes() == [99]
+    limits._step_group = None
+    assert limits.job_processes() == [99]
