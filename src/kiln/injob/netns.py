@@ -150,6 +150,7 @@ class JobNetwork:
         try:
             with self.entered():  # only the socket is made in there: it stays the namespace's
                 listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                _migrate_queued_connections()  # by each member: a namespace made ahead did not know it would serve
         except OSError as exc:
             raise NetworkError(f"cannot open the Kiln API's port in the job's network: {exc.strerror}") from exc
         try:
@@ -225,8 +226,6 @@ class JobNetwork:
         try:
             _check(_libc().unshare(CLONE_NEWNET), "unshare")
             _loopback_up()
-            if self.cfg.get("api"):
-                _migrate_queued_connections()
             source = f"/proc/self/task/{threading.get_native_id()}/ns/net".encode()
             _check(_libc().mount(source, self.ns_path.encode(), None, MS_BIND, None), "mount")
             script = self.cfg.get("rules") or ""
