@@ -18,15 +18,16 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from kiln.backends.base import AttemptStatus, Backend, Inventory, Launch, Phase
+from kiln.backends.base import AttemptStatus, Backend, Inventory, Launch, Phase, Slot
 from kiln.db import migrate
 from kiln.db.session import Database
-from kiln.db.tables import Job, JobEvent, Organization, Quota, User
+from kiln.db.tables import Job, JobEvent, Organization, Quota, UsageRecord, User
 from kiln.domain.states import JobState
 from kiln.scheduler import loop as loop_module
 from kiln.scheduler.loop import MAX_LAUNCHES, Reconciler
 from kiln.settings import Settings
 from kiln.storage.logs import LogStore
+from kiln.usecases.lifecycle import ends_in_bulk, transition
 from kiln.usecases.quotas import Admission
 from tests.helpers import log_text, spec, wait_for
 
@@ -349,6 +350,79 @@ def test_a_cancel_before_the_start_and_a_failure_are_written_with_the_rest(db: D
     with db.read() as s:
         row = s.get(Job, failing)
         assert row is not None and row.exit_code == 3 and row.lease_owner is None
+
+
+def placed_at_submit(db: Database, loop: Reconciler, job_id: str) -> Launch:
+    """What a submit that places its job does (kiln.scheduler.submit_placement): STARTING under the loop's lease in
+    the submit's transaction, the attempt marked as being launched before the commit; the launch to hand over."""
+    with db.transaction() as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        job.lease_owner = loop.owner
+        job.lease_expires_at = datetime.now(UTC) + timedelta(seconds=60)
+        launch = loop.starting(s, job, (Slot("fake", 0.01, None, ()),), datetime.now(UTC))
+        loop.launching(job.id, job.attempt)
+    return launch
+
+
+def test_an_attempt_a_submit_placed_is_started_by_its_hand_over_once(db: Database, tmp_path: Path) -> None:
+    """A pass that observes an attempt a submit committed STARTING and has not handed over yet (a full sweep that
+    read it between the two) finds it never launched: it leaves it to the hand-over, which starts it once, and
+    nothing says Relaunched. Before, such passes launched about a third of a 100-job burst a second time."""
+    (job_id,) = add_jobs(db, 1)
+    backend = FakeBackend()
+    loop = reconciler(db, tmp_path, backend)
+    launch = placed_at_submit(db, loop, job_id)
+    loop.run_once(full=True)
+    assert backend.started == [] and states(db) == {job_id: "STARTING"}
+    loop.hand_over(launch)
+    loop.run_once(full=False)
+    assert backend.started == [(job_id, 1)]
+    loop.run_once(full=True)  # started: seen starting, nothing to launch
+    backend.phase[job_id] = exited(0)
+    loop.wake(job_id)
+    loop.run_once(full=False)
+    assert states(db) == {job_id: "SUCCEEDED"} and backend.started == [(job_id, 1)]
+    assert "Relaunched" not in events_of(db, job_id)
+
+
+def test_an_attempt_whose_hand_over_never_comes_is_launched_by_a_later_pass(
+    db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mark lasts ``LAUNCHING_SECONDS``: an attempt marked and never handed over (its start lost) is launched
+    by the first pass after it, as after a crash between a commit and its start."""
+    (job_id,) = add_jobs(db, 1)
+    backend = FakeBackend()
+    loop = reconciler(db, tmp_path, backend)
+    placed_at_submit(db, loop, job_id)
+    loop.run_once(full=True)
+    assert backend.started == []
+    monkeypatch.setattr(loop_module, "LAUNCHING_SECONDS", 0.0)
+    loop.run_once(full=True)
+    assert backend.started == [(job_id, 1)] and "Relaunched" in events_of(db, job_id)
+
+
+def test_usage_holds_closed_in_bulk_are_closed_before_the_job_holds_again(db: Database) -> None:
+    """Inside ``ends_in_bulk`` a close is written when the block ends, but before the same job opens its next hold
+    in the block (a restart placed in the same pass): each hold is closed once, at its own end."""
+    (job_id,) = add_jobs(db, 1)
+    allocation = {"cpus": 0.01, "memory": None, "gpus": [], "slots": []}
+    with db.transaction() as s, ends_in_bulk(s):
+        job = s.get(Job, job_id)
+        assert job is not None
+        t0 = datetime.now(UTC)
+        job.allocation = dict(allocation)
+        transition(s, job, JobState.STARTING, "Scheduled", now=t0)
+        transition(s, job, JobState.RUNNING, "Started", now=t0 + timedelta(seconds=1))
+        transition(s, job, JobState.RESTARTING, "Restart", now=t0 + timedelta(seconds=2))
+        job.attempt += 1
+        job.allocation = dict(allocation)
+        transition(s, job, JobState.STARTING, "Scheduled", now=t0 + timedelta(seconds=3))
+        transition(s, job, JobState.RUNNING, "Started", now=t0 + timedelta(seconds=4))
+        transition(s, job, JobState.SUCCEEDED, "Completed", now=t0 + timedelta(seconds=5))
+    with db.read() as s:
+        holds = [(r.start_ts - t0.timestamp(), r.end_ts - t0.timestamp()) for r in s.scalars(select(UsageRecord))]
+    assert sorted(holds) == [(0.0, 2.0), (3.0, 5.0)]
 
 
 def test_admission_counts_each_job_it_admits(db: Database) -> None:

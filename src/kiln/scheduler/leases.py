@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
@@ -33,13 +34,11 @@ def note_takeovers(s: Session, moved: Iterable[tuple[str, str]], owner: str, *, 
     return len(record_each(s, events, now=now))
 
 
-def take_job_leases(s: Session, dialect: str, backend: str, owner: str, lease_seconds: float) -> list[tuple[str, str]]:
-    """Inside ``s``: take or renew the lease on every open job of ``backend`` that nobody else holds, writing the
-    takeover of each job whose lease another server let run out. Returns those (job id, previous holder)."""
-    now = utcnow()
-    expires = now + timedelta(seconds=lease_seconds)
+def _claimable(backend: str, owner: str, now: datetime, lease_seconds: float) -> tuple[Any, ...]:
+    """The open jobs of ``backend`` whose lease ``owner`` takes or renews now: nobody's, run out, or its own with
+    half of it gone."""
     renew_before = now + timedelta(seconds=lease_seconds / 2)
-    claimable = (
+    return (
         Job.state.in_([str(x) for x in OPEN_STATES]),
         Job.backend == backend,
         or_(
@@ -48,6 +47,21 @@ def take_job_leases(s: Session, dialect: str, backend: str, owner: str, lease_se
             (Job.lease_owner == owner) & (Job.lease_expires_at < renew_before),
         ),
     )
+
+
+def job_leases_due(s: Session, backend: str, owner: str, lease_seconds: float) -> bool:
+    """Is there a lease for ``take_job_leases`` to take or renew now? A read: most sweeps find none (a new lease is
+    renewed after half of it), and then need no write transaction for the leases."""
+    claimable = _claimable(backend, owner, utcnow(), lease_seconds)
+    return s.scalar(select(Job.id).where(*claimable).limit(1)) is not None
+
+
+def take_job_leases(s: Session, dialect: str, backend: str, owner: str, lease_seconds: float) -> list[tuple[str, str]]:
+    """Inside ``s``: take or renew the lease on every open job of ``backend`` that nobody else holds, writing the
+    takeover of each job whose lease another server let run out. Returns those (job id, previous holder)."""
+    now = utcnow()
+    expires = now + timedelta(seconds=lease_seconds)
+    claimable = _claimable(backend, owner, now, lease_seconds)
     if dialect == "postgresql":
         # Rows another transaction holds are skipped (that server is renewing or placing them): waiting for them
         # could deadlock two servers' passes.

@@ -25,6 +25,7 @@ command and any other runs nothing (the local executor: ``kiln.injob.claim``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -33,7 +34,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import bindparam, or_, select
 from sqlalchemy.orm import Session
 
 from kiln.backends.base import Backend, Launch, Phase, ResolvedInput, Slot
@@ -47,7 +48,7 @@ from kiln.domain.states import JobState, Reason
 from kiln.domain.stored_spec import StoredSpec
 from kiln.errors import InvalidInput
 from kiln.scheduler.capacity import still_free
-from kiln.scheduler.leases import OPEN_STATES, note_takeovers, take_job_leases
+from kiln.scheduler.leases import OPEN_STATES, job_leases_due, note_takeovers, take_job_leases
 from kiln.scheduler.observe import Observer, log_source
 from kiln.scheduler.outcome import STARTED_BEFORE_END, JobView, Observed, Outcome, decide
 from kiln.scheduler.outputs_gate import OutputsGate
@@ -78,9 +79,44 @@ ACTIVE_STATES = [JobState.STARTING, JobState.RUNNING]
 # Launches of one attempt before the job fails with BackendError: each is a start that raised, or a server that
 # stopped before starting it; more than this is a start that cannot succeed, not bad luck.
 MAX_LAUNCHES = 5
+# An attempt a submit placed is left to the pass that starts it for at most this long (a submit that rolled back
+# after placing it leaves nothing to start; one that committed hands it over at once).
+LAUNCHING_SECONDS = 30.0
 # A pass due when another server's lease on a waiting job runs out comes this much after it (the lease must be seen
 # expired: ``lease_expires_at < now``).
 TAKEOVER_SLACK_SECONDS = 0.01
+
+
+# What observing an attempt reads of its job (kiln.scheduler.observe.Observer.look, and the pass's bookkeeping):
+# these columns, not whole rows (a full sweep reads every active job).
+_OBSERVED = (
+    Job.id,
+    Job.org_id,
+    Job.state,
+    Job.attempt,
+    Job.handle,
+    Job.cancel_requested,
+    Job.preempt_reason,
+    Job.message,
+    Job.output_bytes,
+)
+
+
+@functools.cache
+def _observed_statement(full: bool) -> Any:
+    """The jobs a pass observes, built once: a full sweep's (every active job of the backend this server holds
+    or may take) or a woken pass's (the bound ``ids`` it holds)."""
+    active = [str(x) for x in ACTIVE_STATES]
+    query = select(*_OBSERVED).where(Job.state.in_(active))
+    if full:
+        owner: Any = bindparam("owner")
+        query = query.where(
+            Job.backend == bindparam("backend"),
+            or_(Job.lease_owner == owner, Job.lease_owner.is_(None), Job.lease_expires_at < bindparam("now")),
+        )
+    else:
+        query = query.where(Job.id.in_(bindparam("ids", expanding=True)), Job.lease_owner == bindparam("owner"))
+    return query.order_by(Job.created_at, Job.id)
 
 
 class Reconciler:
@@ -113,8 +149,14 @@ class Reconciler:
         self._leftover_at = 0.0
         self._leftover_nodes: list[Node] = []  # the nodes the leftover placements were decided on
         self._handed: list[tuple[Launch, float]] = []  # attempts placed at submit, with when that committed
+        # Attempts a submit placed (STARTING, under this server's lease) that this process is about to start: from
+        # before the submit commits until the pass that starts them has. A pass that observes one meanwhile finds it
+        # never launched, which is no reason to launch it itself: it leaves it to that pass (monotonic time it was
+        # placed, so that one whose submit never committed is forgotten).
+        self._launching: dict[tuple[str, int], float] = {}
         self._borrowers: dict[str, str] = {}  # placed job id → the waiting job it borrows from (kept in its allocation)
         self._next_takeover: datetime | None = None  # the earliest another server's lease on a waiting job runs out
+        self._leases_due = False  # the last full sweep found a job lease to take or renew
         self.observer = Observer(backend, logs, settings, OutputsGate(db, logs))
         self.starter = Starter(db, backend, self._inputs, logs, owner=self.owner)
         # (org id, spec) → the spec's inputs resolved to files (datasets and model versions).
@@ -176,6 +218,10 @@ class Reconciler:
         full = full or first
         if handed:  # placed at submit: started before anything is observed
             self.starter.start([x for x, _ in handed], committed_at=min(at for _, at in handed))
+            with self._dirty_lock:
+                for x, _ in handed:
+                    self._launching.pop((x.job_id, x.attempt), None)
+        self._forget_launching(now)
         seen = [self.observer.look(job) for job in self._to_observe(full, dirty)]
         released = {x.job.id for x in seen if x.ended}
         # A pass woken only by running attempts that changed and none of which ended (a shim saying its command
@@ -188,6 +234,22 @@ class Reconciler:
         self.starter.start(launches, committed_at=time.monotonic())
         if self._leftover:
             self._wake.set()  # more were placed than one pass starts: go again at once
+
+    def launching(self, job_id: str, attempt: int) -> None:
+        """A submit is placing this attempt (its transaction has not committed yet), and will hand it over
+        (``hand_over``) once it has: until the pass that starts it, an observation of it launches nothing."""
+        with self._dirty_lock:
+            self._launching[(job_id, attempt)] = time.monotonic()
+
+    def _about_to_start(self, job_id: str, attempt: int) -> bool:
+        with self._dirty_lock:
+            return (job_id, attempt) in self._launching
+
+    def _forget_launching(self, now: float) -> None:
+        """Attempts marked ``launching`` long ago: their submit never committed (or their start was lost)."""
+        with self._dirty_lock:
+            for key in [k for k, at in self._launching.items() if now - at > LAUNCHING_SECONDS]:
+                del self._launching[key]
 
     def hand_over(self, launch: Launch) -> None:
         """Start an attempt a submit placed and committed STARTING under this server's lease
@@ -227,23 +289,23 @@ class Reconciler:
                 )
             )
 
-    def _to_observe(self, full: bool, dirty: set[str]) -> list[Job]:
-        """The active jobs this pass observes, read without a transaction that writes. A full sweep: every one
-        this reconciler holds or may take (the pass's transaction takes the leases; a job another server took in
-        between is left alone there). A woken pass: the given jobs, where this reconciler holds their lease."""
-        active = [str(x) for x in ACTIVE_STATES]
+    def _to_observe(self, full: bool, dirty: set[str]) -> list[Any]:
+        """The active jobs this pass observes (rows of ``_OBSERVED``), read without a transaction that writes. A
+        full sweep: every one this reconciler holds or may take (the pass's transaction takes the leases; a job
+        another server took in between is left alone there), and whether any lease is due (``_leases_due``). A
+        woken pass: the given jobs, where this reconciler holds their lease."""
+        params: dict[str, Any] = {"owner": self.owner}
         if full:
-            query = select(Job).where(
-                Job.backend == self.backend.name,
-                Job.state.in_(active),
-                or_(Job.lease_owner == self.owner, Job.lease_owner.is_(None), Job.lease_expires_at < utcnow()),
-            )
+            params |= {"backend": self.backend.name, "now": utcnow()}
         elif dirty:
-            query = select(Job).where(Job.id.in_(sorted(dirty)), Job.state.in_(active), Job.lease_owner == self.owner)
+            params["ids"] = sorted(dirty)
         else:
             return []
         with self.db.read() as s:
-            return list(s.scalars(query.order_by(Job.created_at, Job.id)))
+            rows = list(s.execute(_observed_statement(full), params))
+            if full:
+                self._leases_due = job_leases_due(s, self.backend.name, self.owner, self.settings.lease_seconds)
+        return rows
 
     def _rows(self, s: Session, ids: Iterable[str], *, lock: bool = True, skip_locked: bool = False) -> dict[str, Job]:
         """The rows of these jobs in one query (on PostgreSQL locked, in id order)."""
@@ -275,6 +337,8 @@ class Reconciler:
                 seen.keep_files = False
                 return None
             if row.state == JobState.STARTING:
+                if self._about_to_start(row.id, row.attempt):
+                    return None  # placed by a submit a moment ago: the next pass starts it (``hand_over``)
                 return self._relaunch(s, row, seen.status.message)
             # Running by the record, gone without a trace by the backend's: lost.
             seen.status = replace(seen.status, phase=Phase.LOST)
@@ -388,13 +452,14 @@ class Reconciler:
     def _write(self, seen: list[Seen], plan: Plan, *, full: bool, first: bool) -> list[Launch]:
         """Everything the pass decided, in one transaction; returns the attempts to start once it committed."""
         writes = [x for x in seen if x.writes]
-        if not (full or writes or plan.writes):
+        leases = full and self._leases_due  # (read by this sweep's observation: most find none due)
+        if not (leases or first or writes or plan.writes):
             return []
         reattached = 0
         relaunches: list[Launch] = []
         # The usage holds and runs the pass's transitions end are written in one statement each (lifecycle).
         with self.db.transaction() as s, ends_in_bulk(s):
-            if full:
+            if leases:
                 self._take_leases(s)
             rows = self._rows(s, [x.job.id for x in (seen if first else writes)])
             if first:

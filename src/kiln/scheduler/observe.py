@@ -13,7 +13,6 @@ from typing import Any
 
 from kiln.backends.base import Backend, Phase
 from kiln.backends.capabilities import CheckpointSyncer, EventSyncer, OutputCollector, OutputsNotKept, Preemptible
-from kiln.db.tables import Job
 from kiln.domain.states import JobState
 from kiln.scheduler.outputs_gate import OutputsGate
 from kiln.scheduler.passes import Seen
@@ -35,10 +34,12 @@ class Observer:
         self.gate = gate  # the storage quota, checked before outputs are copied (None: none checked)
         self.kept = StorageGate(gate.db, gate.logs) if gate is not None else None  # and before checkpoints are
 
-    def look(self, job: Job) -> Seen:
+    def look(self, job: Any) -> Seen:
         """Ask the backend where the job's attempt is (sending a requested cancel or preemption first), and
-        collect what an attempt that ended left behind. The pass's transaction writes it; only the outputs'
-        reservation against the storage quota (``gate``) is written here, before they are copied."""
+        collect what an attempt that ended left behind. ``job``: the job's row, or a row of its columns that this
+        reads (id, org_id, state, attempt, handle, cancel_requested, preempt_reason, output_bytes). The pass's
+        transaction writes it; only the outputs' reservation against the storage quota (``gate``) is written here,
+        before they are copied."""
         seen = Seen(job, dict(job.handle or self.backend.handle_for(job.id, job.attempt)))
         handle = seen.handle
         if job.cancel_requested and not handle.get("cancel_sent"):
@@ -89,7 +90,7 @@ class Observer:
             self.backend.cleanup(handle)
         return seen
 
-    def collect_outputs(self, backend: OutputCollector, job: Job, handle: dict[str, Any], seen: Seen) -> None:
+    def collect_outputs(self, backend: OutputCollector, job: Any, handle: dict[str, Any], seen: Seen) -> None:
         """The attempt's outputs into the store, whole or not at all, admitted by the storage quota first."""
         reserved: list[int] = []
 
@@ -117,7 +118,7 @@ class Observer:
             except Exception as exc:
                 log.warning("job %s: releasing its outputs' reservation failed: %s", job.id, exc)
 
-    def ship_log(self, job: Job, handle: dict[str, Any]) -> int:
+    def ship_log(self, job: Any, handle: dict[str, Any]) -> int:
         """Ship the job's log to the store (all of it: the attempt is over); its size. A store that is down
         leaves it to the log-shipping task, and the end is recorded all the same. ``handle``'s ``log``: the file
         the attempt writes, when the backend names it (another server's on this machine, for an adopted one)."""

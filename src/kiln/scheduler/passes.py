@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.backends.base import AttemptStatus, Phase, Slot
-from kiln.db.tables import Job
 from kiln.domain.placement.types import Node
 
 
@@ -15,7 +14,9 @@ from kiln.domain.placement.types import Node
 class Seen:
     """What observing one attempt found, through the backend alone; the pass's transaction writes it."""
 
-    job: Job  # the row as read before the backend was asked
+    # The job as read before the backend was asked: a row of the reconciler's observed columns (id, org_id, state,
+    # attempt, handle, cancel_requested, preempt_reason, message, output_bytes), or a whole Job row.
+    job: Any
     handle: dict[str, Any]
     handle_changed: bool = False  # a cancel or a preemption notice was sent: the handle records it
     status: AttemptStatus | None = None  # None: nothing to write (still starting, or running as recorded)
