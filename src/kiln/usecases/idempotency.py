@@ -23,9 +23,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
-from sqlalchemy import delete
+from sqlalchemy import bindparam, delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -40,9 +40,12 @@ from kiln.usecases.identity import Principal
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-# What a create calls inside its transaction once its resource has an id: writes the key's row there (a no-op
-# for a create sent without a key).
-Remember = Callable[[Session, str], None]
+class Remember(Protocol):
+    """What a create calls inside its transaction once its resource has an id: writes the key's row there (a no-op
+    for a create sent without a key). ``flush``: at once, so that a key another request holds is an IntegrityError
+    here (False: at the create's next flush, its commit at the latest; ``create`` handles it the same)."""
+
+    def __call__(self, s: Session, resource_id: str, /, *, flush: bool = True) -> None: ...
 
 
 @dataclass
@@ -63,6 +66,9 @@ class IdempotentRequest:
     # the client's retry was recorded as a replay only. ``audited``: set once that transaction committed.
     audit: AuditEntry | None = None
     audited: bool = False
+    # Set by the look before the create: an expired row of this key was found (not purged yet), which the create's
+    # transaction deletes before it adds the key's row again.
+    expired_found: bool = False
 
     @classmethod
     def of(cls, key: str, method: str, path: str, body: bytes) -> IdempotentRequest:
@@ -70,7 +76,22 @@ class IdempotentRequest:
         return cls(check_key(key), method.upper(), path, fingerprint(method, path, body))
 
 
-def _forget(_s: Session, _resource_id: str) -> None:
+# The row of one key (built once: a submit with a key looks it up first).
+_KEY_ROW = select(
+    IdempotencyKey.method,
+    IdempotencyKey.path,
+    IdempotencyKey.fingerprint,
+    IdempotencyKey.resource_kind,
+    IdempotencyKey.resource_id,
+    IdempotencyKey.created_at,
+).where(
+    IdempotencyKey.org_id == bindparam("org_id"),
+    IdempotencyKey.user_id == bindparam("user_id"),
+    IdempotencyKey.key == bindparam("key"),
+)
+
+
+def _forget(_s: Session, _resource_id: str, *, flush: bool = True) -> None:
     """``Remember`` for a create sent without a key."""
 
 
@@ -96,8 +117,8 @@ class Idempotency:
         if request is None:
             return make(_forget)
 
-        def remember(s: Session, resource_id: str) -> None:
-            self._remember(s, principal, request, kind, resource_id)
+        def remember(s: Session, resource_id: str, *, flush: bool = True) -> None:
+            self._remember(s, principal, request, kind, resource_id, flush=flush)
 
         for attempt in (1, 2):
             earlier = self._earlier(principal, request, load)
@@ -126,8 +147,10 @@ class Idempotency:
         """The resource the key's live row names, or None when there is none; InvalidInput when the row is of
         another request, Conflict when its resource has been removed since."""
         with self.db.read() as s:
-            row = s.get(IdempotencyKey, (principal.org_id, principal.user_id, request.key))
+            params = {"org_id": principal.org_id, "user_id": principal.user_id, "key": request.key}
+            row = s.connection().execute(_KEY_ROW, params).first()
             if row is None or row.created_at < self._cutoff():
+                request.expired_found = row is not None
                 return None
             if (row.method, row.path, row.fingerprint) != (request.method, request.path, request.fingerprint):
                 same_route = (row.method, row.path) == (request.method, request.path)
@@ -147,17 +170,28 @@ class Idempotency:
             return found
 
     def _remember(
-        self, s: Session, principal: Principal, request: IdempotentRequest, kind: str, resource_id: str
+        self,
+        s: Session,
+        principal: Principal,
+        request: IdempotentRequest,
+        kind: str,
+        resource_id: str,
+        *,
+        flush: bool = True,
     ) -> None:
-        """The key's row, in the create's transaction ``s``; IntegrityError at once (its flush) when another request
-        holds the key."""
-        key = (IdempotencyKey.org_id == principal.org_id, IdempotencyKey.user_id == principal.user_id)
-        # An expired row of this key not purged yet would hold the primary key: it goes, in this transaction.
-        s.execute(
-            delete(IdempotencyKey).where(
-                *key, IdempotencyKey.key == request.key, IdempotencyKey.created_at < self._cutoff()
+        """The key's row, in the create's transaction ``s``; IntegrityError at once (its flush, which writes what
+        the create added before it too) when another request holds the key, or (``flush`` False) at the create's
+        next flush."""
+        if request.expired_found:
+            # An expired row of this key not purged yet would hold the primary key: it goes, in this transaction.
+            # (One that expired after that look — a retention shorter than a create — fails the insert: the
+            # create is tried again, and its look finds it.)
+            key = (IdempotencyKey.org_id == principal.org_id, IdempotencyKey.user_id == principal.user_id)
+            s.execute(
+                delete(IdempotencyKey).where(
+                    *key, IdempotencyKey.key == request.key, IdempotencyKey.created_at < self._cutoff()
+                )
             )
-        )
         s.add(
             IdempotencyKey(
                 org_id=principal.org_id,
@@ -174,7 +208,8 @@ class Idempotency:
         if request.audit is not None:
             where = request.audit.resource
             audit.add(s, replace(request.audit, resource=f"{where} id={resource_id}" if where else f"id={resource_id}"))
-        s.flush()
+        if flush:
+            s.flush()
 
     def purge(self, s: Session) -> int:
         """Delete the expired keys, in ``s`` (the leased task ``purge-idempotency-keys``'s fenced transaction);

@@ -26,7 +26,7 @@ from kiln.usecases.idempotency import Idempotency, IdempotentRequest, Remember
 from kiln.usecases.identity import Principal
 from kiln.usecases.lifecycle import create_job, record, transition
 from kiln.usecases.quotas import QuotaService
-from kiln.usecases.run_rows import record_job_run
+from kiln.usecases.run_rows import experiment_id_for, record_job_run
 from kiln.usecases.scheduler_inputs import never_fits, node_of
 
 # The quota category of training jobs; serving and dev environments will use "serve" and "dev".
@@ -207,8 +207,8 @@ class JobService:
         place_now: Callable[[Session, Job], Callable[[], None] | None] | None = None,
     ) -> None:
         self.validate = validate
-        # (the submit's transaction, its new job) → placed now: what to call after the commit; or None: queued
-        # (kiln.scheduler.submit_placement).
+        # (the submit's transaction, its new job: added, not written) → placed now: what to call after the commit;
+        # or None: queued (kiln.scheduler.submit_placement).
         self.place_now = place_now
         # The Idempotency-Keys of creates (submit, rerun): the platform's, shared with the other creates.
         self.idempotency = idempotency or Idempotency(db, DEFAULT_KEY_RETENTION)
@@ -340,10 +340,12 @@ class JobService:
                 raise InvalidInput(
                     f"code_sha256: no uploaded bundle {code_sha256}; upload it with PUT /api/v1/blobs/{{sha256}}"
                 )
-            job = self.new_job(s, principal.org_id, principal.user_id, spec, code_sha256, note, now=now)
-            s.flush()  # one flush for both rows (the job's first: the event refers to it); fills the defaults
-            remember(s, job.id)
+            job = self.new_job(s, principal.org_id, principal.user_id, spec, code_sha256, note, now=now, flush=False)
+            remember(s, job.id, flush=False)
+            # Placed now (STARTING) or queued, before anything is written: one flush writes the job as it leaves
+            # here with its events, its run and the key (a key another request holds is an IntegrityError there).
             placed = self.place_now(s, job) if self.place_now is not None else None
+            s.flush()  # fills the defaults the read shows
             read = to_read(job, (principal.org_name, principal.user_name))  # the caller's own, just created
         if placed is not None:
             placed()  # STARTING, under this server's lease: the reconciler starts it; no queue pass is needed
@@ -362,10 +364,15 @@ class JobService:
         *,
         now: datetime | None = None,
         category: str = CATEGORY,
+        flush: bool = True,
     ) -> Job:
         """A new QUEUED job row and its first event in the caller's transaction ``s``, for a spec that passed
-        the submit checks (a submit, a rerun, a tuning study's trial). The caller wakes the reconciler."""
+        the submit checks (a submit, a rerun, a tuning study's trial). The caller wakes the reconciler. ``flush``:
+        the rows are written before this returns (False: the caller's next flush writes them)."""
         cpus, gpus, memory = _totals(spec)
+        # What it reads first, so that the rows below are written by one flush, not by these queries' autoflushes.
+        experiment_id = experiment_id_for(s, org_id, spec.experiment)
+        warnings = self.budgets.warnings(s, org_id, user_id) if self.budgets is not None else []
         job = Job(
             id=new_id("job"),
             org_id=org_id,
@@ -380,12 +387,17 @@ class JobService:
             priority=spec.priority_value,
             workers=spec.gang_size,
             backend=self.backend_name,
+            # The columns' defaults, set here: a submit places the job before its row is written (flush=False).
+            attempt=0,
+            restarts=0,
+            cancel_requested=False,
         )
         create_job(s, job, note, now=now)
-        if self.budgets is not None:
-            for warning in self.budgets.warnings(s, org_id, user_id):
-                record(s, job, Reason.BUDGET_WARNING, warning)
-        record_job_run(s, job, spec)  # every job is a run (kiln.usecases.tracking)
+        for warning in warnings:
+            record(s, job, Reason.BUDGET_WARNING, warning)
+        record_job_run(s, job, spec, experiment_id)  # every job is a run (kiln.usecases.tracking)
+        if flush:
+            s.flush()
         return job
 
     def check_submit(

@@ -10,10 +10,11 @@ users wrote them (quota rows, jobs' ``cpus``) become millicores and the report t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from kiln.db.session import Database
@@ -30,7 +31,8 @@ from kiln.usecases.identity import Principal
 ACTIVE = [JobState.STARTING, JobState.RUNNING]
 
 
-def _limits(row: Quota) -> Limits:
+def _limits(row: Any) -> Limits:
+    """From a quota row (or a row of its columns)."""
     cpus = millicores(row.cpus) if row.cpus is not None else None
     return Limits(gpus=row.gpus, millicores=cpus, memory=row.memory, count=row.count, storage=row.storage)
 
@@ -42,26 +44,59 @@ def job_millicores(cpus: float, workers: int) -> int:
     return millicores(cpus / workers) * workers
 
 
+_LIMITS = select(Quota.org_id, Quota.category, Quota.gpus, Quota.cpus, Quota.memory, Quota.count, Quota.storage).where(
+    Quota.org_id.in_(bindparam("org_ids", expanding=True))
+)
+_LIMITS_READ = "kiln.quotas.limits"  # session.info: org id → its limits by category, as this transaction read them
+
+
 def load_limits(s: Session, org_ids: list[str] | None = None) -> dict[str, dict[str, Limits]]:
-    query = select(Quota)
-    if org_ids is not None:
-        query = query.where(Quota.org_id.in_(org_ids))
-    out: dict[str, dict[str, Limits]] = {}
-    for row in s.scalars(query):
-        out.setdefault(row.org_id, {})[row.category] = _limits(row)
-    return out
+    """The organisations' limits by category (all organisations': None). Each organisation's are read once per
+    transaction (a submit checks them, decides and admits in one): limits change only by ``QuotaService.set``,
+    whose transaction reads none before it writes."""
+    if org_ids is None:
+        out: dict[str, dict[str, Limits]] = {}
+        for quota in s.scalars(select(Quota)):
+            out.setdefault(quota.org_id, {})[quota.category] = _limits(quota)
+        return out
+    known: dict[str, dict[str, Limits]] = s.info.setdefault(_LIMITS_READ, {})
+    missing = sorted({o for o in org_ids if o not in known})
+    if missing:
+        for org_id in missing:
+            known[org_id] = {}
+        for row in s.execute(_LIMITS, {"org_ids": missing}):
+            known[row.org_id][row.category] = _limits(row)
+    return {o: known[o] for o in org_ids if known.get(o)}
+
+
+_USAGE_COLUMNS: tuple[Any, ...] = (Job.org_id, Job.category, Job.gpus, Job.cpus, Job.workers, Job.memory)
+
+
+@functools.cache
+def _usage_statement(released: bool) -> Select[Any]:
+    query = select(*_USAGE_COLUMNS).where(
+        Job.state.in_([str(x) for x in ACTIVE]), Job.org_id.in_(bindparam("org_ids", expanding=True))
+    )
+    return query.where(Job.id.not_in(bindparam("released", expanding=True))) if released else query
 
 
 def load_usage(s: Session, org_ids: list[str] | None = None, released: Collection[str] = ()) -> dict[str, OrgUsage]:
     """What the organisations' active jobs hold, leaving out ``released`` (jobs whose attempts are known to have
     ended, their transitions not yet written)."""
-    query = select(Job.org_id, Job.category, Job.gpus, Job.cpus, Job.workers, Job.memory).where(Job.state.in_(ACTIVE))
-    if org_ids is not None:
-        query = query.where(Job.org_id.in_(org_ids))
-    if released:
-        query = query.where(Job.id.not_in(sorted(released)))
+    if org_ids is not None and not org_ids:
+        return {}
+    if org_ids is None:
+        query = select(*_USAGE_COLUMNS).where(Job.state.in_(ACTIVE))
+        if released:
+            query = query.where(Job.id.not_in(sorted(released)))
+        rows = s.execute(query)
+    else:
+        params: dict[str, Any] = {"org_ids": list(org_ids)}
+        if released:
+            params["released"] = sorted(released)
+        rows = s.execute(_usage_statement(bool(released)), params)
     out: dict[str, OrgUsage] = {}
-    for org_id, category, gpus, cpus, workers, memory in s.execute(query):
+    for org_id, category, gpus, cpus, workers, memory in rows:
         out.setdefault(org_id, OrgUsage()).add(category, gpus, job_millicores(cpus, workers), memory)
     return out
 

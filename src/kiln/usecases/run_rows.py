@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from datetime import datetime
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import bindparam, delete, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -21,10 +21,16 @@ def millis(value: datetime | None) -> int | None:
     return None if value is None else int(value.timestamp() * 1000)
 
 
+# An organisation's experiment by name (built once: every submit looks one up).
+_EXPERIMENT = select(Experiment.id).where(
+    Experiment.org_id == bindparam("org_id"), Experiment.name == bindparam("name")
+)
+
+
 def experiment_id_for(s: Session, org_id: str, name: str | None) -> str:
     """The id of the organisation's experiment ``name`` (Default when None), made on first use."""
     name = name or tracking.DEFAULT_EXPERIMENT
-    found = s.scalar(select(Experiment.id).where(Experiment.org_id == org_id, Experiment.name == name))
+    found = s.scalar(_EXPERIMENT, {"org_id": org_id, "name": name})
     if found is not None:
         return found
     now = utcnow()
@@ -42,15 +48,16 @@ def experiment_id_for(s: Session, org_id: str, name: str | None) -> str:
     return experiment.id
 
 
-def record_job_run(s: Session, job: Job, spec: JobSpec) -> None:
+def record_job_run(s: Session, job: Job, spec: JobSpec, experiment_id: str | None = None) -> None:
     """A new job's run: in its spec's experiment, with its params, its labels as tags, its code bundle's digest and
     (labels ``kiln run`` sets from a git checkout) its commit and whether the tree was dirty, in the caller's
-    transaction."""
+    transaction (``experiment_id``: its experiment's, where the caller looked it up). The run's row is written by the
+    caller's next flush where it has no params and no tags."""
     s.add(
         Run(
             id=job.id,
             org_id=job.org_id,
-            experiment_id=experiment_id_for(s, job.org_id, spec.experiment),
+            experiment_id=experiment_id or experiment_id_for(s, job.org_id, spec.experiment),
             job_id=job.id,
             user_id=job.user_id,
             name=job.name or job.id,
@@ -59,19 +66,20 @@ def record_job_run(s: Session, job: Job, spec: JobSpec) -> None:
             lifecycle_stage=ACTIVE,
         )
     )
-    s.flush()
     params = [
         {"run_id": job.id, "key": k, "value": text, "number": tracking.param_number(text)}
         for k, v in spec.params.items()
         for text in [tracking.param_text(v)]
     ]
-    if params:
-        s.execute(insert(RunParam), params)
     tags = [{"run_id": job.id, "key": f"kiln.label.{k}", "value": v} for k, v in spec.labels.items()]
     known = {"git.commit": "mlflow.source.git.commit", "git.dirty": "kiln.source.git.dirty"}  # kiln run sets them
     tags += [{"run_id": job.id, "key": known[k], "value": v} for k, v in spec.labels.items() if k in known]
     if job.code_sha256:
         tags.append({"run_id": job.id, "key": "kiln.code_sha256", "value": job.code_sha256})
+    if params or tags:
+        s.flush()  # the run first, which they refer to (else the caller's one flush writes it)
+    if params:
+        s.execute(insert(RunParam), params)
     if tags:
         s.execute(insert(RunTag), tags)
 

@@ -9,13 +9,14 @@ policy's whole millicores (kiln.domain.quantities.millicores): converted here on
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, bindparam, select
 from sqlalchemy.orm import Session
 
 from kiln.backends.base import Backend, Inventory, Slot
@@ -26,7 +27,7 @@ from kiln.domain.quantities import millicores
 from kiln.domain.quota import Limits, OrgUsage
 from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState
-from kiln.domain.stored_spec import StoredSpec
+from kiln.domain.stored_spec import SERVICE_LABEL, StoredSpec
 from kiln.usecases.quotas import load_limits, load_usage
 
 JOB_ID = re.compile(r"\bjob-[0-9a-z]{16}\b")
@@ -51,7 +52,9 @@ _QUEUE_COLUMNS = (
     Job.lease_owner,
     Job.lease_expires_at,
 )
-# The columns of an active job the scheduler needs; its spec only for the timeout.
+# The columns of an active job the scheduler needs; of its spec only the timeout and the service whose replica it
+# is, read by the database out of the JSON (every submit placed at once reads every active job: decoding each
+# one's whole spec there cost more than the rest of the read).
 _ACTIVE_COLUMNS = (
     Job.id,
     Job.org_id,
@@ -60,8 +63,35 @@ _ACTIVE_COLUMNS = (
     Job.allocation,
     Job.started_at,
     Job.running_at,
-    Job.spec,
+    Job.spec["timeout"].as_float().label("timeout"),
+    Job.spec[("labels", SERVICE_LABEL)].as_string().label("service_id"),
     Job.preempt_reason,
+)
+
+
+@functools.cache
+def _queue_statement(limited: bool) -> Select[Any]:
+    """The waiting jobs of a backend, oldest first (built once: building a statement costs more than running it
+    on a short queue, and a submit placed at once reads it). ``limited``: at most ``limit`` of them."""
+    query = (
+        select(*_QUEUE_COLUMNS)
+        .where(Job.backend == bindparam("backend"), Job.state.in_([str(x) for x in WAITING_STATES]))
+        .order_by(Job.created_at, Job.id)
+    )
+    return query.limit(bindparam("limit")) if limited else query
+
+
+@functools.cache
+def _active_statement(released: bool) -> Select[Any]:
+    """The active jobs of a backend (``released``: but those named in the bound list ``released``)."""
+    query = select(*_ACTIVE_COLUMNS).where(
+        Job.backend == bindparam("backend"), Job.state.in_([str(x) for x in ACTIVE_STATES])
+    )
+    return query.where(Job.id.not_in(bindparam("released", expanding=True))) if released else query
+
+
+_ORGS = select(Organization.id, Organization.name, Organization.share_weight).where(
+    Organization.id.in_(bindparam("org_ids", expanding=True))
 )
 
 
@@ -190,32 +220,58 @@ def gather(
 ) -> Snapshot:
     """Read the queue (oldest first), the active jobs and the organisations' limits, usage and weights.
     ``ready_only`` leaves out restarting jobs still in their back-off. ``released``: active jobs whose attempts
-    the caller saw end and whose transitions it has not written yet; what they hold counts as free."""
-    queue = list(
-        s.execute(
-            select(*_QUEUE_COLUMNS)
-            .where(Job.backend == backend.name, Job.state.in_(WAITING_STATES))
-            .order_by(Job.created_at, Job.id)
-        )
-    )
+    the caller saw end and whose transitions it has not written yet; what they hold counts as free. Read through
+    the session's connection: what the caller's transaction added and did not flush is not seen."""
+    snap = _gather(s, backend, now, ready_only=ready_only, released=released, queue_limit=None)
+    assert snap is not None  # (no limit)
+    return snap
+
+
+def gather_short(
+    s: Session, backend: Backend, now: datetime, queue_limit: int, new: Any | None = None
+) -> Snapshot | None:
+    """``gather``, or None where more than ``queue_limit`` jobs wait (nothing more is read then): a submit's read.
+    ``new``: a job (a Job row) the caller's transaction added and has not written, queued last."""
+    return _gather(s, backend, now, ready_only=True, released=(), queue_limit=queue_limit, new=new)
+
+
+def _gather(
+    s: Session,
+    backend: Backend,
+    now: datetime,
+    *,
+    ready_only: bool,
+    released: Collection[str],
+    queue_limit: int | None,
+    new: Any | None = None,
+) -> Snapshot | None:
+    params: dict[str, Any] = {"backend": backend.name}
+    if queue_limit is not None:
+        params["limit"] = queue_limit + 1
+    # Its reads go through the session's connection, past the ORM (half their cost, on every submit placed at
+    # once): they see what the caller's transaction has written, not what it added and did not flush.
+    conn = s.connection()
+    queue = list(conn.execute(_queue_statement(queue_limit is not None), params))
+    if new is not None:
+        queue.append(new)
+    if queue_limit is not None and len(queue) > queue_limit:
+        return None
     if ready_only:
         queue = [j for j in queue if j.state == JobState.QUEUED or j.not_before is None or j.not_before <= now]
     if not queue:  # most passes: nothing waits, so nothing else needs reading
         return Snapshot([], [], [], [], {}, {}, {}, {})
-    active_query = select(*_ACTIVE_COLUMNS).where(Job.backend == backend.name, Job.state.in_(ACTIVE_STATES))
     if released:
-        active_query = active_query.where(Job.id.not_in(sorted(released)))
-    active = s.execute(active_query).all()
+        params["released"] = sorted(released)
+    active = conn.execute(_active_statement(bool(released)), params).all()
     nodes = [node_of(inv) for inv in backend.nodes()]
     default_node = nodes[0].name if nodes else "local"
     org_ids = sorted({j.org_id for j in queue} | {a.org_id for a in active})
     limits = load_limits(s, org_ids)
-    usage = load_usage(s, [o for o in org_ids if o in limits], released)
+    limited = [o for o in org_ids if o in limits]
+    usage = load_usage(s, limited, released) if limited else {}
     names: dict[str, str] = {}
     weights: dict[str, float] = {}
-    for org_id, name, weight in s.execute(
-        select(Organization.id, Organization.name, Organization.share_weight).where(Organization.id.in_(org_ids))
-    ):
+    for org_id, name, weight in conn.execute(_ORGS, {"org_ids": org_ids}):
         names[org_id] = name
         weights[org_id] = float(weight or 1.0)
     services = _service_names(s, active)
@@ -225,8 +281,7 @@ def gather(
         if not slots:
             continue
         began = a.running_at or a.started_at
-        spec = StoredSpec(a.spec)
-        timeout = spec.timeout
+        timeout = a.timeout or None
         running.append(
             Running(
                 job_id=a.id,
@@ -238,7 +293,7 @@ def gather(
                 deadline=_epoch(began) + float(timeout) if timeout and began else None,
                 preempting=bool(a.preempt_reason),
                 backfill_for=(a.allocation or {}).get("backfill_for"),
-                service=services.get(spec.service_id or ""),
+                service=services.get(a.service_id or ""),
             )
         )
     pending = [pending_of(j, names.get(j.org_id, j.org_id)) for j in queue]
@@ -247,7 +302,7 @@ def gather(
 
 def _service_names(s: Session, active: Sequence[Any]) -> dict[str, str]:
     """Service id → name, for the services whose replicas are among the ``active`` jobs (the reasons name them)."""
-    ids = {service for a in active if (service := StoredSpec(a.spec).service_id) is not None}
+    ids = {a.service_id for a in active if a.service_id is not None}
     if not ids:
         return {}
     rows = s.execute(select(Service.id, Service.name).where(Service.id.in_(sorted(ids))))
