@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Protocol
 
-from sqlalchemy import Select, and_, bindparam, or_, select
+from sqlalchemy import Select, Text, and_, bindparam, cast, or_, select
 from sqlalchemy.orm import Session
 
 from kiln.backends.base import Inventory
@@ -17,7 +18,7 @@ from kiln.domain.catalog import Catalog
 from kiln.domain.ids import new_id
 from kiln.domain.job_requests import JobDryRun, JobRerun
 from kiln.domain.notebooks import NOTEBOOK_LABEL
-from kiln.domain.schemas import EventRead, JobList, JobRead, JobSubmit
+from kiln.domain.schemas import EventRead, JobRead, JobSubmit
 from kiln.domain.spec import PRIORITIES, InputSpec, JobSpec
 from kiln.domain.states import JobState, Reason
 from kiln.domain.stored_spec import StoredSpec
@@ -38,12 +39,32 @@ DEFAULT_KEY_RETENTION = 24 * 3600.0  # seconds an Idempotency-Key is kept where 
 # query as the job (a join), never one query per job.
 NAME_FIELDS = ("org_name", "user_name")
 # The columns a JobRead is made of: list queries select these alone, not whole rows (no handle, no lease).
+# The spec as the database stores it (JSON text, not decoded): a list of a hundred jobs decoded and validated a
+# hundred specs, most of which ``_spec_of`` has already.
 READ_COLUMNS = [
-    *(getattr(Job, name) for name in JobRead.model_fields if name not in ("cancel_requested", *NAME_FIELDS)),
+    *(
+        cast(Job.spec, Text).label("spec") if name == "spec" else getattr(Job, name)
+        for name in JobRead.model_fields
+        if name not in ("cancel_requested", *NAME_FIELDS)
+    ),
     Job.cancel_requested,
     Organization.name.label("org_name"),
     User.name.label("user_name"),
 ]
+# Job id → its spec, validated: a job's spec never changes once it is submitted, and job ids are never reused.
+_SPECS: dict[str, JobSpec] = {}
+SPECS_CACHED = 4096
+
+
+def _spec_of(job_id: str, stored: str | dict[str, Any]) -> JobSpec:
+    """The job's spec as a JobRead holds it, from its stored JSON (text or decoded), validated once per job."""
+    spec = _SPECS.get(job_id)
+    if spec is None:
+        spec = JobSpec.model_validate(json.loads(stored) if isinstance(stored, str) else stored)
+        if len(_SPECS) >= SPECS_CACHED:
+            _SPECS.clear()
+        _SPECS[job_id] = spec
+    return spec
 
 
 def _with_names(query: Select[Any]) -> Select[Any]:
@@ -118,6 +139,31 @@ class ListCache:
         entries[key] = (version, body)
 
 
+class RowJson:
+    """Each listed job's JSON (a JobRead's, as ``JobList`` writes its items), kept with the row it was made of and
+    made again only when the row differs: a list polled while a few of its jobs move serialises those few. Keyed
+    by the whole row, every column a JobRead is made of, so no write can leave a stale one."""
+
+    ENTRIES = 10_000  # beyond it, all go
+
+    def __init__(self) -> None:
+        self._made: dict[str, tuple[tuple[Any, ...], bytes]] = {}
+
+    def json(self, row: Any) -> bytes:
+        key = tuple(row)
+        made = self._made.get(row.id)
+        if made is not None and made[0] == key:
+            return made[1]
+        body = to_read(row).model_dump_json().encode()
+        if len(self._made) >= self.ENTRIES:
+            self._made.clear()
+        self._made[row.id] = (key, body)
+        return body
+
+
+_ROWS = RowJson()
+
+
 def _totals(spec: JobSpec) -> tuple[float, int, int | None]:
     """What the job holds over its whole gang: (cpus, gpus, memory)."""
     gang = spec.gang_size
@@ -129,6 +175,7 @@ def to_read(job: Job | Any, names: tuple[str | None, str | None] | None = None) 
     """A JobRead from a row of READ_COLUMNS, or from a Job row and ``names`` (its organisation's and user's, as
     :func:`job_names` reads them); one validation pass (the spec was valid at submit)."""
     fields = {name: getattr(job, name) for name in JobRead.model_fields if name not in NAME_FIELDS}
+    fields["spec"] = _spec_of(job.id, fields["spec"])
     if names is None:
         fields.update({name: getattr(job, name, None) for name in NAME_FIELDS})
     else:
@@ -513,7 +560,7 @@ class JobService:
         version = self.db.versions.version("jobs")  # before the read: any write after this retires what is read
         with self.db.read() as s:
             rows = s.connection().execute(_list_statement(frozenset(params)), params)
-            body = JobList(items=[to_read(row) for row in rows]).model_dump_json().encode()
+            body = b'{"items":[' + b",".join(_ROWS.json(row) for row in rows) + b"]}"
         cache = self._list_cache
         if cache.enabled:
             cache.put(cache.key(params), version, body, self.db.versions.version("jobs"))
