@@ -23,11 +23,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, bindparam, or_, select
 
 from kiln.backends.capabilities import MetricSpools
 from kiln.db.session import Database
@@ -61,6 +61,26 @@ BUSY_WAIT = 0.05  # (rather than after the interval): long enough for what arriv
 MIN_WOKEN_GAP = 0.02  # a pass woken by a shim (metrics.watch) starts at least this long after the one before
 PIECE_BYTES = 16 * 1024  # lines are parsed this many bytes at a time: the batch bounds are checked in between
 MIN_PIECE_BYTES = 512  # ... or this many, after lines of many series
+
+
+MAX_HANDLES = 10_000  # attempts' handles kept; past it, those of jobs no longer read go
+# The jobs a pass reads the spools of: running, and ended since the bound ``since``; with whether another server
+# than the bound ``owner`` holds the lease (one that did not run out by ``now``: ``MetricsIngester`` says why).
+_CANDIDATES = select(
+    Job.id,
+    Job.state,
+    Job.workers,
+    Job.attempt,
+    and_(
+        Job.lease_owner.is_not(None), Job.lease_owner != bindparam("owner"), Job.lease_expires_at > bindparam("now")
+    ).label("elsewhere"),
+).where(
+    or_(
+        Job.state.in_(ACTIVE),
+        and_(Job.state.in_([str(x) for x in TERMINAL_STATES]), Job.finished_at > bindparam("since")),
+    )
+)
+_HANDLES = select(Job.id, Job.attempt, Job.handle).where(Job.id.in_(bindparam("ids", expanding=True)))
 
 
 @dataclass
@@ -127,6 +147,7 @@ class MetricsIngester:
         self._draining: dict[str, _Job] = {}  # stopped running; drained, then forgotten
         self._done: dict[str, float] = {}  # ended and drained (monotonic time): not looked at again
         self._running: dict[str, _Job] = {}
+        self._handles: dict[tuple[str, int], dict[str, Any] | None] = {}  # (job, attempt) → its handle, as read
         self._since: Any = None  # ended jobs are looked for from here on
         self._pass_lock = threading.Lock()
         self._task: Task | None = None
@@ -164,28 +185,35 @@ class MetricsIngester:
         since = self._since if self._since is not None else now - RECENT_AT_START
         self._since = now - timedelta(minutes=2)
         with self.db.read() as s:
-            rows = s.execute(
-                select(Job.id, Job.state, Job.workers, Job.handle, Job.lease_owner, Job.lease_expires_at).where(
-                    or_(
-                        Job.state.in_(ACTIVE),
-                        and_(Job.state.in_([str(x) for x in TERMINAL_STATES]), Job.finished_at > since),
-                    )
-                )
-            ).all()
+            # (Without an owner, every job is read, whoever holds it: no owner is this one.)
+            rows = s.execute(_CANDIDATES, {"since": since, "owner": self.owner or "", "now": now}).all()
+            # Each attempt's handle (where its spool is) is read once: a pass reads every running job, and every
+            # job that ended in the last minutes, four times a second.
+            wanted = sorted(
+                {job_id for job_id, _, _, attempt, *_ in rows if (job_id, attempt) not in self._handles}
+                - self._done.keys()
+            )
+            for start in range(0, len(wanted), 500):
+                for job_id, attempt, handle in s.execute(_HANDLES, {"ids": wanted[start : start + 500]}):
+                    self._handles[(job_id, attempt)] = handle
+        if len(self._handles) > MAX_HANDLES:
+            current = {(job_id, attempt) for job_id, _, _, attempt, *_ in rows}
+            self._handles = {k: v for k, v in self._handles.items() if k in current}
         running: dict[str, _Job] = {}
         jobs: dict[str, _Job] = {}
-        for job_id, state, workers, handle, owner, expires in rows:
+        for job_id, state, workers, attempt, elsewhere in rows:
+            if job_id in self._done:
+                continue  # ended and drained
+            handle = self._handles.get((job_id, attempt))
             terminal = JobState(state) in TERMINAL_STATES
             job = _Job(job_id, terminal, (workers or 1) > 1, handle)
             if terminal:
-                if job_id in self._done:
-                    continue
                 if job_id in self._running or job_id not in self._draining:
                     self._draining[job_id] = job
                 else:
                     self._draining[job_id].terminal = True
                     self._draining[job_id].handle = handle
-            elif self._held_elsewhere(owner, expires, now):
+            elif elsewhere and self.owner is not None:
                 # Another live server reads it: left alone, and what this one knew of its cursors forgotten (read
                 # again should the job come back to it).
                 self._running.pop(job_id, None)
@@ -200,12 +228,6 @@ class MetricsIngester:
         for job_id, job in self._draining.items():
             jobs.setdefault(job_id, job)
         return list(jobs.values())
-
-    def _held_elsewhere(self, owner: str | None, expires: datetime | None, now: datetime) -> bool:
-        """Does another server hold the job's lease now (not one that ran out)?"""
-        if self.owner is None or owner is None or owner == self.owner:
-            return False
-        return expires is not None and expires > now
 
     def _load_cursors(self, job_id: str) -> None:
         if job_id in self._known_jobs:
@@ -408,8 +430,9 @@ class MetricsIngester:
                 continue
             directory = self.spools.metric_spool(job_id, self._draining[job_id].handle)
             drained = True
-            # A job past its spool limit is never read again: what its files hold more does not keep it here.
-            spent = self._spool_spent(job_id, _Batch()) >= self.store.budgets.limits(job_id).spool
+            # A job past its spool limit is never read again: what its files hold more does not keep it here (its
+            # limits are looked up only for a file with unread bytes: most jobs' files are read to their end).
+            spent: bool | None = None
             try:
                 for entry in os.scandir(directory):
                     if entry.name.startswith(DRAINING_PREFIX):
@@ -418,13 +441,19 @@ class MetricsIngester:
                         if time.time() - entry.stat().st_mtime < DRAINING_STALE_SECONDS:
                             drained = False
                             break
-                    elif entry.name.endswith(".jsonl") and not spent:
+                    elif entry.name.endswith(".jsonl"):
                         state = self._files.get((job_id, entry.name))
                         offset = state.offset if state else 0
+                        size = entry.stat().st_size
+                        if size <= offset:
+                            continue
+                        if spent is None:
+                            spent = self._spool_spent(job_id, _Batch()) >= self.store.budgets.limits(job_id).spool
+                        if spent:
+                            continue
                         scan = self._scans.get((job_id, entry.name))
                         start = scan[1] if scan is not None and scan[0] == offset else offset  # read already
-                        size = entry.stat().st_size
-                        if size > offset and has_newline(Path(entry.path), start):
+                        if has_newline(Path(entry.path), start):
                             drained = False
                             break
             except (FileNotFoundError, NotADirectoryError):
