@@ -13,8 +13,9 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import cast
 
-from sqlalchemy import bindparam, update
+from sqlalchemy import Table, bindparam, update
 from sqlalchemy.orm import Session
 
 from kiln.db.tables import Job, JobEvent, Run, utcnow
@@ -153,6 +154,6 @@ def write_ends(session: Session) -> None:
     session.flush()
     close_usage_many(session, closes)
     if runs:
-        table = Run.__table__
+        table = cast(Table, Run.__table__)
         statement = update(table).where(table.c.id == bindparam("b_id")).values(end_time=bindparam("b_end"))
         session.execute(statement, [{"b_id": job_id, "b_end": end} for job_id, end in runs])

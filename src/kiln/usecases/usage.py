@@ -18,12 +18,13 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     ColumnElement,
     Float,
     String,
+    Table,
     and_,
     bindparam,
     case,
@@ -96,9 +97,10 @@ def close_usage_many(s: Session, ends: list[tuple[str, float]]) -> None:
     """``close_usage`` for many jobs in one statement: each (job id, end as seconds since the epoch)."""
     if not ends:
         return
-    u = UsageRecord.__table__.c
+    table = cast(Table, UsageRecord.__table__)
+    u = table.c
     statement = (
-        update(UsageRecord.__table__)
+        update(table)
         .where(u.job_id == bindparam("b_job_id"), u.end_ts.is_(None))
         .values(end_ts=bindparam("b_end_ts"), used_cpu_seconds=_used_cpu(u), peak_memory=_peak_memory(u))
     )
@@ -472,7 +474,7 @@ def _merge(
     return [(key, tuple(figures)) for key, figures in found.items()]
 
 
-def _used_cpu(u: type[UsageRecord]) -> Any:
+def _used_cpu(u: Any) -> Any:
     """The CPU-seconds the hold's workers used so far: their ``system/cpu_seconds`` (each a running total of its
     attempt) sampled since the hold began."""
     m = MetricSeries
@@ -483,7 +485,7 @@ def _used_cpu(u: type[UsageRecord]) -> Any:
     )
 
 
-def _peak_memory(u: type[UsageRecord]) -> Any:
+def _peak_memory(u: Any) -> Any:
     """The workers' peak resident memory together (each one's peak over the job's attempts, summed)."""
     m = MetricSeries
     return select(func.sum(m.max_value)).where(m.job_id == u.job_id, m.name == RSS_BYTES).scalar_subquery()
