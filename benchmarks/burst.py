@@ -339,7 +339,11 @@ def section_burst(args: argparse.Namespace, tmp: Path, results: dict[str, Any], 
     rows.append(
         row(f"burst: {n} jobs, submit → all SUCCEEDED", rate, base_rate, rate / base_rate, target, ok, "jobs/s")
     )
-    for key, label in (("platform", "platform (cgroup)"), ("tree", "server+launcher tree")):
+    for key, label in (
+        ("platform", "platform (cgroup)"),
+        ("tree", "server+launcher tree"),
+        ("server", "server process"),
+    ):
         used = burst["cpu_per_job_s"].get(key)
         if used is not None:
             ok_cpu = used <= TARGET_CPU_PER_JOB_S if key == "tree" else None

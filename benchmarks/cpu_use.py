@@ -11,6 +11,8 @@ Two figures, both deltas over a measured window, divided by the jobs started in 
 - ``tree``: ``psutil`` CPU times of the server and the launcher, each with its reaped children's: everything a
   shim waited for (bubblewrap, and the job inside it) is included; an orphan reaped outside the tree (init took
   it) is not.
+- ``server``: the server process alone (all its threads: requests, the reconciler, the background tasks), none of
+  its children: what Kiln's own Python costs per job.
 
 Root is needed for the control group; without it ``platform`` is None and only ``tree`` is printed.
 """
@@ -76,14 +78,21 @@ class ServerCpu:
                 total += t.user + t.system + t.children_user + t.children_system
         return total
 
+    def server_s(self) -> float | None:
+        try:
+            t = self.server.cpu_times()
+        except psutil.Error:
+            return None
+        return t.user + t.system
+
     def snapshot(self) -> dict[str, float | None]:
-        return {"platform": self.platform_s(), "tree": self.tree_s()}
+        return {"platform": self.platform_s(), "tree": self.tree_s(), "server": self.server_s()}
 
     @staticmethod
     def per_job(before: dict[str, float | None], after: dict[str, float | None], jobs: int) -> dict[str, Any]:
         """Seconds of CPU per job between two snapshots."""
         out: dict[str, Any] = {}
-        for key in ("platform", "tree"):
+        for key in ("platform", "tree", "server"):
             a, b = before.get(key), after.get(key)
             out[key] = None if a is None or b is None or jobs <= 0 else (b - a) / jobs
         return out
@@ -118,4 +127,6 @@ def describe(per_job: dict[str, Any]) -> str:
         parts.append(f"platform {per_job['platform'] * 1000:.1f} ms")
     if per_job.get("tree") is not None:
         parts.append(f"server+launcher tree {per_job['tree'] * 1000:.1f} ms")
+    if per_job.get("server") is not None:
+        parts.append(f"server process {per_job['server'] * 1000:.1f} ms")
     return "CPU per job: " + ", ".join(parts) if parts else "CPU per job: unknown"
