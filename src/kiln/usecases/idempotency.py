@@ -40,6 +40,8 @@ from kiln.usecases.identity import Principal
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
 class Remember(Protocol):
     """What a create calls inside its transaction once its resource has an id: writes the key's row there (a no-op
     for a create sent without a key). ``flush``: at once, so that a key another request holds is an IntegrityError
