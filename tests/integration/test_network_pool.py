@@ -111,6 +111,7 @@ def _pool_counters(server: KilnServer, at_least: int) -> dict[str, tuple[int, in
         time.sleep(0.5)
 
 
+@pytest.mark.timeout(900)  # the pool's filling (200 namespaces, 100 of them a pasta each) and 200 jobs
 def test_a_burst_of_100_the_pool_was_sized_for_makes_no_namespace_of_its_own(server: KilnServer) -> None:
     _wait_pool_full(server)
     client = server.client()
