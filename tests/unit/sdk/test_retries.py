@@ -230,10 +230,7 @@ def fresh_endpoint(tmp_path, monkeypatch) -> Iterator[Callable[..., tuple[Client
     def make(*steps: Step, first_contact: float = 0.05, **creds: str) -> tuple[Client, Script]:
         script = Script(*steps)
         endpoint = f"http://never-{len(clients)}-{time.monotonic_ns()}.test"
-        if creds:
-            client = Client(endpoint, **creds)
-        else:
-            client = Client(endpoint, "AKTESTTESTTESTTEST00", "s3cret")
+        client = Client(endpoint, **creds) if creds else Client(endpoint, "AKTESTTESTTESTTEST00", "s3cret")
         client._http = httpx.Client(base_url=client.endpoint, transport=httpx.MockTransport(script))
         client.retries = RetryPolicy(total=60.0, first=0.01, longest=0.02)
         client.first_contact_seconds = first_contact
