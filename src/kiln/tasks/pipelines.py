@@ -27,7 +27,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from kiln.db.session import Database
@@ -64,6 +64,11 @@ INTERVAL = 0.25  # seconds between passes (a submit, a cancel or a resume wakes 
 MAX_TRANSITIONS = 10_000  # a pass's bound (a run has at most 200 steps, each a few transitions)
 
 
+# What a pass looks for (built once: a pass runs four times a second).
+_DUE = select(PipelineSchedule.id).where(PipelineSchedule.next_at <= bindparam("now"))
+_RUNNING = select(PipelineRun.id).where(PipelineRun.state == RunState.RUNNING)
+
+
 class _Moved(Exception):
     """A step was not where this pass found it (another server moved it, or the run stopped)."""
 
@@ -98,9 +103,20 @@ class PipelineDriver:
         self._task.wake.set()
 
     def run_once(self, ctx: TaskContext) -> float | None:
-        self._scheduled(ctx)
+        # One read for what this pass has to do (four passes a second, most of which find nothing): the schedules
+        # whose time has come, and the running runs as they were before those started any.
         with self.db.read() as s:
-            runs = list(s.scalars(select(PipelineRun.id).where(PipelineRun.state == RunState.RUNNING)))
+            conn = s.connection()  # (ids only: past the ORM)
+            due_ids = list(conn.execute(_DUE, {"now": utcnow()}).scalars())
+            runs = list(conn.execute(_RUNNING).scalars())
+        if due_ids:
+            with self.db.read() as s:
+                due = list(s.scalars(select(PipelineSchedule).where(PipelineSchedule.id.in_(due_ids))))
+                for row in due:
+                    s.expunge(row)
+            self._scheduled(ctx, due)
+            with self.db.read() as s:
+                runs = list(s.connection().execute(_RUNNING).scalars())
         soonest: float | None = None
         for run_id in runs:
             if ctx.stopping.is_set():
@@ -118,14 +134,9 @@ class PipelineDriver:
 
     # -- schedules ----------------------------------------------------------------------------------------
 
-    def _scheduled(self, ctx: TaskContext) -> None:
-        """A run of each schedule whose time has come; its next time the first after now (so a server that was
-        down across several times starts one run, not one per time it missed)."""
-        now = utcnow()
-        with self.db.read() as s:
-            due = list(s.scalars(select(PipelineSchedule).where(PipelineSchedule.next_at <= now)))
-            for row in due:
-                s.expunge(row)
+    def _scheduled(self, ctx: TaskContext, due: list[PipelineSchedule]) -> None:
+        """A run of each schedule whose time has come (``due``, read by the pass); its next time the first after now
+        (so a server that was down across several times starts one run, not one per time it missed)."""
         for row in due:
             if ctx.stopping.is_set():
                 return
