@@ -6,10 +6,17 @@ from __future__ import annotations
 
 import threading
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
+import pytest
 from cryptography.fernet import Fernet
+from sqlalchemy import select
 
+from kiln.db.tables import Job, JobEvent, UsageRecord
+from kiln.domain.schemas import JobSubmit
+from kiln.platform import Platform
+from kiln.settings import Settings
 from tests.tenancy_helpers import Api, close_all, create_tenant
 
 ENDLESS = "sleep 600"
@@ -129,3 +136,41 @@ def test_two_servers_placing_at_submit_never_place_over_the_same_capacity(make_s
         for api in member_apis:
             api.close()
         admin.close()
+
+
+def test_a_placement_that_fails_half_way_leaves_the_job_queued_and_written_once(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The submit places its job before any of its rows are written, and writes them in one flush. A placement
+    that raises after it began to change the job (here: as the attempt's launch is made) puts the job back as it
+    was: the submit answers it QUEUED, with its one Submitted event, no usage hold and no lease, and the queue
+    places it."""
+    settings = Settings(home=tmp_path / "home", database_url=database_url, instance_id="server-a", cpus=2)
+    platform = Platform(settings)
+    try:
+        creds = platform.identity.bootstrap()
+        assert creds is not None
+        principal = platform.identity.authenticate_key(creds.access_key, creds.secret_key)
+        assert principal is not None
+
+        def broken(*_: Any, **__: Any) -> Any:
+            raise RuntimeError("the launch could not be made")
+
+        monkeypatch.setattr(platform.reconciler, "_launch_of", broken)
+        spec = {"command": ["true"], "resources": {"cpus": 1}}
+        job = platform.jobs.submit(principal, JobSubmit.model_validate({"spec": spec}))
+        assert job.state == "QUEUED" and job.attempt == 0 and job.allocation is None, job
+        with platform.db.read() as s:
+            row = s.get(Job, job.id)
+            assert row is not None and row.state == "QUEUED" and row.lease_owner is None and row.handle is None
+            events = [(e.from_state, e.to_state) for e in s.scalars(select(JobEvent).where(JobEvent.job_id == job.id))]
+            holds = s.scalars(select(UsageRecord).where(UsageRecord.job_id == job.id)).all()
+        assert events == [(None, "QUEUED")] and holds == []
+        monkeypatch.undo()
+        platform.reconciler.starter.start = lambda *_, **__: None  # type: ignore[method-assign]  # (no process)
+        platform.reconciler.run_once()
+        with platform.db.read() as s:
+            row = s.get(Job, job.id)
+            assert row is not None and row.state == "STARTING" and row.attempt == 1
+    finally:
+        platform.close()
