@@ -17,6 +17,7 @@ from kiln.db import migrate
 from kiln.db.session import Database
 from kiln.db.tables import Job, Nonce, Organization, User, utcnow
 from kiln.domain.catalog import DEFAULT_CATALOG
+from kiln.domain.schemas import JobList
 from kiln.domain.states import JobState
 from kiln.errors import KilnError
 from kiln.usecases.identity import Principal
@@ -210,3 +211,26 @@ def test_the_list_follows_submit_reconciler_and_cancel(make_server, database_url
     assert listed(client, running.id)["cancel_requested"] is True
     assert wait_for(client, running.id).state == "CANCELLED"  # the reconciler stops it
     assert listed(client, running.id)["state"] == "CANCELLED"
+
+
+def test_each_listed_job_is_its_read_made_again_when_any_of_its_columns_changes(db: Database, jobs: JobService) -> None:
+    """The list's JSON is its jobs' reads, each kept with the row it was made of (a job's spec validated once): byte
+    for byte what ``JobList`` of ``list_jobs`` writes, after a change to a job's row and to its organisation's name
+    (a column from another table) as before them."""
+    add_job(db, "a", "job-a1")
+    add_job(db, "a", "job-a2")
+    caller = member("a", admin=True)
+
+    def expected() -> bytes:
+        return JobList(items=jobs.list_jobs(caller)).model_dump_json().encode()
+
+    first = jobs.list_jobs_json(caller)
+    assert first == expected()
+    with db.transaction() as s:
+        s.execute(update(Job).where(Job.id == "job-a1").values(state=str(JobState.CANCELLED), message="by ann"))
+        s.execute(update(Organization).where(Organization.id == "org-a").values(name="renamed"))
+    second = jobs.list_jobs_json(caller)
+    assert second == expected() and second != first
+    listed = json.loads(second)["items"]
+    assert {j["org_name"] for j in listed} == {"renamed"}
+    assert [(j["id"], j["state"], j["message"]) for j in listed][1] == ("job-a1", "CANCELLED", "by ann")
