@@ -87,6 +87,7 @@ def _mlflow_env(server: KilnServer, tenant: Tenant) -> dict[str, str]:
     }
 
 
+@pytest.mark.timeout(900)  # the log (300 s at most on a loaded machine), then a replica's start and its predicts
 def test_a_model_logged_from_a_laptop_is_registered_served_and_checked(
     server: KilnServer, tenants: tuple[Tenant, Tenant]
 ) -> None:
