@@ -20,23 +20,6 @@ from sklearn.neural_network import MLPClassifier
 # diagonally (25 in all).
 MOVES = sorted(((dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)), key=lambda m: (abs(m[0]) + abs(m[1]), m))
 
-parser = argparse.ArgumentParser(description=__doc__)
-parser.add_argument("--lr", type=float, default=0.001, help="Adam's initial learning rate (learning_rate_init).")
-parser.add_argument("--width", type=int, default=100, help="Units of the one hidden layer.")
-parser.add_argument("--alpha", type=float, default=0.0001, help="L2 penalty.")
-parser.add_argument("--epochs", type=int, default=50, help="Passes over the training data.")
-parser.add_argument(
-    "--copies",
-    type=int,
-    default=5,
-    help="Versions of every training image, moved by a pixel or two (5: itself and its four one-pixel moves, as "
-    f"scikit-learn's RBM example on these digits does; at most {len(MOVES)}). More copies, longer epochs.",
-)
-parser.add_argument("--seed", type=int, default=0, help="Initial weights and batch order.")
-args = parser.parse_args()
-if args.lr <= 0 or args.alpha < 0 or args.width < 1 or args.epochs < 1 or not 1 <= args.copies <= len(MOVES):
-    parser.error(f"--lr must be > 0, --alpha at least 0, --width and --epochs at least 1, --copies 1 to {len(MOVES)}")
-
 warnings.filterwarnings("ignore", category=ConvergenceWarning)  # one pass per partial_fit stops short on purpose
 
 
@@ -47,22 +30,50 @@ def moved_copies(images: np.ndarray, copies: int) -> np.ndarray:
     return np.concatenate(moved).reshape(-1, 64)
 
 
-X, y = load_digits(return_X_y=True)
-X_train, X_val, y_train, y_val = train_test_split(X / 16.0, y, test_size=0.25, random_state=0, stratify=y)
-X_train, y_train = moved_copies(X_train, args.copies), np.tile(y_train, args.copies)
-classes = np.unique(y)
-model = MLPClassifier(
-    hidden_layer_sizes=(args.width,), learning_rate_init=args.lr, alpha=args.alpha, random_state=args.seed
-)
-start = time.time()
-accuracy = 0.0
-for epoch in range(1, args.epochs + 1):
-    model.partial_fit(X_train, y_train, classes=classes)  # one pass over the training data, in mini-batches
-    accuracy = model.score(X_val, y_val)
-    print(f"epoch={epoch} val_acc={accuracy:.4f}", flush=True)
+def train(lr: float, width: int, alpha: float, epochs: int, copies: int = 5, seed: int = 0):
+    """Train, yielding ``(epoch, validation accuracy)`` after each epoch (benchmarks/tuning.py runs the same
+    training under Ray Tune by importing this)."""
+    X, y = load_digits(return_X_y=True)
+    X_train, X_val, y_train, y_val = train_test_split(X / 16.0, y, test_size=0.25, random_state=0, stratify=y)
+    X_train, y_train = moved_copies(X_train, copies), np.tile(y_train, copies)
+    classes = np.unique(y)
+    model = MLPClassifier(hidden_layer_sizes=(width,), learning_rate_init=lr, alpha=alpha, random_state=seed)
+    for epoch in range(1, epochs + 1):
+        model.partial_fit(X_train, y_train, classes=classes)  # one pass over the training data, in mini-batches
+        yield epoch, model.score(X_val, y_val)
 
-print(f"trained {args.epochs} epochs in {time.time() - start:.1f} s, final validation accuracy {accuracy:.4f}")
-out = os.environ.get("KILN_OUTPUT_DIR")
-if out:
-    with open(os.path.join(out, "metrics.json"), "w") as fh:
-        json.dump({"val_acc": accuracy, "lr": args.lr, "width": args.width, "alpha": args.alpha}, fh)
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--lr", type=float, default=0.001, help="Adam's initial learning rate (learning_rate_init).")
+    parser.add_argument("--width", type=int, default=100, help="Units of the one hidden layer.")
+    parser.add_argument("--alpha", type=float, default=0.0001, help="L2 penalty.")
+    parser.add_argument("--epochs", type=int, default=50, help="Passes over the training data.")
+    parser.add_argument(
+        "--copies",
+        type=int,
+        default=5,
+        help="Versions of every training image, moved by a pixel or two (5: itself and its four one-pixel moves, as "
+        f"scikit-learn's RBM example on these digits does; at most {len(MOVES)}). More copies, longer epochs.",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="Initial weights and batch order.")
+    args = parser.parse_args()
+    if args.lr <= 0 or args.alpha < 0 or args.width < 1 or args.epochs < 1 or not 1 <= args.copies <= len(MOVES):
+        parser.error(
+            f"--lr must be > 0, --alpha at least 0, --width and --epochs at least 1, --copies 1 to {len(MOVES)}"
+        )
+
+    start = time.time()
+    accuracy = 0.0
+    for epoch, accuracy in train(args.lr, args.width, args.alpha, args.epochs, args.copies, args.seed):
+        print(f"epoch={epoch} val_acc={accuracy:.4f}", flush=True)
+
+    print(f"trained {args.epochs} epochs in {time.time() - start:.1f} s, final validation accuracy {accuracy:.4f}")
+    out = os.environ.get("KILN_OUTPUT_DIR")
+    if out:
+        with open(os.path.join(out, "metrics.json"), "w") as fh:
+            json.dump({"val_acc": accuracy, "lr": args.lr, "width": args.width, "alpha": args.alpha}, fh)
+
+
+if __name__ == "__main__":
+    main()

@@ -24,8 +24,8 @@ from tests.kilnserver import REPO
 from tests.slurm_cluster import SlurmCluster
 
 BENCHMARKS = REPO / "benchmarks"
-# Imported by the benchmarks, never run on their own.
-HELPERS = {"cpu_use.py", "report.py", "s3bench.py", "scheduler_loop.py"}
+# Imported by the benchmarks (or run by an interpreter they start: tuning.py's Ray virtualenv), never run on their own.
+HELPERS = {"cpu_use.py", "report.py", "s3bench.py", "scheduler_loop.py", "tuning_offline.py", "tuning_ray.py"}
 # Components a benchmark needs beyond what every Kiln server does (tests/components.py: KILN_TEST_WITHOUT skips).
 NEEDS = {"console.py": ("chromium",), "input_modes.py": ("fuse",), "failover.py": ("postgresql",)}
 # Seconds a smoke run may take, where more than the default: a runtime to build on a machine that has none yet.

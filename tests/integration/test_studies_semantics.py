@@ -150,9 +150,10 @@ def test_a_pruned_trial_stops_at_once_and_frees_its_cpus_for_the_next(
 ) -> None:
     """ASHA (halving at steps 1, 2, 4) over six trials, two asked for at a time, each taking both CPUs: the next
     trial's job waits for a running one's CPUs, so the trials reach each step one after another (two trials racing
-    to a step made which one was pruned a matter of timing) and a trial worse than one before it is pruned."""
+    to a step made which one was pruned a matter of timing) and a trial below the median of those before it is
+    pruned (a verdict on one other trial's value: ``bootstrap_count`` 1)."""
     pause = 1.0  # between two reports: more than the server takes from a report to the pruned job's cancel
-    asha = {"type": "asha", "min_resource": 1, "reduction_factor": 2}
+    asha = {"type": "asha", "min_resource": 1, "reduction_factor": 2, "bootstrap_count": 1}
     spec = study(6, pause, early_stopping=asha, max_trials=6, parallelism=2)
     spec["trial"]["resources"] = {"cpus": 2}
     created = create(admin, spec, code)
@@ -188,6 +189,52 @@ def test_a_pruned_trial_stops_at_once_and_frees_its_cpus_for_the_next(
     assert best["value"] == max(t["value"] for t in succeeded) == max(t["params"]["x"] for t in succeeded)
     assert all(best["value"] > t["last_value"] for t in pruned), (best, pruned)
     client.close()
+
+
+OVERTAKER = """
+import sys, time
+kind = sys.argv[1]
+# fast: good at once; poor: worse throughout; slow: behind the fast one until epoch 30, best after; late: the
+# poorest, and the last to reach rung 5 (its start waits), where three others are there to judge it by.
+wait = {"fast": 0, "poor": 0, "slow": 3, "late": 6}[kind]
+time.sleep(wait)
+for epoch in range(1, 41):
+    score = {"fast": 0.9, "poor": 0.6, "slow": 0.85 if epoch < 30 else 0.95, "late": 0.5}[kind]
+    print(f"step={epoch} score={score}", flush=True)
+    time.sleep(0.05)
+"""
+
+
+def test_a_slow_starter_that_overtakes_at_epoch_30_is_the_best_trial(
+    server: KilnServer, admin: Api, tmp_path: Path
+) -> None:
+    """Issue 50: ASHA (rungs 5 and 15) stopped the trial that would have ended best, on one other trial's value
+    (with fewer than reduction_factor trials at a rung only the best went on). The slow starter reaches each rung
+    after the fast one and the poor one, behind the fast one: it is judged by the percentile rule, goes on, and
+    overtakes at epoch 30. The last trial to reach rung 5, the poorest, is stopped there, with its reasons."""
+    (tmp_path / "trial.py").write_text(OVERTAKER)
+    with server.client() as client:
+        code = client.upload_code(tmp_path)
+    asha = {"type": "asha", "min_resource": 5, "reduction_factor": 3}
+    spec = study(0, 0, algorithm="grid", early_stopping=asha, max_trials=4, parallelism=4)
+    spec["parameters"] = {"kind": {"type": "categorical", "choices": ["fast", "poor", "slow", "late"]}}
+    spec["trial"]["command"] = ["python", "trial.py", "{kind}"]
+    spec["trial"]["resources"] = {"cpus": 0.5}
+    created = create(admin, spec, code)
+    done = wait_study(admin, created["id"], timeout=120)
+    assert (done["state"], done["reason"]) == ("SUCCEEDED", "Completed"), done
+    found = {t["params"]["kind"]: t for t in trials(admin, created["id"])}
+    best = admin.ok("GET", f"/studies/{created['id']}/best")
+    assert (best["params"]["kind"], best["value"]) == ("slow", 0.95), (best, found)
+    assert [found[k]["state"] for k in ("fast", "poor", "slow")] == ["SUCCEEDED"] * 3, found
+    late = found["late"]
+    assert (late["state"], late["pruned_step"]) == ("PRUNED", 5), late
+    report = late["pruning"]
+    assert (report["rule"], report["rung"], report["step"], report["value"]) == ("asha", 5, 5, 0.5), report
+    assert (report["compared"], report["needed"]) == (3, 2), report
+    assert report["cutoff"] == pytest.approx(0.85 + (0.9 - 0.85) / 3), report
+    assert "below the cutoff 0.866667 of 3 other trials" in late["message"], late
+    assert all(found[k]["pruning"] is None for k in ("fast", "poor", "slow")), found
 
 
 def test_stopping_a_study_cancels_its_running_trials(admin: Api, code: str) -> None:

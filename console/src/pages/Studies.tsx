@@ -77,6 +77,16 @@ export function byObjective(trials: Trial[], direction: "minimize" | "maximize")
 
 const PRUNED_GREY = "#9ca3af";
 
+/** Why the pruner stopped a trial: "0.5 < 0.867 of 3 at step 5" (its value at the rung, the cutoff, how many others). */
+export function pruneReason(t: Trial): string {
+  const r = t.pruning;
+  if (!r || r.value == null || r.cutoff == null) return "";
+  const side = r.value < r.cutoff ? "<" : ">";
+  const value = r.step != null && r.step !== r.rung ? `${num(r.value)} (step ${r.step})` : num(r.value);
+  const cutoff = r.rule === "median" ? `median ${num(r.cutoff)}` : num(r.cutoff);
+  return `${r.rule === "median" ? "best " : ""}${value} ${side} ${cutoff} of ${r.compared} at step ${r.rung}`;
+}
+
 export function StudyDetail({ id }: { id: string }) {
   const can = useAbilities();
   const study = useApi<Study>(`/studies/${seg(id)}`, undefined, (st) => (!st || st.state === "RUNNING" ? 4000 : false));
@@ -184,6 +194,11 @@ export function StudyDetail({ id }: { id: string }) {
                     <td>
                       <StateBadge state={t.state} />
                       {t.pruned_step != null ? <span class="muted small"> @{t.pruned_step}</span> : null}
+                      {pruneReason(t) ? (
+                        <div class="muted small" data-testid="prune-reason" title="its value at the rung, the cutoff it had to reach, how many other trials' values the cutoff came from">
+                          {pruneReason(t)}
+                        </div>
+                      ) : null}
                     </td>
                     <td data-testid="trial-value">{num(t.value ?? null)}</td>
                     {params.map((p) => (

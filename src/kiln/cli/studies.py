@@ -19,7 +19,7 @@ from kiln.cli.output import fmt_duration, fmt_time, plural
 from kiln.domain.studies import StudyState, TrialState
 
 if TYPE_CHECKING:
-    from kiln.domain.studies import StudyEventRead, StudyRead, TrialRead
+    from kiln.domain.studies import StudyEventRead, StudyRead, StudySpec, TrialRead
 
 app = typer.Typer(
     help="Inspect and stop hyperparameter tuning studies (start one with kiln tune).", no_args_is_help=True
@@ -77,6 +77,35 @@ def trial_state_text(trial: TrialRead) -> Text:
     if trial.state is TrialState.PRUNED and trial.pruned_step is not None:
         label += f"@{trial.pruned_step}"
     return Text(label, style=TRIAL_STYLES.get(trial.state, ""))
+
+
+def prune_reason(trial: TrialRead) -> str:
+    """Why the pruner stopped the trial, short: ``0.5 < 0.866667 of 3`` (its value at the rung, the cutoff it missed,
+    how many other trials' values the cutoff came from); ``0.3@4`` where the value is of a step below the rung; the
+    median rule's ``best 0.5 < median 0.8 of 3``. Empty for a trial without a report."""
+    report = trial.pruning
+    if report is None or report.value is None or report.cutoff is None:
+        return ""
+    side = "<" if report.value < report.cutoff else ">"
+    value = fmt_number(report.value)
+    if report.step is not None and report.step != report.rung:
+        value += f"@{report.step}"
+    if report.rule == "median":
+        return f"best {value} {side} median {fmt_number(report.cutoff)} of {report.compared}"
+    return f"{value} {side} {fmt_number(report.cutoff)} of {report.compared}"
+
+
+def stopping_text(spec: StudySpec) -> str:
+    """The early stopping and its settings: ``asha (min_resource 5, reduction_factor 3, bootstrap_count 2)``."""
+    es = spec.early_stopping
+    if es.type == "none":
+        return "none"
+    if es.type == "median":
+        return f"median (startup_trials {es.startup_trials}, warmup_steps {es.warmup_steps})"
+    low = es.min_resource if es.min_resource is not None else ("auto" if es.type == "asha" else 1)
+    parts = [f"min_resource {low}"] + ([f"max_resource {es.max_resource}"] if es.max_resource is not None else [])
+    parts += [f"reduction_factor {es.reduction_factor}", f"bootstrap_count {es.bootstrap_count}"]
+    return f"{es.type} ({', '.join(parts)})"
 
 
 def study_state_text(state: StudyState) -> Text:
@@ -145,19 +174,31 @@ def studies_table(studies: list[StudyRead]) -> None:
 
 
 def trials_table(trials: list[TrialRead], names: list[str]) -> None:
-    """One row per trial in the order given: number, state (``PRUNED@k``), value, parameters, duration, job."""
+    """One row per trial in the order given: number, state (``PRUNED@k``), value, why the pruner stopped it (where
+    it stopped any: ``PRUNED BY 0.5 < 0.866667 of 3``), parameters, duration, job."""
     own_columns = len(names) <= PARAM_COLUMNS
-    table = _table("#", "STATE", "VALUE", *(names if own_columns else ["PARAMS"]), "DURATION", "JOB")
+    why = any(prune_reason(t) for t in trials)  # a column of the pruner's reasons where it stopped any
+    table = _table(
+        "#",
+        "STATE",
+        "VALUE",
+        *(["PRUNED BY"] if why else []),
+        *(names if own_columns else ["PARAMS"]),
+        "DURATION",
+        "JOB",
+    )
     table.columns[-1].no_wrap = True
     for trial in trials:
         if own_columns:
             params = [Text(fmt_param(trial.params[n]) if n in trial.params else "-") for n in names]
         else:
             params = [Text(params_text(trial.params, names))]
+        reason = [Text(prune_reason(trial) or "-", style="" if trial.pruning else "dim")] if why else []
         table.add_row(
             str(trial.number),
             trial_state_text(trial),
             trial_value_text(trial),
+            *reason,
             *params,
             fmt_duration(trial.duration_seconds),
             Text(trial.job_id or "-"),
@@ -176,7 +217,6 @@ def _details(rows: list[tuple[str, str | Text | None]]) -> None:
 
 def study_detail(study: StudyRead) -> None:
     spec = study.spec
-    stopping = spec.early_stopping.type
     best = None
     if study.best is not None:
         best = f"trial {study.best.number}: {fmt_number(study.best.value)} ({study.best.job_id or 'job deleted'})"
@@ -189,7 +229,7 @@ def study_detail(study: StudyRead) -> None:
             ("message", study.message),
             ("objective", f"{spec.objective.direction} {spec.objective.metric} ({spec.objective.aggregate} value)"),
             ("algorithm", spec.algorithm + (f", seed {spec.seed}" if spec.seed is not None else "")),
-            ("early stopping", stopping),
+            ("early stopping", stopping_text(spec)),
             ("trials", trials_progress(study)),
             ("parallelism", str(spec.parallelism)),
             ("max failed", str(spec.max_failed_trials) if spec.max_failed_trials is not None else None),
@@ -220,6 +260,8 @@ def trial_line(trial: TrialRead, names: list[str] | None = None) -> Text:
     if trial.state is TrialState.PRUNED:
         step = f" at step {trial.pruned_step}" if trial.pruned_step is not None else ""
         last = f" ({fmt_number(trial.last_value)})" if trial.last_value is not None else ""
+        if prune_reason(trial):
+            last = f" ({prune_reason(trial)})"
         outcome = Text(f"PRUNED{step}{last}", style=TRIAL_STYLES[trial.state])
     else:
         outcome = Text(trial.state.value, style=TRIAL_STYLES.get(trial.state, ""))
@@ -297,7 +339,8 @@ def trials(
     ] = TrialOrder.objective,
     output: Output = OutputFormat.table,
 ) -> None:
-    """A study's trials with their state (PRUNED@step), value, parameters, duration and job."""
+    """A study's trials with their state (PRUNED@step), value, why the pruner stopped it (its value at the rung <
+    the cutoff of N other trials there), parameters, duration and job."""
     from kiln.sdk.studies import parameter_names
 
     with connect() as client:

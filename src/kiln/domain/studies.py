@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kiln.domain import limits
+from kiln.domain import limits, pruning
 from kiln.domain.durations import parse_duration
 from kiln.domain.spec import Command, JobSpec, ParamName, ParamValue, format_param, param_env_name
 
@@ -113,17 +113,35 @@ class Objective(_Strict):
 
 
 class EarlyStopping(_Strict):
-    """Stopping trials that do worse than others at the same step (Optuna's pruners): ``median``,
-    ``asha`` (asynchronous successive halving), ``hyperband``, or ``none``."""
+    """Stopping trials that do worse than others at the same step: ``median``, ``asha`` (asynchronous successive
+    halving), ``hyperband`` (several ASHA brackets), or ``none``. Kiln judges them (kiln.domain.pruning): a trial at
+    a rung by its value there, and only once ``bootstrap_count`` other trials have a value there."""
 
     type: Literal["none", "median", "asha", "hyperband"] = "none"
     min_resource: int | None = Field(
-        None, ge=1, le=limits.MAX_INT64, description="asha/hyperband: steps every trial gets (default: auto)."
+        None,
+        ge=1,
+        le=limits.MAX_INT64,
+        description="asha/hyperband: the first rung, the steps every trial gets (asha default: auto, 1/100 of the "
+        "steps of the first finished trial; hyperband default: 1).",
     )
     max_resource: int | None = Field(
-        None, ge=1, le=limits.MAX_INT64, description="hyperband: the most steps a trial reports (default: auto)."
+        None,
+        ge=1,
+        le=limits.MAX_INT64,
+        description="asha/hyperband: the most steps a trial reports; no rung at or past it (hyperband default: "
+        "auto, from the first finished trial).",
     )
-    reduction_factor: int = Field(3, ge=2, le=100, description="asha/hyperband: 1/n of the trials go on per rung.")
+    reduction_factor: int = Field(
+        3, ge=2, le=100, description="asha/hyperband: rungs min_resource x n^k; about 1/n of the trials pass each."
+    )
+    bootstrap_count: int = Field(
+        pruning.DEFAULT_BOOTSTRAP,
+        ge=0,
+        le=MAX_TRIALS,
+        description="asha/hyperband: other trials that must have reached a rung before a trial is judged there "
+        "(until then it goes on).",
+    )
     warmup_steps: int = Field(0, ge=0, le=limits.MAX_INT64, description="median: steps before a trial is judged.")
     startup_trials: int = Field(5, ge=0, le=MAX_TRIALS, description="median: trials that finish before pruning.")
 
@@ -305,6 +323,36 @@ class StudySubmit(BaseModel):
     )
 
 
+class PruneReport(BaseModel):
+    """Why the pruner stopped a trial: its value where it was judged, what it had to reach, against how many."""
+
+    rule: str = Field(description="asha, hyperband or median.")
+    rung: int = Field(description="The step it was judged at (an asha/hyperband rung; median: the step).")
+    step: int | None = Field(None, description="The step of the value judged: the rung, or the last reported below.")
+    value: float | None = Field(None, description="Its objective there (median: its best so far).")
+    cutoff: float | None = Field(
+        None,
+        description="What it had to reach: the 1-1/reduction_factor percentile of the other trials' values at the "
+        "rung (asha, hyperband), their median (median).",
+    )
+    compared: int = Field(description="How many other trials' values at the rung it was compared with.")
+    needed: int = Field(description="How many a verdict needs: bootstrap_count (median: startup_trials finished).")
+    bracket: int | None = Field(None, description="hyperband: the trial's bracket (0: the first rung lowest).")
+
+    @classmethod
+    def of(cls, verdict: pruning.Verdict) -> PruneReport:
+        return cls(
+            rule=verdict.rule,
+            rung=verdict.rung,
+            step=verdict.step,
+            value=verdict.value,
+            cutoff=verdict.cutoff,
+            compared=verdict.compared,
+            needed=verdict.needed,
+            bracket=verdict.bracket,
+        )
+
+
 class TrialRead(BaseModel):
     study_id: str
     number: int = Field(description="0, 1, … in the order trials started.")
@@ -316,6 +364,7 @@ class TrialRead(BaseModel):
     last_step: int | None = Field(None, description="The last step of the objective the pruner saw.")
     last_value: float | None = Field(None, description="The objective's value at last_step.")
     pruned_step: int | None = Field(None, description="The step the pruner stopped it at.")
+    pruning: PruneReport | None = Field(None, description="Why the pruner stopped it (PRUNED trials).")
     message: str = ""
     created_at: datetime
     finished_at: datetime | None = None

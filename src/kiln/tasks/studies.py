@@ -7,8 +7,9 @@ Each run, for each study that is running or has trials Optuna was not yet told t
 2. **Tell** Optuna the end of trials whose Kiln row has ended (``told`` False): the row is written first, so a
    crash in between is finished here.
 3. **Observe** running trials: every new point of the objective metric (from the metrics store) is reported to
-   Optuna's pruner, in order; a trial the pruner stops is PRUNED and its job cancelled in one transaction, so its
-   CPUs and GPUs go to the next trial at once. A trial whose job ended gets its final value (``last`` or ``best``
+   Optuna and judged by the study's pruner (kiln.domain.pruning, over the histories Optuna keeps), one point at a
+   time in order; a trial the pruner stops is PRUNED, with the reasons, and its job cancelled in one transaction,
+   so its CPUs and GPUs go to the next trial at once. A trial whose job ended gets its final value (``last`` or ``best``
    of the series) or fails.
 4. **Decide** the study: too many failures, its time budget, or all its trials done.
 5. **Start** trials while fewer than ``parallelism`` run and fewer than ``planned_trials`` were made: Optuna's
@@ -39,8 +40,9 @@ from sqlalchemy.orm import Session
 
 from kiln.db.session import Database
 from kiln.db.tables import Job, MetricPoint, MetricSeries, TuningStudy, TuningTrial, utcnow
+from kiln.domain import pruning
 from kiln.domain.states import JobState
-from kiln.domain.studies import StudyReason, StudySpec, StudyState, TrialState, trial_spec
+from kiln.domain.studies import PruneReport, StudyReason, StudySpec, StudyState, TrialState, trial_spec
 from kiln.tasks.runner import Task, TaskContext
 from kiln.usecases import notification_events
 from kiln.usecases.jobs import JobService
@@ -48,6 +50,8 @@ from kiln.usecases.studies import add_event, end_trial
 
 if TYPE_CHECKING:
     import optuna
+
+    from kiln.usecases import tuning_engine
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +80,7 @@ class StudyDriver:
         self.ingest_metrics = ingest_metrics
         self._storage: optuna.storages.RDBStorage | None = None
         self._studies: dict[str, optuna.Study] = {}  # this process's Optuna studies (their samplers hold state)
+        self._pruners: dict[str, tuning_engine.Pruner] = {}  # and their pruners (an auto setting, once fixed)
         self._task = Task("studies", self.run_once, INTERVAL, lease_scope="studies")
         self._pending: set[str] = set()  # jobs with new points, for the next run to judge first
         self._pending_lock = threading.Lock()
@@ -130,7 +135,8 @@ class StudyDriver:
             ostudy = self._studies.get(trial.study_id)
             if row is None or ostudy is None or StudyState(row.state) is not StudyState.RUNNING or _ended(job):
                 continue
-            self._report(ctx, _Study(row, StudySpec.model_validate(row.spec), []), ostudy, trial, job)
+            if self._report(ctx, _Study(row, StudySpec.model_validate(row.spec), []), ostudy, trial, job):
+                self._next_full = 0.0  # a trial was stopped: the full run that starts the next one comes now
 
     def _run_full(self, ctx: TaskContext) -> None:
         with self.db.read() as s:
@@ -186,6 +192,7 @@ class StudyDriver:
         if not running:
             if all(t.told for t, _ in study.trials):
                 self._studies.pop(study_id, None)
+                self._pruners.pop(study_id, None)
             return
         study = self._load(study_id)
         self._observe(ctx, study, ostudy)
@@ -193,6 +200,7 @@ class StudyDriver:
         if self._decide(ctx, study):
             self._tell_ended(ctx, self._load(study_id), ostudy)
             self._studies.pop(study_id, None)
+            self._pruners.pop(study_id, None)
             return
         self._start_trials(ctx, study, ostudy)
 
@@ -270,8 +278,12 @@ class StudyDriver:
         ).first()
 
     def _report(self, ctx: TaskContext, study: _Study, ostudy: optuna.Study, trial: TuningTrial, job: Job) -> bool:
-        """Feed the objective's new points to the pruner; True when it pruned the trial."""
-        import optuna
+        """Feed the objective's new points to Optuna and the pruner; True when the pruner stopped the trial.
+
+        Each point is judged as it is reported, whatever batch it came in (a batch spanning rung 5 is judged at
+        step 5, not at its last step), and the points after the one that stopped the trial are not reported: a
+        trial stopped at a rung has no step past it, so it does not count at the next rung."""
+        from kiln.usecases import tuning_engine
 
         with self.db.read() as s:
             series = self._series(s, job.id, study.spec.objective.metric)
@@ -284,39 +296,63 @@ class StudyDriver:
             ).all()
         if not points:
             return False
-        otrial = optuna.trial.Trial(ostudy, trial.optuna_trial_id)
-        seq, step, value = trial.reported_seq, trial.last_step, trial.last_value
-        prune = study.spec.early_stopping.type != "none" and not _ended(job)
-        judged = [p for p in points if p[2] is not None and math.isfinite(p[2])]
-        last = judged[-1] if judged else None
-        if judged:
+        step, value = trial.last_step, trial.last_value
+        finite = [
+            (p_seq, p_step if p_step is not None else p_seq, p_value)
+            for p_seq, p_step, p_value in points
+            if p_value is not None and math.isfinite(p_value)
+        ]
+        if finite:
+            pruner = self._pruner(study) if not _ended(job) else None  # an ended job's last points: no verdict
             ctx.fence()  # each point reported is a write to Optuna's storage
-        for p_seq, p_step, p_value in points:
-            seq = p_seq
-            if p_value is None or not math.isfinite(p_value):
-                continue
-            step, value = (p_step if p_step is not None else p_seq), p_value
-            otrial.report(value, step)
-            # The pruner judges the trial at its latest step (every Optuna pruner looks at the last step reported,
-            # and a successive-halving one at each rung it passed): asked once per batch, not once per point,
-            # since each question reads the study's trials.
-            if prune and (p_seq, p_step, p_value) == last and otrial.should_prune():
-                message = f"pruned at step {step} ({study.spec.objective.metric}={value:g})"
-                with ctx.transaction() as s:
-                    row, live = _lock(s, trial, job.id)
-                    if row.state != TrialState.RUNNING:
-                        return True
-                    row.reported_seq, row.last_step, row.last_value, row.pruned_step = seq, step, value, step
-                    end_trial(s, row, TrialState.PRUNED, message, live)
-                    add_event(s, study.row, StudyReason.TRIAL_PRUNED, message, trial=trial.number)
-                self.jobs.wake(job.id)  # stop its attempt now
+            stopped = tuning_engine.report_points(
+                ostudy, trial.optuna_trial_id, [(p[1], p[2]) for p in finite], pruner, trial.last_step
+            )
+            if stopped is not None:
+                index, verdict = stopped
+                self._prune(ctx, study, trial, job, finite[index], verdict)
                 return True
+            _, step, value = finite[-1]
+        seq = points[-1][0]
         with ctx.transaction() as s:
             saved = s.get(TuningTrial, (trial.study_id, trial.number))
             if saved is not None and saved.state == TrialState.RUNNING:
                 saved.reported_seq, saved.last_step, saved.last_value = seq, step, value
                 trial.reported_seq, trial.last_step, trial.last_value = seq, step, value
         return False
+
+    def _prune(
+        self,
+        ctx: TaskContext,
+        study: _Study,
+        trial: TuningTrial,
+        job: Job,
+        point: tuple[int, int, float],
+        verdict: pruning.Verdict,
+    ) -> None:
+        """The trial is PRUNED at the verdict's rung and its job cancelled, in one transaction, with the reasons."""
+        seq, step, value = point
+        objective = study.spec.objective
+        message = verdict.describe(objective.metric, objective.direction)
+        with ctx.transaction() as s:
+            row, live = _lock(s, trial, job.id)
+            if row.state != TrialState.RUNNING:
+                return
+            row.reported_seq, row.last_step, row.last_value = seq, step, value
+            row.pruned_step = verdict.rung
+            row.prune_report = PruneReport.of(verdict).model_dump(mode="json")
+            end_trial(s, row, TrialState.PRUNED, message, live)
+            add_event(s, study.row, StudyReason.TRIAL_PRUNED, message, trial=trial.number)
+        self.jobs.wake(job.id)  # stop its attempt now
+
+    def _pruner(self, study: _Study) -> tuning_engine.Pruner:
+        """The study's pruner, kept while this process drives it (an ``auto`` setting is fixed once)."""
+        from kiln.usecases import tuning_engine
+
+        cached = self._pruners.get(study.row.id)
+        if cached is None:
+            cached = self._pruners[study.row.id] = tuning_engine.pruner(study.spec)
+        return cached
 
     def _settle(self, ctx: TaskContext, study: _Study, trial: TuningTrial, job: Job) -> None:
         """A trial whose job ended: its final value, or why it has none."""

@@ -14,6 +14,7 @@ from kiln.db.session import Database
 from kiln.db.tables import Job, TuningEvent, TuningStudy, TuningTrial, utcnow
 from kiln.domain.ids import new_id
 from kiln.domain.studies import (
+    PruneReport,
     StudyEventRead,
     StudyRead,
     StudyReason,
@@ -106,6 +107,7 @@ def trial_read(trial: TuningTrial, job: Any, now: datetime) -> TrialRead:
         last_step=trial.last_step,
         last_value=trial.last_value,
         pruned_step=trial.pruned_step,
+        pruning=PruneReport.model_validate(trial.prune_report) if trial.prune_report else None,
         message=trial.message,
         created_at=trial.created_at,
         finished_at=trial.finished_at,

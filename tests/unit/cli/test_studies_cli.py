@@ -14,7 +14,15 @@ from rich.console import Console
 from kiln.cli import studies as render
 from kiln.cli.spec import SpecError
 from kiln.cli.tune import final_exit_code, load_study_spec
-from kiln.domain.studies import StudyRead, StudySpec, StudyState, TrialCounts, TrialRead, TrialState
+from kiln.domain.studies import (
+    PruneReport,
+    StudyRead,
+    StudySpec,
+    StudyState,
+    TrialCounts,
+    TrialRead,
+    TrialState,
+)
 
 NOW = datetime(2026, 1, 31, 9, 0, tzinfo=UTC)
 STUDY_YAML = """\
@@ -149,6 +157,27 @@ def test_the_trials_table_shows_pruned_at_step_values_and_a_column_per_parameter
     assert cells[0] == ["2", "SUCCEEDED", "0.975", "0.0123457", "relu", "1m15s", "job-2"]
     assert cells[2][:5] == ["1", "PRUNED@3", "(0.61", "@3)", "0.5"]  # no final value: the last one it reported
     assert cells[3][:4] == ["3", "RUNNING", "(0.4", "@1)"] and cells[3][-1] == "-"
+
+
+def test_the_trials_table_and_the_followed_line_say_why_a_trial_was_pruned(console: Console) -> None:
+    report = PruneReport(rule="asha", rung=5, step=5, value=0.5, cutoff=0.8666667, compared=3, needed=2)
+    pruned = trial(1, TrialState.PRUNED, pruned_step=5, last_step=5, last_value=0.5, pruning=report)
+    skipped = PruneReport(rule="asha", rung=15, step=14, value=0.7, cutoff=0.75, compared=4, needed=2)
+    earlier = trial(3, TrialState.PRUNED, pruned_step=15, last_step=16, last_value=0.8, pruning=skipped)
+    median = PruneReport(rule="median", rung=3, step=3, value=2.5, cutoff=2.0, compared=5, needed=5)
+    loss = trial(4, TrialState.PRUNED, pruned_step=3, last_step=3, last_value=2.5, pruning=median)
+    render.trials_table([trial(0, TrialState.SUCCEEDED, value=0.9), pruned, earlier, loss], ["lr", "act"])
+    header, *rows = [line for line in lines(console) if line.strip() and not line.startswith("─")]
+    assert header.split() == ["#", "STATE", "VALUE", "PRUNED", "BY", "lr", "act", "DURATION", "JOB"]
+    assert "0.5 < 0.866667 of 3" in rows[1] and "0.7@14 < 0.75 of 4" in rows[2], rows
+    assert "best 2.5 > median 2 of 5" in rows[3] and rows[0].split()[3] == "-", rows
+    line = render.trial_line(pruned)
+    assert line.plain.startswith("trial 1  PRUNED at step 5 (0.5 < 0.866667 of 3)  lr=0.0123457"), line.plain
+    # Without a pruned trial (or one pruned before the reports were kept), no column.
+    console.file.seek(0)  # type: ignore[attr-defined]
+    console.file.truncate()  # type: ignore[attr-defined]
+    render.trials_table([trial(0, TrialState.SUCCEEDED, value=0.9)], ["lr", "act"])
+    assert "PRUNED" not in console.file.getvalue()  # type: ignore[attr-defined]
 
 
 def test_many_parameters_share_one_column(console: Console) -> None:

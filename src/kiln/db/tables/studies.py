@@ -62,6 +62,8 @@ class TuningTrial(Base):
     last_step: Mapped[int | None] = mapped_column(BigInteger, default=None)
     last_value: Mapped[float | None] = mapped_column(Float(precision=53), default=None)
     pruned_step: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    # Why the pruner stopped it (kiln.domain.studies.PruneReport): its value at the rung, the cutoff, how many others.
+    prune_report: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     message: Mapped[str] = mapped_column(Text, default="")
     told: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
