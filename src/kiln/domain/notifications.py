@@ -92,7 +92,7 @@ class SubscriptionCreate(_Strict):
     )
     name_pattern: str | None = Field(None, max_length=256, description="Only subjects whose name matches (a glob).")
     owner: str | None = Field(None, max_length=128, description="Only subjects of this user (a name or id).")
-    all_orgs: bool = Field(False, description="Every organisation's events (the platform admin only).")
+    all_orgs: bool = Field(False, strict=True, description="Every organisation's events (the platform admin only).")
 
     @field_validator("events")
     @classmethod
@@ -104,7 +104,9 @@ class SubscriptionCreate(_Strict):
 
 
 class SubscriptionUpdate(_Strict):
-    paused: bool = Field(description="true: pause it (no deliveries); false: resume it (and forget its failures).")
+    paused: bool = Field(
+        strict=True, description="true: pause it (no deliveries); false: resume it (and forget its failures)."
+    )
 
 
 class SubscriptionRead(BaseModel):

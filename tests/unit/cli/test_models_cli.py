@@ -150,7 +150,7 @@ def test_register_prints_the_new_version_first_and_its_metrics_on_stderr(stand_i
     [
         (("register", "Digits", "-j", "job-1", "-p", "m.pt"), "model name 'Digits'"),
         (("register", "digits", "-j", "job-1", "-p", "m.pt", "-f", "keras"), "'keras': one of torch, onnx, sklearn"),
-        (("register", "digits", "-p", "m.pt"), "Missing option '--from-job'"),
+        (("register", "digits", "-p", "m.pt"), "name --from-job JOB or --from-run RUN (one of them)"),
         (("show", "digits@Prod"), "version 'Prod'"),
         (("alias", "digits", "production"), "NAME@VERSION: which version the alias names"),
         (("alias", "digits@2", "latest"), "'latest' always means the newest version"),
