@@ -40,6 +40,9 @@ from kiln.db.tables import (
     Job,
     MetricSeries,
     Nonce,
+    NotificationDelivery,
+    NotificationEvent,
+    NotificationSubscription,
     Organization,
     Service,
     ServiceReplica,
@@ -538,6 +541,54 @@ def usage_stops_running_work(world: World) -> Run:
     return world.task("usage").run_once
 
 
+def _notification(world: World, fanned: bool) -> str:
+    """A subscription to failed jobs at a target the platform refuses (loopback: nothing is ever sent) and one
+    event of it; returns the event's id."""
+    event_id = new_id("evt")
+    body = {"id": event_id, "type": "job.failed", "org_id": world.org_id, "subject": {"kind": "job", "id": "job-x"}}
+    with world.db.transaction() as s:
+        s.add(
+            NotificationSubscription(
+                id="sub-fenced",
+                org_id=world.org_id,
+                user_id=world.user_id,
+                name="fenced",
+                events=["job.failed"],
+                channel="webhook",
+                target="http://127.0.0.1:9/hook",
+            )
+        )
+        s.add(NotificationEvent(id=event_id, org_id=world.org_id, type="job.failed", body=body, fanned=fanned))
+    return event_id
+
+
+def notifications_fans_out(world: World) -> Run:
+    """A new event: the stalled run would make its deliveries."""
+    _notification(world, fanned=False)
+    return world.task("notifications").run_once
+
+
+def notifications_sends_a_due_delivery(world: World) -> Run:
+    """A delivery due: the stalled run must not send it (the fence comes before any attempt) nor record one."""
+    event_id = _notification(world, fanned=True)
+    with world.db.transaction() as s:
+        s.add(
+            NotificationDelivery(
+                id="dlv-fenced",
+                event_id=event_id,
+                event_type="job.failed",
+                org_id=world.org_id,
+                subscription_id="sub-fenced",
+                channel="webhook",
+                target="http://127.0.0.1:9/hook",
+                status="pending",
+                attempts=0,
+                next_at=utcnow() - timedelta(seconds=1),
+            )
+        )
+    return world.task("notifications").run_once
+
+
 SCENARIOS: dict[str, dict[str, Callable[[World], Run]]] = {
     "usage": {
         "a hold ended lately": usage_settles_a_hold,
@@ -547,6 +598,7 @@ SCENARIOS: dict[str, dict[str, Callable[[World], Run]]] = {
     "purge-nonces": {"old nonce": purge_nonces},
     "purge-audit": {"old audit event": purge_audit},
     "purge-idempotency-keys": {"expired key": purge_idempotency_keys},
+    "notifications": {"a new event": notifications_fans_out, "a due delivery": notifications_sends_a_due_delivery},
     "studies": {"first pass": studies_first_pass, "a trial's job ended": studies_trial_ended},
     "pipelines": {"a step to start": pipelines_start_a_step, "a due schedule": pipelines_due_schedule},
     "serving": {

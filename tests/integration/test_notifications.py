@@ -67,11 +67,14 @@ def client(server: KilnServer) -> Iterator[Client]:
     c.close()
 
 
-def _wait_delivery(client: Client, sub_id: str, status: str, timeout: float = 60) -> list:  # type: ignore[type-arg]
+def _wait_delivery(  # type: ignore[type-arg]
+    client: Client, sub_id: str, status: str, timeout: float = 60, count: int = 1
+) -> list:
+    """The subscription's deliveries once there are at least ``count`` and every one has ``status``."""
     deadline = time.monotonic() + timeout
     while True:
         items = client.deliveries(sub_id)
-        if items and all(d.status == status for d in items):
+        if len(items) >= count and all(d.status == status for d in items):
             return items
         assert time.monotonic() < deadline, f"deliveries of {sub_id}: {items}"
         time.sleep(0.05)
@@ -275,7 +278,8 @@ def test_two_servers_on_postgresql_deliver_each_event_once(
         jobs = [clients[i % 2].submit({**FAIL, "name": f"pair-{i}"}) for i in range(12)]
         for i, job in enumerate(jobs):
             wait_for(clients[i % 2], job.id, "FAILED")
-        deliveries = _wait_delivery(clients[1], sub.id, "delivered")
+        # the events the other server recorded are fanned out at the lease holder's next look: wait for all 12
+        deliveries = _wait_delivery(clients[1], sub.id, "delivered", count=len(jobs))
         assert len(deliveries) == len(jobs)
         got = receiver.at("/pair")
         ids = [r.headers["webhook-id"] for r in got]

@@ -52,6 +52,17 @@ def error_response(exc: KilnError) -> JSONResponse:
     return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)
 
 
+def _unparsable_body(cause: BaseException) -> InvalidInput:
+    if isinstance(cause, UnicodeDecodeError):
+        why = f"not UTF-8 (byte {cause.start})"
+    elif isinstance(cause, RecursionError):
+        why = "nested too deeply"
+    else:
+        why = "not JSON"
+    message = f"body: {why}"
+    return InvalidInput(f"invalid request: {message}", details=[{"field": "body", "message": why}])
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(KilnError)
     async def _kiln_error(_request: Request, exc: KilnError) -> JSONResponse:
@@ -65,6 +76,9 @@ def install_error_handlers(app: FastAPI) -> None:
             msg = str(err.get("msg", "invalid"))
             if err.get("type") == "extra_forbidden":
                 msg = "unknown field"
+            elif err.get("type") == "json_invalid":  # loc is ("body", the character's position)
+                where = err.get("loc", ("body", 0))[-1]
+                loc, msg = "body", f"not JSON: {(err.get('ctx') or {}).get('error', msg)} (character {where})"
             problems.append({"field": loc, "message": msg})
         text = "; ".join(f"{p['field']}: {p['message']}" for p in problems[:5])
         return JSONResponse(InvalidInput(f"invalid request: {text}", details=problems).to_body(), status_code=422)
@@ -73,6 +87,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if isinstance(exc.__cause__, KilnError):  # FastAPI turns an error while it reads a body into a 400
             return JSONResponse(exc.__cause__.to_body(), status_code=exc.__cause__.status)
+        if exc.status_code == 400 and exc.__cause__ is not None:
+            # A JSON body that is not JSON for a reason other than its syntax (bytes that are not UTF-8, nesting
+            # deeper than the parser goes): FastAPI answers 400, its syntax errors 422; both are the body's fault.
+            return JSONResponse(_unparsable_body(exc.__cause__).to_body(), status_code=422)
         code = _HTTP_CODES.get(exc.status_code, "http_error")
         headers = dict(exc.headers or {})
         if exc.status_code == 405:  # RFC 9110: a 405 says which methods the resource has

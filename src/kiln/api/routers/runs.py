@@ -67,7 +67,7 @@ def compare_run_metrics(
     "/runs/{run_id}/model-versions",
     response_model=RunModelVersions,
     summary="The model versions registered from a run (--from-run, or --from-job of the job that is the run)",
-    responses=errors(422),
+    responses=errors(404, 422),
 )
 def run_model_versions(
     run_id: Annotated[str, Path(max_length=limits.MAX_ID_LENGTH)], caller: Caller, kiln: Kiln
