@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 KILN_HOST ?= 127.0.0.1
 KILN_PORT ?= 8080
 
-.PHONY: run install dev test lint typecheck unit bench bench-smoke clean services mount-tools sandbox-tools \
+.PHONY: run install dev test lint typecheck unit flake-hunt bench bench-smoke clean services mount-tools sandbox-tools \
 	node-tools console console-tools browser-tools slurm-tools slurm-up slurm-down
 
 $(BIN)/python:
@@ -188,6 +188,20 @@ test: dev services mount-tools sandbox-tools node-tools browser-tools slurm-tool
 
 unit: dev
 	$(BIN)/python -m pytest -q tests/unit
+
+# A flake's hunt: TESTS (files or node ids) run N times each (pytest-repeat), spread over WORKERS pytest-xdist
+# workers, while LOAD busy loops (stress-ng's if it is installed, else one Python loop each; one per CPU unless set)
+# keep the CPUs busy, as make test's load does. E.g. make flake-hunt TESTS=tests/integration/test_paused_server.py N=20
+N ?= 20
+WORKERS ?= 4
+LOAD ?= $(shell nproc)
+flake-hunt: dev
+	@test -n "$(TESTS)" || { echo 'usage: make flake-hunt TESTS="tests/...py[::test]" [N=20] [WORKERS=4] [LOAD=CPUs]'; exit 2; }
+	@load=""; \
+	if [ "$(LOAD)" -gt 0 ] && command -v stress-ng >/dev/null; then stress-ng --quiet --cpu $(LOAD) & load=$$!; \
+	else for i in $$(seq 1 $(LOAD)); do $(BIN)/python -c 'while True: pass' & load="$$load $$!"; done; fi; \
+	trap 'kill $$load 2>/dev/null; wait 2>/dev/null' EXIT INT TERM; \
+	$(BIN)/python -m pytest -q -n $(WORKERS) --dist load --count $(N) --repeat-scope function -rf $(TESTS)
 
 bench: install
 	$(BIN)/python benchmarks/submit_latency.py
