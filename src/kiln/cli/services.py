@@ -29,7 +29,7 @@ from kiln.cli.common import (
     out,
 )
 from kiln.cli.output import fmt_time, plural, state_text
-from kiln.cli.services_canary import canary_text, traffic_text, wait_canary
+from kiln.cli.services_canary import canary_text, events_text, rollout_policy, traffic_text, wait_canary
 from kiln.cli.spec import SpecError, _field_path, load_spec_file
 from kiln.domain.serving import (
     Autoscale,
@@ -264,6 +264,7 @@ def service_detail(service: ServiceRead) -> None:
             ("model", f"{service.model_name}@{service.model_version} ({spec.model})"),
             ("canary", canary_text(service)),
             ("traffic", traffic_text(service)),
+            ("rollout", events_text(service)),
             ("predictor", predictor_text(spec)),
             ("replicas", replicas_wanted(service)),
             ("autoscale", autoscale),
@@ -437,6 +438,21 @@ def update(
         int | None, typer.Option("--canary", min=0, max=100, help="Run --model as a canary with this % of predicts.")
     ] = None,
     canary_replicas: Annotated[int | None, typer.Option("--canary-replicas", min=1, help="The canary's.")] = None,
+    max_error_rate: Annotated[
+        float | None, typer.Option("--max-error-rate", min=0.0, max=1.0, help="Roll the canary back above it (0-1).")
+    ] = None,
+    max_p99: Annotated[
+        float | None, typer.Option("--max-p99", min=0.0, help="Roll the canary back when its p99 (ms) is above it.")
+    ] = None,
+    min_requests: Annotated[
+        int | None, typer.Option("--min-requests", min=1, help="Canary predicts before a verdict (default 100).")
+    ] = None,
+    steps: Annotated[
+        str | None, typer.Option("--steps", help="Shares to advance through, such as 10,50,100 (100 promotes).")
+    ] = None,
+    step_wait: Annotated[
+        float | None, typer.Option("--step-wait", min=0.0, help="Seconds at a share before the next (default 60).")
+    ] = None,
     wait: Wait = False,
     timeout: Timeout = 600.0,
 ) -> None:
@@ -444,19 +460,24 @@ def update(
     no request is lost. A new replica that fails (its model does not load) is started again with a growing
     back-off while the old ones keep answering; --wait then exits 1 with its error. With --canary PERCENT the
     version runs beside the stable one with that share of the predicts instead (then promote or rollback);
-    --canary alone changes a running canary's share."""
+    --canary alone changes a running canary's share. A rollout policy (--max-error-rate, --max-p99, --min-requests,
+    --steps, --step-wait) advances the canary through its steps while it stays within its bounds, promotes it at 100
+    and rolls it back on its own when it breaks one."""
     from kiln.domain.serving import parse_model_ref
 
-    if model is None and canary is None and canary_replicas is None:
-        fail("give --model, --canary or --canary-replicas", EXIT_USAGE)
+    policy = rollout_policy(max_error_rate, max_p99, min_requests, steps, step_wait)
+    if model is None and canary is None and canary_replicas is None and policy is None:
+        fail("give --model, --canary, --canary-replicas or a rollout policy", EXIT_USAGE)
     try:
         if model is not None:
             parse_model_ref(model)
     except ValueError as exc:
         fail(f"--model: {exc}", EXIT_USAGE)
     with connect() as client:
-        if canary is not None or canary_replicas is not None:
-            service = client.update_service(name, model=model, canary=canary, canary_replicas=canary_replicas)
+        if canary is not None or canary_replicas is not None or policy is not None:
+            service = client.update_service(
+                name, model=model, canary=canary, canary_replicas=canary_replicas, rollout=policy
+            )
             info(f"service {service.name}: canary {canary_text(service)}")
             if wait:
                 wait_canary(client, service, timeout, replicas_table)

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
-from kiln.cli.common import EXIT_INTERRUPTED, fail, info
+from kiln.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, fail, info
 from kiln.cli.output import plural
+from kiln.domain.rollout import RolloutPolicy
 from kiln.domain.serving import ReplicaState, ServiceRead
 
 if TYPE_CHECKING:
@@ -25,18 +26,65 @@ def canary_text(service: ServiceRead) -> str | None:
     if canary is None:
         return None
     replicas = plural(canary.replicas, "replica")
-    return f"{service.model_name}@{canary.model_version}: {canary.weight}% of predicts, {replicas}"
+    text = f"{service.model_name}@{canary.model_version}: {canary.weight}% of predicts, {replicas}"
+    policy = canary.policy
+    if policy is not None:
+        bounds = [f"errors <= {policy.max_error_rate:.1%}"] if policy.max_error_rate is not None else []
+        bounds += [f"p99 <= {policy.max_p99_ms:g} ms"] if policy.max_p99_ms is not None else []
+        steps = "→".join(f"{x}%" for x in policy.steps)
+        text += f"; rollout: {', '.join(bounds) or 'no bounds'} after {policy.min_requests} predicts"
+        text += f", steps {steps} every {policy.step_wait:g}s" if steps else ""
+    return text
+
+
+def rollout_policy(
+    max_error_rate: float | None,
+    max_p99: float | None,
+    min_requests: int | None,
+    steps: str | None,
+    step_wait: float | None,
+) -> RolloutPolicy | None:
+    """The options' rollout policy; None when no option names one."""
+    if (max_error_rate, max_p99, min_requests, steps, step_wait) == (None,) * 5:
+        return None
+    fields: dict[str, object] = {"max_error_rate": max_error_rate, "max_p99_ms": max_p99}
+    if min_requests is not None:
+        fields["min_requests"] = min_requests
+    if step_wait is not None:
+        fields["step_wait"] = step_wait
+    if steps is not None:
+        try:
+            fields["steps"] = [int(x) for x in steps.split(",") if x.strip()]
+        except ValueError:
+            fail(f"--steps: percentages separated by commas, such as 10,50,100 (not {steps!r})", EXIT_USAGE)
+    try:
+        return RolloutPolicy.model_validate(fields)
+    except ValueError as exc:
+        fail(f"rollout policy: {exc}", EXIT_USAGE)
 
 
 def traffic_text(service: ServiceRead) -> str | None:
-    """Per version, what this server forwarded: ``@3 stable 900 requests, 1 error, 4.2 ms mean``."""
-    parts = [
-        f"@{v.model_version} {v.role} {plural(v.requests, 'request')}, {plural(v.errors, 'error')}"
-        + (f", {v.latency_ms_mean:g} ms mean" if v.latency_ms_mean is not None else "")
-        for v in service.versions
-        if v.requests
-    ]
+    """Per version, what this server forwarded:
+    ``@3 stable 900 requests (2.1/s), 1 error (0.1%), p50 4.2 ms, p99 9.8 ms``."""
+    parts = []
+    for v in service.versions:
+        if not v.requests:
+            continue
+        text = f"@{v.model_version} {v.role} {plural(v.requests, 'request')} ({v.requests_per_second:g}/s)"
+        text += f", {plural(v.errors, 'error')} ({v.error_rate or 0:.1%})"
+        if v.latency_ms_p50 is not None and v.latency_ms_p99 is not None:
+            text += f", p50 {v.latency_ms_p50:.1f} ms, p99 {v.latency_ms_p99:.1f} ms"
+        parts.append(text)
     return "; ".join(parts) or None
+
+
+def events_text(service: ServiceRead) -> str | None:
+    """The canary's last moves: ``@3 rolled_back by policy at 10%: error rate …``, newest last (three)."""
+    lines = [
+        f"@{e.version} {e.move.replace('_', ' ')} by {e.by} at {e.weight}%: {e.message}"
+        for e in service.rollout_events[-3:]
+    ]
+    return "\n".join(lines) or None
 
 
 def wait_canary(client: Client, service: ServiceRead, timeout: float, show: Callable[[ServiceRead], None]) -> NoReturn:

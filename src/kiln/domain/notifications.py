@@ -7,6 +7,8 @@ Events are named ``<kind>.<what>``: ``job.succeeded``, ``job.failed``, ``job.can
 end and each new best trial (``study.*``), a pipeline run's end (``pipeline_run.*``), a budget's soft and hard mark
 (``budget.*``), a model version registered or aliased (``model.*``), a notebook culled for idleness
 (``notebook.culled``), a service DEGRADED and READY again (``service.unhealthy``, ``service.recovered``), a
+canary's share advanced, the canary promoted or rolled back (``service.canary_advanced``, ``service.canary_promoted``,
+``service.canary_rolled_back``), a
 subscription paused after failing deliveries (``subscription.paused``, told to its owner's other subscriptions)
 and ``test`` (a subscription's test event). A subscription lists patterns (``job.*``, ``model.*``) and may narrow
 them by the subject's labels, name (a glob) and owner.
@@ -41,6 +43,9 @@ EVENT_TYPES = (
     "notebook.culled",
     "service.unhealthy",
     "service.recovered",
+    "service.canary_advanced",
+    "service.canary_promoted",
+    "service.canary_rolled_back",
     "subscription.paused",
     "test",
 )

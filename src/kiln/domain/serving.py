@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kiln.domain import limits
+from kiln.domain.rollout import RolloutPolicy
 from kiln.domain.spec import EnvName, EnvValue, LabelKey, LabelValue, Resources, RuntimeSpec
 from kiln.errors import InvalidInput
 
@@ -216,6 +217,11 @@ class ServiceUpdate(_Strict):
         "(0: only predicts that target it with X-Kiln-Model-Version); without: change the canary's percentage.",
     )
     canary_replicas: int | None = Field(None, ge=1, le=MAX_REPLICAS, strict=True, description="The canary's replicas.")
+    rollout: RolloutPolicy | None = Field(
+        None,
+        description="With canary: advance its share through steps and promote it while it stays within bounds, "
+        "roll it back on its own when it breaks one (kiln.domain.rollout).",
+    )
     replicas: int | None = Field(None, ge=0, le=MAX_REPLICAS, strict=True, description="Scale (no autoscale).")
     spec: ServiceSpec | None = Field(None, description="A whole new spec (same name), rolled out.")
     code_sha256: str | None = Field(None, max_length=64, pattern=r"^[0-9a-f]{64}$")
@@ -234,6 +240,19 @@ class CanaryRead(BaseModel):
     model_version: int
     weight: int = Field(description="Percent of the predicts that name no version it receives.")
     replicas: int
+    policy: RolloutPolicy | None = Field(None, description="Its rollout policy (None: moved by hand only).")
+    step_at: datetime | None = Field(None, description="When its share last changed.")
+
+
+class RolloutEvent(BaseModel):
+    """A canary's move: its share advanced, the canary promoted or rolled back, by its policy or by hand."""
+
+    at: datetime
+    move: Literal["advanced", "promoted", "rolled_back"]
+    version: int
+    weight: int
+    by: Literal["policy", "hand"]
+    message: str = ""
 
 
 class VersionTraffic(BaseModel):
@@ -243,7 +262,11 @@ class VersionTraffic(BaseModel):
     role: Literal["stable", "canary", "retired"]
     requests: int = 0
     errors: int = 0
+    error_rate: float | None = None
+    requests_per_second: float = Field(0.0, description="Over the last minute.")
     latency_ms_mean: float | None = None
+    latency_ms_p50: float | None = Field(None, description="From a fixed-bucket histogram: within 25 %.")
+    latency_ms_p99: float | None = None
 
 
 class ReplicaRead(BaseModel):
@@ -273,6 +296,7 @@ class ServiceRead(BaseModel):
     revision: int
     canary: CanaryRead | None = None
     versions: list[VersionTraffic] = Field(default_factory=list)
+    rollout_events: list[RolloutEvent] = Field(default_factory=list, description="The canary's moves, newest last.")
     desired_replicas: int
     ready_replicas: int = 0
     replicas: list[ReplicaRead] = Field(default_factory=list)

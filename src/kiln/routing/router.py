@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from kiln.domain.rollout import VersionStats
 from kiln.domain.traffic_split import Track
 from kiln.errors import NoReplica, PredictFailed
 from kiln.routing.replica_http import ReplicaPool, ReplicaUnreachable
@@ -117,8 +118,9 @@ class Router:
         self.latency_observer = latency_observer
         self.batch_observer = batch_observer
         self.track_observer = track_observer  # (track, seconds, error) of each forwarded predict
-        # (service id, model version) → [requests, errors, seconds in all] forwarded since this server started
-        self._versions: dict[tuple[str, int], list[float]] = {}
+        # (service id, model version) → what it answered since this server started (counts and a fixed-bucket
+        # latency histogram: bounded whatever the traffic), for the service read and a canary's rollout policy
+        self._versions: dict[tuple[str, int], VersionStats] = {}
 
     # ---- what the serving task tells the router
 
@@ -190,11 +192,10 @@ class Router:
             for key in [k for k in self._versions if k[0] == service_id]:
                 del self._versions[key]
 
-    def version_traffic(self, service_id: str) -> dict[int, tuple[int, int, float]]:
-        """Per model version of the service: (requests, errors, seconds in all) forwarded since this server
-        started."""
+    def version_traffic(self, service_id: str) -> dict[int, VersionStats]:
+        """Per model version of the service: what it answered through this server since it started (copies)."""
         with self._lock:
-            return {v: (int(n), int(e), t) for (s, v), (n, e, t) in self._versions.items() if s == service_id}
+            return {v: stats.copy() for (s, v), stats in self._versions.items() if s == service_id}
 
     def traffic(self) -> dict[str, tuple[int, dict[str, int], int, float | None]]:
         """Per service predicted through this server: (requests in flight, the same per replica, predicts so far,
@@ -363,10 +364,10 @@ class Router:
         with self._lock:
             if service_id is not None and endpoint.version is not None:
                 # one entry per version this server forwarded to: bounded by the versions the service ran
-                counts = self._versions.setdefault((service_id, endpoint.version), [0, 0, 0.0])
-                counts[0] += 1
-                counts[1] += int(error)
-                counts[2] += elapsed
+                stats = self._versions.get((service_id, endpoint.version))
+                if stats is None:
+                    stats = self._versions[(service_id, endpoint.version)] = VersionStats()
+                stats.observe(elapsed, error, started + elapsed)
             endpoint.in_flight -= 1
             endpoint.requests += 1
             endpoint.errors += int(error)

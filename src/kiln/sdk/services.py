@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from kiln.domain.idempotency import new_key
+from kiln.domain.rollout import RolloutPolicy
 from kiln.domain.serving import (
     PredictRequest,
     PredictResponse,
@@ -67,10 +68,13 @@ def update_body(
     code_sha256: str | None = None,
     canary: int | None = None,
     canary_replicas: int | None = None,
+    rollout: RolloutPolicy | dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``PATCH /services/{name}`` body: only what changes; ValueError when nothing does."""
-    if model is None and replicas is None and spec is None and canary is None and canary_replicas is None:
-        raise ValueError("give model, replicas, spec or canary: an update with nothing to change")
+    if (model, replicas, spec, canary, canary_replicas, rollout) == (None,) * 6:
+        raise ValueError("give model, replicas, spec, canary or rollout: an update with nothing to change")
+    if rollout is not None and not isinstance(rollout, RolloutPolicy):
+        rollout = RolloutPolicy.model_validate(rollout)
     if spec is not None and not isinstance(spec, ServiceSpec):
         spec = ServiceSpec.model_validate(spec)
     update = ServiceUpdate(
@@ -80,6 +84,7 @@ def update_body(
         code_sha256=code_sha256,
         canary=canary,
         canary_replicas=canary_replicas,
+        rollout=rollout,
     )
     return update.model_dump(mode="json", by_alias=True, exclude_none=True)
 
@@ -210,18 +215,21 @@ class ServicesMixin(ClientTransport):
         progress: Progress | None = None,
         canary: int | None = None,
         canary_replicas: int | None = None,
+        rollout: RolloutPolicy | dict[str, Any] | None = None,
     ) -> ServiceRead:
         """Change a service: ``model`` (NAME@VERSION or NAME@ALIAS) or a whole new ``spec`` is rolled out one
         replica at a time (a new replica is ready before an old one drains); ``replicas`` scales at once. A new
         spec with a custom predictor takes its code from ``code_dir``, uploaded as ``serve`` does. ``model`` with
         ``canary`` (a percentage, 0 to 100) runs that version beside the stable one with that share of the predicts
-        (``canary_replicas`` replicas, default 1); ``canary`` alone changes a running canary's share."""
+        (``canary_replicas`` replicas, default 1); ``canary`` alone changes a running canary's share. ``rollout``
+        (a RolloutPolicy or its dict: max_error_rate, max_p99_ms, min_requests, steps, step_wait) lets the server
+        advance the canary through its steps, promote it at 100 and roll it back when it breaks a bound."""
         code_sha256 = None
         if code_dir is not None:
             if spec is None:
                 raise ValueError("code_dir: new code comes with a new spec (spec=...)")
             code_sha256 = self.upload_service_code(code_dir, max_bytes=max_bytes, progress=progress)
-        body = update_body(model, replicas, spec, code_sha256, canary, canary_replicas)
+        body = update_body(model, replicas, spec, code_sha256, canary, canary_replicas, rollout)
         return ServiceRead.model_validate(self.request("PATCH", _path(name), json_body=body).json())
 
     def promote_service(self, name: str) -> ServiceRead:

@@ -15,7 +15,8 @@ Each run, for each service:
    draining replica gets no new requests and its job is cancelled once its last request ended. Replicas that keep
    failing before they ever get ready are started again with a growing back-off, and the service is DEGRADED.
    A canary (another model version with a share of the predicts: kiln.domain.traffic_split) runs its own
-   replicas beside these, flagged in their rows; promoting it makes them replicas of the new stable revision.
+   replicas beside these, flagged in their rows; promoting it makes them replicas of the new stable revision. A
+   canary with a rollout policy is advanced, promoted or rolled back by it (kiln.tasks.serving_rollout).
 4. **Record** what the router forwarded per replica (requests, errors, latency percentiles, batch sizes) as metric
    points of the replica's job, in the metrics store.
 
@@ -56,6 +57,7 @@ from kiln.routing.router import Endpoint, Router
 from kiln.storage.logs import LogStore
 from kiln.tasks.runner import Task, TaskContext
 from kiln.tasks.serving_deployed import DeployedServices
+from kiln.tasks.serving_rollout import Rollouts
 from kiln.tasks.serving_routes import Traffic, this_node
 from kiln.usecases import notification_events
 from kiln.usecases.jobs import JobService, request_cancel
@@ -107,6 +109,7 @@ class ServingControl:
         self._failures: dict[str, tuple[int, float]] = {}  # service id → (failures in a row, not before)
         self._load_samples: dict[str, list[tuple[float, int]]] = {}  # service id → (time, requests in flight)
         self._started = time.monotonic()
+        self.rollouts = Rollouts(router)  # canaries' rollout policies: advance, promote, roll back
         # The backend runs the replicas itself (Kubernetes): none of the replica jobs below.
         self._deployed = (
             DeployedServices(db, backend, router, backend.name, box) if isinstance(backend, ServiceDeployer) else None
@@ -155,6 +158,7 @@ class ServingControl:
         service, replicas = loaded
         self._observe(ctx, service, replicas)
         self._record(ctx, service)
+        self.rollouts.drive(ctx, service)
         loaded = self._load(service_id)
         assert loaded is not None
         service, replicas = loaded

@@ -1,5 +1,6 @@
 """The events of studies and services told to subscriptions (kiln.usecases.notification_outbox): a study's end and
-each new best trial, a service becoming DEGRADED (unhealthy) and READY again (recovered), written in the transaction
+each new best trial, a service becoming DEGRADED (unhealthy) and READY again (recovered), a canary's share advanced,
+the canary promoted or rolled back (by its rollout policy or by hand), written in the transaction
 that records them. Their own module, so that the study and serving code call one function in the place that records
 the event and stay about studies and serving."""
 
@@ -62,3 +63,13 @@ def service_state_changed(s: Session, service: Service, was: str) -> None:
         return
     about = Subject("service", service.org_id, service.id, service.name, service.user_id, f"/services/{service.name}")
     recorded(s, kind, about, state=service.state, message=service.message or "")
+
+
+CANARY_MOVES = {"advanced": "service.canary_advanced", "promoted": "service.canary_promoted"}
+CANARY_MOVES |= {"rolled_back": "service.canary_rolled_back"}
+
+
+def canary_moved(s: Session, service: Service, move: str, message: str, details: dict[str, object]) -> None:
+    """The canary of ``service`` was advanced, promoted or rolled back (``move``, a key of CANARY_MOVES)."""
+    about = Subject("service", service.org_id, service.id, service.name, service.user_id, f"/services/{service.name}")
+    recorded(s, CANARY_MOVES[move], about, state=service.state, message=message, details=dict(details))

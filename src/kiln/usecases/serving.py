@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -16,11 +17,13 @@ from kiln.db.session import Database
 from kiln.db.tables import Job, Organization, Service, ServiceKey, ServiceReplica, User, utcnow
 from kiln.domain import tracking
 from kiln.domain.ids import new_id
+from kiln.domain.rollout import RolloutPolicy, VersionStats
 from kiln.domain.serving import (
     MODEL_DIR,
     CanaryRead,
     ReplicaRead,
     ReplicaState,
+    RolloutEvent,
     ServiceRead,
     ServiceSpec,
     ServiceState,
@@ -34,6 +37,7 @@ from kiln.domain.spec import JobSpec
 from kiln.domain.stored_spec import SERVICE_LABEL
 from kiln.domain.traffic_split import Split
 from kiln.errors import Conflict, InvalidInput, KilnError, NotFound
+from kiln.usecases import rollout
 from kiln.usecases.idempotency import Idempotency, IdempotentRequest, Remember
 from kiln.usecases.identity import AuthFailure, Principal
 from kiln.usecases.jobs import JobService
@@ -83,26 +87,40 @@ def replica_spec(spec: ServiceSpec, service_id: str, replica_id: str, model: str
 def canary_read(service: Service) -> CanaryRead | None:
     if service.canary_version is None:
         return None
+    policy = RolloutPolicy.model_validate(service.canary_policy) if service.canary_policy else None
     return CanaryRead(
-        model_version=service.canary_version, weight=service.canary_weight, replicas=service.canary_replicas
+        model_version=service.canary_version,
+        weight=service.canary_weight,
+        replicas=service.canary_replicas,
+        policy=policy,
+        step_at=service.canary_step_at,
     )
 
 
-def versions_read(service: Service, traffic: dict[int, tuple[int, int, float]]) -> list[VersionTraffic]:
+def _ms(value: float | None) -> float | None:
+    return round(value, 3) if value is not None else None
+
+
+def versions_read(service: Service, traffic: dict[int, VersionStats]) -> list[VersionTraffic]:
     """The stable and canary versions, and any other this server's router forwarded to (a retired one)."""
     served = {service.model_version: "stable"}
     if service.canary_version is not None:
         served[service.canary_version] = "canary"
     out = []
+    now = time.monotonic()
     for version in sorted(set(served) | set(traffic)):
-        requests, errors, seconds = traffic.get(version, (0, 0, 0.0))
+        stats = traffic.get(version, VersionStats())
         out.append(
             VersionTraffic(
                 model_version=version,
                 role=served.get(version, "retired"),  # type: ignore[arg-type]
-                requests=requests,
-                errors=errors,
-                latency_ms_mean=round(1000 * seconds / requests, 3) if requests else None,
+                requests=stats.requests,
+                errors=stats.errors,
+                error_rate=round(stats.error_rate, 6) if stats.error_rate is not None else None,
+                requests_per_second=round(stats.rate(now), 3),
+                latency_ms_mean=_ms(stats.mean_ms),
+                latency_ms_p50=_ms(stats.percentile_ms(0.5)),
+                latency_ms_p99=_ms(stats.percentile_ms(0.99)),
             )
         )
     return out
@@ -118,7 +136,7 @@ class ServingService:
         in_flight: Callable[[str, str], int],
         endpoint: str,
         idempotency: Idempotency | None = None,
-        traffic: Callable[[str], dict[int, tuple[int, int, float]]] | None = None,
+        traffic: Callable[[str], dict[int, VersionStats]] | None = None,
     ) -> None:
         self.db = db
         self.jobs = jobs
@@ -127,7 +145,7 @@ class ServingService:
         self.wake = wake  # the serving task
         self.in_flight = in_flight  # (service id, replica id) → requests in flight (the router's)
         self.endpoint = endpoint.rstrip("/")
-        # service id → model version → (requests, errors, seconds in all) forwarded by this server's router
+        # service id → model version → what it answered through this server's router
         self.traffic = traffic or (lambda service_id: {})
 
     # ---- reading
@@ -171,6 +189,7 @@ class ServingService:
             revision=service.revision,
             canary=canary_read(service),
             versions=versions_read(service, self.traffic(service.id)),
+            rollout_events=[RolloutEvent.model_validate(e) for e in service.rollout_events or []],
             desired_replicas=service.desired_replicas,
             ready_replicas=ready,
             replicas=replicas,
@@ -289,21 +308,23 @@ class ServingService:
             )
         if body.canary is not None and body.model is not None:
             return self._start_canary(principal, name, spec, code, body)
-        if body.canary is not None or body.canary_replicas is not None:
+        if body.rollout is not None and body.model is not None and body.canary is None:
+            raise InvalidInput("rollout: a rollout policy is a canary's: give canary too", details={"field": "rollout"})
+        if body.canary is not None or body.canary_replicas is not None or body.rollout is not None:
             if body.spec is not None or body.code_sha256 is not None or body.replicas is not None:
                 raise InvalidInput(
                     "canary: change a canary alone (or start one with model and canary)", details={"field": "canary"}
                 )
             return self._change_canary(principal, name, body)
-        rollout = body.spec is not None or body.model is not None or body.code_sha256 is not None
-        model_name, version = self._check(principal, spec, code) if rollout else ("", 0)
+        rolling = body.spec is not None or body.model is not None or body.code_sha256 is not None
+        model_name, version = self._check(principal, spec, code) if rolling else ("", 0)
         with self.db.transaction() as s:
             service = self.load(s, principal, name, lock=True)
-            if rollout and service.canary_version is not None:
+            if rolling and service.canary_version is not None:
                 raise Conflict(
                     f"service {name} runs a canary (version {service.canary_version}): promote or roll it back first"
                 )
-            if rollout:
+            if rolling:
                 service.spec = spec.model_dump(mode="json", by_alias=True)
                 service.code_sha256 = code
                 service.model_name, service.model_version = model_name, version
@@ -342,7 +363,8 @@ class ServingService:
                 )
             service.canary_version, service.canary_weight = version, int(body.canary or 0)
             service.canary_replicas = body.canary_replicas or 1
-            service.updated_at = utcnow()
+            service.canary_policy = body.rollout.model_dump(mode="json") if body.rollout is not None else None
+            service.canary_step_at = service.updated_at = utcnow()
             read = self._read(s, service)
         self.wake()
         return read
@@ -352,38 +374,27 @@ class ServingService:
             service = self.load(s, principal, name, lock=True)
             if service.canary_version is None:
                 raise Conflict(f"service {name} runs no canary: start one with --model NAME@VERSION --canary PERCENT")
-            if body.canary is not None:
+            if body.canary is not None and body.canary != service.canary_weight:
                 service.canary_weight = body.canary
+                service.canary_step_at = utcnow()  # a rollout policy's step begins again
             if body.canary_replicas is not None:
                 service.canary_replicas = body.canary_replicas
+            if body.rollout is not None:
+                service.canary_policy = body.rollout.model_dump(mode="json")
+                service.canary_step_at = utcnow()
             service.updated_at = utcnow()
             read = self._read(s, service)
         self.wake()
         return read
 
     def promote(self, principal: Principal, name: str) -> ServiceRead:
-        """The canary becomes the stable version: a new revision whose first replicas are the canary's (they go on
-        answering, now with every predict's share), the old version's replicas rolled over one at a time."""
+        """The canary becomes the stable version (kiln.usecases.rollout.promote): no request dropped."""
         principal.require("services:write")
         with self.db.transaction() as s:
             service = self.load(s, principal, name, lock=True)
             if service.canary_version is None:
                 raise Conflict(f"service {name} runs no canary to promote")
-            spec = ServiceSpec.model_validate(service.spec)
-            spec = spec.model_copy(update={"model": f"{service.model_name}@{service.canary_version}"})
-            service.spec = spec.model_dump(mode="json", by_alias=True)
-            service.model_version, service.revision = service.canary_version, service.revision + 1
-            for replica in s.scalars(
-                select(ServiceReplica).where(
-                    ServiceReplica.service_id == service.id,
-                    ServiceReplica.canary.is_(True),
-                    ServiceReplica.model_version == service.canary_version,  # not a replaced canary's, draining
-                    ServiceReplica.state.in_([str(ReplicaState.STARTING), str(ReplicaState.READY)]),
-                )
-            ):
-                replica.canary, replica.revision = False, service.revision
-            service.canary_version, service.canary_weight = None, 0
-            service.updated_at = utcnow()
+            rollout.promote(s, service, f"promoted by {principal.user_name}", "hand")
             read = self._read(s, service)
         self.wake()
         return read
@@ -395,8 +406,7 @@ class ServingService:
             service = self.load(s, principal, name, lock=True)
             if service.canary_version is None:
                 raise Conflict(f"service {name} runs no canary to roll back")
-            service.canary_version, service.canary_weight = None, 0
-            service.updated_at = utcnow()
+            rollout.roll_back(s, service, f"rolled back by {principal.user_name}", "hand")
             read = self._read(s, service)
         self.wake()
         return read

@@ -19,14 +19,17 @@ from kiln.cli import services as render
 from kiln.cli.main import build_app
 from kiln.cli.services import load_service_spec, read_predict_data
 from kiln.cli.spec import SpecError
+from kiln.domain.rollout import RolloutPolicy
 from kiln.domain.serving import (
     CanaryRead,
     PredictorSpec,
     PredictRequest,
     PredictResponse,
     ReplicaRead,
+    RolloutEvent,
     ServiceRead,
     ServiceSpec,
+    VersionTraffic,
 )
 
 NOW = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
@@ -271,7 +274,7 @@ class StandIn:
         self.calls.append(("wait", (name, str(state), revision)))
         return self.waited
 
-    def update_service(self, name: str, model: str | None = None, **canary: int | None) -> ServiceRead:
+    def update_service(self, name: str, model: str | None = None, **canary: Any) -> ServiceRead:
         self.calls.append(("update", (name, model, *canary.values())))
         return service("UPDATING", revision=2) if not canary else self.with_canary()
 
@@ -395,7 +398,7 @@ def test_kiln_services_update_starts_a_canary_and_waits_for_it_and_promote_and_r
     result = invoke("services", "update", "digits", "--model", "digits@4", "--canary", "10", "--wait")
     assert result.exit_code == 0, result.output
     assert "canary digits@4: 10% of predicts, 1 replica, ready" in result.output
-    assert stand_in.calls == [("update", ("digits", "digits@4", 10, None)), ("get", "digits")]
+    assert stand_in.calls == [("update", ("digits", "digits@4", 10, None, None)), ("get", "digits")]
     assert invoke("services", "update", "digits", "--canary", "101").exit_code == 2
     assert invoke("services", "update", "digits").exit_code == 2
     promoted = invoke("services", "promote", "digits")
@@ -403,3 +406,38 @@ def test_kiln_services_update_starts_a_canary_and_waits_for_it_and_promote_and_r
     rolled_back = invoke("services", "rollback", "digits")
     assert rolled_back.exit_code == 0 and "serves digits@3 only" in rolled_back.output
     assert stand_in.calls[-2:] == [("promote", "digits"), ("rollback", "digits")]
+
+
+def test_kiln_services_update_sends_a_rollout_policy_and_show_prints_the_figures_and_moves(stand_in: StandIn) -> None:
+    argv = ["services", "update", "digits", "--model", "digits@4", "--canary", "10", "--max-error-rate", "0.05"]
+    argv += ["--max-p99", "250", "--min-requests", "50", "--steps", "10,50,100", "--step-wait", "30"]
+    result = invoke(*argv)
+    assert result.exit_code == 0, result.output
+    policy = RolloutPolicy(max_error_rate=0.05, max_p99_ms=250, min_requests=50, steps=[10, 50, 100], step_wait=30)
+    assert stand_in.calls == [("update", ("digits", "digits@4", 10, None, policy))]
+    for bad in (["--steps", "50,10"], ["--steps", "ten"], ["--max-error-rate", "2"]):
+        refused = invoke("services", "update", "digits", "--canary", "10", *bad)
+        assert refused.exit_code == 2, (bad, refused.output)
+    assert len(stand_in.calls) == 1  # refused before any request
+
+    shown = service("READY")
+    shown.canary = CanaryRead(model_version=4, weight=10, replicas=1, policy=policy)
+    shown.versions = [
+        VersionTraffic(
+            model_version=3,
+            role="stable",
+            requests=900,
+            errors=1,
+            error_rate=1 / 900,
+            requests_per_second=2.5,
+            latency_ms_p50=4.2,
+            latency_ms_p99=9.8,
+        )
+    ]
+    moved = RolloutEvent(at=NOW, move="rolled_back", version=5, weight=10, by="policy", message="error rate 20.0%")
+    shown.rollout_events = [moved]
+    stand_in.get_service = lambda name: shown  # type: ignore[method-assign]
+    text = invoke("services", "show", "digits").stdout
+    assert "errors <= 5.0%, p99 <= 250 ms after 50 predicts, steps 10%→50%→100% every 30s" in text, text
+    assert "@3 stable 900 requests (2.5/s), 1 error (0.1%), p50 4.2 ms, p99 9.8 ms" in text, text
+    assert "@5 rolled back by policy at 10%: error rate 20.0%" in text, text

@@ -69,8 +69,9 @@ def test_a_10_percent_canary_gets_10_percent_of_the_predicts(two_versions: Route
     models = asyncio.run(_many(two_versions, Split(1, 2, 10), N))
     canary = models.count("sum@2")
     assert 0.07 * N <= canary <= 0.13 * N, f"{canary} of {N} predicts reached the canary"
-    assert two_versions.version_traffic(SERVICE)[2][0] == canary  # per version, as the service read shows it
-    assert two_versions.version_traffic(SERVICE)[1][:2] == (N - canary, 0)
+    traffic = two_versions.version_traffic(SERVICE)  # per version, as the service read shows it
+    assert (traffic[2].requests, traffic[1].requests, traffic[1].errors) == (canary, N - canary, 0)
+    assert sum(traffic[2].buckets) == canary  # each predict in the version's latency histogram
 
 
 def test_a_routing_key_always_reaches_the_same_version(two_versions: Router) -> None:

@@ -53,6 +53,12 @@ class Service(Base):
     canary_version: Mapped[int | None] = mapped_column(Integer, default=None)
     canary_weight: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     canary_replicas: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # Its rollout policy (kiln.domain.rollout.RolloutPolicy; None: moved by hand only), when its share last changed
+    # (the policy's step window begins there), and the moves rollouts made (advanced, promoted, rolled back; the
+    # newest last, at most kiln.usecases.rollout.EVENTS_KEPT).
+    canary_policy: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    canary_step_at: Mapped[datetime | None] = mapped_column(default=None)
+    rollout_events: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, default=None)
 
     __table_args__ = (Index("ux_services_org_name", "org_id", "name", unique=True),)
 
