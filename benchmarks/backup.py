@@ -18,15 +18,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.report import finish, parse_args, print_table
 
-from kiln.db import migrate
-from kiln.db.session import Database
-from kiln.settings import Settings
-from kiln.usecases.backup import backup_home
+if TYPE_CHECKING:
+    from kiln.settings import Settings
+
+# Kiln's modules are imported where they are used: ``--help`` (and tests/unit/test_benchmark_docs.py, which reads
+# every script's parser) need none of them.
 
 PG_ADMIN = os.environ.get("KILN_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 ROW = 64 * 1024
@@ -34,6 +36,9 @@ ROW = 64 * 1024
 
 def fill(url: str, mb: int) -> None:
     """A migrated Kiln database plus ``mb`` MB of random rows (a table of its own: only the bytes matter)."""
+    from kiln.db import migrate
+    from kiln.db.session import Database
+
     db = Database(url)
     try:
         migrate.upgrade(db.engine)
@@ -61,6 +66,8 @@ def timed(run) -> float:  # type: ignore[no-untyped-def]
 
 
 def measure(name: str, settings: Settings, baseline, out: Path, repeat: int) -> list[dict[str, object]]:  # type: ignore[no-untyped-def]
+    from kiln.usecases.backup import backup_home
+
     base: list[float] = []
     ours: list[float] = []
     for i in range(repeat):
@@ -92,6 +99,8 @@ def main() -> None:
     parser.add_argument("--skip", nargs="*", default=[], choices=["sqlite", "postgresql"])
     parser.add_argument("--json", type=Path, default=None)
     args = parse_args(parser, {"mb": 4, "repeat": 1})
+    from kiln.settings import Settings
+
     started = time.monotonic()
     rows: list[dict[str, object]] = []
     results: dict[str, object] = {"mb": args.mb, "repeat": args.repeat}
@@ -128,6 +137,8 @@ def main() -> None:
 
 
 def postgresql(root: Path, args: argparse.Namespace) -> list[dict[str, object]]:
+    from kiln.settings import Settings
+
     try:
         import psycopg
 

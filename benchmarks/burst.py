@@ -1,6 +1,6 @@
 """Burst throughput: 100 trivial jobs submitted at once, against spawning the same processes 2 at a time.
 
-    .venv/bin/python benchmarks/burst.py [--jobs 100] [--threads 8] [--samples 20] [--json PATH]
+    .venv/bin/python benchmarks/burst.py [--jobs 100] [--threads 8] [--samples 20] [--skip SECTION ...] [--json PATH]
 
 What it measures (fresh ``kiln server`` processes in a temp dir, started through ``tests.kilnserver.KilnServer``
 with the production defaults, ``KILN_RECONCILE_INTERVAL=0.5``):
@@ -15,6 +15,9 @@ with the production defaults, ``KILN_RECONCILE_INTERVAL=0.5``):
               jobs' records (created_at / started_at / running_at / finished_at).
 3. sandbox    submit→RUNNING of single jobs (one at a time, each cancelled once RUNNING), on two servers started
               with ``KILN_SANDBOX=bwrap`` and ``KILN_SANDBOX=none``, samples interleaved; target p50 ratio ≤ 1.2x.
+4. download   ``--download-mib`` MiB from an HTTP server on loopback read by a job (``network: isolated``, egress
+              allowed to that port only) and by the same interpreter outside any sandbox, ``--download-rounds``
+              times each, interleaved; target: in a job ≥ 0.8x outside (medians).
 
 The machine is shared and noisy: figures are ratios against a baseline of the same run, nothing is asserted.
 Every job is cancelled and every server stopped at the end; left-over shims of this run are killed.
