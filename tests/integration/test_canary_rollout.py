@@ -1,10 +1,13 @@
-"""A canary's rollout policy at work in a real server (issue 48), under a steady client:
+"""A canary's rollout policy, and a shadow, at work in a real server (issue 48), under a steady client:
 
 - a canary whose predictor raises on one input in five (20 %) is rolled back by the policy on its own once it has
   ``min_requests`` predicts: the service event says why, a ``service.canary_rolled_back`` webhook is posted, and
   every predict after it is the stable version's;
 - a healthy canary with steps 10 → 50 → 100 advances and is promoted (``service.canary_advanced`` then
-  ``service.canary_promoted``), and no predict fails on the way.
+  ``service.canary_promoted``), and no predict fails on the way;
+- a shadow version (the one failing 1 input in 5, and multiplying by another scale) gets a copy of the predicts:
+  its answers are compared (none agrees, its numbers off by the scales' difference) and its errors counted, while
+  the client only ever gets the stable version's answers.
 
 The predictor is a custom class that multiplies by the model version's scale, on this interpreter (no runtime to
 build); a version's weights may name ``fail_every``: it raises on the inputs divisible by it.
@@ -173,3 +176,25 @@ def test_a_healthy_canary_advances_step_by_step_and_is_promoted(
     assert (after.model_version, after.spec.model) == (3, "scaler@3")
     posted = [json.loads(p.body)["type"] for p in receiver.wait("/promoted", 2)]
     assert posted == ["service.canary_advanced", "service.canary_promoted"]
+
+
+def test_a_shadow_gets_copies_whose_answers_are_compared_and_never_returned(world: tuple[Client, Path]) -> None:
+    client, code = world
+    _deploy(client, code, "shadowed")
+    started = client.update_service("shadowed", shadow="scaler@2")
+    assert started.shadow is not None and started.shadow.model_version == 2
+    deadline = time.monotonic() + SETTLE
+    while not any(r.shadow and r.state == ReplicaState.READY for r in client.get_service("shadowed").replicas):
+        assert time.monotonic() < deadline, client.get_service("shadowed").replicas
+        time.sleep(0.2)
+    after, answered = _steady(client, "shadowed", lambda s: s.shadow is not None and s.shadow.compared >= 20)
+    assert set(answered) == {"scaler@1"}, answered  # every answer the stable version's, none failed
+    shadow = after.shadow
+    assert shadow is not None and shadow.copied >= shadow.compared + shadow.errors - 1, shadow
+    assert shadow.errors > 0, shadow  # its failures (1 input in 5) are its own figure, never the client's
+    assert shadow.agreement_rate == 0.0 and shadow.mean_abs_diff is not None and shadow.mean_abs_diff > 0, shadow
+    assert shadow.latency_ms_p50 is not None
+    roles = {v.model_version: v.role for v in after.versions}
+    assert roles == {1: "stable", 2: "shadow"}, after.versions
+    ended = client.update_service("shadowed", shadow="")
+    assert ended.shadow is None

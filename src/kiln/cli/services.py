@@ -29,7 +29,14 @@ from kiln.cli.common import (
     out,
 )
 from kiln.cli.output import fmt_time, plural, state_text
-from kiln.cli.services_canary import canary_text, events_text, rollout_policy, traffic_text, wait_canary
+from kiln.cli.services_canary import (
+    canary_text,
+    events_text,
+    rollout_policy,
+    shadow_text,
+    traffic_text,
+    wait_canary,
+)
 from kiln.cli.spec import SpecError, _field_path, load_spec_file
 from kiln.domain.serving import (
     Autoscale,
@@ -265,6 +272,7 @@ def service_detail(service: ServiceRead) -> None:
             ("canary", canary_text(service)),
             ("traffic", traffic_text(service)),
             ("rollout", events_text(service)),
+            ("shadow", shadow_text(service)),
             ("predictor", predictor_text(spec)),
             ("replicas", replicas_wanted(service)),
             ("autoscale", autoscale),
@@ -453,6 +461,11 @@ def update(
     step_wait: Annotated[
         float | None, typer.Option("--step-wait", min=0.0, help="Seconds at a share before the next (default 60).")
     ] = None,
+    shadow: Annotated[
+        str | None,
+        typer.Option("--shadow", help="NAME@VERSION sent a copy of the predicts (answers compared, never returned)."),
+    ] = None,
+    end_shadow: Annotated[bool, typer.Option("--end-shadow", help="Stop sending copies to the shadow.")] = False,
     wait: Wait = False,
     timeout: Timeout = 600.0,
 ) -> None:
@@ -466,6 +479,11 @@ def update(
     from kiln.domain.serving import parse_model_ref
 
     policy = rollout_policy(max_error_rate, max_p99, min_requests, steps, step_wait)
+    if shadow is not None or end_shadow:
+        with connect() as client:
+            service = client.update_service(name, shadow="" if end_shadow else shadow)
+        info(f"service {service.name}: " + (f"shadow {shadow_text(service)}" if service.shadow else "no shadow"))
+        return
     if model is None and canary is None and canary_replicas is None and policy is None:
         fail("give --model, --canary, --canary-replicas or a rollout policy", EXIT_USAGE)
     try:

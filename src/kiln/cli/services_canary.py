@@ -78,6 +78,22 @@ def traffic_text(service: ServiceRead) -> str | None:
     return "; ".join(parts) or None
 
 
+def shadow_text(service: ServiceRead) -> str | None:
+    """``digits@4: 900 copies (3 dropped, 0 errors), 97.0% agree, mean |diff| 0.012, p50 4.1 ms, p99 9.0 ms``."""
+    shadow = service.shadow
+    if shadow is None:
+        return None
+    text = f"{service.model_name}@{shadow.model_version}: {shadow.copied} {'copy' if shadow.copied == 1 else 'copies'}"
+    text += f" ({shadow.dropped} dropped, {plural(shadow.errors, 'error')})"
+    if shadow.agreement_rate is not None:
+        text += f", {shadow.agreement_rate:.1%} agree"
+    if shadow.mean_abs_diff is not None:
+        text += f", mean |diff| {shadow.mean_abs_diff:.4g}"
+    if shadow.latency_ms_p50 is not None and shadow.latency_ms_p99 is not None:
+        text += f", p50 {shadow.latency_ms_p50:.1f} ms, p99 {shadow.latency_ms_p99:.1f} ms"
+    return text
+
+
 def events_text(service: ServiceRead) -> str | None:
     """The canary's last moves: ``@3 rolled_back by policy at 10%: error rate …``, newest last (three)."""
     lines = [

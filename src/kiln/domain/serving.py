@@ -14,7 +14,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from kiln.domain import limits
 from kiln.domain.rollout import RolloutPolicy
@@ -222,14 +222,20 @@ class ServiceUpdate(_Strict):
         description="With canary: advance its share through steps and promote it while it stays within bounds, "
         "roll it back on its own when it breaks one (kiln.domain.rollout).",
     )
+    shadow: str | None = Field(
+        None,
+        max_length=200,
+        description="NAME@VERSION of the same model to send a copy of the predicts to (its answers compared, never "
+        'returned; one replica); "" ends the shadow.',
+    )
     replicas: int | None = Field(None, ge=0, le=MAX_REPLICAS, strict=True, description="Scale (no autoscale).")
     spec: ServiceSpec | None = Field(None, description="A whole new spec (same name), rolled out.")
     code_sha256: str | None = Field(None, max_length=64, pattern=r"^[0-9a-f]{64}$")
 
-    @field_validator("model")
+    @field_validator("model", "shadow")
     @classmethod
-    def _model(cls, value: str | None) -> str | None:
-        if value is not None:
+    def _model(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and not (value == "" and info.field_name == "shadow"):  # "": the shadow ends
             parse_model_ref(value)
         return value
 
@@ -255,11 +261,26 @@ class RolloutEvent(BaseModel):
     message: str = ""
 
 
+class ShadowRead(BaseModel):
+    """A version sent a copy of the predicts, and how its answers compare with those the clients got (through this
+    server since it started)."""
+
+    model_version: int
+    copied: int = Field(0, description="Copies sent to it.")
+    dropped: int = Field(0, description="Copies not sent: its queue was full (a slow shadow) or it had no replica.")
+    errors: int = 0
+    compared: int = Field(0, description="Outputs (instances) compared.")
+    agreement_rate: float | None = Field(None, description="Outputs equal (as JSON) to the answered ones.")
+    mean_abs_diff: float | None = Field(None, description="Mean |shadow - answered| over the numbers compared.")
+    latency_ms_p50: float | None = None
+    latency_ms_p99: float | None = None
+
+
 class VersionTraffic(BaseModel):
     """What this server's router forwarded to one model version of the service since it started."""
 
     model_version: int
-    role: Literal["stable", "canary", "retired"]
+    role: Literal["stable", "canary", "shadow", "retired"]
     requests: int = 0
     errors: int = 0
     error_rate: float | None = None
@@ -277,6 +298,7 @@ class ReplicaRead(BaseModel):
     state: ReplicaState
     model_version: int
     canary: bool = False
+    shadow: bool = False
     in_flight: int = 0
     message: str = ""
     created_at: datetime
@@ -295,6 +317,7 @@ class ServiceRead(BaseModel):
     model_version: int = Field(description="The version replicas of the current revision serve.")
     revision: int
     canary: CanaryRead | None = None
+    shadow: ShadowRead | None = None
     versions: list[VersionTraffic] = Field(default_factory=list)
     rollout_events: list[RolloutEvent] = Field(default_factory=list, description="The canary's moves, newest last.")
     desired_replicas: int

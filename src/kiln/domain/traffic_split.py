@@ -3,7 +3,8 @@
 A pure decision (no I/O), made by the API server for each predict from the service's row (so every server on the
 database splits alike, and the split survives a restart):
 
-- ``X-Kiln-Model-Version: N`` targets version N, stable or canary, whatever the canary's weight (0 included);
+- ``X-Kiln-Model-Version: N`` targets version N, stable, canary or shadow, whatever the canary's weight (0
+  included): the router then picks among that version's replicas;
 - otherwise a routing key (``X-Kiln-Routing-Key``) is hashed into one of ``BUCKETS`` buckets: a key always lands in
   the same bucket, so in the same version while the weight stays;
 - otherwise each predict draws its bucket at random.
@@ -33,6 +34,7 @@ class Split:
     stable_version: int
     canary_version: int | None = None
     canary_weight: int = 0  # percent
+    shadow_version: int | None = None  # sent a copy of the predicts (kiln.routing.shadow); answers only a target
 
 
 def bucket(key: str) -> int:
@@ -45,10 +47,11 @@ def choose(split: Split, version: str | None, routing_key: str | None, draw: ran
     """The track that answers a predict with these headers' values; NotFound for a targeted version the service
     does not serve (the message names those it does)."""
     if version is not None:
-        served = {split.stable_version: "stable", split.canary_version: "canary"}
+        served = {split.shadow_version: "shadow", split.stable_version: "stable", split.canary_version: "canary"}
         track = served.get(int(version)) if version.strip().isdigit() else None
         if track is None:
-            names = ", ".join(str(v) for v in (split.stable_version, split.canary_version) if v is not None)
+            versions = (split.stable_version, split.canary_version, split.shadow_version)
+            names = ", ".join(str(v) for v in versions if v is not None)
             raise NotFound(
                 f"X-Kiln-Model-Version: {version[:20]!r} is not served by this service (it serves {names})",
                 details={"field": "X-Kiln-Model-Version"},

@@ -26,6 +26,7 @@ from kiln.metrics.spools import metric_spools
 from kiln.metrics.store import MetricsStore
 from kiln.platform.server_metrics import ServerMetrics
 from kiln.routing.router import Router
+from kiln.routing.shadow import Shadows
 from kiln.scheduler.loop import Reconciler
 from kiln.scheduler.submit_placement import SubmitPlacement
 from kiln.settings import Settings
@@ -203,6 +204,7 @@ class Platform:
             batch_observer=self.prometheus.predict_batch.observe,
             track_observer=self.prometheus.observe_track,
         )
+        self.shadows = Shadows(self.router)  # copies of predicts to a service's shadow version, compared
         server_id = settings.resolved_instance_id
         self.routes = RouteSync(self.db, self.router, self.box, server_id, self.servers.live_for)
         self.serving_control = ServingControl(
@@ -224,6 +226,7 @@ class Platform:
             settings.endpoint,
             self.idempotency,
             traffic=self.router.version_traffic,
+            shadow_traffic=self.shadows.stats,
         )
         # Pipelines: runs of declared steps (jobs, a model's registration, a service), driven by a leased task.
         self.pipeline_driver = PipelineDriver(

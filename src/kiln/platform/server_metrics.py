@@ -176,7 +176,8 @@ class ServerMetrics:
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096),
             registry=self.registry,
         )
-        # Per track of a traffic split (stable, canary): two values, never a version number or a service's name.
+        # Per track of a traffic split (stable, canary, shadow: the copies): three values, never a version number or
+        # a service's name.
         self.predict_track_requests = Counter(
             "kiln_predict_track_requests",
             "Predicts the router forwarded, by track of the service's traffic split and outcome (ok, error).",
@@ -193,7 +194,7 @@ class ServerMetrics:
         self.registry.register(_DatabaseCollector(db, points_ingested))
 
     def observe_track(self, track: str, seconds: float, error: bool) -> None:
-        """One forwarded predict of ``track`` (``stable`` or ``canary``)."""
+        """One forwarded predict of ``track`` (``stable``, ``canary``, or ``shadow``: a copy)."""
         self.predict_track_requests.labels(track, "error" if error else "ok").inc()
         self.predict_track_latency.labels(track).observe(seconds)
 

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -53,6 +53,7 @@ class Endpoint:
     model: str  # NAME@VERSION it serves
     base_url: str | None = None
     canary: bool = False  # a canary's replica: only predicts the split sends to the canary (or target its version)
+    shadow: bool = False  # a shadow's replica: only copies of predicts (kiln.routing.shadow), or those targeting it
     draining: bool = False
     in_flight: int = 0
     last_used: float = 0.0
@@ -74,10 +75,12 @@ class Endpoint:
         tail = self.model.rpartition("@")[2]
         return int(tail) if tail.isdigit() else None
 
-    def serves(self, track: Track | None, version: int | None) -> bool:
+    def serves(self, track: Track | Literal["shadow"] | None, version: int | None) -> bool:
         """Whether a predict of ``track`` (or targeting ``version``) may go to it; neither: any."""
         if version is not None:
             return self.version == version
+        if self.shadow or track == "shadow":
+            return self.shadow and track == "shadow"
         if track is not None:
             return self.canary == (track == "canary")
         return True
@@ -136,6 +139,7 @@ class Router:
                 known.draining = endpoint.draining
                 known.model = endpoint.model  # a backend's endpoint rolls to another version in place
                 known.canary = endpoint.canary  # a promoted canary's replica serves every predict
+                known.shadow = endpoint.shadow
                 return
             replicas[endpoint.replica_id] = endpoint
         self._notify(service_id)
@@ -164,6 +168,7 @@ class Router:
                         have.draining = have.draining or endpoint.draining
                         have.model = endpoint.model
                         have.canary = endpoint.canary
+                        have.shadow = endpoint.shadow
                         continue
                     if have is not None and have.added_at >= read_since:
                         continue  # the serving task's own, newer than the read
@@ -240,7 +245,11 @@ class Router:
             loop.call_soon_threadsafe(event.set)
 
     def _pick(
-        self, service_id: str, avoid: set[str], track: Track | None = None, version: int | None = None
+        self,
+        service_id: str,
+        avoid: set[str],
+        track: Track | Literal["shadow"] | None = None,
+        version: int | None = None,
     ) -> Endpoint | None:
         now = time.monotonic()
         with self._lock:
@@ -350,6 +359,11 @@ class Router:
             status, content, endpoint.model, endpoint.replica_id, int(batch) if batch and batch.isdigit() else None
         )
 
+    def release(self, endpoint: Endpoint) -> None:
+        """A replica ``_pick`` chose is not sent the request after all."""
+        with self._lock:
+            endpoint.in_flight -= 1
+
     def _done(
         self,
         endpoint: Endpoint,
@@ -377,14 +391,18 @@ class Router:
                 endpoint.batch_sizes.append(batch)
             if suspect:
                 endpoint.suspect_until = time.monotonic() + 2.0
+        if self.track_observer is not None:
+            self.track_observer(
+                "shadow" if endpoint.shadow else "canary" if endpoint.canary else "stable", elapsed, error
+            )
+        if endpoint.shadow:
+            return  # a copy: not a predict the clients sent
         self.total_requests += 1
         self.total_errors += int(error)
         if self.latency_observer is not None:
             self.latency_observer(elapsed)
         if batch is not None and self.batch_observer is not None:
             self.batch_observer(batch)
-        if self.track_observer is not None:
-            self.track_observer("canary" if endpoint.canary else "stable", elapsed, error)
 
     async def aclose(self) -> None:
         if self._client is not None:

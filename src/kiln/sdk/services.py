@@ -69,10 +69,11 @@ def update_body(
     canary: int | None = None,
     canary_replicas: int | None = None,
     rollout: RolloutPolicy | dict[str, Any] | None = None,
+    shadow: str | None = None,
 ) -> dict[str, Any]:
     """The ``PATCH /services/{name}`` body: only what changes; ValueError when nothing does."""
-    if (model, replicas, spec, canary, canary_replicas, rollout) == (None,) * 6:
-        raise ValueError("give model, replicas, spec, canary or rollout: an update with nothing to change")
+    if (model, replicas, spec, canary, canary_replicas, rollout, shadow) == (None,) * 7:
+        raise ValueError("give model, replicas, spec, canary, rollout or shadow: an update with nothing to change")
     if rollout is not None and not isinstance(rollout, RolloutPolicy):
         rollout = RolloutPolicy.model_validate(rollout)
     if spec is not None and not isinstance(spec, ServiceSpec):
@@ -85,6 +86,7 @@ def update_body(
         canary=canary,
         canary_replicas=canary_replicas,
         rollout=rollout,
+        shadow=shadow,
     )
     return update.model_dump(mode="json", by_alias=True, exclude_none=True)
 
@@ -216,6 +218,7 @@ class ServicesMixin(ClientTransport):
         canary: int | None = None,
         canary_replicas: int | None = None,
         rollout: RolloutPolicy | dict[str, Any] | None = None,
+        shadow: str | None = None,
     ) -> ServiceRead:
         """Change a service: ``model`` (NAME@VERSION or NAME@ALIAS) or a whole new ``spec`` is rolled out one
         replica at a time (a new replica is ready before an old one drains); ``replicas`` scales at once. A new
@@ -223,13 +226,15 @@ class ServicesMixin(ClientTransport):
         ``canary`` (a percentage, 0 to 100) runs that version beside the stable one with that share of the predicts
         (``canary_replicas`` replicas, default 1); ``canary`` alone changes a running canary's share. ``rollout``
         (a RolloutPolicy or its dict: max_error_rate, max_p99_ms, min_requests, steps, step_wait) lets the server
-        advance the canary through its steps, promote it at 100 and roll it back when it breaks a bound."""
+        advance the canary through its steps, promote it at 100 and roll it back when it breaks a bound.
+        ``shadow`` (NAME@VERSION) sends a copy of the predicts to that version, its answers compared with the
+        ones returned and never returned themselves (``""`` ends it)."""
         code_sha256 = None
         if code_dir is not None:
             if spec is None:
                 raise ValueError("code_dir: new code comes with a new spec (spec=...)")
             code_sha256 = self.upload_service_code(code_dir, max_bytes=max_bytes, progress=progress)
-        body = update_body(model, replicas, spec, code_sha256, canary, canary_replicas, rollout)
+        body = update_body(model, replicas, spec, code_sha256, canary, canary_replicas, rollout, shadow)
         return ServiceRead.model_validate(self.request("PATCH", _path(name), json_body=body).json())
 
     def promote_service(self, name: str) -> ServiceRead:

@@ -229,6 +229,7 @@ class ServingControl:
             str(state.get("secret", "")),
             f"{service.model_name}@{row.model_version}",
             canary=row.canary,
+            shadow=row.shadow,
         )
         return endpoint if healthy(path, endpoint.secret, timeout=2.0) else None
 
@@ -309,8 +310,9 @@ class ServingControl:
 
     def _converge(self, ctx: TaskContext, service: Service, everything: list[_Replica]) -> None:
         """The stable version's replicas (a rolling update among them), then the canary's."""
-        replicas = [r for r in everything if not r.row.canary]
+        replicas = [r for r in everything if not r.row.canary and not r.row.shadow]
         self._converge_canary(ctx, service, [r for r in everything if r.row.canary])
+        self._converge_shadow(ctx, service, [r for r in everything if r.row.shadow])
         desired = service.desired_replicas
         current = [r for r in replicas if r.row.revision == service.revision and r.row.state != ReplicaState.DRAINING]
         old = [r for r in replicas if r.row.revision != service.revision and r.row.state != ReplicaState.DRAINING]
@@ -356,10 +358,27 @@ class ServingControl:
         for replica in extra[: max(0, len(keep) - want)]:
             self._drain(ctx, service, replica)
 
-    def _start(self, ctx: TaskContext, service: Service, *, canary: bool = False) -> None:
+    def _converge_shadow(self, ctx: TaskContext, service: Service, replicas: list[_Replica]) -> None:
+        """One replica of the shadow version while there is a shadow; one of another version drains."""
+        live = [r for r in replicas if r.row.state != ReplicaState.DRAINING]
+        keep = [r for r in live if r.row.model_version == service.shadow_version]
+        for replica in live:
+            if replica not in keep:
+                self._drain(ctx, service, replica)
+        want = 1 if service.shadow_version is not None else 0
+        _, not_before = self._failures.get(service.id, (0, 0.0))
+        if len(keep) < want and time.monotonic() >= not_before:
+            self._start(ctx, service, shadow=True)
+        for replica in sorted(keep, key=lambda r: r.row.created_at)[want:]:
+            self._drain(ctx, service, replica)
+
+    def _start(self, ctx: TaskContext, service: Service, *, canary: bool = False, shadow: bool = False) -> None:
         spec = ServiceSpec.model_validate(service.spec)
         replica_id = new_id("rep")
         version = service.canary_version if canary and service.canary_version is not None else service.model_version
+        if shadow and service.shadow_version is not None:
+            version = service.shadow_version
+        role = "canary " if canary else "shadow " if shadow else ""
         job_spec = replica_spec(spec, service.id, replica_id, service.model_name, version)
         with ctx.transaction() as s:
             job = self.jobs.new_job(
@@ -368,8 +387,7 @@ class ServingControl:
                 service.user_id,
                 job_spec,
                 service.code_sha256,
-                f"{'canary ' if canary else ''}replica {replica_id} of service {service.name} "
-                f"(revision {service.revision})",
+                f"{role}replica {replica_id} of service {service.name} (revision {service.revision})",
                 category=CATEGORY,
             )
             s.flush()
@@ -381,6 +399,7 @@ class ServingControl:
                     revision=service.revision,
                     model_version=version,
                     canary=canary,
+                    shadow=shadow,
                     state=ReplicaState.STARTING,
                     message="",
                     created_at=utcnow(),
@@ -431,7 +450,8 @@ class ServingControl:
         if loaded is None:
             return
         service, replicas = loaded
-        replicas = [r for r in replicas if not r.row.canary]  # the stable version's tell the service's state
+        # the stable version's tell the service's state
+        replicas = [r for r in replicas if not r.row.canary and not r.row.shadow]
         current = [r for r in replicas if r.row.revision == service.revision]
         old = [r for r in replicas if r.row.revision != service.revision and r.row.state != ReplicaState.DRAINING]
         ready = sum(r.row.state == ReplicaState.READY for r in current)

@@ -163,6 +163,7 @@ class RouteSync:
                     secret,
                     f"{owner.model_name}@{row.model_version}",
                     canary=row.canary,
+                    shadow=row.shadow,
                     draining=row.state == ReplicaState.DRAINING,
                 )
             )

@@ -30,9 +30,11 @@ from kiln.domain.serving import (
     ServiceSubmit,
     ServiceToken,
     ServiceUpdate,
+    ShadowRead,
     VersionTraffic,
     replica_params,
 )
+from kiln.domain.shadow import ShadowStats
 from kiln.domain.spec import JobSpec
 from kiln.domain.stored_spec import SERVICE_LABEL
 from kiln.domain.traffic_split import Split
@@ -57,6 +59,7 @@ def replica_read(replica: ServiceReplica, job_state: str | None, in_flight: int)
         state=ReplicaState(replica.state),
         model_version=replica.model_version,
         canary=replica.canary,
+        shadow=replica.shadow,
         in_flight=in_flight,
         message=replica.message,
         created_at=replica.created_at,
@@ -97,6 +100,25 @@ def canary_read(service: Service) -> CanaryRead | None:
     )
 
 
+def shadow_read(service: Service, stats: dict[int, ShadowStats], traffic: dict[int, VersionStats]) -> ShadowRead | None:
+    version = service.shadow_version
+    if version is None:
+        return None
+    figures, latency = stats.get(version, ShadowStats()), traffic.get(version, VersionStats())
+    rate, diff = figures.agreement_rate, figures.mean_abs_diff
+    return ShadowRead(
+        model_version=version,
+        copied=figures.copied,
+        dropped=figures.dropped,
+        errors=figures.errors,
+        compared=figures.instances,
+        agreement_rate=round(rate, 6) if rate is not None else None,
+        mean_abs_diff=diff,
+        latency_ms_p50=_ms(latency.percentile_ms(0.5)),
+        latency_ms_p99=_ms(latency.percentile_ms(0.99)),
+    )
+
+
 def _ms(value: float | None) -> float | None:
     return round(value, 3) if value is not None else None
 
@@ -106,6 +128,8 @@ def versions_read(service: Service, traffic: dict[int, VersionStats]) -> list[Ve
     served = {service.model_version: "stable"}
     if service.canary_version is not None:
         served[service.canary_version] = "canary"
+    if service.shadow_version is not None:
+        served[service.shadow_version] = "shadow"
     out = []
     now = time.monotonic()
     for version in sorted(set(served) | set(traffic)):
@@ -137,6 +161,7 @@ class ServingService:
         endpoint: str,
         idempotency: Idempotency | None = None,
         traffic: Callable[[str], dict[int, VersionStats]] | None = None,
+        shadow_traffic: Callable[[str], dict[int, ShadowStats]] | None = None,
     ) -> None:
         self.db = db
         self.jobs = jobs
@@ -147,6 +172,7 @@ class ServingService:
         self.endpoint = endpoint.rstrip("/")
         # service id → model version → what it answered through this server's router
         self.traffic = traffic or (lambda service_id: {})
+        self.shadow_traffic = shadow_traffic or (lambda service_id: {})  # service id → shadow version → figures
 
     # ---- reading
 
@@ -175,7 +201,11 @@ class ServingService:
             .order_by(ServiceReplica.created_at)
         ).all()
         replicas = [replica_read(r, state, self.in_flight(service.id, r.id)) for r, state in rows]
-        ready = sum(r.state == ReplicaState.READY and r.revision == service.revision for r in replicas)
+        ready = sum(
+            r.state == ReplicaState.READY and r.revision == service.revision and not (r.canary or r.shadow)
+            for r in replicas
+        )
+        traffic = self.traffic(service.id)
         return ServiceRead(
             id=service.id,
             name=service.name,
@@ -188,7 +218,8 @@ class ServingService:
             model_version=service.model_version,
             revision=service.revision,
             canary=canary_read(service),
-            versions=versions_read(service, self.traffic(service.id)),
+            shadow=shadow_read(service, self.shadow_traffic(service.id), traffic),
+            versions=versions_read(service, traffic),
             rollout_events=[RolloutEvent.model_validate(e) for e in service.rollout_events or []],
             desired_replicas=service.desired_replicas,
             ready_replicas=ready,
@@ -216,7 +247,7 @@ class ServingService:
         principal.require("services:predict")
         with self.db.read() as s:
             service = self.load(s, principal, name)
-            split = Split(service.model_version, service.canary_version, service.canary_weight)
+            split = Split(service.model_version, service.canary_version, service.canary_weight, service.shadow_version)
             return service.id, float(service.spec.get("request_timeout", 60.0)), split
 
     # ---- changing
@@ -306,6 +337,10 @@ class ServingService:
                 "replicas: this service autoscales; change autoscale.min/max in its spec instead",
                 details={"field": "replicas"},
             )
+        if body.shadow is not None:
+            if set(body.model_fields_set) - {"shadow"}:
+                raise InvalidInput("shadow: change a shadow alone", details={"field": "shadow"})
+            return self._set_shadow(principal, name, spec, code, body.shadow)
         if body.canary is not None and body.model is not None:
             return self._start_canary(principal, name, spec, code, body)
         if body.rollout is not None and body.model is not None and body.canary is None:
@@ -365,6 +400,32 @@ class ServingService:
             service.canary_replicas = body.canary_replicas or 1
             service.canary_policy = body.rollout.model_dump(mode="json") if body.rollout is not None else None
             service.canary_step_at = service.updated_at = utcnow()
+            read = self._read(s, service)
+        self.wake()
+        return read
+
+    def _set_shadow(
+        self, principal: Principal, name: str, spec: ServiceSpec, code: str | None, model: str
+    ) -> ServiceRead:
+        """Send a copy of the predicts to ``model`` (another version of the service's model; one replica), or
+        end the shadow (``""``: its replica drains)."""
+        version: int | None = None
+        if model:
+            model_name, version = self._check(principal, spec.model_copy(update={"model": model}), code)
+        with self.db.transaction() as s:
+            service = self.load(s, principal, name, lock=True)
+            if version is not None:
+                if model_name != service.model_name:
+                    raise InvalidInput(
+                        f"shadow: another version of {service.model_name}, not of {model_name}",
+                        details={"field": "shadow"},
+                    )
+                if version in (service.model_version, service.canary_version):
+                    raise InvalidInput(
+                        f"shadow: {model_name}@{version} answers the clients already", details={"field": "shadow"}
+                    )
+            service.shadow_version = version
+            service.updated_at = utcnow()
             read = self._read(s, service)
         self.wake()
         return read

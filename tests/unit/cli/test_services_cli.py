@@ -29,6 +29,7 @@ from kiln.domain.serving import (
     RolloutEvent,
     ServiceRead,
     ServiceSpec,
+    ShadowRead,
     VersionTraffic,
 )
 
@@ -441,3 +442,24 @@ def test_kiln_services_update_sends_a_rollout_policy_and_show_prints_the_figures
     assert "errors <= 5.0%, p99 <= 250 ms after 50 predicts, steps 10%→50%→100% every 30s" in text, text
     assert "@3 stable 900 requests (2.5/s), 1 error (0.1%), p50 4.2 ms, p99 9.8 ms" in text, text
     assert "@5 rolled back by policy at 10%: error rate 20.0%" in text, text
+
+
+def test_kiln_services_update_starts_and_ends_a_shadow_and_show_prints_its_comparison(stand_in: StandIn) -> None:
+    assert invoke("services", "update", "digits", "--shadow", "digits@5").exit_code == 0
+    assert invoke("services", "update", "digits", "--end-shadow").exit_code == 0
+    assert stand_in.calls == [("update", ("digits", None, "digits@5")), ("update", ("digits", None, ""))]
+    shown = service("READY")
+    shown.shadow = ShadowRead(
+        model_version=5,
+        copied=900,
+        dropped=3,
+        errors=0,
+        compared=900,
+        agreement_rate=0.97,
+        mean_abs_diff=0.0125,
+        latency_ms_p50=4.1,
+        latency_ms_p99=9.0,
+    )
+    stand_in.get_service = lambda name: shown  # type: ignore[method-assign]
+    text = invoke("services", "show", "digits").stdout
+    assert "digits@5: 900 copies (3 dropped, 0 errors), 97.0% agree, mean |diff| 0.0125, p50 4.1 ms" in text, text

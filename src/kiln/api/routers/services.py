@@ -11,6 +11,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from kiln.api.deps import Caller, Kiln, caller_of, model_response, platform_of
@@ -186,7 +187,10 @@ async def predict(service: ServiceName, request: Request) -> Response:
         return Response(answer.body, status_code=answer.status, media_type="application/json")
     data = outputs_of(answer)
     data["model"] = answer.model
-    return Response(json.dumps(data, separators=(",", ":")), media_type="application/json")
+    copy = None
+    if split.shadow_version is not None and target is None:  # a copy to the shadow, once the answer went
+        copy = BackgroundTask(kiln.shadows.copy, service_id, split.shadow_version, body, answer.body, timeout)
+    return Response(json.dumps(data, separators=(",", ":")), media_type="application/json", background=copy)
 
 
 RouteKey = tuple[str, str | None, str]  # (caller's organisation, its service token's service, the service's name)

@@ -59,6 +59,8 @@ class Service(Base):
     canary_policy: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     canary_step_at: Mapped[datetime | None] = mapped_column(default=None)
     rollout_events: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, default=None)
+    # A shadow: the version a copy of the predicts goes to, its answers compared and never returned (None: none).
+    shadow_version: Mapped[int | None] = mapped_column(Integer, default=None)
 
     __table_args__ = (Index("ux_services_org_name", "org_id", "name", unique=True),)
 
@@ -75,6 +77,7 @@ class ServiceReplica(Base):
     revision: Mapped[int] = mapped_column(Integer)
     model_version: Mapped[int] = mapped_column(Integer)
     canary: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # a canary's replica
+    shadow: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # a shadow's replica
     state: Mapped[str] = mapped_column(String(16))
     message: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
