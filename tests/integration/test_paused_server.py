@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 from cryptography.fernet import Fernet
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 
 from kiln.db.session import Database
 from kiln.errors import DatabaseUnavailable
@@ -45,6 +46,41 @@ def until(check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
             return found
         assert time.monotonic() < deadline, f"not within {timeout:g}s: {what}"
         time.sleep(0.1)
+
+
+def what_held_the_jobs(db: Engine, a: Any, b: Any) -> str:
+    """For a failure to adopt: the jobs' leases, who holds a lock on which job row (pgrowlocks), each session of
+    the database named by whose it is (A, B or this test: by its client port) with how long its transaction and its
+    state have lasted, and every thread's stack in B (SIGUSR1: kiln.api.serve registers faulthandler). The one
+    failure seen so far showed a session idle in a transaction, and nothing said whose it was or what B did."""
+    owner: dict[int, str] = {}
+    for name, server in (("A", a), ("B", b)):
+        for sock in psutil.Process(server.proc.pid).net_connections(kind="tcp"):
+            owner[sock.laddr.port] = name
+    with db.begin() as conn:
+        conn.execute(text("CREATE EXTENSION IF NOT EXISTS pgrowlocks"))
+        jobs = list(conn.execute(text("SELECT id, state, lease_owner, lease_expires_at, now() FROM jobs")))
+        locks = list(
+            conn.execute(
+                text("SELECT j.id, l.modes, l.pids FROM jobs j, pgrowlocks('jobs') l WHERE j.ctid = l.locked_row")
+            )
+        )
+        sessions = [
+            (owner.get(port, "test" if pid == backend else "?"), pid, *rest)
+            for pid, port, backend, *rest in conn.execute(
+                text(
+                    "SELECT pid, client_port, pg_backend_pid(), state, now() - xact_start, now() - state_change,"
+                    " wait_event_type, wait_event, left(query, 120) FROM pg_stat_activity"
+                    " WHERE datname = current_database()"
+                )
+            )
+        ]
+    before = len(b.log_path.read_bytes())
+    b.proc.send_signal(signal.SIGUSR1)
+    until(lambda: b"Thread 0x" in b.log_path.read_bytes()[before:], "B's stacks in its log", timeout=10)
+    stacks = b.log_path.read_bytes()[before:].decode(errors="replace")
+    lines = "\n".join(f"  {row}" for row in sessions)
+    return f"jobs: {jobs}\nrow locks: {locks}\nsessions:\n{lines}\nB's threads:\n{stacks}\nB's log: {b.log()}"
 
 
 def test_a_server_paused_past_its_leases_and_resumed_undoes_nothing(
@@ -94,12 +130,7 @@ def test_a_server_paused_past_its_leases_and_resumed_undoes_nothing(
         try:
             until(lambda: {owner for (owner,) in rows(owners)} == {"server-b"}, "B adopts A's jobs")
         except AssertionError as exc:  # what B saw: a rare failure under make test's load left nothing else to read
-            jobs = rows("SELECT id, state, lease_owner, lease_expires_at, now() AT TIME ZONE 'utc' FROM jobs")
-            sessions = rows(
-                "SELECT pid, state, wait_event_type, wait_event, left(query, 120) FROM pg_stat_activity"
-                " WHERE datname = current_database()"
-            )
-            raise AssertionError(f"{exc}\njobs: {jobs}\nsessions: {sessions}\nB's log: {b.log()}") from None
+            raise AssertionError(f"{exc}\n{what_held_the_jobs(db, a, b)}") from None
         cancelled, finished, kept = held
         through_b.cancel(cancelled)
         go(finished)

@@ -8,8 +8,10 @@ then uvicorn, which says "ready" once it accepts connections. A failure is one l
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
 import socket
 import sys
 import traceback
@@ -66,6 +68,9 @@ def serve(settings: Settings, log_level: str = "INFO", debug: bool = False) -> N
     """Start and serve until stopped. Raises ``StartupError`` (one line; the traceback is printed first when
     ``debug``) when the server cannot start."""
     configure_logging(log_level)
+    # kill -USR1 <pid>: every thread's stack into the log (stderr), for a server that seems stuck (what its
+    # reconciler waits for, say); it goes on running.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # The first line of every server's log: which release and commit wrote what follows (migrations included).
     log.info("Kiln %s starting (home %s, pid %d)", full_version(), settings.home, os.getpid())
     platform: Platform | None = None
