@@ -28,6 +28,7 @@ import pytest
 from cryptography.fernet import Fernet
 from sqlalchemy import Engine, create_engine, text
 
+from kiln.db import migrate
 from kiln.db.session import Database
 from kiln.errors import DatabaseUnavailable
 from kiln.sdk.client import Client
@@ -199,3 +200,29 @@ def test_a_transaction_left_open_by_a_paused_server_lets_go_of_its_locks(postgre
     finally:
         paused.dispose()
         other.dispose()
+
+
+def test_a_migration_outlasting_the_idle_transaction_timeout_between_two_steps_completes(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server migrates at start in one transaction of its own engine, whose sessions PostgreSQL ends after
+    ``database_idle_transaction_seconds`` inside a transaction without a statement. Between two revisions Alembic
+    loads the next one's module, and a data migration computes in Python: on a loaded machine that took longer than
+    this file's servers' 2 s (make flake-hunt: "kiln server exited with 1: ... terminating connection due to
+    idle-in-transaction timeout", the server never started). Here one step is followed by 1.5 s of such work."""
+    db = Database(postgres_url, idle_transaction_seconds=1)
+    applied = migrate._Progress.applied
+    slowed: list[str] = []
+
+    def slow_after_first(self: Any, **kwargs: Any) -> None:
+        applied(self, **kwargs)
+        if not slowed:
+            slowed.append(kwargs["step"].up_revision_id)
+            time.sleep(1.5)  # the work between two steps' statements on a loaded machine
+
+    monkeypatch.setattr(migrate._Progress, "applied", slow_after_first)
+    try:
+        migrate.upgrade(db.engine)
+        assert slowed and migrate.is_up_to_date(db.engine)
+    finally:
+        db.dispose()

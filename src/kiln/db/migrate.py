@@ -21,6 +21,12 @@ log = logging.getLogger(__name__)
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
 PROGRESS_EVERY = 10.0  # seconds between the "still migrating" lines of a long step
+# How long a migration's transaction may stay without a statement on PostgreSQL, where the server's sessions are ended
+# after ``database_idle_transaction_seconds`` (15 s; kiln.db.session): between two revisions Alembic loads the next
+# one's module, and a data migration computes in Python, for longer than that on a loaded machine or a big database
+# (test servers, whose limit is 2 s, failed to start). Still bounded: a server frozen in the middle of migrating lets
+# go of the tables it locked, and another server can migrate.
+MIGRATION_IDLE_SECONDS = 600
 
 
 def _config() -> Config:
@@ -184,6 +190,8 @@ def _migrating(engine: Engine, progress: _Progress) -> Iterator[Connection]:
             raw.execute("PRAGMA foreign_keys=OFF")  # the driver runs in autocommit mode here: no transaction yet
         try:
             with conn.begin():
+                if conn.dialect.name == "postgresql":
+                    _allow_idle(conn, MIGRATION_IDLE_SECONDS)
                 before = _violations(conn, progress, "before") if raw is not None else set()
                 yield conn
                 if raw is not None:
@@ -197,6 +205,17 @@ def _migrating(engine: Engine, progress: _Progress) -> Iterator[Connection]:
         finally:
             if raw is not None:
                 raw.execute("PRAGMA foreign_keys=ON")
+
+
+def _allow_idle(conn: Connection, seconds: int) -> None:
+    """For the rest of this transaction: PostgreSQL ends the session only after ``seconds`` without a statement,
+    unless its own limit is off (0) or longer already."""
+    current = conn.exec_driver_sql(
+        "SELECT setting::int FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout'"
+    ).scalar_one()
+    if 0 < current < seconds * 1000:
+        conn.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = {seconds * 1000}")
+        log.info("migrating with PostgreSQL's idle-in-transaction limit at %d s (it was %g s)", seconds, current / 1000)
 
 
 def _violations(conn: Connection, progress: _Progress, when: str) -> set[tuple[str, int, str]]:
