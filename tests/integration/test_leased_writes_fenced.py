@@ -52,6 +52,7 @@ from kiln.db.tables import (
     utcnow,
 )
 from kiln.domain.ids import new_id
+from kiln.domain.rollout import VersionStats
 from kiln.domain.serving import ServiceSpec
 from kiln.domain.spec import JobSpec
 from kiln.domain.studies import StudySpec
@@ -337,6 +338,24 @@ def serving_records_requests(world: World) -> Run:
     return world.task("serving").run_once
 
 
+def serving_rolls_back_a_canary(world: World) -> Run:
+    """This server led while a canary with a rollout policy ran (its step's figures began then); then half of the
+    canary's predicts failed: the stalled run would roll the canary back, with its event and notification."""
+    service_id = _service(world, "guarded", state="READY")
+    with world.db.transaction() as s:
+        row = s.get(Service, service_id)
+        assert row is not None
+        row.canary_version, row.canary_weight, row.canary_step_at = 2, 50, utcnow()
+        row.canary_policy = {"max_error_rate": 0.05, "min_requests": 5}
+    task = world.task("serving")
+    task.run_once(world.leading(task))
+    failing = VersionStats()
+    for i in range(10):
+        failing.observe(0.01, i % 2 == 0, time.monotonic())
+    world.platform.router._versions[(service_id, 2)] = failing  # as the router counts forwarded predicts
+    return task.run_once
+
+
 class _Healthy(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self.send_response(200)
@@ -606,6 +625,7 @@ SCENARIOS: dict[str, dict[str, Callable[[World], Run]]] = {
         "stop and delete": serving_stops_and_deletes,
         "a replica failed": serving_replica_failed,
         "record requests": serving_records_requests,
+        "roll a canary back": serving_rolls_back_a_canary,
         "a replica got ready": serving_replica_ready,
         "record a ready replica's route": serving_records_a_route,
         "deployed: apply": serving_deployed_applies,
