@@ -44,7 +44,11 @@ class MetricSeries(Base):
     max_value: Mapped[float | None] = mapped_column(Float, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    __table_args__ = (Index("ux_metric_series_job_worker_name", "job_id", "worker", "name", unique=True),)
+    __table_args__ = (
+        Index("ux_metric_series_job_worker_name", "job_id", "worker", "name", unique=True),
+        # A search sorted by a metric: each run's last value of it from the index alone (kiln.usecases.run_query).
+        Index("ix_metric_series_name_job_value", "name", "job_id", "last_value"),
+    )
 
 
 class MetricPoint(Base):
