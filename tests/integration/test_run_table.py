@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 from typer.testing import CliRunner
 
 from kiln.api.mlflow import _run as mlflow_run
@@ -24,6 +26,7 @@ from kiln.db.session import Database
 from kiln.db.tables import Experiment, Job, Run, TuningStudy, TuningTrial
 from kiln.domain.run_table import default_columns
 from kiln.domain.tracking import Batch
+from kiln.errors import InvalidInput, NotFound
 from kiln.metrics.store import MetricsStore
 from kiln.sdk.tracking import TrackedRun
 from kiln.sdk.tracking import _run as sdk_run
@@ -170,3 +173,86 @@ def test_kiln_runs_list_fits_80_columns_with_whole_ids_rounded_numbers_and_prune
     as_json = CliRunner().invoke(runs_cli.app, ["list", "-e", "mixed", "-o", "json"])
     first = next(r for r in json.loads(as_json.stdout) if r["id"] == "job-01trial0000000")
     assert first["params"]["lr"] == str(LR) and first["metrics"]["val_acc"] == 0.9123456  # unrounded
+
+
+def test_a_table_search_sends_the_default_columns_it_chose_as_run_table_does_and_nothing_else(
+    tracking: TrackingService,
+) -> None:
+    """The console's Runs page asks the server to choose its columns (default_columns) and gets only those of each
+    run: it was sent every param and metric of every run (5,000 params for a page of 100 runs of 50 params)."""
+    page = tracking.search_table(ANN, ["exp-mixed"], default_columns=True)
+    assert page.columns == default_columns(_rows(tracking)) == ["metrics.val_acc", "params.lr", "metrics.loss"]
+    runs = {v.id: sdk_run(json.loads(json.dumps(mlflow_run(v)))) for v in page.runs}
+    assert set(runs) == {r.id for r in _rows(tracking)}
+    for run in runs.values():
+        assert set(run.params) <= {"lr"} and set(run.metrics) <= {"val_acc", "loss"}, run
+        assert not [k for k in run.tags if k.startswith("kiln.label.")]
+    assert runs["job-01notebook0000"].params == {}  # its base_url and idle are no column
+    pruned = runs["job-01trial0000001"]  # its objective's last value as the pruner saw it, its state
+    assert pruned.state == "PRUNED" and pruned.metrics == {"val_acc": pytest.approx(0.11)}
+    assert pruned.tags["kiln.objective"] == "val_acc"
+    assert runs["job-01training0001"].params == {"lr": "0.02"} and runs["job-01training0001"].metrics == {"loss": 1.5}
+
+
+def test_a_table_search_sends_the_columns_asked_for_and_mlflows_search_everything(tracking: TrackingService) -> None:
+    page = tracking.search_table(ANN, ["exp-mixed"], columns=["params.width", "tags.kiln.objective"])
+    assert page.columns is None
+    assert {v.id: v.params for v in page.runs}["job-01trial0000000"] == {"width": "64"}
+    assert all(not v.metrics and set(v.params) <= {"width"} for v in page.runs)
+    views, _ = tracking.search_runs(ANN, ["exp-mixed"])  # MLflow's clients: every param and metric, as before
+    whole = {v.id: v for v in views}
+    assert whole["job-01notebook0000"].params == {"base_url": "/notebooks/nb-1/", "idle": "7200"}
+    assert {p.key for p in whole["job-01trial0000000"].metrics} == {"val_acc", "loss"}
+    with pytest.raises(InvalidInput, match="columns"):
+        tracking.search_table(ANN, ["exp-mixed"], columns=["lr"])
+
+
+def test_a_table_search_names_its_experiment(tracking: TrackingService) -> None:
+    """The console's first search names the experiment (no look-up of its id before it, so public/early.js sends
+    it while the bundle loads); by name or by id, the same runs in the same order."""
+    by_name = tracking.search_table(ANN, [], experiment_names=["mixed"], order_by=["metrics.loss DESC"])
+    by_id = tracking.search_table(ANN, ["exp-mixed"], order_by=["metrics.loss DESC"])
+    assert [v.id for v in by_name.runs] == [v.id for v in by_id.runs] and len(by_id.runs) == 7
+    with pytest.raises(NotFound):
+        tracking.search_table(ANN, [], experiment_names=["no-such"])
+
+
+def test_a_search_sorted_by_a_metric_is_the_databases_from_an_index_ties_and_missing_last_paged_stably(
+    tracking: TrackingService,
+) -> None:
+    """Sorted by a metric, the database orders every run by its last value (an index of each series' name, run and
+    last value: no series row read), ties newest first, runs without the metric last, and pages follow on."""
+    statements: list[tuple[str, Any]] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        if "ORDER BY" in statement and "metric_series" in statement and not many:
+            statements.append((statement, parameters))
+
+    event.listen(Engine, "before_cursor_execute", seen)  # the read engine's too
+    try:
+        pages, token = [], None
+        while True:
+            page = tracking.search_table(
+                ANN, ["exp-mixed"], order_by=["metrics.loss DESC"], max_results=2, page_token=token, columns=[]
+            )
+            pages.append([v.id for v in page.runs])
+            if not (token := page.next_page_token):
+                break
+    finally:
+        event.remove(Engine, "before_cursor_execute", seen)
+    # loss: training-1 1.5, training-0 0.5; the three trials 1/3 each except the pruned one (none), newest first;
+    # the notebook, the replica and the pruned trial have none: last, newest first.
+    assert [len(p) for p in pages] == [2, 2, 2, 1]
+    assert [run for p in pages for run in p] == [
+        "job-01training0001",
+        "job-01training0000",
+        "job-01trial0000002",
+        "job-01trial0000000",
+        "job-01trial0000001",
+        "job-01replica00000",
+        "job-01notebook0000",
+    ]
+    statement, parameters = statements[0]
+    with tracking.db.engine.connect() as conn:
+        plan = " ".join(str(row[-1]) for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters))
+    assert "COVERING INDEX ix_metric_series_name_job_value" in plan, plan

@@ -180,6 +180,14 @@ class SearchRuns(_Body):
     max_results: int = Field(tracking.DEFAULT_SEARCH_RESULTS, ge=1, le=tracking.MAX_SEARCH_RESULTS)
     order_by: list[Annotated[str, Field(max_length=500)]] = Field(default_factory=list, max_length=10)
     page_token: Annotated[str, Field(max_length=200)] | None = None
+    # Kiln's, for a table (the console's Runs page): only these of each run (params.X, metrics.X, tags.X), and/or
+    # the columns a person would be shown (answered as "columns", sent). Neither: everything, as MLflow answers.
+    # Experiments by name as well as by id.
+    columns: list[Annotated[str, Field(max_length=500)]] | None = Field(None, max_length=100)
+    default_columns: bool = Field(False, strict=True)
+    experiment_names: list[Annotated[str, Field(max_length=tracking.MAX_EXPERIMENT_NAME)]] = Field(
+        default_factory=list, max_length=100
+    )
 
 
 def _experiment(view: ExperimentView) -> dict[str, Any]:
@@ -252,9 +260,11 @@ async def _body(request: Request, model: type[_Body]) -> Any:
 def _query(request: Request, model: type[_Body]) -> Any:
     params = request.query_params
     data: dict[str, Any] = {k: params.get(k) for k in params}
-    for many in ("experiment_ids", "order_by"):
+    for many in ("experiment_ids", "order_by", "columns", "experiment_names"):
         if many in params:
             data[many] = params.getlist(many)
+    if data.get("default_columns") in ("true", "false"):  # a query's boolean: these two words only
+        data["default_columns"] = data["default_columns"] == "true"
     return model.model_validate(data)
 
 
@@ -447,8 +457,8 @@ def create_mlflow_app(platform: Callable[[], Any]) -> FastAPI:
     @app.api_route(f"{PREFIX}/runs/search", methods=["GET", "POST"])
     async def search_runs(request: Request) -> dict[str, Any]:
         body: SearchRuns = await _body(request, SearchRuns) if request.method == "POST" else _query(request, SearchRuns)
-        views, token = await run_in_threadpool(
-            tracking_of(request).search_runs,
+        page = await run_in_threadpool(
+            tracking_of(request).search_table,
             caller_of(request),
             body.experiment_ids,
             body.filter,
@@ -456,10 +466,15 @@ def create_mlflow_app(platform: Callable[[], Any]) -> FastAPI:
             body.max_results,
             body.order_by,
             body.page_token,
+            body.columns,
+            body.default_columns,
+            body.experiment_names,
         )
-        answer: dict[str, Any] = {"runs": [_run(v) for v in views]}
-        if token:
-            answer["next_page_token"] = token
+        answer: dict[str, Any] = {"runs": [_run(v) for v in page.runs]}
+        if page.next_page_token:
+            answer["next_page_token"] = page.next_page_token
+        if page.columns is not None:
+            answer["columns"] = page.columns
         return answer
 
     add_logged_model_routes(app, platform, _body)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from decimal import ROUND_HALF_UP, Decimal, localcontext
 from typing import Protocol
 
@@ -135,17 +135,33 @@ def default_columns(runs: Sequence[RunRow], params: int = PARAM_COLUMNS, metrics
     """The columns (``metrics.X``, ``params.X``) to show ``runs`` with when none were asked for, most telling first:
     the study's objective, the params that differ between the runs, the metrics most of them report."""
     objectives = Counter(r.tags[OBJECTIVE_TAG] for r in runs if r.tags.get(OBJECTIVE_TAG))
-    objective = _most_first(objectives)[0] if objectives else None
     having: Counter[str] = Counter()
     values: dict[str, set[str]] = {}
     for run in runs:
         for key, value in run.params.items():
             having[key] += 1
             values.setdefault(key, set()).add(value)
-    differ = Counter({k: n for k, n in having.items() if len(values[k]) > 1})
-    chosen_params = _most_first(differ or having)[:params]
-    reported = Counter(k for r in runs for k in r.metrics if "/" not in k and k != objective)
-    chosen_metrics = _most_first(reported)[:metrics]
+    differing = {k for k in having if len(values[k]) > 1}
+    reported = Counter(k for r in runs for k in r.metrics)
+    return choose_columns(objectives, having, differing, reported, params, metrics)
+
+
+def choose_columns(
+    objectives: Mapping[str, int],
+    having: Mapping[str, int],
+    differing: Collection[str],
+    reported: Mapping[str, int],
+    params: int = PARAM_COLUMNS,
+    metrics: int = METRIC_COLUMNS,
+) -> list[str]:
+    """:func:`default_columns` from what it counts of the runs (the server counts these in SQL, without reading every
+    param of every run): how many runs have each objective, each param (``having``), which params' values differ
+    between them, and how many runs report each metric."""
+    objective = _most_first(Counter(objectives))[0] if objectives else None
+    differ = Counter({k: n for k, n in having.items() if k in differing})
+    chosen_params = _most_first(differ or Counter(having))[:params]
+    shown = Counter({k: n for k, n in reported.items() if "/" not in k and k != objective})
+    chosen_metrics = _most_first(shown)[:metrics]
     return [
         *([f"metrics.{objective}"] if objective else []),
         *(f"params.{k}" for k in chosen_params),

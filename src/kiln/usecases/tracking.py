@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sqlalchemy import delete, false, insert, select, update
 from sqlalchemy.orm import Session
@@ -31,7 +31,7 @@ from kiln.db.tables import (
     User,
     utcnow,
 )
-from kiln.domain import run_table, tracking
+from kiln.domain import tracking
 from kiln.domain.ids import new_id
 from kiln.domain.run_search import SearchSyntaxError, parse_filter, parse_order_by
 from kiln.domain.schemas import ExperimentRead
@@ -43,8 +43,8 @@ from kiln.metrics.store import MetricsStore
 from kiln.usecases import run_query
 from kiln.usecases.experiments import experiment_summaries
 from kiln.usecases.identity import Principal
-from kiln.usecases.run_marks import trial_marks
 from kiln.usecases.run_rows import experiment_id_for, millis
+from kiln.usecases.run_views import RunColumns, RunView, as_float, run_views, table_views
 
 
 @dataclass
@@ -55,25 +55,6 @@ class ExperimentView:
     created_ms: int
     updated_ms: int
     tags: dict[str, str]
-
-
-@dataclass
-class RunView:
-    id: str
-    experiment_id: str
-    name: str
-    user: str
-    status: str
-    start_time: int | None
-    end_time: int | None
-    lifecycle_stage: str
-    job_id: str | None
-    params: dict[str, str] = field(default_factory=dict)
-    tags: dict[str, str] = field(default_factory=dict)
-    metrics: list[LoggedPoint] = field(default_factory=list)  # each metric's latest point
-    state: str = ""  # in Kiln's words (kiln.domain.run_table): its job's state, PRUNED, or its status renamed
-    objective: str | None = None  # a study trial's: its study's objective metric
-    direction: str | None = None  # and whether it is minimized or maximized
 
 
 class TrackingService:
@@ -282,7 +263,7 @@ class TrackingService:
         self._may_read(principal)
         with self.db.read() as s:
             self._run(s, principal, run_id)
-            return self._views(s, [run_id])[0]
+            return run_views(s, [run_id])[0]
 
     def update_run(
         self,
@@ -406,7 +387,7 @@ class TrackingService:
                 .limit(max_results + 1)
             ).all()
         points = [
-            LoggedPoint(key, _float(value, text), round(t * 1000), int(step or 0))
+            LoggedPoint(key, as_float(value, text), round(t * 1000), int(step or 0))
             for step, t, value, text in rows[:max_results]
         ]
         return points, run_query.page_token(offset + max_results) if len(rows) > max_results else None
@@ -423,7 +404,30 @@ class TrackingService:
         order_by: list[str] | None = None,
         page_token: str | None = None,
     ) -> tuple[list[RunView], str | None]:
+        """Runs as MLflow's clients read them: every param, tag and metric of each."""
+        page = self.search_table(principal, experiment_ids, filter_string, view, max_results, order_by, page_token)
+        return page.runs, page.next_page_token
+
+    def search_table(
+        self,
+        principal: Principal,
+        experiment_ids: Iterable[str],
+        filter_string: str | None = None,
+        view: str = "ACTIVE_ONLY",
+        max_results: int = tracking.DEFAULT_SEARCH_RESULTS,
+        order_by: list[str] | None = None,
+        page_token: str | None = None,
+        columns: list[str] | None = None,
+        default_columns: bool = False,
+        experiment_names: Iterable[str] = (),
+    ) -> RunPage:
+        """A page of runs for a table: with ``columns`` (``params.X``, ``metrics.X``, ``tags.X``) only those of each
+        run (and the table's own tags); with ``default_columns`` also the columns kiln.domain.run_table would show
+        these runs with (``RunPage.columns``). Neither: every param, tag and metric, as search_runs. Experiments by
+        id, or by name (``experiment_names``: the console's first search needs no look-up before it)."""
         self._may_read(principal)
+        experiment_ids = [*experiment_ids, *(self.experiment_by_name(principal, n).id for n in experiment_names)]
+        wanted = RunColumns.parse(columns) if columns is not None else None
         try:
             conditions = parse_filter(filter_string)
             order = parse_order_by(order_by)
@@ -451,76 +455,16 @@ class TrackingService:
             ordering = [c for key in order for c in run_query.order(key)]
             ordering += [Run.start_time.desc().nulls_last(), Run.id.desc()]
             found = list(s.scalars(query.order_by(*ordering).offset(offset).limit(max_results + 1)))
-            views = self._views(s, found[:max_results])
-        return views, run_query.page_token(offset + max_results) if len(found) > max_results else None
-
-    def _views(self, s: Session, run_ids: list[str]) -> list[RunView]:
-        """The runs ``run_ids`` (in that order) with their params, tags and each metric's latest point."""
-        if not run_ids:
-            return []
-        rows = s.execute(
-            select(Run, Job.state, Job.finished_at, User.name)
-            .outerjoin(Job, Job.id == Run.job_id)
-            .join(User, User.id == Run.user_id)
-            .where(Run.id.in_(run_ids))
-        ).all()
-        views: dict[str, RunView] = {}
-        for run, job_state, finished_at, user in rows:
-            job_run = run.job_id is not None and job_state is not None
-            views[run.id] = RunView(
-                id=run.id,
-                experiment_id=run.experiment_id,
-                name=run.name,
-                user=user,
-                status=tracking.run_status(job_state) if job_run else run.status,
-                start_time=run.start_time,
-                end_time=millis(finished_at) if job_run else run.end_time,
-                lifecycle_stage=run.lifecycle_stage,
-                job_id=run.job_id,
-                state=str(job_state) if job_run else run_table.STATE_OF_STATUS.get(run.status, run.status),
-            )
-        for run_id, key, value in s.execute(
-            select(RunParam.run_id, RunParam.key, RunParam.value).where(RunParam.run_id.in_(run_ids))
-        ):
-            views[run_id].params[key] = value
-        for run_id, key, value in s.execute(
-            select(RunTag.run_id, RunTag.key, RunTag.value).where(RunTag.run_id.in_(run_ids))
-        ):
-            views[run_id].tags[key] = value
-        latest = s.execute(
-            select(
-                MetricSeries.job_id,
-                MetricSeries.name,
-                MetricSeries.last_value,
-                MetricSeries.last_text,
-                MetricSeries.last_time,
-                MetricSeries.last_step,
-            )
-            .where(MetricSeries.job_id.in_(run_ids), MetricSeries.kind == "scalar")
-            .order_by(MetricSeries.job_id, MetricSeries.name, MetricSeries.worker)
-        )
-        seen: set[tuple[str, str]] = set()
-        for run_id, name, number, words, last_time, step in latest:
-            if (run_id, name) in seen or (number is None and words is None):
-                continue
-            seen.add((run_id, name))
-            point = LoggedPoint(name, _float(number, words), round((last_time or 0) * 1000), int(step or 0))
-            views[run_id].metrics.append(point)
-        _mark_trials(s, views)
-        return [views[r] for r in run_ids if r in views]
+            views, chosen = table_views(s, found[:max_results], wanted, default_columns)
+        token = run_query.page_token(offset + max_results) if len(found) > max_results else None
+        return RunPage(views, token, chosen)
 
 
-def _mark_trials(s: Session, views: dict[str, RunView]) -> None:
-    """A study trial's run: PRUNED where its pruner stopped it, its study's objective, and the objective's last
-    value as the pruner saw it where the run's metrics lack it."""
-    for job_id, mark in trial_marks(s, [v.job_id for v in views.values() if v.job_id]).items():
-        view = views.get(job_id)
-        if view is None:
-            continue
-        view.state = mark.state or view.state
-        view.objective, view.direction = mark.objective, mark.direction
-        if mark.last_value is not None and all(p.key != mark.objective for p in view.metrics):
-            view.metrics.append(LoggedPoint(mark.objective, mark.last_value, view.end_time or 0, mark.last_step or 0))
+@dataclass
+class RunPage:
+    runs: list[RunView]
+    next_page_token: str | None
+    columns: list[str] | None  # the default columns chosen, where asked for
 
 
 def _bounded(value: int, most: int) -> int:
@@ -576,12 +520,3 @@ def _parsed(points: list[PointIn]) -> Parsed:
             columns.values.append(None)
             columns.texts.append("nan" if math.isnan(value) else ("inf" if value > 0 else "-inf"))
     return parsed
-
-
-def _float(value: float | None, text: str | None) -> float:
-    if value is not None:
-        return float(value)
-    try:
-        return float(text or "nan")
-    except ValueError:
-        return math.nan
