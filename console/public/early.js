@@ -1,6 +1,6 @@
 // The page's first requests, sent while the bundle still loads (index.html runs this script before the bundle; the
 // server's policy allows no inline script): the session check on every page; on a job's page the job and, on its
-// Metrics or System tab, its metric summary; on the Runs page the experiments and the one it shows. The app takes
+// Metrics or System tab, its metric summary; on the Runs page the experiments and its first rows. The app takes
 // each answer once, for the same GET, instead of sending it again after the one before (src/early.ts, src/api.ts),
 // so the first chart waits for fewer round trips; it forgets them all once signed out. An answer not taken within
 // 10 s is dropped: later reads go to the server.
@@ -29,12 +29,21 @@
       if (tab === "metrics" || tab === "system") get("/jobs/" + id + "/metrics/summary");
     }
   }
-  if (location.pathname === "/runs") {
-    // The Runs page: the experiments, and the one shown (its runs are searched by its id, once it is known).
-    var mlflow = "/mlflow/api/2.0/mlflow/";
-    var experiment = new URLSearchParams(location.search).get("experiment") || "Default";
+  if (location.pathname === "/runs" && !new URLSearchParams(location.search).get("experiment_id")) {
+    // The Runs page: the experiments, and the first rows of the one shown, searched by its name: the same GET as
+    // src/pages/Runs.tsx's searchQuery, key by key in its order (a query that differs is simply asked again).
+    var page = new URLSearchParams(location.search);
+    var search = new URLSearchParams();
+    search.append("experiment_names", page.get("experiment") || "Default");
+    if (page.get("filter")) search.append("filter", page.get("filter"));
+    var sort = page.get("sort");
+    if (sort) search.append("order_by", sort.charAt(0) === "-" ? sort.slice(1) + " DESC" : sort + " ASC");
+    search.append("max_results", "100");
+    var columns = (page.get("columns") || "").split(",").filter(Boolean);
+    if (columns.length) columns.forEach(function (c) { search.append("columns", c); });
+    else search.append("default_columns", "true");
     get("/experiments"); // the picker: every experiment with its run count
-    ask(mlflow + "experiments/get-by-name?" + new URLSearchParams({ experiment_name: experiment }).toString());
+    ask("/mlflow/api/2.0/mlflow/runs/search?" + search.toString());
   }
   window.__kilnEarly = early;
   setTimeout(function () {

@@ -17,8 +17,10 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import httpx
 import mlflow
 import pytest
 from mlflow.entities import Metric, Param
@@ -292,6 +294,23 @@ def test_the_consoles_runs_table_sorts_by_a_metric_column_on_the_server(
             page.get_by_role("button", name="Sign in").click()
             rows = page.get_by_test_id("run-row")
             expect(rows).to_have_count(3)
+            # Its rows come from one search, sent by public/early.js while the bundle loads (the experiment by its
+            # name), asking the server for the columns a person would see and only those of each run; a sort asks
+            # for the same columns again.
+            searches: list[dict[str, list[str]]] = []
+
+            def searched(request: Any) -> None:
+                if "/runs/search" in request.url:
+                    searches.append(parse_qs(urlsplit(request.url).query))
+
+            page.on("request", searched)
+            page.reload()
+            expect(rows).to_have_count(3)
+            assert len(searches) == 1, searches
+            assert searches[0]["experiment_names"] == ["browse"] and searches[0]["default_columns"] == ["true"]
+            assert "columns" not in searches[0]
+            columns = page.locator("[data-testid^=sort-]").evaluate_all("bs => bs.map(b => b.dataset.testid)")
+            assert columns == ["sort-params.lr", "sort-metrics.val_acc"], columns
 
             def order() -> list[str]:
                 return [names[r] for r in rows.evaluate_all("rs => rs.map(r => r.dataset.run)")]
@@ -300,6 +319,8 @@ def test_the_consoles_runs_table_sorts_by_a_metric_column_on_the_server(
             expect(page).to_have_url(re.compile(r"sort=-metrics\.val_acc"))
             expect(rows.first).to_contain_text("beta")
             assert order() == ["beta", "gamma", "alpha"]
+            assert searches[-1]["columns"] == ["params.lr", "metrics.val_acc"] and "default_columns" not in searches[-1]
+            assert searches[-1]["order_by"] == ["metrics.val_acc DESC"]
             page.get_by_test_id("sort-metrics.val_acc").click()
             expect(rows.first).to_contain_text("alpha")
             assert order() == ["alpha", "gamma", "beta"]
@@ -436,3 +457,39 @@ def test_kiln_experiments_lists_shows_renames_and_deletes_and_runs_list_fits_80_
     assert "narrow-table" not in names and "wide-table" not in names and "Default" in names
     deleted = json.loads(kiln("experiments", "list", "--deleted", "-o", "json").stdout)
     assert [e["name"] for e in deleted] == ["narrow-table"]
+
+
+def test_the_consoles_search_names_its_experiment_and_gets_only_its_columns_over_the_protocol(
+    server: KilnServer, tenants: tuple[Tenant, Tenant]
+) -> None:
+    """runs/search's own parameters for a table (the console's Runs page): experiment_names, columns and
+    default_columns, as a GET's query and a POST's body; MLflow's client, asking none of them, gets every param."""
+    labs, other = tenants
+    with acting_as(server, labs, "member") as client:
+        experiment_id = client.create_experiment("narrow-table")
+        for i in range(3):
+            run = client.create_run(experiment_id, run_name=f"narrow-{i}")
+            params = [Param("lr", str(0.1 / (i + 1)))] + [Param(f"same_{k:02d}", "x") for k in range(20)]
+            client.log_batch(run.info.run_id, params=params, metrics=[Metric("loss", 1 / (i + 3), 0, 0)])
+        assert all(len(r.data.params) == 21 for r in client.search_runs([experiment_id]))
+    account = labs.accounts["member"]
+    with httpx.Client(base_url=f"{server.url}/mlflow/api/2.0/mlflow", auth=(account.key_id, account.secret)) as http:
+        chosen = http.get("/runs/search", params={"experiment_names": "narrow-table", "default_columns": "true"})
+        assert chosen.status_code == 200, chosen.text
+        assert chosen.json()["columns"] == ["params.lr", "metrics.loss"]
+        for run in chosen.json()["runs"]:
+            assert [p["key"] for p in run["data"]["params"]] == ["lr"]
+            assert [m["key"] for m in run["data"]["metrics"]] == ["loss"]
+        body = {"experiment_ids": [experiment_id], "columns": ["params.same_03"], "order_by": ["metrics.loss ASC"]}
+        asked = http.post("/runs/search", json=body).json()
+        assert "columns" not in asked
+        assert [r["info"]["run_name"] for r in asked["runs"]] == ["narrow-2", "narrow-1", "narrow-0"]
+        assert all(r["data"]["params"] == [{"key": "same_03", "value": "x"}] for r in asked["runs"])
+        assert all("metrics" not in r["data"] or not r["data"]["metrics"] for r in asked["runs"])
+        for bad in ({"default_columns": "1"}, {"columns": "lr"}, {"experiment_names": "no-such-experiment"}):
+            answer = http.get("/runs/search", params={"experiment_names": "narrow-table", **bad})
+            assert answer.status_code in (400, 404), (bad, answer.text)
+            assert answer.json()["error_code"] in ("INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST"), answer.text
+    theirs = other.accounts["member"]
+    with httpx.Client(base_url=f"{server.url}/mlflow/api/2.0/mlflow", auth=(theirs.key_id, theirs.secret)) as http:
+        assert http.get("/runs/search", params={"experiment_names": "narrow-table"}).status_code == 404  # not theirs

@@ -23,6 +23,25 @@ interface Experiment {
 // params, not 500's), more on request, as MLflow's UI loads them.
 const PAGE = 100;
 
+// What a search sends of each run: the columns shown only (Kiln's `columns` of runs/search), not every param and
+// metric of runs that may have hundreds; the first search of an experiment and filter without ?columns= asks the
+// server to choose them (`default_columns`: runTable.ts's rule, counted in SQL) and keeps them for a re-sort and
+// for more rows. The comparison below asks for its runs whole.
+type Answer = { runs?: Run[]; next_page_token?: string; columns?: string[] };
+
+/** The columns the page's address asks for (?columns=a,b), null for none. */
+function shownColumns(text: string | null): string[] | null {
+  const columns = (text ?? "").split(",").filter(Boolean);
+  return columns.length ? columns : null;
+}
+
+/** A page's runs/search: public/early.js builds the same query, key by key in this order, for the page's address. */
+export function searchQuery(experiment: string, filter: string, sort: string, columns: string[] | null) {
+  const order = sort ? [sort.startsWith("-") ? `${sort.slice(1)} DESC` : `${sort} ASC`] : [];
+  const shown = columns ? { columns } : { default_columns: "true" };
+  return { experiment_names: experiment, filter, order_by: order, max_results: PAGE, ...shown };
+}
+
 /** A cell: the value rounded for reading, every digit in its title (on hover). */
 function Cell({ v }: { v: string | number | undefined }) {
   return (
@@ -59,20 +78,20 @@ export function Runs() {
       .catch(setError);
   }, []);
 
-  // The experiment's id by its name, asked once: a sort or a filter searches at once.
-  const ids = useRef(new Map<string, string>());
+  // The experiment is searched by its name (Kiln's experiment_names): the first search needs no look-up first, and
+  // public/early.js sends it while the bundle loads (the same GET: searchQuery).
   const [more, setMore] = useState<string | null>(null); // the next page's token
   const [busy, setBusy] = useState(false);
+  const asked = shownColumns(query.get("columns"));
+  // The columns the server chose, for the experiment and filter they were chosen for.
+  const [chosen, setChosen] = useState<{ key: string; columns: string[] } | null>(null);
+  const viewKey = `${experiment}\n${filter}`;
   const search = async (experimentName: string, token: string | null, signal: AbortSignal) => {
-    let id = ids.current.get(experimentName);
-    if (!id) {
-      const found = await tracking<{ experiment: Experiment }>("experiments/get-by-name", { experiment_name: experimentName }, signal);
-      id = found.experiment.experiment_id;
-      ids.current.set(experimentName, id);
-    }
-    const order = sort ? [sort.startsWith("-") ? `${sort.slice(1)} DESC` : `${sort} ASC`] : [];
-    const query = { experiment_ids: id, filter, order_by: order, max_results: PAGE, ...(token ? { page_token: token } : {}) };
-    return tracking<{ runs?: Run[]; next_page_token?: string }>("runs/search", query, signal);
+    const keep = asked ?? (chosen?.key === viewKey ? chosen.columns : null);
+    const query = { ...searchQuery(experimentName, filter, sort, keep), ...(token ? { page_token: token } : {}) };
+    const answer = await tracking<Answer>("runs/search", query, signal);
+    if (answer.columns) setChosen({ key: viewKey, columns: answer.columns });
+    return answer;
   };
 
   useEffect(() => {
@@ -87,7 +106,8 @@ export function Runs() {
         const missing = picked.filter((id) => !found.some((r) => r.info.run_id === id));
         if (missing.length && !filter) {
           const list = missing.map((id) => `'${id.replace(/'/g, "")}'`).join(", ");
-          const extra = await tracking<{ runs?: Run[] }>("runs/search", { experiment_ids: ids.current.get(experiment)!, filter: `attributes.run_id IN (${list})`, max_results: PAGE }, abort.signal);
+          const columns = asked ?? answer.columns ?? (chosen?.key === viewKey ? chosen.columns : []);
+          const extra = await tracking<Answer>("runs/search", { experiment_names: experiment, filter: `attributes.run_id IN (${list})`, max_results: PAGE, columns: columns.length ? columns : "attributes.run_id" }, abort.signal);
           found = [...found, ...(extra.runs ?? [])];
         }
         setRuns(found);
@@ -121,10 +141,10 @@ export function Runs() {
     if (runs?.length) performance.mark("kiln:runs-rows"); // drawn: benchmarks/runs_page.py times it
   }, [runs]);
 
-  const columns = query.get("columns")?.split(",").filter(Boolean) ?? defaultColumns(runs ?? []);
+  const columns = asked ?? (chosen?.key === viewKey ? chosen.columns : defaultColumns(runs ?? []));
   const [columnDraft, setColumnDraft] = useState<string | null>(null);
   const sortBy = (column: string) => setQuery({ sort: sort === `-${column}` ? column : `-${column}` });
-  const chosen = (runs ?? []).filter((r) => picked.includes(r.info.run_id));
+  const compared = (runs ?? []).filter((r) => picked.includes(r.info.run_id));
 
   return (
     <div class="stack">
@@ -230,9 +250,28 @@ export function Runs() {
           ) : null}
         </div>
       )}
-      {chosen.length >= 2 ? <Compare runs={chosen} /> : null}
+      {compared.length >= 2 ? <Compare runs={compared} experiment={experiment} /> : null}
     </div>
   );
+}
+
+/** The runs compared with every param, tag and metric (the table's rows carry its columns only): asked by id,
+ * the table's rows shown until they come. */
+function useWhole(shown: Run[], experiment: string): Run[] {
+  const key = shown.map((r) => r.info.run_id).join(",");
+  const [whole, setWhole] = useState<{ key: string; runs: Run[] } | null>(null);
+  useEffect(() => {
+    const abort = new AbortController();
+    const list = shown.map((r) => `'${r.info.run_id.replace(/'/g, "")}'`).join(", ");
+    tracking<Answer>("runs/search", { experiment_names: experiment, filter: `attributes.run_id IN (${list})`, max_results: PAGE }, abort.signal)
+      .then((answer) => {
+        const found = new Map((answer.runs ?? []).map((r) => [r.info.run_id, r]));
+        setWhole({ key, runs: shown.map((r) => found.get(r.info.run_id) ?? r) });
+      })
+      .catch(() => undefined); // the table's rows stay: a comparison of the columns shown
+    return () => abort.abort();
+  }, [key, experiment]);
+  return whole?.key === key ? whole.runs : shown;
 }
 
 const CHARTED = 4; // metrics drawn, each with every ticked run's line
@@ -276,7 +315,8 @@ function linesOf(key: string, runs: Run[], data: Record<string, SeriesData[]>): 
 // The runs ticked in the table, side by side: the params that differ, every metric's last value, and the first
 // metrics' series with one line per run, overlaid: one request for every run and metric (GET /runs/metrics), each
 // series downsampled by the server to about the chart's width, so runs of a million points each load at once.
-function Compare({ runs }: { runs: Run[] }) {
+function Compare({ runs: shown, experiment }: { runs: Run[]; experiment: string }) {
+  const runs = useWhole(shown, experiment);
   const params = [...new Set(runs.flatMap((r) => (r.data.params ?? []).map((p) => p.key)))].sort();
   const differ = params.filter((k) => new Set(runs.map((r) => value(r, `params.${k}`))).size > 1);
   const metrics = [...new Set(runs.flatMap((r) => (r.data.metrics ?? []).map((m) => m.key)))].sort();
