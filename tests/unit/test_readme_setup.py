@@ -28,7 +28,8 @@ def test_the_quick_start_names_every_system_package_make_installs():
     assert sandbox_packages and "$(SANDBOX_PACKAGES)" in _target("sandbox-tools")
     assert "sandbox-tools" in _target("run") and "sandbox-tools" in _target("test")
     assert f"apt-get install {sandbox_packages.group(1).strip()}" in QUICK_START
-    assert "pip install -e '.[dev]'" in QUICK_START.replace("-e\n", "-e ")
+    assert "uv pip install -e '.[dev]'" in QUICK_START.replace("-e\n", "-e ")
+    assert "$(UV) -e '.[dev]'" in MAKEFILE and "UV := $(BIN)/uv pip install" in MAKEFILE
     assert "nodejs" in _target("node-tools") and "node-tools" in _target("test")
     assert "apt-get install nodejs" in QUICK_START
 
