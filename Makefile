@@ -197,10 +197,10 @@ unit: dev
 # workers, while LOAD busy loops (stress-ng's if it is installed, else one Python loop each; one per CPU unless set)
 # keep the CPUs busy, as make test's load does. E.g. make flake-hunt TESTS=tests/integration/test_paused_server.py N=20
 N ?= 20
-WORKERS ?= 4
+WORKERS ?= 2
 LOAD ?= $(shell nproc)
 flake-hunt: dev
-	@test -n "$(TESTS)" || { echo 'usage: make flake-hunt TESTS="tests/...py[::test]" [N=20] [WORKERS=4] [LOAD=CPUs]'; exit 2; }
+	@test -n "$(TESTS)" || { echo 'usage: make flake-hunt TESTS="tests/...py[::test]" [N=20] [WORKERS=2] [LOAD=CPUs]'; exit 2; }
 	@load=""; \
 	if [ "$(LOAD)" -gt 0 ] && command -v stress-ng >/dev/null; then stress-ng --quiet --cpu $(LOAD) & load=$$!; \
 	else for i in $$(seq 1 $(LOAD)); do $(BIN)/python -c 'while True: pass' & load="$$load $$!"; done; fi; \
