@@ -44,8 +44,10 @@ def mlflow_server_bin() -> Path:
         return binary
     print(f"making {MLFLOW_ENV} with {MLFLOW_REQUIREMENT} (once)", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(MLFLOW_ENV)], check=True)
-    pip = [str(MLFLOW_ENV / "bin" / "python"), "-m", "pip", "install", "-q", MLFLOW_REQUIREMENT]
-    subprocess.run(pip, check=True)
+    python = str(MLFLOW_ENV / "bin" / "python")
+    uv = Path(sys.prefix) / "bin" / "uv"  # make's installer: a sixth of pip's CPU time for the same versions
+    install = [str(uv), "pip", "install", "--python", python] if uv.exists() else [python, "-m", "pip", "install"]
+    subprocess.run([*install, "-q", MLFLOW_REQUIREMENT], check=True)
     return binary
 
 
