@@ -8,6 +8,9 @@ traffic of both.
 - with scale to zero, a cold start through the server that does not hold the lease brings a replica up and answers,
   and a steady trickle of predicts through that server alone keeps the service from scaling to zero (before, the
   holder saw no request of it and stopped the replica after ``idle_seconds``), while an idle one still does;
+- a canary with a rollout policy, all of whose predicts go through the server that does not run the serving task,
+  is rolled back by the holder's policy on what that server publishes per version (before, the holder judged its
+  own router's figures alone: none);
 - the lease holder killed (-9): the replica outlives it (its shim does) and the survivor answers every predict
   meanwhile, and takes the serving lease over after its TTL (before, the survivor had no route at all).
 
@@ -28,6 +31,7 @@ import pytest
 from cryptography.fernet import Fernet
 
 from kiln.domain.serving import ServiceState
+from kiln.errors import KilnError
 from kiln.sdk.client import Client
 from tests.components import require
 from tests.conftest import _pg_connect, postgres_available
@@ -168,6 +172,42 @@ def test_traffic_and_a_cold_start_through_the_other_server_count(world: World) -
         assert (idle.state, idle.desired_replicas) == (ServiceState.IDLE, 0)
         assert client.predict("trickle", [5]).outputs == [15]
         client.delete_service("trickle")
+
+
+@pytest.mark.timeout(600)
+def test_a_canarys_rollout_policy_judges_the_predicts_of_the_other_server(world: World) -> None:
+    holder = world.holder()
+    other = world.other(holder)
+    with world.client(other) as client:
+        # scaler@2 multiplies by None: every predict of it fails (a TypeError, answered 500).
+        broken = (
+            "import json, os; json.dump({'scale': None}, open(os.environ['KILN_OUTPUT_DIR'] + '/weights.json', 'w'))"
+        )
+        job = client.submit(spec(["python", "-c", broken]))
+        assert wait_for(client, job.id, timeout=120).state == "SUCCEEDED"
+        assert client.register_model("scaler", job.id, "weights.json", framework="custom").version == 2
+        client.serve(service("judged", replicas=1), code_dir=world.code)
+        assert client.wait_service("judged", timeout=SETTLE).state == ServiceState.READY
+        policy = {"max_error_rate": 0.1, "min_requests": 10}
+        client.update_service("judged", model="scaler@2", canary=50, rollout=policy)
+        deadline = time.monotonic() + SETTLE
+        while not any(r.canary and r.state == "READY" for r in client.get_service("judged").replicas):
+            assert time.monotonic() < deadline, "the canary's replica never got ready"
+            time.sleep(0.2)
+        # Every predict through the server that does not run the serving task: the holder's router forwards none,
+        # so only what this server publishes of each version can tell the policy that the canary fails.
+        failed = 0
+        while (now := client.get_service("judged")).canary is not None:
+            for i in range(10):
+                try:
+                    assert client.predict("judged", [i]).outputs == [3 * i]
+                except KilnError:
+                    failed += 1
+            assert time.monotonic() < deadline + 120, f"not rolled back after {failed} failed predicts: {now.versions}"
+        (event,) = now.rollout_events
+        assert (event.move, event.by, event.version) == ("rolled_back", "policy", 2), event
+        assert failed > 0
+        client.delete_service("judged")
 
 
 @pytest.mark.timeout(600)

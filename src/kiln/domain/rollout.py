@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -104,6 +104,26 @@ class VersionStats:
             self.seconds - before.seconds,
             [a - b for a, b in zip(self.buckets, before.buckets, strict=True)],
         )
+
+    def to_json(self) -> dict[str, Any]:
+        """Its counts and histogram, as a server publishes them for the others (not its per-second rate)."""
+        return {"requests": self.requests, "errors": self.errors, "seconds": self.seconds, "buckets": self.buckets}
+
+    @classmethod
+    def from_json(cls, data: Any) -> VersionStats:
+        """Another server's published figures; empty ones where they are malformed."""
+        try:
+            buckets = [int(x) for x in data["buckets"]]
+            if len(buckets) != len(BUCKET_BOUNDS) + 1:
+                return cls()
+            return cls(int(data["requests"]), int(data["errors"]), float(data["seconds"]), buckets)
+        except (KeyError, TypeError, ValueError):
+            return cls()
+
+    @property
+    def negative(self) -> bool:
+        """A window with a count below zero: a server's figures it began with are gone (it restarted, or left)."""
+        return self.requests < 0 or self.errors < 0 or any(b < 0 for b in self.buckets)
 
     def plus(self, other: VersionStats) -> VersionStats:
         return VersionStats(

@@ -158,7 +158,7 @@ class ServingControl:
         service, replicas = loaded
         self._observe(ctx, service, replicas)
         self._record(ctx, service)
-        self.rollouts.drive(ctx, service)
+        self.rollouts.drive(ctx, service, self._remote.get(service.id, Traffic()).versions)
         loaded = self._load(service_id)
         assert loaded is not None
         service, replicas = loaded

@@ -6,9 +6,10 @@ snapshot taken when this task first saw that share — are judged by ``decide``:
 the canary is promoted at 100 or rolled back when it broke a bound, each move written with a service event and a
 notification event (kiln.usecases.rollout) in one transaction.
 
-The figures are those of this server's router (the one holding the serving lease); the window begins again after a
-restart or a take-over (``min_requests`` counted anew), while the wait of a step counts from ``canary_step_at``, in
-the database.
+The figures are those of this server's router (the one holding the serving lease) plus what every other live server
+published of its own (kiln.tasks.serving_routes: per version, in ``service_traffic``); the window begins again after
+a restart or a take-over, or when a server's figures go away (``min_requests`` counted anew), while the wait of a
+step counts from ``canary_step_at``, in the database.
 """
 
 from __future__ import annotations
@@ -40,15 +41,18 @@ class Rollouts:
         self._windows: dict[str, _Window] = {}  # service id → where its current step's figures begin
         self.last: dict[str, Decision] = {}  # service id → the last verdict (what the serving task logs)
 
-    def drive(self, ctx: TaskContext, service: Service) -> None:
+    def drive(self, ctx: TaskContext, service: Service, remote: dict[int, VersionStats] | None = None) -> None:
+        """``remote``: what the other live servers forwarded per version, as they last published it."""
         if service.canary_version is None or not service.canary_policy or service.state == ServiceState.DELETING:
             self._windows.pop(service.id, None)
             self.last.pop(service.id, None)
             return
         policy = RolloutPolicy.model_validate(service.canary_policy)
-        traffic = self.router.version_traffic(service.id)
-        canary = traffic.get(service.canary_version, VersionStats())
-        stable = traffic.get(service.model_version, VersionStats())
+        traffic, remote = self.router.version_traffic(service.id), remote or {}
+        canary, stable = (
+            traffic.get(v, VersionStats()).plus(remote.get(v, VersionStats()))
+            for v in (service.canary_version, service.model_version)
+        )
         at = (service.canary_version, service.canary_weight, service.canary_step_at)
         window = self._windows.get(service.id)
         if window is None or window.at != at:

@@ -11,8 +11,10 @@ file system; another machine's socket cannot be reached, and a predict that find
 and stay as they are (their requests in flight counted once).
 
 It also writes what this server forwarded per service (``service_traffic``: requests in flight, in all and per
-replica, the count, the last request), when that changed and at least every ``TRAFFIC_REFRESH`` seconds, so that
-the serving task scales on the requests of every live server (``remote_traffic``), not only its own.
+replica, the count, the last request, and per model version its counts and latency histogram), when that changed
+and at least every ``TRAFFIC_REFRESH`` seconds, so that the serving task scales on the requests of every live
+server (``remote_traffic``), not only its own, and a canary's rollout policy judges the predicts every live server
+forwarded.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import delete, select
@@ -35,6 +37,7 @@ from sqlalchemy.exc import IntegrityError
 from kiln.auth.secrets import SecretBox
 from kiln.db.session import Database
 from kiln.db.tables import Server, Service, ServiceReplica, ServiceTraffic, utcnow
+from kiln.domain.rollout import VersionStats
 from kiln.domain.serving import ReplicaState, ServiceState
 from kiln.errors import KilnError
 from kiln.routing.router import Endpoint, Router
@@ -67,6 +70,7 @@ class Traffic:
     in_flight: int = 0
     replica_in_flight: dict[str, int] | None = None
     last_request_at: datetime | None = None
+    versions: dict[int, VersionStats] = field(default_factory=dict)  # per model version, forwarded since each began
 
 
 class RouteSync:
@@ -89,7 +93,7 @@ class RouteSync:
         self.node = node or this_node()
         self._task = Task("serving-routes", self.run_once, INTERVAL, stop=self.leave)
         self._unreachable: dict[str, list[tuple[str, str]]] = {}  # service id → (replica id, node) beyond reach
-        self._published: dict[str, tuple[tuple[int, dict[str, int], int], float]] = {}  # service id → (what, when)
+        self._published: dict[str, tuple[object, float]] = {}  # service id → (what, when)
         self._insert = postgresql_insert if db.dialect == "postgresql" else sqlite_insert
         self._lock = threading.Lock()
         self._forgot = 0.0  # monotonic time old traffic rows were last deleted
@@ -195,7 +199,8 @@ class RouteSync:
         for service_id, (in_flight, per_replica, requests, last) in self.router.traffic().items():
             if service_id not in existing:
                 continue
-            what = (in_flight, per_replica, requests)
+            versions = self.router.version_traffic(service_id)
+            what = (in_flight, per_replica, requests, {v: (x.requests, x.errors) for v, x in versions.items()})
             previous = self._published.get(service_id)
             if previous is not None and previous[0] == what and now_mono - previous[1] < TRAFFIC_REFRESH:
                 continue
@@ -208,6 +213,7 @@ class RouteSync:
                     "replica_in_flight": per_replica,
                     "requests": requests,
                     "last_request_at": last_at,
+                    "versions": {str(v): x.to_json() for v, x in versions.items()},
                     "updated_at": now,
                 }
             )
@@ -262,6 +268,11 @@ def remote_traffic(db: Database, server_id: str, live_for: Callable[[], float]) 
                 sum_.last_request_at is None or row.last_request_at > sum_.last_request_at
             ):
                 sum_.last_request_at = row.last_request_at
+            for version, data in (row.versions or {}).items():
+                if str(version).isdigit():
+                    figures = VersionStats.from_json(data)
+                    have = sum_.versions.get(int(version))
+                    sum_.versions[int(version)] = have.plus(figures) if have is not None else figures
         return out
 
     return read

@@ -79,3 +79,19 @@ def test_a_healthy_canary_advances_after_each_wait_and_is_promoted_at_100() -> N
 def test_steps_rise_within_1_and_100(steps: list[int]) -> None:
     with pytest.raises(ValidationError):
         RolloutPolicy(steps=steps)
+
+
+def test_a_servers_published_figures_come_back_alike_and_a_vanished_one_shows_negative() -> None:
+    stats = _stats(30, errors=3, seconds=0.02)
+    back = VersionStats.from_json(stats.to_json())
+    assert (back.requests, back.errors, back.buckets, back.percentile_ms(0.99)) == (
+        30,
+        3,
+        stats.buckets,
+        stats.percentile_ms(0.99),
+    )
+    assert VersionStats.from_json({"requests": "x"}).requests == 0  # malformed: empty, not an error
+    assert VersionStats.from_json({**stats.to_json(), "buckets": [1, 2]}).requests == 0
+    both = stats.plus(_stats(10))
+    assert both.requests == 40 and not both.minus(stats).negative
+    assert stats.minus(both).negative  # the sum lost a server's figures since the window began

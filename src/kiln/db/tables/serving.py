@@ -105,6 +105,9 @@ class ServiceTraffic(Base):
     requests: Mapped[int] = mapped_column(BigInteger, default=0)
     last_request_at: Mapped[datetime | None] = mapped_column(default=None)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Per model version: what it forwarded since it started (kiln.domain.rollout.VersionStats.to_json), for a
+    # canary's rollout policy on the server that runs the serving task.
+    versions: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
 
 class ServiceKey(Base):
