@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -40,7 +40,7 @@ class RolloutPolicy(BaseModel):
         None, gt=0.0, le=3_600_000.0, description="Roll back when the canary's p99 latency (ms) is above this."
     )
     min_requests: int = Field(100, ge=1, le=10_000_000, strict=True, description="No verdict on fewer predicts.")
-    steps: list[int] = Field(
+    steps: list[Annotated[int, Field(ge=1, le=100, strict=True)]] = Field(
         default_factory=list,
         max_length=20,
         description="Shares (percent, rising) the canary advances through; 100 promotes it. Empty: the share "
