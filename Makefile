@@ -195,7 +195,7 @@ unit: dev
 
 # A flake's hunt: TESTS (files or node ids) run N times each (pytest-repeat), spread over WORKERS pytest-xdist
 # workers, while LOAD busy loops (stress-ng's if it is installed, else one Python loop each; one per CPU unless set)
-# keep the CPUs busy, as make test's load does. E.g. make flake-hunt TESTS=tests/integration/test_paused_server.py N=20
+# keep the CPUs busy, as make test's load does. E.g. make flake-hunt TESTS=tests/integration/servers/test_paused_server.py N=20
 N ?= 20
 WORKERS ?= 2
 LOAD ?= $(shell nproc)

@@ -2,7 +2,8 @@
 
 A migrated Kiln database is filled with MB megabytes of incompressible rows; then, alternating, the baseline
 (`sqlite3 kiln.db ".backup out.db"`, or `pg_dump -Fc -f out.dump`) and Kiln's whole backup of that home
-(kiln.usecases.backup.backup_home: the database copied, hashed and listed in the manifest, with the server key)
+(kiln.usecases.operations.backup.backup_home: the database copied, hashed and listed in the manifest, with the server
+key)
 each run REPEAT times. The figure is throughput relative to the baseline (its time over Kiln's, medians): target
 >= 0.8x. PostgreSQL is measured when it answers at $KILN_TEST_PG_URL (else its rows say why not)."""
 
@@ -66,7 +67,7 @@ def timed(run) -> float:  # type: ignore[no-untyped-def]
 
 
 def measure(name: str, settings: Settings, baseline, out: Path, repeat: int) -> list[dict[str, object]]:  # type: ignore[no-untyped-def]
-    from kiln.usecases.backup import backup_home
+    from kiln.usecases.operations.backup import backup_home
 
     base: list[float] = []
     ours: list[float] = []

@@ -34,8 +34,8 @@ from kiln.db.session import Database  # noqa: E402
 from kiln.db.tables import Job  # noqa: E402
 from kiln.metrics.spools import ServerSpools  # noqa: E402
 from kiln.tasks.metrics_ingest import MetricsIngester, MetricsStore  # noqa: E402
-from kiln.usecases.identity import Principal  # noqa: E402
-from kiln.usecases.metrics import MetricsService, SeriesQuery  # noqa: E402
+from kiln.usecases.access.identity import Principal  # noqa: E402
+from kiln.usecases.tracking.metrics import MetricsService, SeriesQuery  # noqa: E402
 
 
 def setup(url: str, jobs: list[str]) -> Database:

@@ -4,7 +4,7 @@ the clients (issue 48).
     .venv/bin/python benchmarks/serving_split.py [--rounds 3] [--duration 5] [--warmup 2] [--json PATH]
 
 One fresh ``kiln server`` (``KILN_CPUS=64``, no rate limit) and the cheapest predictor there is, so that what is
-measured is Kiln's part: a custom class that multiplies (tests/integration/test_canary_rollout.py's), on this
+measured is Kiln's part: a custom class that multiplies (tests/integration/models/test_canary_rollout.py's), on this
 interpreter, registered three times with the same weights (``scaler@1``, ``@2``, ``@3``). Three services, each with
 1 replica per version and no batching:
 

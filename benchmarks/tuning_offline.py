@@ -75,7 +75,7 @@ def study(rule: str, seed: int, config: dict[str, Any], curves: Curves) -> dict[
     epochs, factor = config["epochs"], config["reduction_factor"]
     rungs = [config["min_resource"] * factor**k for k in range(8)]
     rungs = [r for r in rungs if r < epochs]
-    startup = max(2, min(5, config["trials"] // 4))  # kiln.usecases.tuning_engine.sampler
+    startup = max(2, min(5, config["trials"] // 4))  # kiln.usecases.tuning.tuning_engine.sampler
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, constant_liar=True)
     ostudy = optuna.create_study(direction="maximize", sampler=sampler)
     space = {

@@ -40,7 +40,7 @@ from tests.kilnserver import KilnServer  # noqa: E402
 from kiln.db import migrate  # noqa: E402
 from kiln.db.session import Database  # noqa: E402
 from kiln.db.tables import Organization, Price, UsageRecord, User, utcnow  # noqa: E402
-from kiln.usecases.usage import UsageService  # noqa: E402
+from kiln.usecases.usage.usage import UsageService  # noqa: E402
 
 PG_ADMIN = os.environ.get("KILN_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 DAY = 86400.0

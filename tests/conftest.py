@@ -145,8 +145,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: igno
 SPLIT_FILES = frozenset(
     {
         "tests/e2e/test_benchmarks_smoke.py",
-        "tests/integration/test_crash_safety.py",
-        "tests/integration/test_upgrade_from_releases.py",  # one test per release and database, ~15-50 s each
+        "tests/integration/servers/test_crash_safety.py",
+        "tests/integration/database/test_upgrade_from_releases.py",  # one test per release and database, ~15-50 s each
     }
 )
 # Session fixtures of which a machine holds one at a time (fixed names and ports): the tests that use one, whatever
@@ -157,30 +157,30 @@ MACHINE_WIDE_FIXTURES = ("slurm_cluster",)
 # tests first) put the one-test files, the long end-to-end ones, last whatever the collection order said, so the
 # order here only holds with --no-loadscope-reorder (the Makefile's).
 LONGEST_FIRST = (
-    "tests/integration/test_api_schema.py",
+    "tests/integration/api/test_api_schema.py",
     "tests/e2e/test_quickstart.py",
     "tests/e2e/test_benchmarks_smoke.py",
-    "tests/integration/test_crash_safety.py",
-    "tests/integration/test_upgrade_from_releases.py",
-    "tests/integration/test_chaos.py",
+    "tests/integration/servers/test_crash_safety.py",
+    "tests/integration/database/test_upgrade_from_releases.py",
+    "tests/integration/servers/test_chaos.py",
     "tests/e2e/test_pytorch.py",
     "tests/e2e/test_ddp.py",
     "tests/e2e/test_serving.py",
     "tests/e2e/test_tuning_digits.py",
-    "tests/integration/test_studies_semantics.py",
+    "tests/integration/tuning/test_studies_semantics.py",
     "tests/e2e/test_console.py",
-    "tests/integration/test_notebooks.py",
+    "tests/integration/notebooks/test_notebooks.py",
     "tests/integration/tenancy/test_quota.py",
     "tests/e2e/test_cli_runtimes.py",
     "tests/integration/tenancy/test_isolation_matrix.py",
-    "tests/integration/test_catalog_index.py",
-    "tests/integration/test_local_executor.py",
-    "tests/integration/test_metrics_store.py",
+    "tests/integration/data/test_catalog_index.py",
+    "tests/integration/local/test_local_executor.py",
+    "tests/integration/metrics/test_metrics_store.py",
     "tests/e2e/test_cli_tenancy.py",
-    "tests/integration/test_reconcile_batch.py",
-    "tests/integration/test_lifecycle.py",
-    "tests/integration/test_console_session.py",
-    "tests/integration/test_datasets.py",
+    "tests/integration/jobs/test_reconcile_batch.py",
+    "tests/integration/jobs/test_lifecycle.py",
+    "tests/integration/console/test_console_session.py",
+    "tests/integration/data/test_datasets.py",
     "tests/e2e/test_cli.py",
 )
 

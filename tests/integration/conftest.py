@@ -6,7 +6,7 @@ import pytest
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Give each operation's test of ``schema.parametrize()`` (tests/integration/test_api_schema.py) its own node
+    """Give each operation's test of ``schema.parametrize()`` (tests/integration/api/test_api_schema.py) its own node
     id. schemathesis 4.32 names the items ``test[METHOD /path]`` but passes the bare test name as their
     ``originalname``, from which pytest 9 builds the node id: every operation then had the same id, and
     pytest-xdist, which schedules by node id, ran one of them in place of all."""

@@ -3,7 +3,7 @@ and without tarfile's "data" filter), its signature and archive, the saves and r
 home endpoints on 127.0.0.1, and the launcher as a real process with a fake ``jupyterlab`` module (a Unix-socket
 HTTP server answering ``api/status``): ready, state file, periodic saves, a refused save, SIGTERM, JupyterLab
 exiting on its own or never getting ready, a home that cannot be restored. The real JupyterLab runs in
-tests/integration/test_notebook_launcher.py."""
+tests/integration/notebooks/test_notebook_launcher.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The TensorBoard launcher (``python -m kiln.injob.tensorboard``) without TensorBoard: its config, where event
 files land, and the puller's copies (appending what a file gained, starting over when it shrank, refusing paths
 that would leave the log dir) against a stand-in of Kiln's two event endpoints on 127.0.0.1. TensorBoard itself
-runs under the real server in tests/integration/test_notebooks.py. And the spec a TensorBoard is created from."""
+runs under the real server in tests/integration/notebooks/test_notebooks.py. And the spec a TensorBoard is created
+from."""
 
 from __future__ import annotations
 

@@ -67,16 +67,25 @@ def test_the_layers_name_every_package_from_cli_down_to_injob():
 @pytest.mark.parametrize(
     ("module", "bad_import", "said"),
     [
-        # a use case reaching up into the reconciler: the circle kiln.storage.keys and kiln.usecases.scheduler_inputs
+        # a use case reaching up into the reconciler: the circle kiln.storage.keys and
+        # kiln.usecases.jobs.scheduler_inputs
         # took away
-        ("usecases/outputs.py", "from kiln.scheduler.loop import Reconciler", "kiln.usecases is not allowed to import"),
+        (
+            "usecases/data/outputs.py",
+            "from kiln.scheduler.loop import Reconciler",
+            "kiln.usecases is not allowed to import",
+        ),
         # server code writing the client's files through the SDK (what kiln.auth.credfile replaced)
-        ("usecases/identity.py", "from kiln.sdk.config import client_dir", "kiln.usecases is not allowed to import"),
+        (
+            "usecases/access/identity.py",
+            "from kiln.sdk.config import client_dir",
+            "kiln.usecases is not allowed to import",
+        ),
         # the API running SQL itself is fine by the layers (db is lower), but the platform importing the API is not
         ("platform/__init__.py", "from kiln.api.prometheus import router", "kiln.platform is not allowed to import"),
         ("injob/units.py", "from kiln.domain import quantities", "kiln.injob is not allowed to import"),
         ("domain/placement/packing.py", "from kiln.domain.placement import policy", "No cycles are allowed"),
-        ("usecases/jobs.py", "from kiln.backends.local import executor", "kiln.usecases is not allowed to import"),
+        ("usecases/jobs/jobs.py", "from kiln.backends.local import executor", "kiln.usecases is not allowed to import"),
     ],
 )
 def test_an_import_against_the_layers_breaks_the_lint(tmp_path, module, bad_import, said):

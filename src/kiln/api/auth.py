@@ -34,8 +34,8 @@ from kiln.auth.ratelimit import RateLimiter
 from kiln.auth.sessions import CSRF_HEADER
 from kiln.domain import idempotency, limits
 from kiln.errors import CsrfRefused, Forbidden, KilnError, PayloadTooLarge, RateLimited
-from kiln.usecases.audit import AuditEntry
-from kiln.usecases.identity import AuthFailure, Principal
+from kiln.usecases.access.audit import AuditEntry
+from kiln.usecases.access.identity import AuthFailure, Principal
 
 log = logging.getLogger("kiln.auth")
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from kiln.errors import Unauthenticated
 from kiln.platform import Platform
-from kiln.usecases.identity import Principal
+from kiln.usecases.access.identity import Principal
 
 
 # Both dependencies are async on purpose: FastAPI runs a plain `def` dependency in the thread pool, which

@@ -1,5 +1,5 @@
 """The ``Idempotency-Key`` header of the create routes (docs/idempotency.md): read and checked here, handed to the
-create's service (kiln.usecases.idempotency), which keeps it in the create's own transaction."""
+create's service (kiln.usecases.access.idempotency), which keeps it in the create's own transaction."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from fastapi import Depends, Header, Request, Response
 
 from kiln.api.responses import errors
 from kiln.domain.idempotency import HEADER, KEY_PATTERN, MAX_KEY_LENGTH, REPLAYED_HEADER
-from kiln.usecases.audit import AuditEntry
-from kiln.usecases.idempotency import IdempotentRequest
+from kiln.usecases.access.audit import AuditEntry
+from kiln.usecases.access.idempotency import IdempotentRequest
 
 KEY_DESCRIPTION = (
     "Makes a retried create harmless: a repeat of this request (same method, path and body) by the same user with "
@@ -48,7 +48,7 @@ async def idempotent_request(
 
 def _audit_entry(request: Request) -> AuditEntry | None:
     """The record kiln.api.auth would write for this request once it created something, as the create's
-    transaction writes it with the key (kiln.usecases.idempotency): the same action, resource and who."""
+    transaction writes it with the key (kiln.usecases.access.idempotency): the same action, resource and who."""
     principal = getattr(request.state, "principal", None)
     route = request.scope.get("route")
     if principal is None or route is None:

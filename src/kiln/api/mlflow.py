@@ -1,7 +1,8 @@
 """MLflow's REST tracking protocol, served under ``/mlflow`` (``MLFLOW_TRACKING_URI=<endpoint>/mlflow``), so that code
 instrumented for MLflow logs into Kiln unchanged: experiments, runs, params, metrics, tags, metric history, run
 search, artifacts (``mlflow-artifacts``) and MLflow 3's logged models (kiln.api.mlflow_models), translated to
-Kiln's tracking use cases (kiln.usecases.tracking, kiln.usecases.run_artifacts, kiln.usecases.logged_models), where
+Kiln's tracking use cases (kiln.usecases.tracking.tracking, kiln.usecases.tracking.run_artifacts,
+kiln.usecases.models.logged_models), where
 every job is a run.
 
 Authentication is the signature middleware's (kiln.api.auth): an access key as basic authentication
@@ -42,7 +43,7 @@ from kiln.errors import (
     PayloadTooLarge,
     Unauthenticated,
 )
-from kiln.usecases.tracking import ExperimentView, RunView
+from kiln.usecases.tracking.tracking import ExperimentView, RunView
 
 PREFIX = "/api/2.0/mlflow"
 ARTIFACTS = "/api/2.0/mlflow-artifacts/artifacts"

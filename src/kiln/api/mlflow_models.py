@@ -1,6 +1,7 @@
 """MLflow 3's logged-model endpoints under ``/mlflow/api/2.0/mlflow/logged-models`` (create, get, finalize, search,
 delete, tags, params, the directory listing MLflow's UI asks for) and ``runs/outputs``, translated to
-kiln.usecases.logged_models. Paths, fields and enum names are MLflow's (``mlflow/protos/service.proto``); the model's
+kiln.usecases.models.logged_models. Paths, fields and enum names are MLflow's (``mlflow/protos/service.proto``); the
+model's
 files go through ``mlflow-artifacts`` at its ``artifact_uri`` (kiln.api.mlflow routes ``<exp>/models/<id>/...``
 there)."""
 
@@ -16,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from kiln.api.deps import caller_of
 from kiln.domain import tracking
 from kiln.errors import InvalidInput
-from kiln.usecases.logged_models import MAX_PARAMS, MAX_RESULTS, MAX_TAGS, LoggedModelView
+from kiln.usecases.models.logged_models import MAX_PARAMS, MAX_RESULTS, MAX_TAGS, LoggedModelView
 
 PREFIX = "/api/2.0/mlflow"
 Id = Annotated[str, Field(max_length=64)]

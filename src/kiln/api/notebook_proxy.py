@@ -58,7 +58,7 @@ from kiln.errors import (
     PayloadTooLarge,
     Unauthenticated,
 )
-from kiln.usecases.identity import AuthFailure, Principal
+from kiln.usecases.access.identity import AuthFailure, Principal
 
 log = logging.getLogger("kiln.notebooks")
 

@@ -10,7 +10,7 @@ from starlette.types import Receive
 
 from kiln.auth import signing
 from kiln.errors import BadRequest, PayloadTooLarge
-from kiln.usecases.identity import AuthFailure, Principal
+from kiln.usecases.access.identity import AuthFailure, Principal
 
 
 def content_length(headers: dict[str, str]) -> int | None:

@@ -33,8 +33,8 @@ from kiln.auth.sessions import COOKIE, CSRF_HEADER, SessionInvalid, SessionKeys
 from kiln.domain.schemas import WhoAmI
 from kiln.errors import RateLimited, Unauthenticated
 from kiln.platform import Platform
-from kiln.usecases.audit import AuditEntry
-from kiln.usecases.identity import AuthFailure, Principal
+from kiln.usecases.access.audit import AuditEntry
+from kiln.usecases.access.identity import AuthFailure, Principal
 
 log = logging.getLogger("kiln.auth")
 

@@ -75,7 +75,7 @@ def recover_key(
     from kiln.db.session import Database
     from kiln.sdk.config import write_config_file
     from kiln.settings import Settings
-    from kiln.usecases.recovery import recover_platform_admin
+    from kiln.usecases.jobs.recovery import recover_platform_admin
 
     expires_at = None
     if expires is not None:
@@ -168,7 +168,7 @@ def backup(
     The backup holds the server key and every encrypted secret: keep it as private as the home (it is written mode
     0700). An S3 store is listed (keys, sizes, ETags), not copied."""
     from kiln.db.backup import BackupError
-    from kiln.usecases.backup import backup_home
+    from kiln.usecases.operations.backup import backup_home
 
     settings = _settings(home)
     try:
@@ -204,7 +204,7 @@ def restore(
     temporary name and renamed into place, a PostgreSQL dump is loaded in one transaction. Start the server after:
     it migrates a backup of an older release as it starts."""
     from kiln.db.backup import BackupError
-    from kiln.usecases.backup import restore_home
+    from kiln.usecases.operations.backup import restore_home
 
     settings = _settings(home)
     if _server_running(settings.run_dir):

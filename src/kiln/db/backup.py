@@ -1,5 +1,6 @@
 """Consistent copies of a live database: SQLite through its online backup API, PostgreSQL through ``pg_dump -Fc``
-(and ``pg_restore`` back). Used by ``kiln admin backup``/``restore`` (kiln.usecases.backup) and by the migration
+(and ``pg_restore`` back). Used by ``kiln admin backup``/``restore`` (kiln.usecases.operations.backup) and by the
+migration
 runner, which copies a SQLite database aside before it migrates it (``keep_before_migrating``)."""
 
 from __future__ import annotations

@@ -327,7 +327,7 @@ class Database:
     def __init__(self, url: str, idle_transaction_seconds: float | None = None, *, metering: bool = True) -> None:
         """``idle_transaction_seconds``: PostgreSQL ends a session idle this long inside a transaction (None:
         ``PG_IDLE_IN_TRANSACTION_SECONDS``, 0: never). ``metering``: the job state machine meters each
-        attempt's hold in the sessions of ``transaction`` (``session.info["metering"]``; kiln.usecases.usage)."""
+        attempt's hold in the sessions of ``transaction`` (``session.info["metering"]``; kiln.usecases.usage.usage)."""
         self.url = url
         # SQLite: this process's writers (requests, tasks, the bulk writer) take turns through one gate.
         self.gate = WriteGate()

@@ -1,6 +1,7 @@
 """The ``Idempotency-Key`` of a create: what a valid key is and what makes two requests "the same request".
 
-Shared by the server (kiln.usecases.idempotency keeps the keys) and the SDK (which sends one with every create and
+Shared by the server (kiln.usecases.access.idempotency keeps the keys) and the SDK (which sends one with every create
+and
 retries with it): no I/O here.
 """
 

@@ -1,7 +1,7 @@
 """Notifications: what a subscription asks for, the webhook body Kiln sends, and the pure decisions of delivery —
 which subscriptions an event reaches, whether a failed attempt is tried again and when, whether a target address
-may be reached. No I/O here: kiln.usecases.notification_outbox records and fans out events,
-kiln.usecases.notification_sending sends them, kiln.tasks.notifications drives both.
+may be reached. No I/O here: kiln.usecases.notifications.notification_outbox records and fans out events,
+kiln.usecases.notifications.notification_sending sends them, kiln.tasks.notifications drives both.
 
 Events are named ``<kind>.<what>``: ``job.succeeded``, ``job.failed``, ``job.cancelled`` (a job's end), a study's
 end and each new best trial (``study.*``), a pipeline run's end (``pipeline_run.*``), a budget's soft and hard mark

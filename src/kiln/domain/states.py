@@ -81,6 +81,6 @@ class Reason(StrEnum):
     PREEMPTED = "Preempted"
     WAITING = "Waiting"
     # Checkpoints or TensorBoard event files a running job wrote are not kept: they would pass its organisation's
-    # storage quota (kiln.usecases.storage_gate); said once per job and kind, the job runs on.
+    # storage quota (kiln.usecases.data.storage_gate); said once per job and kind, the job runs on.
     STORAGE_QUOTA_EXCEEDED = "StorageQuotaExceeded"
     BUDGET_WARNING = "BudgetWarning"  # a budget of the job's scope is past its soft limit (kiln.usecases.budgets)

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from kiln.domain.spec import JobSpec
 
-# The label a model service's replica jobs carry: the service's id (kiln.usecases.serving sets it).
+# The label a model service's replica jobs carry: the service's id (kiln.usecases.models.serving sets it).
 SERVICE_LABEL = "kiln-service"
 
 

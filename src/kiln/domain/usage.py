@@ -1,4 +1,4 @@
-"""Usage reports and prices, as the API shows them (kiln.usecases.usage computes them)."""
+"""Usage reports and prices, as the API shows them (kiln.usecases.usage.usage computes them)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Downsampling that keeps a series' shape: M4 (first, last, min and max point per bucket of the x range) and
 LTTB (largest-triangle-three-buckets). Pure functions over ``(x, time, value)`` points; the database does the M4
-part of long series itself (see kiln.usecases.metrics), these combine and finish what it returns.
+part of long series itself (see kiln.usecases.tracking.metrics), these combine and finish what it returns.
 """
 
 from __future__ import annotations

@@ -48,35 +48,35 @@ from kiln.tasks.runner import Task, TaskRunner
 from kiln.tasks.serving import ServingControl, spool_writer
 from kiln.tasks.serving_routes import RouteSync, remote_traffic
 from kiln.tasks.studies import StudyDriver
-from kiln.usecases.accounts import AccountService
-from kiln.usecases.audit import AuditService
-from kiln.usecases.blobs import BlobService
+from kiln.usecases.access.accounts import AccountService
+from kiln.usecases.access.audit import AuditService
+from kiln.usecases.access.idempotency import Idempotency
+from kiln.usecases.access.identity import Credentials, IdentityService
+from kiln.usecases.access.quotas import QuotaService
 from kiln.usecases.budgets import BudgetService
-from kiln.usecases.datasets import DatasetService
-from kiln.usecases.idempotency import Idempotency
-from kiln.usecases.identity import Credentials, IdentityService
-from kiln.usecases.inputs import dataset_pinner, input_resolver, job_output_pinner, model_pinner
-from kiln.usecases.jobs import JobService
-from kiln.usecases.logged_models import LoggedModels
-from kiln.usecases.metrics import MetricsService
-from kiln.usecases.model_registry import ModelRegistry
-from kiln.usecases.nodes import NodeService
+from kiln.usecases.data.blobs import BlobService
+from kiln.usecases.data.datasets import DatasetService
+from kiln.usecases.data.outputs import OutputService
+from kiln.usecases.inputs.inputs import dataset_pinner, input_resolver, job_output_pinner, model_pinner
+from kiln.usecases.inputs.output_manifests import OutputManifests
+from kiln.usecases.jobs.jobs import JobService
+from kiln.usecases.jobs.recovery import announce_offline_actions
+from kiln.usecases.jobs.runtimes import RuntimeService
+from kiln.usecases.jobs.scheduling import SchedulingService
+from kiln.usecases.models.logged_models import LoggedModels
+from kiln.usecases.models.model_registry import ModelRegistry
+from kiln.usecases.models.serving import ServingService
 from kiln.usecases.notebooks import NotebookService
-from kiln.usecases.notification_sending import Sender
-from kiln.usecases.notifications import NotificationService
-from kiln.usecases.output_manifests import OutputManifests
-from kiln.usecases.outputs import OutputService
+from kiln.usecases.notifications.notification_sending import Sender
+from kiln.usecases.notifications.notifications import NotificationService
+from kiln.usecases.operations.nodes import NodeService
+from kiln.usecases.operations.servers import ServerDirectory
 from kiln.usecases.pipelines import PipelineService
-from kiln.usecases.quotas import QuotaService
-from kiln.usecases.recovery import announce_offline_actions
-from kiln.usecases.run_artifacts import RunArtifacts
-from kiln.usecases.runtimes import RuntimeService
-from kiln.usecases.scheduling import SchedulingService
-from kiln.usecases.servers import ServerDirectory
-from kiln.usecases.serving import ServingService
-from kiln.usecases.studies import StudyService
-from kiln.usecases.tracking import TrackingService
-from kiln.usecases.usage import SETTLE_PASS_SECONDS, UsageService
+from kiln.usecases.tracking.metrics import MetricsService
+from kiln.usecases.tracking.run_artifacts import RunArtifacts
+from kiln.usecases.tracking.tracking import TrackingService
+from kiln.usecases.tuning.studies import StudyService
+from kiln.usecases.usage.usage import SETTLE_PASS_SECONDS, UsageService
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from kiln.db.session import Database
 from kiln.db.tables import Job
 from kiln.domain.states import JobState
 from kiln.tasks.runner import TaskStatus
-from kiln.usecases.usage import UsageService
+from kiln.usecases.usage.usage import UsageService
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class _DatabaseCollector(Collector):
 
 class _UsageCollector(Collector):
     """What each organisation held and what it cost, as counters (``rate()`` of them: CPUs held now): the
-    usage records (kiln.usecases.usage) summed once over all time at the first scrape, then over the time since
+    usage records (kiln.usecases.usage.usage) summed once over all time at the first scrape, then over the time since
     the previous scrape only (the holds that overlap it: the open ones and those just ended), so a scrape costs
     the same with a year of records as with a day's. Every server counts the same totals from the database."""
 

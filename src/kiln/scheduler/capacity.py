@@ -27,7 +27,7 @@ from kiln.db.tables import Job
 from kiln.domain.placement.types import Node
 from kiln.domain.quantities import millicores
 from kiln.domain.states import JobState
-from kiln.usecases.scheduler_inputs import slots_of
+from kiln.usecases.jobs.scheduler_inputs import slots_of
 
 log = logging.getLogger(__name__)
 Row = TypeVar("Row")

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from kiln.db.tables import Job, utcnow
 from kiln.domain.states import JobState, Reason
-from kiln.usecases.lifecycle import record_each
+from kiln.usecases.jobs.lifecycle import record_each
 
 OPEN_STATES = [JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING]
 

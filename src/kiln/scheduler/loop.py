@@ -59,9 +59,9 @@ from kiln.settings import Settings
 from kiln.storage.keys import blob_key
 from kiln.storage.logs import LogStore
 from kiln.tasks.runner import Task, TaskContext
-from kiln.usecases.lifecycle import ends_in_bulk, record, transition
-from kiln.usecases.quotas import Admission
-from kiln.usecases.scheduler_inputs import allocation_of, gather, redact
+from kiln.usecases.access.quotas import Admission
+from kiln.usecases.jobs.lifecycle import ends_in_bulk, record, transition
+from kiln.usecases.jobs.scheduler_inputs import allocation_of, gather, redact
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from kiln.scheduler.passes import Seen
 from kiln.settings import Settings
 from kiln.storage.keys import outputs_prefix
 from kiln.storage.logs import LogStore
-from kiln.usecases.storage_gate import StorageGate, sync_checkpoints, sync_events
+from kiln.usecases.data.storage_gate import StorageGate, sync_checkpoints, sync_events
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +68,12 @@ class Observer:
             return seen
         seen.status = status
         # The whole log into the store before the end is recorded: a server that sees the job ended serves it all.
-        seen.log_bytes = self.ship_log(job, handle)  # counted in the organisation's storage (usecases/quotas.py)
+        seen.log_bytes = self.ship_log(job, handle)  # counted in the organisation's storage (usecases/access/quotas.py)
         backend = self.backend
         if isinstance(backend, OutputCollector):
             self.collect_outputs(backend, job, handle, seen)
         # Checkpoints and event files count in the organisation's storage quota each on their own, admitted by
-        # ``kept`` before they are written (kiln.usecases.storage_gate): past it, the job's event says so once.
+        # ``kept`` before they are written (kiln.usecases.data.storage_gate): past it, the job's event says so once.
         try:
             if isinstance(backend, CheckpointSyncer):
                 sync_checkpoints(backend, self.kept, handle, job.org_id, job.id)

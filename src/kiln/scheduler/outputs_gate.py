@@ -17,7 +17,7 @@ from kiln.db.tables import Job, Organization
 from kiln.domain.quantities import format_bytes
 from kiln.domain.quota import TOTAL
 from kiln.storage.logs import LogStore
-from kiln.usecases.quotas import load_limits, lock_org, storage_used
+from kiln.usecases.access.quotas import load_limits, lock_org, storage_used
 
 
 class OutputsGate:

@@ -29,7 +29,7 @@ from kiln.domain.spec import JobSpec
 from kiln.domain.states import JobState, Reason
 from kiln.errors import BackendError, KilnError
 from kiln.storage.logs import LogStore
-from kiln.usecases.lifecycle import transition
+from kiln.usecases.jobs.lifecycle import transition
 
 log = logging.getLogger(__name__)
 

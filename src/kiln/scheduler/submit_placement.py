@@ -37,8 +37,8 @@ from kiln.db.tables import Job, utcnow
 from kiln.domain.states import JobState
 from kiln.scheduler.capacity import lock_placements
 from kiln.scheduler.loop import Reconciler
-from kiln.usecases.quotas import Admission
-from kiln.usecases.scheduler_inputs import WAITING_STATES, gather_short
+from kiln.usecases.access.quotas import Admission
+from kiln.usecases.jobs.scheduler_inputs import WAITING_STATES, gather_short
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from kiln.db.tables import Job, JobEvent, utcnow
 from kiln.domain.states import JobState, Reason
-from kiln.usecases.lifecycle import record
+from kiln.usecases.jobs.lifecycle import record
 
 JOBS_TABLE = cast(Table, Job.__table__)
 EVENTS_TABLE = cast(Table, JobEvent.__table__)

@@ -1,4 +1,5 @@
-"""Copying files and trees while hashing them, for backups (kiln.usecases.backup): each byte is read once, the
+"""Copying files and trees while hashing them, for backups (kiln.usecases.operations.backup): each byte is read once,
+the
 SHA-256 computed on the buffer that is written, so a copy costs one read and one write of each file."""
 
 from __future__ import annotations

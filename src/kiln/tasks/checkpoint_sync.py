@@ -8,7 +8,7 @@ them), from its attempt's own files (which another server may have started, on t
 tensorboard`` shows of a running job.
 
 Both count what the store then holds for the job in its organisation's storage quota, checked and reserved before
-a byte is written (kiln.usecases.storage_gate): past the quota a job's new checkpoints are not kept, and it runs
+a byte is written (kiln.usecases.data.storage_gate): past the quota a job's new checkpoints are not kept, and it runs
 on."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from kiln.db.tables import Job
 from kiln.domain.states import JobState
 from kiln.storage.logs import LogStore
 from kiln.tasks.runner import Task, TaskContext
-from kiln.usecases.storage_gate import StorageGate, sync_checkpoints, sync_events
+from kiln.usecases.data.storage_gate import StorageGate, sync_checkpoints, sync_events
 
 log = logging.getLogger(__name__)
 

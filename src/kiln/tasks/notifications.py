@@ -1,7 +1,9 @@
-"""The leased task ``notifications``: delivers what the outbox recorded (kiln.usecases.notification_outbox).
+"""The leased task ``notifications``: delivers what the outbox recorded
+(kiln.usecases.notifications.notification_outbox).
 
 Each run, in its fenced transaction, fans the new events out into deliveries and reads the deliveries due; then,
-outside any transaction and after ``ctx.fence()``, sends them (kiln.usecases.notification_sending); then writes
+outside any transaction and after ``ctx.fence()``, sends them (kiln.usecases.notifications.notification_sending); then
+writes
 what each attempt got in a second fenced transaction. One server at a time holds the lease, so two servers do not
 both send an event; a server killed after sending and before writing leaves the delivery due, and the next holder
 sends it again with the same ``webhook-id`` (at least once, deduplicable by that id). It is woken by every commit
@@ -13,8 +15,8 @@ from __future__ import annotations
 from kiln.db.session import Database
 from kiln.settings.notifications import NotificationSettings
 from kiln.tasks.runner import Task, TaskContext
-from kiln.usecases import notification_outbox
-from kiln.usecases.notification_sending import Sender
+from kiln.usecases.notifications import notification_outbox
+from kiln.usecases.notifications.notification_sending import Sender
 
 BATCH = 200  # attempts per run (more due: the next run goes at once)
 

@@ -3,7 +3,7 @@
 A pass takes each running run and moves its steps on, one transition at a time, until none is left to make:
 
 - a **running** job step whose job ended: SUCCEEDED (its outputs are read once, by the first step that takes them
-  as an input: kiln.usecases.output_manifests), or, failed, WAITING for its next try after the back-off
+  as an input: kiln.usecases.inputs.output_manifests), or, failed, WAITING for its next try after the back-off
   (``retry_backoff`` seconds, doubling) while it has retries left, else FAILED;
 - a **waiting** step: SKIPPED when a step it depends on failed or was skipped, else, once they all succeeded (and
   its retry's back-off has passed), its ``when`` is evaluated over their metrics and params (false: SKIPPED), then
@@ -49,14 +49,14 @@ from kiln.domain.spec import InputSpec, JobSpec
 from kiln.domain.states import JobState
 from kiln.errors import Conflict, KilnError
 from kiln.tasks.runner import LeaseLost, Task, TaskContext
-from kiln.usecases import notification_outbox
-from kiln.usecases.identity import Principal
-from kiln.usecases.jobs import JobService
-from kiln.usecases.model_registry import ModelRegistry
-from kiln.usecases.notification_outbox import Subject
-from kiln.usecases.output_manifests import OutputManifests
+from kiln.usecases.access.identity import Principal
+from kiln.usecases.inputs.output_manifests import OutputManifests
+from kiln.usecases.jobs.jobs import JobService
+from kiln.usecases.models.model_registry import ModelRegistry
+from kiln.usecases.models.serving import ServingService
+from kiln.usecases.notifications import notification_outbox
+from kiln.usecases.notifications.notification_outbox import Subject
 from kiln.usecases.pipelines import all_ended, new_run, run_principal
-from kiln.usecases.serving import ServingService
 
 log = logging.getLogger(__name__)
 

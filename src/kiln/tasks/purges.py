@@ -7,9 +7,9 @@ transaction: ``purge-nonces`` (the replay window's used nonces), ``purge-audit``
 from __future__ import annotations
 
 from kiln.tasks.runner import Task
-from kiln.usecases.audit import AuditService
-from kiln.usecases.idempotency import Idempotency
-from kiln.usecases.identity import IdentityService
+from kiln.usecases.access.audit import AuditService
+from kiln.usecases.access.idempotency import Idempotency
+from kiln.usecases.access.identity import IdentityService
 
 
 def purges(identity: IdentityService, audit: AuditService, idempotency: Idempotency) -> list[Task]:

@@ -59,9 +59,9 @@ from kiln.tasks.runner import Task, TaskContext
 from kiln.tasks.serving_deployed import DeployedServices
 from kiln.tasks.serving_rollout import Rollouts
 from kiln.tasks.serving_routes import Traffic, this_node
-from kiln.usecases import notification_events
-from kiln.usecases.jobs import JobService, request_cancel
-from kiln.usecases.serving import ACTIVE_REPLICAS, CATEGORY, replica_spec
+from kiln.usecases.jobs.jobs import JobService, request_cancel
+from kiln.usecases.models.serving import ACTIVE_REPLICAS, CATEGORY, replica_spec
+from kiln.usecases.notifications import notification_events
 
 log = logging.getLogger(__name__)
 

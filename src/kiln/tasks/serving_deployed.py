@@ -38,7 +38,7 @@ from kiln.domain.serving import ServiceSpec, ServiceState
 from kiln.errors import KilnError
 from kiln.routing.router import Endpoint, Router
 from kiln.tasks.runner import TaskContext
-from kiln.usecases import notification_events
+from kiln.usecases.notifications import notification_events
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ At each pass, for a service whose canary has a policy (kiln.domain.rollout), the
 figures since the canary's share last changed — the router's per-version counts and latency histograms now, minus a
 snapshot taken when this task first saw that share — are judged by ``decide``: the share advances to the next step,
 the canary is promoted at 100 or rolled back when it broke a bound, each move written with a service event and a
-notification event (kiln.usecases.rollout) in one transaction.
+notification event (kiln.usecases.models.rollout) in one transaction.
 
 The figures are those of this server's router (the one holding the serving lease) plus what every other live server
 published of its own (kiln.tasks.serving_routes: per version, in ``service_traffic``); the window begins again after
@@ -23,7 +23,7 @@ from kiln.domain.rollout import Decision, RolloutPolicy, VersionStats, decide
 from kiln.domain.serving import ServiceState
 from kiln.routing.router import Router
 from kiln.tasks.runner import TaskContext
-from kiln.usecases import rollout
+from kiln.usecases.models import rollout
 
 log = logging.getLogger(__name__)
 

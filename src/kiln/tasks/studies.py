@@ -44,14 +44,14 @@ from kiln.domain import pruning
 from kiln.domain.states import JobState
 from kiln.domain.studies import PruneReport, StudyReason, StudySpec, StudyState, TrialState, trial_spec
 from kiln.tasks.runner import Task, TaskContext
-from kiln.usecases import notification_events
-from kiln.usecases.jobs import JobService
-from kiln.usecases.studies import add_event, end_trial
+from kiln.usecases.jobs.jobs import JobService
+from kiln.usecases.notifications import notification_events
+from kiln.usecases.tuning.studies import add_event, end_trial
 
 if TYPE_CHECKING:
     import optuna
 
-    from kiln.usecases import tuning_engine
+    from kiln.usecases.tuning import tuning_engine
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ class StudyDriver:
         return _Study(row, StudySpec.model_validate(row.spec), trials)
 
     def _optuna(self, ctx: TaskContext, study: _Study) -> optuna.Study:
-        from kiln.usecases import tuning_engine
+        from kiln.usecases.tuning import tuning_engine
 
         cached = self._studies.get(study.row.id)
         if cached is not None:
@@ -283,7 +283,7 @@ class StudyDriver:
         Each point is judged as it is reported, whatever batch it came in (a batch spanning rung 5 is judged at
         step 5, not at its last step), and the points after the one that stopped the trial are not reported: a
         trial stopped at a rung has no step past it, so it does not count at the next rung."""
-        from kiln.usecases import tuning_engine
+        from kiln.usecases.tuning import tuning_engine
 
         with self.db.read() as s:
             series = self._series(s, job.id, study.spec.objective.metric)
@@ -347,7 +347,7 @@ class StudyDriver:
 
     def _pruner(self, study: _Study) -> tuning_engine.Pruner:
         """The study's pruner, kept while this process drives it (an ``auto`` setting is fixed once)."""
-        from kiln.usecases import tuning_engine
+        from kiln.usecases.tuning import tuning_engine
 
         cached = self._pruners.get(study.row.id)
         if cached is None:
@@ -469,7 +469,7 @@ class StudyDriver:
     # ---- 5. start
 
     def _start_trials(self, ctx: TaskContext, study: _Study, ostudy: optuna.Study) -> None:
-        from kiln.usecases import tuning_engine
+        from kiln.usecases.tuning import tuning_engine
 
         made = len(study.trials)
         running = sum(t.state == TrialState.RUNNING for t, _ in study.trials)

@@ -1,6 +1,6 @@
 """Budgets: a monthly limit on what an organisation, or one of its members, spends under the price table.
 
-A budget counts the cost of the calendar month so far (UTC; kiln.usecases.usage prices it). Past its ``soft``
+A budget counts the cost of the calendar month so far (UTC; kiln.usecases.usage.usage prices it). Past its ``soft``
 limit every new job of its scope gets a warning event (and the audit a ``budget.soft_limit`` entry once a
 month); past its ``hard`` limit a new submission is refused (``BudgetExceeded``, 403, naming the budget, what
 was used and when it resets) — every way new work is created checks it (a job, a rerun, a study, a pipeline run,
@@ -31,11 +31,12 @@ from kiln.domain.ids import new_id
 from kiln.domain.states import TERMINAL_STATES
 from kiln.domain.usage import BudgetRead, BudgetSet, format_money
 from kiln.errors import BudgetExceeded, Forbidden, InvalidInput, NotFound
-from kiln.usecases import audit, notification_outbox
-from kiln.usecases.accounts import find_org, find_user
-from kiln.usecases.identity import Principal
-from kiln.usecases.jobs import request_cancel
-from kiln.usecases.usage import UsageService
+from kiln.usecases.access import audit
+from kiln.usecases.access.accounts import find_org, find_user
+from kiln.usecases.access.identity import Principal
+from kiln.usecases.jobs.jobs import request_cancel
+from kiln.usecases.notifications import notification_outbox
+from kiln.usecases.usage.usage import UsageService
 
 FRESH_SECONDS = 5.0  # a month's cost read for a check is used again this long (it changes by the second)
 

@@ -37,12 +37,12 @@ from kiln.domain.states import JobState
 from kiln.errors import Conflict, Forbidden, InvalidInput, KilnError, NotFound
 from kiln.storage.keys import events_prefix
 from kiln.storage.store import ObjectStore
-from kiln.usecases import notification_outbox
-from kiln.usecases.idempotency import Idempotency, IdempotentRequest, Remember
-from kiln.usecases.identity import Principal
-from kiln.usecases.jobs import JobService, request_cancel
-from kiln.usecases.notification_outbox import Subject
-from kiln.usecases.quotas import QuotaService, lock_org
+from kiln.usecases.access.idempotency import Idempotency, IdempotentRequest, Remember
+from kiln.usecases.access.identity import Principal
+from kiln.usecases.access.quotas import QuotaService, lock_org
+from kiln.usecases.jobs.jobs import JobService, request_cancel
+from kiln.usecases.notifications import notification_outbox
+from kiln.usecases.notifications.notification_outbox import Subject
 
 RUNNING, STOPPED = "RUNNING", "STOPPED"
 HOME_SYNC_SECONDS = 60.0

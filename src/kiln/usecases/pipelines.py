@@ -30,8 +30,8 @@ from kiln.domain.pipelines import (
     parse_pipeline,
 )
 from kiln.errors import Conflict, InvalidInput, KilnError, NotFound
-from kiln.usecases.identity import Principal
-from kiln.usecases.jobs import JobService
+from kiln.usecases.access.identity import Principal
+from kiln.usecases.jobs.jobs import JobService
 
 MAX_LIST = 200
 

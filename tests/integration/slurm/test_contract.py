@@ -1,4 +1,5 @@
-"""The backend contract suite (tests/integration/test_backend_contract.py) run against the Slurm backend on the real
+"""The backend contract suite (tests/integration/local/test_backend_contract.py) run against the Slurm backend on the
+real
 two-node cluster: the same tests, imported, with a harness whose attempts are real Slurm jobs.
 
 An attempt's members reach Kiln's API with the job token (code, checkpoints, outputs, logs), so each contract
@@ -24,7 +25,7 @@ from kiln.domain.spec import JobSpec
 from kiln.settings import SlurmSettings
 from kiln.tasks.runner import TaskRunner
 from tests.helpers import run_background_work
-from tests.integration.test_backend_contract import (
+from tests.integration.local.test_backend_contract import (
     DECLARED,
     LOCAL_JOB,
     _go,

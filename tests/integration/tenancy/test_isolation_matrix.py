@@ -145,7 +145,7 @@ ROUTES: dict[tuple[str, str], list[Case]] = {
     ("GET", "/api/v1/jobs/{job_id}/logs"): [
         Case("scoped", reader="member"),
         # Regression test (found by this suite, since fixed):
-        # (src/kiln/api/routers/jobs.py job_logs + src/kiln/usecases/outputs.py OutputService.follow_log):
+        # (src/kiln/api/routers/jobs.py job_logs + src/kiln/usecases/data/outputs.py OutputService.follow_log):
         # follow_log is a generator, so its "404 before the stream starts" check (self.jobs.get) only runs once
         # StreamingResponse iterates it, after "200 OK" has been sent. GET /jobs/{another org's
         # job}/logs?follow=true (or any nonexistent job) gets status 200 and then a broken chunked body (the server

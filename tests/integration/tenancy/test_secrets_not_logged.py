@@ -132,7 +132,7 @@ def test_a_secret_sent_in_place_of_the_access_key_is_not_recorded(make_server) -
     # A user who swaps the two values (pastes the secret as the access key id) must not get the secret written
     # to the log and the audit trail, where every org admin and operator reads it.
     # Regression test (found by this suite, since fixed):
-    # (src/kiln/usecases/identity.py IdentityService.authenticate + src/kiln/api/auth.py
+    # (src/kiln/usecases/access/identity.py IdentityService.authenticate + src/kiln/api/auth.py
     # SignatureMiddleware.__call__): the Credential= value is taken as the key id whatever it looks like; for an
     # unknown key the log line says "unknown key <value>" and the audit record's key_id is the value itself, so the
     # pasted secret lands in both in plain text. Expected: a Credential that is not an access key id (AK + 18 of

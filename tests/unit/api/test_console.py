@@ -1,6 +1,6 @@
 """What the console's fallback (kiln.api.console) answers for each path, read from a bundle written here: the
 page for client-side routes, hashed assets cached for a year, nothing outside the bundle, and the API's own 404
-for /api paths. tests/integration/test_console_session.py asks a real server."""
+for /api paths. tests/integration/console/test_console_session.py asks a real server."""
 
 from __future__ import annotations
 

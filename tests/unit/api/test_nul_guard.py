@@ -1,5 +1,5 @@
 """kiln.api.nul: a NUL in a path parameter, a query parameter or a JSON body's string is a 422 naming where it is,
-before the route runs; everything else reaches the route as it was sent (tests/integration/test_hostile_input.py
+before the route runs; everything else reaches the route as it was sent (tests/integration/api/test_hostile_input.py
 walks every route of the real server on SQLite and PostgreSQL)."""
 
 from __future__ import annotations

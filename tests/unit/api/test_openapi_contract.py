@@ -1,6 +1,7 @@
 """The OpenAPI schema's promises, checked on the schema itself (no server): every value a request may carry is
 bounded, every operation declares the errors it answers with the body kiln.api.errors writes, and every link
-leads to an operation and parameters that exist. tests/integration/test_api_schema.py holds a real server to them."""
+leads to an operation and parameters that exist. tests/integration/api/test_api_schema.py holds a real server to
+them."""
 
 from __future__ import annotations
 

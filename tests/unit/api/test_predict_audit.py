@@ -13,8 +13,8 @@ from starlette.testclient import TestClient
 from kiln.api.auth import SignatureMiddleware
 from kiln.api.errors import install_error_handlers
 from kiln.errors import NotFound
-from kiln.usecases.audit import AuditEntry
-from kiln.usecases.identity import Principal
+from kiln.usecases.access.audit import AuditEntry
+from kiln.usecases.access.identity import Principal
 
 CALLER = Principal(
     user_id="usr-1",

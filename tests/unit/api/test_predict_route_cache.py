@@ -21,7 +21,7 @@ from kiln.api.routers import services
 from kiln.domain.traffic_split import Split
 from kiln.errors import NotFound
 from kiln.routing.router import Answer
-from kiln.usecases.identity import Principal
+from kiln.usecases.access.identity import Principal
 
 CALLER = Principal(
     user_id="usr-1",

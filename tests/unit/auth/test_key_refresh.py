@@ -17,8 +17,8 @@ from kiln.db import migrate
 from kiln.db.session import Database
 from kiln.db.tables import AccessKey
 from kiln.settings import Settings
-from kiln.usecases import identity as identity_module
-from kiln.usecases.identity import AuthFailure, Credentials, IdentityService
+from kiln.usecases.access import identity as identity_module
+from kiln.usecases.access.identity import AuthFailure, Credentials, IdentityService
 
 
 def signed(creds: Credentials, nonce: str) -> dict[str, object]:

@@ -20,7 +20,7 @@ from kiln.db.tables import Nonce, utcnow
 from kiln.settings import Settings
 from kiln.tasks.nonce_flush import nonce_flush
 from kiln.tasks.runner import TaskRunner
-from kiln.usecases.identity import AuthFailure, Credentials, IdentityService, MemoryNonceStore
+from kiln.usecases.access.identity import AuthFailure, Credentials, IdentityService, MemoryNonceStore
 
 
 @pytest.fixture

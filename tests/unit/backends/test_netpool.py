@@ -2,7 +2,7 @@
 while spares are made (the rate of the last second times the lead), within the operator's minimum and maximum, so
 a burst that is over makes no more; made for the mode furthest short; spares beyond the target kept while starts
 are recent, then let go one at a time; the counters. The namespaces themselves are tried in
-tests/integration/test_network_pool.py."""
+tests/integration/local/test_network_pool.py."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from kiln.domain.dataset_refs import DatasetRef, DatasetRefError, parse_ref, par
 from kiln.domain.spec import JobSpec
 from kiln.errors import BadRequest
 from kiln.sdk import datasets as sdk_datasets
-from kiln.usecases import dataset_names
+from kiln.usecases.data import dataset_names
 
 NAME_RULE = "use lowercase letters, digits and . _ - (at most 100, starting with a letter or digit)"
 VERSION_RULE = "the version after @ is a number from 1 to 1000000000, or 'latest'"

@@ -1,5 +1,5 @@
 """The forwarder of a ``network: none`` job's API port (``injob/apiport.py``), on the machine's loopback here (in a
-job it listens inside the job's namespace; tests/integration/test_job_network.py tries it there): bytes copied
+job it listens inside the job's namespace; tests/integration/local/test_job_network.py tries it there): bytes copied
 as they are both ways, half-closes passed on, one connection to the API per connection of the job and no more
 than the bound at once (the rest wait in the kernel's backlog, then go through), a job's connection reset when
 the API cannot be reached, and at close the idle connections closed at once while a request in flight finishes."""

@@ -1,5 +1,5 @@
 """What ``mode: mount`` needs of a machine, and the commands it runs (runtime/fusetools.py); real mounts are in
-tests/integration/test_mount.py."""
+tests/integration/local/test_mount.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The shim's side of ``mode: mount`` without a real mount (runtime/mount.py, runtime/stage.py): configs and
-inputs are checked before any work; real mounts are in tests/integration/test_mount.py."""
+inputs are checked before any work; real mounts are in tests/integration/local/test_mount.py."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ port), the secret, predict, batching across concurrent requests, 422s naming the
 model that does not load, and a drain on SIGTERM; Kiln's side of the socket (the router's kept-alive connections and
 the health probe), with a work dir's path longer than a socket address holds. The predictor is a custom class
 written into the replica's work dir (no framework needed); the built-in predictors are checked against real models
-in tests/integration/test_serve_predictors.py."""
+in tests/integration/models/test_serve_predictors.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """When the SDK sends a request again by itself (kiln.sdk.retries), against a scripted httpx transport (no server:
-tests/integration/test_idempotency.py does it across a real server's restart and a lost reply): a create's retries
+tests/integration/api/test_idempotency.py does it across a real server's restart and a lost reply): a create's retries
 carry its one Idempotency-Key and are signed anew each time; reads are retried; other writes, streamed bodies and
 answers other than 502/503/504 are not; the retries end after ``retry_seconds`` with the usual error."""
 

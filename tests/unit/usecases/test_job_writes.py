@@ -1,4 +1,4 @@
-"""Every change of a job's state goes through usecases/lifecycle.py: no other module of the server writes a job
+"""Every change of a job's state goes through usecases/jobs/lifecycle.py: no other module of the server writes a job
 event row or sets a job's state when it creates one (the bulk waiting notes of the reconciler are events without a
 state change, written through the events table)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import kiln
 
 SRC = Path(kiln.__file__).parent
-LIFECYCLE = SRC / "usecases" / "lifecycle.py"
+LIFECYCLE = SRC / "usecases" / "jobs" / "lifecycle.py"
 
 
 def _calls(name: str) -> list[tuple[Path, ast.Call]]:

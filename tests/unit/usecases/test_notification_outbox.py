@@ -24,9 +24,9 @@ from kiln.db.tables import (
     Service,
     User,
 )
-from kiln.usecases import notification_events
-from kiln.usecases import notification_outbox as outbox
 from kiln.usecases.notebooks import NotebookService
+from kiln.usecases.notifications import notification_events
+from kiln.usecases.notifications import notification_outbox as outbox
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import pytest
 from kiln.auth.secrets import SecretBox, load_or_create_server_key
 from kiln.domain.notifications import next_wait, parse_networks, refusal, retryable, wants
 from kiln.settings.notifications import NotificationSettings
-from kiln.usecases.notification_outbox import Send
-from kiln.usecases.notification_sending import Sender, TargetRefused, resolve_target
+from kiln.usecases.notifications.notification_outbox import Send
+from kiln.usecases.notifications.notification_sending import Sender, TargetRefused, resolve_target
 
 
 @pytest.mark.parametrize(

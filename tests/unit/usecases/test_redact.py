@@ -3,7 +3,7 @@ their timeout): services.scheduler_inputs.redact."""
 
 from __future__ import annotations
 
-from kiln.usecases.scheduler_inputs import redact
+from kiln.usecases.jobs.scheduler_inputs import redact
 
 MINE, THEIRS = "job-000000000000mine", "job-0000000000theirs"
 ORG_OF = {MINE: "org-red", THEIRS: "org-blue"}

@@ -7,7 +7,8 @@ from __future__ import annotations
 from kiln.domain import tracking
 from kiln.domain.notebooks import NotebookSpec
 from kiln.domain.serving import ServiceSpec
-from kiln.usecases import notebooks, serving
+from kiln.usecases import notebooks
+from kiln.usecases.models import serving
 
 
 def test_a_replicas_run_is_in_services() -> None:

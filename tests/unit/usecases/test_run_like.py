@@ -9,7 +9,7 @@ import sqlite3
 from sqlalchemy import column, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from kiln.usecases.run_query import CaseSensitiveLike, like_as_glob
+from kiln.usecases.tracking.run_query import CaseSensitiveLike, like_as_glob
 
 
 def _like(pattern: str, text: str) -> bool:

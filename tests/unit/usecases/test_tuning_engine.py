@@ -10,7 +10,7 @@ import optuna
 import pytest
 
 from kiln.domain.studies import StudySpec
-from kiln.usecases.tuning_engine import (
+from kiln.usecases.tuning.tuning_engine import (
     load_study,
     open_storage,
     pruner,

@@ -11,8 +11,8 @@ import pytest
 from kiln.domain import limits
 from kiln.domain.datasets import DatasetFileEntry
 from kiln.errors import BadRequest
-from kiln.usecases.dataset_names import validate_manifest
-from kiln.usecases.uploads import missing_parts, part_count
+from kiln.usecases.data.dataset_names import validate_manifest
+from kiln.usecases.data.uploads import missing_parts, part_count
 
 SHA = "0" * 64
 

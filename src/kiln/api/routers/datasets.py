@@ -1,4 +1,4 @@
-"""Versioned datasets and their resumable, SHA-256-verified uploads (protocol: kiln.usecases.datasets)."""
+"""Versioned datasets and their resumable, SHA-256-verified uploads (protocol: kiln.usecases.data.datasets)."""
 
 from __future__ import annotations
 

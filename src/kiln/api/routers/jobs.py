@@ -30,8 +30,8 @@ from kiln.domain.schemas import (
 from kiln.domain.states import JobState
 from kiln.errors import PayloadTooLarge
 from kiln.metrics.tbimages import MAX_IMAGES, MEDIA_TYPES
-from kiln.usecases.job_removal import JobRemoval
-from kiln.usecases.outputs import FileKind
+from kiln.usecases.data.outputs import FileKind
+from kiln.usecases.jobs.job_removal import JobRemoval
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(403))
 JOB = {"job_id": "$response.body#/id"}
@@ -96,7 +96,7 @@ async def list_jobs(
     ] = None,
 ) -> Response:
     # A hot read route: served from the list cache in the event loop when nothing changed since the last same
-    # query (usecases/jobs.py), from the database in a worker thread otherwise. The caller and the platform are
+    # query (usecases/jobs/jobs.py), from the database in a worker thread otherwise. The caller and the platform are
     # taken from the request directly (two dependencies fewer to solve per request).
     caller, kiln = caller_of(request), platform_of(request)
     body = kiln.jobs.cached_list_json(caller, states=state, limit=limit, before=before)

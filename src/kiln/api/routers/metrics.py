@@ -14,7 +14,7 @@ from kiln.api.responses import errors, raw_body
 from kiln.domain import limits
 from kiln.domain.schemas import MetricsCompare, MetricsData, MetricsIngested, MetricsSummary
 from kiln.errors import PayloadTooLarge
-from kiln.usecases.metrics import SeriesQuery
+from kiln.usecases.tracking.metrics import SeriesQuery
 
 router = APIRouter(tags=["metrics"], responses=errors(403))
 

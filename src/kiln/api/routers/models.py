@@ -1,5 +1,6 @@
 """The model registry: register a version from a job's outputs, read models, versions (by number, alias or
-``latest``) and their files, move aliases, remove versions and models (use cases: kiln.usecases.model_registry)."""
+``latest``) and their files, move aliases, remove versions and models (use cases:
+kiln.usecases.models.model_registry)."""
 
 from __future__ import annotations
 

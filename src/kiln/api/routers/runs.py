@@ -19,7 +19,7 @@ from kiln.domain import limits
 from kiln.domain.models import RunModelVersions
 from kiln.domain.schemas import ExperimentList, RunMetrics
 from kiln.domain.tracking import MAX_KEY
-from kiln.usecases.metrics import SeriesQuery
+from kiln.usecases.tracking.metrics import SeriesQuery
 
 router = APIRouter(tags=["runs"], responses=errors(403))
 

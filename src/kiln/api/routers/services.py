@@ -33,7 +33,7 @@ from kiln.domain.serving import (
 from kiln.domain.traffic_split import ROUTING_KEY_HEADER, VERSION_HEADER, Split, choose
 from kiln.platform import Platform
 from kiln.routing.router import outputs_of
-from kiln.usecases.identity import Principal
+from kiln.usecases.access.identity import Principal
 
 router = APIRouter(prefix="/services", tags=["services"], responses=errors(403))
 PREDICT_SCHEMA = PredictRequest.model_json_schema()

@@ -65,7 +65,7 @@ class Nonce(Base):
 
 
 class IdempotencyKey(Base):
-    """A create's ``Idempotency-Key`` (kiln.usecases.idempotency): written in the transaction that creates the
+    """A create's ``Idempotency-Key`` (kiln.usecases.access.idempotency): written in the transaction that creates the
     resource, so a key names either nothing or the one resource its request made. The primary key scopes a key to
     one user of one organisation and is what decides between concurrent requests with the same key."""
 

@@ -63,7 +63,7 @@ class Job(Base):
     category: Mapped[str] = mapped_column(String(16), default="train", server_default="train")
     output_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # What the store holds of the job's checkpoints and TensorBoard event files, reserved against its
-    # organisation's storage quota before each sync writes (kiln.usecases.storage_gate). Event files a job kept
+    # organisation's storage quota before each sync writes (kiln.usecases.data.storage_gate). Event files a job kept
     # before these columns are in output_bytes.
     checkpoint_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     event_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")

@@ -46,7 +46,8 @@ class MetricSeries(Base):
 
     __table_args__ = (
         Index("ux_metric_series_job_worker_name", "job_id", "worker", "name", unique=True),
-        # A search sorted by a metric: each run's last value of it from the index alone (kiln.usecases.run_query).
+        # A search sorted by a metric: each run's last value of it from the index alone
+        # (kiln.usecases.tracking.run_query).
         Index("ix_metric_series_name_job_value", "name", "job_id", "last_value"),
     )
 

@@ -55,7 +55,7 @@ class Service(Base):
     canary_replicas: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     # Its rollout policy (kiln.domain.rollout.RolloutPolicy; None: moved by hand only), when its share last changed
     # (the policy's step window begins there), and the moves rollouts made (advanced, promoted, rolled back; the
-    # newest last, at most kiln.usecases.rollout.EVENTS_KEPT).
+    # newest last, at most kiln.usecases.models.rollout.EVENTS_KEPT).
     canary_policy: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     canary_step_at: Mapped[datetime | None] = mapped_column(default=None)
     rollout_events: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, default=None)

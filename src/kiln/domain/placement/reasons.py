@@ -3,7 +3,7 @@ and what would let it start sooner. Pure, no I/O.
 
 A job id in a reason may be followed by what the reason says of that job, in parentheses with none inside
 (``job-… (a replica of service web: scale the service down or stop it)``): the callers hide the two together from
-other organisations (kiln.usecases.scheduler_inputs.redact), since the words may name its service.
+other organisations (kiln.usecases.jobs.scheduler_inputs.redact), since the words may name its service.
 """
 
 from __future__ import annotations

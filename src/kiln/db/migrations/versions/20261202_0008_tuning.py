@@ -13,7 +13,7 @@ branch_labels = None
 depends_on = None
 
 # Optuna's storage keeps its own tables and its own Alembic version table (named alembic_version, like Kiln's):
-# on PostgreSQL they live in this schema of Kiln's database (kiln.usecases.tuning_engine).
+# on PostgreSQL they live in this schema of Kiln's database (kiln.usecases.tuning.tuning_engine).
 OPTUNA_SCHEMA = "kiln_optuna"
 
 

@@ -1,0 +1,2 @@
+"""Models and serving: the registry, where a version's files come from (a job, a run, a logged model), removal, services
+and their rollouts."""

@@ -1,0 +1,1 @@
+"""The platform's own machines: servers, nodes, backups."""

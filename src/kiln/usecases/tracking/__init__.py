@@ -1,0 +1,1 @@
+"""Experiment tracking: experiments, runs, what is logged to them (metrics, artifacts, marks) and run search."""

@@ -1,0 +1,1 @@
+"""Hyperparameter tuning: studies and the engine that asks Optuna for trials."""

@@ -1,0 +1,1 @@
+"""Data and storage: datasets and their versions, the stores (a directory, S3), the catalog."""

@@ -1,0 +1,1 @@
+"""The database: migrations and upgrades that keep every row, outages, snapshot reads."""

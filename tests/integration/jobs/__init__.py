@@ -1,0 +1,1 @@
+"""Jobs: creation, inputs, paging, the lifecycle, scheduling and placement, checkpoints, runtimes."""

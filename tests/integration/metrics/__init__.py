@@ -1,0 +1,1 @@
+"""Metrics and logs: ingest, limits, the store, readers, and across servers."""

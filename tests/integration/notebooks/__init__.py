@@ -1,0 +1,1 @@
+"""Notebooks and TensorBoard."""

@@ -1,0 +1,1 @@
+"""Several servers, leases, background tasks, crashes and recovery, backups."""

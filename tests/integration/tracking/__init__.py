@@ -1,0 +1,1 @@
+"""Experiment tracking through the MLflow protocol, logged models, the runs table."""

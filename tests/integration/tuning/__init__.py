@@ -1,0 +1,1 @@
+"""Studies (hyperparameter tuning)."""

@@ -1,0 +1,1 @@
+"""Usage metering and its hourly roll-ups."""
