@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from kiln.domain.catalog import Catalog, CatalogEntry
 from kiln.domain.runtime_builds import BuildInfo
@@ -234,11 +234,21 @@ class ServiceAddress(NamedTuple):
     secret: str
 
 
+DeployTrack = Literal["stable", "canary", "shadow"]
+
+
 class ServiceDeployer(abc.ABC):
-    """Runs a model service's replicas itself, as one object of its own (a Kubernetes Deployment behind a
-    Service), where a backend without it runs each replica as a job. The serving task then applies the service's
-    spec to it, routes predicts to the one URL it answers with, and reads how many replicas are ready; rolling
-    updates, restarts and autoscaling (between the spec's min and max) are the backend's."""
+    """Runs a model service's replicas itself, as objects of its own (a Kubernetes Deployment behind a Service),
+    where a backend without it runs each replica as a job. The serving task then applies the service's spec to
+    it, routes predicts to the URL it answers with, and reads how many replicas are ready; rolling updates,
+    restarts and autoscaling (between the spec's min and max) are the backend's.
+
+    A service runs up to three **tracks**, each a deployment of its own with its own address: ``stable`` (the
+    service's model version and replicas), and while the service has one, ``canary`` (the canary's version, its
+    ``canary_replicas``, never autoscaled) and ``shadow`` (the shadow's version, one replica). Kiln's router splits
+    the predicts between the tracks' addresses (weights, sticky keys, a targeted version, shadow copies), as it
+    does between local replicas: the backend never weighs one track against another. Every track of a service
+    accepts the same secret."""
 
     @abc.abstractmethod
     def apply_service(
@@ -249,21 +259,24 @@ class ServiceDeployer(abc.ABC):
         model: tuple[str, int],
         revision: int,
         code_sha256: str | None,
+        track: DeployTrack = "stable",
     ) -> ServiceAddress:
-        """Create the service's objects, or replace them with what this spec renders to: a new ``revision``
-        (another model version or spec) rolls its replicas one at a time, ``spec.replicas`` scales them.
-        Idempotent: the same arguments again change nothing. ``model``: the version the spec resolved to (name,
-        number); ``code_sha256``: the code bundle of a custom predictor. Returns where the router sends predicts,
-        with the secret every request carries (the same for every revision of the service)."""
+        """Create the objects of the service's ``track``, or replace them with what this spec renders to: a new
+        ``revision`` (another model version or spec) rolls its replicas one at a time, ``spec.replicas`` scales
+        them. Idempotent: the same arguments again change nothing. ``model``: the version the track runs (name,
+        number); ``code_sha256``: the code bundle of a custom predictor. Returns where the router sends that
+        track's predicts, with the secret every request carries (the same for every revision and every track of
+        the service). A canary or shadow track is applied after the stable one (it may share its objects)."""
 
     @abc.abstractmethod
-    def service_ready(self, service_id: str) -> int:
-        """How many replicas of the service's latest applied revision are ready (0 while a new revision has
-        none ready yet, or the service does not exist)."""
+    def service_ready(self, service_id: str, track: DeployTrack = "stable") -> int:
+        """How many replicas of the track's latest applied revision are ready (0 while a new revision has none
+        ready yet, or the track does not exist)."""
 
     @abc.abstractmethod
-    def delete_service(self, service_id: str) -> None:
-        """Delete every object of the service. Idempotent: deleting what is gone deletes nothing."""
+    def delete_service(self, service_id: str, track: DeployTrack | None = None) -> None:
+        """Delete every object of the service (``track`` None), or of one of its canary or shadow tracks only
+        (the stable track goes with the service). Idempotent: deleting what is gone deletes nothing."""
 
 
 CAPABILITIES: tuple[type[abc.ABC], ...] = (

@@ -38,8 +38,9 @@
   TensorBoard sessions are refused: their server has no token of its own, and on the local executor only a 0600
   Unix socket guards it.
 - Model services (:class:`~kiln.backends.capabilities.ServiceDeployer`): a service is a Deployment behind a
-  ClusterIP Service (+ an HPA), not jobs; :class:`~kiln.backends.kubernetes.service_objects.ServiceObjects`
-  applies, reads and deletes them.
+  ClusterIP Service (+ an HPA), not jobs; a canary or a shadow is a second (third) Deployment and Service of that
+  model version (``kiln-<service id>-canary``, ``-shadow``) behind Kiln's router, which splits between them;
+  :class:`~kiln.backends.kubernetes.service_objects.ServiceObjects` applies, reads and deletes them.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from kubernetes import client
 from kiln.backends.base import AttemptStatus, Backend, BackendDeps, Inventory, Launch, Phase
 from kiln.backends.capabilities import (
     BackgroundWork,
+    DeployTrack,
     NotebookAddress,
     NotebookHost,
     Preemptible,
@@ -458,14 +460,15 @@ class KubernetesBackend(Backend, SpecValidator, Preemptible, ServiceDeployer, No
         model: tuple[str, int],
         revision: int,
         code_sha256: str | None,
+        track: DeployTrack = "stable",
     ) -> ServiceAddress:
-        return self._services.apply(service_id, org_id, spec, model, revision, code_sha256)
+        return self._services.apply(service_id, org_id, spec, model, revision, code_sha256, track)
 
-    def service_ready(self, service_id: str) -> int:
-        return self._services.ready(service_id)
+    def service_ready(self, service_id: str, track: DeployTrack = "stable") -> int:
+        return self._services.ready(service_id, track)
 
-    def delete_service(self, service_id: str) -> None:
-        self._services.delete(service_id)
+    def delete_service(self, service_id: str, track: DeployTrack | None = None) -> None:
+        self._services.delete(service_id, track)
 
     # -- nodes ----------------------------------------------------------------------------------------------
 

@@ -15,6 +15,10 @@ renders, read how many replicas are ready, delete them. The Kubernetes backend's
   the API with the Secret's ``token``. Kiln mints tokens for job attempts only (``kjt.``: valid while that
   attempt runs) and a service on Kubernetes runs no job, so there is no token to mint here: the Secret keeps the
   renderer's placeholder, or whatever an operator put there instead (an apply never overwrites it).
+- **Tracks**: a canary's (shadow's) objects are a track of their own (``serving.track_base``: a Deployment,
+  ConfigMap, NetworkPolicy and Service named ``kiln-<service id>-canary``), applied after the stable track's and
+  using its Secret (an apply of a canary before the Secret exists is a retryable error); deleting a track deletes
+  the objects with its ``kiln.io/track`` label, deleting the service deletes every track.
 - **Ownership**: once the Deployment exists, every other object carries it as owner (patched onto the Secret
   and ConfigMap made before it), so the cluster's garbage collector removes them with it; :meth:`delete` deletes
   every object with the service's labels anyway, whatever owns it.
@@ -29,7 +33,7 @@ from typing import Any
 
 from kubernetes import client
 
-from kiln.backends.capabilities import ServiceAddress
+from kiln.backends.capabilities import DeployTrack, ServiceAddress
 from kiln.backends.kubernetes.inputs import KubeConfig
 from kiln.backends.kubernetes.kubeapi import KubeObjects
 from kiln.backends.kubernetes.render import TOKEN_PLACEHOLDER
@@ -39,6 +43,7 @@ from kiln.backends.kubernetes.serving import (
     service_base,
     service_selector,
     service_url,
+    track_base,
 )
 from kiln.domain.catalog import Catalog
 from kiln.domain.serving import ServiceSpec
@@ -108,10 +113,17 @@ class ServiceObjects:
         model: tuple[str, int],
         revision: int,
         code_sha256: str | None,
+        track: DeployTrack = "stable",
     ) -> ServiceAddress:
-        base = service_base(service_id)
-        secret = self.read("Secret", base)
-        replica_secret = _secret_value(secret, "replica-secret", SECRET_PLACEHOLDER) or secrets.token_urlsafe(32)
+        base = track_base(service_id, track)
+        secret = self.read("Secret", service_base(service_id))
+        replica_secret = _secret_value(secret, "replica-secret", SECRET_PLACEHOLDER)
+        if replica_secret is None and track != "stable":
+            raise BackendError(
+                f"apply the {track} of service {service_id}: the stable track's Secret is not there yet",
+                retryable=True,
+            )
+        replica_secret = replica_secret or secrets.token_urlsafe(32)
         token = _secret_value(secret, "token", TOKEN_PLACEHOLDER)  # an operator's, if one was put there
         deployment = self.read("Deployment", base)
         owner_uid = deployment["metadata"]["uid"] if deployment is not None else None
@@ -128,6 +140,7 @@ class ServiceObjects:
             token=token,
             replica_secret=replica_secret,
             owner_uid=owner_uid,
+            track=track,
         )
         unowned: list[Obj] = []  # written before the Deployment existed
         for obj in objects:
@@ -160,9 +173,9 @@ class ServiceObjects:
                 unowned = []
                 for later in objects[objects.index(obj) + 1 :]:
                     later["metadata"]["ownerReferences"] = [owner]
-        if spec.autoscale is None and self.read("HorizontalPodAutoscaler", base) is not None:
+        if track == "stable" and spec.autoscale is None and self.read("HorizontalPodAutoscaler", base) is not None:
             self._delete("HorizontalPodAutoscaler", base)  # autoscale was turned off: the replicas are fixed now
-        return ServiceAddress(service_url(service_id, self.cfg), replica_secret)
+        return ServiceAddress(service_url(service_id, self.cfg, track), replica_secret)
 
     def _own(self, obj: Obj, owner: Obj) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -173,11 +186,11 @@ class ServiceObjects:
         except ApiException as exc:
             raise BackendError(f"patch {kind} {name}: {exc.status} {exc.reason}", retryable=True) from exc
 
-    def ready(self, service_id: str) -> int:
+    def ready(self, service_id: str, track: DeployTrack = "stable") -> int:
         """Ready replicas that run the Deployment's current pod template, from its status: none until its
         controller has seen the current spec (``observedGeneration``); during a rolling update the replicas not
         updated yet are counted as the ready old ones (maxUnavailable 0 keeps them), so the rest are new."""
-        deployment = self.read("Deployment", service_base(service_id))
+        deployment = self.read("Deployment", track_base(service_id, track))
         if deployment is None:
             return 0
         status = deployment.get("status") or {}
@@ -186,8 +199,9 @@ class ServiceObjects:
         old = int(status.get("replicas") or 0) - int(status.get("updatedReplicas") or 0)
         return max(0, int(status.get("readyReplicas") or 0) - max(0, old))
 
-    def delete(self, service_id: str) -> None:
-        selector = service_selector(service_id)
+    def delete(self, service_id: str, track: DeployTrack | None = None) -> None:
+        """Every object of the service (``track`` None), or of its canary's or shadow's track only."""
+        selector = service_selector(service_id, track)
         from kubernetes.client.exceptions import ApiException
 
         for kind in ORDER:

@@ -41,6 +41,14 @@ with ``autoscale``, a HorizontalPodAutoscaler (``autoscaling/v2``). ``POST /api/
   helpers it uses) into an emptyDir mounted read-only at ``/model``; a custom predictor's code bundle is unpacked
   into the working directory, which ``python -m`` puts on ``sys.path``.
 
+- **Canary and shadow tracks** (``track``): a service's canary (or shadow) version is a Deployment, a ConfigMap,
+  a NetworkPolicy and a ClusterIP Service of its own, named ``kiln-<service id>-canary`` (``-shadow``: see
+  :func:`track_base`) and labelled ``kiln.io/track``, whose pods have the role ``canary-replica`` (``shadow-replica``)
+  so that neither the stable Deployment's selector nor its Service's ever matches them. They share the stable
+  track's Secret (one replica secret for the router), have fixed replicas and no HPA. Kiln's router weighs the
+  tracks' Services (kiln.domain.traffic_split), not the cluster: a plain cluster has no weighting between two
+  Services, and the rollout policy needs the per-version figures the router counts.
+
 Resources, GPUs (``nvidia.com/gpu``, its toleration, ``/dev/shm``), ``gpu_type``, labels, pull secrets,
 tolerations, the service account and the init container's security context are the job render's.
 """
@@ -84,6 +92,8 @@ from kiln.errors import InvalidInput
 LABEL_SERVICE = "kiln.io/service"
 LABEL_SERVICE_NAME = "kiln.io/service-name"
 LABEL_REVISION = "kiln.io/revision"
+LABEL_TRACK = "kiln.io/track"  # on a canary's or shadow's objects only (the stable track's have none)
+TRACKS = ("stable", "canary", "shadow")
 ANNOTATION_MODEL = "kiln.io/model"
 REPLICA_PORT = 8080
 MODEL_STAGING = "/kiln/model"  # the same emptyDir, where the init container writes it
@@ -140,15 +150,36 @@ def service_base(service_id: str) -> str:
     return dns_label(f"kiln-{service_id}", MAX_BASE)
 
 
-def service_selector(service_id: str) -> str:
-    """A label selector of every object Kiln created for the service."""
-    return f"{MANAGED_BY}=kiln,{LABEL_SERVICE}={label_value(service_id)}"
+def track_base(service_id: str, track: str = "stable") -> str:
+    """The name of a track's Deployment, Service and NetworkPolicy: the service's base for the stable track,
+    ``<base>-canary`` / ``<base>-shadow`` for the others (within the same length as any base)."""
+    _check_track(track)
+    if track == "stable":
+        return service_base(service_id)
+    return dns_label(f"kiln-{service_id}-{track}", MAX_BASE)
 
 
-def service_url(service_id: str, cfg: KubeConfig) -> str:
-    """Where Kiln's router reaches the replicas: the ClusterIP Service's name in the namespace."""
+def service_selector(service_id: str, track: str | None = None) -> str:
+    """A label selector of every object Kiln created for the service (``track`` None), or of its canary's or
+    shadow's only."""
+    selector = f"{MANAGED_BY}=kiln,{LABEL_SERVICE}={label_value(service_id)}"
+    if track is not None:
+        _check_track(track)
+        if track == "stable":
+            raise InvalidInput("the stable track's objects are selected with the service's")
+        selector += f",{LABEL_TRACK}={track}"
+    return selector
+
+
+def service_url(service_id: str, cfg: KubeConfig, track: str = "stable") -> str:
+    """Where Kiln's router reaches a track's replicas: its ClusterIP Service's name in the namespace."""
     suffix = f"svc.{cfg.cluster_domain}" if cfg.cluster_domain else "svc"
-    return f"http://{service_base(service_id)}.{cfg.namespace}.{suffix}:{REPLICA_PORT}"
+    return f"http://{track_base(service_id, track)}.{cfg.namespace}.{suffix}:{REPLICA_PORT}"
+
+
+def _check_track(track: str) -> None:
+    if track not in TRACKS:
+        raise InvalidInput(f"track: expected one of {', '.join(TRACKS)}, got {track!r}")
 
 
 def _image(spec: ServiceSpec, catalog: Catalog) -> str:
@@ -206,9 +237,12 @@ def render_service(
     token: str | None = None,
     replica_secret: str | None = None,
     owner_uid: str | None = None,
+    track: str = "stable",
 ) -> list[dict[str, Any]]:
     """The manifests of a service, in creation order: Secret, ConfigMap, NetworkPolicy, Deployment, Service and,
-    with ``autoscale``, the HorizontalPodAutoscaler.
+    with ``autoscale``, the HorizontalPodAutoscaler. ``track`` "canary" or "shadow": that track's ConfigMap,
+    NetworkPolicy, Deployment (``spec.replicas``; the caller fixes them) and Service only, under
+    :func:`track_base`'s name; its pods use the stable track's Secret.
 
     ``model``: the version the spec's ``model`` resolved to (name, number). ``token``: the Bearer credential the
     init container reads the model version (and, with ``code_sha256``, job ``job_id``'s code bundle) with;
@@ -223,11 +257,16 @@ def render_service(
     if revision < 1:
         raise InvalidInput("revision must be >= 1")
     image = image or _image(spec, catalog or DEFAULT_CATALOG)
-    base = service_base(service_id)
+    secret_name = service_base(service_id)  # the stable track's Secret: one replica secret for every track
+    base = track_base(service_id, track)
+    stable = track == "stable"
+    if not stable:
+        spec = spec.model_copy(update={"autoscale": None})  # fixed replicas: no HPA
     ns = cfg.namespace
     extra_labels, mapping = user_labels(spec.labels)
     renamed = any(key != USER_LABEL_PREFIX + k or value != spec.labels[k] for k, (key, value) in mapping.items())
-    selector = {LABEL_SERVICE: label_value(service_id), LABEL_ROLE: "replica"}
+    replica_role = "replica" if stable else f"{track}-replica"  # outside the stable selectors
+    selector = {LABEL_SERVICE: label_value(service_id), LABEL_ROLE: replica_role}
 
     def labels(role: str) -> dict[str, str]:
         return {
@@ -237,6 +276,7 @@ def render_service(
             LABEL_SERVICE_NAME: label_value(spec.name),
             LABEL_ORG: label_value(org_id),
             LABEL_ROLE: role,
+            **({} if stable else {LABEL_TRACK: track}),
         }
 
     def meta(object_name: str, role: str, owned: bool = True) -> dict[str, Any]:
@@ -250,18 +290,20 @@ def render_service(
         return out
 
     # Not immutable (unlike a job attempt's): the service outlives a token, and the replica secret must stay.
-    objects: list[dict[str, Any]] = [
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": meta(base, "shared"),
-            "type": "Opaque",
-            "stringData": {
-                "token": token or TOKEN_PLACEHOLDER,
-                "replica-secret": replica_secret or SECRET_PLACEHOLDER,
-            },
-        }
-    ]
+    objects: list[dict[str, Any]] = []
+    if stable:
+        objects.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": meta(base, "shared"),
+                "type": "Opaque",
+                "stringData": {
+                    "token": token or TOKEN_PLACEHOLDER,
+                    "replica-secret": replica_secret or SECRET_PLACEHOLDER,
+                },
+            }
+        )
 
     files, items = _shipped_files()
     files[PARAMS_FILE] = json.dumps(replica_params(spec, model), sort_keys=True)
@@ -290,7 +332,7 @@ def render_service(
 
     endpoint = endpoint.rstrip("/")
     model_ref = f"{name}@{version}"
-    token_ref = {"secretKeyRef": {"name": base, "key": "token"}}
+    token_ref = {"secretKeyRef": {"name": secret_name, "key": "token"}}
     user_path = spec.env.get("PYTHONPATH")
     env: dict[str, str] = {
         "PYTHONUNBUFFERED": "1",
@@ -366,7 +408,10 @@ def render_service(
         "env": [
             *({"name": k, "value": _k8s_escape(v)} for k, v in env.items()),
             {"name": "KILN_REPLICA_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-            {"name": "KILN_REPLICA_SECRET", "valueFrom": {"secretKeyRef": {"name": base, "key": "replica-secret"}}},
+            {
+                "name": "KILN_REPLICA_SECRET",
+                "valueFrom": {"secretKeyRef": {"name": secret_name, "key": "replica-secret"}},
+            },
         ],
         "resources": {"requests": requests, "limits": limits},
         "volumeMounts": mounts,
@@ -406,7 +451,7 @@ def render_service(
     policy_selector = {MANAGED_BY: "kiln", **selector}
     objects.append(service_network_policy(meta(base, "shared"), policy_selector, REPLICA_PORT, cfg, cfg.egress_rules))
 
-    template_labels = {**labels("replica"), LABEL_REVISION: str(revision)}
+    template_labels = {**labels(replica_role), LABEL_REVISION: str(revision)}
     deployment_spec: dict[str, Any] = {
         "selector": {"matchLabels": selector},
         # A new replica is ready before an old one goes: never fewer ready replicas than wanted during an update.
@@ -418,7 +463,7 @@ def render_service(
     }
     if spec.autoscale is None:
         deployment_spec = {"replicas": spec.replicas, **deployment_spec}
-    deployment_meta = meta(base, "replica", owned=False)
+    deployment_meta = meta(base, replica_role, owned=False)
     deployment_meta.setdefault("annotations", {})[ANNOTATION_MODEL] = model_ref
     objects.append(
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": deployment_meta, "spec": deployment_spec}
