@@ -14,8 +14,10 @@ a predict's track (or the model version it targets) and the router picks among t
 canary with no replica to take it (still starting, or rolled back and draining) leaves its share to the stable ones.
 
 A service whose backend runs its replicas itself (a Kubernetes Deployment behind a Service) is one endpoint with
-a ``base_url``: the cluster balances between its pods, and a request that failed on it is retried once on the
-same URL (another pod answers it), where a local replica's failure marks it suspect.
+a ``base_url`` per track (the stable one; a canary's and a shadow's, each a Deployment of its own, flagged as a
+local canary's or shadow's replica is: kiln.tasks.serving_tracks): the cluster balances between a track's pods,
+and a request that failed on it is retried once on the same URL (another pod answers it), where a local replica's
+failure marks it suspect.
 
 The router keeps per replica what it forwarded (requests, errors, latencies, batch sizes) for the serving task to
 record into the metrics store, and process-wide aggregates for ``/metrics``.

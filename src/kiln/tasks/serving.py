@@ -112,7 +112,9 @@ class ServingControl:
         self.rollouts = Rollouts(router)  # canaries' rollout policies: advance, promote, roll back
         # The backend runs the replicas itself (Kubernetes): none of the replica jobs below.
         self._deployed = (
-            DeployedServices(db, backend, router, backend.name, box) if isinstance(backend, ServiceDeployer) else None
+            DeployedServices(db, backend, router, backend.name, box, self.rollouts, self._in_flight)
+            if isinstance(backend, ServiceDeployer)
+            else None
         )
 
     def task(self) -> Task:
@@ -129,7 +131,7 @@ class ServingControl:
             if ctx.stopping.is_set():
                 return
             if self._deployed is not None:
-                self._deployed.drive(ctx, service_id)
+                self._deployed.drive(ctx, service_id, self._remote.get(service_id, Traffic()).versions)
             else:
                 self._drive(ctx, service_id)
 

@@ -20,6 +20,10 @@ Each run, for each service:
 Each backend call comes right after ``ctx.fence()`` and each write is in the run's fenced transaction: a server
 that stalled past the serving task's lease and resumed after another took it applies, deletes and writes nothing.
 
+A canary and a shadow are tracks of their own (kiln.tasks.serving_tracks: a second and a third deployment, each an
+endpoint of the router, which splits between them as between local replicas); a canary's rollout policy is judged
+from the router's per-version figures as for local replicas (kiln.tasks.serving_rollout).
+
 The backend has no per-replica rows or jobs here: a service's replicas are the cluster's pods, so the API lists
 none and the router's per-replica request statistics are not recorded.
 """
@@ -28,16 +32,20 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kiln.auth.secrets import SecretBox
 from kiln.backends.capabilities import ServiceAddress, ServiceDeployer
 from kiln.db.session import Database
 from kiln.db.tables import Service, utcnow
+from kiln.domain.rollout import VersionStats
 from kiln.domain.serving import ServiceSpec, ServiceState
 from kiln.errors import KilnError
 from kiln.routing.router import Endpoint, Router
 from kiln.tasks.runner import TaskContext
+from kiln.tasks.serving_rollout import Rollouts
+from kiln.tasks.serving_tracks import DeployedTracks
 from kiln.usecases.notifications import notification_events
 
 log = logging.getLogger(__name__)
@@ -68,6 +76,8 @@ class DeployedServices:
         router: Router,
         backend_name: str = "",
         box: SecretBox | None = None,
+        rollouts: Rollouts | None = None,
+        in_flight: Callable[[str, str], int] | None = None,
     ) -> None:
         self.db = db
         self.box = box  # the address is recorded on the service's row (secret sealed) for every server's router
@@ -76,8 +86,13 @@ class DeployedServices:
         self.backend_name = backend_name
         self._applied: dict[str, _Applied] = {}  # service id → what was applied last
         self._failures: dict[str, tuple[int, float, str]] = {}  # service id → (failed applies, not before, why)
+        self.rollouts = rollouts  # a canary's rollout policy (None: none judged)
+        # (service id, endpoint id) → requests in flight on it through every live server (default: this one's)
+        self.tracks = DeployedTracks(backend, router, box, in_flight or router.in_flight)
 
-    def drive(self, ctx: TaskContext, service_id: str) -> None:
+    def drive(self, ctx: TaskContext, service_id: str, remote: dict[int, VersionStats] | None = None) -> None:
+        """``remote``: what the other live servers forwarded per model version of the service (the rollout
+        policy's figures with this router's)."""
         with self.db.read() as s:
             service = s.get(Service, service_id)
             if service is None:
@@ -114,8 +129,13 @@ class DeployedServices:
             self._record_route(ctx, service, None, "")
             self.router.remove(service.id, service.id)
             applied.serving = False
+        # A canary and a shadow: after the stable track (they use its secret); a promoted canary answers until the
+        # stable track's new revision is ready.
+        self.tracks.drive(ctx, service, spec, applied.settled and applied.key[0] == service.revision)
         self.router.take_stats(service.id)  # per-replica statistics go to replica jobs; there are none here
         self._update_state(ctx, service, *self._state(service, applied, wanted))
+        if self.rollouts is not None:
+            self.rollouts.drive(ctx, service, remote)
 
     # ---- 1. apply
 
@@ -209,6 +229,7 @@ class DeployedServices:
             log.warning("service %s: deleting it from the backend failed: %s", service.id, exc.message)
             return
         self.router.forget(service.id)
+        self.tracks.forget(service.id)
         self._applied.pop(service.id, None)
         self._failures.pop(service.id, None)
         with ctx.transaction() as s:

@@ -3,7 +3,8 @@
 One server at a time runs the ``serving`` task (kiln.tasks.serving), which starts the replicas and
 records where each ready one is reached: its Unix socket's absolute path, the machine it runs on (``node``) and its
 request secret sealed with the server key (``service_replicas``); for a backend that runs the replicas itself (a
-Kubernetes Service) the service's address (``services.route_url``). This task, every ``INTERVAL`` and at once when
+Kubernetes Service) the service's address (``services.route_url``, and its canary's and shadow's in
+``services.route_tracks``). This task, every ``INTERVAL`` and at once when
 a predict finds no replica, reads those rows and keeps this server's router in step (``Router.sync``): a replica
 is routable from here when it has an address, or its socket is on this machine (servers on one machine share the
 file system; another machine's socket cannot be reached, and a predict that finds only such replicas answers 503
@@ -28,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
@@ -71,6 +73,34 @@ class Traffic:
     replica_in_flight: dict[str, int] | None = None
     last_request_at: datetime | None = None
     versions: dict[int, VersionStats] = field(default_factory=dict)  # per model version, forwarded since each began
+
+
+def track_endpoints(
+    service_id: str, tracks: dict[str, Any] | None, open_secret: Callable[[str], str | None]
+) -> list[Endpoint]:
+    """The router's endpoints of a deployed service's canary and shadow tracks as its row records them
+    (``services.route_tracks``: url, secret sealed, model, role), each one named ``<service id>-<track>``."""
+    out = []
+    for track, route in sorted((tracks or {}).items()):
+        if not isinstance(route, dict) or not route.get("url") or not route.get("model") or not route.get("secret"):
+            continue
+        secret = open_secret(str(route["secret"]))
+        if secret is None:
+            continue
+        role = route.get("role")
+        out.append(
+            Endpoint(
+                f"{service_id}-{track}",
+                "",
+                None,
+                secret,
+                str(route["model"]),
+                base_url=str(route["url"]),
+                canary=role == "canary",
+                shadow=role == "shadow",
+            )
+        )
+    return out
 
 
 class RouteSync:
@@ -148,6 +178,7 @@ class RouteSync:
                 if secret is not None:
                     model = service.route_model or f"{service.model_name}@{service.model_version}"
                     routes[service.id].append(Endpoint(service.id, "", None, secret, model, base_url=service.route_url))
+            routes[service.id] += track_endpoints(service.id, service.route_tracks, self._open)
         for row in replicas:
             owner = services.get(row.service_id)
             if owner is None or row.socket is None or row.secret is None or row.job_id is None:

@@ -27,7 +27,13 @@ from typing import Any
 import pytest
 
 from kiln.backends.kubernetes.podsync import Syncer
-from kiln.backends.kubernetes.serving import LABEL_REVISION, SECRET_PLACEHOLDER, service_base, service_selector
+from kiln.backends.kubernetes.serving import (
+    LABEL_REVISION,
+    SECRET_PLACEHOLDER,
+    service_base,
+    service_selector,
+    track_base,
+)
 from kiln.errors import KilnError, NotFound
 from kiln.routing.router import Endpoint, Router
 from kiln.sdk.client import Client
@@ -237,6 +243,73 @@ def test_autoscale_renders_an_hpa_that_goes_when_autoscale_does(client: Client, 
     assert fake.get("Deployment", "kiln", base)["spec"]["replicas"] == 2
     client.delete_service("auto")
     _until(lambda: not _objects(fake, service.id))
+
+
+def _track(fake: FakeKubeAPI, service_id: str, track: str) -> dict[tuple[str, str], dict[str, Any]]:
+    selector = service_selector(service_id, track)
+    return {(k, o["metadata"]["name"]): o for k in KINDS for o in fake.list(k, "kiln", selector)["items"]}
+
+
+def test_a_canary_and_a_shadow_are_deployments_of_their_own(client: Client, fake: FakeKubeAPI, model: str) -> None:
+    """Through the API (issue 48): a canary is a second Deployment and Service with the canary's version and
+    replicas, which a predict targeting its version is routed to; rollback deletes it; promote rolls the stable
+    Deployment to its version and deletes it once the new stable pods are ready; a shadow is a third, of one pod.
+    (The split between the tracks' Services: tests/integration/kubernetes/test_kubernetes_canaries.py.)"""
+    spec = {
+        "name": "released",
+        "model": f"{model}@1",
+        "predictor": {"type": "sklearn"},
+        "runtime": {"framework": "python"},
+        "request_timeout": 1,
+    }
+    service = client.serve(spec)
+    base, canary = service_base(service.id), track_base(service.id, "canary")
+    _until(lambda: ("Deployment", base) in _objects(fake, service.id))
+    _settle(client, fake, "released", service.id, 1, "READY")
+
+    client.update_service("released", model=f"{model}@2", canary=10, canary_replicas=2)
+    objects = _until(lambda: (o := _track(fake, service.id, "canary")) and len(o) == 4 and o)
+    assert sorted(kind for kind, _ in objects) == ["ConfigMap", "Deployment", "NetworkPolicy", "Service"]
+    deployment = objects[("Deployment", canary)]
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["metadata"]["annotations"]["kiln.io/model"] == f"{model}@2"
+    assert fake.get("Deployment", "kiln", base)["metadata"]["annotations"]["kiln.io/model"] == f"{model}@1"
+    fake.set_deployment_ready(canary, 2)
+    # Routed: a predict that targets the canary's version is sent to its Service (whose cluster address does not
+    # exist here: 502 once tried), where none ready would wait for one and get 503.
+    _until(lambda: _predict_error(client, 2) == "the replicas failed to answer")
+
+    client.rollback_service("released")
+    _until(lambda: not _track(fake, service.id, "canary"))
+    assert fake.get("Deployment", "kiln", base)["metadata"]["annotations"]["kiln.io/model"] == f"{model}@1"
+
+    client.update_service("released", model=f"{model}@2", canary=50)
+    _until(lambda: ("Deployment", canary) in _track(fake, service.id, "canary"))
+    fake.set_deployment_ready(canary, 1)
+    _until(lambda: _predict_error(client, 2) == "the replicas failed to answer")
+    client.promote_service("released")
+    _until(lambda: fake.get("Deployment", "kiln", base)["metadata"]["annotations"]["kiln.io/model"] == f"{model}@2")
+    assert ("Deployment", canary) in _track(fake, service.id, "canary")  # until the new stable pods are ready
+    fake.set_deployment_ready(base, 1)
+    _until(lambda: not _track(fake, service.id, "canary"))
+    assert _until(lambda: (s := client.get_service("released")).state == "READY" and s).canary is None
+
+    client.update_service("released", shadow=f"{model}@1")
+    shadow = _until(lambda: _track(fake, service.id, "shadow").get(("Deployment", track_base(service.id, "shadow"))))
+    assert shadow["spec"]["replicas"] == 1
+    assert shadow["metadata"]["annotations"]["kiln.io/model"] == f"{model}@1"
+    client.update_service("released", shadow="")
+    _until(lambda: not _track(fake, service.id, "shadow"))
+    client.delete_service("released")
+    _until(lambda: not _objects(fake, service.id))
+
+
+def _predict_error(client: Client, version: int) -> str:
+    try:
+        client.predict("released", [[0.0] * 64], version=version)
+    except KilnError as exc:
+        return "the replicas failed to answer" if "the replicas failed to answer" in str(exc) else str(exc)
+    return "answered"
 
 
 class _StandIn:

@@ -31,7 +31,7 @@ from sqlalchemy import MetaData, create_engine, select
 from sqlalchemy.engine import Engine
 
 from kiln.backends.base import Backend
-from kiln.backends.capabilities import ServiceAddress, ServiceDeployer
+from kiln.backends.capabilities import DeployTrack, ServiceAddress, ServiceDeployer
 from kiln.db.session import Database
 from kiln.db.tables import (
     AuditEvent,
@@ -82,16 +82,16 @@ class FakeDeployer(ServiceDeployer):
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    def apply_service(self, service_id: str, *args: Any) -> ServiceAddress:
-        self.calls.append(f"apply {service_id}")
-        return ServiceAddress(f"http://127.0.0.1:9/{service_id}", "secret")
+    def apply_service(self, service_id: str, *args: Any, track: DeployTrack = "stable") -> ServiceAddress:
+        self.calls.append(f"apply {service_id} {track}")
+        return ServiceAddress(f"http://127.0.0.1:9/{service_id}/{track}", "secret")
 
-    def service_ready(self, service_id: str) -> int:
-        self.calls.append(f"ready {service_id}")
+    def service_ready(self, service_id: str, track: DeployTrack = "stable") -> int:
+        self.calls.append(f"ready {service_id} {track}")
         return 1
 
-    def delete_service(self, service_id: str) -> None:
-        self.calls.append(f"delete {service_id}")
+    def delete_service(self, service_id: str, track: DeployTrack | None = None) -> None:
+        self.calls.append(f"delete {service_id} {track or 'everything'}")
 
 
 @dataclass
@@ -454,6 +454,47 @@ def serving_deployed_deletes(world: World) -> Run:
     return control.run_once
 
 
+def serving_deployed_canary(world: World) -> Run:
+    """This server led and applied a deployed service; then a canary began: the stalled run would apply the
+    canary's own deployment and record where every server routes it."""
+    service_id = _service(world, "deployed")
+    control = _deployed_control(world)
+    control.run_once(world.leading(world.task("serving")))
+    with world.db.transaction() as s:
+        row = s.get(Service, service_id)
+        assert row is not None
+        row.canary_version, row.canary_weight, row.canary_replicas = 2, 10, 1
+
+    def run(ctx: TaskContext) -> None:
+        control.run_once(ctx)
+        assert f"apply {service_id} canary" in world.deployer.calls  # the new holder's did
+
+    return run
+
+
+def serving_deployed_canary_rolled_back(world: World) -> Run:
+    """This server led while a deployed service's canary ran (applied, routed, its route recorded); then it was
+    rolled back: the stalled run would take its route off the row and delete its deployment."""
+    service_id = _service(world, "deployed")
+    with world.db.transaction() as s:
+        row = s.get(Service, service_id)
+        assert row is not None
+        row.canary_version, row.canary_weight, row.canary_replicas = 2, 10, 1
+    control = _deployed_control(world)
+    control.run_once(world.leading(world.task("serving")))
+    assert f"apply {service_id} canary" in world.deployer.calls
+    with world.db.transaction() as s:
+        row = s.get(Service, service_id)
+        assert row is not None and row.route_tracks and "canary" in row.route_tracks
+        row.canary_version, row.canary_weight = None, 0
+
+    def run(ctx: TaskContext) -> None:
+        control.run_once(ctx)
+        assert f"delete {service_id} canary" in world.deployer.calls  # the new holder's did
+
+    return run
+
+
 def _pipeline_principal(world: World) -> Any:
     from kiln.usecases.pipelines import run_principal
 
@@ -630,6 +671,8 @@ SCENARIOS: dict[str, dict[str, Callable[[World], Run]]] = {
         "record a ready replica's route": serving_records_a_route,
         "deployed: apply": serving_deployed_applies,
         "deployed: delete": serving_deployed_deletes,
+        "deployed: a canary": serving_deployed_canary,
+        "deployed: a canary rolled back": serving_deployed_canary_rolled_back,
     },
 }
 CASES = [(task, label) for task, scenarios in SCENARIOS.items() for label in scenarios]

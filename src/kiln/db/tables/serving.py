@@ -48,6 +48,10 @@ class Service(Base):
     route_url: Mapped[str | None] = mapped_column(Text, default=None)
     route_secret: Mapped[str | None] = mapped_column(Text, default=None)
     route_model: Mapped[str | None] = mapped_column(String(200), default=None)
+    # ... and its canary's and shadow's (each a deployment of its own, with the same secret): track → {"url",
+    # "model": NAME@VERSION, "role": "canary", "shadow" or "stable" (a promoted canary's, until the stable track
+    # rolled to its version)}; None or {}: none routed.
+    route_tracks: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     # A canary (kiln.domain.traffic_split): the version run beside ``model_version``, the percentage of predicts it
     # gets and its replicas; None while there is none.
     canary_version: Mapped[int | None] = mapped_column(Integer, default=None)
