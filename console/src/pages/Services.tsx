@@ -6,6 +6,7 @@ import { useApi } from "../hooks";
 import { Link } from "../router";
 import { useAbilities } from "../session";
 import type { ApiRequest, Items, Service } from "../types";
+import { ServiceTraffic } from "./ServiceTraffic";
 
 export function Services() {
   const { data, error } = useApi<Items<Service>>("/services", undefined, 5000);
@@ -91,6 +92,7 @@ export function ServiceDetail({ name }: { name: string }) {
           ]}
         />
       </Section>
+      <ServiceTraffic service={s} canWrite={can.write} onDone={svc.reload} />
       <Section title="Replicas" id="replicas">
         {!s.replicas.length ? (
           <Empty>No replicas{s.desired_replicas === 0 ? " (scaled to zero: the next request starts one)" : ""}.</Empty>
@@ -117,7 +119,9 @@ export function ServiceDetail({ name }: { name: string }) {
                       <StateBadge state={rep.state} />
                     </td>
                     <td>{rep.revision}</td>
-                    <td>{rep.model_version}</td>
+                    <td>
+                      {rep.model_version} {rep.canary ? <span class="muted small">canary</span> : rep.shadow ? <span class="muted small">shadow</span> : null}
+                    </td>
                     <td>{rep.in_flight}</td>
                     <td>
                       {rep.job_id ? <Link href={`/jobs/${seg(rep.job_id)}`}>{rep.job_id}</Link> : "—"} {rep.job_state ? <span class="muted small">{rep.job_state}</span> : null}
