@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -26,6 +29,41 @@ TEST_RUNTIMES = REPO / ".cache" / "test-runtimes"
 # The interpreter the tests run with (a venv, and the installation it was made from): what their jobs name as
 # runtime.python, allowed on every test server as an operator would allow it.
 TEST_PYTHON_ROOTS = sorted({sys.prefix, sys.base_prefix})
+
+
+MIGRATIONS = REPO / "src" / "kiln" / "db" / "migrations" / "versions"
+TEST_DATABASES = REPO / ".cache" / "test-db"
+
+
+def migrated_sqlite() -> Path:
+    """A SQLite database migrated to head and holding nothing else, made once per machine for this set of
+    migrations (``.cache/test-db``, named by their digest): a test server's new home starts with a copy, so that
+    the suite's hundreds of servers do not each run every migration on an empty database (2 to 4 CPU-seconds
+    each). The migrations themselves run from an empty database, and with rows in every table, in
+    tests/integration/database/ and tests/unit/db/."""
+    digest = hashlib.sha256()
+    for path in sorted(MIGRATIONS.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    target = TEST_DATABASES / f"{digest.hexdigest()[:16]}.db"
+    if target.exists():
+        return target
+    from kiln.db.migrate import upgrade
+    from kiln.db.session import Database
+
+    TEST_DATABASES.mkdir(parents=True, exist_ok=True)
+    work = TEST_DATABASES / f"{target.stem}.{os.getpid()}.work"
+    database = Database(f"sqlite:///{work}")
+    try:
+        upgrade(database.engine)
+    finally:
+        database.dispose()
+    copy = work.with_suffix(".tmp")
+    with sqlite3.connect(work) as source, sqlite3.connect(copy) as into:
+        source.backup(into)  # one self-contained file, whatever the journal mode left beside it
+    os.replace(copy, target)  # workers that made it at once each put a whole one in place
+    for leftover in TEST_DATABASES.glob(f"{work.name}*"):
+        leftover.unlink()
+    return target
 
 
 def free_port() -> int:
@@ -69,6 +107,9 @@ class KilnServer:
         """Start and wait for /readyz: on a loaded two-CPU machine a server's start (migrations, imports, the
         sandbox probe) has taken over 30 s."""
         self.home.mkdir(parents=True, exist_ok=True)
+        database = self.home / "kiln.db"  # the server's own (Settings.database_url's default)
+        if "KILN_DATABASE_URL" not in self.env and not database.exists():
+            shutil.copyfile(migrated_sqlite(), database)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "kiln.api.serve"], env=self.env, stdout=log, stderr=subprocess.STDOUT
