@@ -75,6 +75,8 @@ def free_port() -> int:
 class KilnServer:
     """One ``kiln server`` process with its own $KILN_HOME."""
 
+    migrated_copy = True  # a new home's database starts as a copy of migrated_sqlite() (this code's migrations)
+
     def __init__(self, home: Path, database_url: str | None = None, **settings: str) -> None:
         self.home = home
         self.port = free_port()
@@ -108,7 +110,7 @@ class KilnServer:
         sandbox probe) has taken over 30 s."""
         self.home.mkdir(parents=True, exist_ok=True)
         database = self.home / "kiln.db"  # the server's own (Settings.database_url's default)
-        if "KILN_DATABASE_URL" not in self.env and not database.exists():
+        if self.migrated_copy and "KILN_DATABASE_URL" not in self.env and not database.exists():
             shutil.copyfile(migrated_sqlite(), database)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(

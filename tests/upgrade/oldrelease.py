@@ -69,6 +69,8 @@ class ReleaseServer(KilnServer):
     first on the path (every release so far needs no package the head's environment lacks; one that does fails
     to start here, with its ImportError in the message)."""
 
+    migrated_copy = False  # the head's migrated database would be from its future
+
     def __init__(self, release: Release, home: Path, database_url: str | None = None) -> None:
         super().__init__(home, database_url)
         self.src = source(release)
