@@ -247,7 +247,7 @@ class StudyDriver:
             # Told by its Trial object: an int would be read as Optuna's trial *number*, not its id.
             otrial = optuna.trial.Trial(ostudy, trial.optuna_trial_id)
             ctx.fence()
-            ostudy.tell(otrial, value, state=state, skip_if_finished=True)
+            _tell(ostudy, otrial, value, state)
             with ctx.transaction() as s:
                 row = s.get(TuningTrial, (trial.study_id, trial.number))
                 if row is not None:
@@ -529,3 +529,14 @@ def _lock(s: Session, trial: TuningTrial, job_id: str | None) -> tuple[TuningTri
     row = s.get(TuningTrial, (trial.study_id, trial.number), with_for_update=s.get_bind().dialect.name == "postgresql")
     assert row is not None
     return row, (s.get(Job, job_id) if job_id is not None else None)
+
+
+def _tell(ostudy: Any, trial: Any, value: float | None, state: Any) -> None:
+    """Tell Optuna a trial's end. The grid sampler, told the last point of its grid, calls ``study.stop()``,
+    which raises outside ``study.optimize`` (Kiln asks and tells): Optuna has stored the trial's state by then (in
+    its ``finally``), and Kiln ends a study itself when its grid is done, so that error is the end of the grid."""
+    try:
+        ostudy.tell(trial, value, state=state, skip_if_finished=True)
+    except RuntimeError as exc:
+        if "Study.stop" not in str(exc):
+            raise
