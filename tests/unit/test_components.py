@@ -31,7 +31,8 @@ def test_needing_nothing():
 
 def session(tmp_path: Path, without: str | None) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_probe.py").write_text(PROBE)
-    env = {k: v for k, v in os.environ.items() if k != ENV}
+    # Neither the outer run's opt-outs nor its options (PYTEST_ADDOPTS="-rf ..." changes the summary's lines).
+    env = {k: v for k, v in os.environ.items() if k not in (ENV, "PYTEST_ADDOPTS")}
     # Nothing answers on port 1, and no kubectl on this PATH.
     env.update(KILN_TEST_PG_URL="postgresql://postgres@127.0.0.1:1/postgres", PATH=str(tmp_path / "bin"))
     if without is not None:

@@ -466,15 +466,15 @@ def test_the_consoles_search_names_its_experiment_and_gets_only_its_columns_over
     default_columns, as a GET's query and a POST's body; MLflow's client, asking none of them, gets every param."""
     labs, other = tenants
     with acting_as(server, labs, "member") as client:
-        experiment_id = client.create_experiment("narrow-table")
+        experiment_id = client.create_experiment("console-table")
         for i in range(3):
-            run = client.create_run(experiment_id, run_name=f"narrow-{i}")
+            run = client.create_run(experiment_id, run_name=f"console-{i}")
             params = [Param("lr", str(0.1 / (i + 1)))] + [Param(f"same_{k:02d}", "x") for k in range(20)]
             client.log_batch(run.info.run_id, params=params, metrics=[Metric("loss", 1 / (i + 3), 0, 0)])
         assert all(len(r.data.params) == 21 for r in client.search_runs([experiment_id]))
     account = labs.accounts["member"]
     with httpx.Client(base_url=f"{server.url}/mlflow/api/2.0/mlflow", auth=(account.key_id, account.secret)) as http:
-        chosen = http.get("/runs/search", params={"experiment_names": "narrow-table", "default_columns": "true"})
+        chosen = http.get("/runs/search", params={"experiment_names": "console-table", "default_columns": "true"})
         assert chosen.status_code == 200, chosen.text
         assert chosen.json()["columns"] == ["params.lr", "metrics.loss"]
         for run in chosen.json()["runs"]:
@@ -483,13 +483,13 @@ def test_the_consoles_search_names_its_experiment_and_gets_only_its_columns_over
         body = {"experiment_ids": [experiment_id], "columns": ["params.same_03"], "order_by": ["metrics.loss ASC"]}
         asked = http.post("/runs/search", json=body).json()
         assert "columns" not in asked
-        assert [r["info"]["run_name"] for r in asked["runs"]] == ["narrow-2", "narrow-1", "narrow-0"]
+        assert [r["info"]["run_name"] for r in asked["runs"]] == ["console-2", "console-1", "console-0"]
         assert all(r["data"]["params"] == [{"key": "same_03", "value": "x"}] for r in asked["runs"])
         assert all("metrics" not in r["data"] or not r["data"]["metrics"] for r in asked["runs"])
         for bad in ({"default_columns": "1"}, {"columns": "lr"}, {"experiment_names": "no-such-experiment"}):
-            answer = http.get("/runs/search", params={"experiment_names": "narrow-table", **bad})
+            answer = http.get("/runs/search", params={"experiment_names": "console-table", **bad})
             assert answer.status_code in (400, 404), (bad, answer.text)
             assert answer.json()["error_code"] in ("INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST"), answer.text
     theirs = other.accounts["member"]
     with httpx.Client(base_url=f"{server.url}/mlflow/api/2.0/mlflow", auth=(theirs.key_id, theirs.secret)) as http:
-        assert http.get("/runs/search", params={"experiment_names": "narrow-table"}).status_code == 404  # not theirs
+        assert http.get("/runs/search", params={"experiment_names": "console-table"}).status_code == 404  # not theirs
