@@ -230,6 +230,8 @@ class StudySpec(_Strict):
 
 # ---- a trial's job spec
 
+EXPERIMENT_NAME_LENGTH = 256  # JobSpec.experiment's max_length
+
 _PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -251,7 +253,8 @@ def substitute(command: Command, params: dict[str, ParamValue]) -> Command:
 
 def trial_spec(study: StudySpec, study_id: str, number: int, params: dict[str, ParamValue]) -> JobSpec:
     """The job spec of trial ``number``: the study's trial spec with its parameters in the command lines and in
-    ``params`` (``KILN_PARAM_*`` and ``$KILN_PARAMS_FILE``), named and labelled after the study."""
+    ``params`` (``KILN_PARAM_*`` and ``$KILN_PARAMS_FILE``), named and labelled after the study, and a run of the
+    study's experiment (its display name) unless the trial spec names one."""
     base = study.trial
     update: dict[str, Any] = {
         "name": f"{study.display_name}-trial-{number}"[: limits.MAX_NAME_LENGTH],
@@ -264,6 +267,8 @@ def trial_spec(study: StudySpec, study_id: str, number: int, params: dict[str, P
     if study.objective.metric not in metrics["watch"]:
         metrics["watch"] = [*metrics["watch"], study.objective.metric][-limits.MAX_WATCHED_METRICS :]
     update["metrics"] = metrics
+    if base.experiment is None:  # a study's trials are runs of its own experiment, not of Default
+        update["experiment"] = study.display_name[:EXPERIMENT_NAME_LENGTH]
     for key in ("prepare_command", "finish_command"):
         value = getattr(base, key)
         if value is not None:

@@ -324,4 +324,8 @@ def test_parameters_reach_the_trial_job(alpha: Tenant, tmp_path: Path) -> None:
         assert json.loads(file_line.removeprefix("file ")) == params
         assert "argv " + json.dumps(["it's a b; c", lr]) in lines, lines  # an argument each, as they were
         assert trial["state"] == "SUCCEEDED" and trial["value"] == 1.0
+        assert job["spec"]["experiment"] == done["name"]
+    # The study's runs sit in its own experiment, not among the Default experiment's.
+    experiments = {e["name"]: e for e in account.api.ok("GET", "/experiments")["items"]}
+    assert experiments[done["name"]]["run_count"] == 2, experiments
     client.close()

@@ -120,6 +120,14 @@ def test_a_trial_spec_carries_its_parameters_and_labels() -> None:
     assert job.params == {"epochs": 5, "lr": 0.01}
     assert job.labels == {"team": "a", "kiln-study": "study-1", "kiln-trial": "3"}
     assert job.metrics.watch == ["val_acc"]  # the objective's points reach the pruner one by one
+    assert job.experiment == "mlp"  # the study's runs sit together, not among the Default experiment's
+
+
+def test_a_trials_experiment_is_the_studys_unless_its_spec_names_one() -> None:
+    unnamed = StudySpec.model_validate(study())
+    assert trial_spec(unnamed, "study-1", 0, {"lr": 0.01}).experiment == "tune val_acc"
+    chosen = StudySpec.model_validate(study(name="mlp", trial={"command": "x", "experiment": "digits"}))
+    assert trial_spec(chosen, "study-1", 0, {"lr": 0.01}).experiment == "digits"
 
 
 def test_a_trial_watches_its_objective_beside_what_its_spec_watches() -> None:
