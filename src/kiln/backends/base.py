@@ -114,6 +114,8 @@ class AttemptStatus:
     message: str = ""
     running_at: datetime | None = None
     finished_at: datetime | None = None
+    # Seconds of its start spent on a shared runtime's build (the platform's cost): its hold is not billed for them.
+    unbilled_seconds: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,9 @@ class AttemptFiles:
     stop_info: tuple[str, str, float] | None
     log_over = False  # the job's output was dropped at its log limit (since its step started: shimlimits.py)
     log_reached = 0  # the log's size when that first happened
+    # Seconds the attempt spent on a shared runtime's build before its command (its own or another job's it waited
+    # for): the platform's, not the job's, so its hold is not billed for them (kiln.usecases.usage.unbill_usage).
+    unbilled = 0.0
 
     def notify(self, event: str) -> None:
         if not self.notify_path:
@@ -197,6 +200,8 @@ class AttemptFiles:
 
     def status(self, phase: str, **extra: object) -> None:
         data = {"phase": phase, "time": time.time(), "shim_pid": self.me, **extra}
+        if self.unbilled:
+            data["unbilled_seconds"] = round(self.unbilled, 3)
         write_json_atomic(os.path.join(self.dir, "status.json"), data)
         if phase == "running":  # the only phase change the server acts on before the exit
             self.notify(phase)

@@ -83,14 +83,23 @@ class Preparation(_shimio.AttemptFiles, _proctree.ProcessTree):
         """Build a managed virtualenv once; concurrent jobs wait on a lock and reuse it. One built from another
         package list (the catalog's entry changed since: mlflow-skinny added to sklearn and pytorch) is brought to
         this one in place, with pip, rather than rebuilt: jobs running in it keep their files, and what it has
-        already (torch) is not installed again."""
-        import fcntl
-        import shutil
-
+        already (torch) is not installed again. The time spent here on a runtime that was not ready (building
+        it, or waiting for another job's build) is ``unbilled``: a shared runtime's build is the platform's cost,
+        not that of whichever job happened to need it first."""
         venv = spec["venv"]
         ready = os.path.join(venv, ".kiln-ready")
         if _built_with(ready) == spec["packages"]:
             return
+        began = time.monotonic()
+        try:
+            self._build_runtime(spec, venv, ready)
+        finally:
+            self.unbilled += time.monotonic() - began
+
+    def _build_runtime(self, spec: dict, venv: str, ready: str) -> None:
+        import fcntl
+        import shutil
+
         os.makedirs(os.path.dirname(venv), exist_ok=True)
         with open(venv + ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)

@@ -62,6 +62,7 @@ from kiln.tasks.runner import Task, TaskContext
 from kiln.usecases.access.quotas import Admission
 from kiln.usecases.jobs.lifecycle import ends_in_bulk, record, transition
 from kiln.usecases.jobs.scheduler_inputs import allocation_of, gather, redact
+from kiln.usecases.usage.usage import unbill_usage
 
 log = logging.getLogger(__name__)
 
@@ -380,6 +381,8 @@ class Reconciler:
             row.log_bytes = max(row.log_bytes or 0, seen.log_bytes)
         if outcome.started:
             transition(s, row, JobState.RUNNING, Reason.STARTED, STARTED_BEFORE_END)
+        if (outcome.started or outcome.state is JobState.RUNNING) and seen.status and seen.status.unbilled_seconds:
+            unbill_usage(s, row.id, seen.status.unbilled_seconds, seen.status.running_at or utcnow())
         if outcome.clear_preemption:
             row.preempt_reason = None
         if outcome.restart:

@@ -94,3 +94,11 @@ def test_members_a_crash_kept_from_launching_make_the_gang_unlaunched() -> None:
 def test_a_failure_with_members_never_launched_stops_them_instead() -> None:
     view = aggregate([exited("worker", 0, 2, reason="Error"), unlaunched("worker", 1)])
     assert view.status.phase is Phase.RUNNING and view.stop == (1,) and view.stop_reason == GANG_STOPPED
+
+
+def test_the_gangs_unbilled_wait_is_its_longest_members() -> None:
+    """Members build or wait for a runtime side by side: the hold waited as long as the slowest of them."""
+    slow = MemberStatus("worker", 1, AttemptStatus(Phase.RUNNING, running_at=T0, unbilled_seconds=4.5))
+    fast = MemberStatus("worker", 0, AttemptStatus(Phase.RUNNING, running_at=T0, unbilled_seconds=1.0))
+    assert aggregate([fast, slow]).status.unbilled_seconds == 4.5
+    assert aggregate([running("worker", 0), running("worker", 1)]).status.unbilled_seconds == 0.0

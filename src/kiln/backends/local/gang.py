@@ -8,7 +8,7 @@ waiting for a dead peer. This module only decides; the executor carries out the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from kiln.backends.base import AttemptStatus, Phase
@@ -58,6 +58,13 @@ def _latest(times: list[datetime | None]) -> datetime | None:
 
 
 def aggregate(members: list[MemberStatus]) -> GangView:
+    view = _aggregate(members)
+    # The members build or wait for a runtime side by side: the gang's hold waited as long as the longest of them.
+    unbilled = max((m.status.unbilled_seconds for m in members), default=0.0)
+    return replace(view, status=replace(view.status, unbilled_seconds=unbilled)) if unbilled else view
+
+
+def _aggregate(members: list[MemberStatus]) -> GangView:
     alive = [i for i, m in enumerate(members) if not m.ended]
     running_at = _latest([m.status.running_at for m in members]) if all(m.status.running_at for m in members) else None
     failures = sorted(

@@ -44,6 +44,11 @@ def _ts(value: float | None) -> datetime | None:
     return datetime.fromtimestamp(value, UTC) if value else None
 
 
+def _seconds(value: object) -> float:
+    """A non-negative number of seconds from a shim's file; 0 for anything else (a shim runs the job's machine)."""
+    return float(value) if isinstance(value, int | float) and 0 < value < 10**7 else 0.0
+
+
 class ShimLauncher:
     """Starts shims and keeps what the processes it started left behind (their exit codes)."""
 
@@ -185,6 +190,7 @@ class ShimLauncher:
         """Where one attempt member is, from its files and its shim's life."""
         status = read_json(attempt_dir / "status.json") or {}
         running_at = _ts(status.get("running_at"))
+        unbilled = _seconds(status.get("unbilled_seconds"))
         result = read_json(attempt_dir / "exit.json")
         if result is not None:
             self.reap()
@@ -195,10 +201,11 @@ class ShimLauncher:
                 message=result.get("message") or "",
                 running_at=running_at,
                 finished_at=_ts(result.get("finished_at")),
+                unbilled_seconds=unbilled,
             )
         if self.alive(attempt_dir / claim.PID):
             phase = Phase.RUNNING if status.get("phase") in ("running", "finishing") else Phase.STARTING
-            return AttemptStatus(phase=phase, running_at=running_at)
+            return AttemptStatus(phase=phase, running_at=running_at, unbilled_seconds=unbilled)
         if (attempt_dir / "exit.json").exists():
             return self.poll(attempt_dir)  # it wrote its record and exited between our two looks
         if not (attempt_dir / claim.PID).exists():
@@ -218,7 +225,7 @@ class ShimLauncher:
                 return self.poll(attempt_dir)
             log.warning("%s: its shim holds the claim but %s does not name it (%s)", attempt_dir, claim.PID, info)
             phase = Phase.RUNNING if status.get("phase") in ("running", "finishing") else Phase.STARTING
-            return AttemptStatus(phase=phase, running_at=running_at)
+            return AttemptStatus(phase=phase, running_at=running_at, unbilled_seconds=unbilled)
         if (attempt_dir / "exit.json").exists():
             return self.poll(attempt_dir)
         code = self.exit_code(info)

@@ -83,6 +83,18 @@ def open_usage(s: Session, job: Job, now: datetime) -> None:
     )
 
 
+def unbill_usage(s: Session, job_id: str, seconds: float, until: datetime) -> None:
+    """The job's open hold starts ``seconds`` later: what its start spent on a shared runtime's build (the
+    platform's cost, not the job's: whichever job needs a runtime first builds it, the others wait for it). Never
+    past ``until``, the moment its command started: a hold is billed at least from then, whatever a shim says."""
+    if seconds <= 0:
+        return
+    u = UsageRecord
+    later, bound = u.start_ts + seconds, until.timestamp()
+    start = case((later <= bound, later), (u.start_ts < bound, bound), else_=u.start_ts)
+    s.execute(update(u).where(u.job_id == job_id, u.end_ts.is_(None)).values(start_ts=start))
+
+
 def close_usage(s: Session, job_id: str, now: datetime) -> None:
     """The job's open hold ends ``now`` (the caller's transaction releases it), with what it used as sampled."""
     u = UsageRecord
