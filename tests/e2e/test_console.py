@@ -134,7 +134,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         assert member.wait(model_job["id"], timeout=60)["state"] == "SUCCEEDED"
         member.ok("POST", "/models/alpha-model/versions", json_body={"job_id": model_job["id"], "path": "model.joblib"})
         service = "alpha-service"
-        spec = {"name": service, "model": "alpha-model@1", "predictor": {"type": "sklearn"}, "replicas": 0}
+        predictor = {"type": "sklearn", "input_schema": {"shape": [6]}}
+        spec = {"name": service, "model": "alpha-model@1", "predictor": predictor, "replicas": 0}
         member.ok("POST", "/services", json_body={"spec": {**spec, "runtime": {"python": sys.executable}}})
         quota["member"].api.wait(quota_running["id"], "RUNNING", timeout=60)
         waiting = quota["member"].api.submit("true", name="quota-waiting", resources={"cpus": 0.1})
@@ -313,6 +314,15 @@ def test_a_viewer_is_offered_no_change_and_a_forced_one_is_refused(world: World,
     submit = fetch(page, "POST", "/api/v1/jobs", {"spec": job_spec("true")})
     assert submit["status"] == 403 and submit["code"] != "csrf", submit
     assert world.alpha["member"].api.job(world.alpha_running)["state"] == "RUNNING"
+
+
+def test_the_prediction_form_starts_with_an_instance_of_the_models_shape(world: World, context: BrowserContext) -> None:
+    """The service's input schema says one instance is 6 numbers: the form starts with those (it offered 4 numbers
+    whatever the model; console/src/predictExample.ts, checked against the replica's checks in
+    tests/e2e/test_predict_example.py)."""
+    page = sign_in(context, world.server.url, world.alpha["member"], f"/services/{world.alpha_service}")
+    body = page.get_by_test_id("predict-body")
+    expect(body).to_have_value('{"inputs":[[0,0,0,0,0,0]]}')
 
 
 def test_another_organisation_sees_nothing_of_the_first(world: World, context: BrowserContext) -> None:

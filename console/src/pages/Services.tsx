@@ -1,11 +1,12 @@
-import { useState } from "preact/hooks";
+import { useEffect, useState } from "preact/hooks";
 import { describe, patch, post, seg } from "../api";
 import { ActionButton, Code, Empty, ErrorBox, Field, KeyValues, Loading, Section, StateBadge } from "../components/ui";
 import { ago, bytes, cpus, time } from "../format";
 import { useApi } from "../hooks";
 import { Link } from "../router";
 import { useAbilities } from "../session";
-import type { ApiRequest, Items, Service } from "../types";
+import { exampleBody } from "../predictExample";
+import type { ApiRequest, Items, ModelVersion, Service } from "../types";
 import { ServiceTraffic } from "./ServiceTraffic";
 
 export function Services() {
@@ -155,9 +156,17 @@ function Scale({ service, onDone }: { service: Service; onDone: () => void }) {
   );
 }
 
-/** Try the service: a JSON body `{"inputs": [...]}` sent as the console's user (a signed-in predict). */
+/** Try the service: a JSON body `{"inputs": [...]}` sent as the console's user (a signed-in predict), prefilled
+ * with an instance of the shape the model takes (its input schema, or the signature of a version from a run). */
 function Predict({ service }: { service: Service }) {
-  const [body, setBody] = useState('{\n  "inputs": [[0.0, 1.0, 2.0, 3.0]]\n}');
+  const schema = service.spec.predictor.input_schema;
+  const fromRun = service.spec.predictor.type === "mlflow" && !schema;
+  const version = useApi<ModelVersion>(fromRun ? `/models/${seg(service.model_name)}/versions/${service.model_version}` : null);
+  const [body, setBody] = useState(() => exampleBody(schema));
+  const [edited, setEdited] = useState(false);
+  useEffect(() => {
+    if (!edited && version.data) setBody(exampleBody(schema, version.data.signature));
+  }, [version.data]);
   const [answer, setAnswer] = useState<unknown>(null);
   const [error, setError] = useState<string | null>(null);
   const [busy, setBusy] = useState(false);
@@ -185,7 +194,7 @@ function Predict({ service }: { service: Service }) {
     <Section title="Try a prediction" id="predict">
       <form onSubmit={send} class="stack" data-testid="predict-form">
         <Field label="Request body (JSON)" hint='{"inputs": [instance, …]}' wide>
-          <textarea rows={6} class="mono" value={body} onInput={(e) => setBody(e.currentTarget.value)} data-testid="predict-body" />
+          <textarea rows={6} class="mono" value={body} onInput={(e) => (setEdited(true), setBody(e.currentTarget.value))} data-testid="predict-body" />
         </Field>
         <div>
           <button type="submit" class="btn btn-primary" disabled={busy} data-testid="predict-send">
