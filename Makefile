@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 KILN_HOST ?= 127.0.0.1
 KILN_PORT ?= 8080
 
-.PHONY: run install dev test lint typecheck unit flake-hunt bench bench-smoke clean services mount-tools sandbox-tools \
+.PHONY: run install dev test test-fast lint typecheck unit flake-hunt bench bench-smoke clean services mount-tools sandbox-tools \
 	node-tools console console-tools browser-tools slurm-tools slurm-up slurm-down
 
 # uv installs into the venv what pip would (the same versions: pyproject's ranges), in a sixth of the CPU time: pip
@@ -192,6 +192,10 @@ test: dev services mount-tools sandbox-tools node-tools browser-tools slurm-tool
 
 unit: dev
 	$(BIN)/python -m pytest -q tests/unit
+
+# The edit-run loop: the unit tests but the heavy ones (marked: each starts processes or a server), on two workers.
+test-fast: dev
+	$(BIN)/python -m pytest -q -n 2 -m "not heavy and not slow" tests/unit
 
 # A flake's hunt: TESTS (files or node ids) run N times each (pytest-repeat), spread over WORKERS pytest-xdist
 # workers, while LOAD busy loops (stress-ng's if it is installed, else one Python loop each; one per CPU unless set)

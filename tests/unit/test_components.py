@@ -14,6 +14,8 @@ import pytest
 from tests.components import COMPONENTS, ENV, missing, require
 from tests.kilnserver import REPO
 
+pytestmark = pytest.mark.heavy  # each runs a pytest session: make test-fast leaves it out
+
 PROBE = """
 import pytest
 

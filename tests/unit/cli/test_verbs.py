@@ -94,6 +94,7 @@ def test_the_checker_finds_a_hard_break_and_passes_wrapping() -> None:
     assert broken_lines(" Upload the files; run the\n same command again.") != []
 
 
+@pytest.mark.heavy  # every command's help rendered: make test-fast leaves it out
 def test_every_help_text_flows_at_a_wide_terminal(root: TyperGroup) -> None:
     runner = CliRunner()
     app = build_app()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 import kiln.backends.kubernetes.podfetch as podfetch
 import kiln.backends.kubernetes.podsync as podsync
@@ -23,6 +24,8 @@ from kiln.backends.kubernetes.render import KubeConfig, RenderInput, render
 from kiln.domain.spec import JobSpec
 from tests.kilnserver import KilnServer, free_port
 from tests.tenancy_helpers import Api, job_spec
+
+pytestmark = pytest.mark.heavy  # seconds each: make test-fast leaves it out
 
 HOLDER = "import os, sys, time; open(sys.argv[1], 'w').write(os.environ['KILN_JOB_TOKEN']); time.sleep(300)"
 

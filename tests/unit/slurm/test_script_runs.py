@@ -26,6 +26,8 @@ from kiln.settings import SlurmSettings
 from tests.kilnserver import KilnServer
 from tests.tenancy_helpers import Api, job_spec, tar_gz
 
+pytestmark = pytest.mark.heavy  # seconds each: make test-fast leaves it out
+
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
 # Streams a node may not post: Kiln's own K (a job must not forge Kiln's messages), a made-up member, a line break.
 BAD_STREAMS = (
