@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import tempfile
 import threading
@@ -29,7 +28,8 @@ import pytest
 from kiln.domain.quantities import parse_memory
 from kiln.domain.usage import format_hours, format_money
 from kiln.sdk.client import Client
-from tests.browser import REPO, artifacts_dir, launch
+from tests.browser import artifacts_dir, launch
+from tests.console_modules import run_module
 from tests.kilnserver import KilnServer
 from tests.tenancy_helpers import Account, Api, Tenant, close_all, create_tenant, job_spec
 
@@ -479,21 +479,10 @@ SIZE_TEXTS = [
     "   ",
     "\u3000",
 ]
-PARSE_SIZES = """
-const ts = require(process.argv[1]);
-const fs = require("fs");
-const js = ts.transpileModule(fs.readFileSync(process.argv[2], "utf8"), {
-  compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022 },
-}).outputText;
-import("data:text/javascript;base64," + Buffer.from(js).toString("base64")).then((format) => {
-  const texts = JSON.parse(fs.readFileSync(0, "utf8"));
-  const read = texts.map((t) => {
-    const n = format.parseBytes(t);
-    return n === null ? "empty" : Number.isNaN(n) ? "refused" : n;
-  });
-  process.stdout.write(JSON.stringify(read));
-});
-"""
+PARSE_SIZES = """(format, texts) => texts.map((t) => {
+  const n = format.parseBytes(t);
+  return n === null ? "empty" : Number.isNaN(n) ? "refused" : n;
+})"""
 
 
 @pytest.mark.needs("node")
@@ -501,10 +490,6 @@ def test_the_console_reads_a_size_as_the_server_does() -> None:
     """One grammar for sizes: console/src/format.ts's parseBytes, run by Node.js (transpiled by the console's own
     TypeScript), gives what kiln.domain.quantities.parse_memory gives for every text of the table (2G was 2·10⁹
     bytes in the console, 2·1024³ on the server); the form's submitted memory is checked in the form test."""
-    console = REPO / "console"
-    typescript = console / "node_modules" / "typescript"
-    if not typescript.is_dir():
-        pytest.fail(f"{typescript} is missing: run `make console`", pytrace=False)
 
     def server_reads(text: str) -> int | str:
         if not text.strip():
@@ -514,16 +499,7 @@ def test_the_console_reads_a_size_as_the_server_does() -> None:
         except (ValueError, OverflowError):
             return "refused"
 
-    run = subprocess.run(
-        ["node", "-e", PARSE_SIZES, str(typescript), str(console / "src" / "format.ts")],
-        input=json.dumps(SIZE_TEXTS),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert run.returncode == 0, run.stderr
-    console_reads = json.loads(run.stdout)
+    console_reads = run_module("format.ts", PARSE_SIZES, SIZE_TEXTS)
     differ = [
         (text, server, read)
         for text, server, read in zip(SIZE_TEXTS, map(server_reads, SIZE_TEXTS), console_reads, strict=True)
@@ -535,37 +511,17 @@ def test_the_console_reads_a_size_as_the_server_does() -> None:
 # money() and hours() (console/src/format.ts) beside the CLI's format_money and format_hours (kiln.domain.usage).
 AMOUNTS = [0.0, 0.0015, 0.001, 0.0058, 0.000001, 0.00999, 0.01, 0.126, 1.5, 12.345678, 1234.5, 98765.4321, -0.004, -3.2]
 SECONDS = [0, 0.01, 6, 36, 360, 3600, 5000, 3600 * 12.34, 3600 * 99.9, 3600 * 1234.4, 3600 * 123456.7]
-FORMAT_NUMBERS = """
-const ts = require(process.argv[1]);
-const fs = require("fs");
-const js = ts.transpileModule(fs.readFileSync(process.argv[2], "utf8"), {
-  compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022 },
-}).outputText;
-import("data:text/javascript;base64," + Buffer.from(js).toString("base64")).then((format) => {
-  const [amounts, seconds] = JSON.parse(fs.readFileSync(0, "utf8"));
-  process.stdout.write(JSON.stringify([amounts.map((n) => format.money(n)), seconds.map((s) => format.hours(s))]));
-});
-"""
+FORMAT_NUMBERS = """(format, [amounts, seconds]) => [
+  amounts.map((n) => format.money(n)),
+  seconds.map((s) => format.hours(s)),
+]"""
 
 
 @pytest.mark.needs("node")
 def test_the_cli_prints_costs_and_hours_as_the_console_does() -> None:
     """A budget of 0.001 read "HARD 0.00" in the CLI and 0.001 in the console: one rule now, checked by running the
     console's own format.ts under Node.js over a table of amounts."""
-    console = REPO / "console"
-    typescript = console / "node_modules" / "typescript"
-    if not typescript.is_dir():
-        pytest.fail(f"{typescript} is missing: run `make console`", pytrace=False)
-    run = subprocess.run(
-        ["node", "-e", FORMAT_NUMBERS, str(typescript), str(console / "src" / "format.ts")],
-        input=json.dumps([AMOUNTS, SECONDS]),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert run.returncode == 0, run.stderr
-    money, hours = json.loads(run.stdout)
+    money, hours = run_module("format.ts", FORMAT_NUMBERS, [AMOUNTS, SECONDS])
     assert [format_money(a) for a in AMOUNTS] == money
     assert [format_hours(s) for s in SECONDS] == hours
 

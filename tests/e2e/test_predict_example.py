@@ -7,14 +7,13 @@ got a body of 4 numbers."""
 from __future__ import annotations
 
 import json
-import subprocess
 from typing import Any
 
 import pytest
 
 from kiln.injob.serve_mlflow import signature_schema
 from kiln.injob.serve_schema import InputSchema
-from tests.browser import REPO
+from tests.console_modules import run_module
 
 pytestmark = pytest.mark.needs("node")
 
@@ -32,40 +31,17 @@ SIGNATURES: list[dict[str, Any]] = [
     {"inputs": [TENSOR]},
     {"inputs": json.dumps(COLUMNS)},
 ]
-RUNNER = """
-const ts = require(process.argv[1]);
-const fs = require("fs");
-const js = ts.transpileModule(fs.readFileSync(process.argv[2], "utf8"), {
-  compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022 },
-}).outputText;
-import("data:text/javascript;base64," + Buffer.from(js).toString("base64")).then((t) => {
-  const [schemas, signatures] = JSON.parse(fs.readFileSync(0, "utf8"));
-  process.stdout.write(JSON.stringify({
-    schemas: schemas.map((s) => t.exampleBody(s)),
-    signatures: signatures.map((s) => t.exampleBody(null, s)),
-    first: t.exampleBody({ shape: [3] }, signatures[2]),
-    neither: t.exampleBody(null, null),
-    huge: t.exampleBody({ shape: [4096, 4096] }),
-  }));
-});
-"""
+RUNNER = """(t, [schemas, signatures]) => ({
+  schemas: schemas.map((s) => t.exampleBody(s)),
+  signatures: signatures.map((s) => t.exampleBody(null, s)),
+  first: t.exampleBody({ shape: [3] }, signatures[2]),
+  neither: t.exampleBody(null, null),
+  huge: t.exampleBody({ shape: [4096, 4096] }),
+})"""
 
 
 def test_the_prediction_form_starts_with_a_body_the_model_takes() -> None:
-    console = REPO / "console"
-    typescript = console / "node_modules" / "typescript"
-    if not typescript.is_dir():
-        pytest.fail(f"{typescript} is missing: run `make console`", pytrace=False)
-    answer = subprocess.run(
-        ["node", "-e", RUNNER, str(typescript), str(console / "src" / "predictExample.ts")],
-        input=json.dumps([SCHEMAS, SIGNATURES]),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert answer.returncode == 0, answer.stderr
-    bodies = json.loads(answer.stdout)
+    bodies = run_module("predictExample.ts", RUNNER, [SCHEMAS, SIGNATURES])
     for schema, body in zip(SCHEMAS, bodies["schemas"], strict=True):
         inputs = json.loads(body)["inputs"]
         assert len(inputs) == 1, body

@@ -4,15 +4,13 @@ param's, the default columns of a table of a study's trials, a notebook's run an
 
 from __future__ import annotations
 
-import json
-import subprocess
 from typing import Any
 
 import pytest
 
 from kiln.domain.run_table import default_columns, format_number, format_value, run_state
 from kiln.sdk.tracking import TrackedRun
-from tests.browser import REPO
+from tests.console_modules import run_module
 
 pytestmark = pytest.mark.needs("node")
 
@@ -38,14 +36,7 @@ RUNS = [
     ),
     _run("plain", {"lr": "0.5", "width": "64", "b": "1"}, {"loss": 0.2, "acc": 0.5}, {}),
 ]
-RUNNER = """
-const ts = require(process.argv[1]);
-const fs = require("fs");
-const js = ts.transpileModule(fs.readFileSync(process.argv[2], "utf8"), {
-  compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022 },
-}).outputText;
-import("data:text/javascript;base64," + Buffer.from(js).toString("base64")).then((t) => {
-  const [numbers, texts, runs, statuses] = JSON.parse(fs.readFileSync(0, "utf8"));
+RUNNER = """(t, [numbers, texts, runs, statuses]) => {
   const asRun = (r) => ({
     info: { run_id: r.id, run_name: r.id, status: r.status, user_id: "ann" },
     data: {
@@ -54,36 +45,22 @@ import("data:text/javascript;base64," + Buffer.from(js).toString("base64")).then
       tags: Object.entries(r.tags).map(([key, value]) => ({ key, value })),
     },
   });
-  process.stdout.write(JSON.stringify({
+  return {
     numbers: numbers.map((n) => t.formatNumber(n)),
     texts: texts.map((s) => t.formatValue(s)),
     columns: t.defaultColumns(runs.map(asRun)),
     single: t.defaultColumns(runs.slice(0, 1).map(asRun)),
     states: statuses.map((s) => t.runState(asRun({ id: "r", status: s, params: {}, metrics: {}, tags: {} }))),
     pruned: t.runState(asRun(runs[2])),
-  }));
-});
-"""
+  };
+}"""
 
 
 def test_the_console_shows_a_runs_table_as_the_cli_does() -> None:
-    console = REPO / "console"
-    typescript = console / "node_modules" / "typescript"
-    if not typescript.is_dir():
-        pytest.fail(f"{typescript} is missing: run `make console`", pytrace=False)
     runs: list[dict[str, Any]] = [
         {"id": r.id, "status": r.status, "params": r.params, "metrics": r.metrics, "tags": r.tags} for r in RUNS
     ]
-    answer = subprocess.run(
-        ["node", "-e", RUNNER, str(typescript), str(console / "src" / "runTable.ts")],
-        input=json.dumps([NUMBERS, TEXTS, runs, STATUSES]),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert answer.returncode == 0, answer.stderr
-    console_shows = json.loads(answer.stdout)
+    console_shows = run_module("runTable.ts", RUNNER, [NUMBERS, TEXTS, runs, STATUSES])
     assert console_shows["numbers"] == [format_number(n) for n in NUMBERS]
     assert console_shows["texts"] == [format_value(t) for t in TEXTS]
     assert console_shows["columns"] == default_columns(RUNS) and console_shows["columns"][:2] == [
