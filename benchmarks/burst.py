@@ -332,6 +332,12 @@ def section_burst(args: argparse.Namespace, tmp: Path, results: dict[str, Any], 
     finally:
         stop_all([server])
         cpu.close()
+    pool = [
+        line.split("job network pool at stop: ", 1)[1] for line in server.log().splitlines() if "pool at stop" in line
+    ]
+    if pool:  # how many attempts found a namespace ready, made ahead or handed back by an earlier job
+        print(f"  network namespaces: {pool[-1]}")
+        burst["network_pool"] = pool[-1]
     wall = burst["wall_s"]
     rate = burst["succeeded"] / wall if wall else 0.0
     burst["per_s"] = rate

@@ -13,7 +13,8 @@ this file's directory when the shim runs as a script). The executor decides what
                                                   (KILN_JOB_EGRESS)
      "nft": "/usr/sbin/nft" | null, "rules": "<an nft script>" | "",
      "api": {"port", "target", "connections"}     none: the Kiln API's port, served by the shim (apiport.py)
-     "background": true                           made ahead (netpool.py): pasta and nft start at idle priority}
+     "background": true                           made ahead (netpool.py): pasta and nft start at idle priority,
+     "recycle": "<run dir>/net/used-..."         where the last member hands it back to (netpool.py)}
 
 - ``isolated``: the namespace has its loopback and one interface connected to the outside world by ``pasta``
   (passt's user-mode stack: the job's connections leave as the machine's own sockets), with the machine's
@@ -27,13 +28,17 @@ this file's directory when the shim runs as a script). The executor decides what
 The first member to start creates the namespace (``unshare`` in a thread of its own, bind-mounted on ``ns`` so it
 outlives that thread), starts pasta and loads the rules; the others join it (one namespace per gang on one
 machine: its workers rendezvous over their loopback); the last to leave removes it, and pasta, watching the file,
-exits with it. A shim that died leaves it to the executor's cleanup (:func:`cleanup`).
+exits with it. A shim that died leaves it to the executor's cleanup (:func:`cleanup`). Where the server's pool
+asks for it (``"recycle"``: a directory of its own, named for the attempt's organisation), the last to leave hands
+the namespace back instead, when it holds no socket but pasta's own (:func:`holds_nothing`): the pool gives it to
+the next attempt of that organisation, pasta and rules as they were (``backends/local/netpool.py`` says why).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import signal
 import socket
@@ -55,6 +60,7 @@ SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 READY_SECONDS = 20.0  # the longest pasta may take to connect the namespace (~50 ms idle; seconds on a loaded machine)
 CONNECT_TRIES = 2  # a pasta that did not answer is stopped and started once more
 SCHED_IDLE = getattr(os, "SCHED_IDLE", 5)
+MADE_FOR = "made-for.json"  # in a namespace handed back: what it was made with (made_for)
 
 _LIBC: list = []
 
@@ -180,8 +186,37 @@ class JobNetwork:
                 left = os.listdir(users)
             except FileNotFoundError:
                 left = []
-            if not left:
+            if not left and not self._recycle():
                 cleanup(self.dir)
+
+    def _recycle(self) -> bool:
+        """The last member left: hand the namespace back for the next attempt of the same organisation
+        (``cfg["recycle"]``, a directory of the server's pool) when it is proven empty (:func:`holds_nothing`);
+        False: it is removed instead. The job's processes are gone by now (its PID namespace died with its
+        sandbox), and so are this member's listener and descriptors."""
+        target = self.cfg.get("recycle")
+        if not target or not os.path.ismount(self.ns_path):
+            return False
+        try:
+            pasta = _pasta_pid(self.dir) if self.mode == "isolated" else 0
+            if self.mode == "isolated" and not pasta:
+                return False
+            fd = os.open(self.ns_path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                with self._enter_lock:
+                    empty = holds_nothing(fd, self.host_fd, pasta)
+                if not empty:
+                    return False
+            finally:
+                os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.truncate(os.path.join(self.dir, "pasta.log"), 0)
+            with open(os.path.join(self.dir, MADE_FOR), "w") as fh:
+                fh.write(json.dumps(made_for(self.cfg), sort_keys=True))
+            os.rename(self.dir, target)
+        except (OSError, NetworkError, ValueError):
+            return False
+        return True
 
     @contextlib.contextmanager
     def entered(self) -> Iterator[None]:
@@ -394,6 +429,59 @@ def remove(top: str) -> None:
             os.kill(pid, signal.SIGTERM)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(pid_file)
+
+
+def made_for(cfg: dict) -> dict:
+    """What a namespace was made with (and so what it may serve): its mode, tools, forwarded ports and rules."""
+    return {k: cfg.get(k) for k in ("mode", "pasta", "nft", "forward", "rules")}
+
+
+def pasta_running(top: str) -> bool:
+    """Whether the pasta of the namespace in ``top`` still runs."""
+    return bool(_pasta_pid(top))
+
+
+def _pasta_pid(top: str) -> int:
+    """The namespace's pasta, when it still runs (0: none)."""
+    try:
+        with open(os.path.join(top, "pasta.pid")) as fh:
+            pid = int(fh.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+    return pid if pid > 0 and _is_pasta(pid) else 0
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    found = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    found.add(link[8:-1])
+    return found
+
+
+def holds_nothing(ns_fd: int, host_fd: int, pasta: int) -> bool:
+    """Whether the namespace ``ns_fd`` holds no socket of any kind but those of its own pasta (``pasta``: its pid;
+    0, none): nothing listening, connected, closing or waiting (a TIME_WAIT left by a job's connection counts),
+    read from the namespace's own tables (TCP, UDP, raw, Unix, each for both IP versions). Nothing but a socket
+    can outlive a job in a namespace: its processes are gone, its files were never there, and its nft rules are
+    not its own (it has no capabilities to change them)."""
+    ours = _socket_inodes(pasta) if pasta else set()
+    tables = {"tcp": 9, "tcp6": 9, "udp": 9, "udp6": 9, "raw": 9, "raw6": 9, "unix": 6}
+    rows: list[tuple[str, list[str]]] = []
+    setns(ns_fd)
+    try:
+        for table, _ in tables.items():
+            try:
+                with open(f"/proc/thread-self/net/{table}") as fh:
+                    rows.extend((table, line.split()) for line in fh.read().splitlines()[1:])
+            except FileNotFoundError:
+                continue
+    finally:
+        setns(host_fd)
+    return all(len(fields) > tables[table] and fields[tables[table]] in ours for table, fields in rows)
 
 
 def _is_pasta(pid: int) -> bool:

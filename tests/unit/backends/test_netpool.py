@@ -83,7 +83,7 @@ def test_spares_are_made_for_the_mode_furthest_short_and_the_rest_let_go(
     assert pool.fill_once() == netpool.TRIM_SECONDS
     assert pool.fill_once() is None
     assert (pool.ready("none"), pool.ready("isolated")) == (2, 2)
-    assert pool.counters()["none"] == {"handed_out": 0, "misses": 16, "made": 4, "let_go": 2, "ready": 2}
+    assert pool.counters()["none"] == {"handed_out": 0, "misses": 16, "made": 4, "let_go": 2, "reused": 0, "ready": 2}
 
 
 def test_a_burst_that_ended_makes_nothing_more(tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,7 +95,7 @@ def test_a_burst_that_ended_makes_nothing_more(tmp_path: Path, clock: Clock, mon
     def make(mode: str) -> tuple[Path, dict[str, Any]]:
         made.append(mode)
         clock.now += 0.05
-        return tmp_path / f"spare-{mode}-{len(made)}", netpool._fits({"mode": mode})
+        return tmp_path / f"spare-{mode}-{len(made)}", netpool.netns.made_for({"mode": mode})
 
     monkeypatch.setattr(pool, "_make", make)
     monkeypatch.setattr(netpool.netns, "cleanup", lambda _path: None)

@@ -381,7 +381,7 @@ class LocalBackend(
                 }
         network = base["network"]
         if isinstance(network, dict):
-            self.spare_networks.take(network)  # made ahead: its shims find it ready
+            self.spare_networks.take(network, launch.org_id)  # made ahead: its shims find it ready
         notice = attempt_dir / "notice"
         # The job's parameters as one JSON file ($KILN_PARAMS_FILE), beside the notice file the job reads too.
         (attempt_dir / shimconfig.PARAMS_FILE).write_text(json.dumps(launch.spec.params, sort_keys=True))
