@@ -61,6 +61,7 @@ READY_SECONDS = 20.0  # the longest pasta may take to connect the namespace (~50
 CONNECT_TRIES = 2  # a pasta that did not answer is stopped and started once more
 SCHED_IDLE = getattr(os, "SCHED_IDLE", 5)
 MADE_FOR = "made-for.json"  # in a namespace handed back: what it was made with (made_for)
+POOL_FILE = "pool.json"  # in <run dir>/net while a server's pool takes namespaces back: {"pid", "ticks"}
 
 _LIBC: list = []
 
@@ -195,7 +196,7 @@ class JobNetwork:
         False: it is removed instead. The job's processes are gone by now (its PID namespace died with its
         sandbox), and so are this member's listener and descriptors."""
         target = self.cfg.get("recycle")
-        if not target or not os.path.ismount(self.ns_path):
+        if not target or not os.path.ismount(self.ns_path) or not pool_running(os.path.dirname(target)):
             return False
         try:
             pasta = _pasta_pid(self.dir) if self.mode == "isolated" else 0
@@ -429,6 +430,26 @@ def remove(top: str) -> None:
             os.kill(pid, signal.SIGTERM)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(pid_file)
+
+
+def process_ticks(pid: int) -> str:
+    """When process ``pid`` started, in clock ticks since boot (its stat file's field 22): with the pid, names one
+    process whatever pids are reused. OSError when there is no such process."""
+    with open(f"/proc/{pid}/stat") as fh:
+        stat = fh.read()
+    return stat[stat.rindex(")") + 2 :].split()[19]
+
+
+def pool_running(top: str) -> bool:
+    """Whether the server whose pool takes namespaces back in ``top`` still runs (``POOL_FILE``: its pid and start,
+    written as its pool starts, removed as it stops). A namespace handed back to a server that stopped, or was
+    killed, would wait for a pool that never comes (its pasta running on): it is removed instead."""
+    try:
+        with open(os.path.join(top, POOL_FILE)) as fh:
+            pool = json.load(fh)
+        return process_ticks(int(pool["pid"])) == str(pool["ticks"])
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False
 
 
 def made_for(cfg: dict) -> dict:

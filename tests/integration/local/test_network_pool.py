@@ -370,3 +370,38 @@ def test_a_stopped_server_leaves_no_spare_and_a_killed_ones_are_swept_at_start(
         time.sleep(0.1)
     mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(net) in line]
     assert mounts == []
+
+
+def test_a_job_that_ends_after_its_server_was_killed_hands_nothing_back(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Nobody would hand it out again (the next server on the home sweeps what it finds, but may never come): the
+    job's last shim removes its namespace, and its pasta exits, as without a pool."""
+    home = tmp_path_factory.mktemp("netpool-orphan") / "home"
+    srv = KilnServer(home, network_pool_min="1", network_pool_max="1").start()
+    net = home / "run" / "net"
+    try:
+        client = srv.client()
+        job = client.submit({"command": ["sleep", "5"], "network": "isolated", "resources": {"cpus": 0.1}})
+        deadline = time.monotonic() + 120
+        while client.get_job(job.id).state != "RUNNING":
+            assert time.monotonic() < deadline, client.get_job(job.id)
+            time.sleep(0.1)
+        ours = net / f"{job.id}-1"
+        pastas = _pastas_for(str(ours))
+        assert len(pastas) == 1, pastas
+        assert srv.proc is not None
+        srv.proc.kill()
+        srv.proc.wait()
+        deadline = time.monotonic() + 120
+        while ours.exists():  # the job ends by itself (jobs outlive their server), its shim tidies up
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert list(net.glob("used-*")) == []
+        deadline = time.monotonic() + 10
+        while psutil.pid_exists(pastas[0]) and psutil.Process(pastas[0]).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the job's pasta still runs"
+            time.sleep(0.1)
+    finally:
+        srv.start()  # sweeps the killed one's spare, then stops with nothing left
+        srv.stop()

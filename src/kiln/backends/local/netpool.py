@@ -97,6 +97,16 @@ class SparePool:
         self._summary_at = -math.inf
         if self.wanted:
             sweep(self.top)  # a previous server's
+            self._announce()
+
+    def _announce(self) -> None:
+        """Say that this server takes namespaces back (``netns.POOL_FILE``: a shim hands one back only while
+        the server that will hand it out again runs)."""
+        self.top.mkdir(parents=True, exist_ok=True)
+        pid = os.getpid()
+        tmp = self.top / f".{netns.POOL_FILE}.{pid}"
+        tmp.write_text(json.dumps({"pid": pid, "ticks": netns.process_ticks(pid)}))
+        tmp.replace(self.top / netns.POOL_FILE)
 
     @property
     def wanted(self) -> bool:
@@ -304,6 +314,8 @@ class SparePool:
 
     def close(self) -> None:
         """Stop: the spare being made is given up, and every spare removed (its pasta with it)."""
+        with contextlib.suppress(FileNotFoundError):  # first: no shim hands a namespace back from now on
+            (self.top / netns.POOL_FILE).unlink()
         with self._lock:
             self._closed = True
             self._abort.set()
