@@ -134,6 +134,9 @@ class Backend(abc.ABC):
     """An executor of job attempts."""
 
     name: str = "abstract"
+    # How many attempts the reconciler may start at once (``scheduler.starter``): more than one where a start is a
+    # round trip to a remote scheduler (an ``sbatch``), so a burst's submissions do not wait on each other.
+    start_concurrency: int = 1
 
     @classmethod
     def from_settings(cls, deps: BackendDeps) -> Self:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from sqlalchemy import select
@@ -74,27 +75,50 @@ class Starter:
         began = time.perf_counter()
         looked = committed_at if committed_at is not None else float("-inf")
         held: set[Attempt] | None = None  # None: all of them, as of ``looked``
-        for i, launch in enumerate(launches):
+        workers = max(1, min(len(launches), getattr(self.backend, "start_concurrency", 1)))
+        if workers > 1:  # each start a round trip to a remote scheduler: made side by side, fenced once for all
             if self.owner is not None and time.monotonic() - looked > FENCE_SECONDS:
-                held, looked = self._held(launches[i:]), time.monotonic()
-            if held is not None and (launch.job_id, launch.attempt) not in held:
-                log.info(
-                    "job %s: attempt %d not started: its lease is not this server's now", launch.job_id, launch.attempt
-                )
-                continue
-            try:
-                if launch.spec.inputs:
-                    launch = replace(launch, inputs=self.inputs(launch.org_id, launch.spec))
-                if launch.attempt > 1:
-                    self._catch_up_log(launch)
-                self.backend.start(launch)
-            except KilnError as exc:
-                failed[(launch.job_id, launch.attempt)] = start_failure(exc)
-            except Exception:
-                log.exception("job %s: starting attempt %d failed", launch.job_id, launch.attempt)
+                held = self._held(launches)
+            mine = [x for x in launches if held is None or (x.job_id, x.attempt) in held]
+            self._not_held(x for x in launches if held is not None and (x.job_id, x.attempt) not in held)
+            with ThreadPoolExecutor(workers, thread_name_prefix="kiln-start") as pool:
+                for launch, why in zip(mine, pool.map(self._start_one, mine), strict=True):
+                    if why is not None:
+                        failed[(launch.job_id, launch.attempt)] = why
+        else:
+            for i, launch in enumerate(launches):
+                if self.owner is not None and time.monotonic() - looked > FENCE_SECONDS:
+                    held, looked = self._held(launches[i:]), time.monotonic()
+                if held is not None and (launch.job_id, launch.attempt) not in held:
+                    self._not_held([launch])
+                    continue
+                why = self._start_one(launch)
+                if why is not None:
+                    failed[(launch.job_id, launch.attempt)] = why
         self.seconds = 0.7 * self.seconds + 0.3 * (time.perf_counter() - began) / len(launches)
         if failed:
             self._fail(failed)
+
+    def _start_one(self, launch: Launch) -> tuple[str, str] | None:
+        """``backend.start`` for one attempt: the reason and message its job fails with if it was refused; None if
+        it started, or if it raised otherwise (left STARTING: the next observation launches it again)."""
+        try:
+            if launch.spec.inputs:
+                launch = replace(launch, inputs=self.inputs(launch.org_id, launch.spec))
+            if launch.attempt > 1:
+                self._catch_up_log(launch)
+            self.backend.start(launch)
+        except KilnError as exc:
+            return start_failure(exc)
+        except Exception:
+            log.exception("job %s: starting attempt %d failed", launch.job_id, launch.attempt)
+        return None
+
+    @staticmethod
+    def _not_held(launches: Iterable[Launch]) -> None:
+        for launch in launches:
+            job, attempt = launch.job_id, launch.attempt
+            log.info("job %s: attempt %d not started: its lease is not this server's now", job, attempt)
 
     def _held(self, launches: list[Launch]) -> set[Attempt]:
         """The attempts among ``launches`` whose jobs this server holds the unexpired lease of, at that attempt."""

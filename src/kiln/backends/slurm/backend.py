@@ -4,9 +4,11 @@ run with the server's environment, so ``SLURM_CONF`` points them at any cluster.
 
 - ``start`` renders the attempt (:func:`kiln.backends.slurm.render.render`, with the attempt's job token) and
   submits it with ``sbatch --parsable`` (the script on stdin). It is safe to call again: it first looks the attempt
-  up by its job name ``kiln-<job id>-a<attempt>`` (unique per attempt) and adopts what it finds, and the script
-  carries ``--dependency=singleton``, so two submissions of one attempt (two servers racing) never run at once; the
-  queue pass cancels every duplicate but the first.
+  up by its job name ``kiln-<job id>-a<attempt>`` (unique per attempt: in the queue pass's listing, or with
+  ``squeue --name`` where this process ran sbatch for it before, ``_submitted``) and adopts what it finds, and the
+  script carries ``--dependency=singleton``, so two submissions of one attempt (two servers racing) never run at
+  once; the queue pass cancels every duplicate but the first. A pass's starts run side by side
+  (``start_concurrency``): a burst's sbatch calls do not wait on each other.
 - Status: ONE ``squeue --states=all`` call per pass lists every Kiln job of the server's user (pending, running, and
   ended ones for Slurm's ``MinJobAge``), into a cache that ``poll`` reads (:mod:`kiln.backends.slurm.queue` maps
   the states). The pass is the backend's ``slurm-queue`` background work, run by the server's task runner every
@@ -54,6 +56,7 @@ log = logging.getLogger(__name__)
 COMMAND_TIMEOUT = 30.0
 FAST_POLL = 0.2  # seconds between queue passes while a submission of the last FAST_WINDOW has not ended
 FAST_WINDOW = 60.0  # how long after its submission an attempt counts as fresh
+START_CONCURRENCY = 8  # sbatch calls a reconcile pass makes side by side (a burst's submissions)
 NODE_REFRESH = 30.0
 VALIDATED_FOR = 60.0  # seconds a set of directives sbatch --test-only accepted is not asked about again
 UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "Connection refused", "Zero Bytes were")
@@ -69,12 +72,14 @@ class _Attempt:
     kill_at: float | None = None  # a preemption's grace ends: scancel then
     final: AttemptStatus | None = None
     last_state: str | None = None
+    tried: bool = False  # this process ran sbatch for it (whatever came of it)
 
 
 class SlurmBackend(Backend, BackgroundWork, SpecValidator, Preemptible):
     """Kiln attempts as Slurm batch jobs (module docstring; docs/slurm.md)."""
 
     name = "slurm"
+    start_concurrency = START_CONCURRENCY
 
     @classmethod
     def from_settings(cls, deps: BackendDeps) -> Self:
@@ -234,7 +239,7 @@ class SlurmBackend(Backend, BackgroundWork, SpecValidator, Preemptible):
         attempt = self._track(launch.job_id, launch.attempt)
         if attempt.stopping is not None or attempt.slurm_id is not None:
             return handle  # cancelled before it was launched, or launched already
-        found = self._squeue(f"--name={handle['name']}")
+        found = self._submitted(handle["name"], attempt)
         if found:  # a submission a crash (or another server) made: adopted, never submitted twice
             attempt.slurm_id, attempt.submitted_at = found[0].slurm_id, time.monotonic()
             return handle
@@ -251,6 +256,7 @@ class SlurmBackend(Backend, BackgroundWork, SpecValidator, Preemptible):
                 checkpoint_sync_seconds=self.checkpoint_sync_seconds,
             )
         )
+        attempt.tried = True
         done = self._run(self.commands.sbatch, "--parsable", "--dependency=singleton", input=script)
         if done.returncode != 0:
             said = self._said(done)
@@ -263,6 +269,18 @@ class SlurmBackend(Backend, BackgroundWork, SpecValidator, Preemptible):
         self._work.wake.set()
         log.info("job %s attempt %d: Slurm job %s", launch.job_id, launch.attempt, slurm_id)
         return handle
+
+    def _submitted(self, name: str, attempt: _Attempt) -> list[QueueEntry]:
+        """Slurm's jobs named for the attempt: a submission an earlier server process (killed, say) or another
+        server made. The last queue pass's listing answers when this process has never run sbatch for the attempt:
+        it was taken by this process, so after every submission an earlier process completed, and it lists every
+        Kiln job of the user (``--states=all``), as a lookup by name would; a burst then makes no ``squeue`` round
+        trip per submission. Otherwise (this process tried before: that sbatch may have gone through) Slurm is
+        asked by name. What neither can see, an sbatch still in flight from a killed server, is what
+        ``--dependency=singleton`` and the queue pass's cancelling of duplicates are for."""
+        with self._lock:
+            listed = None if attempt.tried or self._queue_at is None else list(self._queue.get(name, ()))
+        return listed if listed is not None else self._squeue(f"--name={name}")
 
     def poll(self, handle: dict[str, Any]) -> AttemptStatus:
         attempt = self._track(handle["job_id"], int(handle["attempt"]))
