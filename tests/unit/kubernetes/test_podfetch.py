@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,12 @@ def _bundle() -> bytes:
 
 
 def _serve(routes: dict[str, tuple[int, dict[str, str], bytes]], seen: list[tuple[str, str | None]]) -> Any:
+    return _serve_on(0, routes, seen)
+
+
+def _serve_on(
+    port: int, routes: dict[str, tuple[int, dict[str, str], bytes]], seen: list[tuple[str, str | None]]
+) -> Any:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             seen.append((self.path, self.headers.get("Authorization")))
@@ -44,7 +51,7 @@ def _serve(routes: dict[str, tuple[int, dict[str, str], bytes]], seen: list[tupl
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -163,3 +170,49 @@ def test_a_model_input_is_staged_from_its_pinned_version(tmp_path: Path) -> None
     assert (tmp_path / "in0" / "model.pt").read_bytes() == data
     assert b"model digits@2" in done.stdout
     assert all(auth == f"Bearer {TOKEN}" for _, auth in seen) and len(seen) == 2
+
+
+def test_the_fetch_waits_for_an_api_that_is_away_and_gives_up_on_a_4xx(tmp_path: Path) -> None:
+    """A server restarting (or failing over) as a job starts: its port refuses, then answers 503, then serves; the
+    fetch asks again until it does (issue 51: a Slurm job that started while its server restarted failed at once
+    with 'Connection refused'). A 403 will not get better: it fails at once."""
+    bundle = _bundle()
+    sha = hashlib.sha256(bundle).hexdigest()
+    listener = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    port = listener.server_address[1]
+    listener.server_close()  # the port refuses until the stand-in API starts on it
+    env = {
+        "KILN_ENDPOINT": f"http://127.0.0.1:{port}",
+        "KILN_JOB_TOKEN": TOKEN,
+        "KILN_JOB_ID": "job-1",
+        "KILN_CODE_SHA256": sha,
+        "KILN_WORK_DIR": str(tmp_path / "work"),
+        "KILN_INPUTS": "[]",
+        "KILN_FETCH_RETRY_SECONDS": "60",
+        "PATH": "/usr/bin:/bin",
+    }
+    fetch = subprocess.Popen([sys.executable, podfetch.__file__], env=env, stderr=subprocess.PIPE)
+    seen: list[tuple[str, str | None]] = []
+    server = None
+    try:
+        time.sleep(1.0)  # refused meanwhile
+        assert fetch.poll() is None, fetch.stderr.read() if fetch.stderr else b""
+        routes = {"/api/v1/jobs/job-1/code": (503, {}, b"{}")}
+        server = _serve_on(port, routes, seen)
+        deadline = time.monotonic() + 30
+        while not seen:  # answered 503 at least once
+            assert time.monotonic() < deadline and fetch.poll() is None
+            time.sleep(0.05)
+        routes["/api/v1/jobs/job-1/code"] = (200, {}, bundle)
+        assert fetch.wait(timeout=60) == 0, fetch.stderr.read() if fetch.stderr else b""
+        assert (tmp_path / "work" / "train.py").read_text() == "print('hi')\n"
+        routes["/api/v1/jobs/job-1/code"] = (403, {}, b"{}")
+        began = time.monotonic()
+        done = subprocess.run([sys.executable, podfetch.__file__], env=env, capture_output=True, timeout=60)
+        assert done.returncode == 1 and b"403" in done.stderr, done.stderr
+        assert time.monotonic() - began < 30  # not waited for
+    finally:
+        if fetch.poll() is None:
+            fetch.kill()
+        if server is not None:
+            server.shutdown()

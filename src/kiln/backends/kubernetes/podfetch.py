@@ -14,6 +14,7 @@ KILN_INPUTS              JSON ``[{"dataset": "NAME@VERSION", "dir": "/kiln/input
                          the same with ``"model": "NAME@VERSION"`` (pinned at submit: a number)
 KILN_CHECKPOINT_DIR      where the job's stored checkpoints are restored; unset: none are
 KILN_RUN_DIR             the pod's shared run directory: the sync state (:data:`SYNC_STATE`) is kept there
+KILN_FETCH_RETRY_SECONDS how long the API may be away (refusing, 5xx) before the fetch fails (120)
 =======================  =============================================================================
 
 The bundle comes from ``GET /api/v1/jobs/{id}/code`` (a gzipped tar); its SHA-256 must equal
@@ -38,12 +39,14 @@ import os
 import sys
 import tarfile
 import tempfile
+import time
 import urllib.parse
 import urllib.request
 from typing import Any
 
 CHUNK = 1024 * 1024
 RETRIES = 5
+RETRY_SECONDS = 120.0  # how long the API may be away before a fetch gives up (``_get``)
 SYNC_STATE = "checkpoints.synced.json"  # {path: [size, mtime_ns]}: what the store holds of the checkpoint dir
 
 
@@ -62,8 +65,21 @@ def _opener() -> urllib.request.OpenerDirector:
 
 
 def _get(url: str, token: str) -> Any:
+    """The response to ``GET url``. While the API is away (refused, reset, a 5xx or 429: a server restarting, a
+    failover to another) it is asked again, 0.25 s after the first failure and twice as long each time up to 5 s,
+    for up to ``KILN_FETCH_RETRY_SECONDS`` (120 s); a 4xx will not get better and is raised at once."""
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
-    return _opener().open(request, timeout=60)
+    deadline = time.monotonic() + float(os.environ.get("KILN_FETCH_RETRY_SECONDS") or RETRY_SECONDS)
+    pause = 0.25
+    while True:
+        try:
+            return _opener().open(request, timeout=60)
+        except OSError as exc:  # URLError and HTTPError are OSErrors
+            code = getattr(exc, "code", None)
+            if (code is not None and 400 <= code < 500 and code != 429) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 5.0)
 
 
 def job_url(endpoint: str, job_id: str, *parts: str) -> str:
