@@ -382,7 +382,7 @@ def test_a_job_that_ends_after_its_server_was_killed_hands_nothing_back(
     net = home / "run" / "net"
     try:
         client = srv.client()
-        job = client.submit({"command": ["sleep", "5"], "network": "isolated", "resources": {"cpus": 0.1}})
+        job = client.submit({"command": ["sleep", "3141"], "network": "isolated", "resources": {"cpus": 0.1}})
         deadline = time.monotonic() + 120
         while client.get_job(job.id).state != "RUNNING":
             assert time.monotonic() < deadline, client.get_job(job.id)
@@ -393,8 +393,12 @@ def test_a_job_that_ends_after_its_server_was_killed_hands_nothing_back(
         assert srv.proc is not None
         srv.proc.kill()
         srv.proc.wait()
+        # The job's command ends (jobs outlive their server: nothing else would end it now), its shim tidies up.
+        sleeps = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "3141"]]
+        assert len(sleeps) == 1, sleeps
+        sleeps[0].kill()
         deadline = time.monotonic() + 120
-        while ours.exists():  # the job ends by itself (jobs outlive their server), its shim tidies up
+        while ours.exists():
             assert time.monotonic() < deadline
             time.sleep(0.2)
         assert list(net.glob("used-*")) == []

@@ -73,7 +73,8 @@ def _all_succeeded(client: Client, ids: list[str]) -> None:
     deadline = time.monotonic() + WAIT
     for job_id in ids:
         done = client.wait(job_id, timeout=max(1.0, deadline - time.monotonic()))
-        assert done.state == "SUCCEEDED", (job_id, done.state, done.message, log_text(client, job_id)[-20:])
+        said = "\n".join(log_text(client, job_id))
+        assert done.state == "SUCCEEDED", f"{job_id} {done.state} {done.message}:\n{said}"
 
 
 def _slurm_jobs_named(cluster: SlurmCluster, job_id: str) -> list[str]:

@@ -34,6 +34,7 @@ Any failure exits non-zero with one line on stderr, so the pod fails before the 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import sys
@@ -64,22 +65,41 @@ def _opener() -> urllib.request.OpenerDirector:
     return urllib.request.build_opener(_NoAuthOnRedirect)
 
 
-def _get(url: str, token: str) -> Any:
-    """The response to ``GET url``. While the API is away (refused, reset, a 5xx or 429: a server restarting, a
-    failover to another) it is asked again, 0.25 s after the first failure and twice as long each time up to 5 s,
-    for up to ``KILN_FETCH_RETRY_SECONDS`` (120 s); a 4xx will not get better and is raised at once."""
+def _get(url: str, token: str, deadline: float | None = None) -> Any:
+    """The response to ``GET url``. While the API is away (refused, reset, cut off, a 5xx or 429: a server
+    restarting, a failover to another) it is asked again, 0.25 s after the first failure and twice as long each time
+    up to 5 s, until ``deadline`` (monotonic; default ``KILN_FETCH_RETRY_SECONDS``, 120 s, from now); a 4xx will not
+    get better and is raised at once."""
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
-    deadline = time.monotonic() + float(os.environ.get("KILN_FETCH_RETRY_SECONDS") or RETRY_SECONDS)
+    deadline = deadline if deadline is not None else _retry_deadline()
     pause = 0.25
     while True:
         try:
             return _opener().open(request, timeout=60)
-        except OSError as exc:  # URLError and HTTPError are OSErrors
+        except (OSError, http.client.HTTPException) as exc:  # URLError and HTTPError are OSErrors
             code = getattr(exc, "code", None)
             if (code is not None and 400 <= code < 500 and code != 429) or time.monotonic() + pause > deadline:
                 raise
         time.sleep(pause)
         pause = min(pause * 2, 5.0)
+
+
+def _get_json(url: str, token: str) -> Any:
+    """``GET url``'s JSON body, read whole: an answer cut off by a server that went away (a short body, invalid
+    JSON) is asked for again, like a refusal, within the same time (``_get``)."""
+    deadline = _retry_deadline()
+    while True:
+        try:
+            with _get(url, token, deadline) as response:
+                return json.loads(response.read())
+        except (http.client.HTTPException, ValueError, ConnectionError, TimeoutError):
+            if time.monotonic() + 0.5 > deadline:
+                raise
+        time.sleep(0.5)
+
+
+def _retry_deadline() -> float:
+    return time.monotonic() + float(os.environ.get("KILN_FETCH_RETRY_SECONDS") or RETRY_SECONDS)
 
 
 def job_url(endpoint: str, job_id: str, *parts: str) -> str:
@@ -122,7 +142,7 @@ def _download(url: str, token: str, dest: str, sha256: str | None, size: int | N
                     digest.update(chunk)
                     out.write(chunk)
                     written += len(chunk)
-        except OSError as exc:  # URLError and HTTPError are OSErrors; a 4xx will not get better
+        except (OSError, http.client.HTTPException) as exc:  # URLError, HTTPError: OSErrors; a 4xx will not get better
             last = exc
             code = getattr(exc, "code", None)
             if code is not None and 400 <= code < 500 and code != 429:
@@ -162,8 +182,7 @@ def fetch_dataset(endpoint: str, token: str, ref: str, dest: str) -> int:
     """Every file of dataset version ``ref`` (``NAME@VERSION`` or ``NAME``: latest) into ``dest``; bytes."""
     name, _, version = ref.partition("@")
     base = f"{endpoint}/api/v1/datasets/{urllib.parse.quote(name)}/versions"
-    with _get(f"{base}/{version or 'latest'}", token) as response:
-        manifest = json.load(response)
+    manifest = _get_json(f"{base}/{version or 'latest'}", token)
     number = manifest.get("version", version)
     total = 0
     for item in manifest.get("items", []):
@@ -181,8 +200,7 @@ def fetch_model(endpoint: str, token: str, ref: str, dest: str) -> tuple[int, in
     if not name or not version.isdigit():
         raise SystemExit(f"kiln-fetch: model {ref!r}: expected NAME@VERSION with a version number")
     base = f"{endpoint}/api/v1/models/{urllib.parse.quote(name, safe='')}/versions/{version}"
-    with _get(base, token) as response:
-        manifest = json.load(response)
+    manifest = _get_json(base, token)
     files = manifest.get("files")
     if not isinstance(files, list):
         raise SystemExit(f"kiln-fetch: {base}: the answer lists no files")
@@ -198,8 +216,7 @@ def fetch_model(endpoint: str, token: str, ref: str, dest: str) -> tuple[int, in
 
 def restore_checkpoints(endpoint: str, token: str, job_id: str, dest: str, run_dir: str) -> tuple[int, int]:
     """The job's stored checkpoints into ``dest`` (sizes checked), recorded as synced; (files, bytes)."""
-    with _get(job_url(endpoint, job_id, "checkpoints"), token) as response:
-        items = json.load(response).get("items", [])
+    items = _get_json(job_url(endpoint, job_id, "checkpoints"), token).get("items", [])
     state = load_state(run_dir)
     total = 0
     for item in items:
@@ -245,7 +262,7 @@ def main() -> int:
     except SystemExit as exc:
         print(exc, file=sys.stderr)
         return 1
-    except (OSError, ValueError, KeyError, tarfile.TarError) as exc:
+    except (OSError, ValueError, KeyError, tarfile.TarError, http.client.HTTPException) as exc:
         print(f"kiln-fetch: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0
