@@ -419,17 +419,12 @@ def remove(top: str) -> None:
         _libc().umount2(ns_path.encode(), MNT_DETACH)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(ns_path)
-    pid_file = os.path.join(top, "pasta.pid")
-    try:
-        with open(pid_file) as fh:
-            pid = int(fh.read().strip() or 0)
-    except (OSError, ValueError):
-        pid = 0
-    if pid > 0 and _is_pasta(pid):
+    pid = _pasta_pid(top)
+    if pid:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGTERM)
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(pid_file)
+        os.unlink(os.path.join(top, "pasta.pid"))
 
 
 def process_ticks(pid: int) -> str:
